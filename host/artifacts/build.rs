@@ -1,0 +1,56 @@
+//! Builds every guest in the workspace into a `wasm32-wasip2` component, so a plain
+//! `cargo build` / `cargo test` has them; no extra tool or manual step.
+//!
+//! The guests are rlibs (native unit tests link them); the component comes from
+//! `cargo rustc --crate-type cdylib` in a target dir of our own under OUT_DIR, because the
+//! outer cargo holds the lock on the workspace target dir.
+use std::{env, fmt::Write as _, fs, path::PathBuf, process::Command};
+
+/// (package, constant name, file stem the host loads it as)
+const GUESTS: &[(&str, &str, &str)] = &[
+    ("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"),
+    ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
+];
+
+fn main() {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let workspace = manifest.join("../..").canonicalize().expect("workspace root exists");
+    let cargo = env::var_os("CARGO").expect("cargo sets CARGO");
+    let target_dir = out.join("guests");
+    println!("cargo:rerun-if-changed={}", workspace.join("wit").display());
+
+    let mut consts = String::new();
+    let mut table = String::from("pub const ALL: &[(&str, &[u8])] = &[\n");
+    for (package, constant, stem) in GUESTS {
+        let status = Command::new(&cargo)
+            .current_dir(&workspace)
+            .args(["rustc", "--quiet", "--profile", "guest", "--target", "wasm32-wasip2", "--crate-type", "cdylib", "-p", package])
+            .env("CARGO_TARGET_DIR", &target_dir)
+            // Flags meant for the host build (coverage, sanitizers, clippy) must not reach guests.
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("RUSTFLAGS")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .env_remove("CARGO_BUILD_TARGET")
+            .env_remove("CARGO_PRIMARY_PACKAGE")
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building guest {package} for wasm32-wasip2 failed");
+
+        let artifact = package.replace('-', "_");
+        let dir = target_dir.join("wasm32-wasip2/guest");
+        let wasm = dir.join(format!("{artifact}.wasm"));
+        // Rebuild when any source file of the guest changes (cargo's own dep-info).
+        if let Ok(depinfo) = fs::read_to_string(dir.join(format!("{artifact}.d"))) {
+            for dep in depinfo.split_once(':').map(|(_, d)| d).unwrap_or("").split_whitespace() {
+                if dep.starts_with(workspace.to_str().unwrap_or("/")) {
+                    println!("cargo:rerun-if-changed={dep}");
+                }
+            }
+        }
+        writeln!(consts, "/// The `{stem}` component.\npub const {constant}: &[u8] = include_bytes!({:?});", wasm.display()).expect("write to string");
+        writeln!(table, "    ({stem:?}, {constant}),").expect("write to string");
+    }
+    table.push_str("];\n");
+    fs::write(out.join("artifacts.rs"), consts + &table).expect("write artifacts.rs");
+}

@@ -1,0 +1,305 @@
+//! One loaded backend component, and the bounded call: a fresh store from the
+//! pre-instantiated component per call, with the backend's memory cap, wall-clock deadline
+//! (epoch interruption), fuel and concurrency limit. Whatever the guest does, the caller gets
+//! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
+use crate::bindings::driver::{self, BackendInfo, Guest};
+use crate::bindings::types::Error as WitError;
+use crate::bindings::BackendPre;
+use crate::capabilities::{Capabilities, ImportSummary};
+use crate::config::Limits;
+use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
+use crate::state::CallState;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+
+/// Why a backend call produced no result of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest answered with a WIT error: its own, well-formed failure.
+    #[error("backend {backend}: {op}: {}", describe(error).1)]
+    Backend { backend: String, op: &'static str, error: WitError },
+    #[error("backend {backend}: {op}: stopped at its deadline of {deadline:?}")]
+    Timeout { backend: String, op: &'static str, deadline: Duration },
+    #[error("backend {backend}: {op}: exceeded its memory limit of {limit_mib} MiB")]
+    OutOfMemory { backend: String, op: &'static str, limit_mib: u64 },
+    #[error("backend {backend}: {op}: used up its fuel budget")]
+    OutOfFuel { backend: String, op: &'static str },
+    #[error("backend {backend}: {op}: trapped: {message}")]
+    Trap { backend: String, op: &'static str, message: String },
+    /// The guest returned something the host cannot accept (malformed or out of contract).
+    #[error("backend {backend}: {op}: returned invalid output: {message}")]
+    BadOutput { backend: String, op: &'static str, message: String },
+    #[error("backend {backend}: {op}: {limit} calls already running; retry later")]
+    Busy { backend: String, op: &'static str, limit: u32 },
+}
+
+impl CallError {
+    /// Short label for metrics: the WIT error case, or how the call was stopped.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Backend { error, .. } => describe(error).0,
+            Self::Timeout { .. } => "timeout",
+            Self::OutOfMemory { .. } => "out-of-memory",
+            Self::OutOfFuel { .. } => "out-of-fuel",
+            Self::Trap { .. } => "trap",
+            Self::BadOutput { .. } => "bad-output",
+            Self::Busy { .. } => "busy",
+        }
+    }
+}
+
+/// The case name and message of a WIT error.
+pub fn describe(e: &WitError) -> (&'static str, &str) {
+    match e {
+        WitError::InvalidArgument(m) => ("invalid-argument", m),
+        WitError::NotFound(m) => ("not-found", m),
+        WitError::AlreadyExists(m) => ("already-exists", m),
+        WitError::FailedPrecondition(m) => ("failed-precondition", m),
+        WitError::OutOfRange(m) => ("out-of-range", m),
+        WitError::ResourceExhausted(m) => ("resource-exhausted", m),
+        WitError::Unavailable(m) => ("unavailable", m),
+        WitError::Aborted(m) => ("aborted", m),
+        WitError::Unimplemented(m) => ("unimplemented", m),
+        WitError::DeadlineExceeded(m) => ("deadline-exceeded", m),
+        WitError::PermissionDenied(m) => ("permission-denied", m),
+        WitError::Internal(m) => ("internal", m),
+    }
+}
+
+/// The future a call body returns: the export's result, or a wasmtime error (trap).
+pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result<R, WitError>>> + Send + 'a>>;
+
+/// A loaded, checked, ready-to-call backend. Immutable: hot reload swaps in a new one, and
+/// calls holding this `Arc` finish on this version.
+pub struct Backend {
+    pub name: String,
+    /// sha256 of the `.wasm`, hex
+    pub digest: String,
+    pub path: Option<PathBuf>,
+    pub info: BackendInfo,
+    pub imports: ImportSummary,
+    pub limits: Limits,
+    /// compiled artifact came from the on-disk cache
+    pub cache_hit: bool,
+    pub(crate) engine: Engine,
+    pub(crate) pre: BackendPre<CallState>,
+    pub(crate) caps: Arc<Capabilities>,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) memory_peak: AtomicU64,
+}
+
+/// Slack on top of the deadline for the outer timeout; the epoch deadline normally fires
+/// first, this only catches a host import that ignored its own timeout.
+const OUTER_GRACE: Duration = Duration::from_millis(50);
+
+impl Backend {
+    /// Dir roots granted to this backend (the node side resolves bind plans with them).
+    pub fn dir_root(&self, root: &str) -> Option<&std::path::Path> {
+        self.caps.dir_roots.get(root).map(PathBuf::as_path)
+    }
+
+    pub fn has_feature(&self, f: driver::Feature) -> bool {
+        self.info.features.contains(&f)
+    }
+
+    /// Run one export under every limit. `body` gets the fresh instance's exports and the
+    /// store; `secrets` become handles 0.. for this call only.
+    pub async fn call<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
+    where
+        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+    {
+        let span = tracing::info_span!("backend.call", backend = %self.name, op, digest = %&self.digest[..12.min(self.digest.len())]);
+        let started = Instant::now();
+        let result = tracing::Instrument::instrument(self.call_inner(op, secrets, body, started), span).await;
+        let labels = CallLabels { backend: self.name.clone(), op: op.into() };
+        self.metrics.calls.get_or_create(&labels).inc();
+        self.metrics.latency.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let code = e.kind().to_string();
+            self.metrics.errors.get_or_create(&ErrorLabels { backend: self.name.clone(), op: op.into(), code }).inc();
+            let b = BackendLabels { backend: self.name.clone() };
+            match e {
+                CallError::Timeout { .. } => {
+                    self.metrics.timeouts.get_or_create(&b).inc();
+                }
+                CallError::Trap { .. } | CallError::OutOfMemory { .. } | CallError::OutOfFuel { .. } => {
+                    self.metrics.traps.get_or_create(&b).inc();
+                }
+                _ => {}
+            }
+        }
+        result
+    }
+
+    async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F, started: Instant) -> Result<R, CallError>
+    where
+        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+    {
+        let backend = || self.name.clone();
+        let deadline_len = self.limits.call_deadline();
+        let deadline = started + deadline_len;
+        let _permit = match tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => return Err(CallError::Busy { backend: backend(), op, limit: self.limits.max_concurrent_calls }),
+        };
+
+        let mut store = Store::new(&self.engine, CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets));
+        store.limiter(|s| &mut s.limiter);
+        let fuel = if self.limits.fuel == 0 { u64::MAX } else { self.limits.fuel };
+        store.set_fuel(fuel).map_err(|e| CallError::Trap { backend: backend(), op, message: format!("{e:#}") })?;
+        // Checked on every epoch tick: past the deadline the guest traps; before it, yield so
+        // a busy guest shares the async worker with other calls.
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
+        });
+        store.set_epoch_deadline(1);
+
+        let pre = &self.pre;
+        let outcome = tokio::time::timeout_at((deadline + OUTER_GRACE).into(), async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            body(instance.wasmcsi_backend_driver(), &mut store).await
+        })
+        .await;
+
+        let limiter = &store.data().limiter;
+        let peak = limiter.peak as u64;
+        if self.memory_peak.fetch_max(peak, Ordering::Relaxed) < peak {
+            self.metrics.memory_peak.get_or_create(&BackendLabels { backend: backend() }).set(peak);
+        }
+        match outcome {
+            Err(_) => Err(CallError::Timeout { backend: backend(), op, deadline: deadline_len }),
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(error))) => Err(CallError::Backend { backend: backend(), op, error }),
+            Ok(Err(e)) => Err(classify(e, limiter.hit_limit, backend(), op, &self.limits)),
+        }
+    }
+}
+
+/// Turn a wasmtime error into why the call stopped. An OOM shows up as whatever trap the
+/// guest's allocator raises after `memory.grow` failed, so the limiter's record decides.
+fn classify(e: wasmtime::Error, hit_memory_limit: bool, backend: String, op: &'static str, limits: &Limits) -> CallError {
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallError::Timeout { backend, op, deadline: limits.call_deadline() },
+        Some(Trap::OutOfFuel) => CallError::OutOfFuel { backend, op },
+        Some(_) if hit_memory_limit => CallError::OutOfMemory { backend, op, limit_mib: limits.memory_limit_mib },
+        Some(_) => CallError::Trap { backend, op, message: format!("{e:#}") },
+        None if hit_memory_limit => CallError::OutOfMemory { backend, op, limit_mib: limits.memory_limit_mib },
+        // Not a trap: lifting the guest's answer failed (bad UTF-8, bad pointers, …).
+        None => CallError::BadOutput { backend, op, message: format!("{e:#}") },
+    }
+}
+
+/// Typed entry points, one per export, so callers never touch stores or closures.
+impl Backend {
+    pub async fn create_volume(&self, req: driver::CreateVolumeRequest, secrets: Secrets) -> Result<driver::Volume, CallError> {
+        self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await })).await
+    }
+    pub async fn delete_volume(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
+        let refs = secret_refs(&secrets);
+        self.call("delete_volume", secrets, move |g, s| Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })).await
+    }
+    pub async fn expand_volume(
+        &self,
+        id: String,
+        capacity: driver::CapacityRange,
+        capability: Option<driver::VolumeCapability>,
+        secrets: Secrets,
+    ) -> Result<driver::Expansion, CallError> {
+        let refs = secret_refs(&secrets);
+        self.call("expand_volume", secrets, move |g, s| {
+            Box::pin(async move { g.call_expand_volume(s, &id, capacity, capability.as_ref(), &refs).await })
+        })
+        .await
+    }
+    pub async fn get_volume(&self, id: String) -> Result<driver::VolumeStatus, CallError> {
+        self.call("get_volume", vec![], move |g, s| Box::pin(async move { g.call_get_volume(s, &id).await })).await
+    }
+    pub async fn list_volumes(&self, max_entries: u32, token: String) -> Result<driver::VolumePage, CallError> {
+        self.call("list_volumes", vec![], move |g, s| Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })).await
+    }
+    pub async fn validate_volume_capabilities(
+        &self,
+        id: String,
+        context: Vec<driver::Pair>,
+        caps: Vec<driver::VolumeCapability>,
+        params: Vec<driver::Pair>,
+    ) -> Result<Option<String>, CallError> {
+        self.call("validate_volume_capabilities", vec![], move |g, s| {
+            Box::pin(async move { g.call_validate_volume_capabilities(s, &id, &context, &caps, &params).await })
+        })
+        .await
+    }
+    pub async fn create_snapshot(
+        &self,
+        name: String,
+        source: String,
+        params: Vec<driver::Pair>,
+        secrets: Secrets,
+    ) -> Result<driver::Snapshot, CallError> {
+        let refs = secret_refs(&secrets);
+        self.call("create_snapshot", secrets, move |g, s| {
+            Box::pin(async move { g.call_create_snapshot(s, &name, &source, &params, &refs).await })
+        })
+        .await
+    }
+    pub async fn delete_snapshot(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
+        let refs = secret_refs(&secrets);
+        self.call("delete_snapshot", secrets, move |g, s| Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })).await
+    }
+    pub async fn list_snapshots(
+        &self,
+        snapshot_id: Option<String>,
+        source_volume_id: Option<String>,
+        max_entries: u32,
+        token: String,
+    ) -> Result<driver::SnapshotPage, CallError> {
+        self.call("list_snapshots", vec![], move |g, s| {
+            Box::pin(async move {
+                g.call_list_snapshots(s, snapshot_id.as_deref(), source_volume_id.as_deref(), max_entries, &token).await
+            })
+        })
+        .await
+    }
+    pub async fn get_capacity(
+        &self,
+        caps: Vec<driver::VolumeCapability>,
+        params: Vec<driver::Pair>,
+        topology: Option<driver::Topology>,
+    ) -> Result<driver::Capacity, CallError> {
+        self.call("get_capacity", vec![], move |g, s| {
+            Box::pin(async move { g.call_get_capacity(s, &caps, &params, topology.as_ref()).await })
+        })
+        .await
+    }
+    pub async fn attach_plan(
+        &self,
+        id: String,
+        context: Vec<driver::Pair>,
+        capability: driver::VolumeCapability,
+    ) -> Result<driver::Attachment, CallError> {
+        self.call("attach_plan", vec![], move |g, s| {
+            Box::pin(async move { g.call_attach_plan(s, &id, &context, &capability).await })
+        })
+        .await
+    }
+}
+
+/// CSI secrets of one call, `(key, value)`. Values stay in the host's store; the guest
+/// gets [`secret_refs`]: each key with its index as an opaque handle.
+pub type Secrets = Vec<(String, String)>;
+
+/// The handles the guest sees for `secrets` (valid for the call they are passed to).
+pub fn secret_refs(secrets: &[(String, String)]) -> Vec<driver::SecretRef> {
+    secrets
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| driver::SecretRef { key: key.clone(), handle: u32::try_from(i).unwrap_or(u32::MAX) })
+        .collect()
+}

@@ -1,0 +1,155 @@
+//! What one backend was granted, resolved once at load: its `kv` namespace, its `dir`
+//! roots, and the import timeout. The WIT trait impls in `host/` read it from the store.
+//! Also the check that a component imports nothing beyond its grants.
+use crate::config::Grants;
+use crate::store::MetaStore;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// WIT package prefix of our own interfaces.
+pub const PACKAGE: &str = "wasmcsi:backend/";
+
+/// A capability interface a backend may import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Capability {
+    /// types only; always linked
+    Types,
+    /// always granted
+    Log,
+    /// always granted, namespaced per backend
+    Kv,
+    Dir,
+    Nfs,
+    Block,
+    Rbd,
+}
+
+impl Capability {
+    pub fn from_interface(name: &str) -> Option<Self> {
+        Some(match name {
+            "types" => Self::Types,
+            "log" => Self::Log,
+            "kv" => Self::Kv,
+            "dir" => Self::Dir,
+            "nfs" => Self::Nfs,
+            "block" => Self::Block,
+            "rbd" => Self::Rbd,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Types => "types",
+            Self::Log => "log",
+            Self::Kv => "kv",
+            Self::Dir => "dir",
+            Self::Nfs => "nfs",
+            Self::Block => "block",
+            Self::Rbd => "rbd",
+        }
+    }
+}
+
+/// The imports of a component, sorted into what we know.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ImportSummary {
+    /// `wasmcsi:backend/*` interfaces
+    pub capabilities: Vec<Capability>,
+    /// `wasi:*` interfaces (served deny-by-default)
+    pub wasi: Vec<String>,
+    /// anything else: the component cannot load
+    pub unknown: Vec<String>,
+}
+
+impl ImportSummary {
+    /// Sort import names like `wasmcsi:backend/dir@0.1.0` or `wasi:io/streams@0.2.6`.
+    pub fn classify<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut s = Self::default();
+        for name in names {
+            let unversioned = name.split('@').next().unwrap_or(name);
+            if let Some(iface) = unversioned.strip_prefix(PACKAGE) {
+                match Capability::from_interface(iface) {
+                    Some(c) => s.capabilities.push(c),
+                    None => s.unknown.push(name.to_string()),
+                }
+            } else if unversioned.starts_with("wasi:") {
+                s.wasi.push(name.to_string());
+            } else {
+                s.unknown.push(name.to_string());
+            }
+        }
+        s.capabilities.sort();
+        s
+    }
+
+    /// Capabilities imported but not granted (or not available in this host build), each
+    /// with the reason; empty = the component may load.
+    pub fn violations(&self, grants: &Grants) -> Vec<String> {
+        let mut out: Vec<String> = self.unknown.iter().map(|n| format!("import {n} is not a wasmcsi or WASI interface")).collect();
+        for c in &self.capabilities {
+            let import = format!("{PACKAGE}{}", c.name());
+            match c {
+                Capability::Types | Capability::Log | Capability::Kv => {}
+                Capability::Dir if grants.dir.is_empty() => {
+                    out.push(format!("import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"))
+                }
+                Capability::Dir => {}
+                Capability::Nfs | Capability::Block | Capability::Rbd => out.push(format!(
+                    "import {import} cannot be linked: this host build has no {} provider yet",
+                    c.name()
+                )),
+            }
+        }
+        out
+    }
+}
+
+/// The resolved grants of one loaded backend, shared by all its calls.
+pub struct Capabilities {
+    pub backend: String,
+    pub store: Arc<MetaStore>,
+    pub dir_roots: BTreeMap<String, PathBuf>,
+    pub import_timeout: Duration,
+}
+
+/// Run blocking capability work off the async workers, bounded by the import timeout:
+/// wasmtime's epoch deadline cannot interrupt a host call, so every import needs its own.
+pub(crate) async fn bounded<T: Send + 'static>(
+    timeout: Duration,
+    what: String,
+    work: impl FnOnce() -> Result<T, crate::bindings::types::Error> + Send + 'static,
+) -> Result<T, crate::bindings::types::Error> {
+    use crate::bindings::types::Error;
+    match tokio::time::timeout(timeout, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(join)) => Err(Error::Internal(format!("{what}: host task failed: {join}"))),
+        Err(_) => Err(Error::DeadlineExceeded(format!("{what}: no answer within {timeout:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ungranted_imports_are_named_in_violations() {
+        let s = ImportSummary::classify([
+            "wasmcsi:backend/types@0.1.0",
+            "wasmcsi:backend/log@0.1.0",
+            "wasmcsi:backend/dir@0.1.0",
+            "wasi:io/streams@0.2.6",
+            "evil:net/raw",
+        ]);
+        assert_eq!(s.wasi, ["wasi:io/streams@0.2.6"]);
+        let v = s.violations(&Grants::default());
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v[0].contains("evil:net/raw"));
+        assert!(v[1].contains("wasmcsi:backend/dir"), "{v:?}");
+        let mut g = Grants::default();
+        g.dir.insert("default".into(), "/srv".into());
+        assert_eq!(s.violations(&g).len(), 1);
+    }
+}

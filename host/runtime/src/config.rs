@@ -1,0 +1,209 @@
+//! The host configuration file (TOML): sandbox limits and, per backend, the capability
+//! grants the operator gives it. Only parsing and validation live here; what a grant means
+//! at run time lives with each capability in `host/`.
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Errors reading or validating the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing config {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("config: backend {backend:?}: {message}")]
+    Invalid { backend: String, message: String },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    #[serde(default)]
+    pub runtime: Limits,
+    /// Per backend (by file stem): limits overriding `[runtime]`, and grants.
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendConfig>,
+}
+
+/// Sandbox limits. `[runtime]` sets the defaults; `[backends.NAME]` may override each.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear memory a guest may grow to. A Rust guest that hits it traps (OOM).
+    pub memory_limit_mib: u64,
+    /// Wall-clock deadline of one backend call, host imports included.
+    pub call_deadline_ms: u64,
+    /// Deadline of each host import; epochs cannot interrupt a blocked host call, so every
+    /// import carries its own timeout shorter than the call's.
+    pub import_timeout_ms: u64,
+    /// Calls of one backend running at once; more wait up to the call deadline.
+    pub max_concurrent_calls: u32,
+    /// Optional instruction budget per call (wasmtime fuel); 0 = unlimited.
+    pub fuel: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { memory_limit_mib: 64, call_deadline_ms: 5_000, import_timeout_ms: 3_000, max_concurrent_calls: 16, fuel: 0 }
+    }
+}
+
+impl Limits {
+    pub fn memory_bytes(&self) -> usize {
+        usize::try_from(self.memory_limit_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+    pub fn call_deadline(&self) -> Duration {
+        Duration::from_millis(self.call_deadline_ms)
+    }
+    pub fn import_timeout(&self) -> Duration {
+        Duration::from_millis(self.import_timeout_ms)
+    }
+}
+
+/// Overrides of `[runtime]` for one backend, all optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub memory_limit_mib: Option<u64>,
+    pub call_deadline_ms: Option<u64>,
+    pub import_timeout_ms: Option<u64>,
+    pub max_concurrent_calls: Option<u32>,
+    pub fuel: Option<u64>,
+    #[serde(default)]
+    pub grants: Grants,
+}
+
+/// What a backend may import beyond `log`, `kv` and deny-by-default WASI.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grants {
+    /// `dir`: root name → host directory. Root names are `[a-z0-9-]`, 1–32 bytes.
+    #[serde(default)]
+    pub dir: BTreeMap<String, PathBuf>,
+    /// `nfs`: the servers/exports the userspace NFS client may reach.
+    #[serde(default)]
+    pub nfs: Vec<NfsGrant>,
+    /// `block`: the nodes of the replicated block engine this backend may place on.
+    pub block: Option<BlockGrant>,
+    /// `rbd`: per cluster, the pools this backend may use.
+    #[serde(default)]
+    pub rbd: Vec<RbdGrant>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NfsGrant {
+    pub server: String,
+    pub share: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BlockGrant {
+    /// node names, or `"*"` for every node
+    pub nodes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RbdGrant {
+    pub cluster: String,
+    pub pools: Vec<String>,
+}
+
+/// A backend name (file stem) or a dir root name: `[a-z0-9-]`, 1–32 bytes, so it can prefix
+/// CSI ids and never needs escaping.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+impl HostConfig {
+    /// Read and validate a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse and validate config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, ConfigError> {
+        let cfg: HostConfig =
+            toml::from_str(text).map_err(|source| ConfigError::Parse { path: origin.into(), source: Box::new(source) })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, b) in &self.backends {
+            let invalid = |message: String| ConfigError::Invalid { backend: name.clone(), message };
+            if !is_valid_name(name) {
+                return Err(invalid("backend names are 1-32 of [a-z0-9-]".into()));
+            }
+            for (root, path) in &b.grants.dir {
+                if !is_valid_name(root) {
+                    return Err(invalid(format!("dir root {root:?}: names are 1-32 of [a-z0-9-]")));
+                }
+                if !path.is_absolute() {
+                    return Err(invalid(format!("dir root {root:?}: {} is not an absolute path", path.display())));
+                }
+            }
+            let limits = self.limits_for(name);
+            if limits.call_deadline_ms == 0 || limits.import_timeout_ms == 0 || limits.max_concurrent_calls == 0 {
+                return Err(invalid("deadlines and max_concurrent_calls must be > 0".into()));
+            }
+            if limits.import_timeout_ms > limits.call_deadline_ms {
+                return Err(invalid("import_timeout_ms must not exceed call_deadline_ms".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Effective limits of one backend: its overrides over `[runtime]`.
+    pub fn limits_for(&self, backend: &str) -> Limits {
+        let base = self.runtime.clone();
+        let Some(b) = self.backends.get(backend) else { return base };
+        Limits {
+            memory_limit_mib: b.memory_limit_mib.unwrap_or(base.memory_limit_mib),
+            call_deadline_ms: b.call_deadline_ms.unwrap_or(base.call_deadline_ms),
+            import_timeout_ms: b.import_timeout_ms.unwrap_or(base.import_timeout_ms),
+            max_concurrent_calls: b.max_concurrent_calls.unwrap_or(base.max_concurrent_calls),
+            fuel: b.fuel.unwrap_or(base.fuel),
+        }
+    }
+
+    /// Grants of one backend (none when it has no section).
+    pub fn grants_for(&self, backend: &str) -> Grants {
+        self.backends.get(backend).map(|b| b.grants.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_overrides_win_over_runtime_defaults() {
+        let cfg = HostConfig::parse(
+            "[runtime]\nmemory_limit_mib = 10\n[backends.hostpath]\ncall_deadline_ms = 7\nimport_timeout_ms = 5\n[backends.hostpath.grants]\ndir = { default = \"/srv\" }\n",
+            Path::new("t"),
+        )
+        .expect("valid config");
+        let l = cfg.limits_for("hostpath");
+        assert_eq!((l.memory_limit_mib, l.call_deadline_ms, l.import_timeout_ms), (10, 7, 5));
+        assert_eq!(cfg.grants_for("hostpath").dir["default"], PathBuf::from("/srv"));
+        assert!(cfg.grants_for("other").dir.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_names_are_rejected() {
+        assert!(HostConfig::parse("[runtime]\nmemory = 1\n", Path::new("t")).is_err());
+        assert!(HostConfig::parse("[backends.Bad_Name]\n", Path::new("t")).is_err());
+        let e = HostConfig::parse("[backends.a.grants]\ndir = { r = \"relative\" }\n", Path::new("t"));
+        assert!(matches!(e, Err(ConfigError::Invalid { .. })), "{e:?}");
+    }
+}

@@ -1,0 +1,24 @@
+//! The sandbox. Loads backend components, checks what they import against the operator's
+//! grants, links the granted capabilities, and runs every backend call in a fresh, bounded
+//! store (memory cap, wall-clock deadline, optional fuel, concurrency limit, per-import
+//! timeouts). Traps, timeouts and OOMs come back as [`CallError`] values; nothing a guest does
+//! can take the process down. It knows nothing of CSI or gRPC: that is `wasmcsi-csi`.
+pub mod backend;
+pub mod bindings;
+pub mod cache;
+pub mod capabilities;
+pub mod config;
+pub mod engine;
+mod host;
+pub mod metrics;
+pub mod registry;
+pub mod runtime;
+mod state;
+pub mod store;
+
+pub use backend::{Backend, CallError, Secrets, describe, secret_refs};
+pub use bindings::driver;
+pub use bindings::types::Error as WitError;
+pub use registry::Registry;
+pub use runtime::{LoadError, Runtime, RuntimeOptions};
+pub use state::CallState;

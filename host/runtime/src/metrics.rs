@@ -1,0 +1,103 @@
+//! Prometheus metrics: per backend calls, errors by code, latency, traps, timeouts and
+//! memory peak; and per CSI method requests by code (recorded by the CSI layer). One
+//! registry, encoded by the `/metrics` endpoint in the binary.
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub backend: String,
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub backend: String,
+    pub op: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: String,
+    pub code: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 µs .. ~42 s: a pooled instantiate+call is microseconds, a hung import seconds.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(5e-6, 2.0, 24))
+}
+
+/// All metrics of the process.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub calls: Family<CallLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub latency: Family<CallLabels, Histogram, fn() -> Histogram>,
+    pub traps: Family<BackendLabels, Counter>,
+    pub timeouts: Family<BackendLabels, Counter>,
+    pub memory_peak: Family<BackendLabels, Gauge<u64, AtomicU64>>,
+    pub reloads: Family<BackendLabels, Counter>,
+    pub rejected: Family<BackendLabels, Counter>,
+    pub rpcs: Family<RpcLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Self {
+            registry: Mutex::new(Registry::with_prefix("wasmcsi")),
+            calls: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            traps: Family::default(),
+            timeouts: Family::default(),
+            memory_peak: Family::default(),
+            reloads: Family::default(),
+            rejected: Family::default(),
+            rpcs: Family::default(),
+        };
+        if let Ok(mut r) = m.registry.lock() {
+            r.register("backend_calls", "Backend calls", m.calls.clone());
+            r.register("backend_errors", "Backend calls that failed, by gRPC code", m.errors.clone());
+            r.register("backend_call_duration_seconds", "Instantiate + call latency", m.latency.clone());
+            r.register("backend_traps", "Calls that trapped (panics, OOM, bugs)", m.traps.clone());
+            r.register("backend_timeouts", "Calls stopped at their deadline", m.timeouts.clone());
+            r.register("backend_memory_peak_bytes", "Largest linear memory a call grew to", m.memory_peak.clone());
+            r.register("backend_loads", "Component versions loaded (start and hot reload)", m.reloads.clone());
+            r.register("backend_rejected", "Component files rejected at load", m.rejected.clone());
+            r.register("csi_requests", "CSI requests by method and gRPC code", m.rpcs.clone());
+        }
+        m
+    }
+
+    /// Record a finished CSI request.
+    pub fn rpc(&self, method: &str, code: &str) {
+        self.rpcs.get_or_create(&RpcLabels { method: method.into(), code: code.into() }).inc();
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        }
+        out
+    }
+}

@@ -1,0 +1,162 @@
+//! The set of loaded backends by name, and hot reload: the backends directory is polled; a
+//! new or changed `NAME.wasm` is loaded and checked off to the side and swapped in only when
+//! good. Calls hold an `Arc<Backend>`, so calls in flight finish on the version they started
+//! with. A broken file is logged once and the previous version keeps serving.
+use crate::backend::Backend;
+use crate::runtime::{LoadError, Runtime};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+use tokio::sync::Mutex;
+
+/// What a file looked like when we last read it; unchanged files are not re-read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+/// What one scan did.
+#[derive(Debug, Default)]
+pub struct ScanReport {
+    pub loaded: Vec<String>,
+    pub rejected: Vec<(String, String)>,
+    pub removed: Vec<String>,
+}
+
+pub struct Registry {
+    runtime: Arc<Runtime>,
+    dir: Option<PathBuf>,
+    backends: RwLock<BTreeMap<String, Arc<Backend>>>,
+    /// per file: the stamp last seen, so each change is looked at exactly once
+    seen: Mutex<HashMap<PathBuf, FileStamp>>,
+    scanned: std::sync::atomic::AtomicBool,
+}
+
+impl Registry {
+    pub fn new(runtime: Arc<Runtime>, dir: Option<PathBuf>) -> Arc<Self> {
+        Arc::new(Self {
+            runtime,
+            dir,
+            backends: RwLock::new(BTreeMap::new()),
+            seen: Mutex::new(HashMap::new()),
+            scanned: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Backend>> {
+        self.backends.read().ok()?.get(name).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Backend>> {
+        self.backends.read().map(|b| b.values().cloned().collect()).unwrap_or_default()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.backends.read().map(|b| b.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Ready once the first scan finished and at least one backend serves.
+    pub fn is_ready(&self) -> bool {
+        self.scanned.load(std::sync::atomic::Ordering::Acquire) && !self.names().is_empty()
+    }
+
+    /// Load bytes as backend `name` and swap it in (tests, embedded backends).
+    pub async fn install(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Arc<Backend>, LoadError> {
+        let backend = Arc::new(self.runtime.load(name, wasm, path).await?);
+        if let Ok(mut map) = self.backends.write() {
+            map.insert(name.to_string(), backend.clone());
+        }
+        Ok(backend)
+    }
+
+    fn remove(&self, name: &str) -> bool {
+        self.backends.write().map(|mut m| m.remove(name).is_some()).unwrap_or(false)
+    }
+
+    /// Look at the backends directory once.
+    pub async fn scan(&self) -> ScanReport {
+        let mut report = ScanReport::default();
+        let Some(dir) = &self.dir else {
+            self.scanned.store(true, std::sync::atomic::Ordering::Release);
+            return report;
+        };
+        let mut seen = self.seen.lock().await;
+        let files = wasm_files(dir);
+        for (name, path, stamp) in &files {
+            if seen.get(path) == Some(stamp) {
+                continue;
+            }
+            seen.insert(path.clone(), stamp.clone());
+            match self.load_file(name, path).await {
+                Ok(Some(b)) => {
+                    tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, cache_hit = b.cache_hit, "backend loaded");
+                    report.loaded.push(name.clone());
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let serving = self.get(name).map(|b| b.digest.clone());
+                    tracing::error!(backend = %name, file = %path.display(), previous = ?serving, "backend rejected: {e}");
+                    report.rejected.push((name.clone(), e.to_string()));
+                }
+            }
+        }
+        // A file that disappeared takes its backend with it; mounted volumes are untouched.
+        let present: Vec<&String> = files.iter().map(|(n, _, _)| n).collect();
+        for name in self.names() {
+            let from_dir = self.get(&name).and_then(|b| b.path.clone()).is_some_and(|p| p.starts_with(dir));
+            if from_dir && !present.contains(&&name) && self.remove(&name) {
+                tracing::warn!(backend = %name, "backend file removed; backend unloaded");
+                report.removed.push(name);
+            }
+        }
+        seen.retain(|p, _| files.iter().any(|(_, fp, _)| fp == p));
+        self.scanned.store(true, std::sync::atomic::Ordering::Release);
+        report
+    }
+
+    /// Load a file unless its content is what already serves (`Ok(None)`).
+    async fn load_file(&self, name: &str, path: &Path) -> Result<Option<Arc<Backend>>, LoadError> {
+        let wasm = tokio::fs::read(path).await.map_err(|source| LoadError::Read { path: path.into(), source })?;
+        if self.get(name).is_some_and(|b| b.digest == Runtime::digest(&wasm)) {
+            return Ok(None);
+        }
+        self.install(name, &wasm, Some(path.to_path_buf())).await.map(Some)
+    }
+
+    /// Poll the directory every `interval` until the registry is dropped.
+    pub fn watch(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(registry) = weak.upgrade() else { return };
+                registry.scan().await;
+            }
+        })
+    }
+}
+
+/// `NAME.wasm` files directly in `dir`, with their stamps; unreadable entries are skipped.
+fn wasm_files(dir: &Path) -> Vec<(String, PathBuf, FileStamp)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    let mut out: Vec<_> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let path = e.path();
+            if path.extension()? != "wasm" {
+                return None;
+            }
+            let name = path.file_stem()?.to_str()?.to_string();
+            let m = std::fs::metadata(&path).ok()?;
+            m.is_file().then(|| (name, path, FileStamp { modified: m.modified().ok(), len: m.len() }))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}

@@ -1,0 +1,185 @@
+//! `Runtime`: the engine, compile cache, metadata store, configuration and metrics every
+//! backend shares, and `load`, which turns `.wasm` bytes into a checked [`Backend`]: compile
+//! (or take from cache) → check imports against grants → link only what is granted →
+//! pre-instantiate → call `info` once under the backend's limits.
+use crate::backend::{Backend, CallError};
+use crate::bindings::{BackendPre, wasmcsi::backend as wit};
+use crate::cache::CompileCache;
+use crate::capabilities::{Capabilities, Capability, ImportSummary};
+use crate::config::{HostConfig, is_valid_name};
+use crate::engine::{EngineSettings, EpochTicker, build_engine};
+use crate::metrics::{BackendLabels, Metrics};
+use crate::state::CallState;
+use crate::store::{MetaStore, StoreError};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use tokio::sync::Semaphore;
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+/// Why a component could not be loaded. The message is the one log line an operator sees.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("backend name {0:?} is invalid: file stems must be 1-32 of [a-z0-9-]")]
+    InvalidName(String),
+    #[error("backend {name}: not a valid component: {message}")]
+    Compile { name: String, message: String },
+    #[error("backend {name}: refused: {}", violations.join("; "))]
+    NotGranted { name: String, violations: Vec<String> },
+    #[error("backend {name}: linking failed: {message}")]
+    Link { name: String, message: String },
+    #[error("backend {name}: info() failed: {source}")]
+    Info { name: String, source: Box<CallError> },
+    #[error("backend {name}: info() returned {message}")]
+    BadInfo { name: String, message: String },
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+}
+
+/// Errors starting the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where the runtime keeps state.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub config: HostConfig,
+    /// compiled artifacts; `None` = no cache
+    pub cache_dir: Option<PathBuf>,
+    /// the metadata store file (kv, volume journal)
+    pub store_path: PathBuf,
+    pub engine: EngineSettings,
+}
+
+/// Shared by every backend.
+pub struct Runtime {
+    pub engine: Engine,
+    pub config: HostConfig,
+    pub store: Arc<MetaStore>,
+    pub metrics: Arc<Metrics>,
+    cache: CompileCache,
+    _ticker: EpochTicker,
+}
+
+impl Runtime {
+    pub fn new(opts: RuntimeOptions) -> Result<Arc<Self>, RuntimeError> {
+        let engine = build_engine(&opts.engine)?;
+        let store = Arc::new(MetaStore::open(&opts.store_path)?);
+        Ok(Arc::new(Self {
+            cache: CompileCache::new(&engine, opts.cache_dir),
+            _ticker: EpochTicker::start(engine.clone()),
+            engine,
+            config: opts.config,
+            store,
+            metrics: Arc::new(Metrics::new()),
+        }))
+    }
+
+    /// sha256 of component bytes, hex.
+    pub fn digest(wasm: &[u8]) -> String {
+        hex::encode(Sha256::digest(wasm))
+    }
+
+    /// The imports of a component, without loading it as a backend (for `backend check`).
+    pub fn inspect(&self, name: &str, wasm: &[u8]) -> Result<(ImportSummary, Vec<String>), LoadError> {
+        let (component, _) = self.compile(name, wasm)?;
+        Ok(self.summarize(&component))
+    }
+
+    fn compile(&self, name: &str, wasm: &[u8]) -> Result<(wasmtime::component::Component, bool), LoadError> {
+        self.cache
+            .load(&self.engine, &Self::digest(wasm), wasm)
+            .map_err(|e| LoadError::Compile { name: name.into(), message: format!("{e:#}") })
+    }
+
+    fn summarize(&self, component: &wasmtime::component::Component) -> (ImportSummary, Vec<String>) {
+        let ty = component.component_type();
+        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        (ImportSummary::classify(imports.iter().map(String::as_str)), exports)
+    }
+
+    /// Load `wasm` as backend `name`. CPU-heavy (compilation) on a cache miss; run it where
+    /// blocking is fine (the registry uses `spawn_blocking`).
+    pub async fn load(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
+        if !is_valid_name(name) {
+            return Err(LoadError::InvalidName(name.into()));
+        }
+        let result = self.load_checked(name, wasm, path).await;
+        let labels = BackendLabels { backend: name.into() };
+        match &result {
+            Ok(_) => self.metrics.reloads.get_or_create(&labels).inc(),
+            Err(_) => self.metrics.rejected.get_or_create(&labels).inc(),
+        };
+        result
+    }
+
+    async fn load_checked(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
+        let digest = Self::digest(wasm);
+        let (component, cache_hit) = self.compile(name, wasm)?;
+        let (imports, _) = self.summarize(&component);
+        let grants = self.config.grants_for(name);
+        let violations = imports.violations(&grants);
+        if !violations.is_empty() {
+            return Err(LoadError::NotGranted { name: name.into(), violations });
+        }
+
+        let link = |e: wasmtime::Error| LoadError::Link { name: name.into(), message: format!("{e:#}") };
+        let mut linker: Linker<CallState> = Linker::new(&self.engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
+        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        wit::log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        // Only what was granted is linked at all: an ungranted interface does not exist for
+        // this backend, whatever its bytes say.
+        if imports.capabilities.contains(&Capability::Dir) {
+            wit::dir::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        }
+        let pre = linker.instantiate_pre(&component).map_err(link)?;
+        let pre = BackendPre::new(pre).map_err(link)?;
+
+        let limits = self.config.limits_for(name);
+        let caps = Arc::new(Capabilities {
+            backend: name.into(),
+            store: self.store.clone(),
+            dir_roots: grants.dir.clone(),
+            import_timeout: limits.import_timeout(),
+        });
+        let mut backend = Backend {
+            name: name.into(),
+            digest,
+            path,
+            info: crate::bindings::driver::BackendInfo {
+                name: String::new(),
+                version: String::new(),
+                features: vec![],
+                parameters: vec![],
+            },
+            imports,
+            permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
+            limits,
+            cache_hit,
+            engine: self.engine.clone(),
+            pre,
+            caps,
+            metrics: self.metrics.clone(),
+            memory_peak: AtomicU64::new(0),
+        };
+        let info = backend
+            .call("info", vec![], |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
+            .await
+            .map_err(|e| LoadError::Info { name: name.into(), source: Box::new(e) })?;
+        if info.name.is_empty() || info.name.len() > 64 || info.version.len() > 64 {
+            return Err(LoadError::BadInfo { name: name.into(), message: "a name of 1-64 bytes and a version of at most 64".into() });
+        }
+        backend.info = info;
+        Ok(backend)
+    }
+}

@@ -1,0 +1,79 @@
+//! What one backend call's store holds: deny-by-default WASI, the memory limiter, and the
+//! handles of the capabilities this backend was granted. Built fresh for every call and
+//! dropped with it, so nothing leaks from one call into the next.
+use crate::capabilities::Capabilities;
+use std::sync::Arc;
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// Store data of one call.
+pub struct CallState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limiter: MemoryLimiter,
+    pub(crate) caps: Arc<Capabilities>,
+    /// Secret values of this call; the guest only ever sees indexes into this list.
+    pub(crate) secrets: crate::backend::Secrets,
+    /// Log lines left before the guest is muted for the rest of the call.
+    pub(crate) log_budget: u32,
+}
+
+impl CallState {
+    pub(crate) fn new(caps: Arc<Capabilities>, memory_limit: usize, secrets: crate::backend::Secrets) -> Self {
+        // Deny by default: no preopened directories, no env, no args, no network, no stdio
+        // inheritance. Clocks and randomness stay (harmless, and std needs them).
+        let wasi = WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build();
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter::new(memory_limit),
+            caps,
+            secrets,
+            log_budget: crate::host::log::LINES_PER_CALL,
+        }
+    }
+
+    /// The secret value behind a handle the guest passed back, for capabilities that need it.
+    pub fn secret(&self, handle: u32) -> Option<&str> {
+        self.secrets.get(handle as usize).map(|(_, v)| v.as_str())
+    }
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// Caps linear memory and remembers the peak and whether the cap was hit, so an OOM can be
+/// told apart from any other trap.
+#[derive(Debug)]
+pub(crate) struct MemoryLimiter {
+    limit: usize,
+    pub(crate) peak: usize,
+    pub(crate) hit_limit: bool,
+}
+
+impl MemoryLimiter {
+    fn new(limit: usize) -> Self {
+        Self { limit, peak: 0, hit_limit: false }
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.hit_limit = true;
+            return Ok(false);
+        }
+        self.peak = self.peak.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Tables hold function references; a policy guest needs few. Bound them so a guest
+        // cannot use tables to get around the memory cap.
+        Ok(desired <= 100_000)
+    }
+}

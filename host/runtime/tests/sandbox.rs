@@ -1,0 +1,184 @@
+//! The sandbox against real components: the hostpath example and the hostile fixture,
+//! built by `wasmcsi-artifacts`. Each limit has an "obeyed" and a "violated" case, and a
+//! misbehaving backend never disturbs another one in the same runtime.
+#![allow(clippy::unwrap_used, reason = "tests")]
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmcsi_runtime::config::HostConfig;
+use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest, Pair};
+use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, WitError};
+
+const DEADLINE_MS: u64 = 500;
+
+fn config(root: &Path, hostile_gets_dir: bool) -> HostConfig {
+    let hostile_dir = if hostile_gets_dir { format!("[backends.hostile.grants]\ndir = {{ default = \"{}/hostile\" }}\n", root.display()) } else { String::new() };
+    let text = format!(
+        "[runtime]\nmemory_limit_mib = 32\ncall_deadline_ms = {DEADLINE_MS}\nimport_timeout_ms = 400\n\
+         [backends.hostpath.grants]\ndir = {{ default = \"{}/hostpath\" }}\n{hostile_dir}",
+        root.display()
+    );
+    HostConfig::parse(&text, Path::new("test")).unwrap()
+}
+
+fn runtime(dir: &Path, hostile_gets_dir: bool) -> Arc<Runtime> {
+    std::fs::create_dir_all(dir.join("hostpath")).unwrap();
+    std::fs::create_dir_all(dir.join("hostile")).unwrap();
+    Runtime::new(RuntimeOptions {
+        config: config(dir, hostile_gets_dir),
+        cache_dir: Some(dir.join("cache")),
+        store_path: dir.join("state/meta.redb"),
+        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+    })
+    .unwrap()
+}
+
+fn request(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity: CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 },
+        capabilities: vec![],
+        parameters: params.iter().map(|(k, v)| Pair { key: (*k).into(), value: (*v).into() }).collect(),
+        secrets: vec![],
+        content_source: None,
+        accessibility: None,
+    }
+}
+
+async fn hostile_call(rt: &Runtime, mode: &str) -> (Result<wasmcsi_runtime::driver::Volume, CallError>, Duration) {
+    let b = rt.load("hostile", wasmcsi_artifacts::HOSTILE, None).await.unwrap();
+    let start = Instant::now();
+    let r = b.create_volume(request("v", &[("mode", mode)]), vec![]).await;
+    (r, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostpath_creates_a_volume_directory_through_the_dir_capability() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), false);
+    let b = rt.load("hostpath", wasmcsi_artifacts::HOSTPATH, None).await.unwrap();
+    assert_eq!(b.info.name, "hostpath");
+    let v = b.create_volume(request("pvc-1", &[]), vec![]).await.unwrap();
+    assert_eq!(v.volume_id, "default.pvc-1");
+    assert!(d.path().join("hostpath/volumes/pvc-1").is_dir());
+    // Same name, same request: same volume. Same name, larger size: AlreadyExists.
+    assert_eq!(b.create_volume(request("pvc-1", &[]), vec![]).await.unwrap().volume_id, v.volume_id);
+    let mut bigger = request("pvc-1", &[]);
+    bigger.capacity.required_bytes = 1 << 40;
+    let e = b.create_volume(bigger, vec![]).await.unwrap_err();
+    assert!(matches!(e, CallError::Backend { error: WitError::AlreadyExists(_), .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_guest_is_stopped_at_its_deadline_while_another_backend_serves() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let hostpath = rt.load("hostpath", wasmcsi_artifacts::HOSTPATH, None).await.unwrap();
+    let rt2 = rt.clone();
+    let spinning = tokio::spawn(async move { hostile_call(&rt2, "loop").await });
+    // While the hostile guest spins, hostpath keeps answering.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..5 {
+        hostpath.create_volume(request(&format!("pvc-{i}"), &[]), vec![]).await.unwrap();
+    }
+    assert!(!spinning.is_finished(), "the spinning call should still be running");
+    let (r, took) = spinning.await.unwrap();
+    assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
+    assert!(took >= Duration::from_millis(DEADLINE_MS), "stopped early: {took:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "stopped late: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocating_past_the_memory_cap_is_an_out_of_memory_error() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let (r, took) = hostile_call(&rt, "oom").await;
+    assert!(matches!(r, Err(CallError::OutOfMemory { limit_mib: 32, .. })), "{r:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_guest_is_a_trap_for_that_call_only() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let (r, _) = hostile_call(&rt, "trap").await;
+    assert!(matches!(&r, Err(CallError::Trap { message, .. }) if message.contains("unreachable")), "{r:?}");
+    // The next call on the same backend gets a fresh instance and works.
+    let (r, _) = hostile_call(&rt, "bogus-mode").await;
+    assert!(matches!(r, Err(CallError::Backend { error: WitError::InvalidArgument(_), .. })), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_is_deny_by_default_for_files_sockets_and_env() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    for (mode, extra) in [("files", None), ("env", None), ("sockets", Some(("port", port.as_str())))] {
+        let b = rt.load("hostile", wasmcsi_artifacts::HOSTILE, None).await.unwrap();
+        let mut params = vec![("mode", mode)];
+        params.extend(extra);
+        let r = b.create_volume(request("v", &params), vec![]).await;
+        assert!(matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")), "{mode}: {r:?}");
+    }
+    assert!(!Path::new("/tmp/hostile").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ungranted_import_fails_the_load_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    // hostile imports `dir`; this config grants it to hostpath only.
+    let e = runtime(d.path(), false).load("hostile", wasmcsi_artifacts::HOSTILE, None).await.err();
+    match e {
+        Some(LoadError::NotGranted { violations, .. }) => {
+            assert_eq!(violations.len(), 1, "{violations:?}");
+            assert!(violations[0].contains("wasmcsi:backend/dir"), "{violations:?}");
+        }
+        other => panic!("expected NotGranted, got {other:?}"),
+    }
+    // Granted, the same bytes load.
+    runtime(d.path(), true).load("hostile", wasmcsi_artifacts::HOSTILE, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dir_paths_cannot_escape_the_granted_root() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let (r, _) = hostile_call(&rt, "escape").await;
+    assert!(matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")), "{r:?}");
+    assert!(!d.path().join("escape").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_components_are_cached_across_restarts() {
+    let d = tempfile::tempdir().unwrap();
+    let first = runtime(d.path(), false).load("hostpath", wasmcsi_artifacts::HOSTPATH, None).await.unwrap();
+    assert!(!first.cache_hit);
+    drop(first); // releases the metadata store's file lock, as a process exit would
+    let second = runtime(d.path(), false).load("hostpath", wasmcsi_artifacts::HOSTPATH, None).await.unwrap();
+    assert!(second.cache_hit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), false);
+    let dir = d.path().join("backends");
+    std::fs::create_dir_all(&dir).unwrap();
+    let registry = Registry::new(rt, Some(dir.clone()));
+    assert!(registry.scan().await.loaded.is_empty());
+    std::fs::write(dir.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    assert_eq!(registry.scan().await.loaded, ["hostpath"]);
+    let serving = registry.get("hostpath").unwrap();
+
+    std::fs::write(dir.join("hostpath.wasm"), b"\0asm garbage").unwrap();
+    let report = registry.scan().await;
+    assert_eq!(report.rejected.len(), 1, "{report:?}");
+    assert!(Arc::ptr_eq(&registry.get("hostpath").unwrap(), &serving), "previous version keeps serving");
+    serving.create_volume(request("pvc-r", &[]), vec![]).await.unwrap();
+
+    std::fs::remove_file(dir.join("hostpath.wasm")).unwrap();
+    assert_eq!(registry.scan().await.removed, ["hostpath"]);
+    assert!(registry.get("hostpath").is_none());
+}
