@@ -1,1 +1,17 @@
-//! placeholder
+//! The CSI face of wasmcsi: Identity, Controller and Node over gRPC on a unix socket. It
+//! validates requests as the CSI spec asks, routes them to the backend that owns them (by
+//! the `backend` StorageClass parameter or the id's prefix), checks what backends answer,
+//! and carries out attachment plans on the node. It runs no guest code itself (that is
+//! `wasmcsi-runtime`) and decides no storage policy (that is the backends).
+pub mod controller;
+pub mod convert;
+pub mod driver;
+pub mod error;
+pub mod guard;
+pub mod identity;
+pub mod ids;
+pub mod node;
+pub mod server;
+
+pub use driver::{Driver, Mode};
+pub use error::{CsiError, CsiResult};

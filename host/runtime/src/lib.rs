@@ -22,3 +22,5 @@ pub use bindings::types::Error as WitError;
 pub use registry::Registry;
 pub use runtime::{LoadError, Runtime, RuntimeOptions};
 pub use state::CallState;
+/// Map a backend-relative path under a granted dir root onto the host, refusing escapes.
+pub use host::dir::resolve as resolve_dir_path;

@@ -1,0 +1,438 @@
+//! CSI Controller: validates each request as the spec asks, routes it to the backend that
+//! owns it, and checks the backend's answer before it reaches Kubernetes. ControllerPublish
+//! and ControllerModifyVolume are not offered (no attach step; no mutable parameters).
+use crate::convert::{self, bytes};
+use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
+use crate::error::{CsiError, CsiResult};
+use crate::ids::ObjectId;
+use std::future::Future;
+use std::sync::Arc;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::controller_server::Controller;
+use wasmcsi_runtime::driver::{self as wit, Feature};
+use wasmcsi_runtime::store::VolumeRecord;
+use wasmcsi_runtime::{Backend, secret_refs};
+
+#[derive(Clone)]
+pub struct ControllerService(pub Arc<Driver>);
+
+type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
+
+fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
+    if backend.has_feature(feature) {
+        Ok(())
+    } else {
+        Err(CsiError::Unimplemented(format!("backend {} does not support {what}", backend.name)))
+    }
+}
+
+/// A content source must name an object of the same backend (a volume cannot be cloned
+/// across backends: each owns its storage).
+fn content_source(d: &Driver, backend: &Backend, src: &csi::VolumeContentSource) -> CsiResult<wit::ContentSource> {
+    use csi::volume_content_source::Type;
+    let (id, is_snapshot) = match &src.r#type {
+        Some(Type::Snapshot(s)) => (required(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?, true),
+        Some(Type::Volume(v)) => (required(&v.volume_id, "volume_content_source.volume.volume_id")?, false),
+        None => return Err(CsiError::Missing("volume_content_source.type")),
+    };
+    let (owner, oid) = d.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("content source {id} not found")))?;
+    if owner.name != backend.name {
+        return Err(CsiError::Invalid(format!("content source {id} belongs to backend {}, not {}", owner.name, backend.name)));
+    }
+    if is_snapshot {
+        Ok(wit::ContentSource::Snapshot(oid.local))
+    } else {
+        need(backend, Feature::CloneVolume, "cloning volumes")?;
+        Ok(wit::ContentSource::Volume(oid.local))
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Page through several backends as one list. Tokens are `BACKEND:INNER`, where INNER is
+/// that backend's own token; a token we did not hand out is ABORTED, as the spec asks.
+async fn paged<T, F, Fut>(backends: Vec<Arc<Backend>>, max_entries: i32, token: &str, fetch: F) -> CsiResult<(Vec<T>, String)>
+where
+    F: Fn(Arc<Backend>, u32, String) -> Fut,
+    Fut: Future<Output = CsiResult<(Vec<T>, String)>>,
+{
+    let max = u32::try_from(max_entries).map_err(|_| CsiError::Invalid("max_entries must not be negative".into()))?;
+    let (mut index, mut inner) = if token.is_empty() {
+        (0, String::new())
+    } else {
+        let (name, inner) = token.split_once(':').ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
+        let i = backends.iter().position(|b| b.name == name).ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
+        (i, inner.to_string())
+    };
+    let mut out = Vec::new();
+    while index < backends.len() {
+        let remaining = if max == 0 { 0 } else { max - u32::try_from(out.len()).unwrap_or(max) };
+        let backend = backends[index].clone();
+        let name = backend.name.clone();
+        let (mut entries, next) = fetch(backend, remaining, std::mem::take(&mut inner)).await?;
+        if max != 0 && entries.len() > remaining as usize {
+            return Err(CsiError::Internal(format!("backend {name} returned more than max_entries")));
+        }
+        out.append(&mut entries);
+        if !next.is_empty() {
+            return Ok((out, format!("{name}:{next}")));
+        }
+        index += 1;
+        if max != 0 && out.len() >= max as usize {
+            return Ok((out, backends.get(index).map(|b| format!("{}:", b.name)).unwrap_or_default()));
+        }
+    }
+    Ok((out, String::new()))
+}
+
+fn snapshot_out(backend: &Backend, s: &wit::Snapshot) -> CsiResult<csi::Snapshot> {
+    convert::checked_local("snapshot", &s.snapshot_id)?;
+    convert::checked_local("volume", &s.source_volume_id)?;
+    Ok(csi::Snapshot {
+        size_bytes: bytes(s.size_bytes),
+        snapshot_id: ObjectId::new(&backend.name, &s.snapshot_id).to_string(),
+        source_volume_id: ObjectId::new(&backend.name, &s.source_volume_id).to_string(),
+        creation_time: Some(convert::timestamp(&s.creation_time)),
+        ready_to_use: s.ready_to_use,
+        group_snapshot_id: String::new(),
+    })
+}
+
+fn volume_out(backend: &Backend, v: &wit::Volume) -> CsiResult<csi::Volume> {
+    convert::checked_local("volume", &v.volume_id)?;
+    convert::checked_context(&v.volume_context)?;
+    Ok(csi::Volume {
+        capacity_bytes: bytes(v.capacity_bytes),
+        volume_id: ObjectId::new(&backend.name, &v.volume_id).to_string(),
+        volume_context: convert::to_map(&v.volume_context),
+        content_source: None,
+        accessible_topology: v.accessible_topology.iter().map(convert::from_topology).collect(),
+    })
+}
+
+impl ControllerService {
+    async fn create_volume(&self, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
+        let d = &self.0;
+        let name = required(&req.name, "name")?.to_string();
+        if req.volume_capabilities.is_empty() {
+            return Err(CsiError::Missing("volume_capabilities"));
+        }
+        let capabilities = convert::capabilities(&req.volume_capabilities)?;
+        let capacity = convert::capacity(req.capacity_range.as_ref())?;
+        let (backend, parameters) = d.backend_for_parameters(&req.parameters)?;
+        need(&backend, Feature::CreateDeleteVolume, "creating volumes")?;
+        let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
+        let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
+
+        let secrets = convert::secrets(&req.secrets);
+        let request = wit::CreateVolumeRequest {
+            name: name.clone(),
+            capacity,
+            capabilities,
+            parameters,
+            secrets: secret_refs(&secrets),
+            content_source: source,
+            accessibility: req.accessibility_requirements.as_ref().map(|t| wit::TopologyRequirement {
+                requisite: t.requisite.iter().map(convert::topology).collect(),
+                preferred: t.preferred.iter().map(convert::topology).collect(),
+            }),
+        };
+        let created = backend.create_volume(request, secrets).await?;
+        convert::checked_capacity(created.capacity_bytes, &capacity)?;
+        let mut volume = volume_out(&backend, &created)?;
+
+        // The first creation records which build made the volume; retries keep that record.
+        let store = &d.registry.runtime().store;
+        let internal = |e: wasmcsi_runtime::store::StoreError| CsiError::Internal(e.to_string());
+        let digest = match store.volume(&volume.volume_id).map_err(internal)? {
+            Some(r) => r.digest,
+            None => {
+                let record = VolumeRecord {
+                    backend: backend.name.clone(),
+                    digest: backend.digest.clone(),
+                    capacity_bytes: created.capacity_bytes,
+                    created_at: now_secs(),
+                };
+                store.record_volume(&volume.volume_id, &record).map_err(internal)?;
+                record.digest
+            }
+        };
+        volume.volume_context.insert(DIGEST_CONTEXT_KEY.into(), digest);
+        volume.content_source = req.volume_content_source;
+        tracing::info!(volume.id = %volume.volume_id, bytes = volume.capacity_bytes, "volume ready");
+        Ok(csi::CreateVolumeResponse { volume: Some(volume) })
+    }
+
+    async fn delete_volume(&self, req: csi::DeleteVolumeRequest) -> CsiResult<csi::DeleteVolumeResponse> {
+        let d = &self.0;
+        let id = required(&req.volume_id, "volume_id")?;
+        // An id that cannot be ours names no volume: deleting it succeeds (idempotency).
+        let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
+        need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
+        let _guard = d.inflight.try_start(id.to_string())?;
+        backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
+        d.registry.runtime().store.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
+        tracing::info!(volume.id = %id, "volume deleted");
+        Ok(csi::DeleteVolumeResponse {})
+    }
+
+    async fn validate(&self, req: csi::ValidateVolumeCapabilitiesRequest) -> CsiResult<csi::ValidateVolumeCapabilitiesResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(CsiError::Missing("volume_capabilities"));
+        }
+        let caps = convert::capabilities(&req.volume_capabilities)?;
+        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let mut params = req.parameters.clone();
+        params.remove(crate::driver::BACKEND_PARAMETER);
+        let mut context = req.volume_context.clone();
+        context.remove(DIGEST_CONTEXT_KEY);
+        let verdict = backend
+            .validate_volume_capabilities(oid.local, convert::pairs(&context), caps, convert::pairs(&params))
+            .await?;
+        Ok(match verdict {
+            None => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: Default::default(),
+                }),
+                message: String::new(),
+            },
+            Some(message) => csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message },
+        })
+    }
+
+    fn capable(&self, f: Feature) -> Vec<Arc<Backend>> {
+        self.0.registry.all().into_iter().filter(|b| b.has_feature(f)).collect()
+    }
+
+    async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
+        let (entries, next_token) = paged(self.capable(Feature::ListVolumes), req.max_entries, &req.starting_token, |b, max, token| async move {
+            let page = b.list_volumes(max, token).await?;
+            let entries = page
+                .entries
+                .iter()
+                .map(|e| {
+                    Ok(csi::list_volumes_response::Entry {
+                        volume: Some(volume_out(&b, &e.volume)?),
+                        status: Some(csi::list_volumes_response::VolumeStatus {
+                            published_node_ids: vec![],
+                            volume_condition: e.condition.as_ref().map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }),
+                        }),
+                    })
+                })
+                .collect::<CsiResult<Vec<_>>>()?;
+            Ok((entries, page.next_token))
+        })
+        .await?;
+        Ok(csi::ListVolumesResponse { entries, next_token })
+    }
+
+    async fn get_capacity(&self, req: csi::GetCapacityRequest) -> CsiResult<csi::GetCapacityResponse> {
+        let caps = convert::capabilities(&req.volume_capabilities)?;
+        let topology = req.accessible_topology.as_ref().map(convert::topology);
+        // With a StorageClass: that backend. Without one: the sum over every backend that
+        // reports capacity, so a bare GetCapacity still answers.
+        let (backends, params) = if req.parameters.contains_key(crate::driver::BACKEND_PARAMETER) {
+            let (b, p) = self.0.backend_for_parameters(&req.parameters)?;
+            need(&b, Feature::GetCapacity, "GetCapacity")?;
+            (vec![b], p)
+        } else {
+            (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
+        };
+        let single = backends.len() == 1 && req.parameters.contains_key(crate::driver::BACKEND_PARAMETER);
+        let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
+        for b in backends {
+            match b.get_capacity(caps.clone(), params.clone(), topology.clone()).await {
+                Ok(c) => {
+                    total.available_bytes = total.available_bytes.saturating_add(c.available_bytes);
+                    total.maximum_volume_bytes = total.maximum_volume_bytes.max(c.maximum_volume_bytes);
+                    total.minimum_volume_bytes = c.minimum_volume_bytes;
+                }
+                Err(e) if single => return Err(e.into()),
+                Err(e) => tracing::debug!(backend = %b.name, "capacity not counted: {e}"),
+            }
+        }
+        Ok(csi::GetCapacityResponse {
+            available_capacity: bytes(total.available_bytes),
+            maximum_volume_size: (total.maximum_volume_bytes > 0).then(|| bytes(total.maximum_volume_bytes)),
+            minimum_volume_size: (single && total.minimum_volume_bytes > 0).then(|| bytes(total.minimum_volume_bytes)),
+        })
+    }
+
+    async fn create_snapshot(&self, req: csi::CreateSnapshotRequest) -> CsiResult<csi::CreateSnapshotResponse> {
+        let d = &self.0;
+        let source = required(&req.source_volume_id, "source_volume_id")?;
+        let name = required(&req.name, "name")?.to_string();
+        let (backend, oid) = d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
+        need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
+        let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
+        let mut params = req.parameters.clone();
+        params.remove(crate::driver::BACKEND_PARAMETER);
+        let local_source = oid.local.clone();
+        let s = backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;
+        if s.source_volume_id != local_source {
+            return Err(CsiError::Internal(format!("backend {} snapshotted {} instead of {local_source}", backend.name, s.source_volume_id)));
+        }
+        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot_out(&backend, &s)?) })
+    }
+
+    async fn delete_snapshot(&self, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
+        let id = required(&req.snapshot_id, "snapshot_id")?;
+        let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
+        need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
+        Ok(csi::DeleteSnapshotResponse {})
+    }
+
+    async fn list_snapshots(&self, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
+        // A filter routes to one backend; an id that cannot be ours matches nothing.
+        let filter_id = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty());
+        let (backends, snap, vol) = match filter_id {
+            Some(id) => match self.0.backend_for_id(id)? {
+                Some((b, oid)) => {
+                    let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
+                    let vol = if req.source_volume_id.is_empty() {
+                        None
+                    } else {
+                        match ObjectId::parse(&req.source_volume_id) {
+                            Some(v) if v.backend == b.name => Some(v.local),
+                            _ => return Ok(csi::ListSnapshotsResponse::default()),
+                        }
+                    };
+                    (vec![b], snap, vol)
+                }
+                None => return Ok(csi::ListSnapshotsResponse::default()),
+            },
+            None => (self.capable(Feature::ListSnapshots), None, None),
+        };
+        let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
+        let (entries, next_token) = paged(backends, req.max_entries, &req.starting_token, |b, max, token| {
+            let (snap, vol) = (snap.clone(), vol.clone());
+            async move {
+                let page = b.list_snapshots(snap, vol, max, token).await?;
+                let entries = page
+                    .entries
+                    .iter()
+                    .map(|s| Ok(csi::list_snapshots_response::Entry { snapshot: Some(snapshot_out(&b, s)?) }))
+                    .collect::<CsiResult<Vec<_>>>()?;
+                Ok((entries, page.next_token))
+            }
+        })
+        .await?;
+        Ok(csi::ListSnapshotsResponse { entries, next_token })
+    }
+
+    async fn expand(&self, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let range = convert::capacity(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
+        let capability = req.volume_capability.as_ref().map(convert::capability).transpose()?;
+        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        need(&backend, Feature::ExpandVolume, "expansion")?;
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
+        if e.capacity_bytes < range.required_bytes {
+            return Err(CsiError::Internal(format!("backend {} expanded to {} < required {}", backend.name, e.capacity_bytes, range.required_bytes)));
+        }
+        Ok(csi::ControllerExpandVolumeResponse { capacity_bytes: bytes(e.capacity_bytes), node_expansion_required: e.node_expansion_required })
+    }
+
+    async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
+        let st = backend.get_volume(oid.local).await?;
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(volume_out(&backend, &st.volume)?),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: vec![],
+                volume_condition: st.condition.map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message }),
+            }),
+        })
+    }
+}
+
+/// What the controller offers; per backend, a missing feature is answered UNIMPLEMENTED.
+pub fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
+    use csi::controller_service_capability::{Rpc, Type, rpc::Type as R};
+    [
+        R::CreateDeleteVolume,
+        R::CreateDeleteSnapshot,
+        R::ListSnapshots,
+        R::CloneVolume,
+        R::ExpandVolume,
+        R::GetCapacity,
+        R::ListVolumes,
+        R::GetVolume,
+        R::VolumeCondition,
+        R::SingleNodeMultiWriter,
+    ]
+    .into_iter()
+    .map(|t| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })) })
+    .collect()
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    #[tracing::instrument(name = "csi.create_volume", skip_all, fields(name = %r.get_ref().name))]
+    async fn create_volume(&self, r: tonic::Request<csi::CreateVolumeRequest>) -> Reply<csi::CreateVolumeResponse> {
+        self.0.observe("CreateVolume", Self::create_volume(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.delete_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn delete_volume(&self, r: tonic::Request<csi::DeleteVolumeRequest>) -> Reply<csi::DeleteVolumeResponse> {
+        self.0.observe("DeleteVolume", Self::delete_volume(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.controller_publish_volume", skip_all)]
+    async fn controller_publish_volume(&self, _: tonic::Request<csi::ControllerPublishVolumeRequest>) -> Reply<csi::ControllerPublishVolumeResponse> {
+        self.0.observe("ControllerPublishVolume", async { Err(CsiError::Unimplemented("no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into())) }).await
+    }
+    #[tracing::instrument(name = "csi.controller_unpublish_volume", skip_all)]
+    async fn controller_unpublish_volume(&self, _: tonic::Request<csi::ControllerUnpublishVolumeRequest>) -> Reply<csi::ControllerUnpublishVolumeResponse> {
+        self.0.observe("ControllerUnpublishVolume", async { Err(CsiError::Unimplemented("no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into())) }).await
+    }
+    #[tracing::instrument(name = "csi.validate_volume_capabilities", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn validate_volume_capabilities(&self, r: tonic::Request<csi::ValidateVolumeCapabilitiesRequest>) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
+        self.0.observe("ValidateVolumeCapabilities", self.validate(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.list_volumes", skip_all)]
+    async fn list_volumes(&self, r: tonic::Request<csi::ListVolumesRequest>) -> Reply<csi::ListVolumesResponse> {
+        self.0.observe("ListVolumes", Self::list_volumes(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.get_capacity", skip_all)]
+    async fn get_capacity(&self, r: tonic::Request<csi::GetCapacityRequest>) -> Reply<csi::GetCapacityResponse> {
+        self.0.observe("GetCapacity", Self::get_capacity(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.controller_get_capabilities", skip_all)]
+    async fn controller_get_capabilities(&self, _: tonic::Request<csi::ControllerGetCapabilitiesRequest>) -> Reply<csi::ControllerGetCapabilitiesResponse> {
+        self.0.observe("ControllerGetCapabilities", async { Ok(csi::ControllerGetCapabilitiesResponse { capabilities: controller_capabilities() }) }).await
+    }
+    #[tracing::instrument(name = "csi.create_snapshot", skip_all, fields(name = %r.get_ref().name))]
+    async fn create_snapshot(&self, r: tonic::Request<csi::CreateSnapshotRequest>) -> Reply<csi::CreateSnapshotResponse> {
+        self.0.observe("CreateSnapshot", Self::create_snapshot(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.delete_snapshot", skip_all, fields(snapshot.id = %r.get_ref().snapshot_id))]
+    async fn delete_snapshot(&self, r: tonic::Request<csi::DeleteSnapshotRequest>) -> Reply<csi::DeleteSnapshotResponse> {
+        self.0.observe("DeleteSnapshot", Self::delete_snapshot(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.list_snapshots", skip_all)]
+    async fn list_snapshots(&self, r: tonic::Request<csi::ListSnapshotsRequest>) -> Reply<csi::ListSnapshotsResponse> {
+        self.0.observe("ListSnapshots", Self::list_snapshots(self, r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.controller_expand_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn controller_expand_volume(&self, r: tonic::Request<csi::ControllerExpandVolumeRequest>) -> Reply<csi::ControllerExpandVolumeResponse> {
+        self.0.observe("ControllerExpandVolume", self.expand(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.controller_get_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn controller_get_volume(&self, r: tonic::Request<csi::ControllerGetVolumeRequest>) -> Reply<csi::ControllerGetVolumeResponse> {
+        self.0.observe("ControllerGetVolume", self.get_volume(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.controller_modify_volume", skip_all)]
+    async fn controller_modify_volume(&self, _: tonic::Request<csi::ControllerModifyVolumeRequest>) -> Reply<csi::ControllerModifyVolumeResponse> {
+        self.0.observe("ControllerModifyVolume", async { Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into())) }).await
+    }
+}

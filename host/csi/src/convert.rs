@@ -1,0 +1,150 @@
+//! Conversions between CSI wire types and the WIT types backends see, with the checks the
+//! spec asks of the plugin on the way in, and the checks the host makes of a backend's
+//! answers on the way out (a guest is not trusted to keep CSI's rules).
+use crate::error::{CsiError, CsiResult};
+use crate::ids::{MAX_LOCAL_ID, is_valid_local};
+use std::collections::HashMap;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::bindings::types as wt;
+use wasmcsi_runtime::driver as wit;
+
+pub fn pairs(map: &HashMap<String, String>) -> Vec<wit::Pair> {
+    let mut v: Vec<wit::Pair> = map.iter().map(|(k, v)| wit::Pair { key: k.clone(), value: v.clone() }).collect();
+    v.sort_by(|a, b| a.key.cmp(&b.key));
+    v
+}
+
+pub fn to_map(pairs: &[wit::Pair]) -> HashMap<String, String> {
+    pairs.iter().map(|p| (p.key.clone(), p.value.clone())).collect()
+}
+
+pub fn secrets(map: &HashMap<String, String>) -> wasmcsi_runtime::Secrets {
+    let mut v: Vec<(String, String)> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort();
+    v
+}
+
+fn access_mode(mode: i32) -> CsiResult<wt::AccessMode> {
+    use csi::volume_capability::access_mode::Mode;
+    Ok(match Mode::try_from(mode).unwrap_or(Mode::Unknown) {
+        Mode::SingleNodeWriter => wt::AccessMode::SingleNodeWriter,
+        Mode::SingleNodeReaderOnly => wt::AccessMode::SingleNodeReaderOnly,
+        Mode::MultiNodeReaderOnly => wt::AccessMode::MultiNodeReaderOnly,
+        Mode::MultiNodeSingleWriter => wt::AccessMode::MultiNodeSingleWriter,
+        Mode::MultiNodeMultiWriter => wt::AccessMode::MultiNodeMultiWriter,
+        Mode::SingleNodeSingleWriter => wt::AccessMode::SingleNodeSingleWriter,
+        Mode::SingleNodeMultiWriter => wt::AccessMode::SingleNodeMultiWriter,
+        Mode::Unknown => return Err(CsiError::Invalid(format!("volume capability access mode {mode} is unknown"))),
+    })
+}
+
+/// A capability must name an access type and a known access mode.
+pub fn capability(c: &csi::VolumeCapability) -> CsiResult<wit::VolumeCapability> {
+    use csi::volume_capability::AccessType;
+    let access_type = match &c.access_type {
+        Some(AccessType::Block(_)) => wt::AccessType::Block,
+        Some(AccessType::Mount(m)) => {
+            wt::AccessType::Mount(wt::MountVolume { fs_type: m.fs_type.clone(), mount_flags: m.mount_flags.clone() })
+        }
+        None => return Err(CsiError::Missing("volume_capability.access_type")),
+    };
+    let mode = c.access_mode.as_ref().ok_or(CsiError::Missing("volume_capability.access_mode"))?.mode;
+    Ok(wit::VolumeCapability { access_type, access_mode: access_mode(mode)? })
+}
+
+pub fn capabilities(caps: &[csi::VolumeCapability]) -> CsiResult<Vec<wit::VolumeCapability>> {
+    caps.iter().map(capability).collect()
+}
+
+/// CSI sizes are int64; negative ones are invalid.
+pub fn capacity(range: Option<&csi::CapacityRange>) -> CsiResult<wit::CapacityRange> {
+    let Some(r) = range else { return Ok(wit::CapacityRange { required_bytes: 0, limit_bytes: 0 }) };
+    let (req, lim) = (u64::try_from(r.required_bytes), u64::try_from(r.limit_bytes));
+    match (req, lim) {
+        (Ok(required_bytes), Ok(limit_bytes)) => {
+            if limit_bytes != 0 && required_bytes > limit_bytes {
+                return Err(CsiError::Invalid(format!("capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}")));
+            }
+            Ok(wit::CapacityRange { required_bytes, limit_bytes })
+        }
+        _ => Err(CsiError::Invalid("capacity_range: sizes must not be negative".into())),
+    }
+}
+
+pub fn topology(t: &csi::Topology) -> wit::Topology {
+    wit::Topology { segments: pairs(&t.segments) }
+}
+
+pub fn from_topology(t: &wit::Topology) -> csi::Topology {
+    csi::Topology { segments: to_map(&t.segments) }
+}
+
+pub fn bytes(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub fn timestamp(t: &wt::Timestamp) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.seconds, nanos: i32::try_from(t.nanos.min(999_999_999)).unwrap_or(0) }
+}
+
+/// A local id from a backend, checked.
+pub fn checked_local(what: &str, id: &str) -> CsiResult<()> {
+    if is_valid_local(id) {
+        Ok(())
+    } else {
+        Err(CsiError::Internal(format!(
+            "backend returned an invalid {what} id ({} bytes); ids are 1-{MAX_LOCAL_ID} of [A-Za-z0-9._-]",
+            id.len()
+        )))
+    }
+}
+
+/// Check a volume context a backend returned: bounded, no empty keys, no NUL.
+pub fn checked_context(ctx: &[wit::Pair]) -> CsiResult<()> {
+    let size: usize = ctx.iter().map(|p| p.key.len() + p.value.len()).sum();
+    if size > 16 << 10 || ctx.iter().any(|p| p.key.is_empty() || p.key.contains('\0') || p.value.contains('\0')) {
+        return Err(CsiError::Internal("backend returned an invalid volume context (empty key, NUL, or over 16 KiB)".into()));
+    }
+    Ok(())
+}
+
+/// The size a backend created must satisfy the request.
+pub fn checked_capacity(got: u64, want: &wit::CapacityRange) -> CsiResult<()> {
+    if got < want.required_bytes || (want.limit_bytes != 0 && got > want.limit_bytes) {
+        return Err(CsiError::Internal(format!(
+            "backend returned capacity {got} outside the requested range [{}, {}]",
+            want.required_bytes, want.limit_bytes
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_without_type_or_mode_are_invalid() {
+        let c = csi::VolumeCapability { access_type: None, access_mode: None };
+        assert!(matches!(capability(&c), Err(CsiError::Missing(_))));
+        let c = csi::VolumeCapability {
+            access_type: Some(csi::volume_capability::AccessType::Block(Default::default())),
+            access_mode: Some(csi::volume_capability::AccessMode { mode: 0 }),
+        };
+        assert!(matches!(capability(&c), Err(CsiError::Invalid(_))));
+    }
+
+    #[test]
+    fn negative_or_inverted_capacity_ranges_are_invalid() {
+        assert!(capacity(Some(&csi::CapacityRange { required_bytes: -1, limit_bytes: 0 })).is_err());
+        assert!(capacity(Some(&csi::CapacityRange { required_bytes: 10, limit_bytes: 5 })).is_err());
+        assert_eq!(capacity(None).map(|c| c.required_bytes).ok(), Some(0));
+    }
+
+    #[test]
+    fn backend_answers_outside_the_contract_are_caught() {
+        assert!(checked_local("volume", "../x").is_err());
+        assert!(checked_capacity(1, &wit::CapacityRange { required_bytes: 2, limit_bytes: 0 }).is_err());
+        assert!(checked_context(&[wit::Pair { key: String::new(), value: "\0".into() }]).is_err());
+    }
+}

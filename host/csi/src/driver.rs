@@ -1,0 +1,91 @@
+//! The state every CSI service shares, and routing: which backend serves a request (by the
+//! StorageClass parameter `backend`, or by the prefix of an id).
+use crate::error::{CsiError, CsiResult};
+use crate::guard::InFlight;
+use crate::ids::ObjectId;
+use crate::node::bind::MountSystem;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::{Backend, Registry};
+
+/// The StorageClass parameter that selects a backend.
+pub const BACKEND_PARAMETER: &str = "backend";
+/// Volume context key: the sha256 of the backend build that created the volume.
+pub const DIGEST_CONTEXT_KEY: &str = "wasmcsi.io/backend-digest";
+/// Topology key every node reports (and hostpath-like backends are bound to).
+pub const TOPOLOGY_NODE_KEY: &str = "topology.wasmcsi.io/node";
+
+/// Which CSI services this process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Controller,
+    Node,
+    All,
+}
+
+impl Mode {
+    pub fn controller(self) -> bool {
+        matches!(self, Self::Controller | Self::All)
+    }
+    pub fn node(self) -> bool {
+        matches!(self, Self::Node | Self::All)
+    }
+}
+
+pub struct Driver {
+    pub name: String,
+    pub version: String,
+    pub mode: Mode,
+    /// required in node mode
+    pub node_id: String,
+    pub registry: Arc<Registry>,
+    pub inflight: InFlight,
+    pub mounts: Arc<dyn MountSystem>,
+}
+
+impl Driver {
+    /// The backend a StorageClass selects, and the parameters it gets (ours removed).
+    pub fn backend_for_parameters(&self, params: &HashMap<String, String>) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
+        let name = params.get(BACKEND_PARAMETER).ok_or_else(|| {
+            CsiError::Invalid(format!(
+                "parameter {BACKEND_PARAMETER:?} is required; available backends: {}",
+                self.registry.names().join(", ")
+            ))
+        })?;
+        let backend = self
+            .registry
+            .get(name)
+            .ok_or_else(|| CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() })?;
+        let rest: HashMap<String, String> = params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
+        Ok((backend, crate::convert::pairs(&rest)))
+    }
+
+    /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide
+    /// whether that is NotFound or an idempotent success). A well-formed id of a backend that
+    /// is not loaded is Unavailable: answering NotFound could orphan the volume.
+    pub fn backend_for_id(&self, id: &str) -> CsiResult<Option<(Arc<Backend>, ObjectId)>> {
+        let Some(oid) = ObjectId::parse(id) else { return Ok(None) };
+        match self.registry.get(&oid.backend) {
+            Some(b) => Ok(Some((b, oid))),
+            None => Err(CsiError::BackendNotLoaded(oid.backend)),
+        }
+    }
+
+    /// Run one RPC: convert its error into a Status and count it by code.
+    pub async fn observe<T>(&self, method: &'static str, fut: impl Future<Output = CsiResult<T>>) -> Result<tonic::Response<T>, tonic::Status> {
+        let result = fut.await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code(),
+        };
+        self.registry.runtime().metrics.rpc(method, &format!("{code:?}"));
+        result.map(tonic::Response::new).map_err(tonic::Status::from)
+    }
+}
+
+/// Require a non-empty string field.
+pub fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
+    if value.is_empty() { Err(CsiError::Missing(field)) } else { Ok(value) }
+}

@@ -1,0 +1,85 @@
+//! Every way a CSI call can fail, and the one total mapping to gRPC codes. A failure is
+//! logged once, here, where it becomes a `Status`.
+use wasmcsi_runtime::{CallError, WitError};
+
+/// A CSI request failure, carrying what identifies it.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    #[error("missing required field {0}")]
+    Missing(&'static str),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unknown backend {name:?}; available: {}", if available.is_empty() { "none loaded".to_string() } else { available.join(", ") })]
+    UnknownBackend { name: String, available: Vec<String> },
+    #[error("backend {0} is not loaded on this host; retry when it is")]
+    BackendNotLoaded(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("an operation on {0} is already in progress")]
+    InProgress(String),
+    /// A paging token we did not hand out (the spec answers ABORTED).
+    #[error("{0}")]
+    InvalidToken(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("{0}")]
+    Mount(String),
+}
+
+impl CsiError {
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::Missing(_) | Self::Invalid(_) | Self::UnknownBackend { .. } => Code::InvalidArgument,
+            Self::BackendNotLoaded(_) => Code::Unavailable,
+            Self::NotFound(_) => Code::NotFound,
+            Self::AlreadyExists(_) => Code::AlreadyExists,
+            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::InProgress(_) | Self::InvalidToken(_) => Code::Aborted,
+            Self::Unimplemented(_) => Code::Unimplemented,
+            Self::Internal(_) | Self::Mount(_) => Code::Internal,
+            Self::Call(CallError::Backend { error, .. }) => match error {
+                WitError::InvalidArgument(_) => Code::InvalidArgument,
+                WitError::NotFound(_) => Code::NotFound,
+                WitError::AlreadyExists(_) => Code::AlreadyExists,
+                WitError::FailedPrecondition(_) => Code::FailedPrecondition,
+                WitError::OutOfRange(_) => Code::OutOfRange,
+                WitError::ResourceExhausted(_) => Code::ResourceExhausted,
+                WitError::Unavailable(_) => Code::Unavailable,
+                WitError::Aborted(_) => Code::Aborted,
+                WitError::Unimplemented(_) => Code::Unimplemented,
+                WitError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+                WitError::PermissionDenied(_) => Code::PermissionDenied,
+                WitError::Internal(_) => Code::Internal,
+            },
+            // The call may have done part of its work; the CO retries DEADLINE_EXCEEDED.
+            Self::Call(CallError::Timeout { .. }) => Code::DeadlineExceeded,
+            Self::Call(CallError::OutOfMemory { .. } | CallError::OutOfFuel { .. }) => Code::ResourceExhausted,
+            Self::Call(CallError::Busy { .. }) => Code::Unavailable,
+            Self::Call(CallError::Trap { .. } | CallError::BadOutput { .. }) => Code::Internal,
+        }
+    }
+}
+
+impl From<CsiError> for tonic::Status {
+    fn from(e: CsiError) -> Self {
+        let code = e.code();
+        match code {
+            tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => {
+                tracing::warn!(code = ?code, "{e}")
+            }
+            _ => tracing::debug!(code = ?code, "{e}"),
+        }
+        tonic::Status::new(code, e.to_string())
+    }
+}
+
+pub type CsiResult<T> = Result<T, CsiError>;

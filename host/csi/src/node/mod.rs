@@ -1,0 +1,249 @@
+//! CSI Node: carries out a backend's attachment plan on this node. Each handler reads the
+//! mount table, plans (pure, in `bind`), then executes, so a repeated call finds the work
+//! done and does nothing. Only the `bind` executor exists so far (directory volumes); NFS,
+//! replicated block and RBD executors arrive with their backends.
+pub mod bind;
+pub mod mountinfo;
+
+use crate::convert;
+use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
+use crate::error::{CsiError, CsiResult};
+use bind::{MountSystem, SourceIdentity};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::node_server::Node;
+use wasmcsi_runtime::bindings::types as wt;
+use wasmcsi_runtime::driver::{self as wit, Attachment};
+
+#[derive(Clone)]
+pub struct NodeService(pub Arc<Driver>);
+
+type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
+
+/// Mount-table work is blocking syscalls: keep it off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> CsiResult<T> + Send + 'static) -> CsiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| CsiError::Internal(format!("node task failed: {e}")))?
+}
+
+fn mount_err(e: impl std::fmt::Display) -> CsiError {
+    CsiError::Mount(e.to_string())
+}
+
+/// Bind `source` onto `target` (read-only if asked), unless that is already so.
+fn ensure_bind(sys: &dyn MountSystem, source: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
+    let mounts = mountinfo::read_current().map_err(mount_err)?;
+    let source_id = bind::identify(source).map_err(|e| CsiError::NotFound(format!("{}: {e}", source.display())))?;
+    let target_exists = target.exists();
+    let mounted = !mountinfo::mounts_at(&mounts, target).is_empty();
+    let target_id: Option<SourceIdentity> = if mounted { bind::identify(target).ok() } else { None };
+    let plan = bind::plan_bind(&mounts, source, &source_id, target, target_id, target_exists, read_only)
+        .map_err(|e| CsiError::AlreadyExists(e.to_string()))?;
+    bind::execute(sys, &plan).map_err(mount_err)
+}
+
+fn ensure_unmounted(sys: &dyn MountSystem, target: &Path, remove_dir: bool) -> CsiResult<()> {
+    let mounts = mountinfo::read_current().map_err(mount_err)?;
+    let plan = bind::plan_unmount(&mounts, target, target.exists(), remove_dir);
+    bind::execute(sys, &plan).map_err(mount_err)
+}
+
+fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
+    matches!(cap.access_mode, wt::AccessMode::SingleNodeReaderOnly | wt::AccessMode::MultiNodeReaderOnly)
+}
+
+impl NodeService {
+    /// Ask the owning backend how this volume attaches.
+    async fn plan(&self, volume_id: &str, context: &std::collections::HashMap<String, String>, cap: wit::VolumeCapability) -> CsiResult<(Arc<wasmcsi_runtime::Backend>, Attachment)> {
+        let (backend, oid) = self.0.backend_for_id(volume_id)?.ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} not found")))?;
+        let mut context = context.clone();
+        context.remove(DIGEST_CONTEXT_KEY);
+        let plan = backend.attach_plan(oid.local, convert::pairs(&context), cap).await?;
+        Ok((backend, plan))
+    }
+
+    /// The host directory a bind plan names, if the root is granted on this node.
+    fn bind_source(backend: &wasmcsi_runtime::Backend, plan: &wit::BindPlan) -> CsiResult<PathBuf> {
+        let root = backend
+            .dir_root(&plan.root)
+            .ok_or_else(|| CsiError::FailedPrecondition(format!("dir root {:?} of backend {} is not granted on this node", plan.root, backend.name)))?;
+        wasmcsi_runtime::resolve_dir_path(root, &plan.path).map_err(|e| CsiError::Internal(format!("backend {} planned an invalid path: {e:?}", backend.name)))
+    }
+
+    async fn stage(&self, req: csi::NodeStageVolumeRequest) -> CsiResult<csi::NodeStageVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let (backend, plan) = self.plan(id, &req.volume_context, cap).await?;
+        match plan {
+            Attachment::Bind(p) => {
+                let source = Self::bind_source(&backend, &p)?;
+                let sys = self.0.mounts.clone();
+                blocking(move || ensure_bind(sys.as_ref(), &source, &staging, false)).await?;
+            }
+            other => return Err(unsupported(&other)),
+        }
+        tracing::info!(volume.id = %id, "volume staged");
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> CsiResult<csi::NodeUnstageVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let sys = self.0.mounts.clone();
+        blocking(move || ensure_unmounted(sys.as_ref(), &staging, false)).await?;
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
+    async fn publish(&self, req: csi::NodePublishVolumeRequest) -> CsiResult<csi::NodePublishVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let target = PathBuf::from(required(&req.target_path, "target_path")?);
+        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        if self.0.backend_for_id(id)?.is_none() {
+            return Err(CsiError::NotFound(format!("volume {id} not found")));
+        }
+        let read_only = req.readonly || is_read_only_mode(&cap);
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let sys = self.0.mounts.clone();
+        blocking(move || {
+            let mounts = mountinfo::read_current().map_err(mount_err)?;
+            if mountinfo::mounts_at(&mounts, &staging).is_empty() {
+                return Err(CsiError::FailedPrecondition(format!("volume is not staged at {}", staging.display())));
+            }
+            ensure_bind(sys.as_ref(), &staging, &target, read_only)
+        })
+        .await?;
+        tracing::info!(volume.id = %id, read_only, "volume published");
+        Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish(&self, req: csi::NodeUnpublishVolumeRequest) -> CsiResult<csi::NodeUnpublishVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let target = PathBuf::from(required(&req.target_path, "target_path")?);
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let sys = self.0.mounts.clone();
+        blocking(move || ensure_unmounted(sys.as_ref(), &target, true)).await?;
+        Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    async fn stats(&self, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+        use csi::volume_usage::Unit;
+        let id = required(&req.volume_id, "volume_id")?;
+        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
+        if !path.exists() {
+            return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
+        }
+        let mount_cap = wit::VolumeCapability {
+            access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+            access_mode: wt::AccessMode::SingleNodeWriter,
+        };
+        let (_, plan) = self.plan(id, &Default::default(), mount_cap).await?;
+        let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
+        let walk = path.clone();
+        let (used, inodes_used) = blocking(move || bind::directory_usage(&walk).map_err(mount_err)).await?;
+        let fs = nix::sys::statvfs::statvfs(&path).map_err(mount_err)?;
+        let mounted = blocking(move || Ok(!mountinfo::mounts_at(&mountinfo::read_current().map_err(mount_err)?, &path).is_empty())).await?;
+        let (abnormal, message) = if !mounted {
+            (true, "volume path is not mounted".to_string())
+        } else if used > p.capacity_bytes {
+            (true, format!("uses {used} bytes of its {} byte capacity", p.capacity_bytes))
+        } else {
+            (false, "healthy".to_string())
+        };
+        let b = convert::bytes;
+        Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![
+                csi::VolumeUsage { available: b(p.capacity_bytes.saturating_sub(used)), total: b(p.capacity_bytes), used: b(used), unit: Unit::Bytes as i32 },
+                csi::VolumeUsage { available: b(fs.files_free()), total: b(fs.files()), used: b(inodes_used), unit: Unit::Inodes as i32 },
+            ],
+            volume_condition: Some(csi::VolumeCondition { abnormal, message }),
+        })
+    }
+
+    async fn expand(&self, req: csi::NodeExpandVolumeRequest) -> CsiResult<csi::NodeExpandVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
+        let range = convert::capacity(req.capacity_range.as_ref())?;
+        let cap = match &req.volume_capability {
+            Some(c) => convert::capability(c)?,
+            None => wit::VolumeCapability {
+                access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+                access_mode: wt::AccessMode::SingleNodeWriter,
+            },
+        };
+        if !path.exists() {
+            return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
+        }
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        match self.plan(id, &Default::default(), cap).await? {
+            // A directory has no filesystem of its own to grow: the new size is bookkeeping.
+            (_, Attachment::Bind(p)) => Ok(csi::NodeExpandVolumeResponse { capacity_bytes: convert::bytes(p.capacity_bytes.max(range.required_bytes)) }),
+            (_, other) => Err(unsupported(&other)),
+        }
+    }
+}
+
+fn unsupported(plan: &Attachment) -> CsiError {
+    let kind = match plan {
+        Attachment::Bind(_) => "bind",
+        Attachment::Nfs(_) => "nfs",
+        Attachment::ReplicatedBlock(_) => "replicated-block",
+        Attachment::Rbd(_) => "rbd",
+    };
+    CsiError::FailedPrecondition(format!("this host has no executor for {kind} attachments yet"))
+}
+
+pub fn node_capabilities() -> Vec<csi::NodeServiceCapability> {
+    use csi::node_service_capability::{Rpc, Type, rpc::Type as R};
+    [R::StageUnstageVolume, R::GetVolumeStats, R::ExpandVolume, R::VolumeCondition, R::SingleNodeMultiWriter]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })) })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    #[tracing::instrument(name = "csi.node_stage_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_stage_volume(&self, r: tonic::Request<csi::NodeStageVolumeRequest>) -> Reply<csi::NodeStageVolumeResponse> {
+        self.0.observe("NodeStageVolume", self.stage(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_unstage_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_unstage_volume(&self, r: tonic::Request<csi::NodeUnstageVolumeRequest>) -> Reply<csi::NodeUnstageVolumeResponse> {
+        self.0.observe("NodeUnstageVolume", self.unstage(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_publish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_publish_volume(&self, r: tonic::Request<csi::NodePublishVolumeRequest>) -> Reply<csi::NodePublishVolumeResponse> {
+        self.0.observe("NodePublishVolume", self.publish(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_unpublish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_unpublish_volume(&self, r: tonic::Request<csi::NodeUnpublishVolumeRequest>) -> Reply<csi::NodeUnpublishVolumeResponse> {
+        self.0.observe("NodeUnpublishVolume", self.unpublish(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_get_volume_stats", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_get_volume_stats(&self, r: tonic::Request<csi::NodeGetVolumeStatsRequest>) -> Reply<csi::NodeGetVolumeStatsResponse> {
+        self.0.observe("NodeGetVolumeStats", self.stats(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_expand_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
+    async fn node_expand_volume(&self, r: tonic::Request<csi::NodeExpandVolumeRequest>) -> Reply<csi::NodeExpandVolumeResponse> {
+        self.0.observe("NodeExpandVolume", self.expand(r.into_inner())).await
+    }
+    #[tracing::instrument(name = "csi.node_get_capabilities", skip_all)]
+    async fn node_get_capabilities(&self, _: tonic::Request<csi::NodeGetCapabilitiesRequest>) -> Reply<csi::NodeGetCapabilitiesResponse> {
+        self.0.observe("NodeGetCapabilities", async { Ok(csi::NodeGetCapabilitiesResponse { capabilities: node_capabilities() }) }).await
+    }
+    #[tracing::instrument(name = "csi.node_get_info", skip_all)]
+    async fn node_get_info(&self, _: tonic::Request<csi::NodeGetInfoRequest>) -> Reply<csi::NodeGetInfoResponse> {
+        let d = &self.0;
+        d.observe("NodeGetInfo", async {
+            Ok(csi::NodeGetInfoResponse {
+                node_id: d.node_id.clone(),
+                max_volumes_per_node: 0,
+                accessible_topology: Some(csi::Topology { segments: [(TOPOLOGY_NODE_KEY.to_string(), d.node_id.clone())].into_iter().collect() }),
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,40 @@
+//! Serving the CSI services on a unix socket, as kubelet and the sidecars expect.
+use crate::controller::ControllerService;
+use crate::driver::Driver;
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+use std::path::Path;
+use std::sync::Arc;
+use wasmcsi_proto::csi::v1::{controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer};
+
+/// Errors binding the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding CSI socket {path}: {source}")]
+    Bind { path: String, source: std::io::Error },
+    #[error("serving CSI: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Bind `socket` (replacing a stale socket file from an earlier run) and serve until
+/// `shutdown` resolves. Identity always; Controller and Node as the driver's mode says.
+pub async fn serve(driver: Arc<Driver>, socket: &Path, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ServeError> {
+    let bind_err = |source| ServeError::Bind { path: socket.display().to_string(), source };
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent).map_err(bind_err)?;
+    }
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bind_err(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(socket).map_err(bind_err)?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let mode = driver.mode;
+    let router = tonic::transport::Server::builder().add_service(IdentityServer::new(IdentityService(driver.clone())));
+    let router = router
+        .add_optional_service(mode.controller().then(|| ControllerServer::new(ControllerService(driver.clone()))))
+        .add_optional_service(mode.node().then(|| NodeServer::new(NodeService(driver))));
+    router.serve_with_incoming_shutdown(incoming, shutdown).await?;
+    Ok(())
+}
