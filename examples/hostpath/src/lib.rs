@@ -2,16 +2,21 @@
 //! grants (`dir` capability); a snapshot is a copy of that directory; the node bind-mounts it.
 //! Truth lives beside the data: `meta/NAME` records size and source, written last, so a retry
 //! after any crash finds either nothing or a whole volume. No process-local state.
+#[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code, reason = "wit-bindgen expands to unsafe glue")]
 mod bindings {
     wit_bindgen::generate!({ path: "../../wit", world: "backend" });
 }
+#[cfg(not(target_arch = "wasm32"))]
+use wasmcsi_runtime::native::guest_bindings as bindings;
 use bindings::exports::wasmcsi::backend::driver::*;
 use bindings::wasmcsi::backend::types::{AccessMode, AccessType, Pair};
 use bindings::wasmcsi::backend::{dir, log};
 
 const GIB: u64 = 1 << 30;
-struct HostPath;
+/// The backend (natively: `wasmcsi_runtime::native::NativeDriver::of::<HostPath>()`).
+pub struct HostPath;
+#[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code, reason = "export! expands to the unsafe canonical-ABI entry points")]
 mod export {
     use super::HostPath;

@@ -8,6 +8,7 @@ use crate::bindings::BackendPre;
 use crate::capabilities::{Capabilities, ImportSummary};
 use crate::config::Limits;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
+use crate::native::NativeDriver;
 use crate::state::CallState;
 use std::future::Future;
 use std::path::PathBuf;
@@ -87,12 +88,19 @@ pub struct Backend {
     pub limits: Limits,
     /// compiled artifact came from the on-disk cache
     pub cache_hit: bool,
-    pub(crate) engine: Engine,
-    pub(crate) pre: BackendPre<CallState>,
+    pub(crate) kind: Kind,
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) memory_peak: AtomicU64,
+}
+
+/// How a backend's code runs.
+pub(crate) enum Kind {
+    /// a sandboxed component (production)
+    Wasm { engine: Engine, pre: BackendPre<CallState> },
+    /// the same guest source linked into the host (benchmarks, tests): no sandbox
+    Native(NativeDriver),
 }
 
 /// Slack on top of the deadline for the outer timeout; the epoch deadline normally fires
@@ -115,9 +123,36 @@ impl Backend {
     where
         F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
+        self.observed(op, self.call_inner(op, secrets, body)).await
+    }
+
+    /// Run one export of a native backend on the blocking pool, with this backend's dir
+    /// roots, bounded by the call deadline (a native call cannot be interrupted; the caller
+    /// stops waiting for it).
+    async fn call_native<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<R, WitError> + Send + 'static,
+    ) -> Result<R, CallError> {
+        let roots = self.caps.dir_roots.clone();
+        let deadline = self.limits.call_deadline();
+        let backend = self.name.clone();
+        self.observed(op, async move {
+            match tokio::time::timeout(deadline, tokio::task::spawn_blocking(move || crate::native::with_roots(&roots, f))).await {
+                Err(_) => Err(CallError::Timeout { backend, op, deadline }),
+                Ok(Err(join)) => Err(CallError::Trap { backend, op, message: join.to_string() }),
+                Ok(Ok(Ok(v))) => Ok(v),
+                Ok(Ok(Err(error))) => Err(CallError::Backend { backend, op, error }),
+            }
+        })
+        .await
+    }
+
+    /// Trace and count one call.
+    async fn observed<R>(&self, op: &'static str, call: impl Future<Output = Result<R, CallError>>) -> Result<R, CallError> {
         let span = tracing::info_span!("backend.call", backend = %self.name, op, digest = %&self.digest[..12.min(self.digest.len())]);
         let started = Instant::now();
-        let result = tracing::Instrument::instrument(self.call_inner(op, secrets, body, started), span).await;
+        let result = tracing::Instrument::instrument(call, span).await;
         let labels = CallLabels { backend: self.name.clone(), op: op.into() };
         self.metrics.calls.get_or_create(&labels).inc();
         self.metrics.latency.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
@@ -138,11 +173,15 @@ impl Backend {
         result
     }
 
-    async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F, started: Instant) -> Result<R, CallError>
+    async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         let backend = || self.name.clone();
+        let Kind::Wasm { engine, pre } = &self.kind else {
+            return Err(CallError::Trap { backend: backend(), op, message: "a native backend has no component to call".into() });
+        };
+        let started = Instant::now();
         let deadline_len = self.limits.call_deadline();
         let deadline = started + deadline_len;
         let _permit = match tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned()).await {
@@ -150,7 +189,7 @@ impl Backend {
             _ => return Err(CallError::Busy { backend: backend(), op, limit: self.limits.max_concurrent_calls }),
         };
 
-        let mut store = Store::new(&self.engine, CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets));
+        let mut store = Store::new(engine, CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets));
         store.limiter(|s| &mut s.limiter);
         let fuel = if self.limits.fuel == 0 { u64::MAX } else { self.limits.fuel };
         store.set_fuel(fuel).map_err(|e| CallError::Trap { backend: backend(), op, message: format!("{e:#}") })?;
@@ -161,7 +200,6 @@ impl Backend {
         });
         store.set_epoch_deadline(1);
 
-        let pre = &self.pre;
         let outcome = tokio::time::timeout_at((deadline + OUTER_GRACE).into(), async {
             let instance = pre.instantiate_async(&mut store).await?;
             body(instance.wasmcsi_backend_driver(), &mut store).await
@@ -196,13 +234,22 @@ fn classify(e: wasmtime::Error, hit_memory_limit: bool, backend: String, op: &'s
     }
 }
 
-/// Typed entry points, one per export, so callers never touch stores or closures.
+/// Typed entry points, one per export, so callers never touch stores or closures. Each
+/// runs the component, or for a native backend the same export linked into the host.
 impl Backend {
     pub async fn create_volume(&self, req: driver::CreateVolumeRequest, secrets: Secrets) -> Result<driver::Volume, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.create_volume;
+            return self.call_native("create_volume", move || f(req)).await;
+        }
         self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await })).await
     }
     pub async fn delete_volume(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
         let refs = secret_refs(&secrets);
+        if let Kind::Native(n) = &self.kind {
+            let f = n.delete_volume;
+            return self.call_native("delete_volume", move || f(id, refs)).await;
+        }
         self.call("delete_volume", secrets, move |g, s| Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })).await
     }
     pub async fn expand_volume(
@@ -213,15 +260,27 @@ impl Backend {
         secrets: Secrets,
     ) -> Result<driver::Expansion, CallError> {
         let refs = secret_refs(&secrets);
+        if let Kind::Native(n) = &self.kind {
+            let f = n.expand_volume;
+            return self.call_native("expand_volume", move || f(id, capacity, capability, refs)).await;
+        }
         self.call("expand_volume", secrets, move |g, s| {
             Box::pin(async move { g.call_expand_volume(s, &id, capacity, capability.as_ref(), &refs).await })
         })
         .await
     }
     pub async fn get_volume(&self, id: String) -> Result<driver::VolumeStatus, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.get_volume;
+            return self.call_native("get_volume", move || f(id)).await;
+        }
         self.call("get_volume", vec![], move |g, s| Box::pin(async move { g.call_get_volume(s, &id).await })).await
     }
     pub async fn list_volumes(&self, max_entries: u32, token: String) -> Result<driver::VolumePage, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.list_volumes;
+            return self.call_native("list_volumes", move || f(max_entries, token)).await;
+        }
         self.call("list_volumes", vec![], move |g, s| Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })).await
     }
     pub async fn validate_volume_capabilities(
@@ -231,6 +290,10 @@ impl Backend {
         caps: Vec<driver::VolumeCapability>,
         params: Vec<driver::Pair>,
     ) -> Result<Option<String>, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.validate_volume_capabilities;
+            return self.call_native("validate_volume_capabilities", move || f(id, context, caps, params)).await;
+        }
         self.call("validate_volume_capabilities", vec![], move |g, s| {
             Box::pin(async move { g.call_validate_volume_capabilities(s, &id, &context, &caps, &params).await })
         })
@@ -244,6 +307,10 @@ impl Backend {
         secrets: Secrets,
     ) -> Result<driver::Snapshot, CallError> {
         let refs = secret_refs(&secrets);
+        if let Kind::Native(n) = &self.kind {
+            let f = n.create_snapshot;
+            return self.call_native("create_snapshot", move || f(name, source, params, refs)).await;
+        }
         self.call("create_snapshot", secrets, move |g, s| {
             Box::pin(async move { g.call_create_snapshot(s, &name, &source, &params, &refs).await })
         })
@@ -251,6 +318,10 @@ impl Backend {
     }
     pub async fn delete_snapshot(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
         let refs = secret_refs(&secrets);
+        if let Kind::Native(n) = &self.kind {
+            let f = n.delete_snapshot;
+            return self.call_native("delete_snapshot", move || f(id, refs)).await;
+        }
         self.call("delete_snapshot", secrets, move |g, s| Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })).await
     }
     pub async fn list_snapshots(
@@ -260,6 +331,10 @@ impl Backend {
         max_entries: u32,
         token: String,
     ) -> Result<driver::SnapshotPage, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.list_snapshots;
+            return self.call_native("list_snapshots", move || f(snapshot_id, source_volume_id, max_entries, token)).await;
+        }
         self.call("list_snapshots", vec![], move |g, s| {
             Box::pin(async move {
                 g.call_list_snapshots(s, snapshot_id.as_deref(), source_volume_id.as_deref(), max_entries, &token).await
@@ -273,6 +348,10 @@ impl Backend {
         params: Vec<driver::Pair>,
         topology: Option<driver::Topology>,
     ) -> Result<driver::Capacity, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.get_capacity;
+            return self.call_native("get_capacity", move || f(caps, params, topology)).await;
+        }
         self.call("get_capacity", vec![], move |g, s| {
             Box::pin(async move { g.call_get_capacity(s, &caps, &params, topology.as_ref()).await })
         })
@@ -284,6 +363,10 @@ impl Backend {
         context: Vec<driver::Pair>,
         capability: driver::VolumeCapability,
     ) -> Result<driver::Attachment, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.attach_plan;
+            return self.call_native("attach_plan", move || f(id, context, capability)).await;
+        }
         self.call("attach_plan", vec![], move |g, s| {
             Box::pin(async move { g.call_attach_plan(s, &id, &context, &capability).await })
         })

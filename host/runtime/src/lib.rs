@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 mod host;
 pub mod metrics;
+pub mod native;
 pub mod registry;
 pub mod runtime;
 mod state;

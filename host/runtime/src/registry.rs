@@ -75,6 +75,15 @@ impl Registry {
         Ok(backend)
     }
 
+    /// Swap in an already-built backend (native backends for benchmarks and tests).
+    pub fn insert(&self, backend: Backend) -> Arc<Backend> {
+        let backend = Arc::new(backend);
+        if let Ok(mut map) = self.backends.write() {
+            map.insert(backend.name.clone(), backend.clone());
+        }
+        backend
+    }
+
     fn remove(&self, name: &str) -> bool {
         self.backends.write().map(|mut m| m.remove(name).is_some()).unwrap_or(false)
     }

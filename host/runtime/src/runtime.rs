@@ -166,8 +166,7 @@ impl Runtime {
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             limits,
             cache_hit,
-            engine: self.engine.clone(),
-            pre,
+            kind: crate::backend::Kind::Wasm { engine: self.engine.clone(), pre },
             caps,
             metrics: self.metrics.clone(),
             memory_peak: AtomicU64::new(0),
@@ -181,5 +180,34 @@ impl Runtime {
         }
         backend.info = info;
         Ok(backend)
+    }
+
+    /// A backend whose guest source is linked into this process (see [`crate::native`]):
+    /// same grants, limits and metrics, no sandbox. For benchmarks and tests.
+    pub fn load_native(&self, name: &str, driver: crate::native::NativeDriver) -> Result<Backend, LoadError> {
+        if !is_valid_name(name) {
+            return Err(LoadError::InvalidName(name.into()));
+        }
+        let limits = self.config.limits_for(name);
+        let grants = self.config.grants_for(name);
+        Ok(Backend {
+            name: name.into(),
+            digest: Self::digest(format!("native:{name}").as_bytes()),
+            path: None,
+            info: (driver.info)(),
+            imports: ImportSummary::default(),
+            permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
+            caps: Arc::new(Capabilities {
+                backend: name.into(),
+                store: self.store.clone(),
+                dir_roots: grants.dir.clone(),
+                import_timeout: limits.import_timeout(),
+            }),
+            limits,
+            cache_hit: false,
+            kind: crate::backend::Kind::Native(driver),
+            metrics: self.metrics.clone(),
+            memory_peak: AtomicU64::new(0),
+        })
     }
 }

@@ -1,0 +1,163 @@
+//! `wasmcsi backend check` and `wasmcsi backend ls`: what a component imports and exports,
+//! which grants it needs, and whether it keeps CSI's semantics (the conformance suite, run
+//! through a real host on a scratch directory with real capabilities).
+use crate::conformance::{self, Profile};
+use crate::host::{Host, HostOptions};
+use anyhow::Context;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::capabilities::Capability;
+use wasmcsi_runtime::config::HostConfig;
+use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::{Runtime, RuntimeOptions};
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The component to check (`NAME.wasm`; NAME becomes the backend name).
+    pub file: PathBuf,
+    /// Host configuration to take limits and grants from. Grants the component needs and
+    /// the file lacks are given on a scratch directory.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// StorageClass parameters for the volumes the suite creates (repeatable KEY=VALUE).
+    #[arg(long = "param", value_parser = parse_kv)]
+    pub params: Vec<(String, String)>,
+    /// Skip the node checks (stage/publish need root and a node executor for the backend).
+    #[arg(long)]
+    pub no_node: bool,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+fn backend_name(file: &Path) -> anyhow::Result<String> {
+    let stem = file.file_stem().and_then(|s| s.to_str()).context("the file needs a NAME.wasm name")?;
+    anyhow::ensure!(wasmcsi_runtime::config::is_valid_name(stem), "backend name {stem:?} (the file stem) must be 1-32 of [a-z0-9-]");
+    Ok(stem.to_string())
+}
+
+/// Check one component; `Ok(false)` when it loads but fails checks.
+pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
+    let name = backend_name(&args.file)?;
+    let wasm = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let scratch = tempfile::tempdir()?;
+    let mut config = crate::load_config_file(args.config.as_deref())?;
+
+    // 1. What it is.
+    let inspector = Runtime::new(RuntimeOptions {
+        config: config.clone(),
+        cache_dir: None,
+        store_path: scratch.path().join("inspect.redb"),
+        engine: EngineSettings { max_instances: 8, ..Default::default() },
+    })?;
+    let (imports, exports) = inspector.inspect(&name, &wasm)?;
+    drop(inspector);
+    println!("component {} ({} bytes, sha256 {})", args.file.display(), wasm.len(), Runtime::digest(&wasm));
+    println!("backend name: {name}");
+    println!("imports:");
+    for c in &imports.capabilities {
+        println!("  wasmcsi:backend/{}", c.name());
+    }
+    for w in &imports.wasi {
+        println!("  {w} (deny-by-default WASI)");
+    }
+    for u in &imports.unknown {
+        println!("  {u} (unknown: cannot load)");
+    }
+    println!("exports:");
+    for e in &exports {
+        println!("  {e}");
+    }
+    let needed: Vec<&str> = imports.capabilities.iter().filter(|c| !matches!(c, Capability::Types | Capability::Log | Capability::Kv)).map(|c| c.name()).collect();
+    println!("grants needed: {}", if needed.is_empty() { "none beyond log and kv".to_string() } else { needed.join(", ") });
+
+    // 2. Grants for the check: what the config gives, plus a scratch dir root when needed.
+    let entry = config.backends.entry(name.clone()).or_default();
+    if imports.capabilities.contains(&Capability::Dir) && entry.grants.dir.is_empty() {
+        let root = scratch.path().join("dir-root");
+        std::fs::create_dir_all(&root)?;
+        entry.grants.dir.insert("default".into(), root);
+    }
+    let backends = scratch.path().join("backends");
+    std::fs::create_dir_all(&backends)?;
+    std::fs::write(backends.join(format!("{name}.wasm")), &wasm)?;
+    let host = Host::start(HostOptions {
+        driver_name: "check.wasmcsi.io".into(),
+        mode: wasmcsi_csi::Mode::All,
+        node_id: "check-node".into(),
+        socket: scratch.path().join("csi.sock"),
+        config,
+        backends_dir: Some(backends),
+        state_dir: scratch.path().join("state"),
+        reload_interval: Duration::from_secs(3600),
+        metrics_addr: None,
+    })
+    .await?;
+    let Some(backend) = host.registry.get(&name) else {
+        println!("\nFAIL: the component does not load (see the log line above)");
+        host.shutdown().await?;
+        return Ok(false);
+    };
+    println!("info: {} {} — features: {:?}", backend.info.name, backend.info.version, backend.info.features);
+    println!("parameters: {}", backend.info.parameters.join(", "));
+
+    // 3. The suite.
+    let mut parameters: HashMap<String, String> = args.params.into_iter().collect();
+    parameters.insert("backend".into(), name.clone());
+    let node = !args.no_node && nix::unistd::geteuid().is_root();
+    let profile = Profile {
+        parameters,
+        capability: mount_capability(),
+        required_bytes: 1 << 20,
+        node,
+        work_dir: scratch.path().join("node"),
+    };
+    let report = conformance::run(&host.socket, &profile).await?;
+    host.shutdown().await?;
+    println!("\nconformance ({}):", if node { "controller + node" } else { "controller only; node checks need root" });
+    print!("{}", report.render());
+    Ok(report.passed())
+}
+
+pub fn mount_capability() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+/// `backend ls`: load every file of a directory as the host would, and say how it went.
+pub async fn list(dir: &Path, config: HostConfig) -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let runtime = Runtime::new(RuntimeOptions {
+        config,
+        cache_dir: None,
+        store_path: scratch.path().join("ls.redb"),
+        engine: EngineSettings { max_instances: 8, ..Default::default() },
+    })?;
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
+        .collect();
+    entries.sort();
+    println!("{:<20} {:<14} {:<10} {:<8} DETAIL", "NAME", "DIGEST", "VERSION", "STATUS");
+    for path in entries {
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let wasm = std::fs::read(&path)?;
+        let digest = Runtime::digest(&wasm);
+        match runtime.load(&name, &wasm, Some(path.clone())).await {
+            Ok(b) => {
+                let caps: Vec<&str> = b.imports.capabilities.iter().map(|c| c.name()).collect();
+                println!("{:<20} {:<14} {:<10} {:<8} imports {} — {} features", name, &digest[..12], b.info.version, "ok", caps.join(","), b.info.features.len());
+            }
+            Err(e) => println!("{:<20} {:<14} {:<10} {:<8} {e}", name, &digest[..12], "-", "rejected"),
+        }
+    }
+    Ok(())
+}

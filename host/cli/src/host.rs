@@ -1,0 +1,122 @@
+//! Starting a whole host in this process: runtime, backend registry (scanned and watched),
+//! CSI services on a unix socket, and the metrics endpoint. `serve`, `backend check`, `demo`
+//! and the integration tests all start hosts the same way.
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use wasmcsi_csi::node::bind::KernelMounts;
+use wasmcsi_csi::{Driver, Mode};
+use wasmcsi_runtime::config::HostConfig;
+use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
+
+/// Everything a host needs to start.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    pub driver_name: String,
+    pub mode: Mode,
+    pub node_id: String,
+    pub socket: PathBuf,
+    pub config: HostConfig,
+    pub backends_dir: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub reload_interval: Duration,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// A running host; dropping it (or `shutdown`) stops serving.
+pub struct Host {
+    pub driver: Arc<Driver>,
+    pub registry: Arc<Registry>,
+    pub socket: PathBuf,
+    pub metrics_addr: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Host {
+    pub async fn start(opts: HostOptions) -> anyhow::Result<Self> {
+        let runtime = Runtime::new(RuntimeOptions {
+            config: opts.config.clone(),
+            cache_dir: Some(opts.state_dir.join("compile-cache")),
+            store_path: opts.state_dir.join("meta.redb"),
+            engine: EngineSettings::default(),
+        })
+        .with_context(|| format!("starting the runtime with state in {}", opts.state_dir.display()))?;
+        let registry = Registry::new(runtime.clone(), opts.backends_dir.clone());
+        let report = registry.scan().await;
+        tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
+        let watcher = registry.watch(opts.reload_interval);
+
+        let driver = Arc::new(Driver {
+            name: opts.driver_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            mode: opts.mode,
+            node_id: opts.node_id.clone(),
+            registry: registry.clone(),
+            inflight: Default::default(),
+            mounts: Arc::new(KernelMounts),
+        });
+        let metrics_addr = match opts.metrics_addr {
+            Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone()).await?),
+            None => None,
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let socket = opts.socket.clone();
+        let d = driver.clone();
+        let served = tokio::spawn(async move {
+            wasmcsi_csi::server::serve(d, &socket, async {
+                let _ = rx.await;
+            })
+            .await
+            .map_err(anyhow::Error::from)
+        });
+        wait_for_socket(&opts.socket).await?;
+        Ok(Self { driver, registry, socket: opts.socket, metrics_addr, stop: Some(tx), served: Some(served), watcher })
+    }
+
+    /// Stop serving and wait for the server to finish.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.stop.take().map(|s| s.send(()));
+        self.watcher.abort();
+        if let Some(served) = self.served.take() {
+            served.await.context("CSI server task")??;
+        }
+        Ok(())
+    }
+
+    /// Serve until the server stops on its own (e.g. an error).
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        if let Some(served) = self.served.take() {
+            served.await.context("CSI server task")??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.stop.take().map(|s| s.send(()));
+        self.watcher.abort();
+    }
+}
+
+async fn wait_for_socket(path: &Path) -> anyhow::Result<()> {
+    for _ in 0..500 {
+        if path.exists() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    anyhow::bail!("CSI socket {} did not appear", path.display())
+}
+
+/// A gRPC channel to a CSI socket.
+pub async fn connect(socket: &Path) -> anyhow::Result<tonic::transport::Channel> {
+    let uri = format!("unix://{}", socket.display());
+    tonic::transport::Endpoint::try_from(uri)?.connect().await.with_context(|| format!("connecting to {}", socket.display()))
+}

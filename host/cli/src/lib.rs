@@ -1,0 +1,16 @@
+//! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
+//! suite (shared by `backend check` and the tests) and the metrics endpoint. `anyhow` lives
+//! here, at the edge; the libraries below use typed errors.
+pub mod check;
+pub mod conformance;
+pub mod demo;
+pub mod host;
+pub mod metrics_http;
+
+/// Read a host configuration file, or the defaults when none is given.
+pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcsi_runtime::config::HostConfig> {
+    match path {
+        Some(p) => Ok(wasmcsi_runtime::config::HostConfig::load(p)?),
+        None => Ok(wasmcsi_runtime::config::HostConfig::default()),
+    }
+}

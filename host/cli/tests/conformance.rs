@@ -1,0 +1,219 @@
+//! The conformance suite against real hosts: a whole host started in-process on a unix socket,
+//! the hostpath example backend loaded from a backends directory, real bind mounts when the
+//! tests run as root. Also: the suite can fail (it is no test that always passes), and a
+//! CreateVolume retried after a controller restart finds the volume made before it.
+#![allow(clippy::unwrap_used, reason = "tests")]
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::Code;
+use wasmcsi::conformance::{self, Outcome, Profile};
+use wasmcsi::host::{Host, HostOptions, connect};
+use wasmcsi_csi::Mode;
+use wasmcsi_csi::driver::DIGEST_CONTEXT_KEY;
+use wasmcsi_csi::node::mountinfo;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
+use wasmcsi_runtime::config::HostConfig;
+
+/// Detaches whatever is still mounted under a directory when dropped, so a failing test (or
+/// a broken host) leaves no mounts behind.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let Ok(table) = mountinfo::read_current() else { return };
+        let mut points: Vec<PathBuf> = table.into_iter().map(|e| e.mount_point).filter(|m| m.starts_with(&self.0)).collect();
+        points.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// A host's directories under one tempdir: hostpath root, backends, state, socket, work dir.
+/// Fields drop in order: mounts are detached before the tempdir is removed.
+struct Env {
+    _mounts: MountGuard,
+    base: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(base.join("hostpath-root")).unwrap();
+        std::fs::create_dir_all(base.join("backends")).unwrap();
+        std::fs::write(base.join("backends/hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+        Self { _mounts: MountGuard(base.clone()), base, _dir: dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.base.join("hostpath-root")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.base.join("sock/csi.sock")
+    }
+
+    fn options(&self, mode: Mode) -> HostOptions {
+        let config = format!("[backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n", self.root().display());
+        HostOptions {
+            driver_name: "csi.wasmcsi.io".into(),
+            mode,
+            node_id: "conformance-node".into(),
+            socket: self.socket(),
+            config: HostConfig::parse(&config, Path::new("test")).unwrap(),
+            backends_dir: Some(self.base.join("backends")),
+            state_dir: self.base.join("state"),
+            reload_interval: Duration::from_millis(200),
+            metrics_addr: None,
+        }
+    }
+
+    fn profile(&self, backend: &str, node: bool) -> Profile {
+        Profile {
+            parameters: HashMap::from([("backend".to_string(), backend.to_string())]),
+            capability: mount_capability(),
+            required_bytes: 1 << 20,
+            node,
+            work_dir: self.base.join("work"),
+        }
+    }
+
+    /// Entries left in one of hostpath's directories (`volumes`, `snapshots`, ...).
+    fn left_in(&self, sub: &str) -> Vec<String> {
+        match std::fs::read_dir(self.root().join(sub)) {
+            Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+            Err(_) => vec![],
+        }
+    }
+}
+
+fn mount_capability() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: String::new(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Start a host; a restart in the same process may find the previous one's state store not
+/// yet released by its last tasks, so that is retried briefly.
+async fn start(env: &Env, mode: Mode) -> Host {
+    let mut last = None;
+    for _ in 0..50 {
+        match Host::start(env.options(mode)).await {
+            Ok(host) => return host,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("host did not start: {:#}", last.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostpath_passes_the_conformance_suite() {
+    let env = Env::new();
+    let host = start(&env, Mode::All).await;
+    let node = is_root();
+    let report = conformance::run(&env.socket(), &env.profile("hostpath", node)).await.unwrap();
+    println!("{}", report.render());
+    assert!(report.passed(), "conformance failures:\n{}", report.render());
+
+    // It really ran: the main flow passed instead of being skipped.
+    let mut must_pass = vec![
+        "CreateVolume creates a volume",
+        "CreateVolume sent 8 times in parallel yields one volume (OK with the same id, or Aborted)",
+        "CreateSnapshot snapshots the volume",
+        "CreateVolume from the snapshot clones it",
+        "CreateVolume from the volume clones it",
+        "ListVolumes pages one entry at a time to the end without duplicates",
+        "DeleteVolume deletes the volume",
+        "cleanup removes every mount, snapshot and volume the suite made",
+    ];
+    if node {
+        must_pass.extend([
+            "NodePublishVolume publishes the volume",
+            "a file written through the target path reads back",
+            "a clone of the snapshot holds the data written before the snapshot",
+            "the node flow leaves nothing mounted under the work dir",
+        ]);
+    }
+    for name in must_pass {
+        assert_eq!(report.outcome(name), Some(&Outcome::Pass), "{name}\n{}", report.render());
+    }
+    // Everything the suite made is gone, on the node and in the backend.
+    for sub in ["volumes", "meta", "snapshots", "snapmeta"] {
+        assert_eq!(env.left_in(sub), Vec::<String>::new(), "left in hostpath {sub}/");
+    }
+    let left: Vec<_> = mountinfo::read_current().unwrap().into_iter().filter(|e| e.mount_point.starts_with(&env.base)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_volume_retry_after_restart_finds_the_same_volume() {
+    let env = Env::new();
+    let request = |required_bytes| csi::CreateVolumeRequest {
+        name: "pvc-restart".into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
+        volume_capabilities: vec![mount_capability()],
+        parameters: HashMap::from([("backend".to_string(), "hostpath".to_string())]),
+        ..Default::default()
+    };
+
+    let host = start(&env, Mode::Controller).await;
+    let mut client = ControllerClient::new(connect(&env.socket()).await.unwrap());
+    let first = client.create_volume(request(1 << 20)).await.unwrap().into_inner().volume.unwrap();
+    drop(client);
+    host.shutdown().await.unwrap();
+
+    // A new controller on the same state and storage: the retry is answered from what exists.
+    let host = start(&env, Mode::Controller).await;
+    let mut client = ControllerClient::new(connect(&env.socket()).await.unwrap());
+    let again = client.create_volume(request(1 << 20)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(again.volume_id, first.volume_id);
+    assert_eq!(again.capacity_bytes, first.capacity_bytes);
+    assert_eq!(again.volume_context.get(DIGEST_CONTEXT_KEY), first.volume_context.get(DIGEST_CONTEXT_KEY));
+    let err = client.create_volume(request(2 << 20)).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+
+    client.delete_volume(csi::DeleteVolumeRequest { volume_id: first.volume_id.clone(), ..Default::default() }).await.unwrap();
+    assert_eq!(env.left_in("volumes"), Vec::<String>::new());
+    drop(client);
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_suite_fails_for_a_backend_the_host_does_not_have() {
+    let env = Env::new();
+    let host = start(&env, Mode::All).await;
+    let report = conformance::run(&env.socket(), &env.profile("not-loaded", false)).await.unwrap();
+    assert!(!report.passed(), "{}", report.render());
+    // It fails where it should, passes what does not depend on the backend, and skips what
+    // needs the volume it could not make.
+    assert!(matches!(report.outcome("CreateVolume creates a volume"), Some(Outcome::Fail(_))), "{}", report.render());
+    assert_eq!(report.outcome("GetPluginInfo returns a name and a version"), Some(&Outcome::Pass));
+    assert!(matches!(report.outcome("CreateVolume repeated with the same name and parameters returns the same volume"), Some(Outcome::Skip(_))));
+    assert_eq!(env.left_in("volumes"), Vec::<String>::new());
+    host.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_suite_fails_when_the_node_flow_is_expected_of_a_controller_only_host() {
+    let env = Env::new();
+    let host = start(&env, Mode::Controller).await;
+    let report = conformance::run(&env.socket(), &env.profile("hostpath", true)).await.unwrap();
+    assert!(!report.passed(), "{}", report.render());
+    assert!(matches!(report.outcome("NodeGetCapabilities offers STAGE_UNSTAGE_VOLUME"), Some(Outcome::Fail(_))), "{}", report.render());
+    // The controller side still conforms.
+    assert_eq!(report.outcome("CreateVolume creates a volume"), Some(&Outcome::Pass), "{}", report.render());
+    assert_eq!(report.outcome("cleanup removes every mount, snapshot and volume the suite made"), Some(&Outcome::Pass), "{}", report.render());
+    host.shutdown().await.unwrap();
+}
