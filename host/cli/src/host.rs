@@ -66,16 +66,15 @@ impl Host {
             None => None,
         };
         let (tx, rx) = oneshot::channel::<()>();
-        let socket = opts.socket.clone();
+        let listener = wasmcsi_csi::server::bind(&opts.socket)?;
         let d = driver.clone();
         let served = tokio::spawn(async move {
-            wasmcsi_csi::server::serve(d, &socket, async {
+            wasmcsi_csi::server::serve(d, listener, async {
                 let _ = rx.await;
             })
             .await
             .map_err(anyhow::Error::from)
         });
-        wait_for_socket(&opts.socket).await?;
         Ok(Self { driver, registry, socket: opts.socket, metrics_addr, stop: Some(tx), served: Some(served), watcher })
     }
 
@@ -103,16 +102,6 @@ impl Drop for Host {
         self.stop.take().map(|s| s.send(()));
         self.watcher.abort();
     }
-}
-
-async fn wait_for_socket(path: &Path) -> anyhow::Result<()> {
-    for _ in 0..500 {
-        if path.exists() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    anyhow::bail!("CSI socket {} did not appear", path.display())
 }
 
 /// A gRPC channel to a CSI socket.

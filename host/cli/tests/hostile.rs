@@ -216,10 +216,7 @@ async fn an_ungranted_import_keeps_the_component_out_and_is_counted() {
     let ready = IdentityClient::new(channel.clone()).probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready;
     assert_eq!(ready, Some(true));
     let mut controller = ControllerClient::new(channel.clone());
-    let status = controller
-        .create_volume(create_request("pvc-1", &[("backend", "hostile"), ("mode", "files")], None))
-        .await
-        .unwrap_err();
+    let status = controller.create_volume(create_request("pvc-1", &[("backend", "hostile"), ("mode", "files")], None)).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().ends_with("available: hostpath"), "{status:?}");
     controller.create_volume(create_request("pvc-2", &[("backend", "hostpath")], Some(1 << 20))).await.unwrap();

@@ -112,6 +112,7 @@ fn rejected(host: &Host) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_rejected() {
+    let tstart = std::time::Instant::now();
     let d = tempfile::tempdir().unwrap();
     let backends = d.path().join("backends");
     for sub in ["backends", "root", "state"] {
@@ -179,13 +180,12 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
     for swap in 0..20 {
         let (bytes, digest) = if swap % 2 == 0 { (&build_b, &digest_b) } else { (&build_a, &digest_a) };
         install(&backends, "hostpath", bytes);
-        eventually("the swap to be served", || async {
-            (serving_digest(&channel).await.as_deref() == Some(&digest[..12])).then_some(())
-        })
-        .await;
+        eventually("the swap to be served", || async { (serving_digest(&channel).await.as_deref() == Some(&digest[..12])).then_some(()) })
+            .await;
         assert_eq!(&create(&channel, &format!("pvc-swap-{swap}")).await.unwrap(), digest, "swap {swap}");
     }
     stop.store(true, Ordering::Relaxed);
+    eprintln!("T swaps done at {:?}", tstart.elapsed());
     let mut during = Vec::new();
     for client in clients {
         during.extend(client.await.unwrap());
@@ -198,6 +198,9 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
     assert_eq!(create(&channel, "pvc-swap-0").await.unwrap(), digest_b);
     assert_eq!(rejected(&host), "1");
 
+    eprintln!("T before shutdown");
+    let t0 = std::time::Instant::now();
     drop(channel);
     host.shutdown().await.unwrap();
+    eprintln!("T shutdown {:?}", t0.elapsed());
 }

@@ -16,9 +16,9 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Bind `socket` (replacing a stale socket file from an earlier run) and serve until
-/// `shutdown` resolves. Identity always; Controller and Node as the driver's mode says.
-pub async fn serve(driver: Arc<Driver>, socket: &Path, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ServeError> {
+/// Bind `socket`, replacing a stale socket file from an earlier run. Binding before serving
+/// means a caller that gets the listener back can connect at once.
+pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     let bind_err = |source| ServeError::Bind { path: socket.display().to_string(), source };
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent).map_err(bind_err)?;
@@ -28,7 +28,16 @@ pub async fn serve(driver: Arc<Driver>, socket: &Path, shutdown: impl std::futur
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(bind_err(e)),
     }
-    let listener = tokio::net::UnixListener::bind(socket).map_err(bind_err)?;
+    tokio::net::UnixListener::bind(socket).map_err(bind_err)
+}
+
+/// Serve on a bound listener until `shutdown` resolves. Identity always; Controller and
+/// Node as the driver's mode says.
+pub async fn serve(
+    driver: Arc<Driver>,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let mode = driver.mode;
     let router = tonic::transport::Server::builder().add_service(IdentityServer::new(IdentityService(driver.clone())));

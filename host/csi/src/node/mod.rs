@@ -102,11 +102,11 @@ impl NodeService {
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
         let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
-        if self.0.backend_for_id(id)?.is_none() {
-            return Err(CsiError::NotFound(format!("volume {id} not found")));
-        }
         let read_only = req.readonly || is_read_only_mode(&cap);
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        // The backend says whether the volume exists (NOT_FOUND) before the mount table is
+        // consulted (FAILED_PRECONDITION when it is not staged).
+        self.plan(id, &req.volume_context, cap).await?;
         let sys = self.0.mounts.clone();
         blocking(move || {
             let mounts = mountinfo::read_current().map_err(mount_err)?;
