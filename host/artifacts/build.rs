@@ -7,10 +7,8 @@
 use std::{env, fmt::Write as _, fs, path::PathBuf, process::Command};
 
 /// (package, constant name, file stem the host loads it as)
-const GUESTS: &[(&str, &str, &str)] = &[
-    ("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"),
-    ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
-];
+const GUESTS: &[(&str, &str, &str)] =
+    &[("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"), ("wasmcsi-fixture-hostile", "HOSTILE", "hostile")];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -25,7 +23,18 @@ fn main() {
     for (package, constant, stem) in GUESTS {
         let status = Command::new(&cargo)
             .current_dir(&workspace)
-            .args(["rustc", "--quiet", "--profile", "guest", "--target", "wasm32-wasip2", "--crate-type", "cdylib", "-p", package])
+            .args([
+                "rustc",
+                "--quiet",
+                "--profile",
+                "guest",
+                "--target",
+                "wasm32-wasip2",
+                "--crate-type",
+                "cdylib",
+                "-p",
+                package,
+            ])
             .env("CARGO_TARGET_DIR", &target_dir)
             // Flags meant for the host build (coverage, sanitizers, clippy) must not reach guests.
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -48,7 +57,12 @@ fn main() {
                 }
             }
         }
-        writeln!(consts, "/// The `{stem}` component.\npub const {constant}: &[u8] = include_bytes!({:?});", wasm.display()).expect("write to string");
+        writeln!(
+            consts,
+            "/// The `{stem}` component.\npub const {constant}: &[u8] = include_bytes!({:?});",
+            wasm.display()
+        )
+        .expect("write to string");
         writeln!(table, "    ({stem:?}, {constant}),").expect("write to string");
     }
     table.push_str("];\n");

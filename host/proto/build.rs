@@ -26,22 +26,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=build.rs");
 
     let mut compiler = protox::Compiler::new([&proto_dir])?;
-    compiler
-        .include_source_info(true)
-        .include_imports(true)
-        .open_file("csi.proto")?;
+    compiler.include_source_info(true).include_imports(true).open_file("csi.proto")?;
 
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    fs::write(
-        out_dir.join(DESCRIPTOR_SET_FILE),
-        compiler.encode_file_descriptor_set(),
-    )?;
+    fs::write(out_dir.join(DESCRIPTOR_SET_FILE), compiler.encode_file_descriptor_set())?;
 
     let fds = compiler.file_descriptor_set();
 
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())
 }

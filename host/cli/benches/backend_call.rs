@@ -26,7 +26,9 @@ fn us(d: Duration) -> String {
 }
 
 fn config(root: &Path) -> HostConfig {
-    let grants = |name: &str| format!("[backends.{name}.grants]\ndir = {{ default = {:?} }}\n", root.join(name).display().to_string());
+    let grants = |name: &str| {
+        format!("[backends.{name}.grants]\ndir = {{ default = {:?} }}\n", root.join(name).display().to_string())
+    };
     let text = ["hostpath", "hostpath-native", "hostpath-b", "hostile"].iter().map(|n| grants(n)).collect::<String>();
     for n in ["hostpath", "hostpath-native", "hostpath-b", "hostile"] {
         std::fs::create_dir_all(root.join(n)).unwrap();
@@ -87,7 +89,8 @@ async fn main() {
 
     let host = Host::start(options(dir.path(), &backends)).await.unwrap();
     let rt = host.registry.runtime().clone();
-    host.registry.insert(rt.load_native("hostpath-native", NativeDriver::of::<wasmcsi_backend_hostpath::HostPath>()).unwrap());
+    host.registry
+        .insert(rt.load_native("hostpath-native", NativeDriver::of::<wasmcsi_backend_hostpath::HostPath>()).unwrap());
     let wasm = host.registry.get("hostpath").unwrap();
 
     // 1. instantiate + call.
@@ -143,15 +146,40 @@ async fn main() {
     let mean = |v: &[Duration]| v.iter().sum::<Duration>() / v.len() as u32;
     println!("\nwasmcsi sandbox benchmark (one run, 2 tokio workers)");
     println!("{:<58} {:>12} {:>12}", "measure", "p50", "p99");
-    println!("{:<58} {:>12} {:>12}", format!("backend call: instantiate + info() (n={n})"), us(pct(&mut info, 0.5)), us(pct(&mut info, 0.99)));
-    println!("{:<58} {:>12} {:>12}", "backend call: instantiate + get-capacity (1 host import)", us(pct(&mut cap, 0.5)), us(pct(&mut cap, 0.99)));
-    println!("{:<58} {:>12} {:>12}", format!("CreateVolume via socket, hostpath .wasm (n={rounds})"), us(wp50), us(pct(&mut w, 0.99)));
-    println!("{:<58} {:>12} {:>12}", format!("CreateVolume via socket, hostpath native (n={rounds})"), us(np50), us(pct(&mut nat, 0.99)));
+    println!(
+        "{:<58} {:>12} {:>12}",
+        format!("backend call: instantiate + info() (n={n})"),
+        us(pct(&mut info, 0.5)),
+        us(pct(&mut info, 0.99))
+    );
+    println!(
+        "{:<58} {:>12} {:>12}",
+        "backend call: instantiate + get-capacity (1 host import)",
+        us(pct(&mut cap, 0.5)),
+        us(pct(&mut cap, 0.99))
+    );
+    println!(
+        "{:<58} {:>12} {:>12}",
+        format!("CreateVolume via socket, hostpath .wasm (n={rounds})"),
+        us(wp50),
+        us(pct(&mut w, 0.99))
+    );
+    println!(
+        "{:<58} {:>12} {:>12}",
+        format!("CreateVolume via socket, hostpath native (n={rounds})"),
+        us(np50),
+        us(pct(&mut nat, 0.99))
+    );
     println!(
         "{:<58} {:>12} {:>12}",
         "  ratio .wasm / native (p50, mean)",
         format!("{:.3}x", wp50.as_secs_f64() / np50.as_secs_f64()),
         format!("{:.3}x", mean(&w).as_secs_f64() / mean(&nat).as_secs_f64())
     );
-    println!("{:<58} {:>12} {:>12}", "host ready, 3 backends, warm cache (n=15; p50, max)", format!("{:.1} ms", pct(&mut ready, 0.5).as_secs_f64() * 1e3), format!("{:.1} ms", pct(&mut ready, 1.0).as_secs_f64() * 1e3));
+    println!(
+        "{:<58} {:>12} {:>12}",
+        "host ready, 3 backends, warm cache (n=15; p50, max)",
+        format!("{:.1} ms", pct(&mut ready, 0.5).as_secs_f64() * 1e3),
+        format!("{:.1} ms", pct(&mut ready, 1.0).as_secs_f64() * 1e3)
+    );
 }

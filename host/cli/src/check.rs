@@ -35,7 +35,10 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 fn backend_name(file: &Path) -> anyhow::Result<String> {
     let stem = file.file_stem().and_then(|s| s.to_str()).context("the file needs a NAME.wasm name")?;
-    anyhow::ensure!(wasmcsi_runtime::config::is_valid_name(stem), "backend name {stem:?} (the file stem) must be 1-32 of [a-z0-9-]");
+    anyhow::ensure!(
+        wasmcsi_runtime::config::is_valid_name(stem),
+        "backend name {stem:?} (the file stem) must be 1-32 of [a-z0-9-]"
+    );
     Ok(stem.to_string())
 }
 
@@ -71,8 +74,16 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     for e in &exports {
         println!("  {e}");
     }
-    let needed: Vec<&str> = imports.capabilities.iter().filter(|c| !matches!(c, Capability::Types | Capability::Log | Capability::Kv)).map(|c| c.name()).collect();
-    println!("grants needed: {}", if needed.is_empty() { "none beyond log and kv".to_string() } else { needed.join(", ") });
+    let needed: Vec<&str> = imports
+        .capabilities
+        .iter()
+        .filter(|c| !matches!(c, Capability::Types | Capability::Log | Capability::Kv))
+        .map(|c| c.name())
+        .collect();
+    println!(
+        "grants needed: {}",
+        if needed.is_empty() { "none beyond log and kv".to_string() } else { needed.join(", ") }
+    );
 
     // 2. Grants for the check: what the config gives, plus a scratch dir root when needed.
     let entry = config.backends.entry(name.clone()).or_default();
@@ -154,7 +165,15 @@ pub async fn list(dir: &Path, config: HostConfig) -> anyhow::Result<()> {
         match runtime.load(&name, &wasm, Some(path.clone())).await {
             Ok(b) => {
                 let caps: Vec<&str> = b.imports.capabilities.iter().map(|c| c.name()).collect();
-                println!("{:<20} {:<14} {:<10} {:<8} imports {} — {} features", name, &digest[..12], b.info.version, "ok", caps.join(","), b.info.features.len());
+                println!(
+                    "{:<20} {:<14} {:<10} {:<8} imports {} — {} features",
+                    name,
+                    &digest[..12],
+                    b.info.version,
+                    "ok",
+                    caps.join(","),
+                    b.info.features.len()
+                );
             }
             Err(e) => println!("{:<20} {:<14} {:<10} {:<8} {e}", name, &digest[..12], "-", "rejected"),
         }

@@ -86,29 +86,21 @@ pub struct Report {
 impl Report {
     /// No check failed.
     pub fn passed(&self) -> bool {
-        !self
-            .checks
-            .iter()
-            .any(|c| matches!(c.outcome, Outcome::Fail(_)))
+        !self.checks.iter().any(|c| matches!(c.outcome, Outcome::Fail(_)))
     }
 
     /// (passed, failed, skipped)
     pub fn counts(&self) -> (usize, usize, usize) {
-        self.checks
-            .iter()
-            .fold((0, 0, 0), |(p, f, s), c| match c.outcome {
-                Outcome::Pass => (p + 1, f, s),
-                Outcome::Fail(_) => (p, f + 1, s),
-                Outcome::Skip(_) => (p, f, s + 1),
-            })
+        self.checks.iter().fold((0, 0, 0), |(p, f, s), c| match c.outcome {
+            Outcome::Pass => (p + 1, f, s),
+            Outcome::Fail(_) => (p, f + 1, s),
+            Outcome::Skip(_) => (p, f, s + 1),
+        })
     }
 
     /// The outcome of the check called `name`.
     pub fn outcome(&self, name: &str) -> Option<&Outcome> {
-        self.checks
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| &c.outcome)
+        self.checks.iter().find(|c| c.name == name).map(|c| &c.outcome)
     }
 
     /// One line per check, then a summary line.
@@ -131,10 +123,7 @@ impl Report {
 /// Run the whole suite against the CSI socket at `socket`. `Err` only when the suite cannot
 /// start (no `backend` parameter, no socket, `work_dir` unusable); everything else is a check.
 pub async fn run(socket: &Path, profile: &Profile) -> anyhow::Result<Report> {
-    let backend = profile
-        .backend()
-        .context("the profile's parameters name no \"backend\"")?
-        .to_string();
+    let backend = profile.backend().context("the profile's parameters name no \"backend\"")?.to_string();
     std::fs::create_dir_all(&profile.work_dir)
         .with_context(|| format!("creating work dir {}", profile.work_dir.display()))?;
     // The mount table spells paths canonically; so must we.
@@ -161,16 +150,12 @@ pub async fn run(socket: &Path, profile: &Profile) -> anyhow::Result<Report> {
     };
     suite.all_checks().await;
     suite.clean_up().await;
-    Ok(Report {
-        checks: suite.checks,
-    })
+    Ok(Report { checks: suite.checks })
 }
 
 fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{:x}{:x}", std::process::id(), nanos)
 }
 
@@ -192,35 +177,24 @@ macro_rules! rpc {
     ($client:expr, $method:ident, $request:expr, $made:expr) => {{
         let mut client = $client;
         let request = $request;
-        let pending: Pending = Box::pin(async move {
-            client
-                .$method(request)
-                .await
-                .map(|r| ($made)(r.into_inner()))
-        });
+        let pending: Pending = Box::pin(async move { client.$method(request).await.map(|r| ($made)(r.into_inner())) });
         pending
     }};
 }
 
 fn made_volume(r: csi::CreateVolumeResponse) -> Made {
-    r.volume
-        .map_or(Made::Nothing, |v| Made::Volume(v.volume_id))
+    r.volume.map_or(Made::Nothing, |v| Made::Volume(v.volume_id))
 }
 
 fn made_snapshot(r: csi::CreateSnapshotResponse) -> Made {
-    r.snapshot
-        .map_or(Made::Nothing, |s| Made::Snapshot(s.snapshot_id))
+    r.snapshot.map_or(Made::Nothing, |s| Made::Snapshot(s.snapshot_id))
 }
 
 /// Await one answer, bounded by [`CALL_TIMEOUT`].
-async fn call<T>(
-    fut: impl Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, Status> {
+async fn call<T>(fut: impl Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, Status> {
     match tokio::time::timeout(CALL_TIMEOUT, fut).await {
         Ok(answer) => answer.map(tonic::Response::into_inner),
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "no answer within {CALL_TIMEOUT:?}"
-        ))),
+        Err(_) => Err(Status::deadline_exceeded(format!("no answer within {CALL_TIMEOUT:?}"))),
     }
 }
 
@@ -233,11 +207,7 @@ fn expect_code<T>(answer: &Result<T, Status>, want: Code) -> Outcome {
         (Ok(_), Code::Ok) => Outcome::Pass,
         (Ok(_), _) => Outcome::Fail(format!("expected {want:?}, got OK")),
         (Err(s), _) if s.code() == want => Outcome::Pass,
-        (Err(s), _) => Outcome::Fail(format!(
-            "expected {want:?}, got {:?}: {}",
-            s.code(),
-            s.message()
-        )),
+        (Err(s), _) => Outcome::Fail(format!("expected {want:?}, got {:?}: {}", s.code(), s.message())),
     }
 }
 
@@ -248,11 +218,7 @@ fn path_str(p: &Path) -> String {
 /// Mount points at or under `dir`, deepest first.
 fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let table = mountinfo::read_current().map_err(|e| e.to_string())?;
-    let mut found: Vec<PathBuf> = table
-        .into_iter()
-        .map(|e| e.mount_point)
-        .filter(|m| m.starts_with(dir))
-        .collect();
+    let mut found: Vec<PathBuf> = table.into_iter().map(|e| e.mount_point).filter(|m| m.starts_with(dir)).collect();
     found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     Ok(found)
 }
@@ -338,10 +304,7 @@ impl Suite<'_> {
     // ---- bookkeeping -------------------------------------------------------------------
 
     fn record(&mut self, name: &str, outcome: Outcome) {
-        self.checks.push(Check {
-            name: name.to_string(),
-            outcome,
-        });
+        self.checks.push(Check { name: name.to_string(), outcome });
     }
 
     fn judge(&mut self, name: &str, verdict: Result<(), String>) {
@@ -363,10 +326,7 @@ impl Suite<'_> {
                 ok
             }
             Err(s) if s.code() == Code::Unimplemented => {
-                self.record(
-                    name,
-                    Outcome::Skip(format!("not supported: {}", s.message())),
-                );
+                self.record(name, Outcome::Skip(format!("not supported: {}", s.message())));
                 false
             }
             Err(s) => {
@@ -394,9 +354,7 @@ impl Suite<'_> {
         }
         let answer = match tokio::time::timeout(CALL_TIMEOUT, rpc).await {
             Ok(a) => a,
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "no answer within {CALL_TIMEOUT:?}"
-            ))),
+            Err(_) => Err(Status::deadline_exceeded(format!("no answer within {CALL_TIMEOUT:?}"))),
         };
         if let Ok(made) = &answer {
             self.created.made(made);
@@ -407,10 +365,9 @@ impl Suite<'_> {
 
     fn controller_gate(&self, rpc: ControllerRpc) -> Option<String> {
         match &self.controller_caps {
-            Some(caps) if !caps.contains(&(rpc as i32)) => Some(format!(
-                "the controller does not offer {}",
-                rpc.as_str_name()
-            )),
+            Some(caps) if !caps.contains(&(rpc as i32)) => {
+                Some(format!("the controller does not offer {}", rpc.as_str_name()))
+            }
             _ => None,
         }
     }
@@ -449,10 +406,7 @@ impl Suite<'_> {
     fn create_request(&self, name: &str, required_bytes: i64) -> csi::CreateVolumeRequest {
         csi::CreateVolumeRequest {
             name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes,
-                limit_bytes: 0,
-            }),
+            capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
             volume_capabilities: vec![self.profile.capability.clone()],
             parameters: self.profile.parameters.clone(),
             ..Default::default()
@@ -494,11 +448,7 @@ impl Suite<'_> {
     }
 
     fn data(&self) -> Vec<u8> {
-        format!(
-            "written through the target path by conformance run {}\n",
-            self.run
-        )
-        .into_bytes()
+        format!("written through the target path by conformance run {}\n", self.run).into_bytes()
     }
 
     // ---- the suite ---------------------------------------------------------------------
@@ -508,10 +458,7 @@ impl Suite<'_> {
         self.capability_checks().await;
         self.backend_parameter_checks().await;
         self.unknown_id_checks().await;
-        let mut objects = Objects {
-            volume: self.create_volume_checks().await,
-            ..Default::default()
-        };
+        let mut objects = Objects { volume: self.create_volume_checks().await, ..Default::default() };
         self.validation_checks(objects.volume.as_ref()).await;
         objects.other = self.concurrent_create_check().await;
         self.get_capacity_check().await;
@@ -525,12 +472,7 @@ impl Suite<'_> {
     }
 
     async fn identity_checks(&mut self) {
-        let answer = call(
-            self.identity
-                .clone()
-                .get_plugin_info(csi::GetPluginInfoRequest {}),
-        )
-        .await;
+        let answer = call(self.identity.clone().get_plugin_info(csi::GetPluginInfoRequest {})).await;
         self.judge(
             "GetPluginInfo returns a name and a version",
             answer.map_err(status).and_then(|info| {
@@ -545,12 +487,7 @@ impl Suite<'_> {
         );
 
         use csi::plugin_capability::{Type, service};
-        let answer = call(
-            self.identity
-                .clone()
-                .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {}),
-        )
-        .await;
+        let answer = call(self.identity.clone().get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})).await;
         self.judge(
             "GetPluginCapabilities offers CONTROLLER_SERVICE",
             answer.map_err(status).and_then(|r| {
@@ -562,23 +499,17 @@ impl Suite<'_> {
         let answer = call(self.identity.clone().probe(csi::ProbeRequest {})).await;
         self.judge(
             "Probe reports ready",
-            answer.map_err(status).and_then(|r| {
-                if r.ready == Some(false) {
-                    Err("ready = false".into())
-                } else {
-                    Ok(())
-                }
-            }),
+            answer.map_err(status).and_then(
+                |r| {
+                    if r.ready == Some(false) { Err("ready = false".into()) } else { Ok(()) }
+                },
+            ),
         );
     }
 
     async fn capability_checks(&mut self) {
         use csi::controller_service_capability::Type;
-        let answer = call(
-            self.ctl()
-                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {}),
-        )
-        .await;
+        let answer = call(self.ctl().controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})).await;
         match answer {
             Ok(r) => {
                 let caps: HashSet<i32> = r
@@ -595,22 +526,14 @@ impl Suite<'_> {
                     Err("CREATE_DELETE_VOLUME is not offered".into())
                 };
                 self.controller_caps = Some(caps);
-                self.judge(
-                    "ControllerGetCapabilities offers CREATE_DELETE_VOLUME",
-                    verdict,
-                );
+                self.judge("ControllerGetCapabilities offers CREATE_DELETE_VOLUME", verdict);
             }
-            Err(s) => self.record(
-                "ControllerGetCapabilities offers CREATE_DELETE_VOLUME",
-                Outcome::Fail(status(s)),
-            ),
+            Err(s) => self.record("ControllerGetCapabilities offers CREATE_DELETE_VOLUME", Outcome::Fail(status(s))),
         }
 
         // Without PUBLISH_UNPUBLISH_VOLUME the spec asks for UNIMPLEMENTED.
-        let offered = self
-            .controller_caps
-            .as_ref()
-            .is_some_and(|c| c.contains(&(ControllerRpc::PublishUnpublishVolume as i32)));
+        let offered =
+            self.controller_caps.as_ref().is_some_and(|c| c.contains(&(ControllerRpc::PublishUnpublishVolume as i32)));
         let gate = offered.then(|| "the controller offers PUBLISH_UNPUBLISH_VOLUME".to_string());
         let request = csi::ControllerPublishVolumeRequest {
             volume_id: self.unknown_id(),
@@ -640,12 +563,7 @@ impl Suite<'_> {
 
         use csi::node_service_capability::Type as NodeType;
         const NODE_CAPS: &str = "NodeGetCapabilities offers STAGE_UNSTAGE_VOLUME";
-        match call(
-            self.nd()
-                .node_get_capabilities(csi::NodeGetCapabilitiesRequest {}),
-        )
-        .await
-        {
+        match call(self.nd().node_get_capabilities(csi::NodeGetCapabilitiesRequest {})).await {
             Ok(r) => {
                 let caps: HashSet<i32> = r
                     .capabilities
@@ -664,10 +582,7 @@ impl Suite<'_> {
                 self.judge(NODE_CAPS, verdict);
             }
             Err(s) if s.code() == Code::Unimplemented && !self.profile.node => {
-                self.record(
-                    NODE_CAPS,
-                    Outcome::Skip(format!("the node service is not served ({})", s.message())),
-                );
+                self.record(NODE_CAPS, Outcome::Skip(format!("the node service is not served ({})", s.message())));
             }
             Err(s) => self.record(NODE_CAPS, Outcome::Fail(status(s))),
         }
@@ -677,13 +592,9 @@ impl Suite<'_> {
             let answer = call(self.nd().node_get_info(csi::NodeGetInfoRequest {})).await;
             self.judge(
                 NODE_INFO,
-                answer.map_err(status).and_then(|r| {
-                    if r.node_id.is_empty() {
-                        Err("node_id is empty".into())
-                    } else {
-                        Ok(())
-                    }
-                }),
+                answer
+                    .map_err(status)
+                    .and_then(|r| if r.node_id.is_empty() { Err("node_id is empty".into()) } else { Ok(()) }),
             );
         }
     }
@@ -695,33 +606,20 @@ impl Suite<'_> {
                 "CreateVolume with an unknown backend is InvalidArgument listing the available ones",
                 Some(UNKNOWN_BACKEND),
             ),
-            (
-                "CreateVolume without a backend parameter is InvalidArgument listing the available ones",
-                None,
-            ),
+            ("CreateVolume without a backend parameter is InvalidArgument listing the available ones", None),
         ];
         for (name, backend) in cases {
-            let mut request =
-                self.create_request(&self.name("no-backend"), self.profile.required_bytes);
+            let mut request = self.create_request(&self.name("no-backend"), self.profile.required_bytes);
             match backend {
-                Some(b) => request
-                    .parameters
-                    .insert(BACKEND_PARAMETER.into(), b.into()),
+                Some(b) => request.parameters.insert(BACKEND_PARAMETER.into(), b.into()),
                 None => request.parameters.remove(BACKEND_PARAMETER),
             };
             let answer = call(self.ctl().create_volume(request)).await;
             let verdict = match answer {
-                Err(s)
-                    if s.code() == Code::InvalidArgument
-                        && s.message().contains(self.backend.as_str()) =>
-                {
-                    Ok(())
+                Err(s) if s.code() == Code::InvalidArgument && s.message().contains(self.backend.as_str()) => Ok(()),
+                Err(s) if s.code() == Code::InvalidArgument => {
+                    Err(format!("the message does not list the available backend {:?}: {}", self.backend, s.message()))
                 }
-                Err(s) if s.code() == Code::InvalidArgument => Err(format!(
-                    "the message does not list the available backend {:?}: {}",
-                    self.backend,
-                    s.message()
-                )),
                 Err(s) => Err(format!("expected InvalidArgument, got {}", status(s))),
                 Ok(r) => {
                     self.created.made(&made_volume(r));
@@ -741,10 +639,7 @@ impl Suite<'_> {
                 tracing::warn!(path = %dir.display(), "conformance: cannot create directory: {e}");
             }
         }
-        for (label, id) in [
-            ("a well-formed unknown id", self.unknown_id()),
-            ("a foreign id", FOREIGN_ID.to_string()),
-        ] {
+        for (label, id) in [("a well-formed unknown id", self.unknown_id()), ("a foreign id", FOREIGN_ID.to_string())] {
             let cap = self.profile.capability.clone();
             let request = csi::ValidateVolumeCapabilitiesRequest {
                 volume_id: id.clone(),
@@ -760,9 +655,7 @@ impl Suite<'_> {
             .await;
 
             let gate = self.controller_gate(ControllerRpc::GetVolume);
-            let request = csi::ControllerGetVolumeRequest {
-                volume_id: id.clone(),
-            };
+            let request = csi::ControllerGetVolumeRequest { volume_id: id.clone() };
             self.expect(
                 &format!("ControllerGetVolume of {label} is NotFound"),
                 gate,
@@ -802,10 +695,7 @@ impl Suite<'_> {
             )
             .await;
 
-            let request = csi::DeleteSnapshotRequest {
-                snapshot_id: id.clone(),
-                ..Default::default()
-            };
+            let request = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() };
             self.expect(
                 &format!("DeleteSnapshot of {label} is OK"),
                 gate,
@@ -814,10 +704,7 @@ impl Suite<'_> {
             )
             .await;
 
-            let request = csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            };
+            let request = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
             self.expect(
                 &format!("DeleteVolume of {label} is OK"),
                 None,
@@ -864,8 +751,7 @@ impl Suite<'_> {
     /// The volume most later checks use, and CreateVolume's idempotency.
     async fn create_volume_checks(&mut self) -> Option<csi::Volume> {
         const CREATE: &str = "CreateVolume creates a volume";
-        const REPEAT: &str =
-            "CreateVolume repeated with the same name and parameters returns the same volume";
+        const REPEAT: &str = "CreateVolume repeated with the same name and parameters returns the same volume";
         const CONFLICT: &str = "CreateVolume with the same name and a larger size is AlreadyExists";
         const VALIDATE: &str = "ValidateVolumeCapabilities confirms the profile's capability";
         let name = self.name("vol");
@@ -878,14 +764,12 @@ impl Suite<'_> {
                 let prefix = format!("{}:", self.backend);
                 let verdict = match &r.volume {
                     None => Err("the answer carries no volume".to_string()),
-                    Some(v) if !v.volume_id.starts_with(&prefix) => Err(format!(
-                        "volume id {:?} does not start with {prefix:?}",
-                        v.volume_id
-                    )),
-                    Some(v) if v.capacity_bytes < required => Err(format!(
-                        "capacity {} < required {required}",
-                        v.capacity_bytes
-                    )),
+                    Some(v) if !v.volume_id.starts_with(&prefix) => {
+                        Err(format!("volume id {:?} does not start with {prefix:?}", v.volume_id))
+                    }
+                    Some(v) if v.capacity_bytes < required => {
+                        Err(format!("capacity {} < required {required}", v.capacity_bytes))
+                    }
                     Some(_) => Ok(()),
                 };
                 let ok = verdict.is_ok();
@@ -907,10 +791,7 @@ impl Suite<'_> {
                 Ok(r) => {
                     self.created.made(&made_volume(r.clone()));
                     match r.volume {
-                        Some(again)
-                            if again.volume_id == v.volume_id
-                                && again.capacity_bytes == v.capacity_bytes =>
-                        {
+                        Some(again) if again.volume_id == v.volume_id && again.capacity_bytes == v.capacity_bytes => {
                             Ok(())
                         }
                         Some(again) => Err(format!(
@@ -930,13 +811,8 @@ impl Suite<'_> {
         {
             let larger = v.capacity_bytes.saturating_add(required.max(1 << 20));
             let request = self.create_request(&name, larger);
-            self.expect(
-                CONFLICT,
-                None,
-                Code::AlreadyExists,
-                rpc!(self.ctl(), create_volume, request, made_volume),
-            )
-            .await;
+            self.expect(CONFLICT, None, Code::AlreadyExists, rpc!(self.ctl(), create_volume, request, made_volume))
+                .await;
         }
 
         if self.open(VALIDATE, &blocked)
@@ -955,10 +831,7 @@ impl Suite<'_> {
                 VALIDATE,
                 answer.map_err(status).and_then(|r| match r.confirmed {
                     Some(c) if c.volume_capabilities == vec![cap] => Ok(()),
-                    Some(c) => Err(format!(
-                        "confirmed other capabilities: {:?}",
-                        c.volume_capabilities
-                    )),
+                    Some(c) => Err(format!("confirmed other capabilities: {:?}", c.volume_capabilities)),
                     None => Err(format!("not confirmed: {}", r.message)),
                 }),
             );
@@ -974,22 +847,13 @@ impl Suite<'_> {
         let snapshots = self.controller_gate(ControllerRpc::CreateDeleteSnapshot);
         let expand = self.controller_gate(ControllerRpc::ExpandVolume);
         let get = self.controller_gate(ControllerRpc::GetVolume);
-        let range = Some(csi::CapacityRange {
-            required_bytes: self.profile.required_bytes,
-            limit_bytes: 0,
-        });
-        let no_type = csi::VolumeCapability {
-            access_type: None,
-            access_mode: cap.access_mode,
-        };
+        let range = Some(csi::CapacityRange { required_bytes: self.profile.required_bytes, limit_bytes: 0 });
+        let no_type = csi::VolumeCapability { access_type: None, access_mode: cap.access_mode };
         let unknown_mode = csi::VolumeCapability {
             access_type: cap.access_type.clone(),
             access_mode: Some(csi::volume_capability::AccessMode { mode: 0 }),
         };
-        let no_mode = csi::VolumeCapability {
-            access_type: cap.access_type.clone(),
-            access_mode: None,
-        };
+        let no_mode = csi::VolumeCapability { access_type: cap.access_type.clone(), access_mode: None };
 
         let mut cases: Vec<(&str, Option<String>, Pending)> = vec![
             (
@@ -998,10 +862,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_volume,
-                    csi::CreateVolumeRequest {
-                        name: String::new(),
-                        ..base.clone()
-                    },
+                    csi::CreateVolumeRequest { name: String::new(), ..base.clone() },
                     made_volume
                 ),
             ),
@@ -1011,10 +872,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_volume,
-                    csi::CreateVolumeRequest {
-                        volume_capabilities: vec![],
-                        ..base.clone()
-                    },
+                    csi::CreateVolumeRequest { volume_capabilities: vec![], ..base.clone() },
                     made_volume
                 ),
             ),
@@ -1024,10 +882,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_volume,
-                    csi::CreateVolumeRequest {
-                        volume_capabilities: vec![no_type.clone()],
-                        ..base.clone()
-                    },
+                    csi::CreateVolumeRequest { volume_capabilities: vec![no_type.clone()], ..base.clone() },
                     made_volume
                 ),
             ),
@@ -1037,10 +892,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_volume,
-                    csi::CreateVolumeRequest {
-                        volume_capabilities: vec![unknown_mode.clone()],
-                        ..base.clone()
-                    },
+                    csi::CreateVolumeRequest { volume_capabilities: vec![unknown_mode.clone()], ..base.clone() },
                     made_volume
                 ),
             ),
@@ -1050,21 +902,14 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_volume,
-                    csi::CreateVolumeRequest {
-                        volume_capabilities: vec![no_mode],
-                        ..base.clone()
-                    },
+                    csi::CreateVolumeRequest { volume_capabilities: vec![no_mode], ..base.clone() },
                     made_volume
                 ),
             ),
             (
                 "DeleteVolume without volume_id is InvalidArgument",
                 None,
-                rpc!(
-                    self.ctl(),
-                    delete_volume,
-                    csi::DeleteVolumeRequest::default()
-                ),
+                rpc!(self.ctl(), delete_volume, csi::DeleteVolumeRequest::default()),
             ),
             (
                 "ValidateVolumeCapabilities without volume_id is InvalidArgument",
@@ -1084,10 +929,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     validate_volume_capabilities,
-                    csi::ValidateVolumeCapabilitiesRequest {
-                        volume_id: id.clone(),
-                        ..Default::default()
-                    }
+                    csi::ValidateVolumeCapabilitiesRequest { volume_id: id.clone(), ..Default::default() }
                 ),
             ),
             (
@@ -1096,10 +938,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_snapshot,
-                    csi::CreateSnapshotRequest {
-                        source_volume_id: id.clone(),
-                        ..Default::default()
-                    },
+                    csi::CreateSnapshotRequest { source_volume_id: id.clone(), ..Default::default() },
                     made_snapshot
                 ),
             ),
@@ -1109,21 +948,14 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     create_snapshot,
-                    csi::CreateSnapshotRequest {
-                        name: self.name("invalid-snap"),
-                        ..Default::default()
-                    },
+                    csi::CreateSnapshotRequest { name: self.name("invalid-snap"), ..Default::default() },
                     made_snapshot
                 ),
             ),
             (
                 "DeleteSnapshot without snapshot_id is InvalidArgument",
                 snapshots,
-                rpc!(
-                    self.ctl(),
-                    delete_snapshot,
-                    csi::DeleteSnapshotRequest::default()
-                ),
+                rpc!(self.ctl(), delete_snapshot, csi::DeleteSnapshotRequest::default()),
             ),
             (
                 "ControllerExpandVolume without volume_id is InvalidArgument",
@@ -1131,10 +963,7 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     controller_expand_volume,
-                    csi::ControllerExpandVolumeRequest {
-                        capacity_range: range,
-                        ..Default::default()
-                    }
+                    csi::ControllerExpandVolumeRequest { capacity_range: range, ..Default::default() }
                 ),
             ),
             (
@@ -1143,20 +972,13 @@ impl Suite<'_> {
                 rpc!(
                     self.ctl(),
                     controller_expand_volume,
-                    csi::ControllerExpandVolumeRequest {
-                        volume_id: id.clone(),
-                        ..Default::default()
-                    }
+                    csi::ControllerExpandVolumeRequest { volume_id: id.clone(), ..Default::default() }
                 ),
             ),
             (
                 "ControllerGetVolume without volume_id is InvalidArgument",
                 get,
-                rpc!(
-                    self.ctl(),
-                    controller_get_volume,
-                    csi::ControllerGetVolumeRequest::default()
-                ),
+                rpc!(self.ctl(), controller_get_volume, csi::ControllerGetVolumeRequest::default()),
             ),
         ];
 
@@ -1190,10 +1012,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_stage_volume,
-                    csi::NodeStageVolumeRequest {
-                        volume_id: String::new(),
-                        ..stage.clone()
-                    }
+                    csi::NodeStageVolumeRequest { volume_id: String::new(), ..stage.clone() }
                 ),
             ),
             (
@@ -1202,10 +1021,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_stage_volume,
-                    csi::NodeStageVolumeRequest {
-                        staging_target_path: String::new(),
-                        ..stage.clone()
-                    }
+                    csi::NodeStageVolumeRequest { staging_target_path: String::new(), ..stage.clone() }
                 ),
             ),
             (
@@ -1214,10 +1030,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_stage_volume,
-                    csi::NodeStageVolumeRequest {
-                        volume_capability: None,
-                        ..stage.clone()
-                    }
+                    csi::NodeStageVolumeRequest { volume_capability: None, ..stage.clone() }
                 ),
             ),
             (
@@ -1226,10 +1039,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_stage_volume,
-                    csi::NodeStageVolumeRequest {
-                        volume_capability: Some(no_type.clone()),
-                        ..stage.clone()
-                    }
+                    csi::NodeStageVolumeRequest { volume_capability: Some(no_type.clone()), ..stage.clone() }
                 ),
             ),
             (
@@ -1238,10 +1048,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_publish_volume,
-                    csi::NodePublishVolumeRequest {
-                        volume_id: String::new(),
-                        ..publish.clone()
-                    }
+                    csi::NodePublishVolumeRequest { volume_id: String::new(), ..publish.clone() }
                 ),
             ),
             (
@@ -1250,10 +1057,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_publish_volume,
-                    csi::NodePublishVolumeRequest {
-                        staging_target_path: String::new(),
-                        ..publish.clone()
-                    }
+                    csi::NodePublishVolumeRequest { staging_target_path: String::new(), ..publish.clone() }
                 ),
             ),
             (
@@ -1262,10 +1066,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_publish_volume,
-                    csi::NodePublishVolumeRequest {
-                        target_path: String::new(),
-                        ..publish.clone()
-                    }
+                    csi::NodePublishVolumeRequest { target_path: String::new(), ..publish.clone() }
                 ),
             ),
             (
@@ -1274,10 +1075,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_publish_volume,
-                    csi::NodePublishVolumeRequest {
-                        volume_capability: None,
-                        ..publish.clone()
-                    }
+                    csi::NodePublishVolumeRequest { volume_capability: None, ..publish.clone() }
                 ),
             ),
             (
@@ -1286,10 +1084,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_unstage_volume,
-                    csi::NodeUnstageVolumeRequest {
-                        volume_id: String::new(),
-                        staging_target_path: path_str(&staging)
-                    }
+                    csi::NodeUnstageVolumeRequest { volume_id: String::new(), staging_target_path: path_str(&staging) }
                 ),
             ),
             (
@@ -1298,10 +1093,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_unstage_volume,
-                    csi::NodeUnstageVolumeRequest {
-                        volume_id: id.clone(),
-                        staging_target_path: String::new()
-                    }
+                    csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: String::new() }
                 ),
             ),
             (
@@ -1310,10 +1102,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_unpublish_volume,
-                    csi::NodeUnpublishVolumeRequest {
-                        volume_id: String::new(),
-                        target_path: path_str(&target)
-                    }
+                    csi::NodeUnpublishVolumeRequest { volume_id: String::new(), target_path: path_str(&target) }
                 ),
             ),
             (
@@ -1322,10 +1111,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_unpublish_volume,
-                    csi::NodeUnpublishVolumeRequest {
-                        volume_id: id.clone(),
-                        target_path: String::new()
-                    }
+                    csi::NodeUnpublishVolumeRequest { volume_id: id.clone(), target_path: String::new() }
                 ),
             ),
             (
@@ -1334,10 +1120,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_get_volume_stats,
-                    csi::NodeGetVolumeStatsRequest {
-                        volume_id: String::new(),
-                        ..stats.clone()
-                    }
+                    csi::NodeGetVolumeStatsRequest { volume_id: String::new(), ..stats.clone() }
                 ),
             ),
             (
@@ -1346,10 +1129,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_get_volume_stats,
-                    csi::NodeGetVolumeStatsRequest {
-                        volume_path: String::new(),
-                        ..stats
-                    }
+                    csi::NodeGetVolumeStatsRequest { volume_path: String::new(), ..stats }
                 ),
             ),
             (
@@ -1358,10 +1138,7 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_expand_volume,
-                    csi::NodeExpandVolumeRequest {
-                        volume_id: String::new(),
-                        ..node_expand.clone()
-                    }
+                    csi::NodeExpandVolumeRequest { volume_id: String::new(), ..node_expand.clone() }
                 ),
             ),
             (
@@ -1370,17 +1147,13 @@ impl Suite<'_> {
                 rpc!(
                     self.nd(),
                     node_expand_volume,
-                    csi::NodeExpandVolumeRequest {
-                        volume_path: String::new(),
-                        ..node_expand
-                    }
+                    csi::NodeExpandVolumeRequest { volume_path: String::new(), ..node_expand }
                 ),
             ),
         ];
         cases.extend(node_cases);
         for (name, gate, pending) in cases {
-            self.expect(name, gate, Code::InvalidArgument, pending)
-                .await;
+            self.expect(name, gate, Code::InvalidArgument, pending).await;
         }
     }
 
@@ -1418,11 +1191,7 @@ impl Suite<'_> {
         if distinct.len() > 1 {
             problems.push(format!("several volumes for one name: {distinct:?}"));
         }
-        let verdict = if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        };
+        let verdict = if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) };
         self.judge(NAME, verdict);
         (distinct.len() == 1).then(|| ids.swap_remove(0))
     }
@@ -1439,16 +1208,8 @@ impl Suite<'_> {
         };
         let answer = call(self.ctl().get_capacity(request)).await;
         self.judge_optional(NAME, answer, |r| {
-            let sizes = [
-                Some(r.available_capacity),
-                r.maximum_volume_size,
-                r.minimum_volume_size,
-            ];
-            if sizes.into_iter().flatten().any(|s| s < 0) {
-                Err(format!("negative size in {r:?}"))
-            } else {
-                Ok(())
-            }
+            let sizes = [Some(r.available_capacity), r.maximum_volume_size, r.minimum_volume_size];
+            if sizes.into_iter().flatten().any(|s| s < 0) { Err(format!("negative size in {r:?}")) } else { Ok(()) }
         });
     }
 
@@ -1462,28 +1223,20 @@ impl Suite<'_> {
             return;
         }
         let Some(v) = volume else { return };
-        let answer = call(
-            self.ctl()
-                .controller_get_volume(csi::ControllerGetVolumeRequest {
-                    volume_id: v.volume_id.clone(),
-                }),
-        )
-        .await;
+        let answer =
+            call(self.ctl().controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() }))
+                .await;
         let (id, required) = (v.volume_id.clone(), self.profile.required_bytes);
         self.judge_optional(NAME, answer, |r| match r.volume {
             Some(got) if got.volume_id == id && got.capacity_bytes >= required => Ok(()),
-            Some(got) => Err(format!(
-                "got {} with {} bytes",
-                got.volume_id, got.capacity_bytes
-            )),
+            Some(got) => Err(format!("got {} with {} bytes", got.volume_id, got.capacity_bytes)),
             None => Err("the answer carries no volume".into()),
         });
     }
 
     /// Returns the capacity after expansion.
     async fn expand_checks(&mut self, volume: Option<&csi::Volume>) -> Option<i64> {
-        const EXPAND: &str =
-            "ControllerExpandVolume grows the volume to at least the requested size";
+        const EXPAND: &str = "ControllerExpandVolume grows the volume to at least the requested size";
         const AFTER: &str = "ControllerGetVolume reports the expanded capacity";
         let blocked = Self::gates([
             self.controller_gate(ControllerRpc::ExpandVolume),
@@ -1493,15 +1246,10 @@ impl Suite<'_> {
         if self.open(EXPAND, &blocked)
             && let Some(v) = volume
         {
-            let want = v
-                .capacity_bytes
-                .saturating_add(self.profile.required_bytes.max(1 << 20));
+            let want = v.capacity_bytes.saturating_add(self.profile.required_bytes.max(1 << 20));
             let request = csi::ControllerExpandVolumeRequest {
                 volume_id: v.volume_id.clone(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: want,
-                    limit_bytes: 0,
-                }),
+                capacity_range: Some(csi::CapacityRange { required_bytes: want, limit_bytes: 0 }),
                 volume_capability: Some(self.profile.capability.clone()),
                 ..Default::default()
             };
@@ -1520,18 +1268,13 @@ impl Suite<'_> {
 
         let blocked = Self::gates([
             self.controller_gate(ControllerRpc::GetVolume),
-            expanded
-                .is_none()
-                .then(|| "ControllerExpandVolume did not succeed".to_string()),
+            expanded.is_none().then(|| "ControllerExpandVolume did not succeed".to_string()),
         ]);
         if self.open(AFTER, &blocked)
             && let (Some(v), Some(want)) = (volume, expanded)
         {
             let answer = call(
-                self.ctl()
-                    .controller_get_volume(csi::ControllerGetVolumeRequest {
-                        volume_id: v.volume_id.clone(),
-                    }),
+                self.ctl().controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() }),
             )
             .await;
             self.judge_optional(AFTER, answer, |r| match r.volume {
@@ -1565,10 +1308,7 @@ impl Suite<'_> {
         let volume = objects.volume.as_ref();
         let id = volume.map(|v| v.volume_id.clone()).unwrap_or_default();
         let context = volume.map(|v| v.volume_context.clone()).unwrap_or_default();
-        let capacity = objects
-            .expanded
-            .or(volume.map(|v| v.capacity_bytes))
-            .unwrap_or(self.profile.required_bytes);
+        let capacity = objects.expanded.or(volume.map(|v| v.capacity_bytes)).unwrap_or(self.profile.required_bytes);
         let staging = self.work.join("staging");
         let target = self.work.join("target").join("mount");
         let target_ro = self.work.join("target-ro").join("mount");
@@ -1576,17 +1316,10 @@ impl Suite<'_> {
         let mut blocked = if !self.profile.node {
             Some("profile.node is off (the node flow makes real mounts: needs root)".to_string())
         } else {
-            Self::gates([
-                self.node_gate(None),
-                volume.is_none().then(|| NO_VOLUME.to_string()),
-            ])
+            Self::gates([self.node_gate(None), volume.is_none().then(|| NO_VOLUME.to_string())])
         };
         if blocked.is_none() {
-            for dir in [
-                &staging,
-                &self.work.join("target"),
-                &self.work.join("target-ro"),
-            ] {
+            for dir in [&staging, &self.work.join("target"), &self.work.join("target-ro")] {
                 if let Err(e) = std::fs::create_dir_all(dir) {
                     blocked = Some(format!("creating {}: {e}", dir.display()));
                 }
@@ -1597,11 +1330,7 @@ impl Suite<'_> {
         // Stage.
         if self.open(STAGE, &blocked) {
             self.created.staged.push((id.clone(), staging.clone()));
-            let answer = call(
-                self.nd()
-                    .node_stage_volume(self.stage_request(&id, &context, &staging)),
-            )
-            .await;
+            let answer = call(self.nd().node_stage_volume(self.stage_request(&id, &context, &staging))).await;
             let verdict = answer.map_err(status).and_then(|_| is_mounted(&staging));
             if verdict.is_err() {
                 blocked = Some("NodeStageVolume failed".into());
@@ -1609,11 +1338,7 @@ impl Suite<'_> {
             self.judge(STAGE, verdict);
         }
         if self.open(STAGE_AGAIN, &blocked) {
-            let answer = call(
-                self.nd()
-                    .node_stage_volume(self.stage_request(&id, &context, &staging)),
-            )
-            .await;
+            let answer = call(self.nd().node_stage_volume(self.stage_request(&id, &context, &staging))).await;
             self.record(STAGE_AGAIN, expect_code(&answer, Code::Ok));
         }
         let staged_blocked = blocked.clone();
@@ -1621,10 +1346,9 @@ impl Suite<'_> {
         // Publish.
         if self.open(PUBLISH, &blocked) {
             self.created.published.push((id.clone(), target.clone()));
-            let answer = call(self.nd().node_publish_volume(
-                self.publish_request(&id, &context, &staging, &target, false),
-            ))
-            .await;
+            let answer =
+                call(self.nd().node_publish_volume(self.publish_request(&id, &context, &staging, &target, false)))
+                    .await;
             let verdict = answer.map_err(status).and_then(|_| is_mounted(&target));
             if verdict.is_err() {
                 blocked = Some("NodePublishVolume failed".into());
@@ -1632,10 +1356,9 @@ impl Suite<'_> {
             self.judge(PUBLISH, verdict);
         }
         if self.open(PUBLISH_AGAIN, &blocked) {
-            let answer = call(self.nd().node_publish_volume(
-                self.publish_request(&id, &context, &staging, &target, false),
-            ))
-            .await;
+            let answer =
+                call(self.nd().node_publish_volume(self.publish_request(&id, &context, &staging, &target, false)))
+                    .await;
             self.record(PUBLISH_AGAIN, expect_code(&answer, Code::Ok));
         }
 
@@ -1649,11 +1372,9 @@ impl Suite<'_> {
                     written = true;
                     match tokio::fs::read(&file).await {
                         Ok(back) if back == data => Ok(()),
-                        Ok(back) => Err(format!(
-                            "read back {} bytes that differ from the {} written",
-                            back.len(),
-                            data.len()
-                        )),
+                        Ok(back) => {
+                            Err(format!("read back {} bytes that differ from the {} written", back.len(), data.len()))
+                        }
                         Err(e) => Err(format!("reading {}: {e}", file.display())),
                     }
                 }
@@ -1663,31 +1384,17 @@ impl Suite<'_> {
 
         if self.open(RO_CONFLICT, &blocked) {
             let answer =
-                call(self.nd().node_publish_volume(
-                    self.publish_request(&id, &context, &staging, &target, true),
-                ))
-                .await;
+                call(self.nd().node_publish_volume(self.publish_request(&id, &context, &staging, &target, true))).await;
             self.record(RO_CONFLICT, expect_code(&answer, Code::AlreadyExists));
         }
 
         if self.open(RO_PUBLISH, &staged_blocked) {
             self.created.published.push((id.clone(), target_ro.clone()));
-            let verdict = self
-                .read_only_publish(
-                    &id,
-                    &context,
-                    &staging,
-                    &target_ro,
-                    written.then_some(&data),
-                )
-                .await;
+            let verdict = self.read_only_publish(&id, &context, &staging, &target_ro, written.then_some(&data)).await;
             self.judge(RO_PUBLISH, verdict);
         }
 
-        let stats_blocked = Self::gates([
-            blocked.clone(),
-            self.node_gate(Some(NodeRpc::GetVolumeStats)),
-        ]);
+        let stats_blocked = Self::gates([blocked.clone(), self.node_gate(Some(NodeRpc::GetVolumeStats))]);
         if self.open(STATS, &stats_blocked) {
             let request = csi::NodeGetVolumeStatsRequest {
                 volume_id: id.clone(),
@@ -1700,11 +1407,7 @@ impl Suite<'_> {
                 answer.map_err(status).and_then(|r| {
                     if r.usage.is_empty() {
                         Err("no usage reported".into())
-                    } else if r
-                        .usage
-                        .iter()
-                        .any(|u| u.used < 0 || u.total < 0 || u.available < 0)
-                    {
+                    } else if r.usage.iter().any(|u| u.used < 0 || u.total < 0 || u.available < 0) {
                         Err(format!("negative usage: {:?}", r.usage))
                     } else {
                         Ok(())
@@ -1722,17 +1425,13 @@ impl Suite<'_> {
             self.record(STATS_MISSING, expect_code(&answer, Code::NotFound));
         }
 
-        let expand_blocked =
-            Self::gates([blocked.clone(), self.node_gate(Some(NodeRpc::ExpandVolume))]);
+        let expand_blocked = Self::gates([blocked.clone(), self.node_gate(Some(NodeRpc::ExpandVolume))]);
         if self.open(EXPAND, &expand_blocked) {
             let request = csi::NodeExpandVolumeRequest {
                 volume_id: id.clone(),
                 volume_path: path_str(&target),
                 staging_target_path: path_str(&staging),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: capacity,
-                    limit_bytes: 0,
-                }),
+                capacity_range: Some(csi::CapacityRange { required_bytes: capacity, limit_bytes: 0 }),
                 volume_capability: Some(self.profile.capability.clone()),
                 ..Default::default()
             };
@@ -1741,80 +1440,50 @@ impl Suite<'_> {
                 if r.capacity_bytes == 0 || r.capacity_bytes >= capacity {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "capacity {} < requested {capacity}",
-                        r.capacity_bytes
-                    ))
+                    Err(format!("capacity {} < requested {capacity}", r.capacity_bytes))
                 }
             });
         }
 
         // Unpublish and unstage (skipped only when there was nothing to undo).
         if self.open(UNPUBLISH, &blocked) {
-            let answer = call(
-                self.nd()
-                    .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                        volume_id: id.clone(),
-                        target_path: path_str(&target),
-                    }),
-            )
+            let answer = call(self.nd().node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: path_str(&target),
+            }))
             .await;
-            let verdict = answer
-                .map_err(status)
-                .and_then(|_| is_unmounted(&target))
-                .and_then(|()| {
-                    if target.exists() {
-                        Err(format!("{} still exists", target.display()))
-                    } else {
-                        Ok(())
-                    }
-                });
+            let verdict = answer.map_err(status).and_then(|_| is_unmounted(&target)).and_then(|()| {
+                if target.exists() { Err(format!("{} still exists", target.display())) } else { Ok(()) }
+            });
             self.judge(UNPUBLISH, verdict);
         }
         if self.open(UNPUBLISH_AGAIN, &blocked) {
-            let answer = call(
-                self.nd()
-                    .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                        volume_id: id.clone(),
-                        target_path: path_str(&target),
-                    }),
-            )
+            let answer = call(self.nd().node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: path_str(&target),
+            }))
             .await;
             self.record(UNPUBLISH_AGAIN, expect_code(&answer, Code::Ok));
         }
         if self.open(UNSTAGE, &staged_blocked) {
-            let answer = call(
-                self.nd()
-                    .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                        volume_id: id.clone(),
-                        staging_target_path: path_str(&staging),
-                    }),
-            )
+            let answer = call(self.nd().node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: path_str(&staging),
+            }))
             .await;
-            self.judge(
-                UNSTAGE,
-                answer.map_err(status).and_then(|_| is_unmounted(&staging)),
-            );
+            self.judge(UNSTAGE, answer.map_err(status).and_then(|_| is_unmounted(&staging)));
         }
         if self.open(UNSTAGE_AGAIN, &staged_blocked) {
-            let answer = call(
-                self.nd()
-                    .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                        volume_id: id.clone(),
-                        staging_target_path: path_str(&staging),
-                    }),
-            )
+            let answer = call(self.nd().node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: path_str(&staging),
+            }))
             .await;
             self.record(UNSTAGE_AGAIN, expect_code(&answer, Code::Ok));
         }
         if self.open(NOTHING_LEFT, &flow_blocked) {
-            let verdict = mounts_under(&self.work).and_then(|left| {
-                if left.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("still mounted: {left:?}"))
-                }
-            });
+            let verdict = mounts_under(&self.work)
+                .and_then(|left| if left.is_empty() { Ok(()) } else { Err(format!("still mounted: {left:?}")) });
             self.judge(NOTHING_LEFT, verdict);
         }
         written
@@ -1829,11 +1498,8 @@ impl Suite<'_> {
         target: &Path,
         data: Option<&Vec<u8>>,
     ) -> Result<(), String> {
-        let answer = call(
-            self.nd()
-                .node_publish_volume(self.publish_request(id, context, staging, target, true)),
-        )
-        .await;
+        let answer =
+            call(self.nd().node_publish_volume(self.publish_request(id, context, staging, target, true))).await;
         answer.map_err(|s| format!("NodePublishVolume readonly: {}", status(s)))?;
         let mut verdict = Ok(());
         if let Some(data) = data {
@@ -1846,36 +1512,24 @@ impl Suite<'_> {
         if verdict.is_ok() {
             let probe = target.join("write-probe");
             verdict = match tokio::fs::write(&probe, b"x").await {
-                Ok(()) => Err(format!(
-                    "wrote {} through a read-only publish",
-                    probe.display()
-                )),
+                Ok(()) => Err(format!("wrote {} through a read-only publish", probe.display())),
                 Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EROFS as i32) => Ok(()),
-                Err(e) => Err(format!(
-                    "writing through the read-only mount failed, but not with EROFS: {e}"
-                )),
+                Err(e) => Err(format!("writing through the read-only mount failed, but not with EROFS: {e}")),
             };
         }
-        let answer = call(
-            self.nd()
-                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                    volume_id: id.to_string(),
-                    target_path: path_str(target),
-                }),
-        )
+        let answer = call(self.nd().node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.to_string(),
+            target_path: path_str(target),
+        }))
         .await;
-        verdict.and(
-            answer
-                .map(|_| ())
-                .map_err(|s| format!("NodeUnpublishVolume of the read-only target: {}", status(s))),
-        )
+        verdict
+            .and(answer.map(|_| ()).map_err(|s| format!("NodeUnpublishVolume of the read-only target: {}", status(s))))
     }
 
     async fn snapshot_checks(&mut self, objects: &Objects) -> Option<csi::Snapshot> {
         const CREATE: &str = "CreateSnapshot snapshots the volume";
         const REPEAT: &str = "CreateSnapshot repeated returns the same snapshot";
-        const CONFLICT: &str =
-            "CreateSnapshot with the same name from another volume is AlreadyExists";
+        const CONFLICT: &str = "CreateSnapshot with the same name from another volume is AlreadyExists";
         const BY_ID: &str = "ListSnapshots by snapshot_id finds exactly the snapshot";
         const BY_SOURCE: &str = "ListSnapshots by source_volume_id finds the snapshot";
         let volume = objects.volume.as_ref();
@@ -1910,12 +1564,8 @@ impl Suite<'_> {
             });
             snapshot = made;
         }
-        let blocked = Self::gates([
-            blocked,
-            snapshot
-                .is_none()
-                .then(|| "no snapshot: CreateSnapshot failed".to_string()),
-        ]);
+        let blocked =
+            Self::gates([blocked, snapshot.is_none().then(|| "no snapshot: CreateSnapshot failed".to_string())]);
 
         if self.open(REPEAT, &blocked)
             && let Some(s) = &snapshot
@@ -1937,47 +1587,29 @@ impl Suite<'_> {
 
         let conflict_blocked = Self::gates([
             blocked.clone(),
-            objects
-                .other
-                .is_none()
-                .then(|| "no second volume: the concurrent CreateVolume failed".to_string()),
+            objects.other.is_none().then(|| "no second volume: the concurrent CreateVolume failed".to_string()),
         ]);
         if self.open(CONFLICT, &conflict_blocked)
             && let Some(other) = &objects.other
         {
-            let request = csi::CreateSnapshotRequest {
-                source_volume_id: other.clone(),
-                ..request.clone()
-            };
-            self.expect(
-                CONFLICT,
-                None,
-                Code::AlreadyExists,
-                rpc!(self.ctl(), create_snapshot, request, made_snapshot),
-            )
-            .await;
+            let request = csi::CreateSnapshotRequest { source_volume_id: other.clone(), ..request.clone() };
+            self.expect(CONFLICT, None, Code::AlreadyExists, rpc!(self.ctl(), create_snapshot, request, made_snapshot))
+                .await;
         }
 
-        let list_blocked =
-            Self::gates([self.controller_gate(ControllerRpc::ListSnapshots), blocked]);
+        let list_blocked = Self::gates([self.controller_gate(ControllerRpc::ListSnapshots), blocked]);
         if self.open(BY_ID, &list_blocked)
             && let Some(s) = &snapshot
         {
             let answer = self
-                .list_snapshots(csi::ListSnapshotsRequest {
-                    snapshot_id: s.snapshot_id.clone(),
-                    ..Default::default()
-                })
+                .list_snapshots(csi::ListSnapshotsRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() })
                 .await;
             let want = s.snapshot_id.clone();
             self.judge_optional(BY_ID, answer, |found| {
                 if found.len() == 1 && found[0].snapshot_id == want {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "found {:?}",
-                        found.iter().map(|s| &s.snapshot_id).collect::<Vec<_>>()
-                    ))
+                    Err(format!("found {:?}", found.iter().map(|s| &s.snapshot_id).collect::<Vec<_>>()))
                 }
             });
         }
@@ -1998,10 +1630,7 @@ impl Suite<'_> {
                         found.iter().map(|s| &s.snapshot_id).collect::<Vec<_>>()
                     ))
                 } else if let Some(other) = found.iter().find(|s| s.source_volume_id != source) {
-                    Err(format!(
-                        "{} of {} is listed too",
-                        other.snapshot_id, other.source_volume_id
-                    ))
+                    Err(format!("{} of {} is listed too", other.snapshot_id, other.source_volume_id))
                 } else {
                     Ok(())
                 }
@@ -2013,18 +1642,10 @@ impl Suite<'_> {
         ] {
             let name = format!("ListSnapshots by {label} is empty");
             if self.open(&name, &self.controller_gate(ControllerRpc::ListSnapshots)) {
-                let answer = self
-                    .list_snapshots(csi::ListSnapshotsRequest {
-                        snapshot_id: id,
-                        ..Default::default()
-                    })
-                    .await;
+                let answer =
+                    self.list_snapshots(csi::ListSnapshotsRequest { snapshot_id: id, ..Default::default() }).await;
                 self.judge_optional(&name, answer, |found| {
-                    if found.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(format!("found {found:?}"))
-                    }
+                    if found.is_empty() { Ok(()) } else { Err(format!("found {found:?}")) }
                 });
             }
         }
@@ -2032,27 +1653,20 @@ impl Suite<'_> {
     }
 
     /// Every snapshot a filter matches, following pages.
-    async fn list_snapshots(
-        &mut self,
-        request: csi::ListSnapshotsRequest,
-    ) -> Result<Vec<csi::Snapshot>, Status> {
+    async fn list_snapshots(&mut self, request: csi::ListSnapshotsRequest) -> Result<Vec<csi::Snapshot>, Status> {
         let mut found = Vec::new();
         let mut token = String::new();
         for _ in 0..MAX_PAGES {
-            let r = call(self.ctl().list_snapshots(csi::ListSnapshotsRequest {
-                starting_token: token,
-                ..request.clone()
-            }))
-            .await?;
+            let r =
+                call(self.ctl().list_snapshots(csi::ListSnapshotsRequest { starting_token: token, ..request.clone() }))
+                    .await?;
             found.extend(r.entries.into_iter().filter_map(|e| e.snapshot));
             if r.next_token.is_empty() {
                 return Ok(found);
             }
             token = r.next_token;
         }
-        Err(Status::internal(format!(
-            "ListSnapshots handed out more than {MAX_PAGES} pages"
-        )))
+        Err(Status::internal(format!("ListSnapshots handed out more than {MAX_PAGES} pages")))
     }
 
     /// Every volume id ListVolumes returns with `max_entries` per page, in order (duplicates kept).
@@ -2060,52 +1674,31 @@ impl Suite<'_> {
         let mut ids = Vec::new();
         let mut token = String::new();
         for _ in 0..MAX_PAGES {
-            let r = call(self.ctl().list_volumes(csi::ListVolumesRequest {
-                max_entries,
-                starting_token: token,
-            }))
-            .await
-            .map_err(status)?;
+            let r = call(self.ctl().list_volumes(csi::ListVolumesRequest { max_entries, starting_token: token }))
+                .await
+                .map_err(status)?;
             if max_entries > 0 && r.entries.len() > max_entries as usize {
-                return Err(format!(
-                    "a page of {} entries with max_entries = {max_entries}",
-                    r.entries.len()
-                ));
+                return Err(format!("a page of {} entries with max_entries = {max_entries}", r.entries.len()));
             }
-            ids.extend(
-                r.entries
-                    .into_iter()
-                    .filter_map(|e| e.volume)
-                    .map(|v| v.volume_id),
-            );
+            ids.extend(r.entries.into_iter().filter_map(|e| e.volume).map(|v| v.volume_id));
             if r.next_token.is_empty() {
                 return Ok(ids);
             }
             token = r.next_token;
         }
-        Err(format!(
-            "ListVolumes handed out more than {MAX_PAGES} pages"
-        ))
+        Err(format!("ListVolumes handed out more than {MAX_PAGES} pages"))
     }
 
     async fn clone_checks(&mut self, objects: &mut Objects) {
         const FROM_SNAPSHOT: &str = "CreateVolume from the snapshot clones it";
         const FROM_VOLUME: &str = "CreateVolume from the volume clones it";
-        const SNAPSHOT_DATA: &str =
-            "a clone of the snapshot holds the data written before the snapshot";
+        const SNAPSHOT_DATA: &str = "a clone of the snapshot holds the data written before the snapshot";
         const VOLUME_DATA: &str = "a clone of the volume holds the volume's data";
         use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
 
-        let snapshot_source = objects
-            .snapshot
-            .as_ref()
-            .map(|s| (s.snapshot_id.clone(), s.size_bytes));
-        let volume_source = objects.volume.as_ref().map(|v| {
-            (
-                v.volume_id.clone(),
-                objects.expanded.unwrap_or(v.capacity_bytes),
-            )
-        });
+        let snapshot_source = objects.snapshot.as_ref().map(|s| (s.snapshot_id.clone(), s.size_bytes));
+        let volume_source =
+            objects.volume.as_ref().map(|v| (v.volume_id.clone(), objects.expanded.unwrap_or(v.capacity_bytes)));
         let cases = [
             (
                 FROM_SNAPSHOT,
@@ -2115,8 +1708,7 @@ impl Suite<'_> {
                     self.controller_gate(ControllerRpc::CreateDeleteSnapshot),
                     snapshot_source.is_none().then(|| "no snapshot".to_string()),
                 ]),
-                snapshot_source
-                    .map(|(id, size)| (Type::Snapshot(SnapshotSource { snapshot_id: id }), size)),
+                snapshot_source.map(|(id, size)| (Type::Snapshot(SnapshotSource { snapshot_id: id }), size)),
             ),
             (
                 FROM_VOLUME,
@@ -2126,8 +1718,7 @@ impl Suite<'_> {
                     self.controller_gate(ControllerRpc::CloneVolume),
                     volume_source.is_none().then(|| NO_VOLUME.to_string()),
                 ]),
-                volume_source
-                    .map(|(id, size)| (Type::Volume(VolumeSource { volume_id: id }), size)),
+                volume_source.map(|(id, size)| (Type::Volume(VolumeSource { volume_id: id }), size)),
             ),
         ];
         for (name, data_name, what, blocked, source) in cases {
@@ -2135,9 +1726,7 @@ impl Suite<'_> {
             if self.open(name, &blocked)
                 && let Some((source, size)) = source
             {
-                let content = csi::VolumeContentSource {
-                    r#type: Some(source),
-                };
+                let content = csi::VolumeContentSource { r#type: Some(source) };
                 let request = csi::CreateVolumeRequest {
                     volume_content_source: Some(content.clone()),
                     ..self.create_request(&self.name(what), self.profile.required_bytes.max(size))
@@ -2175,16 +1764,13 @@ impl Suite<'_> {
             if self.open(data_name, &data_blocked)
                 && let Some(c) = &clone
             {
-                let verdict = self
-                    .read_through_mount(&c.volume_id, &c.volume_context, what)
-                    .await
-                    .and_then(|read| {
-                        if read == self.data() {
-                            Ok(())
-                        } else {
-                            Err(format!("{DATA_FILE} holds {} other bytes", read.len()))
-                        }
-                    });
+                let verdict = self.read_through_mount(&c.volume_id, &c.volume_context, what).await.and_then(|read| {
+                    if read == self.data() {
+                        Ok(())
+                    } else {
+                        Err(format!("{DATA_FILE} holds {} other bytes", read.len()))
+                    }
+                });
                 self.judge(data_name, verdict);
             }
         }
@@ -2203,43 +1789,30 @@ impl Suite<'_> {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
         self.created.staged.push((id.to_string(), staging.clone()));
-        self.created
-            .published
-            .push((id.to_string(), target.clone()));
-        let staged = call(
-            self.nd()
-                .node_stage_volume(self.stage_request(id, context, &staging)),
-        )
-        .await;
-        let read =
-            match staged {
-                Err(s) => Err(format!("NodeStageVolume: {}", status(s))),
-                Ok(_) => match call(self.nd().node_publish_volume(
-                    self.publish_request(id, context, &staging, &target, true),
-                ))
-                .await
+        self.created.published.push((id.to_string(), target.clone()));
+        let staged = call(self.nd().node_stage_volume(self.stage_request(id, context, &staging))).await;
+        let read = match staged {
+            Err(s) => Err(format!("NodeStageVolume: {}", status(s))),
+            Ok(_) => {
+                match call(self.nd().node_publish_volume(self.publish_request(id, context, &staging, &target, true)))
+                    .await
                 {
                     Err(s) => Err(format!("NodePublishVolume: {}", status(s))),
-                    Ok(_) => tokio::fs::read(target.join(DATA_FILE))
-                        .await
-                        .map_err(|e| format!("reading {DATA_FILE}: {e}")),
-                },
-            };
-        let unpublished = call(
-            self.nd()
-                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                    volume_id: id.to_string(),
-                    target_path: path_str(&target),
-                }),
-        )
+                    Ok(_) => {
+                        tokio::fs::read(target.join(DATA_FILE)).await.map_err(|e| format!("reading {DATA_FILE}: {e}"))
+                    }
+                }
+            }
+        };
+        let unpublished = call(self.nd().node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.to_string(),
+            target_path: path_str(&target),
+        }))
         .await;
-        let unstaged = call(
-            self.nd()
-                .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                    volume_id: id.to_string(),
-                    staging_target_path: path_str(&staging),
-                }),
-        )
+        let unstaged = call(self.nd().node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: path_str(&staging),
+        }))
         .await;
         let read = read?;
         unpublished.map_err(|s| format!("NodeUnpublishVolume: {}", status(s)))?;
@@ -2260,18 +1833,11 @@ impl Suite<'_> {
             .chain(objects.clones.clone())
             .collect();
 
-        let blocked = Self::gates([
-            gate.clone(),
-            objects.volume.is_none().then(|| NO_VOLUME.to_string()),
-        ]);
+        let blocked = Self::gates([gate.clone(), objects.volume.is_none().then(|| NO_VOLUME.to_string())]);
         if self.open(CONTAINS, &blocked) {
             let verdict = self.list_volume_ids(0).await.and_then(|ids| {
                 let missing: Vec<&String> = ours.iter().filter(|v| !ids.contains(v)).collect();
-                if missing.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("missing {missing:?}"))
-                }
+                if missing.is_empty() { Ok(()) } else { Err(format!("missing {missing:?}")) }
             });
             self.judge(CONTAINS, verdict);
         }
@@ -2285,50 +1851,31 @@ impl Suite<'_> {
                 if missing.is_empty() {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "missing {missing:?} from the {} paged entries",
-                        ids.len()
-                    ))
+                    Err(format!("missing {missing:?} from the {} paged entries", ids.len()))
                 }
             });
             self.judge(PAGED, verdict);
         }
         if self.open(BAD_TOKEN, &gate) {
             let mut problems = Vec::new();
-            for token in [
-                "csic-invalid-token".to_string(),
-                format!("{}:csic-invalid-token", self.backend),
-            ] {
-                let answer = call(self.ctl().list_volumes(csi::ListVolumesRequest {
-                    max_entries: 0,
-                    starting_token: token.clone(),
-                }))
+            for token in ["csic-invalid-token".to_string(), format!("{}:csic-invalid-token", self.backend)] {
+                let answer = call(
+                    self.ctl().list_volumes(csi::ListVolumesRequest { max_entries: 0, starting_token: token.clone() }),
+                )
                 .await;
                 if let Outcome::Fail(why) = expect_code(&answer, Code::Aborted) {
                     problems.push(format!("token {token:?}: {why}"));
                 }
             }
-            self.judge(
-                BAD_TOKEN,
-                if problems.is_empty() {
-                    Ok(())
-                } else {
-                    Err(problems.join("; "))
-                },
-            );
+            self.judge(BAD_TOKEN, if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) });
         }
     }
 
     /// Whether a volume still exists, asked the cheapest way the controller offers.
     async fn volume_exists(&mut self, id: &str) -> Result<bool, String> {
         if self.controller_gate(ControllerRpc::GetVolume).is_none() {
-            match call(
-                self.ctl()
-                    .controller_get_volume(csi::ControllerGetVolumeRequest {
-                        volume_id: id.to_string(),
-                    }),
-            )
-            .await
+            match call(self.ctl().controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: id.to_string() }))
+                .await
             {
                 Ok(_) => return Ok(true),
                 Err(s) if s.code() == Code::NotFound => return Ok(false),
@@ -2337,10 +1884,7 @@ impl Suite<'_> {
             }
         }
         if self.controller_gate(ControllerRpc::ListVolumes).is_none() {
-            return self
-                .list_volume_ids(0)
-                .await
-                .map(|ids| ids.iter().any(|v| v == id));
+            return self.list_volume_ids(0).await.map(|ids| ids.iter().any(|v| v == id));
         }
         Err("neither GET_VOLUME nor LIST_VOLUMES is offered".into())
     }
@@ -2348,16 +1892,12 @@ impl Suite<'_> {
     async fn delete_checks(&mut self, objects: &Objects) {
         const DELETE_SNAPSHOT: &str = "DeleteSnapshot deletes the snapshot";
         const DELETE_SNAPSHOT_AGAIN: &str = "DeleteSnapshot repeated is OK";
-        const RACE: &str =
-            "DeleteVolume sent 8 times in parallel deletes the volume (each OK or Aborted)";
+        const RACE: &str = "DeleteVolume sent 8 times in parallel deletes the volume (each OK or Aborted)";
         const CLONES: &str = "DeleteVolume deletes the clones";
         const DELETE: &str = "DeleteVolume deletes the volume";
         const DELETE_AGAIN: &str = "DeleteVolume repeated is OK";
 
-        let blocked = objects
-            .snapshot
-            .is_none()
-            .then(|| "no snapshot".to_string());
+        let blocked = objects.snapshot.is_none().then(|| "no snapshot".to_string());
         if self.open(DELETE_SNAPSHOT, &blocked)
             && let Some(s) = &objects.snapshot
         {
@@ -2394,20 +1934,14 @@ impl Suite<'_> {
             self.record(DELETE_SNAPSHOT_AGAIN, expect_code(&answer, Code::Ok));
         }
 
-        let blocked = objects
-            .other
-            .is_none()
-            .then(|| "no volume from the concurrent CreateVolume".to_string());
+        let blocked = objects.other.is_none().then(|| "no volume from the concurrent CreateVolume".to_string());
         if self.open(RACE, &blocked)
             && let Some(id) = &objects.other
         {
             let mut calls = tokio::task::JoinSet::new();
             for _ in 0..PARALLEL {
                 let mut client = self.ctl();
-                let request = csi::DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                };
+                let request = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
                 calls.spawn(async move { call(client.delete_volume(request)).await });
             }
             let mut problems = Vec::new();
@@ -2424,14 +1958,7 @@ impl Suite<'_> {
                 Ok(true) => problems.push(format!("{id} still exists afterwards")),
                 Err(e) => problems.push(e),
             }
-            self.judge(
-                RACE,
-                if problems.is_empty() {
-                    Ok(())
-                } else {
-                    Err(problems.join("; "))
-                },
-            );
+            self.judge(RACE, if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) });
         }
 
         // Clones first: a backend may refuse to delete a volume that clones depend on.
@@ -2439,33 +1966,25 @@ impl Suite<'_> {
         if self.open(CLONES, &blocked) {
             let mut problems = Vec::new();
             for id in &objects.clones {
-                if let Err(s) = call(self.ctl().delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                }))
+                if let Err(s) = call(
+                    self.ctl().delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
+                )
                 .await
                 {
                     problems.push(format!("{id}: {}", status(s)));
                 }
             }
-            self.judge(
-                CLONES,
-                if problems.is_empty() {
-                    Ok(())
-                } else {
-                    Err(problems.join("; "))
-                },
-            );
+            self.judge(CLONES, if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) });
         }
 
         let blocked = objects.volume.is_none().then(|| NO_VOLUME.to_string());
         if self.open(DELETE, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(self.ctl().delete_volume(csi::DeleteVolumeRequest {
-                volume_id: v.volume_id.clone(),
-                ..Default::default()
-            }))
+            let answer = call(
+                self.ctl()
+                    .delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
+            )
             .await;
             let mut verdict = answer.map(|_| ()).map_err(status);
             if verdict.is_ok() {
@@ -2480,10 +1999,10 @@ impl Suite<'_> {
         if self.open(DELETE_AGAIN, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(self.ctl().delete_volume(csi::DeleteVolumeRequest {
-                volume_id: v.volume_id.clone(),
-                ..Default::default()
-            }))
+            let answer = call(
+                self.ctl()
+                    .delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
+            )
             .await;
             self.record(DELETE_AGAIN, expect_code(&answer, Code::Ok));
         }
@@ -2497,52 +2016,37 @@ impl Suite<'_> {
         let created = std::mem::take(&mut self.created);
         if self.node_caps.is_some() {
             for (id, path) in created.published.iter().rev() {
-                let request = csi::NodeUnpublishVolumeRequest {
-                    volume_id: id.clone(),
-                    target_path: path_str(path),
-                };
+                let request = csi::NodeUnpublishVolumeRequest { volume_id: id.clone(), target_path: path_str(path) };
                 if let Err(s) = call(self.nd().node_unpublish_volume(request)).await
                     && s.code() != Code::NotFound
                 {
-                    problems.push(format!(
-                        "NodeUnpublishVolume {}: {}",
-                        path.display(),
-                        status(s)
-                    ));
+                    problems.push(format!("NodeUnpublishVolume {}: {}", path.display(), status(s)));
                 }
             }
             for (id, path) in created.staged.iter().rev() {
-                let request = csi::NodeUnstageVolumeRequest {
-                    volume_id: id.clone(),
-                    staging_target_path: path_str(path),
-                };
+                let request =
+                    csi::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: path_str(path) };
                 if let Err(s) = call(self.nd().node_unstage_volume(request)).await
                     && s.code() != Code::NotFound
                 {
-                    problems.push(format!(
-                        "NodeUnstageVolume {}: {}",
-                        path.display(),
-                        status(s)
-                    ));
+                    problems.push(format!("NodeUnstageVolume {}: {}", path.display(), status(s)));
                 }
             }
         }
         for id in created.snapshots.iter().rev() {
-            if let Err(s) = call(self.ctl().delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: id.clone(),
-                ..Default::default()
-            }))
+            if let Err(s) = call(
+                self.ctl()
+                    .delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() }),
+            )
             .await
             {
                 problems.push(format!("DeleteSnapshot {id}: {}", status(s)));
             }
         }
         for id in created.volumes.iter().rev() {
-            if let Err(s) = call(self.ctl().delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            }))
-            .await
+            if let Err(s) =
+                call(self.ctl().delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }))
+                    .await
             {
                 problems.push(format!("DeleteVolume {id}: {}", status(s)));
             }
@@ -2555,9 +2059,7 @@ impl Suite<'_> {
                 }
             }
             Ok(left) => {
-                problems.push(format!(
-                    "still mounted after NodeUnpublish/NodeUnstage, detached lazily: {left:?}"
-                ));
+                problems.push(format!("still mounted after NodeUnpublish/NodeUnstage, detached lazily: {left:?}"));
                 for m in &left {
                     if let Err(e) = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH) {
                         problems.push(format!("detaching {}: {e}", m.display()));
@@ -2566,13 +2068,6 @@ impl Suite<'_> {
             }
             Err(e) => problems.push(e),
         }
-        self.judge(
-            NAME,
-            if problems.is_empty() {
-                Ok(())
-            } else {
-                Err(problems.join("; "))
-            },
-        );
+        self.judge(NAME, if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) });
     }
 }

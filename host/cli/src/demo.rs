@@ -6,7 +6,9 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_proto::csi::v1::{controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient};
+use wasmcsi_proto::csi::v1::{
+    controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -46,7 +48,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         metrics_addr: Some("127.0.0.1:0".parse()?),
     })
     .await?;
-    println!("host serving CSI on {} with backends {:?}; metrics on http://{}/metrics", host.socket.display(), host.registry.names(), host.metrics_addr.map(|a| a.to_string()).unwrap_or_default());
+    println!(
+        "host serving CSI on {} with backends {:?}; metrics on http://{}/metrics",
+        host.socket.display(),
+        host.registry.names(),
+        host.metrics_addr.map(|a| a.to_string()).unwrap_or_default()
+    );
     let result = drive(&host.socket, &dir).await;
     let metrics = host.registry.runtime().metrics.encode();
     host.shutdown().await?;
@@ -118,24 +125,37 @@ async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
         std::fs::write(target.join("greeting.txt"), marker)?;
         step(&mut n, "a \"pod\" wrote greeting.txt into the published volume", t);
     } else {
-        println!("      (not root: skipping stage/publish, which need mounts; the file is written into the volume directory instead)");
+        println!(
+            "      (not root: skipping stage/publish, which need mounts; the file is written into the volume directory instead)"
+        );
         std::fs::write(dir.join("hostpath-root/volumes/demo-volume/greeting.txt"), marker)?;
     }
 
     let t = Instant::now();
     let snap = ctl
-        .create_snapshot(csi::CreateSnapshotRequest { source_volume_id: vol.volume_id.clone(), name: "demo-snap".into(), ..Default::default() })
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: vol.volume_id.clone(),
+            name: "demo-snap".into(),
+            ..Default::default()
+        })
         .await?
         .into_inner()
         .snapshot
         .context("no snapshot")?;
-    step(&mut n, &format!("CreateSnapshot -> {} ({} bytes, ready={})", snap.snapshot_id, snap.size_bytes, snap.ready_to_use), t);
+    step(
+        &mut n,
+        &format!("CreateSnapshot -> {} ({} bytes, ready={})", snap.snapshot_id, snap.size_bytes, snap.ready_to_use),
+        t,
+    );
 
     let t = Instant::now();
     let source = csi::VolumeContentSource {
-        r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() })),
+        r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        })),
     };
-    let restored = ctl.create_volume(create("demo-restored", Some(source))).await?.into_inner().volume.context("no volume")?;
+    let restored =
+        ctl.create_volume(create("demo-restored", Some(source))).await?.into_inner().volume.context("no volume")?;
     let copy = std::fs::read_to_string(dir.join("hostpath-root/volumes/demo-restored/greeting.txt"))?;
     anyhow::ensure!(copy == marker, "the restored volume does not hold the snapshot's data");
     step(&mut n, &format!("CreateVolume from the snapshot -> {} holds greeting.txt", restored.volume_id), t);
@@ -154,14 +174,35 @@ async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
     if root {
         let t = Instant::now();
         let stats = node
-            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: target.display().to_string(), ..Default::default() })
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: vol.volume_id.clone(),
+                volume_path: target.display().to_string(),
+                ..Default::default()
+            })
             .await?
             .into_inner();
         let bytes = stats.usage.first().map(|u| (u.used, u.total)).unwrap_or_default();
-        step(&mut n, &format!("NodeGetVolumeStats -> {} of {} bytes used, condition {:?}", bytes.0, bytes.1, stats.volume_condition.map(|c| c.message)), t);
+        step(
+            &mut n,
+            &format!(
+                "NodeGetVolumeStats -> {} of {} bytes used, condition {:?}",
+                bytes.0,
+                bytes.1,
+                stats.volume_condition.map(|c| c.message)
+            ),
+            t,
+        );
         let t = Instant::now();
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.display().to_string() }).await?;
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await?;
+        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await?;
+        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await?;
         step(&mut n, "NodeUnpublishVolume + NodeUnstageVolume -> unmounted", t);
     }
 

@@ -107,5 +107,8 @@ impl Drop for Host {
 /// A gRPC channel to a CSI socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<tonic::transport::Channel> {
     let uri = format!("unix://{}", socket.display());
-    tonic::transport::Endpoint::try_from(uri)?.connect().await.with_context(|| format!("connecting to {}", socket.display()))
+    tonic::transport::Endpoint::try_from(uri)?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))
 }

@@ -107,7 +107,8 @@ struct ServeArgs {
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -122,7 +123,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ModeArg::All => wasmcsi_csi::Mode::All,
     };
     let node_id = if args.node_id.is_empty() {
-        std::fs::read_to_string("/proc/sys/kernel/hostname").context("no --node-id, and the hostname is unreadable")?.trim().to_string()
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("no --node-id, and the hostname is unreadable")?
+            .trim()
+            .to_string()
     } else {
         args.node_id
     };

@@ -20,17 +20,19 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                 let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let metrics = metrics.clone();
                     async move {
-                        let response = if req.uri().path() == "/metrics" {
+                        if req.uri().path() == "/metrics" {
                             Response::builder()
                                 .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
                                 .body(Full::new(Bytes::from(metrics.encode())))
                         } else {
-                            Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n")))
-                        };
-                        response
+                            Response::builder()
+                                .status(StatusCode::NOT_FOUND)
+                                .body(Full::new(Bytes::from_static(b"not found\n")))
+                        }
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });

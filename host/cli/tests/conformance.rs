@@ -25,11 +25,8 @@ impl Drop for MountGuard {
         let Ok(table) = mountinfo::read_current() else {
             return;
         };
-        let mut points: Vec<PathBuf> = table
-            .into_iter()
-            .map(|e| e.mount_point)
-            .filter(|m| m.starts_with(&self.0))
-            .collect();
+        let mut points: Vec<PathBuf> =
+            table.into_iter().map(|e| e.mount_point).filter(|m| m.starts_with(&self.0)).collect();
         points.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
         for p in points {
             let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
@@ -51,16 +48,8 @@ impl Env {
         let base = dir.path().canonicalize().unwrap();
         std::fs::create_dir_all(base.join("hostpath-root")).unwrap();
         std::fs::create_dir_all(base.join("backends")).unwrap();
-        std::fs::write(
-            base.join("backends/hostpath.wasm"),
-            wasmcsi_artifacts::HOSTPATH,
-        )
-        .unwrap();
-        Self {
-            _mounts: MountGuard(base.clone()),
-            base,
-            _dir: dir,
-        }
+        std::fs::write(base.join("backends/hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+        Self { _mounts: MountGuard(base.clone()), base, _dir: dir }
     }
 
     fn root(&self) -> PathBuf {
@@ -72,10 +61,7 @@ impl Env {
     }
 
     fn options(&self, mode: Mode) -> HostOptions {
-        let config = format!(
-            "[backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n",
-            self.root().display()
-        );
+        let config = format!("[backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n", self.root().display());
         HostOptions {
             driver_name: "csi.wasmcsi.io".into(),
             mode,
@@ -102,9 +88,7 @@ impl Env {
     /// Entries left in one of hostpath's directories (`volumes`, `snapshots`, ...).
     fn left_in(&self, sub: &str) -> Vec<String> {
         match std::fs::read_dir(self.root().join(sub)) {
-            Ok(entries) => entries
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect(),
+            Ok(entries) => entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
             Err(_) => vec![],
         }
     }
@@ -113,13 +97,8 @@ impl Env {
 fn mount_capability() -> csi::VolumeCapability {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: String::new(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: String::new(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
     }
 }
 
@@ -139,15 +118,9 @@ async fn hostpath_passes_the_conformance_suite() {
     let env = Env::new();
     let host = start(&env, Mode::All).await;
     let node = is_root();
-    let report = conformance::run(&env.socket(), &env.profile("hostpath", node))
-        .await
-        .unwrap();
+    let report = conformance::run(&env.socket(), &env.profile("hostpath", node)).await.unwrap();
     println!("{}", report.render());
-    assert!(
-        report.passed(),
-        "conformance failures:\n{}",
-        report.render()
-    );
+    assert!(report.passed(), "conformance failures:\n{}", report.render());
 
     // It really ran: the main flow passed instead of being skipped.
     let mut must_pass = vec![
@@ -169,26 +142,14 @@ async fn hostpath_passes_the_conformance_suite() {
         ]);
     }
     for name in must_pass {
-        assert_eq!(
-            report.outcome(name),
-            Some(&Outcome::Pass),
-            "{name}\n{}",
-            report.render()
-        );
+        assert_eq!(report.outcome(name), Some(&Outcome::Pass), "{name}\n{}", report.render());
     }
     // Everything the suite made is gone, on the node and in the backend.
     for sub in ["volumes", "meta", "snapshots", "snapmeta"] {
-        assert_eq!(
-            env.left_in(sub),
-            Vec::<String>::new(),
-            "left in hostpath {sub}/"
-        );
+        assert_eq!(env.left_in(sub), Vec::<String>::new(), "left in hostpath {sub}/");
     }
-    let left: Vec<_> = mountinfo::read_current()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.mount_point.starts_with(&env.base))
-        .collect();
+    let left: Vec<_> =
+        mountinfo::read_current().unwrap().into_iter().filter(|e| e.mount_point.starts_with(&env.base)).collect();
     assert!(left.is_empty(), "mounts left: {left:?}");
     host.shutdown().await.unwrap();
 }
@@ -198,10 +159,7 @@ async fn create_volume_retry_after_restart_finds_the_same_volume() {
     let env = Env::new();
     let request = |required_bytes| csi::CreateVolumeRequest {
         name: "pvc-restart".into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes,
-            limit_bytes: 0,
-        }),
+        capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
         volume_capabilities: vec![mount_capability()],
         parameters: HashMap::from([("backend".to_string(), "hostpath".to_string())]),
         ..Default::default()
@@ -209,13 +167,7 @@ async fn create_volume_retry_after_restart_finds_the_same_volume() {
 
     let host = start(&env, Mode::Controller).await;
     let mut client = ControllerClient::new(connect(&env.socket()).await.unwrap());
-    let first = client
-        .create_volume(request(1 << 20))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let first = client.create_volume(request(1 << 20)).await.unwrap().into_inner().volume.unwrap();
     drop(client);
     host.shutdown().await.unwrap();
 
@@ -223,27 +175,15 @@ async fn create_volume_retry_after_restart_finds_the_same_volume() {
     // the retry is answered from what exists.
     let host = start(&env, Mode::Controller).await;
     let mut client = ControllerClient::new(connect(&env.socket()).await.unwrap());
-    let again = client
-        .create_volume(request(1 << 20))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = client.create_volume(request(1 << 20)).await.unwrap().into_inner().volume.unwrap();
     assert_eq!(again.volume_id, first.volume_id);
     assert_eq!(again.capacity_bytes, first.capacity_bytes);
-    assert_eq!(
-        again.volume_context.get(DIGEST_CONTEXT_KEY),
-        first.volume_context.get(DIGEST_CONTEXT_KEY)
-    );
+    assert_eq!(again.volume_context.get(DIGEST_CONTEXT_KEY), first.volume_context.get(DIGEST_CONTEXT_KEY));
     let err = client.create_volume(request(2 << 20)).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
 
     client
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: first.volume_id.clone(),
-            ..Default::default()
-        })
+        .delete_volume(csi::DeleteVolumeRequest { volume_id: first.volume_id.clone(), ..Default::default() })
         .await
         .unwrap();
     assert_eq!(env.left_in("volumes"), Vec::<String>::new());
@@ -255,28 +195,14 @@ async fn create_volume_retry_after_restart_finds_the_same_volume() {
 async fn the_suite_fails_for_a_backend_the_host_does_not_have() {
     let env = Env::new();
     let host = start(&env, Mode::All).await;
-    let report = conformance::run(&env.socket(), &env.profile("not-loaded", false))
-        .await
-        .unwrap();
+    let report = conformance::run(&env.socket(), &env.profile("not-loaded", false)).await.unwrap();
     assert!(!report.passed(), "{}", report.render());
     // It fails where it should, passes what does not depend on the backend, and skips what
     // needs the volume it could not make.
-    assert!(
-        matches!(
-            report.outcome("CreateVolume creates a volume"),
-            Some(Outcome::Fail(_))
-        ),
-        "{}",
-        report.render()
-    );
-    assert_eq!(
-        report.outcome("GetPluginInfo returns a name and a version"),
-        Some(&Outcome::Pass)
-    );
+    assert!(matches!(report.outcome("CreateVolume creates a volume"), Some(Outcome::Fail(_))), "{}", report.render());
+    assert_eq!(report.outcome("GetPluginInfo returns a name and a version"), Some(&Outcome::Pass));
     assert!(matches!(
-        report.outcome(
-            "CreateVolume repeated with the same name and parameters returns the same volume"
-        ),
+        report.outcome("CreateVolume repeated with the same name and parameters returns the same volume"),
         Some(Outcome::Skip(_))
     ));
     assert_eq!(env.left_in("volumes"), Vec::<String>::new());
@@ -287,25 +213,15 @@ async fn the_suite_fails_for_a_backend_the_host_does_not_have() {
 async fn the_suite_fails_when_the_node_flow_is_expected_of_a_controller_only_host() {
     let env = Env::new();
     let host = start(&env, Mode::Controller).await;
-    let report = conformance::run(&env.socket(), &env.profile("hostpath", true))
-        .await
-        .unwrap();
+    let report = conformance::run(&env.socket(), &env.profile("hostpath", true)).await.unwrap();
     assert!(!report.passed(), "{}", report.render());
     assert!(
-        matches!(
-            report.outcome("NodeGetCapabilities offers STAGE_UNSTAGE_VOLUME"),
-            Some(Outcome::Fail(_))
-        ),
+        matches!(report.outcome("NodeGetCapabilities offers STAGE_UNSTAGE_VOLUME"), Some(Outcome::Fail(_))),
         "{}",
         report.render()
     );
     // The controller side still conforms.
-    assert_eq!(
-        report.outcome("CreateVolume creates a volume"),
-        Some(&Outcome::Pass),
-        "{}",
-        report.render()
-    );
+    assert_eq!(report.outcome("CreateVolume creates a volume"), Some(&Outcome::Pass), "{}", report.render());
     assert_eq!(
         report.outcome("cleanup removes every mount, snapshot and volume the suite made"),
         Some(&Outcome::Pass),

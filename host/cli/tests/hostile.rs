@@ -95,7 +95,10 @@ async fn hostile_call(channel: Channel, name: &str, params: &[(&str, &str)]) -> 
 
 /// The guest's own words in a WIT error the host passed on (`backend NAME: OP: MESSAGE`).
 fn guest_message(status: &tonic::Status) -> &str {
-    status.message().strip_prefix("backend hostile: create_volume: ").unwrap_or_else(|| panic!("not a hostile error: {status:?}"))
+    status
+        .message()
+        .strip_prefix("backend hostile: create_volume: ")
+        .unwrap_or_else(|| panic!("not a hostile error: {status:?}"))
 }
 
 fn assert_within_deadline(what: &str, took: Duration) {
@@ -136,7 +139,8 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     tokio::time::sleep(Duration::from_millis(50)).await;
     for i in 0..5 {
         let name = format!("pvc-{i}");
-        let v = controller.create_volume(create_request(&name, &[("backend", "hostpath")], Some(1 << 20))).await.unwrap();
+        let v =
+            controller.create_volume(create_request(&name, &[("backend", "hostpath")], Some(1 << 20))).await.unwrap();
         assert_eq!(v.into_inner().volume.unwrap().volume_id, format!("hostpath:default.{name}"));
         assert!(d.path().join("hostpath/volumes").join(&name).is_dir());
     }
@@ -179,7 +183,10 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     }
     listener.set_nonblocking(true).unwrap();
     let accepted = listener.accept().map(|(_, peer)| peer);
-    assert!(matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "the guest connected: {accepted:?}");
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the guest connected: {accepted:?}"
+    );
     assert!(!Path::new("/tmp/hostile").exists());
 
     // escape: `..` under the granted root is refused before it reaches the filesystem.
@@ -196,10 +203,15 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     assert_eq!(timeouts, Some(1.0), "{metrics}");
     let traps = sample(&metrics, r#"wasmcsi_backend_traps_total{backend="hostile"}"#);
     assert_eq!(traps, Some(2.0), "oom + trap: {metrics}");
-    let deadline_exceeded = sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="DeadlineExceeded"}"#);
+    let deadline_exceeded =
+        sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="DeadlineExceeded"}"#);
     assert_eq!(deadline_exceeded, Some(1.0), "{metrics}");
     assert_eq!(sample(&metrics, r#"wasmcsi_backend_traps_total{backend="hostpath"}"#), None, "{metrics}");
-    assert_eq!(sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="Ok"}"#), Some(6.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="Ok"}"#),
+        Some(6.0),
+        "{metrics}"
+    );
 
     drop((controller, channel));
     host.shutdown().await.unwrap();
@@ -216,7 +228,10 @@ async fn an_ungranted_import_keeps_the_component_out_and_is_counted() {
     let ready = IdentityClient::new(channel.clone()).probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready;
     assert_eq!(ready, Some(true));
     let mut controller = ControllerClient::new(channel.clone());
-    let status = controller.create_volume(create_request("pvc-1", &[("backend", "hostile"), ("mode", "files")], None)).await.unwrap_err();
+    let status = controller
+        .create_volume(create_request("pvc-1", &[("backend", "hostile"), ("mode", "files")], None))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().ends_with("available: hostpath"), "{status:?}");
     controller.create_volume(create_request("pvc-2", &[("backend", "hostpath")], Some(1 << 20))).await.unwrap();

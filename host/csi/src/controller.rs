@@ -35,9 +35,13 @@ fn content_source(d: &Driver, backend: &Backend, src: &csi::VolumeContentSource)
         Some(Type::Volume(v)) => (required(&v.volume_id, "volume_content_source.volume.volume_id")?, false),
         None => return Err(CsiError::Missing("volume_content_source.type")),
     };
-    let (owner, oid) = d.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("content source {id} not found")))?;
+    let (owner, oid) =
+        d.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("content source {id} not found")))?;
     if owner.name != backend.name {
-        return Err(CsiError::Invalid(format!("content source {id} belongs to backend {}, not {}", owner.name, backend.name)));
+        return Err(CsiError::Invalid(format!(
+            "content source {id} belongs to backend {}, not {}",
+            owner.name, backend.name
+        )));
     }
     if is_snapshot {
         Ok(wit::ContentSource::Snapshot(oid.local))
@@ -53,7 +57,12 @@ fn now_secs() -> u64 {
 
 /// Page through several backends as one list. Tokens are `BACKEND:INNER`, where INNER is
 /// that backend's own token; a token we did not hand out is ABORTED, as the spec asks.
-async fn paged<T, F, Fut>(backends: Vec<Arc<Backend>>, max_entries: i32, token: &str, fetch: F) -> CsiResult<(Vec<T>, String)>
+async fn paged<T, F, Fut>(
+    backends: Vec<Arc<Backend>>,
+    max_entries: i32,
+    token: &str,
+    fetch: F,
+) -> CsiResult<(Vec<T>, String)>
 where
     F: Fn(Arc<Backend>, u32, String) -> Fut,
     Fut: Future<Output = CsiResult<(Vec<T>, String)>>,
@@ -62,8 +71,12 @@ where
     let (mut index, mut inner) = if token.is_empty() {
         (0, String::new())
     } else {
-        let (name, inner) = token.split_once(':').ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
-        let i = backends.iter().position(|b| b.name == name).ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
+        let (name, inner) =
+            token.split_once(':').ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
+        let i = backends
+            .iter()
+            .position(|b| b.name == name)
+            .ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
         (i, inner.to_string())
     };
     let mut out = Vec::new();
@@ -87,9 +100,10 @@ where
     Ok((out, String::new()))
 }
 
-fn snapshot_out(backend: &Backend, s: &wit::Snapshot) -> CsiResult<csi::Snapshot> {
-    convert::checked_local("snapshot", &s.snapshot_id)?;
-    convert::checked_local("volume", &s.source_volume_id)?;
+fn snapshot_out(backend: &Backend, op: &'static str, s: &wit::Snapshot) -> CsiResult<csi::Snapshot> {
+    let bad = |m| CsiError::Call(backend.reject_output(op, m));
+    convert::checked_local("snapshot", &s.snapshot_id).map_err(bad)?;
+    convert::checked_local("volume", &s.source_volume_id).map_err(bad)?;
     Ok(csi::Snapshot {
         size_bytes: bytes(s.size_bytes),
         snapshot_id: ObjectId::new(&backend.name, &s.snapshot_id).to_string(),
@@ -100,9 +114,10 @@ fn snapshot_out(backend: &Backend, s: &wit::Snapshot) -> CsiResult<csi::Snapshot
     })
 }
 
-fn volume_out(backend: &Backend, v: &wit::Volume) -> CsiResult<csi::Volume> {
-    convert::checked_local("volume", &v.volume_id)?;
-    convert::checked_context(&v.volume_context)?;
+fn volume_out(backend: &Backend, op: &'static str, v: &wit::Volume) -> CsiResult<csi::Volume> {
+    let bad = |m| CsiError::Call(backend.reject_output(op, m));
+    convert::checked_local("volume", &v.volume_id).map_err(bad)?;
+    convert::checked_context(&v.volume_context).map_err(bad)?;
     Ok(csi::Volume {
         capacity_bytes: bytes(v.capacity_bytes),
         volume_id: ObjectId::new(&backend.name, &v.volume_id).to_string(),
@@ -140,8 +155,9 @@ impl ControllerService {
             }),
         };
         let created = backend.create_volume(request, secrets).await?;
-        convert::checked_capacity(created.capacity_bytes, &capacity)?;
-        let mut volume = volume_out(&backend, &created)?;
+        convert::checked_capacity(created.capacity_bytes, &capacity)
+            .map_err(|m| backend.reject_output("create_volume", m))?;
+        let mut volume = volume_out(&backend, "create_volume", &created)?;
 
         // The first creation records which build made the volume; retries keep that record.
         let store = &d.registry.runtime().store;
@@ -178,13 +194,17 @@ impl ControllerService {
         Ok(csi::DeleteVolumeResponse {})
     }
 
-    async fn validate(&self, req: csi::ValidateVolumeCapabilitiesRequest) -> CsiResult<csi::ValidateVolumeCapabilitiesResponse> {
+    async fn validate(
+        &self,
+        req: csi::ValidateVolumeCapabilitiesRequest,
+    ) -> CsiResult<csi::ValidateVolumeCapabilitiesResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         if req.volume_capabilities.is_empty() {
             return Err(CsiError::Missing("volume_capabilities"));
         }
         let caps = convert::capabilities(&req.volume_capabilities)?;
-        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) =
+            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         let mut params = req.parameters.clone();
         params.remove(crate::driver::BACKEND_PARAMETER);
         let mut context = req.volume_context.clone();
@@ -211,23 +231,31 @@ impl ControllerService {
     }
 
     async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
-        let (entries, next_token) = paged(self.capable(Feature::ListVolumes), req.max_entries, &req.starting_token, |b, max, token| async move {
-            let page = b.list_volumes(max, token).await?;
-            let entries = page
-                .entries
-                .iter()
-                .map(|e| {
-                    Ok(csi::list_volumes_response::Entry {
-                        volume: Some(volume_out(&b, &e.volume)?),
-                        status: Some(csi::list_volumes_response::VolumeStatus {
-                            published_node_ids: vec![],
-                            volume_condition: e.condition.as_ref().map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }),
-                        }),
+        let (entries, next_token) = paged(
+            self.capable(Feature::ListVolumes),
+            req.max_entries,
+            &req.starting_token,
+            |b, max, token| async move {
+                let page = b.list_volumes(max, token).await?;
+                let entries = page
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        Ok(csi::list_volumes_response::Entry {
+                            volume: Some(volume_out(&b, "list_volumes", &e.volume)?),
+                            status: Some(csi::list_volumes_response::VolumeStatus {
+                                published_node_ids: vec![],
+                                volume_condition: e
+                                    .condition
+                                    .as_ref()
+                                    .map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }),
+                            }),
+                        })
                     })
-                })
-                .collect::<CsiResult<Vec<_>>>()?;
-            Ok((entries, page.next_token))
-        })
+                    .collect::<CsiResult<Vec<_>>>()?;
+                Ok((entries, page.next_token))
+            },
+        )
         .await?;
         Ok(csi::ListVolumesResponse { entries, next_token })
     }
@@ -268,17 +296,24 @@ impl ControllerService {
         let d = &self.0;
         let source = required(&req.source_volume_id, "source_volume_id")?;
         let name = required(&req.name, "name")?.to_string();
-        let (backend, oid) = d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
+        let (backend, oid) =
+            d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
         let mut params = req.parameters.clone();
         params.remove(crate::driver::BACKEND_PARAMETER);
         let local_source = oid.local.clone();
-        let s = backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;
+        let s =
+            backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;
         if s.source_volume_id != local_source {
-            return Err(CsiError::Internal(format!("backend {} snapshotted {} instead of {local_source}", backend.name, s.source_volume_id)));
+            return Err(backend
+                .reject_output(
+                    "create_snapshot",
+                    format!("snapshotted {} instead of {local_source}", s.source_volume_id),
+                )
+                .into());
         }
-        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot_out(&backend, &s)?) })
+        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot_out(&backend, "create_snapshot", &s)?) })
     }
 
     async fn delete_snapshot(&self, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
@@ -319,7 +354,11 @@ impl ControllerService {
                 let entries = page
                     .entries
                     .iter()
-                    .map(|s| Ok(csi::list_snapshots_response::Entry { snapshot: Some(snapshot_out(&b, s)?) }))
+                    .map(|s| {
+                        Ok(csi::list_snapshots_response::Entry {
+                            snapshot: Some(snapshot_out(&b, "list_snapshots", s)?),
+                        })
+                    })
                     .collect::<CsiResult<Vec<_>>>()?;
                 Ok((entries, page.next_token))
             }
@@ -332,26 +371,38 @@ impl ControllerService {
         let id = required(&req.volume_id, "volume_id")?;
         let range = convert::capacity(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
         let capability = req.volume_capability.as_ref().map(convert::capability).transpose()?;
-        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) =
+            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::ExpandVolume, "expansion")?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
         if e.capacity_bytes < range.required_bytes {
-            return Err(CsiError::Internal(format!("backend {} expanded to {} < required {}", backend.name, e.capacity_bytes, range.required_bytes)));
+            return Err(backend
+                .reject_output(
+                    "expand_volume",
+                    format!("expanded to {} < required {}", e.capacity_bytes, range.required_bytes),
+                )
+                .into());
         }
-        Ok(csi::ControllerExpandVolumeResponse { capacity_bytes: bytes(e.capacity_bytes), node_expansion_required: e.node_expansion_required })
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: bytes(e.capacity_bytes),
+            node_expansion_required: e.node_expansion_required,
+        })
     }
 
     async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) =
+            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
         let st = backend.get_volume(oid.local).await?;
         Ok(csi::ControllerGetVolumeResponse {
-            volume: Some(volume_out(&backend, &st.volume)?),
+            volume: Some(volume_out(&backend, "get_volume", &st.volume)?),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
-                volume_condition: st.condition.map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message }),
+                volume_condition: st
+                    .condition
+                    .map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message }),
             }),
         })
     }
@@ -388,15 +439,36 @@ impl Controller for ControllerService {
         self.0.observe("DeleteVolume", Self::delete_volume(self, r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.controller_publish_volume", skip_all)]
-    async fn controller_publish_volume(&self, _: tonic::Request<csi::ControllerPublishVolumeRequest>) -> Reply<csi::ControllerPublishVolumeResponse> {
-        self.0.observe("ControllerPublishVolume", async { Err(CsiError::Unimplemented("no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into())) }).await
+    async fn controller_publish_volume(
+        &self,
+        _: tonic::Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Reply<csi::ControllerPublishVolumeResponse> {
+        self.0
+            .observe("ControllerPublishVolume", async {
+                Err(CsiError::Unimplemented(
+                    "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into(),
+                ))
+            })
+            .await
     }
     #[tracing::instrument(name = "csi.controller_unpublish_volume", skip_all)]
-    async fn controller_unpublish_volume(&self, _: tonic::Request<csi::ControllerUnpublishVolumeRequest>) -> Reply<csi::ControllerUnpublishVolumeResponse> {
-        self.0.observe("ControllerUnpublishVolume", async { Err(CsiError::Unimplemented("no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into())) }).await
+    async fn controller_unpublish_volume(
+        &self,
+        _: tonic::Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
+        self.0
+            .observe("ControllerUnpublishVolume", async {
+                Err(CsiError::Unimplemented(
+                    "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into(),
+                ))
+            })
+            .await
     }
     #[tracing::instrument(name = "csi.validate_volume_capabilities", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn validate_volume_capabilities(&self, r: tonic::Request<csi::ValidateVolumeCapabilitiesRequest>) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
+    async fn validate_volume_capabilities(
+        &self,
+        r: tonic::Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
         self.0.observe("ValidateVolumeCapabilities", self.validate(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.list_volumes", skip_all)]
@@ -408,15 +480,28 @@ impl Controller for ControllerService {
         self.0.observe("GetCapacity", Self::get_capacity(self, r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.controller_get_capabilities", skip_all)]
-    async fn controller_get_capabilities(&self, _: tonic::Request<csi::ControllerGetCapabilitiesRequest>) -> Reply<csi::ControllerGetCapabilitiesResponse> {
-        self.0.observe("ControllerGetCapabilities", async { Ok(csi::ControllerGetCapabilitiesResponse { capabilities: controller_capabilities() }) }).await
+    async fn controller_get_capabilities(
+        &self,
+        _: tonic::Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Reply<csi::ControllerGetCapabilitiesResponse> {
+        self.0
+            .observe("ControllerGetCapabilities", async {
+                Ok(csi::ControllerGetCapabilitiesResponse { capabilities: controller_capabilities() })
+            })
+            .await
     }
     #[tracing::instrument(name = "csi.create_snapshot", skip_all, fields(name = %r.get_ref().name))]
-    async fn create_snapshot(&self, r: tonic::Request<csi::CreateSnapshotRequest>) -> Reply<csi::CreateSnapshotResponse> {
+    async fn create_snapshot(
+        &self,
+        r: tonic::Request<csi::CreateSnapshotRequest>,
+    ) -> Reply<csi::CreateSnapshotResponse> {
         self.0.observe("CreateSnapshot", Self::create_snapshot(self, r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.delete_snapshot", skip_all, fields(snapshot.id = %r.get_ref().snapshot_id))]
-    async fn delete_snapshot(&self, r: tonic::Request<csi::DeleteSnapshotRequest>) -> Reply<csi::DeleteSnapshotResponse> {
+    async fn delete_snapshot(
+        &self,
+        r: tonic::Request<csi::DeleteSnapshotRequest>,
+    ) -> Reply<csi::DeleteSnapshotResponse> {
         self.0.observe("DeleteSnapshot", Self::delete_snapshot(self, r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.list_snapshots", skip_all)]
@@ -424,15 +509,28 @@ impl Controller for ControllerService {
         self.0.observe("ListSnapshots", Self::list_snapshots(self, r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.controller_expand_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn controller_expand_volume(&self, r: tonic::Request<csi::ControllerExpandVolumeRequest>) -> Reply<csi::ControllerExpandVolumeResponse> {
+    async fn controller_expand_volume(
+        &self,
+        r: tonic::Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Reply<csi::ControllerExpandVolumeResponse> {
         self.0.observe("ControllerExpandVolume", self.expand(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.controller_get_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn controller_get_volume(&self, r: tonic::Request<csi::ControllerGetVolumeRequest>) -> Reply<csi::ControllerGetVolumeResponse> {
+    async fn controller_get_volume(
+        &self,
+        r: tonic::Request<csi::ControllerGetVolumeRequest>,
+    ) -> Reply<csi::ControllerGetVolumeResponse> {
         self.0.observe("ControllerGetVolume", self.get_volume(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.controller_modify_volume", skip_all)]
-    async fn controller_modify_volume(&self, _: tonic::Request<csi::ControllerModifyVolumeRequest>) -> Reply<csi::ControllerModifyVolumeResponse> {
-        self.0.observe("ControllerModifyVolume", async { Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into())) }).await
+    async fn controller_modify_volume(
+        &self,
+        _: tonic::Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Reply<csi::ControllerModifyVolumeResponse> {
+        self.0
+            .observe("ControllerModifyVolume", async {
+                Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into()))
+            })
+            .await
     }
 }

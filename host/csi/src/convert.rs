@@ -63,7 +63,9 @@ pub fn capacity(range: Option<&csi::CapacityRange>) -> CsiResult<wit::CapacityRa
     match (req, lim) {
         (Ok(required_bytes), Ok(limit_bytes)) => {
             if limit_bytes != 0 && required_bytes > limit_bytes {
-                return Err(CsiError::Invalid(format!("capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}")));
+                return Err(CsiError::Invalid(format!(
+                    "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
+                )));
             }
             Ok(wit::CapacityRange { required_bytes, limit_bytes })
         }
@@ -87,34 +89,34 @@ pub fn timestamp(t: &wt::Timestamp) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: t.seconds, nanos: i32::try_from(t.nanos.min(999_999_999)).unwrap_or(0) }
 }
 
-/// A local id from a backend, checked.
-pub fn checked_local(what: &str, id: &str) -> CsiResult<()> {
+// The checks below return what is wrong with a backend's answer; the caller turns that into
+// `Backend::reject_output`, so it is counted against the backend.
+
+/// A local id from a backend.
+pub fn checked_local(what: &str, id: &str) -> Result<(), String> {
     if is_valid_local(id) {
         Ok(())
     } else {
-        Err(CsiError::Internal(format!(
-            "backend returned an invalid {what} id ({} bytes); ids are 1-{MAX_LOCAL_ID} of [A-Za-z0-9._-]",
-            id.len()
-        )))
+        Err(format!("invalid {what} id ({} bytes); ids are 1-{MAX_LOCAL_ID} of [A-Za-z0-9._-]", id.len()))
     }
 }
 
 /// Check a volume context a backend returned: bounded, no empty keys, no NUL.
-pub fn checked_context(ctx: &[wit::Pair]) -> CsiResult<()> {
+pub fn checked_context(ctx: &[wit::Pair]) -> Result<(), String> {
     let size: usize = ctx.iter().map(|p| p.key.len() + p.value.len()).sum();
     if size > 16 << 10 || ctx.iter().any(|p| p.key.is_empty() || p.key.contains('\0') || p.value.contains('\0')) {
-        return Err(CsiError::Internal("backend returned an invalid volume context (empty key, NUL, or over 16 KiB)".into()));
+        return Err("invalid volume context (empty key, NUL, or over 16 KiB)".into());
     }
     Ok(())
 }
 
 /// The size a backend created must satisfy the request.
-pub fn checked_capacity(got: u64, want: &wit::CapacityRange) -> CsiResult<()> {
+pub fn checked_capacity(got: u64, want: &wit::CapacityRange) -> Result<(), String> {
     if got < want.required_bytes || (want.limit_bytes != 0 && got > want.limit_bytes) {
-        return Err(CsiError::Internal(format!(
-            "backend returned capacity {got} outside the requested range [{}, {}]",
+        return Err(format!(
+            "capacity {got} outside the requested range [{}, {}]",
             want.required_bytes, want.limit_bytes
-        )));
+        ));
     }
     Ok(())
 }

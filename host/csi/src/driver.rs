@@ -47,7 +47,10 @@ pub struct Driver {
 
 impl Driver {
     /// The backend a StorageClass selects, and the parameters it gets (ours removed).
-    pub fn backend_for_parameters(&self, params: &HashMap<String, String>) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
+    pub fn backend_for_parameters(
+        &self,
+        params: &HashMap<String, String>,
+    ) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
         let name = params.get(BACKEND_PARAMETER).ok_or_else(|| {
             CsiError::Invalid(format!(
                 "parameter {BACKEND_PARAMETER:?} is required; available backends: {}",
@@ -58,7 +61,8 @@ impl Driver {
             .registry
             .get(name)
             .ok_or_else(|| CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() })?;
-        let rest: HashMap<String, String> = params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let rest: HashMap<String, String> =
+            params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
         Ok((backend, crate::convert::pairs(&rest)))
     }
 
@@ -74,7 +78,11 @@ impl Driver {
     }
 
     /// Run one RPC: convert its error into a Status and count it by code.
-    pub async fn observe<T>(&self, method: &'static str, fut: impl Future<Output = CsiResult<T>>) -> Result<tonic::Response<T>, tonic::Status> {
+    pub async fn observe<T>(
+        &self,
+        method: &'static str,
+        fut: impl Future<Output = CsiResult<T>>,
+    ) -> Result<tonic::Response<T>, tonic::Status> {
         let result = fut.await;
         let code = match &result {
             Ok(_) => tonic::Code::Ok,

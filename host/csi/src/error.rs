@@ -73,7 +73,10 @@ impl From<CsiError> for tonic::Status {
     fn from(e: CsiError) -> Self {
         let code = e.code();
         match code {
-            tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => {
+            tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::DeadlineExceeded => {
                 tracing::warn!(code = ?code, "{e}")
             }
             _ => tracing::debug!(code = ?code, "{e}"),

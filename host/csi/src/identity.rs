@@ -11,9 +11,18 @@ pub struct IdentityService(pub Arc<Driver>);
 #[tonic::async_trait]
 impl Identity for IdentityService {
     #[tracing::instrument(name = "csi.get_plugin_info", skip_all)]
-    async fn get_plugin_info(&self, _: tonic::Request<csi::GetPluginInfoRequest>) -> Result<tonic::Response<csi::GetPluginInfoResponse>, tonic::Status> {
+    async fn get_plugin_info(
+        &self,
+        _: tonic::Request<csi::GetPluginInfoRequest>,
+    ) -> Result<tonic::Response<csi::GetPluginInfoResponse>, tonic::Status> {
         let d = &self.0;
-        let backends = d.registry.all().iter().map(|b| format!("{}@{}", b.name, &b.digest[..12.min(b.digest.len())])).collect::<Vec<_>>().join(",");
+        let backends = d
+            .registry
+            .all()
+            .iter()
+            .map(|b| format!("{}@{}", b.name, &b.digest[..12.min(b.digest.len())]))
+            .collect::<Vec<_>>()
+            .join(",");
         d.observe("GetPluginInfo", async {
             Ok(csi::GetPluginInfoResponse {
                 name: d.name.clone(),
@@ -46,7 +55,10 @@ impl Identity for IdentityService {
 
     /// Ready once the backends directory was scanned and at least one backend serves.
     #[tracing::instrument(name = "csi.probe", skip_all)]
-    async fn probe(&self, _: tonic::Request<csi::ProbeRequest>) -> Result<tonic::Response<csi::ProbeResponse>, tonic::Status> {
+    async fn probe(
+        &self,
+        _: tonic::Request<csi::ProbeRequest>,
+    ) -> Result<tonic::Response<csi::ProbeResponse>, tonic::Status> {
         let ready = self.0.registry.is_ready();
         self.0.observe("Probe", async { Ok(csi::ProbeResponse { ready: Some(ready) }) }).await
     }

@@ -33,7 +33,9 @@ impl std::fmt::Display for ObjectId {
 
 /// What a backend may use as a local id: safe in paths, logs and Kubernetes objects.
 pub fn is_valid_local(local: &str) -> bool {
-    !local.is_empty() && local.len() <= MAX_LOCAL_ID && local.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    !local.is_empty()
+        && local.len() <= MAX_LOCAL_ID
+        && local.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 #[cfg(test)]

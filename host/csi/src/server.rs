@@ -5,7 +5,9 @@ use crate::identity::IdentityService;
 use crate::node::NodeService;
 use std::path::Path;
 use std::sync::Arc;
-use wasmcsi_proto::csi::v1::{controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer};
+use wasmcsi_proto::csi::v1::{
+    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+};
 
 /// Errors binding the socket.
 #[derive(Debug, thiserror::Error)]

@@ -31,8 +31,7 @@ pub const CSI_SPEC_VERSION: &str = "1.10.0";
 /// imports (`descriptor.proto`, `timestamp.proto`, `wrappers.proto`),
 /// including source info (the spec's comments). Suitable for gRPC
 /// server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/csi_v1_descriptor_set.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/csi_v1_descriptor_set.bin"));
 
 #[cfg(test)]
 mod tests {
@@ -203,11 +202,7 @@ mod tests {
     }
 
     /// Visits every message (nested ones too) with its dotted name.
-    fn walk_messages<'a>(
-        prefix: &str,
-        messages: &'a [shadow::Message],
-        out: &mut Vec<(String, &'a shadow::Message)>,
-    ) {
+    fn walk_messages<'a>(prefix: &str, messages: &'a [shadow::Message], out: &mut Vec<(String, &'a shadow::Message)>) {
         for m in messages {
             let name = format!("{prefix}{}", m.name.as_deref().unwrap_or_default());
             out.push((name.clone(), m));
@@ -230,15 +225,7 @@ mod tests {
     }
 
     fn field_numbers(m: &shadow::Message) -> Vec<(String, i32)> {
-        m.field
-            .iter()
-            .map(|f| {
-                (
-                    f.name.clone().unwrap_or_default(),
-                    f.number.unwrap_or_default(),
-                )
-            })
-            .collect()
+        m.field.iter().map(|f| (f.name.clone().unwrap_or_default(), f.number.unwrap_or_default())).collect()
     }
 
     fn names(list: &[(&str, i32)]) -> Vec<(String, i32)> {
@@ -255,10 +242,7 @@ mod tests {
     fn create_volume_request_encodes_with_spec_tags() {
         let req = csi::CreateVolumeRequest {
             name: "vol".to_owned(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 1024,
-                limit_bytes: 0,
-            }),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 1024, limit_bytes: 0 }),
             ..Default::default()
         };
         // name = 1 (LEN): 0x0a; capacity_range = 2 (LEN): 0x12;
@@ -269,16 +253,11 @@ mod tests {
         // secrets = 5 (map entry: key = 1, value = 2).
         let mut with_secret = csi::CreateVolumeRequest::default();
         with_secret.secrets.insert("k".to_owned(), "v".to_owned());
-        assert_eq!(
-            with_secret.encode_to_vec(),
-            [0x2a, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v']
-        );
+        assert_eq!(with_secret.encode_to_vec(), [0x2a, 0x06, 0x0a, 0x01, b'k', 0x12, 0x01, b'v']);
 
         // mutable_parameters = 8.
         let mut mutable = csi::CreateVolumeRequest::default();
-        mutable
-            .mutable_parameters
-            .insert("a".to_owned(), "b".to_owned());
+        mutable.mutable_parameters.insert("a".to_owned(), "b".to_owned());
         assert_eq!(mutable.encode_to_vec()[0], (8 << 3) | 2);
     }
 
@@ -287,15 +266,9 @@ mod tests {
         // mount = 2 (empty MountVolume), access_mode = 3 { mode = 1: 7 }.
         let bytes = [0x12, 0x00, 0x1a, 0x02, 0x08, 0x07];
         let cap = csi::VolumeCapability::decode(&bytes[..])?;
-        assert!(matches!(
-            cap.access_type,
-            Some(csi::volume_capability::AccessType::Mount(_))
-        ));
+        assert!(matches!(cap.access_type, Some(csi::volume_capability::AccessType::Mount(_))));
         let mode = cap.access_mode.ok_or("access_mode missing")?.mode();
-        assert_eq!(
-            mode,
-            csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter
-        );
+        assert_eq!(mode, csi::volume_capability::access_mode::Mode::SingleNodeMultiWriter);
         Ok(())
     }
 
@@ -353,11 +326,7 @@ mod tests {
         assert_eq!(Service::SnapshotMetadataService as i32, 4);
         assert_eq!(Expansion::Online as i32, 1);
         assert_eq!(Expansion::Offline as i32, 2);
-        assert_eq!(
-            csi::group_controller_service_capability::rpc::Type::CreateDeleteGetVolumeGroupSnapshot
-                as i32,
-            1
-        );
+        assert_eq!(csi::group_controller_service_capability::rpc::Type::CreateDeleteGetVolumeGroupSnapshot as i32, 1);
         assert_eq!(csi::volume_usage::Unit::Bytes as i32, 1);
         assert_eq!(csi::volume_usage::Unit::Inodes as i32, 2);
         assert_eq!(csi::BlockMetadataType::FixedLength as i32, 1);
@@ -368,14 +337,8 @@ mod tests {
     fn generated_service_names_are_spec_names() {
         assert_eq!(csi::identity_server::SERVICE_NAME, "csi.v1.Identity");
         assert_eq!(csi::controller_server::SERVICE_NAME, "csi.v1.Controller");
-        assert_eq!(
-            csi::group_controller_server::SERVICE_NAME,
-            "csi.v1.GroupController"
-        );
-        assert_eq!(
-            csi::snapshot_metadata_server::SERVICE_NAME,
-            "csi.v1.SnapshotMetadata"
-        );
+        assert_eq!(csi::group_controller_server::SERVICE_NAME, "csi.v1.GroupController");
+        assert_eq!(csi::snapshot_metadata_server::SERVICE_NAME, "csi.v1.SnapshotMetadata");
         assert_eq!(csi::node_server::SERVICE_NAME, "csi.v1.Node");
     }
 
@@ -413,11 +376,7 @@ mod tests {
             .collect();
         let expected: Vec<(String, i32, String)> = [
             ("alpha_enum", 1060, ".google.protobuf.EnumOptions"),
-            (
-                "alpha_enum_value",
-                1060,
-                ".google.protobuf.EnumValueOptions",
-            ),
+            ("alpha_enum_value", 1060, ".google.protobuf.EnumValueOptions"),
             ("csi_secret", 1059, ".google.protobuf.FieldOptions"),
             ("alpha_field", 1060, ".google.protobuf.FieldOptions"),
             ("alpha_message", 1060, ".google.protobuf.MessageOptions"),
@@ -440,18 +399,12 @@ mod tests {
             .map(|s| {
                 (
                     s.name.clone().unwrap_or_default(),
-                    s.method
-                        .iter()
-                        .map(|m| m.name.clone().unwrap_or_default())
-                        .collect(),
+                    s.method.iter().map(|m| m.name.clone().unwrap_or_default()).collect(),
                 )
             })
             .collect();
         let expected: Vec<(String, Vec<String>)> = [
-            (
-                "Identity",
-                &["GetPluginInfo", "GetPluginCapabilities", "Probe"][..],
-            ),
+            ("Identity", &["GetPluginInfo", "GetPluginCapabilities", "Probe"][..]),
             (
                 "Controller",
                 &[
@@ -480,10 +433,7 @@ mod tests {
                     "GetVolumeGroupSnapshot",
                 ][..],
             ),
-            (
-                "SnapshotMetadata",
-                &["GetMetadataAllocated", "GetMetadataDelta"][..],
-            ),
+            ("SnapshotMetadata", &["GetMetadataAllocated", "GetMetadataDelta"][..]),
             (
                 "Node",
                 &[
@@ -499,12 +449,7 @@ mod tests {
             ),
         ]
         .iter()
-        .map(|(s, ms)| {
-            (
-                (*s).to_owned(),
-                ms.iter().map(|m| (*m).to_owned()).collect(),
-            )
-        })
+        .map(|(s, ms)| ((*s).to_owned(), ms.iter().map(|m| (*m).to_owned()).collect()))
         .collect();
         assert_eq!(services, expected);
 
@@ -517,28 +462,17 @@ mod tests {
             }
         }
 
-        let alpha_services: Vec<&str> = file
-            .service
-            .iter()
-            .filter(|s| is_alpha(s.options.as_ref()))
-            .filter_map(|s| s.name.as_deref())
-            .collect();
+        let alpha_services: Vec<&str> =
+            file.service.iter().filter(|s| is_alpha(s.options.as_ref())).filter_map(|s| s.name.as_deref()).collect();
         assert_eq!(alpha_services, ["GroupController", "SnapshotMetadata"]);
 
         let alpha_methods: Vec<String> = file
             .service
             .iter()
             .flat_map(|s| {
-                s.method
-                    .iter()
-                    .filter(|m| is_alpha(m.options.as_ref()))
-                    .map(move |m| {
-                        format!(
-                            "{}.{}",
-                            s.name.as_deref().unwrap_or_default(),
-                            m.name.as_deref().unwrap_or_default()
-                        )
-                    })
+                s.method.iter().filter(|m| is_alpha(m.options.as_ref())).map(move |m| {
+                    format!("{}.{}", s.name.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
+                })
             })
             .collect();
         assert_eq!(
@@ -581,14 +515,7 @@ mod tests {
                     ("accessible_topology", 5),
                 ],
             ),
-            (
-                "VolumeCapability.MountVolume",
-                &[
-                    ("fs_type", 1),
-                    ("mount_flags", 2),
-                    ("volume_mount_group", 3),
-                ],
-            ),
+            ("VolumeCapability.MountVolume", &[("fs_type", 1), ("mount_flags", 2), ("volume_mount_group", 3)]),
             (
                 "NodePublishVolumeRequest",
                 &[
@@ -602,14 +529,7 @@ mod tests {
                     ("volume_context", 8),
                 ],
             ),
-            (
-                "NodeGetInfoResponse",
-                &[
-                    ("node_id", 1),
-                    ("max_volumes_per_node", 2),
-                    ("accessible_topology", 3),
-                ],
-            ),
+            ("NodeGetInfoResponse", &[("node_id", 1), ("max_volumes_per_node", 2), ("accessible_topology", 3)]),
             (
                 "Snapshot",
                 &[
@@ -623,16 +543,9 @@ mod tests {
             ),
             (
                 "GetCapacityResponse",
-                &[
-                    ("available_capacity", 1),
-                    ("maximum_volume_size", 2),
-                    ("minimum_volume_size", 3),
-                ],
+                &[("available_capacity", 1), ("maximum_volume_size", 2), ("minimum_volume_size", 3)],
             ),
-            (
-                "ControllerModifyVolumeRequest",
-                &[("volume_id", 1), ("secrets", 2), ("mutable_parameters", 3)],
-            ),
+            ("ControllerModifyVolumeRequest", &[("volume_id", 1), ("secrets", 2), ("mutable_parameters", 3)]),
             (
                 "GetMetadataDeltaRequest",
                 &[
@@ -645,33 +558,17 @@ mod tests {
             ),
             (
                 "GetMetadataAllocatedResponse",
-                &[
-                    ("block_metadata_type", 1),
-                    ("volume_capacity_bytes", 2),
-                    ("block_metadata", 3),
-                ],
+                &[("block_metadata_type", 1), ("volume_capacity_bytes", 2), ("block_metadata", 3)],
             ),
         ];
         for (msg, fields) in cases {
-            assert_eq!(
-                field_numbers(message(&file, msg)?),
-                names(fields),
-                "fields of {msg}"
-            );
+            assert_eq!(field_numbers(message(&file, msg)?), names(fields), "fields of {msg}");
         }
 
         let oneofs: Vec<(String, Vec<String>)> = all_messages(&file)
             .into_iter()
             .filter(|(_, m)| !m.oneof_decl.is_empty())
-            .map(|(n, m)| {
-                (
-                    n,
-                    m.oneof_decl
-                        .iter()
-                        .map(|o| o.name.clone().unwrap_or_default())
-                        .collect(),
-                )
-            })
+            .map(|(n, m)| (n, m.oneof_decl.iter().map(|o| o.name.clone().unwrap_or_default()).collect()))
             .collect();
         let expected: Vec<(String, Vec<String>)> = [
             ("PluginCapability", "type"),
@@ -808,12 +705,7 @@ mod tests {
                     e.name.clone().unwrap_or_default(),
                     e.value
                         .iter()
-                        .map(|v| {
-                            (
-                                v.name.clone().unwrap_or_default(),
-                                v.number.unwrap_or_default(),
-                            )
-                        })
+                        .map(|v| (v.name.clone().unwrap_or_default(), v.number.unwrap_or_default()))
                         .collect(),
                 )
             })

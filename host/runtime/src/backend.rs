@@ -2,9 +2,9 @@
 //! pre-instantiated component per call, with the backend's memory cap, wall-clock deadline
 //! (epoch interruption), fuel and concurrency limit. Whatever the guest does, the caller gets
 //! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
+use crate::bindings::BackendPre;
 use crate::bindings::driver::{self, BackendInfo, Guest};
 use crate::bindings::types::Error as WitError;
-use crate::bindings::BackendPre;
 use crate::capabilities::{Capabilities, ImportSummary};
 use crate::config::Limits;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
@@ -113,6 +113,17 @@ impl Backend {
         self.caps.dir_roots.get(root).map(PathBuf::as_path)
     }
 
+    /// The caller found this backend's answer outside the contract (an invalid id, a size
+    /// outside the request): count it like any failed call and say so.
+    pub fn reject_output(&self, op: &'static str, message: String) -> CallError {
+        self.metrics
+            .errors
+            .get_or_create(&ErrorLabels { backend: self.name.clone(), op: op.into(), code: "bad-output".into() })
+            .inc();
+        tracing::warn!(backend = %self.name, op, "backend answer rejected: {message}");
+        CallError::BadOutput { backend: self.name.clone(), op, message }
+    }
+
     pub fn has_feature(&self, f: driver::Feature) -> bool {
         self.info.features.contains(&f)
     }
@@ -138,7 +149,12 @@ impl Backend {
         let deadline = self.limits.call_deadline();
         let backend = self.name.clone();
         self.observed(op, async move {
-            match tokio::time::timeout(deadline, tokio::task::spawn_blocking(move || crate::native::with_roots(&roots, f))).await {
+            match tokio::time::timeout(
+                deadline,
+                tokio::task::spawn_blocking(move || crate::native::with_roots(&roots, f)),
+            )
+            .await
+            {
                 Err(_) => Err(CallError::Timeout { backend, op, deadline }),
                 Ok(Err(join)) => Err(CallError::Trap { backend, op, message: join.to_string() }),
                 Ok(Ok(Ok(v))) => Ok(v),
@@ -149,7 +165,11 @@ impl Backend {
     }
 
     /// Trace and count one call.
-    async fn observed<R>(&self, op: &'static str, call: impl Future<Output = Result<R, CallError>>) -> Result<R, CallError> {
+    async fn observed<R>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<R, CallError>>,
+    ) -> Result<R, CallError> {
         let span = tracing::info_span!("backend.call", backend = %self.name, op, digest = %&self.digest[..12.min(self.digest.len())]);
         let started = Instant::now();
         let result = tracing::Instrument::instrument(call, span).await;
@@ -179,7 +199,11 @@ impl Backend {
     {
         let backend = || self.name.clone();
         let Kind::Wasm { engine, pre } = &self.kind else {
-            return Err(CallError::Trap { backend: backend(), op, message: "a native backend has no component to call".into() });
+            return Err(CallError::Trap {
+                backend: backend(),
+                op,
+                message: "a native backend has no component to call".into(),
+            });
         };
         let started = Instant::now();
         let deadline_len = self.limits.call_deadline();
@@ -222,7 +246,13 @@ impl Backend {
 
 /// Turn a wasmtime error into why the call stopped. An OOM shows up as whatever trap the
 /// guest's allocator raises after `memory.grow` failed, so the limiter's record decides.
-fn classify(e: wasmtime::Error, hit_memory_limit: bool, backend: String, op: &'static str, limits: &Limits) -> CallError {
+fn classify(
+    e: wasmtime::Error,
+    hit_memory_limit: bool,
+    backend: String,
+    op: &'static str,
+    limits: &Limits,
+) -> CallError {
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => CallError::Timeout { backend, op, deadline: limits.call_deadline() },
         Some(Trap::OutOfFuel) => CallError::OutOfFuel { backend, op },
@@ -237,12 +267,17 @@ fn classify(e: wasmtime::Error, hit_memory_limit: bool, backend: String, op: &'s
 /// Typed entry points, one per export, so callers never touch stores or closures. Each
 /// runs the component, or for a native backend the same export linked into the host.
 impl Backend {
-    pub async fn create_volume(&self, req: driver::CreateVolumeRequest, secrets: Secrets) -> Result<driver::Volume, CallError> {
+    pub async fn create_volume(
+        &self,
+        req: driver::CreateVolumeRequest,
+        secrets: Secrets,
+    ) -> Result<driver::Volume, CallError> {
         if let Kind::Native(n) = &self.kind {
             let f = n.create_volume;
             return self.call_native("create_volume", move || f(req)).await;
         }
-        self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await })).await
+        self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await }))
+            .await
     }
     pub async fn delete_volume(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
         let refs = secret_refs(&secrets);
@@ -250,7 +285,10 @@ impl Backend {
             let f = n.delete_volume;
             return self.call_native("delete_volume", move || f(id, refs)).await;
         }
-        self.call("delete_volume", secrets, move |g, s| Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })).await
+        self.call("delete_volume", secrets, move |g, s| {
+            Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })
+        })
+        .await
     }
     pub async fn expand_volume(
         &self,
@@ -281,7 +319,10 @@ impl Backend {
             let f = n.list_volumes;
             return self.call_native("list_volumes", move || f(max_entries, token)).await;
         }
-        self.call("list_volumes", vec![], move |g, s| Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })).await
+        self.call("list_volumes", vec![], move |g, s| {
+            Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })
+        })
+        .await
     }
     pub async fn validate_volume_capabilities(
         &self,
@@ -322,7 +363,10 @@ impl Backend {
             let f = n.delete_snapshot;
             return self.call_native("delete_snapshot", move || f(id, refs)).await;
         }
-        self.call("delete_snapshot", secrets, move |g, s| Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })).await
+        self.call("delete_snapshot", secrets, move |g, s| {
+            Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })
+        })
+        .await
     }
     pub async fn list_snapshots(
         &self,
@@ -333,7 +377,9 @@ impl Backend {
     ) -> Result<driver::SnapshotPage, CallError> {
         if let Kind::Native(n) = &self.kind {
             let f = n.list_snapshots;
-            return self.call_native("list_snapshots", move || f(snapshot_id, source_volume_id, max_entries, token)).await;
+            return self
+                .call_native("list_snapshots", move || f(snapshot_id, source_volume_id, max_entries, token))
+                .await;
         }
         self.call("list_snapshots", vec![], move |g, s| {
             Box::pin(async move {

@@ -7,6 +7,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 /// A directory of `.cwasm` files this process writes and trusts.
+#[derive(Clone)]
 pub struct CompileCache {
     dir: Option<PathBuf>,
     engine_key: String,

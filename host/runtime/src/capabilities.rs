@@ -88,14 +88,15 @@ impl ImportSummary {
     /// Capabilities imported but not granted (or not available in this host build), each
     /// with the reason; empty = the component may load.
     pub fn violations(&self, grants: &Grants) -> Vec<String> {
-        let mut out: Vec<String> = self.unknown.iter().map(|n| format!("import {n} is not a wasmcsi or WASI interface")).collect();
+        let mut out: Vec<String> =
+            self.unknown.iter().map(|n| format!("import {n} is not a wasmcsi or WASI interface")).collect();
         for c in &self.capabilities {
             let import = format!("{PACKAGE}{}", c.name());
             match c {
                 Capability::Types | Capability::Log | Capability::Kv => {}
-                Capability::Dir if grants.dir.is_empty() => {
-                    out.push(format!("import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"))
-                }
+                Capability::Dir if grants.dir.is_empty() => out.push(format!(
+                    "import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"
+                )),
                 Capability::Dir => {}
                 Capability::Nfs | Capability::Block | Capability::Rbd => out.push(format!(
                     "import {import} cannot be linked: this host build has no {} provider yet",

@@ -47,7 +47,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { memory_limit_mib: 64, call_deadline_ms: 5_000, import_timeout_ms: 3_000, max_concurrent_calls: 16, fuel: 0 }
+        Self {
+            memory_limit_mib: 64,
+            call_deadline_ms: 5_000,
+            import_timeout_ms: 3_000,
+            max_concurrent_calls: 16,
+            fuel: 0,
+        }
     }
 }
 
@@ -132,8 +138,8 @@ impl HostConfig {
 
     /// Parse and validate config text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let cfg: HostConfig =
-            toml::from_str(text).map_err(|source| ConfigError::Parse { path: origin.into(), source: Box::new(source) })?;
+        let cfg: HostConfig = toml::from_str(text)
+            .map_err(|source| ConfigError::Parse { path: origin.into(), source: Box::new(source) })?;
         cfg.validate()?;
         Ok(cfg)
     }

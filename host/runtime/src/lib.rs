@@ -20,8 +20,8 @@ pub mod store;
 pub use backend::{Backend, CallError, Secrets, describe, secret_refs};
 pub use bindings::driver;
 pub use bindings::types::Error as WitError;
+/// Map a backend-relative path under a granted dir root onto the host, refusing escapes.
+pub use host::dir::resolve as resolve_dir_path;
 pub use registry::Registry;
 pub use runtime::{LoadError, Runtime, RuntimeOptions};
 pub use state::CallState;
-/// Map a backend-relative path under a granted dir root onto the host, refusing escapes.
-pub use host::dir::resolve as resolve_dir_path;

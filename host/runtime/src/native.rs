@@ -101,7 +101,9 @@ thread_local! {
 }
 
 fn root(name: &str) -> Result<PathBuf, Error> {
-    ROOTS.with(|r| r.borrow().get(name).cloned()).ok_or_else(|| Error::PermissionDenied(format!("dir root {name:?} is not granted")))
+    ROOTS
+        .with(|r| r.borrow().get(name).cloned())
+        .ok_or_else(|| Error::PermissionDenied(format!("dir root {name:?} is not granted")))
 }
 
 /// Run `f` with `roots` as this thread's dir grants.
@@ -117,15 +119,43 @@ pub trait Guest {
     fn info() -> BackendInfo;
     fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error>;
     fn delete_volume(volume_id: String, secrets: Vec<SecretRef>) -> Result<(), Error>;
-    fn expand_volume(volume_id: String, capacity: CapacityRange, capability: Option<VolumeCapability>, secrets: Vec<SecretRef>) -> Result<Expansion, Error>;
+    fn expand_volume(
+        volume_id: String,
+        capacity: CapacityRange,
+        capability: Option<VolumeCapability>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<Expansion, Error>;
     fn get_volume(volume_id: String) -> Result<VolumeStatus, Error>;
     fn list_volumes(max_entries: u32, starting_token: String) -> Result<VolumePage, Error>;
-    fn validate_volume_capabilities(volume_id: String, volume_context: Vec<Pair>, capabilities: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error>;
-    fn create_snapshot(name: String, source_volume_id: String, parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<Snapshot, Error>;
+    fn validate_volume_capabilities(
+        volume_id: String,
+        volume_context: Vec<Pair>,
+        capabilities: Vec<VolumeCapability>,
+        parameters: Vec<Pair>,
+    ) -> Result<Option<String>, Error>;
+    fn create_snapshot(
+        name: String,
+        source_volume_id: String,
+        parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<Snapshot, Error>;
     fn delete_snapshot(snapshot_id: String, secrets: Vec<SecretRef>) -> Result<(), Error>;
-    fn list_snapshots(snapshot_id: Option<String>, source_volume_id: Option<String>, max_entries: u32, starting_token: String) -> Result<SnapshotPage, Error>;
-    fn get_capacity(capabilities: Vec<VolumeCapability>, parameters: Vec<Pair>, topology: Option<Topology>) -> Result<Capacity, Error>;
-    fn attach_plan(volume_id: String, volume_context: Vec<Pair>, capability: VolumeCapability) -> Result<Attachment, Error>;
+    fn list_snapshots(
+        snapshot_id: Option<String>,
+        source_volume_id: Option<String>,
+        max_entries: u32,
+        starting_token: String,
+    ) -> Result<SnapshotPage, Error>;
+    fn get_capacity(
+        capabilities: Vec<VolumeCapability>,
+        parameters: Vec<Pair>,
+        topology: Option<Topology>,
+    ) -> Result<Capacity, Error>;
+    fn attach_plan(
+        volume_id: String,
+        volume_context: Vec<Pair>,
+        capability: VolumeCapability,
+    ) -> Result<Attachment, Error>;
 }
 
 /// A native guest's exports as plain function pointers (what a `Backend` holds).
@@ -135,10 +165,12 @@ pub struct NativeDriver {
     pub(crate) info: fn() -> BackendInfo,
     pub(crate) create_volume: fn(CreateVolumeRequest) -> Result<Volume, Error>,
     pub(crate) delete_volume: fn(String, Vec<SecretRef>) -> Result<(), Error>,
-    pub(crate) expand_volume: fn(String, CapacityRange, Option<VolumeCapability>, Vec<SecretRef>) -> Result<Expansion, Error>,
+    pub(crate) expand_volume:
+        fn(String, CapacityRange, Option<VolumeCapability>, Vec<SecretRef>) -> Result<Expansion, Error>,
     pub(crate) get_volume: fn(String) -> Result<VolumeStatus, Error>,
     pub(crate) list_volumes: fn(u32, String) -> Result<VolumePage, Error>,
-    pub(crate) validate_volume_capabilities: fn(String, Vec<Pair>, Vec<VolumeCapability>, Vec<Pair>) -> Result<Option<String>, Error>,
+    pub(crate) validate_volume_capabilities:
+        fn(String, Vec<Pair>, Vec<VolumeCapability>, Vec<Pair>) -> Result<Option<String>, Error>,
     pub(crate) create_snapshot: fn(String, String, Vec<Pair>, Vec<SecretRef>) -> Result<Snapshot, Error>,
     pub(crate) delete_snapshot: fn(String, Vec<SecretRef>) -> Result<(), Error>,
     pub(crate) list_snapshots: fn(Option<String>, Option<String>, u32, String) -> Result<SnapshotPage, Error>,

@@ -106,8 +106,8 @@ impl Runtime {
         (ImportSummary::classify(imports.iter().map(String::as_str)), exports)
     }
 
-    /// Load `wasm` as backend `name`. CPU-heavy (compilation) on a cache miss; run it where
-    /// blocking is fine (the registry uses `spawn_blocking`).
+    /// Load `wasm` as backend `name`: compile (on the blocking pool; from the cache when
+    /// warm), check grants, link, pre-instantiate, call `info`.
     pub async fn load(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
@@ -123,7 +123,12 @@ impl Runtime {
 
     async fn load_checked(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
         let digest = Self::digest(wasm);
-        let (component, cache_hit) = self.compile(name, wasm)?;
+        // Compiling takes 100s of ms of CPU: off the async workers, so serving goes on.
+        let (engine, cache, bytes, key) = (self.engine.clone(), self.cache.clone(), wasm.to_vec(), digest.clone());
+        let (component, cache_hit) = tokio::task::spawn_blocking(move || cache.load(&engine, &key, &bytes))
+            .await
+            .map_err(|e| LoadError::Compile { name: name.into(), message: format!("compile task failed: {e}") })?
+            .map_err(|e| LoadError::Compile { name: name.into(), message: format!("{e:#}") })?;
         let (imports, _) = self.summarize(&component);
         let grants = self.config.grants_for(name);
         let violations = imports.violations(&grants);
@@ -176,7 +181,10 @@ impl Runtime {
             .await
             .map_err(|e| LoadError::Info { name: name.into(), source: Box::new(e) })?;
         if info.name.is_empty() || info.name.len() > 64 || info.version.len() > 64 {
-            return Err(LoadError::BadInfo { name: name.into(), message: "a name of 1-64 bytes and a version of at most 64".into() });
+            return Err(LoadError::BadInfo {
+                name: name.into(),
+                message: "a name of 1-64 bytes and a version of at most 64".into(),
+            });
         }
         backend.info = info;
         Ok(backend)

@@ -113,7 +113,13 @@ impl MetaStore {
         Ok(true)
     }
 
-    pub fn kv_list(&self, backend: &str, prefix: &str, start_after: Option<&str>, limit: u32) -> Result<Vec<String>, StoreError> {
+    pub fn kv_list(
+        &self,
+        backend: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(KV).map_err(db)?;
         let start = start_after.unwrap_or(prefix).max(prefix);

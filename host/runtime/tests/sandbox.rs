@@ -13,7 +13,11 @@ use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, W
 const DEADLINE_MS: u64 = 500;
 
 fn config(root: &Path, hostile_gets_dir: bool) -> HostConfig {
-    let hostile_dir = if hostile_gets_dir { format!("[backends.hostile.grants]\ndir = {{ default = \"{}/hostile\" }}\n", root.display()) } else { String::new() };
+    let hostile_dir = if hostile_gets_dir {
+        format!("[backends.hostile.grants]\ndir = {{ default = \"{}/hostile\" }}\n", root.display())
+    } else {
+        String::new()
+    };
     let text = format!(
         "[runtime]\nmemory_limit_mib = 32\ncall_deadline_ms = {DEADLINE_MS}\nimport_timeout_ms = 400\n\
          [backends.hostpath.grants]\ndir = {{ default = \"{}/hostpath\" }}\n{hostile_dir}",
@@ -120,7 +124,10 @@ async fn wasi_is_deny_by_default_for_files_sockets_and_env() {
         let mut params = vec![("mode", mode)];
         params.extend(extra);
         let r = b.create_volume(request("v", &params), vec![]).await;
-        assert!(matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")), "{mode}: {r:?}");
+        assert!(
+            matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")),
+            "{mode}: {r:?}"
+        );
     }
     assert!(!Path::new("/tmp/hostile").exists());
 }
@@ -146,7 +153,10 @@ async fn dir_paths_cannot_escape_the_granted_root() {
     let d = tempfile::tempdir().unwrap();
     let rt = runtime(d.path(), true);
     let (r, _) = hostile_call(&rt, "escape").await;
-    assert!(matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")), "{r:?}");
+    assert!(
+        matches!(&r, Err(CallError::Backend { error: WitError::PermissionDenied(m), .. }) if m.starts_with("denied")),
+        "{r:?}"
+    );
     assert!(!d.path().join("escape").exists());
 }
 

@@ -46,10 +46,9 @@ impl MountAction {
     /// The path the action changes.
     pub fn path(&self) -> &Path {
         match self {
-            Self::CreateDir(path)
-            | Self::RemountBindReadOnly(path)
-            | Self::Unmount(path)
-            | Self::RemoveDir(path) => path,
+            Self::CreateDir(path) | Self::RemountBindReadOnly(path) | Self::Unmount(path) | Self::RemoveDir(path) => {
+                path
+            }
             Self::Bind { target, .. } => target,
         }
     }
@@ -60,12 +59,7 @@ impl fmt::Display for MountAction {
         match self {
             Self::CreateDir(path) => write!(f, "create directory {}", path.display()),
             Self::Bind { source, target } => {
-                write!(
-                    f,
-                    "bind-mount {} onto {}",
-                    source.display(),
-                    target.display()
-                )
+                write!(f, "bind-mount {} onto {}", source.display(), target.display())
             }
             Self::RemountBindReadOnly(path) => write!(f, "remount {} read-only", path.display()),
             Self::Unmount(path) => write!(f, "unmount {}", path.display()),
@@ -107,17 +101,10 @@ pub enum Conflict {
     #[error("the volume is already mounted there {}", access(*mounted_read_only))]
     AccessMode { mounted_read_only: bool },
     #[error("{fs_type} from {mount_source} (root {}) is mounted there", root.display())]
-    OtherMount {
-        fs_type: String,
-        mount_source: String,
-        root: PathBuf,
-    },
+    OtherMount { fs_type: String, mount_source: String, root: PathBuf },
     /// The target could not be stat'ed, e.g. a stale network mount.
     #[error("{fs_type} from {mount_source} is mounted there and cannot be inspected")]
-    Unidentified {
-        fs_type: String,
-        mount_source: String,
-    },
+    Unidentified { fs_type: String, mount_source: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,12 +117,7 @@ pub enum PlanError {
         target.display(),
         access(*read_only)
     )]
-    Incompatible {
-        source_path: PathBuf,
-        target: PathBuf,
-        read_only: bool,
-        conflict: Conflict,
-    },
+    Incompatible { source_path: PathBuf, target: PathBuf, read_only: bool, conflict: Conflict },
 }
 
 fn access(read_only: bool) -> &'static str {
@@ -165,10 +147,7 @@ pub fn plan_bind(
         if !target_exists {
             plan.push(MountAction::CreateDir(target.to_path_buf()));
         }
-        plan.push(MountAction::Bind {
-            source: source.to_path_buf(),
-            target: target.to_path_buf(),
-        });
+        plan.push(MountAction::Bind { source: source.to_path_buf(), target: target.to_path_buf() });
         if read_only {
             plan.push(MountAction::RemountBindReadOnly(target.to_path_buf()));
         }
@@ -182,19 +161,14 @@ pub fn plan_bind(
             if top.has_read_only_flag() == read_only {
                 return Ok(Vec::new());
             }
-            Conflict::AccessMode {
-                mounted_read_only: top.has_read_only_flag(),
-            }
+            Conflict::AccessMode { mounted_read_only: top.has_read_only_flag() }
         }
         Some(_) => Conflict::OtherMount {
             fs_type: top.fs_type.clone(),
             mount_source: top.source.clone(),
             root: top.root.clone(),
         },
-        None => Conflict::Unidentified {
-            fs_type: top.fs_type.clone(),
-            mount_source: top.source.clone(),
-        },
+        None => Conflict::Unidentified { fs_type: top.fs_type.clone(), mount_source: top.source.clone() },
     };
     Err(PlanError::Incompatible {
         source_path: source.to_path_buf(),
@@ -206,12 +180,7 @@ pub fn plan_bind(
 
 /// Plans removing every mount stacked at `target` and then, when `remove_dir`, the directory
 /// itself (kubelet expects a publish target gone after unpublish; a staging path stays).
-pub fn plan_unmount(
-    mounts: &[MountEntry],
-    target: &Path,
-    target_exists: bool,
-    remove_dir: bool,
-) -> Vec<MountAction> {
+pub fn plan_unmount(mounts: &[MountEntry], target: &Path, target_exists: bool, remove_dir: bool) -> Vec<MountAction> {
     let stacked = mountinfo::mounts_at(mounts, target).len();
     let mut plan = vec![MountAction::Unmount(target.to_path_buf()); stacked];
     // A mounted target exists even when stat'ing it failed (a stale mount answers ENOTCONN).
@@ -241,11 +210,7 @@ pub enum MountError {
 
 impl MountError {
     pub fn step(action: &MountAction, source: io::Error) -> Self {
-        Self::Step {
-            action: action.clone(),
-            path: action.path().to_path_buf(),
-            source,
-        }
+        Self::Step { action: action.clone(), path: action.path().to_path_buf(), source }
     }
 
     /// The step that failed first.
@@ -283,10 +248,7 @@ impl MountSystem for KernelMounts {
     fn apply(&self, action: &MountAction) -> Result<(), MountError> {
         tracing::debug!(%action, "applying mount action");
         let result = match action {
-            MountAction::CreateDir(path) => std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(path),
+            MountAction::CreateDir(path) => std::fs::DirBuilder::new().recursive(true).mode(0o750).create(path),
             MountAction::Bind { source, target } => nix::mount::mount(
                 Some(source.as_path()),
                 target.as_path(),
@@ -371,9 +333,7 @@ pub fn execute(sys: &dyn MountSystem, plan: &[MountAction]) -> Result<(), MountE
         match action {
             MountAction::CreateDir(path) => undo.push(MountAction::RemoveDir(path.clone())),
             MountAction::Bind { target, .. } => undo.push(MountAction::Unmount(target.clone())),
-            MountAction::RemountBindReadOnly(_)
-            | MountAction::Unmount(_)
-            | MountAction::RemoveDir(_) => {}
+            MountAction::RemountBindReadOnly(_) | MountAction::Unmount(_) | MountAction::RemoveDir(_) => {}
         }
     }
     Ok(())
@@ -389,10 +349,7 @@ fn roll_back(sys: &dyn MountSystem, undo: &[MountAction], failed: MountError) ->
     }
     match first_rollback_error {
         None => failed,
-        Some(rollback) => MountError::RollbackFailed {
-            failed: Box::new(failed),
-            rollback: Box::new(rollback),
-        },
+        Some(rollback) => MountError::RollbackFailed { failed: Box::new(failed), rollback: Box::new(rollback) },
     }
 }
 
@@ -456,16 +413,8 @@ mod tests {
         volumes/kubernetes.io~csi/pvc-aa11/mount";
 
     /// The volume directory's identity, shown by every bind of it.
-    const VOLUME: SourceIdentity = SourceIdentity {
-        major: 8,
-        minor: 1,
-        ino: 917_505,
-    };
-    const ELSEWHERE: SourceIdentity = SourceIdentity {
-        major: 0,
-        minor: 70,
-        ino: 1,
-    };
+    const VOLUME: SourceIdentity = SourceIdentity { major: 8, minor: 1, ino: 917_505 };
+    const ELSEWHERE: SourceIdentity = SourceIdentity { major: 0, minor: 70, ino: 1 };
 
     fn fixture(text: &str) -> Vec<MountEntry> {
         match mountinfo::parse(text) {
@@ -483,63 +432,28 @@ mod tests {
     #[test]
     fn publish_plan_is_empty_when_already_bind_mounted() {
         let mounts = fixture(KUBELET_NODE);
-        let ro = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(PUBLISHED_RO),
-            Some(VOLUME),
-            true,
-            true,
-        );
+        let ro = plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(PUBLISHED_RO), Some(VOLUME), true, true);
         assert_eq!(ro, Ok(vec![]));
-        let rw = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(PUBLISHED_RW),
-            Some(VOLUME),
-            true,
-            false,
-        );
+        let rw = plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(PUBLISHED_RW), Some(VOLUME), true, false);
         assert_eq!(rw, Ok(vec![]));
     }
 
     #[test]
     fn stage_plan_is_empty_when_volume_dir_already_bound() {
         let mounts = fixture(KUBELET_NODE);
-        let plan = plan_bind(
-            &mounts,
-            Path::new(VOLUME_DIR),
-            &VOLUME,
-            Path::new(STAGING),
-            Some(VOLUME),
-            true,
-            false,
-        );
+        let plan = plan_bind(&mounts, Path::new(VOLUME_DIR), &VOLUME, Path::new(STAGING), Some(VOLUME), true, false);
         assert_eq!(plan, Ok(vec![]));
     }
 
     #[test]
     fn publish_plan_creates_binds_and_remounts_when_nothing_is_mounted() {
         let mounts = fixture(KUBELET_NODE);
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(UNPUBLISHED),
-            None,
-            false,
-            true,
-        );
+        let plan = plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(UNPUBLISHED), None, false, true);
         assert_eq!(
             plan,
             Ok(vec![
                 MountAction::CreateDir(path(UNPUBLISHED)),
-                MountAction::Bind {
-                    source: path(STAGING),
-                    target: path(UNPUBLISHED),
-                },
+                MountAction::Bind { source: path(STAGING), target: path(UNPUBLISHED) },
                 MountAction::RemountBindReadOnly(path(UNPUBLISHED)),
             ])
         );
@@ -549,22 +463,9 @@ mod tests {
     fn read_write_plan_only_binds_onto_an_existing_directory() {
         let mounts = fixture(KUBELET_NODE);
         // The unmounted directory shows its own identity, not the volume's.
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(UNPUBLISHED),
-            Some(ELSEWHERE),
-            true,
-            false,
-        );
-        assert_eq!(
-            plan,
-            Ok(vec![MountAction::Bind {
-                source: path(STAGING),
-                target: path(UNPUBLISHED),
-            }])
-        );
+        let plan =
+            plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(UNPUBLISHED), Some(ELSEWHERE), true, false);
+        assert_eq!(plan, Ok(vec![MountAction::Bind { source: path(STAGING), target: path(UNPUBLISHED) }]));
     }
 
     #[test]
@@ -572,39 +473,21 @@ mod tests {
         // Writes fail through this mount, but only because of the superblock: the writable bind
         // that was asked for is what is there.
         let mounts = fixture("90 22 7:0 /vol /t rw,relatime - squashfs /dev/loop0 ro\n");
-        let plan = plan_bind(
-            &mounts,
-            Path::new("/s"),
-            &VOLUME,
-            Path::new("/t"),
-            Some(VOLUME),
-            true,
-            false,
-        );
+        let plan = plan_bind(&mounts, Path::new("/s"), &VOLUME, Path::new("/t"), Some(VOLUME), true, false);
         assert_eq!(plan, Ok(vec![]));
     }
 
     #[test]
     fn publish_plan_rejects_the_same_volume_with_another_access_mode() {
         let mounts = fixture(KUBELET_NODE);
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(PUBLISHED_RO),
-            Some(VOLUME),
-            true,
-            false,
-        );
+        let plan = plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(PUBLISHED_RO), Some(VOLUME), true, false);
         assert_eq!(
             plan,
             Err(PlanError::Incompatible {
                 source_path: path(STAGING),
                 target: path(PUBLISHED_RO),
                 read_only: false,
-                conflict: Conflict::AccessMode {
-                    mounted_read_only: true
-                },
+                conflict: Conflict::AccessMode { mounted_read_only: true },
             })
         );
     }
@@ -613,20 +496,9 @@ mod tests {
     fn publish_plan_rejects_another_mount_at_the_target() {
         let mounts = fixture(KUBELET_NODE);
         let other_volume = SourceIdentity { ino: 42, ..VOLUME };
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &other_volume,
-            Path::new(PUBLISHED_RO),
-            Some(VOLUME),
-            true,
-            true,
-        );
-        let Err(PlanError::Incompatible {
-            conflict: Conflict::OtherMount { fs_type, root, .. },
-            ..
-        }) = &plan
-        else {
+        let plan =
+            plan_bind(&mounts, Path::new(STAGING), &other_volume, Path::new(PUBLISHED_RO), Some(VOLUME), true, true);
+        let Err(PlanError::Incompatible { conflict: Conflict::OtherMount { fs_type, root, .. }, .. }) = &plan else {
             panic!("expected another mount in the way, got {plan:?}");
         };
         assert_eq!(fs_type, "ext4");
@@ -636,23 +508,9 @@ mod tests {
     #[test]
     fn publish_plan_rejects_a_mount_that_cannot_be_inspected() {
         let mounts = fixture(KUBELET_NODE);
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(PUBLISHED_RO),
-            None,
-            true,
-            true,
-        );
+        let plan = plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(PUBLISHED_RO), None, true, true);
         assert!(
-            matches!(
-                &plan,
-                Err(PlanError::Incompatible {
-                    conflict: Conflict::Unidentified { .. },
-                    ..
-                })
-            ),
+            matches!(&plan, Err(PlanError::Incompatible { conflict: Conflict::Unidentified { .. }, .. })),
             "{plan:?}"
         );
     }
@@ -661,15 +519,8 @@ mod tests {
     fn publish_plan_judges_the_topmost_of_stacked_mounts() {
         let mounts = fixture(STACKED);
         // The volume's ro bind is buried under a tmpfs: the target shows the tmpfs.
-        let plan = plan_bind(
-            &mounts,
-            Path::new(STAGING),
-            &VOLUME,
-            Path::new(STACKED_TARGET),
-            Some(ELSEWHERE),
-            true,
-            true,
-        );
+        let plan =
+            plan_bind(&mounts, Path::new(STAGING), &VOLUME, Path::new(STACKED_TARGET), Some(ELSEWHERE), true, true);
         assert!(
             matches!(
                 &plan,
@@ -686,9 +537,7 @@ mod tests {
             source_path: path("/a"),
             target: path("/b"),
             read_only: false,
-            conflict: Conflict::AccessMode {
-                mounted_read_only: true,
-            },
+            conflict: Conflict::AccessMode { mounted_read_only: true },
         };
         assert_eq!(
             err.to_string(),
@@ -703,20 +552,14 @@ mod tests {
         let mounts = fixture(KUBELET_NODE);
         assert_eq!(
             plan_unmount(&mounts, Path::new(PUBLISHED_RO), true, true),
-            [
-                MountAction::Unmount(path(PUBLISHED_RO)),
-                MountAction::RemoveDir(path(PUBLISHED_RO)),
-            ]
+            [MountAction::Unmount(path(PUBLISHED_RO)), MountAction::RemoveDir(path(PUBLISHED_RO)),]
         );
     }
 
     #[test]
     fn unstage_plan_keeps_the_staging_directory() {
         let mounts = fixture(KUBELET_NODE);
-        assert_eq!(
-            plan_unmount(&mounts, Path::new(STAGING), true, false),
-            [MountAction::Unmount(path(STAGING))]
-        );
+        assert_eq!(plan_unmount(&mounts, Path::new(STAGING), true, false), [MountAction::Unmount(path(STAGING))]);
     }
 
     #[test]
@@ -735,10 +578,7 @@ mod tests {
     #[test]
     fn unmount_plan_is_empty_when_nothing_is_mounted_and_no_directory_exists() {
         let mounts = fixture(KUBELET_NODE);
-        assert_eq!(
-            plan_unmount(&mounts, Path::new(UNPUBLISHED), false, true),
-            []
-        );
+        assert_eq!(plan_unmount(&mounts, Path::new(UNPUBLISHED), false, true), []);
     }
 
     #[test]
@@ -755,10 +595,7 @@ mod tests {
         let mounts = fixture(KUBELET_NODE);
         assert_eq!(
             plan_unmount(&mounts, Path::new(PUBLISHED_RW), false, true),
-            [
-                MountAction::Unmount(path(PUBLISHED_RW)),
-                MountAction::RemoveDir(path(PUBLISHED_RW)),
-            ]
+            [MountAction::Unmount(path(PUBLISHED_RW)), MountAction::RemoveDir(path(PUBLISHED_RW)),]
         );
     }
 
@@ -773,10 +610,7 @@ mod tests {
 
     impl RecordingMounts {
         fn failing(failing: Vec<MountAction>) -> Self {
-            Self {
-                failing,
-                ..Self::default()
-            }
+            Self { failing, ..Self::default() }
         }
 
         fn applied(&self) -> Vec<MountAction> {
@@ -803,10 +637,7 @@ mod tests {
     fn publish_plan() -> Vec<MountAction> {
         vec![
             MountAction::CreateDir(path("/t")),
-            MountAction::Bind {
-                source: path("/s"),
-                target: path("/t"),
-            },
+            MountAction::Bind { source: path("/s"), target: path("/t") },
             MountAction::RemountBindReadOnly(path("/t")),
         ]
     }
@@ -826,10 +657,7 @@ mod tests {
         let result = execute(&sys, &publish_plan());
 
         let mut expected = publish_plan();
-        expected.extend([
-            MountAction::Unmount(path("/t")),
-            MountAction::RemoveDir(path("/t")),
-        ]);
+        expected.extend([MountAction::Unmount(path("/t")), MountAction::RemoveDir(path("/t"))]);
         assert_eq!(sys.applied(), expected);
         match result {
             Err(err @ MountError::Step { .. }) => {
@@ -857,17 +685,11 @@ mod tests {
         ]);
         let result = execute(&sys, &publish_plan());
         // The directory is still removed even though the unmount before it failed.
-        assert_eq!(
-            sys.applied().last(),
-            Some(&MountAction::RemoveDir(path("/t")))
-        );
+        assert_eq!(sys.applied().last(), Some(&MountAction::RemoveDir(path("/t"))));
         match result {
             Err(err @ MountError::RollbackFailed { .. }) => {
                 assert_eq!(err.action(), &MountAction::RemountBindReadOnly(path("/t")));
-                assert_eq!(
-                    err.to_string(),
-                    "cannot remount /t read-only; rolling back failed too: cannot unmount /t"
-                );
+                assert_eq!(err.to_string(), "cannot remount /t read-only; rolling back failed too: cannot unmount /t");
             }
             other => panic!("expected a rollback failure, got {other:?}"),
         }
@@ -903,8 +725,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
 
         let size = |p: &Path| std::fs::symlink_metadata(p).unwrap().size();
-        let expected_bytes =
-            size(root) + 100 + size(&root.join("sub")) + 200 + size(&root.join("escape"));
+        let expected_bytes = size(root) + 100 + size(&root.join("sub")) + 200 + size(&root.join("escape"));
         // root, a, sub, sub/b, escape; the hard link is the same inode as a.
         assert_eq!(directory_usage(root).unwrap(), (expected_bytes, 5));
     }
@@ -912,10 +733,7 @@ mod tests {
     #[test]
     fn directory_usage_fails_on_a_missing_directory() {
         let err = directory_usage(Path::new("/nonexistent/wasmcsi/volume"));
-        assert!(
-            matches!(&err, Err(e) if e.kind() == io::ErrorKind::NotFound),
-            "{err:?}"
-        );
+        assert!(matches!(&err, Err(e) if e.kind() == io::ErrorKind::NotFound), "{err:?}");
     }
 
     // ---- the real kernel ----------------------------------------------------------------------
@@ -937,10 +755,7 @@ mod tests {
             }
             let dir = tempfile::tempdir().expect("create sandbox directory");
             // The mount table spells paths without symlinks.
-            let root = dir
-                .path()
-                .canonicalize()
-                .expect("canonicalize sandbox directory");
+            let root = dir.path().canonicalize().expect("canonicalize sandbox directory");
             Some(Self { root, _dir: dir })
         }
 
@@ -952,15 +767,11 @@ mod tests {
 
         fn mounts_at(&self, target: &Path) -> Vec<MountEntry> {
             let table = mountinfo::read_current().expect("read mount table");
-            mountinfo::mounts_at(&table, target)
-                .into_iter()
-                .cloned()
-                .collect()
+            mountinfo::mounts_at(&table, target).into_iter().cloned().collect()
         }
 
         fn mount_tmpfs(&self, target: &Path, flags: MsFlags) {
-            nix::mount::mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some("size=1m"))
-                .expect("mount tmpfs");
+            nix::mount::mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some("size=1m")).expect("mount tmpfs");
         }
     }
 
@@ -971,10 +782,8 @@ mod tests {
                 let Ok(table) = mountinfo::read_current() else {
                     return;
                 };
-                let mut inside: Vec<&MountEntry> = table
-                    .iter()
-                    .filter(|e| e.mount_point.starts_with(&self.root))
-                    .collect();
+                let mut inside: Vec<&MountEntry> =
+                    table.iter().filter(|e| e.mount_point.starts_with(&self.root)).collect();
                 if inside.is_empty() {
                     return;
                 }
@@ -1007,9 +816,7 @@ mod tests {
 
     #[test]
     fn read_only_publish_mounts_refuses_writes_and_unpublishes_cleanly() {
-        let Some(sandbox) =
-            Sandbox::new("read_only_publish_mounts_refuses_writes_and_unpublishes_cleanly")
-        else {
+        let Some(sandbox) = Sandbox::new("read_only_publish_mounts_refuses_writes_and_unpublishes_cleanly") else {
             return;
         };
         let staging = sandbox.dir("staging");
@@ -1024,60 +831,31 @@ mod tests {
         assert_eq!(mounted.len(), 1, "{mounted:?}");
         assert!(mounted[0].has_read_only_flag(), "{mounted:?}");
         assert_eq!(identify(&target).ok(), identify(&staging).ok());
-        assert_eq!(
-            std::fs::read_to_string(target.join("data")).expect("read through the mount"),
-            "hello"
-        );
+        assert_eq!(std::fs::read_to_string(target.join("data")).expect("read through the mount"), "hello");
         let write = std::fs::write(target.join("new"), "x");
-        assert_eq!(
-            write.as_ref().map_err(io::Error::raw_os_error),
-            Err(Some(Errno::EROFS as i32)),
-            "{write:?}"
-        );
+        assert_eq!(write.as_ref().map_err(io::Error::raw_os_error), Err(Some(Errno::EROFS as i32)), "{write:?}");
 
-        assert_eq!(
-            plan_bind_now(&staging, &target, true),
-            [],
-            "publish is idempotent"
-        );
+        assert_eq!(plan_bind_now(&staging, &target, true), [], "publish is idempotent");
 
         let unpublish = plan_unmount_now(&target, true);
-        assert_eq!(
-            unpublish,
-            [
-                MountAction::Unmount(target.clone()),
-                MountAction::RemoveDir(target.clone()),
-            ]
-        );
+        assert_eq!(unpublish, [MountAction::Unmount(target.clone()), MountAction::RemoveDir(target.clone()),]);
         execute(&KernelMounts, &unpublish).expect("unpublish");
         assert!(sandbox.mounts_at(&target).is_empty());
         assert!(!target.exists());
         assert!(staging.join("data").exists(), "the volume keeps its data");
-        assert_eq!(
-            plan_unmount_now(&target, true),
-            [],
-            "unpublish is idempotent"
-        );
+        assert_eq!(plan_unmount_now(&target, true), [], "unpublish is idempotent");
     }
 
     #[test]
     fn read_write_stage_passes_writes_and_refuses_a_read_only_repeat() {
-        let Some(sandbox) =
-            Sandbox::new("read_write_stage_passes_writes_and_refuses_a_read_only_repeat")
-        else {
+        let Some(sandbox) = Sandbox::new("read_write_stage_passes_writes_and_refuses_a_read_only_repeat") else {
             return;
         };
         let volume = sandbox.dir("volume");
         let staging = sandbox.dir("globalmount");
 
         let plan = plan_bind_now(&volume, &staging, false);
-        assert_eq!(
-            plan,
-            [MountAction::Bind {
-                source: volume.clone(),
-                target: staging.clone(),
-            }]
-        );
+        assert_eq!(plan, [MountAction::Bind { source: volume.clone(), target: staging.clone() }]);
         execute(&KernelMounts, &plan).expect("stage");
         std::fs::write(staging.join("written"), "through").expect("write through the bind");
         assert!(volume.join("written").exists());
@@ -1095,12 +873,7 @@ mod tests {
         assert!(
             matches!(
                 repeat,
-                Err(PlanError::Incompatible {
-                    conflict: Conflict::AccessMode {
-                        mounted_read_only: false
-                    },
-                    ..
-                })
+                Err(PlanError::Incompatible { conflict: Conflict::AccessMode { mounted_read_only: false }, .. })
             ),
             "{repeat:?}"
         );
@@ -1124,18 +897,14 @@ mod tests {
 
     #[test]
     fn failed_remount_leaves_no_mount_and_no_directory_behind() {
-        let Some(sandbox) = Sandbox::new("failed_remount_leaves_no_mount_and_no_directory_behind")
-        else {
+        let Some(sandbox) = Sandbox::new("failed_remount_leaves_no_mount_and_no_directory_behind") else {
             return;
         };
         let staging = sandbox.dir("staging");
         let target = sandbox.root.join("pods/uid/mount");
 
         let result = execute(&FailingRemount, &plan_bind_now(&staging, &target, true));
-        assert!(
-            matches!(&result, Err(e) if matches!(e.action(), MountAction::RemountBindReadOnly(_))),
-            "{result:?}"
-        );
+        assert!(matches!(&result, Err(e) if matches!(e.action(), MountAction::RemountBindReadOnly(_))), "{result:?}");
         assert!(sandbox.mounts_at(&target).is_empty());
         assert!(!target.exists());
     }
@@ -1176,10 +945,7 @@ mod tests {
         };
         let staging = sandbox.dir("staging");
         let target = sandbox.dir("mount");
-        let bind = MountAction::Bind {
-            source: staging.clone(),
-            target: target.clone(),
-        };
+        let bind = MountAction::Bind { source: staging.clone(), target: target.clone() };
         execute(&KernelMounts, &[bind.clone(), bind]).expect("stack two binds");
         assert_eq!(sandbox.mounts_at(&target).len(), 2);
 
@@ -1218,13 +984,7 @@ mod tests {
         };
         let plain = sandbox.dir("plain");
         let missing = sandbox.root.join("missing");
-        let result = execute(
-            &KernelMounts,
-            &[
-                MountAction::Unmount(plain),
-                MountAction::Unmount(missing.clone()),
-            ],
-        );
+        let result = execute(&KernelMounts, &[MountAction::Unmount(plain), MountAction::Unmount(missing.clone())]);
         assert!(result.is_ok(), "{result:?}");
         assert!(
             execute(&KernelMounts, &[MountAction::RemoveDir(missing)]).is_ok(),
@@ -1234,31 +994,20 @@ mod tests {
 
     #[test]
     fn read_only_remount_keeps_nosuid_nodev_noexec_of_the_source() {
-        let Some(sandbox) =
-            Sandbox::new("read_only_remount_keeps_nosuid_nodev_noexec_of_the_source")
-        else {
+        let Some(sandbox) = Sandbox::new("read_only_remount_keeps_nosuid_nodev_noexec_of_the_source") else {
             return;
         };
         let fs = sandbox.dir("fs");
-        sandbox.mount_tmpfs(
-            &fs,
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        );
+        sandbox.mount_tmpfs(&fs, MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC);
         let volume = fs.join("volume");
         std::fs::create_dir(&volume).expect("create volume on tmpfs");
         let target = sandbox.root.join("mount");
 
         execute(&KernelMounts, &plan_bind_now(&volume, &target, true)).expect("publish");
         let mounted = sandbox.mounts_at(&target);
-        let options = mounted
-            .last()
-            .map(|e| e.mount_options.clone())
-            .unwrap_or_default();
+        let options = mounted.last().map(|e| e.mount_options.clone()).unwrap_or_default();
         for flag in ["ro", "nosuid", "nodev", "noexec"] {
-            assert!(
-                options.iter().any(|o| o == flag),
-                "{flag} missing: {options:?}"
-            );
+            assert!(options.iter().any(|o| o == flag), "{flag} missing: {options:?}");
         }
     }
 
@@ -1280,10 +1029,7 @@ mod tests {
         let inner_dir = std::fs::symlink_metadata(volume.join("inner")).unwrap();
         assert_eq!(before.1, 3);
         assert_eq!(after.1, 2);
-        assert!(
-            after.0 < before.0 + inner_dir.size(),
-            "{before:?} -> {after:?}"
-        );
+        assert!(after.0 < before.0 + inner_dir.size(), "{before:?} -> {after:?}");
         assert!(after.0 < 50_000, "{after:?}");
     }
 }

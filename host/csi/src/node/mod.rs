@@ -54,8 +54,16 @@ fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
 
 impl NodeService {
     /// Ask the owning backend how this volume attaches.
-    async fn plan(&self, volume_id: &str, context: &std::collections::HashMap<String, String>, cap: wit::VolumeCapability) -> CsiResult<(Arc<wasmcsi_runtime::Backend>, Attachment)> {
-        let (backend, oid) = self.0.backend_for_id(volume_id)?.ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} not found")))?;
+    async fn plan(
+        &self,
+        volume_id: &str,
+        context: &std::collections::HashMap<String, String>,
+        cap: wit::VolumeCapability,
+    ) -> CsiResult<(Arc<wasmcsi_runtime::Backend>, Attachment)> {
+        let (backend, oid) = self
+            .0
+            .backend_for_id(volume_id)?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} not found")))?;
         let mut context = context.clone();
         context.remove(DIGEST_CONTEXT_KEY);
         let plan = backend.attach_plan(oid.local, convert::pairs(&context), cap).await?;
@@ -64,10 +72,14 @@ impl NodeService {
 
     /// The host directory a bind plan names, if the root is granted on this node.
     fn bind_source(backend: &wasmcsi_runtime::Backend, plan: &wit::BindPlan) -> CsiResult<PathBuf> {
-        let root = backend
-            .dir_root(&plan.root)
-            .ok_or_else(|| CsiError::FailedPrecondition(format!("dir root {:?} of backend {} is not granted on this node", plan.root, backend.name)))?;
-        wasmcsi_runtime::resolve_dir_path(root, &plan.path).map_err(|e| CsiError::Internal(format!("backend {} planned an invalid path: {e:?}", backend.name)))
+        let root = backend.dir_root(&plan.root).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "dir root {:?} of backend {} is not granted on this node",
+                plan.root, backend.name
+            ))
+        })?;
+        wasmcsi_runtime::resolve_dir_path(root, &plan.path)
+            .map_err(|e| CsiError::Internal(format!("backend {} planned an invalid path: {e:?}", backend.name)))
     }
 
     async fn stage(&self, req: csi::NodeStageVolumeRequest) -> CsiResult<csi::NodeStageVolumeResponse> {
@@ -145,7 +157,10 @@ impl NodeService {
         let walk = path.clone();
         let (used, inodes_used) = blocking(move || bind::directory_usage(&walk).map_err(mount_err)).await?;
         let fs = nix::sys::statvfs::statvfs(&path).map_err(mount_err)?;
-        let mounted = blocking(move || Ok(!mountinfo::mounts_at(&mountinfo::read_current().map_err(mount_err)?, &path).is_empty())).await?;
+        let mounted = blocking(move || {
+            Ok(!mountinfo::mounts_at(&mountinfo::read_current().map_err(mount_err)?, &path).is_empty())
+        })
+        .await?;
         let (abnormal, message) = if !mounted {
             (true, "volume path is not mounted".to_string())
         } else if used > p.capacity_bytes {
@@ -156,8 +171,18 @@ impl NodeService {
         let b = convert::bytes;
         Ok(csi::NodeGetVolumeStatsResponse {
             usage: vec![
-                csi::VolumeUsage { available: b(p.capacity_bytes.saturating_sub(used)), total: b(p.capacity_bytes), used: b(used), unit: Unit::Bytes as i32 },
-                csi::VolumeUsage { available: b(fs.files_free()), total: b(fs.files()), used: b(inodes_used), unit: Unit::Inodes as i32 },
+                csi::VolumeUsage {
+                    available: b(p.capacity_bytes.saturating_sub(used)),
+                    total: b(p.capacity_bytes),
+                    used: b(used),
+                    unit: Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: b(fs.files_free()),
+                    total: b(fs.files()),
+                    used: b(inodes_used),
+                    unit: Unit::Inodes as i32,
+                },
             ],
             volume_condition: Some(csi::VolumeCondition { abnormal, message }),
         })
@@ -180,7 +205,9 @@ impl NodeService {
         let _guard = self.0.inflight.try_start(id.to_string())?;
         match self.plan(id, &Default::default(), cap).await? {
             // A directory has no filesystem of its own to grow: the new size is bookkeeping.
-            (_, Attachment::Bind(p)) => Ok(csi::NodeExpandVolumeResponse { capacity_bytes: convert::bytes(p.capacity_bytes.max(range.required_bytes)) }),
+            (_, Attachment::Bind(p)) => Ok(csi::NodeExpandVolumeResponse {
+                capacity_bytes: convert::bytes(p.capacity_bytes.max(range.required_bytes)),
+            }),
             (_, other) => Err(unsupported(&other)),
         }
     }
@@ -207,32 +234,57 @@ pub fn node_capabilities() -> Vec<csi::NodeServiceCapability> {
 #[tonic::async_trait]
 impl Node for NodeService {
     #[tracing::instrument(name = "csi.node_stage_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_stage_volume(&self, r: tonic::Request<csi::NodeStageVolumeRequest>) -> Reply<csi::NodeStageVolumeResponse> {
+    async fn node_stage_volume(
+        &self,
+        r: tonic::Request<csi::NodeStageVolumeRequest>,
+    ) -> Reply<csi::NodeStageVolumeResponse> {
         self.0.observe("NodeStageVolume", self.stage(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_unstage_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_unstage_volume(&self, r: tonic::Request<csi::NodeUnstageVolumeRequest>) -> Reply<csi::NodeUnstageVolumeResponse> {
+    async fn node_unstage_volume(
+        &self,
+        r: tonic::Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Reply<csi::NodeUnstageVolumeResponse> {
         self.0.observe("NodeUnstageVolume", self.unstage(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_publish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_publish_volume(&self, r: tonic::Request<csi::NodePublishVolumeRequest>) -> Reply<csi::NodePublishVolumeResponse> {
+    async fn node_publish_volume(
+        &self,
+        r: tonic::Request<csi::NodePublishVolumeRequest>,
+    ) -> Reply<csi::NodePublishVolumeResponse> {
         self.0.observe("NodePublishVolume", self.publish(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_unpublish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_unpublish_volume(&self, r: tonic::Request<csi::NodeUnpublishVolumeRequest>) -> Reply<csi::NodeUnpublishVolumeResponse> {
+    async fn node_unpublish_volume(
+        &self,
+        r: tonic::Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Reply<csi::NodeUnpublishVolumeResponse> {
         self.0.observe("NodeUnpublishVolume", self.unpublish(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_get_volume_stats", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_get_volume_stats(&self, r: tonic::Request<csi::NodeGetVolumeStatsRequest>) -> Reply<csi::NodeGetVolumeStatsResponse> {
+    async fn node_get_volume_stats(
+        &self,
+        r: tonic::Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Reply<csi::NodeGetVolumeStatsResponse> {
         self.0.observe("NodeGetVolumeStats", self.stats(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_expand_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
-    async fn node_expand_volume(&self, r: tonic::Request<csi::NodeExpandVolumeRequest>) -> Reply<csi::NodeExpandVolumeResponse> {
+    async fn node_expand_volume(
+        &self,
+        r: tonic::Request<csi::NodeExpandVolumeRequest>,
+    ) -> Reply<csi::NodeExpandVolumeResponse> {
         self.0.observe("NodeExpandVolume", self.expand(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.node_get_capabilities", skip_all)]
-    async fn node_get_capabilities(&self, _: tonic::Request<csi::NodeGetCapabilitiesRequest>) -> Reply<csi::NodeGetCapabilitiesResponse> {
-        self.0.observe("NodeGetCapabilities", async { Ok(csi::NodeGetCapabilitiesResponse { capabilities: node_capabilities() }) }).await
+    async fn node_get_capabilities(
+        &self,
+        _: tonic::Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Reply<csi::NodeGetCapabilitiesResponse> {
+        self.0
+            .observe("NodeGetCapabilities", async {
+                Ok(csi::NodeGetCapabilitiesResponse { capabilities: node_capabilities() })
+            })
+            .await
     }
     #[tracing::instrument(name = "csi.node_get_info", skip_all)]
     async fn node_get_info(&self, _: tonic::Request<csi::NodeGetInfoRequest>) -> Reply<csi::NodeGetInfoResponse> {
@@ -241,7 +293,9 @@ impl Node for NodeService {
             Ok(csi::NodeGetInfoResponse {
                 node_id: d.node_id.clone(),
                 max_volumes_per_node: 0,
-                accessible_topology: Some(csi::Topology { segments: [(TOPOLOGY_NODE_KEY.to_string(), d.node_id.clone())].into_iter().collect() }),
+                accessible_topology: Some(csi::Topology {
+                    segments: [(TOPOLOGY_NODE_KEY.to_string(), d.node_id.clone())].into_iter().collect(),
+                }),
             })
         })
         .await

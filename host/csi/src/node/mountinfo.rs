@@ -74,10 +74,8 @@ pub fn parse(text: &str) -> Result<Vec<MountEntry>, MountInfoError> {
 /// Reads and parses the mount table of the calling process's mount namespace.
 pub fn read_current() -> Result<Vec<MountEntry>, MountInfoError> {
     // Bytes, not a String: mount points are not guaranteed to be UTF-8.
-    let bytes = std::fs::read(MOUNTINFO_PATH).map_err(|source| MountInfoError::Read {
-        path: PathBuf::from(MOUNTINFO_PATH),
-        source,
-    })?;
+    let bytes = std::fs::read(MOUNTINFO_PATH)
+        .map_err(|source| MountInfoError::Read { path: PathBuf::from(MOUNTINFO_PATH), source })?;
     parse_bytes(&bytes)
 }
 
@@ -144,10 +142,7 @@ fn parse_u32(field: &[u8]) -> Option<u32> {
 }
 
 fn parse_device(field: &[u8]) -> Result<(u32, u32), &'static str> {
-    let colon = field
-        .iter()
-        .position(|&b| b == b':')
-        .ok_or("major:minor has no ':'")?;
+    let colon = field.iter().position(|&b| b == b':').ok_or("major:minor has no ':'")?;
     let major = parse_u32(&field[..colon]).ok_or("major is not a number")?;
     let minor = parse_u32(&field[colon + 1..]).ok_or("minor is not a number")?;
     Ok((major, minor))
@@ -155,11 +150,7 @@ fn parse_device(field: &[u8]) -> Result<(u32, u32), &'static str> {
 
 /// Options are split before unescaping: a comma inside a value is escaped as `\054`.
 fn split_options(field: &[u8]) -> Vec<String> {
-    field
-        .split(|&b| b == b',')
-        .filter(|o| !o.is_empty())
-        .map(unescape_string)
-        .collect()
+    field.split(|&b| b == b',').filter(|o| !o.is_empty()).map(unescape_string).collect()
 }
 
 fn unescape_path(field: &[u8]) -> PathBuf {
@@ -273,8 +264,7 @@ mod tests {
     fn keeps_overlay_options_with_colons_intact() {
         let entries = parsed(KUBELET_NODE);
         let overlay = entries.iter().find(|e| e.mount_id == 160);
-        let lowerdir =
-            overlay.and_then(|e| e.super_options.iter().find(|o| o.starts_with("lowerdir=")));
+        let lowerdir = overlay.and_then(|e| e.super_options.iter().find(|o| o.starts_with("lowerdir=")));
         let snapshots = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots";
         let expected = format!("lowerdir={snapshots}/41/fs:{snapshots}/40/fs");
         assert_eq!(lowerdir, Some(&expected));
@@ -291,23 +281,14 @@ mod tests {
                  kubernetes.io~csi/team share/mount"
             ))
         );
-        assert_eq!(
-            spaced.map(|e| e.root.as_path()),
-            Some(Path::new("/srv/volumes/my data"))
-        );
+        assert_eq!(spaced.map(|e| e.root.as_path()), Some(Path::new("/srv/volumes/my data")));
 
         let control = entries.iter().find(|e| e.mount_id == 401);
-        assert_eq!(
-            control.map(|e| e.mount_point.as_path()),
-            Some(Path::new("/mnt/tab\tand\nnewline"))
-        );
+        assert_eq!(control.map(|e| e.mount_point.as_path()), Some(Path::new("/mnt/tab\tand\nnewline")));
         assert_eq!(control.map(|e| e.source.as_str()), Some("scratch space"));
 
         let backslash = entries.iter().find(|e| e.mount_id == 402);
-        assert_eq!(
-            backslash.map(|e| e.mount_point.as_path()),
-            Some(Path::new("/mnt/back\\slash"))
-        );
+        assert_eq!(backslash.map(|e| e.mount_point.as_path()), Some(Path::new("/mnt/back\\slash")));
     }
 
     #[test]
@@ -328,10 +309,7 @@ mod tests {
             Ok(entries) => entries,
             Err(e) => panic!("non-UTF-8 line must parse: {e}"),
         };
-        assert_eq!(
-            entries[0].mount_point,
-            PathBuf::from(OsString::from_vec(b"/mnt/\xff".to_vec()))
-        );
+        assert_eq!(entries[0].mount_point, PathBuf::from(OsString::from_vec(b"/mnt/\xff".to_vec())));
     }
 
     #[test]
@@ -388,10 +366,7 @@ mod tests {
     #[test]
     fn rejects_missing_fields_after_separator() {
         let err = parse("7 1 0:5 / /x rw - tmpfs tmpfs rw\n8 7 0:6 / /y rw - tmpfs\n");
-        assert!(
-            matches!(err, Err(MountInfoError::Malformed { line: 2, .. })),
-            "{err:?}"
-        );
+        assert!(matches!(err, Err(MountInfoError::Malformed { line: 2, .. })), "{err:?}");
     }
 
     #[test]
@@ -402,10 +377,7 @@ mod tests {
             "7 1 05 / /x rw - tmpfs tmpfs rw",
             "7 1 0:y / /x rw - tmpfs tmpfs rw",
         ] {
-            assert!(
-                matches!(parse(text), Err(MountInfoError::Malformed { .. })),
-                "{text} must be rejected"
-            );
+            assert!(matches!(parse(text), Err(MountInfoError::Malformed { .. })), "{text} must be rejected");
         }
     }
 

@@ -50,7 +50,9 @@ pub fn resolve(root: &Path, path: &str) -> Result<PathBuf, Error> {
             Err(_) => {
                 for rest in path.split('/').skip_while(|p| *p != part).skip(1) {
                     if rest.is_empty() || rest == "." || rest == ".." || rest.len() > 255 {
-                        return Err(Error::PermissionDenied(format!("path {path:?}: component {rest:?} is not allowed")));
+                        return Err(Error::PermissionDenied(format!(
+                            "path {path:?}: component {rest:?} is not allowed"
+                        )));
                     }
                     full.push(rest);
                 }
@@ -76,7 +78,14 @@ fn file_stat(m: &fs::Metadata) -> FileStat {
     } else {
         FileKind::Other
     };
-    FileStat { kind, size: m.len(), mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid(), modified: stamp(m.mtime(), m.mtime_nsec()) }
+    FileStat {
+        kind,
+        size: m.len(),
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+        modified: stamp(m.mtime(), m.mtime_nsec()),
+    }
 }
 
 pub fn mkdir(p: &Path, mode: u32) -> Result<(), Error> {
@@ -230,7 +239,10 @@ pub fn usage(p: &Path) -> Result<u64, Error> {
 pub fn space(p: &Path) -> Result<Space, Error> {
     let s = nix::sys::statvfs::statvfs(p).map_err(|e| io_err(&format!("statvfs {}", p.display()), e.into()))?;
     let frsize = s.fragment_size();
-    Ok(Space { total_bytes: s.blocks().saturating_mul(frsize), available_bytes: s.blocks_available().saturating_mul(frsize) })
+    Ok(Space {
+        total_bytes: s.blocks().saturating_mul(frsize),
+        available_bytes: s.blocks_available().saturating_mul(frsize),
+    })
 }
 
 impl CallState {
@@ -333,7 +345,8 @@ mod tests {
         fs::set_permissions(src.join("sub/f"), fs::Permissions::from_mode(0o640)).expect("chmod");
         std::os::unix::fs::symlink("sub/f", src.join("l")).expect("symlink");
         copy_tree(&src, &d.path().join("dst")).expect("copy");
-        let (a, b) = (fs::metadata(src.join("sub/f")).expect("a"), fs::metadata(d.path().join("dst/sub/f")).expect("b"));
+        let (a, b) =
+            (fs::metadata(src.join("sub/f")).expect("a"), fs::metadata(d.path().join("dst/sub/f")).expect("b"));
         assert_eq!((a.mode(), a.uid(), a.mtime(), a.mtime_nsec()), (b.mode(), b.uid(), b.mtime(), b.mtime_nsec()));
         assert_eq!(fs::read_link(d.path().join("dst/l")).expect("link"), PathBuf::from("sub/f"));
         assert_eq!(fs::metadata(d.path().join("dst/sub")).expect("dir").mode() & 0o777, 0o750);
