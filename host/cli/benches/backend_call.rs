@@ -4,7 +4,8 @@
 //! 1. backend call: instantiate a fresh instance from the pre-instantiated component + call
 //!    an export (`info`: no imports), p50/p99; and `get-capacity` (one host import).
 //! 2. CreateVolume through the CSI socket: hostpath as `.wasm` vs the same crate linked
-//!    natively, interleaved call by call; p50/p99 and the ratio.
+//!    natively, interleaved call by call, on tmpfs (the sandbox's cost alone) and on disk
+//!    (what an operator sees, fsyncs included); p50/p99 and the ratio.
 //! 3. host ready to serve (runtime + 3 backends from a warm compile cache + socket + Probe).
 #![allow(clippy::unwrap_used, reason = "benchmark harness")]
 use std::path::Path;
@@ -15,23 +16,32 @@ use wasmcsi_proto::csi::v1::{controller_client::ControllerClient, identity_clien
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::native::NativeDriver;
 
+const BACKENDS: [&str; 4] = ["hostpath", "hostpath-native", "hostpath-b", "hostile"];
+
 fn pct(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
-    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[i]
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn mean(samples: &[Duration]) -> Duration {
+    samples.iter().sum::<Duration>() / samples.len() as u32
 }
 
 fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
-fn config(root: &Path) -> HostConfig {
-    let grants = |name: &str| {
-        format!("[backends.{name}.grants]\ndir = {{ default = {:?} }}\n", root.join(name).display().to_string())
-    };
-    let text = ["hostpath", "hostpath-native", "hostpath-b", "hostile"].iter().map(|n| grants(n)).collect::<String>();
-    for n in ["hostpath", "hostpath-native", "hostpath-b", "hostile"] {
-        std::fs::create_dir_all(root.join(n)).unwrap();
+fn row(what: &str, a: String, b: String) {
+    println!("{what:<62} {a:>12} {b:>12}");
+}
+
+/// Every backend gets its own dir root under `roots`.
+fn config(roots: &Path) -> HostConfig {
+    let mut text = String::new();
+    for name in BACKENDS {
+        let root = roots.join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        text.push_str(&format!("[backends.{name}.grants]\ndir = {{ default = {:?} }}\n", root.display().to_string()));
     }
     HostConfig::parse(&text, Path::new("bench")).unwrap()
 }
@@ -50,15 +60,15 @@ fn variant(wasm: &[u8], tag: &str) -> Vec<u8> {
     out
 }
 
-fn options(dir: &Path, backends: &Path) -> HostOptions {
+fn options(base: &Path, backends: &Path) -> HostOptions {
     HostOptions {
         driver_name: "bench.wasmcsi.io".into(),
         mode: wasmcsi_csi::Mode::Controller,
         node_id: "bench".into(),
-        socket: dir.join("csi.sock"),
-        config: config(&dir.join("roots")),
+        socket: base.join("csi.sock"),
+        config: config(&base.join("roots")),
         backends_dir: Some(backends.to_path_buf()),
-        state_dir: dir.join("state"),
+        state_dir: base.join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
     }
@@ -78,48 +88,24 @@ fn create(name: &str, backend: &str) -> csi::CreateVolumeRequest {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let dir = tempfile::tempdir().unwrap();
-    let backends = dir.path().join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
-    std::fs::write(backends.join("hostpath-b.wasm"), variant(wasmcsi_artifacts::HOSTPATH, "b")).unwrap();
-    std::fs::write(backends.join("hostile.wasm"), wasmcsi_artifacts::HOSTILE).unwrap();
+/// A host on `base` with the `.wasm` backends of `backends` plus hostpath linked natively.
+async fn start(base: &Path, backends: &Path) -> Host {
+    let host = Host::start(options(base, backends)).await.unwrap();
+    let native = NativeDriver::of::<wasmcsi_backend_hostpath::HostPath>();
+    host.registry.insert(host.registry.runtime().load_native("hostpath-native", native).unwrap());
+    host
+}
 
-    let host = Host::start(options(dir.path(), &backends)).await.unwrap();
-    let rt = host.registry.runtime().clone();
-    host.registry
-        .insert(rt.load_native("hostpath-native", NativeDriver::of::<wasmcsi_backend_hostpath::HostPath>()).unwrap());
-    let wasm = host.registry.get("hostpath").unwrap();
-
-    // 1. instantiate + call.
-    let n = 20_000;
-    let mut info = Vec::with_capacity(n);
-    for i in 0..n + 1000 {
-        let t = Instant::now();
-        wasm.call("info", vec![], |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) })).await.unwrap();
-        if i >= 1000 {
-            info.push(t.elapsed());
-        }
-    }
-    let mut cap = Vec::with_capacity(2000);
-    for _ in 0..2000 {
-        let t = Instant::now();
-        wasm.get_capacity(vec![], vec![], None).await.unwrap();
-        cap.push(t.elapsed());
-    }
-
-    // 2. CreateVolume through the socket, wasm vs native, interleaved.
-    let channel = connect(&host.socket).await.unwrap();
-    let mut ctl = ControllerClient::new(channel);
-    let rounds = 2000;
-    let (mut w, mut nat) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+/// Interleaved CreateVolume rounds (each followed by an untimed DeleteVolume) through one
+/// host's socket: (component samples, native samples).
+async fn create_volume_rounds(base: &Path, backends: &Path, rounds: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let host = start(base, backends).await;
+    let mut ctl = ControllerClient::new(connect(&host.socket).await.unwrap());
+    let (mut wasm, mut native) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
     for i in 0..rounds + 100 {
-        for (backend, samples) in [("hostpath", &mut w), ("hostpath-native", &mut nat)] {
-            let name = format!("pvc-{i}");
+        for (backend, samples) in [("hostpath", &mut wasm), ("hostpath-native", &mut native)] {
             let t = Instant::now();
-            let v = ctl.create_volume(create(&name, backend)).await.unwrap().into_inner().volume.unwrap();
+            let v = ctl.create_volume(create(&format!("pvc-{i}"), backend)).await.unwrap().into_inner().volume.unwrap();
             let took = t.elapsed();
             ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id, ..Default::default() }).await.unwrap();
             if i >= 100 {
@@ -128,8 +114,53 @@ async fn main() {
         }
     }
     host.shutdown().await.unwrap();
+    (wasm, native)
+}
 
-    // 3. Ready to serve with a warm compile cache (the first start above filled it).
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // On a runtime worker, as tonic runs request handlers (the main thread is not one).
+    tokio::spawn(run()).await.unwrap();
+}
+
+async fn run() {
+    let dir = tempfile::tempdir().unwrap();
+    let backends = dir.path().join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::write(backends.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    std::fs::write(backends.join("hostpath-b.wasm"), variant(wasmcsi_artifacts::HOSTPATH, "b")).unwrap();
+    std::fs::write(backends.join("hostile.wasm"), wasmcsi_artifacts::HOSTILE).unwrap();
+
+    // 1. instantiate + call (this first start also fills the compile cache for 3.).
+    let n = 20_000;
+    let (mut info, mut cap) = (Vec::with_capacity(n), Vec::with_capacity(2000));
+    {
+        let host = start(dir.path(), &backends).await;
+        let wasm = host.registry.get("hostpath").unwrap();
+        for i in 0..n + 1000 {
+            let t = Instant::now();
+            wasm.call("info", vec![], |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) })).await.unwrap();
+            if i >= 1000 {
+                info.push(t.elapsed());
+            }
+        }
+        for _ in 0..2000 {
+            let t = Instant::now();
+            wasm.get_capacity(vec![], vec![], None).await.unwrap();
+            cap.push(t.elapsed());
+        }
+        drop(wasm); // the metadata store is one process's at a time
+        host.shutdown().await.unwrap();
+    }
+
+    // 2. CreateVolume through the socket.
+    let rounds = 2000;
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let (mut w_shm, mut n_shm) = create_volume_rounds(shm.path(), &backends, rounds).await;
+    let disk = tempfile::tempdir().unwrap();
+    let (mut w_disk, mut n_disk) = create_volume_rounds(disk.path(), &backends, rounds).await;
+
+    // 3. Ready to serve with a warm compile cache.
     let mut ready = Vec::new();
     for _ in 0..15 {
         let t = Instant::now();
@@ -142,44 +173,20 @@ async fn main() {
         host.shutdown().await.unwrap();
     }
 
-    let (wp50, np50) = (pct(&mut w, 0.5), pct(&mut nat, 0.5));
-    let mean = |v: &[Duration]| v.iter().sum::<Duration>() / v.len() as u32;
     println!("\nwasmcsi sandbox benchmark (one run, 2 tokio workers)");
-    println!("{:<58} {:>12} {:>12}", "measure", "p50", "p99");
-    println!(
-        "{:<58} {:>12} {:>12}",
-        format!("backend call: instantiate + info() (n={n})"),
-        us(pct(&mut info, 0.5)),
-        us(pct(&mut info, 0.99))
-    );
-    println!(
-        "{:<58} {:>12} {:>12}",
-        "backend call: instantiate + get-capacity (1 host import)",
-        us(pct(&mut cap, 0.5)),
-        us(pct(&mut cap, 0.99))
-    );
-    println!(
-        "{:<58} {:>12} {:>12}",
-        format!("CreateVolume via socket, hostpath .wasm (n={rounds})"),
-        us(wp50),
-        us(pct(&mut w, 0.99))
-    );
-    println!(
-        "{:<58} {:>12} {:>12}",
-        format!("CreateVolume via socket, hostpath native (n={rounds})"),
-        us(np50),
-        us(pct(&mut nat, 0.99))
-    );
-    println!(
-        "{:<58} {:>12} {:>12}",
-        "  ratio .wasm / native (p50, mean)",
-        format!("{:.3}x", wp50.as_secs_f64() / np50.as_secs_f64()),
-        format!("{:.3}x", mean(&w).as_secs_f64() / mean(&nat).as_secs_f64())
-    );
-    println!(
-        "{:<58} {:>12} {:>12}",
-        "host ready, 3 backends, warm cache (n=15; p50, max)",
-        format!("{:.1} ms", pct(&mut ready, 0.5).as_secs_f64() * 1e3),
-        format!("{:.1} ms", pct(&mut ready, 1.0).as_secs_f64() * 1e3)
-    );
+    row("measure", "p50".into(), "p99".into());
+    row(&format!("backend call: instantiate + info() (n={n})"), us(pct(&mut info, 0.5)), us(pct(&mut info, 0.99)));
+    row("backend call: instantiate + get-capacity (1 host import)", us(pct(&mut cap, 0.5)), us(pct(&mut cap, 0.99)));
+    for (place, w, nat) in [("tmpfs", &mut w_shm, &mut n_shm), ("disk", &mut w_disk, &mut n_disk)] {
+        let (wp50, np50) = (pct(w, 0.5), pct(nat, 0.5));
+        row(&format!("CreateVolume via socket, hostpath .wasm, {place} (n={rounds})"), us(wp50), us(pct(w, 0.99)));
+        row(&format!("CreateVolume via socket, hostpath native, {place} (n={rounds})"), us(np50), us(pct(nat, 0.99)));
+        row(
+            "  ratio .wasm / native (p50; mean)",
+            format!("{:.3}x", wp50.as_secs_f64() / np50.as_secs_f64()),
+            format!("{:.3}x", mean(w).as_secs_f64() / mean(nat).as_secs_f64()),
+        );
+    }
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    row("host ready, 3 backends, warm cache (n=15; p50, max)", ms(pct(&mut ready, 0.5)), ms(pct(&mut ready, 1.0)));
 }

@@ -7,6 +7,7 @@ use crate::bindings::driver::{self, BackendInfo, Guest};
 use crate::bindings::types::Error as WitError;
 use crate::capabilities::{Capabilities, ImportSummary};
 use crate::config::Limits;
+use crate::engine::EPOCH_TICK;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
 use crate::native::NativeDriver;
 use crate::state::CallState;
@@ -103,6 +104,9 @@ pub(crate) enum Kind {
     Native(NativeDriver),
 }
 
+/// Epoch ticks between deadline checks (each check may yield the worker).
+const YIELD_TICKS: u64 = 5;
+
 /// Slack on top of the deadline for the outer timeout; the epoch deadline normally fires
 /// first, this only catches a host import that ignored its own timeout.
 const OUTER_GRACE: Duration = Duration::from_millis(50);
@@ -129,39 +133,70 @@ impl Backend {
     }
 
     /// Run one export under every limit. `body` gets the fresh instance's exports and the
-    /// store; `secrets` become handles 0.. for this call only.
-    pub async fn call<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
+    /// store; `secrets` become handles 0.. for this call only. The call runs in a task of its
+    /// own, so a host import stuck in a syscall cannot keep the caller past the deadline.
+    pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
+    {
+        let this = self.clone();
+        self.detached(op, async move { this.call_inner(op, secrets, body).await }).await
+    }
+
+    /// Like [`Backend::call`], in the caller's task (loading: `info` before the backend is shared).
+    pub(crate) async fn call_in_place<R, F>(&self, op: &'static str, body: F) -> Result<R, CallError>
     where
         F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
-        self.observed(op, self.call_inner(op, secrets, body)).await
+        self.observed(op, self.call_inner(op, vec![], body)).await
     }
 
-    /// Run one export of a native backend on the blocking pool, with this backend's dir
-    /// roots, bounded by the call deadline (a native call cannot be interrupted; the caller
-    /// stops waiting for it).
+    /// Run one export of a native backend with this backend's dir roots, in its own task
+    /// like a component call. A native call cannot be interrupted; its caller stops waiting
+    /// at the deadline.
     async fn call_native<R: Send + 'static>(
-        &self,
+        self: &Arc<Self>,
         op: &'static str,
         f: impl FnOnce() -> Result<R, WitError> + Send + 'static,
     ) -> Result<R, CallError> {
-        let roots = self.caps.dir_roots.clone();
+        let this = self.clone();
+        self.detached(op, async move {
+            let _permit = this.permit(op, Instant::now() + this.limits.call_deadline()).await?;
+            crate::capabilities::local_io(|| crate::native::with_roots(&this.caps.dir_roots, f))
+                .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error })
+        })
+        .await
+    }
+
+    /// Run `call` in its own task and wait for it until the deadline (+ grace): traced,
+    /// counted, and never longer than the deadline for the caller.
+    async fn detached<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<R, CallError>> + Send + 'static,
+    ) -> Result<R, CallError> {
         let deadline = self.limits.call_deadline();
         let backend = self.name.clone();
         self.observed(op, async move {
-            match tokio::time::timeout(
-                deadline,
-                tokio::task::spawn_blocking(move || crate::native::with_roots(&roots, f)),
-            )
-            .await
-            {
+            match tokio::time::timeout(deadline + OUTER_GRACE, call).await {
                 Err(_) => Err(CallError::Timeout { backend, op, deadline }),
-                Ok(Err(join)) => Err(CallError::Trap { backend, op, message: join.to_string() }),
-                Ok(Ok(Ok(v))) => Ok(v),
-                Ok(Ok(Err(error))) => Err(CallError::Backend { backend, op, error }),
+                Ok(result) => result,
             }
         })
         .await
+    }
+
+    /// One of the backend's concurrency slots, waiting at most until `deadline`.
+    async fn permit(
+        &self,
+        op: &'static str,
+        deadline: Instant,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, CallError> {
+        match tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(CallError::Busy { backend: self.name.clone(), op, limit: self.limits.max_concurrent_calls }),
+        }
     }
 
     /// Trace and count one call.
@@ -208,21 +243,25 @@ impl Backend {
         let started = Instant::now();
         let deadline_len = self.limits.call_deadline();
         let deadline = started + deadline_len;
-        let _permit = match tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            _ => return Err(CallError::Busy { backend: backend(), op, limit: self.limits.max_concurrent_calls }),
-        };
+        let _permit = self.permit(op, deadline).await?;
 
         let mut store = Store::new(engine, CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets));
         store.limiter(|s| &mut s.limiter);
         let fuel = if self.limits.fuel == 0 { u64::MAX } else { self.limits.fuel };
         store.set_fuel(fuel).map_err(|e| CallError::Trap { backend: backend(), op, message: format!("{e:#}") })?;
-        // Checked on every epoch tick: past the deadline the guest traps; before it, yield so
-        // a busy guest shares the async worker with other calls.
+        // Checked every few epoch ticks: past the deadline the guest traps; before it, the
+        // call yields so a busy guest shares its async worker with other calls. Checking every
+        // tick made every call that spanned a tick pay a reschedule (measurable on
+        // CreateVolume); every YIELD_TICKS keeps a spinning guest to ~10 ms slices.
         store.epoch_deadline_callback(move |_| {
-            Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            let ticks = (left.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64;
+            Ok(UpdateDeadline::Yield(ticks.min(YIELD_TICKS)))
         });
-        store.set_epoch_deadline(1);
+        store.set_epoch_deadline(YIELD_TICKS);
 
         let outcome = tokio::time::timeout_at((deadline + OUTER_GRACE).into(), async {
             let instance = pre.instantiate_async(&mut store).await?;
@@ -268,7 +307,7 @@ fn classify(
 /// runs the component, or for a native backend the same export linked into the host.
 impl Backend {
     pub async fn create_volume(
-        &self,
+        self: &Arc<Self>,
         req: driver::CreateVolumeRequest,
         secrets: Secrets,
     ) -> Result<driver::Volume, CallError> {
@@ -279,7 +318,7 @@ impl Backend {
         self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await }))
             .await
     }
-    pub async fn delete_volume(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
+    pub async fn delete_volume(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
         let refs = secret_refs(&secrets);
         if let Kind::Native(n) = &self.kind {
             let f = n.delete_volume;
@@ -291,7 +330,7 @@ impl Backend {
         .await
     }
     pub async fn expand_volume(
-        &self,
+        self: &Arc<Self>,
         id: String,
         capacity: driver::CapacityRange,
         capability: Option<driver::VolumeCapability>,
@@ -307,14 +346,18 @@ impl Backend {
         })
         .await
     }
-    pub async fn get_volume(&self, id: String) -> Result<driver::VolumeStatus, CallError> {
+    pub async fn get_volume(self: &Arc<Self>, id: String) -> Result<driver::VolumeStatus, CallError> {
         if let Kind::Native(n) = &self.kind {
             let f = n.get_volume;
             return self.call_native("get_volume", move || f(id)).await;
         }
         self.call("get_volume", vec![], move |g, s| Box::pin(async move { g.call_get_volume(s, &id).await })).await
     }
-    pub async fn list_volumes(&self, max_entries: u32, token: String) -> Result<driver::VolumePage, CallError> {
+    pub async fn list_volumes(
+        self: &Arc<Self>,
+        max_entries: u32,
+        token: String,
+    ) -> Result<driver::VolumePage, CallError> {
         if let Kind::Native(n) = &self.kind {
             let f = n.list_volumes;
             return self.call_native("list_volumes", move || f(max_entries, token)).await;
@@ -325,7 +368,7 @@ impl Backend {
         .await
     }
     pub async fn validate_volume_capabilities(
-        &self,
+        self: &Arc<Self>,
         id: String,
         context: Vec<driver::Pair>,
         caps: Vec<driver::VolumeCapability>,
@@ -341,7 +384,7 @@ impl Backend {
         .await
     }
     pub async fn create_snapshot(
-        &self,
+        self: &Arc<Self>,
         name: String,
         source: String,
         params: Vec<driver::Pair>,
@@ -357,7 +400,7 @@ impl Backend {
         })
         .await
     }
-    pub async fn delete_snapshot(&self, id: String, secrets: Secrets) -> Result<(), CallError> {
+    pub async fn delete_snapshot(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
         let refs = secret_refs(&secrets);
         if let Kind::Native(n) = &self.kind {
             let f = n.delete_snapshot;
@@ -369,7 +412,7 @@ impl Backend {
         .await
     }
     pub async fn list_snapshots(
-        &self,
+        self: &Arc<Self>,
         snapshot_id: Option<String>,
         source_volume_id: Option<String>,
         max_entries: u32,
@@ -389,7 +432,7 @@ impl Backend {
         .await
     }
     pub async fn get_capacity(
-        &self,
+        self: &Arc<Self>,
         caps: Vec<driver::VolumeCapability>,
         params: Vec<driver::Pair>,
         topology: Option<driver::Topology>,
@@ -404,7 +447,7 @@ impl Backend {
         .await
     }
     pub async fn attach_plan(
-        &self,
+        self: &Arc<Self>,
         id: String,
         context: Vec<driver::Pair>,
         capability: driver::VolumeCapability,

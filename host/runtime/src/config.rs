@@ -36,8 +36,9 @@ pub struct Limits {
     pub memory_limit_mib: u64,
     /// Wall-clock deadline of one backend call, host imports included.
     pub call_deadline_ms: u64,
-    /// Deadline of each host import; epochs cannot interrupt a blocked host call, so every
-    /// import carries its own timeout shorter than the call's.
+    /// Deadline of each network host import (nfs, block, rbd): epochs cannot interrupt a
+    /// blocked host call, so those carry their own timeout, shorter than the call's. Local
+    /// imports (`dir`, `kv`) run inline in microseconds (see `capabilities::local_io`).
     pub import_timeout_ms: u64,
     /// Calls of one backend running at once; more wait up to the call deadline.
     pub max_concurrent_calls: u32,

@@ -68,7 +68,7 @@ impl Registry {
 
     /// Load bytes as backend `name` and swap it in (tests, embedded backends).
     pub async fn install(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Arc<Backend>, LoadError> {
-        let backend = Arc::new(self.runtime.load(name, wasm, path).await?);
+        let backend = self.runtime.load(name, wasm, path).await?;
         if let Ok(mut map) = self.backends.write() {
             map.insert(name.to_string(), backend.clone());
         }
@@ -76,8 +76,7 @@ impl Registry {
     }
 
     /// Swap in an already-built backend (native backends for benchmarks and tests).
-    pub fn insert(&self, backend: Backend) -> Arc<Backend> {
-        let backend = Arc::new(backend);
+    pub fn insert(&self, backend: Arc<Backend>) -> Arc<Backend> {
         if let Ok(mut map) = self.backends.write() {
             map.insert(backend.name.clone(), backend.clone());
         }

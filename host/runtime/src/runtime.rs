@@ -108,7 +108,7 @@ impl Runtime {
 
     /// Load `wasm` as backend `name`: compile (on the blocking pool; from the cache when
     /// warm), check grants, link, pre-instantiate, call `info`.
-    pub async fn load(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
+    pub async fn load(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Arc<Backend>, LoadError> {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
         }
@@ -121,7 +121,7 @@ impl Runtime {
         result
     }
 
-    async fn load_checked(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Backend, LoadError> {
+    async fn load_checked(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Arc<Backend>, LoadError> {
         let digest = Self::digest(wasm);
         // Compiling takes 100s of ms of CPU: off the async workers, so serving goes on.
         let (engine, cache, bytes, key) = (self.engine.clone(), self.cache.clone(), wasm.to_vec(), digest.clone());
@@ -177,7 +177,7 @@ impl Runtime {
             memory_peak: AtomicU64::new(0),
         };
         let info = backend
-            .call("info", vec![], |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
+            .call_in_place("info", |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
             .await
             .map_err(|e| LoadError::Info { name: name.into(), source: Box::new(e) })?;
         if info.name.is_empty() || info.name.len() > 64 || info.version.len() > 64 {
@@ -187,18 +187,18 @@ impl Runtime {
             });
         }
         backend.info = info;
-        Ok(backend)
+        Ok(Arc::new(backend))
     }
 
     /// A backend whose guest source is linked into this process (see [`crate::native`]):
     /// same grants, limits and metrics, no sandbox. For benchmarks and tests.
-    pub fn load_native(&self, name: &str, driver: crate::native::NativeDriver) -> Result<Backend, LoadError> {
+    pub fn load_native(&self, name: &str, driver: crate::native::NativeDriver) -> Result<Arc<Backend>, LoadError> {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
         }
         let limits = self.config.limits_for(name);
         let grants = self.config.grants_for(name);
-        Ok(Backend {
+        Ok(Arc::new(Backend {
             name: name.into(),
             digest: Self::digest(format!("native:{name}").as_bytes()),
             path: None,
@@ -216,6 +216,6 @@ impl Runtime {
             kind: crate::backend::Kind::Native(driver),
             metrics: self.metrics.clone(),
             memory_peak: AtomicU64::new(0),
-        })
+        }))
     }
 }

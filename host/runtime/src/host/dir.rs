@@ -4,7 +4,7 @@
 //! operation without following symlinks. Operations are plain functions, tested directly.
 use crate::bindings::types::{Error, Timestamp};
 use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Host, Space};
-use crate::capabilities::bounded;
+use crate::capabilities::local_io;
 use crate::state::CallState;
 use std::fs;
 use std::io::{self, Write};
@@ -252,18 +252,10 @@ impl CallState {
         })
     }
 
-    /// Resolve and run one operation on the blocking pool under the import timeout.
-    async fn on_path<T: Send + 'static>(
-        &mut self,
-        op: &str,
-        root: &str,
-        path: &str,
-        f: impl FnOnce(PathBuf) -> Result<T, Error> + Send + 'static,
-    ) -> Result<T, Error> {
+    /// Resolve and run one operation (see `local_io` for why inline).
+    fn on_path<T>(&mut self, root: &str, path: &str, f: impl FnOnce(PathBuf) -> Result<T, Error>) -> Result<T, Error> {
         let base = self.root(root)?;
-        let what = format!("dir {op} {root}:{path}");
-        let path = path.to_owned();
-        bounded(self.caps.import_timeout, what, move || f(resolve(&base, &path)?)).await
+        local_io(|| f(resolve(&base, path)?))
     }
 }
 
@@ -273,48 +265,48 @@ impl Host for CallState {
     }
     #[tracing::instrument(name = "import.dir.mkdir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn mkdir(&mut self, root: String, path: String, mode: u32) -> Result<(), Error> {
-        self.on_path("mkdir", &root, &path, move |p| mkdir(&p, mode)).await
+        self.on_path(&root, &path, move |p| mkdir(&p, mode))
     }
     #[tracing::instrument(name = "import.dir.stat", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn stat(&mut self, root: String, path: String) -> Result<Option<FileStat>, Error> {
-        self.on_path("stat", &root, &path, |p| stat(&p)).await
+        self.on_path(&root, &path, |p| stat(&p))
     }
     #[tracing::instrument(name = "import.dir.read_dir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn read_dir(&mut self, root: String, path: String) -> Result<Vec<String>, Error> {
-        self.on_path("read-dir", &root, &path, |p| read_dir(&p)).await
+        self.on_path(&root, &path, |p| read_dir(&p))
     }
     #[tracing::instrument(name = "import.dir.read_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn read_file(&mut self, root: String, path: String) -> Result<Vec<u8>, Error> {
-        self.on_path("read-file", &root, &path, |p| read_file(&p)).await
+        self.on_path(&root, &path, |p| read_file(&p))
     }
     #[tracing::instrument(name = "import.dir.write_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn write_file(&mut self, root: String, path: String, data: Vec<u8>) -> Result<(), Error> {
-        self.on_path("write-file", &root, &path, move |p| write_file(&p, &data)).await
+        self.on_path(&root, &path, move |p| write_file(&p, &data))
     }
     #[tracing::instrument(name = "import.dir.copy_tree", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
     async fn copy_tree(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
         let target = resolve(&self.root(&root)?, &to)?;
-        self.on_path("copy-tree", &root, &from, move |p| copy_tree(&p, &target)).await
+        self.on_path(&root, &from, |p| copy_tree(&p, &target))
     }
     #[tracing::instrument(name = "import.dir.rename", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
     async fn rename(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
         let target = resolve(&self.root(&root)?, &to)?;
-        self.on_path("rename", &root, &from, move |p| rename(&p, &target)).await
+        self.on_path(&root, &from, move |p| rename(&p, &target))
     }
     #[tracing::instrument(name = "import.dir.remove_all", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn remove_all(&mut self, root: String, path: String) -> Result<(), Error> {
         if path.is_empty() {
             return Err(Error::InvalidArgument(format!("refusing to remove dir root {root:?} itself")));
         }
-        self.on_path("remove", &root, &path, |p| remove_all(&p)).await
+        self.on_path(&root, &path, |p| remove_all(&p))
     }
     #[tracing::instrument(name = "import.dir.usage", skip_all, fields(backend = %self.caps.backend, %root, %path))]
     async fn usage(&mut self, root: String, path: String) -> Result<u64, Error> {
-        self.on_path("usage", &root, &path, |p| usage(&p)).await
+        self.on_path(&root, &path, |p| usage(&p))
     }
     #[tracing::instrument(name = "import.dir.fs_stats", skip_all, fields(backend = %self.caps.backend, %root))]
     async fn fs_stats(&mut self, root: String) -> Result<Space, Error> {
-        self.on_path("fs-stats", &root, "", |p| space(&p)).await
+        self.on_path(&root, "", |p| space(&p))
     }
 }
 

@@ -1,7 +1,7 @@
 //! `kv`: the backend's private namespace in the host's metadata store.
 use crate::bindings::types::Error;
 use crate::bindings::wasmcsi::backend::kv::Host;
-use crate::capabilities::bounded;
+use crate::capabilities::local_io;
 use crate::state::CallState;
 use crate::store::StoreError;
 
@@ -15,27 +15,20 @@ fn to_wit(e: StoreError) -> Error {
 impl Host for CallState {
     #[tracing::instrument(name = "import.kv.get", skip_all, fields(backend = %self.caps.backend))]
     async fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, Error> {
-        let c = self.caps.clone();
-        bounded(c.import_timeout, format!("kv get {key}"), move || c.store.kv_get(&c.backend, &key).map_err(to_wit))
-            .await
+        let c = &self.caps;
+        local_io(|| c.store.kv_get(&c.backend, &key).map_err(to_wit))
     }
 
     #[tracing::instrument(name = "import.kv.set", skip_all, fields(backend = %self.caps.backend))]
     async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
-        let c = self.caps.clone();
-        bounded(c.import_timeout, format!("kv set {key}"), move || {
-            c.store.kv_set(&c.backend, &key, &value).map_err(to_wit)
-        })
-        .await
+        let c = &self.caps;
+        local_io(|| c.store.kv_set(&c.backend, &key, &value).map_err(to_wit))
     }
 
     #[tracing::instrument(name = "import.kv.delete", skip_all, fields(backend = %self.caps.backend))]
     async fn delete(&mut self, key: String) -> Result<(), Error> {
-        let c = self.caps.clone();
-        bounded(c.import_timeout, format!("kv delete {key}"), move || {
-            c.store.kv_delete(&c.backend, &key).map_err(to_wit)
-        })
-        .await
+        let c = &self.caps;
+        local_io(|| c.store.kv_delete(&c.backend, &key).map_err(to_wit))
     }
 
     #[tracing::instrument(name = "import.kv.compare_and_swap", skip_all, fields(backend = %self.caps.backend))]
@@ -45,11 +38,8 @@ impl Host for CallState {
         expected: Option<Vec<u8>>,
         new: Option<Vec<u8>>,
     ) -> Result<bool, Error> {
-        let c = self.caps.clone();
-        bounded(c.import_timeout, format!("kv compare-and-swap {key}"), move || {
-            c.store.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref()).map_err(to_wit)
-        })
-        .await
+        let c = &self.caps;
+        local_io(|| c.store.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref()).map_err(to_wit))
     }
 
     #[tracing::instrument(name = "import.kv.list_keys", skip_all, fields(backend = %self.caps.backend))]
@@ -59,10 +49,7 @@ impl Host for CallState {
         start_after: Option<String>,
         limit: u32,
     ) -> Result<Vec<String>, Error> {
-        let c = self.caps.clone();
-        bounded(c.import_timeout, format!("kv list {prefix}"), move || {
-            c.store.kv_list(&c.backend, &prefix, start_after.as_deref(), limit.min(10_000)).map_err(to_wit)
-        })
-        .await
+        let c = &self.caps;
+        local_io(|| c.store.kv_list(&c.backend, &prefix, start_after.as_deref(), limit.min(10_000)).map_err(to_wit))
     }
 }
