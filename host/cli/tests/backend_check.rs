@@ -1,0 +1,62 @@
+//! `wasmcsi backend check` and `backend ls`, run as an operator would: the real binary.
+#![allow(clippy::unwrap_used, reason = "tests")]
+use std::process::Command;
+
+fn wasmcsi(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmcsi")).args(args).env("RUST_LOG", "warn").output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
+}
+
+#[test]
+fn check_passes_the_hostpath_example_and_names_what_it_needs() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("hostpath.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::HOSTPATH).unwrap();
+    let (code, out, err) = wasmcsi(&["backend", "check", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("wasmcsi:backend/dir"), "{out}");
+    assert!(out.contains("grants needed: dir"), "{out}");
+    assert!(out.contains("wasmcsi:backend/driver@0.1.0"), "exports listed: {out}");
+    assert!(out.lines().any(|l| l.ends_with(" 0 failed, 0 skipped") || l.contains(" 0 failed")), "{out}");
+}
+
+#[test]
+fn check_fails_a_backend_that_breaks_csi_semantics_with_a_readable_report() {
+    let d = tempfile::tempdir().unwrap();
+    // The hostile fixture answers every CreateVolume with an error: not a usable backend.
+    let file = d.path().join("hostile.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::HOSTILE).unwrap();
+    let (code, out, err) = wasmcsi(&["backend", "check", "--no-node", file.to_str().unwrap()]);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("FAIL"), "{out}");
+}
+
+#[test]
+fn check_rejects_a_file_that_is_not_a_component() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("broken.wasm");
+    std::fs::write(&file, b"\0asm\x0d\0\x01\0 not really").unwrap();
+    let (code, _, err) = wasmcsi(&["backend", "check", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a valid component"), "{err}");
+}
+
+#[test]
+fn ls_reports_loaded_and_rejected_backends() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    std::fs::write(d.path().join("broken.wasm"), b"nope").unwrap();
+    let config = d.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[backends.hostpath.grants]\ndir = {{ default = {:?} }}\n", d.path().display().to_string()),
+    )
+    .unwrap();
+    let (code, out, err) =
+        wasmcsi(&["backend", "ls", "--backends-dir", d.path().to_str().unwrap(), "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
+    assert!(line("hostpath").contains(" ok "), "{out}");
+    assert!(line("broken").contains("rejected"), "{out}");
+}
