@@ -172,6 +172,10 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     assert!(status.message().contains("invalid volume id"), "{status:?}");
     let garbage_id = format!("hostile:../{}\0", "x".repeat(4096));
     assert!(host.registry.runtime().store.volume(&garbage_id).unwrap().is_none());
+    // Bytes that are not UTF-8 where the ABI wants a string: the lift fails, the call is INTERNAL.
+    let (status, _) = hostile_call(channel.clone(), "bad-utf8", &[("mode", "bad-utf8")]).await;
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(status.message().contains("invalid output"), "{status:?}");
 
     // files, sockets, env: WASI is deny-by-default; the guest reports what happened to it.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

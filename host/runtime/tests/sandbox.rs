@@ -114,6 +114,17 @@ async fn a_panicking_guest_is_a_trap_for_that_call_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_the_canonical_abi_cannot_lift_is_bad_output_not_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let (r, _) = hostile_call(&rt, "bad-utf8").await;
+    assert!(matches!(&r, Err(CallError::BadOutput { message, .. }) if message.contains("utf-8")), "{r:?}");
+    // The same backend keeps answering.
+    let (r, _) = hostile_call(&rt, "bogus-mode").await;
+    assert!(matches!(r, Err(CallError::Backend { error: WitError::InvalidArgument(_), .. })), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasi_is_deny_by_default_for_files_sockets_and_env() {
     let d = tempfile::tempdir().unwrap();
     let rt = runtime(d.path(), true);
