@@ -1,0 +1,742 @@
+//! The replica wire protocol: frames, messages, the encoder and a streaming decoder. This module
+//! owns the byte layout documented in `proto/replica-protocol.md` and nothing else: it does no
+//! I/O, keeps no connection state and never decides what a message means for a replica or the
+//! engine (that is `replication`'s job and, later, the replica server's).
+//!
+//! Every frame is `header (24 bytes) + payload`, little-endian. The decoder accepts arbitrary
+//! bytes, never panics, and rejects a frame whose declared payload exceeds its limit before
+//! allocating anything for it; every length inside a payload is checked against the bytes that
+//! are actually there, so no field can make it allocate more than the frame it already holds.
+
+use thiserror::Error;
+
+/// First four bytes of every frame: "WCSB" (wasmcsi block).
+pub const MAGIC: [u8; 4] = *b"WCSB";
+/// Version of the framing and of the message set; bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes before the payload: magic, version, kind, request id, payload length, checksum.
+pub const HEADER_LEN: usize = 24;
+/// Default upper bound for a payload: a 4 MiB write plus its fixed fields. Peers negotiate
+/// nothing larger; a larger frame is a protocol error, not a reason to allocate.
+pub const DEFAULT_MAX_PAYLOAD: usize = 4 * 1024 * 1024 + 64;
+/// Longest volume id or snapshot name; names are identifiers, not data.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// Result of one request, carried by every reply. Numbers are wire values and never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Status {
+    Ok = 0,
+    /// The replica's storage failed (EIO, ENOSPC, fdatasync error).
+    IoError = 1,
+    /// Offset or length outside the volume.
+    OutOfRange = 2,
+    /// The request's revision is older than the replica's: an engine that lost its place.
+    StaleRevision = 3,
+    /// The replica stores another volume.
+    WrongVolume = 4,
+    /// The peer speaks a protocol version this replica does not serve.
+    UnsupportedVersion = 5,
+    /// The request was well-framed but made no sense (e.g. a snapshot name already in use).
+    Invalid = 6,
+}
+
+impl Status {
+    fn from_wire(v: u16) -> Option<Self> {
+        Some(match v {
+            0 => Self::Ok,
+            1 => Self::IoError,
+            2 => Self::OutOfRange,
+            3 => Self::StaleRevision,
+            4 => Self::WrongVolume,
+            5 => Self::UnsupportedVersion,
+            6 => Self::Invalid,
+            _ => return None,
+        })
+    }
+}
+
+/// A snapshot in a replica's chain, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub revision: u64,
+}
+
+/// What a replica says about itself in `HelloReply`: the crash-safe header it keeps on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaHeader {
+    pub volume_id: String,
+    pub size: u64,
+    /// Last revision at which this replica was a complete member of the replica set.
+    pub revision: u64,
+    pub snapshots: Vec<SnapshotInfo>,
+    /// Set while an engine has the replica open; still set after a crash (unclean shutdown).
+    pub dirty: bool,
+}
+
+/// State of one extent in an `ExtentMap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExtentState {
+    /// Holds data that is on stable storage.
+    Allocated = 1,
+    /// Written since the last flush: what a crash of this replica may lose.
+    Unflushed = 2,
+}
+
+/// A byte range of the volume, as reported by `ListExtents`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub len: u64,
+    pub state: ExtentState,
+}
+
+/// Every message of the protocol. Requests go engine → replica, replies replica → engine; a
+/// reply carries the request id of the request it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// First request on a connection.
+    Hello {
+        volume_id: String,
+        protocol_version: u16,
+        revision: u64,
+    },
+    HelloReply {
+        status: Status,
+        header: ReplicaHeader,
+    },
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    /// Answers `Read` and `ReadExtent`; `data` is empty unless `status` is `Ok`.
+    ReadReply {
+        status: Status,
+        data: Vec<u8>,
+    },
+    /// Refused with `StaleRevision` when `revision` is older than the replica's (fencing).
+    Write {
+        offset: u64,
+        revision: u64,
+        data: Vec<u8>,
+    },
+    /// Answered only once everything acknowledged before it is on stable storage.
+    Flush,
+    Unmap {
+        offset: u64,
+        len: u64,
+        revision: u64,
+    },
+    Snapshot {
+        name: String,
+        revision: u64,
+    },
+    /// Records a new revision in the replica's header (durably) before replying.
+    SetRevision {
+        revision: u64,
+    },
+    /// Answers `Write`, `Flush`, `Unmap`, `Snapshot` and `SetRevision`.
+    Reply {
+        status: Status,
+    },
+    /// Rebuild: which extents of `[offset, offset + len)` hold data.
+    ListExtents {
+        offset: u64,
+        len: u64,
+    },
+    ExtentMap {
+        status: Status,
+        extents: Vec<Extent>,
+    },
+    /// Rebuild: a read that the replica refuses (`StaleRevision`) when its own revision is below
+    /// `revision`, so a stale replica can never be a rebuild source even if the engine's view is
+    /// wrong.
+    ReadExtent {
+        offset: u64,
+        len: u32,
+        revision: u64,
+    },
+}
+
+impl Message {
+    fn kind(&self) -> u16 {
+        match self {
+            Self::Hello { .. } => 1,
+            Self::HelloReply { .. } => 2,
+            Self::Read { .. } => 3,
+            Self::ReadReply { .. } => 4,
+            Self::Write { .. } => 5,
+            Self::Flush => 6,
+            Self::Unmap { .. } => 7,
+            Self::Snapshot { .. } => 8,
+            Self::SetRevision { .. } => 9,
+            Self::Reply { .. } => 10,
+            Self::ListExtents { .. } => 11,
+            Self::ExtentMap { .. } => 12,
+            Self::ReadExtent { .. } => 13,
+        }
+    }
+}
+
+/// One message with the request id that pairs a reply with its request (pipelining: replies may
+/// arrive in any order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub request_id: u64,
+    pub message: Message,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum EncodeError {
+    #[error("payload of {len} bytes exceeds the frame limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("name of {len} bytes exceeds {MAX_NAME_LEN}")]
+    NameTooLong { len: usize },
+    #[error("{count} list entries exceed the wire limit")]
+    TooManyEntries { count: usize },
+}
+
+/// Why bytes are not a frame. Every variant is fatal for the connection: after it the stream has
+/// no trustworthy frame boundary, so the peer must close it.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("bad magic {0:02x?}: not a wasmcsi replica stream")]
+    BadMagic([u8; 4]),
+    #[error("unsupported protocol version {0} (this side speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion(u16),
+    #[error("frame payload of {len} bytes exceeds the limit of {max}")]
+    FrameTooLarge { len: usize, max: usize },
+    #[error("checksum mismatch on frame {request_id}")]
+    ChecksumMismatch { request_id: u64 },
+    #[error("unknown message kind {0}")]
+    UnknownKind(u16),
+    #[error("malformed message kind {kind}: {what}")]
+    Malformed { kind: u16, what: &'static str },
+}
+
+/// Outcome of looking at the front of a byte stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Not a whole frame yet; at least this many bytes in total are needed.
+    NeedMore(usize),
+    /// A frame and how many bytes of the input it used.
+    Frame(Frame, usize),
+}
+
+/// Appends the encoding of `frame` to `out`.
+pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    encode_with_limit(frame, out, DEFAULT_MAX_PAYLOAD)
+}
+
+/// Like [`encode`] with an explicit payload limit (the peer's decoder limit).
+pub fn encode_with_limit(frame: &Frame, out: &mut Vec<u8>, max_payload: usize) -> Result<(), EncodeError> {
+    let start = out.len();
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    out.extend_from_slice(&frame.message.kind().to_le_bytes());
+    out.extend_from_slice(&frame.request_id.to_le_bytes());
+    out.extend_from_slice(&[0; 8]); // length and checksum, filled in below
+    if let Err(e) = encode_payload(&frame.message, out) {
+        out.truncate(start);
+        return Err(e);
+    }
+    let len = out.len() - start - HEADER_LEN;
+    if len > max_payload {
+        out.truncate(start);
+        return Err(EncodeError::TooLarge { len, max: max_payload });
+    }
+    let len32 = u32::try_from(len).map_err(|_| EncodeError::TooLarge { len, max: max_payload })?;
+    out[start + 16..start + 20].copy_from_slice(&len32.to_le_bytes());
+    let crc = checksum(&out[start..start + 20], &out[start + HEADER_LEN..]);
+    out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// The checksum covers the header fields before it, so a flipped kind or request id is caught
+/// too, not only a damaged payload.
+fn checksum(header: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(header);
+    h.update(payload);
+    h.finalize()
+}
+
+fn put_name(out: &mut Vec<u8>, s: &str) -> Result<(), EncodeError> {
+    if s.len() > MAX_NAME_LEN {
+        return Err(EncodeError::NameTooLong { len: s.len() });
+    }
+    // MAX_NAME_LEN < u16::MAX, checked above.
+    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    match m {
+        Message::Hello { volume_id, protocol_version, revision } => {
+            put_name(out, volume_id)?;
+            out.extend_from_slice(&protocol_version.to_le_bytes());
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::HelloReply { status, header } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            put_name(out, &header.volume_id)?;
+            out.extend_from_slice(&header.size.to_le_bytes());
+            out.extend_from_slice(&header.revision.to_le_bytes());
+            out.push(u8::from(header.dirty));
+            let count = u16::try_from(header.snapshots.len())
+                .map_err(|_| EncodeError::TooManyEntries { count: header.snapshots.len() })?;
+            out.extend_from_slice(&count.to_le_bytes());
+            for s in &header.snapshots {
+                put_name(out, &s.name)?;
+                out.extend_from_slice(&s.revision.to_le_bytes());
+            }
+        }
+        Message::Read { offset, len } => {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        Message::ReadReply { status, data } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            out.extend_from_slice(data);
+        }
+        Message::Write { offset, revision, data } => {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&revision.to_le_bytes());
+            out.extend_from_slice(data);
+        }
+        Message::Flush => {}
+        Message::Unmap { offset, len, revision } => {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::Snapshot { name, revision } => {
+            put_name(out, name)?;
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::SetRevision { revision } => out.extend_from_slice(&revision.to_le_bytes()),
+        Message::Reply { status } => out.extend_from_slice(&(*status as u16).to_le_bytes()),
+        Message::ListExtents { offset, len } => {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        Message::ExtentMap { status, extents } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            let count =
+                u32::try_from(extents.len()).map_err(|_| EncodeError::TooManyEntries { count: extents.len() })?;
+            out.extend_from_slice(&count.to_le_bytes());
+            for e in extents {
+                out.extend_from_slice(&e.offset.to_le_bytes());
+                out.extend_from_slice(&e.len.to_le_bytes());
+                out.push(e.state as u8);
+            }
+        }
+        Message::ReadExtent { offset, len, revision } => {
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// Decodes the frame at the front of `buf` with [`DEFAULT_MAX_PAYLOAD`].
+pub fn decode(buf: &[u8]) -> Result<Decoded, DecodeError> {
+    decode_with_limit(buf, DEFAULT_MAX_PAYLOAD)
+}
+
+/// Decodes the frame at the front of `buf`. The header is validated as soon as it is complete,
+/// so garbage and oversized frames fail fast instead of waiting for megabytes that never come.
+pub fn decode_with_limit(buf: &[u8], max_payload: usize) -> Result<Decoded, DecodeError> {
+    // Reject a wrong magic byte by byte, before the whole header arrived.
+    let seen = buf.len().min(4);
+    if buf[..seen] != MAGIC[..seen] {
+        let mut m = [0; 4];
+        m[..seen].copy_from_slice(&buf[..seen]);
+        return Err(DecodeError::BadMagic(m));
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(Decoded::NeedMore(HEADER_LEN));
+    }
+    let mut r = Reader { buf: &buf[4..HEADER_LEN], kind: 0 };
+    let version = r.u16()?;
+    if version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let kind = r.u16()?;
+    let request_id = r.u64()?;
+    let len = r.u32()? as usize;
+    let crc = r.u32()?;
+    if len > max_payload {
+        return Err(DecodeError::FrameTooLarge { len, max: max_payload });
+    }
+    let total = HEADER_LEN + len;
+    if buf.len() < total {
+        return Ok(Decoded::NeedMore(total));
+    }
+    let payload = &buf[HEADER_LEN..total];
+    if checksum(&buf[..20], payload) != crc {
+        return Err(DecodeError::ChecksumMismatch { request_id });
+    }
+    let message = decode_payload(kind, payload)?;
+    Ok(Decoded::Frame(Frame { request_id, message }, total))
+}
+
+/// Bounds-checked cursor over a payload; every read fails instead of panicking.
+struct Reader<'a> {
+    buf: &'a [u8],
+    kind: u16,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Malformed { kind: self.kind, what: "payload ends inside a field" });
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn malformed(&self, what: &'static str) -> DecodeError {
+        DecodeError::Malformed { kind: self.kind, what }
+    }
+    fn status(&mut self) -> Result<Status, DecodeError> {
+        let v = self.u16()?;
+        Status::from_wire(v).ok_or(self.malformed("unknown status"))
+    }
+    fn name(&mut self) -> Result<String, DecodeError> {
+        let len = self.u16()? as usize;
+        if len > MAX_NAME_LEN {
+            return Err(self.malformed("name too long"));
+        }
+        let raw = self.bytes(len)?;
+        String::from_utf8(raw.to_vec()).map_err(|_| self.malformed("name is not UTF-8"))
+    }
+    fn rest(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf).to_vec()
+    }
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() { Ok(()) } else { Err(self.malformed("trailing bytes")) }
+    }
+}
+
+fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
+    let mut r = Reader { buf: payload, kind };
+    let m = match kind {
+        1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()? },
+        2 => {
+            let status = r.status()?;
+            let volume_id = r.name()?;
+            let size = r.u64()?;
+            let revision = r.u64()?;
+            let dirty = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(r.malformed("dirty flag is not 0 or 1")),
+            };
+            let count = r.u16()? as usize;
+            // Each entry is at least 10 bytes, so the count cannot ask for more than is there.
+            if count * 10 > r.buf.len() {
+                return Err(r.malformed("snapshot count exceeds payload"));
+            }
+            let mut snapshots = Vec::with_capacity(count);
+            for _ in 0..count {
+                snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()? });
+            }
+            Message::HelloReply { status, header: ReplicaHeader { volume_id, size, revision, snapshots, dirty } }
+        }
+        3 => Message::Read { offset: r.u64()?, len: r.u32()? },
+        4 => Message::ReadReply { status: r.status()?, data: r.rest() },
+        5 => Message::Write { offset: r.u64()?, revision: r.u64()?, data: r.rest() },
+        6 => Message::Flush,
+        7 => Message::Unmap { offset: r.u64()?, len: r.u64()?, revision: r.u64()? },
+        8 => Message::Snapshot { name: r.name()?, revision: r.u64()? },
+        9 => Message::SetRevision { revision: r.u64()? },
+        10 => Message::Reply { status: r.status()? },
+        11 => Message::ListExtents { offset: r.u64()?, len: r.u64()? },
+        12 => {
+            let status = r.status()?;
+            let count = r.u32()? as usize;
+            if count.saturating_mul(17) != r.buf.len() {
+                return Err(r.malformed("extent count does not match payload"));
+            }
+            let mut extents = Vec::with_capacity(count);
+            for _ in 0..count {
+                let offset = r.u64()?;
+                let len = r.u64()?;
+                let state = match r.u8()? {
+                    1 => ExtentState::Allocated,
+                    2 => ExtentState::Unflushed,
+                    _ => return Err(r.malformed("unknown extent state")),
+                };
+                extents.push(Extent { offset, len, state });
+            }
+            Message::ExtentMap { status, extents }
+        }
+        13 => Message::ReadExtent { offset: r.u64()?, len: r.u32()?, revision: r.u64()? },
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    r.finish()?;
+    Ok(m)
+}
+
+/// Buffers a byte stream and yields whole frames: what a connection reader needs.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    max_payload: usize,
+    failed: bool,
+}
+
+impl FrameDecoder {
+    pub fn new(max_payload: usize) -> Self {
+        Self { buf: Vec::new(), max_payload, failed: false }
+    }
+
+    /// Appends bytes read from the connection.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, `None` if more bytes are needed. After an error every later call
+    /// returns the same kind of failure: the stream has lost its framing.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, DecodeError> {
+        if self.failed {
+            return Err(DecodeError::Malformed { kind: 0, what: "stream already failed" });
+        }
+        match decode_with_limit(&self.buf, self.max_payload) {
+            Ok(Decoded::NeedMore(_)) => Ok(None),
+            Ok(Decoded::Frame(frame, used)) => {
+                self.buf.drain(..used);
+                Ok(Some(frame))
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::testutil::Rng;
+
+    pub(crate) fn random_message(rng: &mut Rng) -> Message {
+        let name = |rng: &mut Rng| -> String {
+            let n = rng.below(12) as usize;
+            (0..n).map(|_| char::from(b'a' + rng.below(26) as u8)).collect()
+        };
+        let data = |rng: &mut Rng| -> Vec<u8> {
+            let n = rng.below(300) as usize;
+            (0..n).map(|_| rng.next() as u8).collect()
+        };
+        let status = |rng: &mut Rng| Status::from_wire(rng.below(7) as u16).unwrap_or(Status::Ok);
+        match rng.below(13) {
+            0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
+            1 => Message::HelloReply {
+                status: status(rng),
+                header: ReplicaHeader {
+                    volume_id: name(rng),
+                    size: rng.next(),
+                    revision: rng.next(),
+                    snapshots: (0..rng.below(4))
+                        .map(|_| SnapshotInfo { name: name(rng), revision: rng.next() })
+                        .collect(),
+                    dirty: rng.below(2) == 1,
+                },
+            },
+            2 => Message::Read { offset: rng.next(), len: rng.next() as u32 },
+            3 => Message::ReadReply { status: status(rng), data: data(rng) },
+            4 => Message::Write { offset: rng.next(), revision: rng.next(), data: data(rng) },
+            5 => Message::Flush,
+            6 => Message::Unmap { offset: rng.next(), len: rng.next(), revision: rng.next() },
+            7 => Message::Snapshot { name: name(rng), revision: rng.next() },
+            8 => Message::SetRevision { revision: rng.next() },
+            9 => Message::Reply { status: status(rng) },
+            10 => Message::ListExtents { offset: rng.next(), len: rng.next() },
+            11 => Message::ExtentMap {
+                status: status(rng),
+                extents: (0..rng.below(5))
+                    .map(|_| Extent {
+                        offset: rng.next(),
+                        len: rng.next(),
+                        state: if rng.below(2) == 0 { ExtentState::Allocated } else { ExtentState::Unflushed },
+                    })
+                    .collect(),
+            },
+            _ => Message::ReadExtent { offset: rng.next(), len: rng.next() as u32, revision: rng.next() },
+        }
+    }
+
+    fn encoded(frame: &Frame) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(frame, &mut out).expect("encodable");
+        out
+    }
+
+    #[test]
+    fn every_message_kind_round_trips() {
+        let mut rng = Rng::new(1);
+        let mut kinds = std::collections::HashSet::new();
+        for i in 0..2000 {
+            let frame = Frame { request_id: i, message: random_message(&mut rng) };
+            kinds.insert(frame.message.kind());
+            let bytes = encoded(&frame);
+            assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
+        }
+        assert_eq!(kinds.len(), 13, "the generator covers every kind");
+    }
+
+    #[test]
+    fn header_layout_is_little_endian_with_magic_and_version() {
+        let bytes = encoded(&Frame { request_id: 0x0102_0304_0506_0708, message: Message::Flush });
+        assert_eq!(&bytes[0..4], b"WCSB");
+        assert_eq!(&bytes[4..6], &[1, 0]);
+        assert_eq!(&bytes[6..8], &[6, 0]);
+        assert_eq!(&bytes[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(&bytes[16..20], &[0, 0, 0, 0]);
+        assert_eq!(bytes.len(), HEADER_LEN);
+    }
+
+    #[test]
+    fn every_strict_prefix_of_a_frame_needs_more() {
+        let mut rng = Rng::new(2);
+        for i in 0..200 {
+            let bytes = encoded(&Frame { request_id: i, message: random_message(&mut rng) });
+            for cut in 0..bytes.len() {
+                match decode(&bytes[..cut]) {
+                    Ok(Decoded::NeedMore(n)) => assert!(n > cut && n <= bytes.len()),
+                    other => panic!("prefix of {cut}/{} bytes gave {other:?}", bytes.len()),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn any_single_flipped_bit_is_rejected_or_needs_more() {
+        let mut rng = Rng::new(3);
+        for i in 0..300 {
+            let frame = Frame { request_id: i, message: random_message(&mut rng) };
+            let mut bytes = encoded(&frame);
+            let bit = rng.below(bytes.len() as u64 * 8) as usize;
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            // A flipped length may make the frame look longer (NeedMore) but never yields a frame.
+            match decode(&bytes) {
+                Err(_) | Ok(Decoded::NeedMore(_)) => {}
+                Ok(Decoded::Frame(f, _)) => panic!("corrupted frame accepted: {f:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn random_garbage_never_panics_and_never_over_allocates() {
+        let mut rng = Rng::new(4);
+        for _ in 0..20_000 {
+            let n = rng.below(64) as usize;
+            let mut bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            // Half the time start with a valid header prefix so the deeper paths get exercised.
+            if rng.below(2) == 0 && bytes.len() >= 8 {
+                bytes[..4].copy_from_slice(&MAGIC);
+                bytes[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+            }
+            let _ = decode_with_limit(&bytes, 1 << 20);
+        }
+    }
+
+    #[test]
+    fn oversized_frame_is_rejected_from_the_header_alone() {
+        let mut header = Vec::new();
+        encode(&Frame { request_id: 9, message: Message::Flush }, &mut header).expect("encodable");
+        header[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode_with_limit(&header, 4096),
+            Err(DecodeError::FrameTooLarge { len: u32::MAX as usize, max: 4096 })
+        );
+    }
+
+    #[test]
+    fn encoder_refuses_a_payload_over_the_limit() {
+        let frame = Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: vec![0; 100] } };
+        let mut out = vec![7];
+        assert_eq!(encode_with_limit(&frame, &mut out, 50), Err(EncodeError::TooLarge { len: 116, max: 50 }));
+        assert_eq!(out, vec![7], "a failed encode leaves the buffer as it was");
+    }
+
+    #[test]
+    fn wrong_magic_is_rejected_after_the_first_byte() {
+        assert_eq!(decode(b"X"), Err(DecodeError::BadMagic([b'X', 0, 0, 0])));
+        assert_eq!(decode(b""), Ok(Decoded::NeedMore(HEADER_LEN)));
+    }
+
+    #[test]
+    fn other_protocol_version_is_rejected() {
+        let mut bytes = encoded(&Frame { request_id: 1, message: Message::Flush });
+        bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(decode(&bytes), Err(DecodeError::UnsupportedVersion(2)));
+    }
+
+    #[test]
+    fn trailing_bytes_inside_a_payload_are_malformed() {
+        let mut bytes = encoded(&Frame { request_id: 1, message: Message::SetRevision { revision: 5 } });
+        bytes.push(0);
+        bytes[16..20].copy_from_slice(&9u32.to_le_bytes());
+        let crc = checksum(&bytes[..20], &bytes[HEADER_LEN..]);
+        bytes[20..24].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(decode(&bytes), Err(DecodeError::Malformed { kind: 9, .. })));
+    }
+
+    #[test]
+    fn stream_decoder_reassembles_frames_split_at_random_points() {
+        let mut rng = Rng::new(5);
+        let frames: Vec<Frame> = (0..500).map(|i| Frame { request_id: i, message: random_message(&mut rng) }).collect();
+        let mut stream = Vec::new();
+        for f in &frames {
+            encode(f, &mut stream).expect("encodable");
+        }
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        let mut got = Vec::new();
+        let mut pos = 0;
+        while pos < stream.len() {
+            let n = (rng.below(100) as usize + 1).min(stream.len() - pos);
+            dec.push(&stream[pos..pos + n]);
+            pos += n;
+            while let Some(f) = dec.next_frame().expect("valid stream") {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+    }
+
+    #[test]
+    fn stream_decoder_stays_failed_after_corruption() {
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        dec.push(b"nope, not a frame at all");
+        assert!(dec.next_frame().is_err());
+        let mut good = Vec::new();
+        encode(&Frame { request_id: 1, message: Message::Flush }, &mut good).expect("encodable");
+        dec.push(&good);
+        assert!(dec.next_frame().is_err());
+    }
+}
