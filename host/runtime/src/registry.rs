@@ -68,11 +68,7 @@ impl Registry {
 
     /// Load bytes as backend `name` and swap it in (tests, embedded backends).
     pub async fn install(&self, name: &str, wasm: &[u8], path: Option<PathBuf>) -> Result<Arc<Backend>, LoadError> {
-        let backend = self.runtime.load(name, wasm, path).await?;
-        if let Ok(mut map) = self.backends.write() {
-            map.insert(name.to_string(), backend.clone());
-        }
-        Ok(backend)
+        Ok(self.insert(self.runtime.load(name, wasm, path).await?))
     }
 
     /// Swap in an already-built backend (native backends for benchmarks and tests).

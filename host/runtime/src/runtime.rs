@@ -2,7 +2,8 @@
 //! backend shares, and `load`, which turns `.wasm` bytes into a checked [`Backend`]: compile
 //! (or take from cache) → check imports against grants → link only what is granted →
 //! pre-instantiate → call `info` once under the backend's limits.
-use crate::backend::{Backend, CallError};
+use crate::backend::{Backend, CallError, Kind};
+use crate::bindings::driver::BackendInfo;
 use crate::bindings::{BackendPre, wasmcsi::backend as wit};
 use crate::cache::CompileCache;
 use crate::capabilities::{Capabilities, Capability, ImportSummary};
@@ -150,32 +151,10 @@ impl Runtime {
         let pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = BackendPre::new(pre).map_err(link)?;
 
-        let limits = self.config.limits_for(name);
-        let caps = Arc::new(Capabilities {
-            backend: name.into(),
-            store: self.store.clone(),
-            dir_roots: grants.dir.clone(),
-            import_timeout: limits.import_timeout(),
-        });
-        let mut backend = Backend {
-            name: name.into(),
-            digest,
-            path,
-            info: crate::bindings::driver::BackendInfo {
-                name: String::new(),
-                version: String::new(),
-                features: vec![],
-                parameters: vec![],
-            },
-            imports,
-            permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
-            limits,
-            cache_hit,
-            kind: crate::backend::Kind::Wasm { engine: self.engine.clone(), pre },
-            caps,
-            metrics: self.metrics.clone(),
-            memory_peak: AtomicU64::new(0),
-        };
+        let mut backend = self.assemble(name, Kind::Wasm { engine: self.engine.clone(), pre }, empty_info(), imports);
+        backend.digest = digest;
+        backend.path = path;
+        backend.cache_hit = cache_hit;
         let info = backend
             .call_in_place("info", |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
             .await
@@ -196,26 +175,36 @@ impl Runtime {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
         }
+        let mut backend = self.assemble(name, Kind::Native(driver), (driver.info)(), ImportSummary::default());
+        backend.digest = Self::digest(format!("native:{name}").as_bytes());
+        Ok(Arc::new(backend))
+    }
+
+    /// A backend with this runtime's grants, limits and metrics for `name`.
+    fn assemble(&self, name: &str, kind: Kind, info: BackendInfo, imports: ImportSummary) -> Backend {
         let limits = self.config.limits_for(name);
-        let grants = self.config.grants_for(name);
-        Ok(Arc::new(Backend {
+        Backend {
             name: name.into(),
-            digest: Self::digest(format!("native:{name}").as_bytes()),
+            digest: String::new(),
             path: None,
-            info: (driver.info)(),
-            imports: ImportSummary::default(),
+            info,
+            imports,
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
                 backend: name.into(),
                 store: self.store.clone(),
-                dir_roots: grants.dir.clone(),
+                dir_roots: self.config.grants_for(name).dir,
                 import_timeout: limits.import_timeout(),
             }),
             limits,
             cache_hit: false,
-            kind: crate::backend::Kind::Native(driver),
+            kind,
             metrics: self.metrics.clone(),
             memory_peak: AtomicU64::new(0),
-        }))
+        }
     }
+}
+
+fn empty_info() -> BackendInfo {
+    BackendInfo { name: String::new(), version: String::new(), features: vec![], parameters: vec![] }
 }

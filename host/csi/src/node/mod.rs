@@ -48,6 +48,14 @@ fn ensure_unmounted(sys: &dyn MountSystem, target: &Path, remove_dir: bool) -> C
     bind::execute(sys, &plan).map_err(mount_err)
 }
 
+/// The capability to ask for a plan with when the CO sent none (stats, expand).
+fn plain_mount() -> wit::VolumeCapability {
+    wit::VolumeCapability {
+        access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+        access_mode: wt::AccessMode::SingleNodeWriter,
+    }
+}
+
 fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
     matches!(cap.access_mode, wt::AccessMode::SingleNodeReaderOnly | wt::AccessMode::MultiNodeReaderOnly)
 }
@@ -148,11 +156,7 @@ impl NodeService {
         if !path.exists() {
             return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
         }
-        let mount_cap = wit::VolumeCapability {
-            access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
-            access_mode: wt::AccessMode::SingleNodeWriter,
-        };
-        let (_, plan) = self.plan(id, &Default::default(), mount_cap).await?;
+        let (_, plan) = self.plan(id, &Default::default(), plain_mount()).await?;
         let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
         let walk = path.clone();
         let (used, inodes_used) = blocking(move || bind::directory_usage(&walk).map_err(mount_err)).await?;
@@ -192,13 +196,7 @@ impl NodeService {
         let id = required(&req.volume_id, "volume_id")?;
         let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
         let range = convert::capacity(req.capacity_range.as_ref())?;
-        let cap = match &req.volume_capability {
-            Some(c) => convert::capability(c)?,
-            None => wit::VolumeCapability {
-                access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
-                access_mode: wt::AccessMode::SingleNodeWriter,
-            },
-        };
+        let cap = req.volume_capability.as_ref().map(convert::capability).transpose()?.unwrap_or_else(plain_mount);
         if !path.exists() {
             return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
         }
