@@ -1,12 +1,14 @@
-//! The host's replicated block data path, pure-logic half: the replica wire protocol
-//! ([`protocol`]), the dirty-region bitmap that makes delta rebuilds possible ([`dirty`]) and the
-//! sans-I/O replication engine ([`replication`]) that turns client I/O and replica replies into
-//! messages to send. It owns no sockets, files, threads or clocks: a driver (the replica server,
-//! the engine's TCP driver, the FUSE frontend — all later parts of issue 4) feeds it events and
-//! executes its actions, which is what lets `sim` test it on a seeded simulated network.
+//! The host's replicated block data path. Pure logic: the replica wire protocol ([`protocol`]),
+//! the dirty-region bitmap that makes delta rebuilds possible ([`dirty`]) and the sans-I/O
+//! replication engine ([`replication`]) that turns client I/O and replica replies into messages
+//! to send — no sockets, files, threads or clocks, which is what lets `sim` test it on a seeded
+//! simulated network. I/O: the replica server ([`replica`]), which stores one replica in sparse
+//! files and serves the protocol over TCP. Still to come (issue 4): the engine's TCP driver,
+//! snapshots, expansion and the FUSE frontend.
 
 pub mod dirty;
 pub mod protocol;
+pub mod replica;
 pub mod replication;
 
 #[cfg(test)]

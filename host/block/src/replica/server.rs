@@ -1,0 +1,446 @@
+//! Serves one [`ReplicaStore`] over TCP with the replica protocol. One connection is one engine:
+//! the first frame must be `Hello` (answered with the header), then requests are pipelined — each
+//! runs on the blocking pool as soon as it is read and its reply is written when it is done, so
+//! replies leave in completion order, matched by request id. The protocol lets a replica do that
+//! because the engine never has overlapping writes in flight on one connection; `Flush` covers
+//! every write *acknowledged* before it arrived, and a write is only acknowledged after its
+//! `pwrite` returned, so a flush needs no barrier.
+//!
+//! Backpressure: at most [`ServerConfig::max_in_flight`] requests per connection are executing or
+//! waiting for their reply to be written; beyond that the server stops reading the socket, so a
+//! fast engine fills its TCP window instead of the replica's memory.
+//!
+//! Any protocol error (garbage, a bad checksum, a request before `Hello`, a reply sent to us)
+//! closes that connection only; the listener and other connections keep serving.
+//!
+//! The dirty flag: set (durably) when an engine says `Hello`; cleared when the last engine
+//! leaves cleanly, meaning its final request was a `Flush` that arrived with no write or unmap in
+//! flight, and no session that overlapped it ended otherwise. Anything else (a crash, a write
+//! after the last flush, a protocol error) leaves it set so the next engine knows this replica may
+//! disagree with its peers.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::store::{ReplicaStore, StoreError};
+use crate::protocol::{
+    DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, PROTOCOL_VERSION, Status, encode_with_limit,
+};
+
+/// Per-connection limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Requests of one connection executing or waiting to be answered before the server stops
+    /// reading from it.
+    pub max_in_flight: usize,
+    /// Largest frame payload accepted or sent (the protocol's default: a 4 MiB write).
+    pub max_payload: usize,
+    /// On shutdown, how long a connection may take to deliver replies to requests it already
+    /// read; a peer that stopped reading must not hold the shutdown forever.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { max_in_flight: 64, max_payload: DEFAULT_MAX_PAYLOAD, shutdown_grace: Duration::from_secs(5) }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("opening replica: {0}")]
+    Store(#[from] StoreError),
+    #[error("binding replica listener: {0}")]
+    Bind(std::io::Error),
+    #[error("replica store task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Why one connection ended early; logged, never propagated past the connection.
+#[derive(Debug, Error)]
+enum ConnError {
+    #[error("reading: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("protocol: {0}")]
+    Unexpected(&'static str),
+}
+
+/// A running replica server. Dropping it shuts the server down in the background, like
+/// [`ReplicaServer::shutdown`] without waiting for it.
+#[derive(Debug)]
+pub struct ReplicaServer {
+    local_addr: SocketAddr,
+    store: Arc<ReplicaStore>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Shared by the accept loop and every connection.
+#[derive(Debug)]
+struct Shared {
+    store: Arc<ReplicaStore>,
+    config: ServerConfig,
+    /// Connections past `Hello`: only the last one to leave may clear the dirty flag.
+    sessions: AtomicUsize,
+    /// A session that overlapped the current ones ended uncleanly: the last one to leave must
+    /// not clear the dirty flag even if it itself ends cleanly.
+    unclean: AtomicBool,
+}
+
+impl ReplicaServer {
+    /// Opens the replica in `dir` and serves it on `addr` (port 0 picks a free port; see
+    /// [`ReplicaServer::local_addr`]).
+    pub async fn bind(addr: impl ToSocketAddrs, dir: &Path) -> Result<Self, ServerError> {
+        let dir = dir.to_path_buf();
+        let store = tokio::task::spawn_blocking(move || ReplicaStore::open(&dir)).await??;
+        Self::serve(addr, Arc::new(store), ServerConfig::default()).await
+    }
+
+    /// Serves an already opened store with explicit limits.
+    pub async fn serve(
+        addr: impl ToSocketAddrs,
+        store: Arc<ReplicaStore>,
+        config: ServerConfig,
+    ) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind(addr).await.map_err(ServerError::Bind)?;
+        let local_addr = listener.local_addr().map_err(ServerError::Bind)?;
+        let (shutdown, rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            config,
+            sessions: AtomicUsize::new(0),
+            unclean: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(accept_loop(listener, shared, rx));
+        tracing::info!(replica.addr = %local_addr, replica.dir = %store.dir().display(), "replica serving");
+        Ok(Self { local_addr, store, shutdown, task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn store(&self) -> &Arc<ReplicaStore> {
+        &self.store
+    }
+
+    /// Stops accepting, lets every connection finish and answer the requests it already read,
+    /// closes them, and returns when all are gone.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        // Err only if the accept loop is already gone, which is what we want anyway.
+        let _ = self.shutdown.send(true);
+        self.task.await?;
+        Ok(())
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    // Small frames (replies) must not wait for Nagle.
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(connection(stream, peer, shared.clone(), shutdown.clone()));
+                }
+                // Per-connection failures (e.g. EMFILE, a reset before accept) must not stop the
+                // listener; back off briefly so a persistent one does not spin.
+                Err(e) => {
+                    tracing::warn!(error = %e, "replica accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    match serve_connection(stream, &shared, shutdown).await {
+        Ok(()) => tracing::debug!(replica.peer = %peer, "replica connection closed"),
+        Err(e) => tracing::warn!(replica.peer = %peer, error = %e, "replica connection dropped"),
+    }
+}
+
+/// Reads frames off one connection.
+struct Reader {
+    rd: OwnedReadHalf,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Reader {
+    /// The next frame; `None` on end of stream or server shutdown.
+    async fn next(&mut self) -> Result<Option<Frame>, ConnError> {
+        loop {
+            if let Some(frame) = self.decoder.next_frame()? {
+                return Ok(Some(frame));
+            }
+            if *self.shutdown.borrow() {
+                return Ok(None);
+            }
+            let n = tokio::select! {
+                n = self.rd.read(&mut self.buf) => n?,
+                _ = self.shutdown.changed() => return Ok(None),
+            };
+            if n == 0 {
+                return Ok(None);
+            }
+            self.decoder.push(&self.buf[..n]);
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    shared: &Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError> {
+    let cfg = &shared.config;
+    let (rd, wr) = stream.into_split();
+    let drain_signal = shutdown.clone();
+    let mut reader = Reader { rd, decoder: FrameDecoder::new(cfg.max_payload), buf: vec![0; 256 * 1024], shutdown };
+    let (tx, rx) = mpsc::channel::<Frame>(cfg.max_in_flight.max(1));
+    let mut writer = tokio::spawn(write_loop(wr, rx, cfg.max_payload));
+
+    let Some(hello) = reader.next().await? else { return Ok(()) };
+    let Message::Hello { volume_id, protocol_version, .. } = hello.message else {
+        writer.abort();
+        return Err(ConnError::Unexpected("first frame is not Hello"));
+    };
+    let header = shared.store.header();
+    let mut status = if protocol_version != PROTOCOL_VERSION {
+        Status::UnsupportedVersion
+    } else if volume_id != header.volume_id {
+        Status::WrongVolume
+    } else {
+        Status::Ok
+    };
+    if status == Status::Ok {
+        let store = shared.store.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || store.set_dirty(true))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            tracing::warn!(error = %e, "replica could not mark itself dirty");
+            status = Status::IoError;
+        }
+    }
+    // The reply carries the header as it was before this session marked it dirty, so the engine
+    // sees whether the previous one ended cleanly.
+    let _ = tx.send(Frame { request_id: hello.request_id, message: Message::HelloReply { status, header } }).await;
+    if status != Status::Ok {
+        drop(tx);
+        let _ = writer.await;
+        return Ok(());
+    }
+
+    if shared.sessions.fetch_add(1, Ordering::SeqCst) == 0 {
+        shared.unclean.store(false, Ordering::SeqCst);
+    }
+    let result = serve_requests(&mut reader, shared, &tx).await;
+    drop(tx);
+    let clean = match result {
+        // Every request task holds a sender; the writer ends once all replies are out.
+        Ok(clean) => drain(&mut writer, drain_signal, cfg.shutdown_grace).await && clean,
+        Err(e) => {
+            // The stream has no trustworthy framing left: close without answering the rest.
+            writer.abort();
+            shared.unclean.store(true, Ordering::SeqCst);
+            shared.sessions.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
+    if !clean {
+        shared.unclean.store(true, Ordering::SeqCst);
+    }
+    if shared.sessions.fetch_sub(1, Ordering::SeqCst) == 1 && !shared.unclean.load(Ordering::SeqCst) {
+        let store = shared.store.clone();
+        let cleared = tokio::task::spawn_blocking(move || store.flush().and_then(|()| store.set_dirty(false))).await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            tracing::warn!("replica could not clear its dirty flag after a clean close");
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the writer to deliver every queued reply; false if it failed or if the server is
+/// shutting down and the grace period ran out first (the writer is then aborted).
+async fn drain(writer: &mut JoinHandle<bool>, mut shutdown: watch::Receiver<bool>, grace: Duration) -> bool {
+    let deadline = async {
+        // Err: the server handle is gone, which is a shutdown too.
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        delivered = &mut *writer => delivered.unwrap_or(false),
+        () = deadline => {
+            writer.abort();
+            false
+        }
+    }
+}
+
+/// Pipelines requests until end of stream; returns whether the engine left cleanly (see the
+/// module docs).
+async fn serve_requests(
+    reader: &mut Reader,
+    shared: &Arc<Shared>,
+    tx: &mpsc::Sender<Frame>,
+) -> Result<bool, ConnError> {
+    let max = shared.config.max_in_flight.max(1);
+    let permits = Arc::new(Semaphore::new(max));
+    let mutations_in_flight = Arc::new(AtomicUsize::new(0));
+    let mut clean = false;
+    // No waiting at the end for started requests: each holds a reply sender, so on a clean end
+    // the caller's wait for the writer is the wait for them, and on an error the caller closes
+    // the writer, which also unblocks any request stuck queueing its reply for a peer not reading.
+    loop {
+        // Taking the permit before reading is the backpressure: no permit, no read.
+        // Shutdown must not wait for a permit: a peer that stopped reading holds them all.
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break Ok(clean),
+            },
+            _ = reader.shutdown.wait_for(|stop| *stop) => break Ok(false),
+        };
+        let frame = match reader.next().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break Ok(clean),
+            Err(e) => break Err(e),
+        };
+        let mutation = match &frame.message {
+            Message::Write { .. } | Message::Unmap { .. } => true,
+            Message::Read { .. }
+            | Message::Flush
+            | Message::Snapshot { .. }
+            | Message::SetRevision { .. }
+            | Message::ListExtents { .. }
+            | Message::ReadExtent { .. } => false,
+            Message::Hello { .. }
+            | Message::HelloReply { .. }
+            | Message::ReadReply { .. }
+            | Message::Reply { .. }
+            | Message::ExtentMap { .. } => break Err(ConnError::Unexpected("not a request after Hello")),
+        };
+        clean = matches!(frame.message, Message::Flush) && mutations_in_flight.load(Ordering::SeqCst) == 0;
+        if mutation {
+            mutations_in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        let (store, tx, inflight) = (shared.store.clone(), tx.clone(), mutations_in_flight.clone());
+        let max_payload = shared.config.max_payload;
+        tokio::task::spawn_blocking(move || {
+            let message = execute(&store, frame.message, max_payload);
+            if mutation {
+                inflight.fetch_sub(1, Ordering::SeqCst);
+            }
+            // A closed channel means the connection is gone; the reply has nowhere to go.
+            let _ = tx.blocking_send(Frame { request_id: frame.request_id, message });
+            drop(permit);
+        });
+    }
+}
+
+/// Runs one request against the store and builds its reply.
+fn execute(store: &ReplicaStore, request: Message, max_payload: usize) -> Message {
+    // A ReadReply is a status and the data; a longer read cannot be answered in one frame.
+    let max_read = max_payload.saturating_sub(2) as u64;
+    let reply = |r: Result<(), StoreError>| Message::Reply { status: status_of(r) };
+    match request {
+        Message::Read { len, .. } | Message::ReadExtent { len, .. } if u64::from(len) > max_read => {
+            Message::ReadReply { status: Status::Invalid, data: Vec::new() }
+        }
+        Message::Read { offset, len } => read_reply(store.read(offset, len)),
+        Message::ReadExtent { offset, len, revision } => read_reply(store.read_extent(offset, len, revision)),
+        Message::Write { offset, revision, data } => reply(store.write(offset, &data, revision)),
+        Message::Flush => reply(store.flush()),
+        Message::Unmap { offset, len, revision } => reply(store.unmap(offset, len, revision)),
+        Message::SetRevision { revision } => reply(store.set_revision(revision).map(|_| ())),
+        // Snapshots are not implemented yet; refusing is safe, the engine sees a failed request.
+        Message::Snapshot { .. } => Message::Reply { status: Status::Invalid },
+        Message::ListExtents { offset, len } => match store.list_extents(offset, len) {
+            // Status (2) + count (4) + 17 bytes per extent must fit one frame; the engine asks
+            // for smaller ranges instead of getting a silently truncated map.
+            Ok(extents) if 6 + extents.len().saturating_mul(17) > max_payload => {
+                Message::ExtentMap { status: Status::Invalid, extents: Vec::new() }
+            }
+            Ok(extents) => Message::ExtentMap { status: Status::Ok, extents },
+            Err(e) => Message::ExtentMap { status: failed(&e), extents: Vec::new() },
+        },
+        // serve_requests only passes requests.
+        other => {
+            tracing::error!(message = ?other, "replica asked to execute a non-request");
+            Message::Reply { status: Status::Invalid }
+        }
+    }
+}
+
+fn read_reply(r: Result<Vec<u8>, StoreError>) -> Message {
+    match r {
+        Ok(data) => Message::ReadReply { status: Status::Ok, data },
+        Err(e) => Message::ReadReply { status: failed(&e), data: Vec::new() },
+    }
+}
+
+fn status_of(r: Result<(), StoreError>) -> Status {
+    match r {
+        Ok(()) => Status::Ok,
+        Err(e) => failed(&e),
+    }
+}
+
+/// Logs a failed request once, where it becomes a status.
+fn failed(e: &StoreError) -> Status {
+    let status = e.status();
+    match status {
+        // Expected answers to a confused or fenced engine, not replica failures.
+        Status::StaleRevision | Status::OutOfRange => tracing::debug!(error = %e, "replica refused request"),
+        _ => tracing::warn!(error = %e, "replica request failed"),
+    }
+    status
+}
+
+/// Writes replies in the order they complete, coalescing whatever is queued into one write;
+/// true once every reply was written and the stream closed.
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> bool {
+    let mut out = Vec::with_capacity(256 * 1024);
+    while let Some(frame) = rx.recv().await {
+        out.clear();
+        let mut next = Some(frame);
+        while let Some(frame) = next.take() {
+            if let Err(e) = encode_with_limit(&frame, &mut out, max_payload) {
+                // Execute never builds an oversized reply; if it did, the engine would wait
+                // forever for this id, so failing the connection is the honest answer.
+                tracing::error!(error = %e, request_id = frame.request_id, "replica reply not encodable");
+                return false;
+            }
+            if out.len() < 1024 * 1024 {
+                next = rx.try_recv().ok();
+            }
+        }
+        if let Err(e) = wr.write_all(&out).await {
+            tracing::debug!(error = %e, "replica connection write failed");
+            return false;
+        }
+    }
+    wr.shutdown().await.is_ok()
+}

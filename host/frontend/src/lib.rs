@@ -1,0 +1,244 @@
+//! Kernel block-device frontends for a volume served from userspace.
+//!
+//! A [`BlockDevice`] is what the replicated engine (or, in tests, a plain sparse [`FileDevice`])
+//! implements; a [`Frontend`] makes it visible to the kernel as a block device node so it can be
+//! formatted and mounted. The only frontend that works on this machine's kernel is
+//! [`FuseLoopFrontend`]: a one-file FUSE filesystem under a loop device. NBD and ublk plug in
+//! behind the same trait on kernels that have them.
+//!
+//! Teardown is the part that must never go wrong: loop devices and mounts are global to the
+//! machine, so every attach step registers its undo in an [`Undo`] stack, and both an explicit
+//! [`Attached::detach`] and a failed attach run that stack in reverse.
+
+pub mod fuse;
+pub mod mkfs;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use fuse::{FailPoint, FuseLoopFrontend};
+
+/// A virtual disk of fixed size, addressed in bytes.
+///
+/// Implementations must be safe to call from many threads at once: frontends issue requests
+/// concurrently (queue depth > 1), and concurrent requests to disjoint ranges must not affect
+/// each other. Overlapping concurrent writes may land in either order, as on real disks.
+pub trait BlockDevice: Send + Sync + 'static {
+    /// Size in bytes; constant while attached.
+    fn size(&self) -> u64;
+    /// Fills all of `buf` from `offset`; the range is within `size()`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`; the range is within `size()`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write acknowledged so far durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Drops the data of a range; later reads of it return zeros (frontends rely on that to
+    /// serve both discard and write-zeroes with it).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+}
+
+/// A [`BlockDevice`] over a plain (sparse) file, for tests and as a reference implementation.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    size: u64,
+    path: PathBuf,
+}
+
+impl FileDevice {
+    /// Creates (or truncates) a sparse file of `size` bytes.
+    pub fn create(path: &Path, size: u64) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        file.set_len(size)?;
+        Ok(Self { file, size, path: path.to_path_buf() })
+    }
+
+    /// Opens an existing file; its current length is the device size.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let size = file.metadata()?.len();
+        Ok(Self { file, size, path: path.to_path_buf() })
+    }
+
+    /// The backing file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "range beyond the end of the device")),
+        }
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_range(offset, len)?;
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "range does not fit off_t"));
+        };
+        // KEEP_SIZE: a discard must never change the device size.
+        let mode = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        nix::fcntl::fallocate(&self.file, mode, off, len).map_err(io::Error::from)
+    }
+}
+
+/// Errors of attaching and detaching a frontend.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command { command: String, status: String, stderr: String },
+    #[error("invalid volume: {0}")]
+    Invalid(String),
+    #[error("{device} is still mounted at {mounts:?}; unmount it before detaching")]
+    InUse { device: PathBuf, mounts: Vec<PathBuf> },
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("injected failure at {0:?}")]
+    Injected(FailPoint),
+}
+
+impl FrontendError {
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Self::Io { context: context.into(), source }
+    }
+}
+
+/// Something that exposes a [`BlockDevice`] to the kernel as a block device node.
+pub trait Frontend {
+    /// Exposes `dev` as a kernel block device. `name` identifies the volume in paths and logs
+    /// (letters, digits, `.`, `_`, `-`). On error nothing of the attempt is left behind.
+    fn attach(&self, dev: Arc<dyn BlockDevice>, name: &str) -> Result<Attached, FrontendError>;
+}
+
+type UndoStep = Box<dyn FnOnce() -> Result<(), FrontendError> + Send>;
+
+/// The undo actions of the attach steps done so far, run in reverse order.
+///
+/// Dropping it runs whatever is left, so an early return or a panic mid-attach cannot leak a
+/// loop device or a mount.
+#[derive(Default)]
+pub struct Undo {
+    steps: Vec<(String, UndoStep)>,
+}
+
+impl Undo {
+    /// Registers the undo of a step that just succeeded (or of one about to run, if the undo is
+    /// harmless when the step did nothing).
+    pub fn push(&mut self, what: impl Into<String>, step: impl FnOnce() -> Result<(), FrontendError> + Send + 'static) {
+        self.steps.push((what.into(), Box::new(step)));
+    }
+
+    /// Runs every step, newest first. A failing step does not stop the later ones (the earlier
+    /// steps' resources may still be releasable); the first error is returned.
+    pub fn run_all(&mut self) -> Result<(), FrontendError> {
+        let mut first = None;
+        while let Some((what, step)) = self.steps.pop() {
+            if let Err(e) = step() {
+                tracing::warn!(step = %what, error = %e, "frontend teardown step failed");
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        // Errors are already logged by run_all; nothing else can be done with them in drop.
+        let _ = self.run_all();
+    }
+}
+
+impl std::fmt::Debug for Undo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.steps.iter().map(|(what, _)| what)).finish()
+    }
+}
+
+/// A volume attached to the kernel. Detach explicitly to see errors; dropping it detaches
+/// best-effort (errors are logged).
+#[derive(Debug)]
+pub struct Attached {
+    device: PathBuf,
+    undo: Undo,
+}
+
+impl Attached {
+    pub(crate) fn new(device: PathBuf, undo: Undo) -> Self {
+        Self { device, undo }
+    }
+
+    /// The kernel block device node, e.g. `/dev/loop3`.
+    pub fn device(&self) -> &Path {
+        &self.device
+    }
+
+    /// Tears the frontend down: loop device first, then the FUSE mount and its server threads.
+    ///
+    /// Refuses, leaving everything attached, while a filesystem on the device is still mounted:
+    /// detaching a loop device under a mounted filesystem only schedules an auto-clear, which
+    /// would keep the FUSE server pinned. Takes `&mut self` so that the caller keeps the handle
+    /// in that case; after a successful detach, further calls and the drop do nothing.
+    pub fn detach(&mut self) -> Result<(), FrontendError> {
+        self.check_unused()?;
+        self.undo.run_all()
+    }
+
+    fn check_unused(&self) -> Result<(), FrontendError> {
+        if self.undo.steps.is_empty() {
+            return Ok(());
+        }
+        let mounts = mkfs::mounts_of_device(&self.device)
+            .map_err(|e| FrontendError::io(format!("reading the mounts of {}", self.device.display()), e))?;
+        if mounts.is_empty() { Ok(()) } else { Err(FrontendError::InUse { device: self.device.clone(), mounts }) }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        match self.check_unused() {
+            Err(e @ FrontendError::InUse { .. }) => {
+                // Tearing down under a mounted filesystem would hang waiting for the loop device
+                // to let go of its backing file; leaving it attached is the lesser evil, and loud.
+                tracing::error!(device = %self.device.display(), error = %e, "dropping an attached volume that is still mounted; leaving it attached");
+                self.undo.steps.clear();
+            }
+            // Not knowing whether it is mounted is no reason to leak it: try the teardown.
+            Err(e) => {
+                tracing::warn!(device = %self.device.display(), error = %e, "could not check the mounts of a dropped volume")
+            }
+            // The undo stack's own drop runs the teardown.
+            Ok(()) => {}
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Formatting and mounting an attached device.
+//!
+//! Formatting is idempotent by construction: a device is only formatted when `blkid` finds no
+//! filesystem signature on it, so re-attaching a volume (or retrying a half-done stage) never
+//! wipes data. The tools are util-linux's `blkid` and e2fsprogs' / xfsprogs' `mkfs.*`, run as
+//! child processes; mounting uses the mount(2) syscall directly.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+
+use crate::FrontendError;
+
+/// Filesystems the helpers can create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    /// The kernel / blkid name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
+
+/// Runs a command and turns a non-zero exit into an error carrying its stderr.
+pub(crate) fn run(cmd: &mut Command) -> Result<String, FrontendError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| FrontendError::io(format!("running {shown}"), e))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(FrontendError::Command {
+            command: shown,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// The filesystem type on `device`, or `None` if it carries no recognisable signature.
+pub fn probe_fs(device: &Path) -> Result<Option<String>, FrontendError> {
+    // -p: low-level probe of the device itself, bypassing the blkid cache (which can be stale
+    // for a device just formatted by someone else). Exit status 2 means "nothing found".
+    let shown = format!("blkid -p {}", device.display());
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(device)
+        .output()
+        .map_err(|e| FrontendError::io(format!("running {shown}"), e))?;
+    match out.status.code() {
+        Some(0) => {
+            let ty = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            Ok(if ty.is_empty() { None } else { Some(ty) })
+        }
+        Some(2) => Ok(None),
+        _ => Err(FrontendError::Command {
+            command: shown,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        }),
+    }
+}
+
+/// Formats `device` with `fs` unconditionally.
+pub fn mkfs(device: &Path, fs: FsType) -> Result<(), FrontendError> {
+    let mut cmd = match fs {
+        // -F: the target is a whole device, which mke2fs otherwise asks about.
+        FsType::Ext4 => {
+            let mut c = Command::new("mkfs.ext4");
+            c.args(["-q", "-F"]);
+            c
+        }
+        FsType::Xfs => {
+            let mut c = Command::new("mkfs.xfs");
+            c.arg("-q");
+            c
+        }
+    };
+    run(cmd.arg(device)).map(drop)
+}
+
+/// Formats `device` with `fs` unless it already holds a filesystem. Returns the type found or
+/// created; a different existing type is returned as is (never reformatted) for the caller to
+/// judge.
+pub fn ensure_fs(device: &Path, fs: FsType) -> Result<String, FrontendError> {
+    if let Some(existing) = probe_fs(device)? {
+        return Ok(existing);
+    }
+    mkfs(device, fs)?;
+    Ok(fs.name().to_owned())
+}
+
+/// Mounts `device` (of filesystem type `fstype`) on `target` with comma-separated `data`
+/// options.
+pub fn mount(device: &Path, target: &Path, fstype: &str, data: Option<&str>) -> Result<(), FrontendError> {
+    nix::mount::mount(Some(device), target, Some(fstype), MsFlags::empty(), data).map_err(|e| {
+        FrontendError::io(format!("mounting {} ({fstype}) on {}", device.display(), target.display()), e.into())
+    })
+}
+
+/// Unmounts `target`, retrying briefly while it is busy (a just-closed file can keep it busy
+/// for a moment). Not mounted counts as success, so a retried teardown is harmless.
+pub fn unmount(target: &Path) -> Result<(), FrontendError> {
+    umount_retrying(target, Duration::from_secs(10))
+}
+
+pub(crate) fn umount_retrying(target: &Path, patience: Duration) -> Result<(), FrontendError> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match nix::mount::umount2(target, MntFlags::empty()) {
+            Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(()),
+            Err(Errno::EBUSY) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(FrontendError::io(format!("unmounting {}", target.display()), e.into())),
+        }
+    }
+}
+
+/// Every mount point of the block device `device`, from /proc/self/mountinfo.
+pub fn mounts_of_device(device: &Path) -> io::Result<Vec<PathBuf>> {
+    let rdev = std::fs::metadata(device)?.rdev();
+    // The glibc dev_t encoding (what the kernel's new_encode_dev produces for stat).
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let wanted = format!("{major}:{minor}");
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let dev = fields.nth(2)?;
+            let mount_point = fields.nth(1)?;
+            (dev == wanted).then(|| PathBuf::from(unescape_mountinfo(mount_point)))
+        })
+        .collect())
+}
+
+/// Whether `path` is a mount point, from /proc/self/mountinfo.
+pub fn is_mount_point(path: &Path) -> io::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().any(|line| line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(digits) = bytes.get(i + 1..i + 4)
+            && let Ok(v) = u8::from_str_radix(&String::from_utf8_lossy(digits), 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_fields() {
+        assert_eq!(unescape_mountinfo(r"/run/a\040b"), "/run/a b");
+        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/end\"), r"/end\");
+    }
+}

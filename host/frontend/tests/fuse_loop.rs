@@ -1,0 +1,431 @@
+//! The FUSE + loop frontend against the real kernel: loop devices, ext4, O_DIRECT at queue
+//! depth 16, and teardown that leaves nothing behind, also when an attach fails halfway.
+//!
+//! Needs root, `/dev/fuse`, util-linux and e2fsprogs; each test prints why and passes vacuously
+//! when they are missing, because a CI runner without them cannot exercise this path at all.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use wasmcsi_frontend::mkfs::{self, FsType};
+use wasmcsi_frontend::{BlockDevice, FailPoint, FileDevice, Frontend, FrontendError, FuseLoopFrontend};
+
+const SIZE: u64 = 256 << 20;
+const BLOCK: usize = 4096;
+const BLOCKS: u64 = SIZE / BLOCK as u64;
+
+fn skip_reason(tools: &[&str]) -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing".into());
+    }
+    for tool in tools {
+        if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map_or(true, |o| !o.status.success())
+        {
+            return Some(format!("{tool} not installed"));
+        }
+    }
+    None
+}
+
+macro_rules! require {
+    ($($tool:expr),*) => {
+        if let Some(reason) = skip_reason(&[$($tool),*]) {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+}
+
+/// Deterministic content of block `idx` at generation `generation` (0 = never written = zeros):
+/// pseudo-random payload, then idx, generation and a CRC32 of everything before it, so that a
+/// torn, misplaced or stale block is told apart from a correct one.
+fn make_block(idx: u64, generation: u64, out: &mut [u8]) {
+    if generation == 0 {
+        out.fill(0);
+        return;
+    }
+    let mut state = idx.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ generation.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    for chunk in out[..BLOCK - 20].chunks_mut(8) {
+        // splitmix64
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
+    out[BLOCK - 20..BLOCK - 12].copy_from_slice(&idx.to_le_bytes());
+    out[BLOCK - 12..BLOCK - 4].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32fast::hash(&out[..BLOCK - 4]);
+    out[BLOCK - 4..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Checks a block read back; returns a description of what is wrong.
+fn check_block(idx: u64, generation: u64, got: &[u8]) -> Option<String> {
+    let mut want = vec![0u8; BLOCK];
+    make_block(idx, generation, &mut want);
+    if got == want.as_slice() {
+        return None;
+    }
+    let crc_ok = crc32fast::hash(&got[..BLOCK - 4]).to_le_bytes() == got[BLOCK - 4..];
+    let mut field = [0u8; 8];
+    field.copy_from_slice(&got[BLOCK - 20..BLOCK - 12]);
+    let got_idx = u64::from_le_bytes(field);
+    field.copy_from_slice(&got[BLOCK - 12..BLOCK - 4]);
+    let got_gen = u64::from_le_bytes(field);
+    Some(format!("block {idx}: want gen {generation}, got crc_ok={crc_ok} idx={got_idx} gen={got_gen}"))
+}
+
+/// Which generation each block holds after the O_DIRECT test's passes.
+fn generation_after_passes(idx: u64) -> u64 {
+    if (1024..2048).contains(&idx) {
+        0 // discarded
+    } else if idx.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 63 == 1 {
+        2
+    } else {
+        1
+    }
+}
+
+/// A 4 KiB-aligned 4 KiB buffer without unsafe code: an over-allocated Vec and an offset.
+struct Aligned {
+    buf: Vec<u8>,
+    off: usize,
+}
+
+impl Aligned {
+    fn new() -> Self {
+        let buf = vec![0u8; 2 * BLOCK];
+        let off = buf.as_ptr().align_offset(BLOCK);
+        Self { buf, off }
+    }
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.buf[self.off..self.off + BLOCK]
+    }
+}
+
+/// Runs `f(thread_buffer, block)` over `blocks` on 16 threads at once (queue depth 16).
+fn par_blocks(blocks: &[u64], f: impl Fn(&mut Aligned, u64) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| {
+                let mut buf = Aligned::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&idx) = blocks.get(i) else { break };
+                    f(&mut buf, idx);
+                }
+            });
+        }
+    });
+}
+
+/// The blocks in a scrambled order, so concurrent writes hit scattered offsets.
+fn scrambled(n: u64) -> Vec<u64> {
+    // Multiplying by an odd constant is a permutation modulo a power of two.
+    assert!(n.is_power_of_two());
+    (0..n).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) & (n - 1)).collect()
+}
+
+fn loop_size(device: &Path) -> u64 {
+    let name = device.file_name().and_then(|n| n.to_str()).expect("loop name");
+    let sectors = std::fs::read_to_string(format!("/sys/block/{name}/size")).expect("sysfs size");
+    sectors.trim().parse::<u64>().expect("sectors") * 512
+}
+
+/// Asserts that nothing created under `runtime` is left: no mount, no loop device, no mount
+/// directory, and the FUSE filesystem (the only other owner of `dev`) has been dropped, which
+/// happens only after all its server threads returned.
+fn assert_clean(runtime: &Path, dev: &Arc<dyn BlockDevice>) {
+    let needle = runtime.to_str().expect("utf-8 path");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let left: Vec<&str> = mountinfo.lines().filter(|l| l.contains(needle)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let losetup = Command::new("losetup").arg("-a").output().expect("losetup -a");
+    let losetup = String::from_utf8_lossy(&losetup.stdout);
+    let left: Vec<&str> = losetup.lines().filter(|l| l.contains(needle)).collect();
+    assert!(left.is_empty(), "loop devices left: {left:?}");
+    let entries: Vec<PathBuf> = match std::fs::read_dir(runtime) {
+        Ok(rd) => rd.map(|e| e.expect("dir entry").path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    assert!(entries.is_empty(), "runtime entries left: {entries:?}");
+    assert_eq!(Arc::strong_count(dev), 1, "the FUSE server still holds the device");
+}
+
+/// A [`FileDevice`] that records how many writes were in flight at once, to prove that the
+/// frontend really serves queue depth > 1 concurrently.
+struct CountingDevice {
+    inner: FileDevice,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+impl BlockDevice for CountingDevice {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let result = self.inner.write_at(buf, offset);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+}
+
+#[test]
+fn odirect_qd16_on_the_loop_device_verifies_every_block() {
+    require!("losetup", "blkdiscard");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let backing = tmp.path().join("backing.img");
+    let counting = Arc::new(CountingDevice {
+        inner: FileDevice::create(&backing, SIZE).expect("backing file"),
+        in_flight: AtomicUsize::new(0),
+        max_in_flight: AtomicUsize::new(0),
+    });
+    let dev: Arc<dyn BlockDevice> = counting.clone();
+    let frontend = FuseLoopFrontend::new(&runtime);
+    let mut attached = frontend.attach(dev.clone(), "dio").expect("attach");
+    let device = attached.device().to_path_buf();
+    assert!(std::fs::metadata(&device).expect("device node").file_type().is_block_device());
+    assert_eq!(loop_size(&device), SIZE);
+    let name = device.file_name().and_then(|n| n.to_str()).expect("loop name");
+    let dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).expect("sysfs dio");
+    assert_eq!(dio.trim(), "1", "the loop device should run with direct I/O");
+
+    let disk = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(&device)
+        .expect("open O_DIRECT");
+    let all = scrambled(BLOCKS);
+    let started = std::time::Instant::now();
+    // Pass 1 writes every block, pass 2 overwrites about half: a stale block shows as gen 1.
+    par_blocks(&all, |buf, idx| {
+        make_block(idx, 1, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 1");
+    });
+    let second: Vec<u64> = all.iter().copied().filter(|&i| generation_after_passes(i) == 2).collect();
+    par_blocks(&second, |buf, idx| {
+        make_block(idx, 2, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 2");
+    });
+    let written = BLOCKS + second.len() as u64;
+    let max_in_flight = counting.max_in_flight.load(Ordering::SeqCst);
+    eprintln!(
+        "{written} 4k O_DIRECT writes at QD16 in {:.2?} ({:.0} IOPS), up to {max_in_flight} in flight at the device",
+        started.elapsed(),
+        written as f64 / started.elapsed().as_secs_f64()
+    );
+    assert!(max_in_flight > 1, "writes reached the device one at a time");
+    // Discard reaches the device as a punched hole and reads back as zeros.
+    let out = Command::new("blkdiscard")
+        .args(["-o", &(1024 * BLOCK).to_string(), "-l", &(1024 * BLOCK).to_string()])
+        .arg(&device)
+        .output()
+        .expect("blkdiscard");
+    assert!(out.status.success(), "blkdiscard: {}", String::from_utf8_lossy(&out.stderr));
+    disk.sync_all().expect("fsync");
+
+    let bad = AtomicU64::new(0);
+    par_blocks(&all, |buf, idx| {
+        disk.read_exact_at(buf.get(), idx * BLOCK as u64).expect("read");
+        if let Some(what) = check_block(idx, generation_after_passes(idx), buf.get())
+            && bad.fetch_add(1, Ordering::Relaxed) < 10
+        {
+            eprintln!("via loop: {what}");
+        }
+    });
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "mismatching blocks read through the loop device");
+    drop(disk);
+
+    attached.detach().expect("detach");
+    drop(attached);
+    drop(dev);
+    // The frontend's clone of the device is gone once its server threads are.
+    assert_eq!(Arc::strong_count(&counting), 1, "the FUSE server still holds the device");
+    assert_clean(&runtime, &(counting as Arc<dyn BlockDevice>));
+
+    // The backing file itself holds the data.
+    let file = std::fs::File::open(&backing).expect("open backing");
+    let mut buf = vec![0u8; BLOCK];
+    let mut bad = 0;
+    for idx in 0..BLOCKS {
+        file.read_exact_at(&mut buf, idx * BLOCK as u64).expect("read backing");
+        if let Some(what) = check_block(idx, generation_after_passes(idx), &buf) {
+            bad += 1;
+            if bad <= 10 {
+                eprintln!("in backing file: {what}");
+            }
+        }
+    }
+    assert_eq!(bad, 0, "mismatching blocks in the backing file");
+}
+
+/// Unmounts on drop, so a failing assertion while mounted does not leave the loop device pinned
+/// (an `Attached` refuses to tear down under a mounted filesystem). Declare it after the
+/// `Attached` so that it drops first.
+struct UnmountGuard<'a>(&'a Path);
+
+impl Drop for UnmountGuard<'_> {
+    fn drop(&mut self) {
+        let _ = mkfs::unmount(self.0);
+    }
+}
+
+/// Blocks of the test file on ext4, written 16 at a time by 8 threads.
+const FILE_BLOCKS: u64 = 16384; // 64 MiB
+
+#[test]
+fn ext4_on_the_loop_device_survives_detach_and_reattach() {
+    require!("losetup", "blkid", "mkfs.ext4");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let backing = tmp.path().join("backing.img");
+    let target = tmp.path().join("mnt");
+    std::fs::create_dir(&target).expect("mount dir");
+    let frontend = FuseLoopFrontend::new(&runtime);
+
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::create(&backing, SIZE).expect("backing file"));
+    let mut attached = frontend.attach(dev.clone(), "fs").expect("attach");
+    let device = attached.device().to_path_buf();
+    assert_eq!(loop_size(&device), SIZE);
+    assert_eq!(mkfs::probe_fs(&device).expect("probe"), None);
+    assert_eq!(mkfs::ensure_fs(&device, FsType::Ext4).expect("mkfs"), "ext4");
+    mkfs::mount(&device, &target, "ext4", None).expect("mount");
+    let guard = UnmountGuard(&target);
+
+    let path = target.join("data.bin");
+    let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("create file");
+    file.set_len(FILE_BLOCKS * BLOCK as u64).expect("set_len");
+    let chunks: Vec<u64> = (0..FILE_BLOCKS / 16).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 16 * BLOCK];
+                while let Some(&chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    for (i, block) in buf.chunks_mut(BLOCK).enumerate() {
+                        make_block(chunk * 16 + i as u64, 1, block);
+                    }
+                    file.write_all_at(&buf, chunk * 16 * BLOCK as u64).expect("write");
+                }
+            });
+        }
+    });
+    file.sync_all().expect("fsync");
+    drop(file);
+
+    // Detaching under a mounted filesystem is refused and changes nothing.
+    match attached.detach() {
+        Err(FrontendError::InUse { .. }) => {}
+        other => panic!("detach while mounted: {other:?}"),
+    }
+    assert_eq!(loop_size(&device), SIZE);
+
+    mkfs::unmount(&target).expect("unmount");
+    drop(guard);
+    attached.detach().expect("detach");
+    assert_clean(&runtime, &dev);
+    drop((attached, dev));
+
+    // Attach the same backing file again: the filesystem and the file's content are there, and
+    // ensure_fs does not reformat.
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&backing).expect("reopen backing"));
+    let mut attached = frontend.attach(dev.clone(), "fs").expect("re-attach");
+    let device = attached.device().to_path_buf();
+    assert_eq!(mkfs::ensure_fs(&device, FsType::Ext4).expect("ensure_fs"), "ext4");
+    mkfs::mount(&device, &target, "ext4", None).expect("mount again");
+    let guard = UnmountGuard(&target);
+    let file = std::fs::File::open(&path).expect("open file");
+    let mut buf = vec![0u8; BLOCK];
+    let mut bad = 0;
+    for idx in 0..FILE_BLOCKS {
+        file.read_exact_at(&mut buf, idx * BLOCK as u64).expect("read file");
+        if let Some(what) = check_block(idx, 1, &buf) {
+            bad += 1;
+            if bad <= 10 {
+                eprintln!("{what}");
+            }
+        }
+    }
+    drop(file);
+    mkfs::unmount(&target).expect("unmount");
+    drop(guard);
+    attached.detach().expect("detach");
+    assert_clean(&runtime, &dev);
+    assert_eq!(bad, 0, "mismatching blocks in the file after re-attach");
+}
+
+fn failed_attach_leaves_nothing(point: FailPoint) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create(&tmp.path().join("backing.img"), SIZE).expect("backing file"));
+    let frontend = FuseLoopFrontend::new(&runtime).with_fail_point(point);
+    match frontend.attach(dev.clone(), "broken") {
+        Err(FrontendError::Injected(p)) => assert_eq!(p, point),
+        other => panic!("attach with an injected failure: {other:?}"),
+    }
+    assert_clean(&runtime, &dev);
+}
+
+#[test]
+fn attach_failing_after_the_fuse_mount_leaves_nothing() {
+    require!("losetup");
+    failed_attach_leaves_nothing(FailPoint::AfterFuseMount);
+}
+
+#[test]
+fn attach_failing_after_losetup_leaves_nothing() {
+    require!("losetup");
+    failed_attach_leaves_nothing(FailPoint::AfterLosetup);
+}
+
+#[test]
+fn dropping_an_attached_volume_tears_it_down() {
+    require!("losetup");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create(&tmp.path().join("backing.img"), SIZE).expect("backing file"));
+    let attached = FuseLoopFrontend::new(&runtime).attach(dev.clone(), "dropped").expect("attach");
+    assert!(attached.device().exists());
+    drop(attached);
+    assert_clean(&runtime, &dev);
+}
+
+#[test]
+fn invalid_volumes_are_refused_before_touching_the_kernel() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let odd: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create(&tmp.path().join("odd.img"), 1000).expect("backing file"));
+    let frontend = FuseLoopFrontend::new(&runtime);
+    assert!(matches!(frontend.attach(odd.clone(), "odd"), Err(FrontendError::Invalid(_))));
+    let ok: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create(&tmp.path().join("ok.img"), 1 << 20).expect("backing file"));
+    assert!(matches!(frontend.attach(ok.clone(), "../escape"), Err(FrontendError::Invalid(_))));
+    assert_clean(&runtime, &odd);
+    assert_clean(&runtime, &ok);
+}
