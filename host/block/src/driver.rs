@@ -1,0 +1,731 @@
+//! The I/O driver of one volume's [`Engine`]: the only place where the sans-I/O replication core
+//! meets sockets, clocks and disks. One tokio task owns the engine and feeds it events — client
+//! requests, frames and connection changes from one TCP connection per replica, and a periodic
+//! tick — and carries out its actions in order: `Send` is encoded and queued on the replica's
+//! connection, `Reply` completes the waiting client request, `Persist` is written to a state file
+//! (atomic write + rename + fsync) *before* any later action of the batch, and `ReplicaFailed`
+//! closes the connection and reconnects with exponential backoff. The engine itself starts the
+//! handshake (`Hello`) when told a connection is up.
+//!
+//! [`ReplicatedVolume`] is the synchronous handle frontends use: it implements
+//! [`wasmcsi_frontend::BlockDevice`] by sending a request into the driver task and blocking on a
+//! oneshot reply. It must be called from plain threads (FUSE workers), never from inside the
+//! tokio runtime: `blocking_recv` panics there.
+//!
+//! Connections carry a generation number: every event a connection task reports is tagged with
+//! it, and the driver drops events of connections it has already given up on, like bytes of a
+//! closed socket. The engine therefore never hears of a stale connection.
+//!
+//! Discard: the engine has no client-facing unmap yet, so [`ReplicatedVolume::discard`] writes
+//! zeros through the normal replicated write path in [`DISCARD_CHUNK`]-sized pieces. That keeps
+//! the `BlockDevice` contract (discarded ranges read back as zeros, on every replica) at the cost
+//! of allocating the range on the replicas; replacing it with `Message::Unmap` needs engine
+//! support (ordering against writes, dirty tracking), which is still to come.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write as _};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use wasmcsi_frontend::BlockDevice;
+
+use crate::dirty::DirtyMap;
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder};
+use crate::replication::{
+    Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, Millis, PersistedState, ReplicaId,
+};
+
+/// Name of the engine's state file inside [`DriverConfig::state_dir`].
+pub const STATE_FILE: &str = "engine-state";
+const STATE_MAGIC: [u8; 4] = *b"WCSE";
+const STATE_VERSION: u32 = 1;
+
+/// Size of the zero writes a discard is split into (see the module docs).
+pub const DISCARD_CHUNK: u64 = 1 << 20;
+/// Discard chunks in flight at once: bounds the zero buffers held in memory.
+const DISCARD_WINDOW: usize = 8;
+/// The writer task coalesces queued frames up to this many bytes into one `write_all`.
+const COALESCE: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub engine: EngineConfig,
+    /// Replica `i` of `engine.replicas` is served at `addrs[i]`.
+    pub addrs: Vec<SocketAddr>,
+    /// Where the engine's persisted state lives; created if missing.
+    pub state_dir: PathBuf,
+    /// Period of `Event::Tick`: the resolution of request and attach timeouts.
+    pub tick: Duration,
+    pub connect_timeout: Duration,
+    /// Reconnect delay after the first failure; doubled per failure up to `backoff_max`, and
+    /// reset once the replica is healthy again.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl DriverConfig {
+    /// A configuration with default timing.
+    pub fn new(engine: EngineConfig, addrs: Vec<SocketAddr>, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            engine,
+            addrs,
+            state_dir: state_dir.into(),
+            tick: Duration::from_millis(10),
+            connect_timeout: Duration::from_secs(3),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum DriverError {
+    #[error("{addrs} replica addresses for {replicas} configured replicas")]
+    ReplicaCount { addrs: usize, replicas: usize },
+    #[error("engine state in {path}: {source}")]
+    State {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("engine state file {path} is corrupt: {what}")]
+    CorruptState { path: PathBuf, what: String },
+}
+
+/// What the driver publishes after every batch of actions, for callers and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeStatus {
+    pub attached: bool,
+    pub revision: u64,
+    /// Replicas that serve reads and count for acknowledgments.
+    pub healthy: usize,
+    /// Replicas with an open TCP connection (healthy or not).
+    pub connected: usize,
+    pub rebuilds_finished: u64,
+}
+
+// ----- persisted state ------------------------------------------------------------------------
+
+/// Reads the state file in `dir`; `None` when there is none (a fresh volume).
+pub fn load_state(dir: &Path) -> Result<Option<PersistedState>, DriverError> {
+    let path = dir.join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => decode_state(&bytes).map(Some).map_err(|what| DriverError::CorruptState { path, what }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(DriverError::State { path, source }),
+    }
+}
+
+/// Writes the state file in `dir` so that a crash leaves either the old or the new state: temp
+/// file, fsync, rename over the old one, fsync the directory (the rename itself must survive).
+pub fn save_state(dir: &Path, state: &PersistedState) -> io::Result<()> {
+    let tmp = dir.join(format!(".{STATE_FILE}.tmp"));
+    let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    f.write_all(&encode_state(state))?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
+    File::open(dir)?.sync_all()
+}
+
+/// magic, version, revision, entry count, (replica u64, delta u8)*, dirty-map length and bytes,
+/// then a CRC32 of everything before it; little-endian.
+fn encode_state(s: &PersistedState) -> Vec<u8> {
+    let dirty = s.dirty.to_bytes();
+    let mut out = Vec::with_capacity(40 + s.out_of_sync.len() * 9 + dirty.len());
+    out.extend_from_slice(&STATE_MAGIC);
+    out.extend_from_slice(&STATE_VERSION.to_le_bytes());
+    out.extend_from_slice(&s.revision.to_le_bytes());
+    out.extend_from_slice(&(s.out_of_sync.len() as u64).to_le_bytes());
+    for (r, delta) in &s.out_of_sync {
+        out.extend_from_slice(&(*r as u64).to_le_bytes());
+        out.push(u8::from(*delta));
+    }
+    out.extend_from_slice(&(dirty.len() as u64).to_le_bytes());
+    out.extend_from_slice(&dirty);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else { return Err("truncated".into()) };
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return Err("checksum mismatch".into());
+    }
+    let mut rest = body;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let (head, tail) = rest.split_at_checked(n).ok_or("truncated")?;
+        rest = tail;
+        Ok(head)
+    };
+    let u64_at = |b: &[u8]| -> u64 { b.iter().rev().fold(0, |acc, x| (acc << 8) | u64::from(*x)) };
+    if take(4)? != STATE_MAGIC {
+        return Err("bad magic".into());
+    }
+    let version = u64_at(take(4)?);
+    if version != u64::from(STATE_VERSION) {
+        return Err(format!("unsupported version {version}"));
+    }
+    let revision = u64_at(take(8)?);
+    let entries = u64_at(take(8)?);
+    let mut out_of_sync = BTreeMap::new();
+    for _ in 0..entries {
+        let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
+        out_of_sync.insert(r, take(1)?[0] != 0);
+    }
+    let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "dirty map length overflows")?;
+    let dirty = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("dirty map: {e}"))?;
+    if !rest.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    Ok(PersistedState { revision, out_of_sync, dirty })
+}
+
+// ----- the driver task ------------------------------------------------------------------------
+
+enum Request {
+    Read { offset: u64, len: u64 },
+    Write { offset: u64, data: Vec<u8> },
+    Flush,
+}
+
+type ReplyTx = oneshot::Sender<io::Result<ClientReply>>;
+
+enum Command {
+    Io(Request, ReplyTx),
+    Shutdown,
+}
+
+/// What a connection task reports, tagged with the connection's generation.
+enum ConnEvent {
+    Connected { replica: ReplicaId, generation: u64, writer: mpsc::UnboundedSender<Vec<u8>> },
+    ConnectFailed { replica: ReplicaId, generation: u64, error: String },
+    Received { replica: ReplicaId, generation: u64, frame: Frame },
+    Closed { replica: ReplicaId, generation: u64, error: String },
+}
+
+struct Slot {
+    addr: SocketAddr,
+    /// Generation of the current connection attempt; events of older ones are ignored.
+    generation: u64,
+    /// Set while connected: the queue of the connection's writer task.
+    writer: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Connect-and-read task of the current generation.
+    task: Option<JoinHandle<()>>,
+    backoff: Duration,
+}
+
+struct Driver {
+    engine: Engine,
+    epoch: Instant,
+    cfg: DriverConfig,
+    slots: Vec<Slot>,
+    waiting: HashMap<ClientId, ReplyTx>,
+    next_client: ClientId,
+    events: mpsc::UnboundedSender<ConnEvent>,
+    status: watch::Sender<VolumeStatus>,
+    rebuilds_finished: u64,
+    /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
+    /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
+    poisoned: Option<String>,
+}
+
+impl Driver {
+    fn now(&self) -> Millis {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut events: mpsc::UnboundedReceiver<ConnEvent>,
+    ) {
+        for r in 0..self.slots.len() {
+            self.spawn_connect(r, Duration::ZERO);
+        }
+        let mut tick = tokio::time::interval(self.cfg.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    // Every handle is gone or asked to stop.
+                    None | Some(Command::Shutdown) => break,
+                    Some(Command::Io(request, reply)) => self.on_request(request, reply),
+                },
+                Some(event) = events.recv() => self.on_conn_event(event),
+                _ = tick.tick() => self.feed(Event::Tick),
+            }
+        }
+        for slot in &mut self.slots {
+            slot.writer = None;
+            if let Some(t) = slot.task.take() {
+                t.abort();
+            }
+        }
+        // Dropping `waiting` fails every outstanding request with "driver stopped".
+    }
+
+    fn on_request(&mut self, request: Request, reply: ReplyTx) {
+        if let Some(why) = &self.poisoned {
+            let _ = reply.send(Err(io::Error::other(format!("volume stopped acknowledging I/O: {why}"))));
+            return;
+        }
+        let client = self.next_client;
+        self.next_client += 1;
+        self.waiting.insert(client, reply);
+        let event = match request {
+            Request::Read { offset, len } => Event::ClientRead { client, offset, len },
+            Request::Write { offset, data } => Event::ClientWrite { client, offset, data },
+            Request::Flush => Event::ClientFlush { client },
+        };
+        self.feed(event);
+    }
+
+    fn on_conn_event(&mut self, event: ConnEvent) {
+        match event {
+            ConnEvent::Connected { replica, generation, writer } => {
+                if self.slots[replica].generation != generation {
+                    return;
+                }
+                tracing::debug!(replica, addr = %self.slots[replica].addr, "replica connected");
+                self.slots[replica].writer = Some(writer);
+                self.feed(Event::ReplicaConnected(replica));
+            }
+            ConnEvent::ConnectFailed { replica, generation, error } => {
+                if self.slots[replica].generation != generation {
+                    return;
+                }
+                tracing::debug!(replica, addr = %self.slots[replica].addr, %error, "replica connect failed");
+                self.slots[replica].task = None;
+                self.reconnect_later(replica);
+            }
+            ConnEvent::Received { replica, generation, frame } => {
+                let slot = &self.slots[replica];
+                if slot.generation == generation && slot.writer.is_some() {
+                    self.feed(Event::Received(replica, frame));
+                }
+            }
+            ConnEvent::Closed { replica, generation, error } => {
+                let slot = &self.slots[replica];
+                if slot.generation != generation || slot.writer.is_none() {
+                    return;
+                }
+                tracing::warn!(replica, addr = %slot.addr, %error, "replica connection lost");
+                self.feed(Event::ReplicaDisconnected(replica));
+                // The engine reports `ReplicaFailed` (and we reconnect) only for a replica it
+                // counted as up; otherwise reconnect here.
+                if self.slots[replica].generation == generation {
+                    self.drop_connection(replica);
+                }
+            }
+        }
+    }
+
+    fn feed(&mut self, event: Event) {
+        let actions = self.engine.handle(self.now(), event);
+        for action in actions {
+            self.execute(action);
+        }
+        for r in 0..self.slots.len() {
+            if self.engine.is_healthy(r) {
+                self.slots[r].backoff = self.cfg.backoff_min;
+            }
+        }
+        let status = VolumeStatus {
+            attached: self.engine.is_attached(),
+            revision: self.engine.revision(),
+            healthy: self.engine.healthy_count(),
+            connected: self.slots.iter().filter(|s| s.writer.is_some()).count(),
+            rebuilds_finished: self.rebuilds_finished,
+        };
+        self.status.send_if_modified(|old| {
+            let changed = *old != status;
+            *old = status;
+            changed
+        });
+    }
+
+    fn execute(&mut self, action: Action) {
+        match action {
+            Action::Send { replica, frame } => {
+                // No connection: the frame is lost like on a dead socket; the engine hears of
+                // the disconnect (or times the request out) and resolves it.
+                let Some(writer) = &self.slots[replica].writer else { return };
+                let mut buf = Vec::new();
+                match protocol::encode(&frame, &mut buf) {
+                    Ok(()) => {
+                        let _ = writer.send(buf);
+                    }
+                    Err(e) => tracing::error!(replica, error = %e, "engine produced an unencodable frame"),
+                }
+            }
+            Action::Reply { client, result } => {
+                let Some(tx) = self.waiting.remove(&client) else { return };
+                let result = match (&self.poisoned, result) {
+                    (Some(why), Ok(_)) => Err(io::Error::other(format!("volume stopped acknowledging I/O: {why}"))),
+                    (_, r) => r.map_err(to_io_error),
+                };
+                // The caller may have given up waiting; nothing to do then.
+                let _ = tx.send(result);
+            }
+            Action::ReplicaFailed { replica, reason } => {
+                tracing::warn!(replica, addr = %self.slots[replica].addr, %reason, "replica failed");
+                if self.slots[replica].writer.is_some() || self.slots[replica].task.is_some() {
+                    self.drop_connection(replica);
+                }
+            }
+            Action::Persist(state) => {
+                // Synchronous on purpose: the engine requires it durable before the next action
+                // of the batch, and it happens only when the replica set changes or a degraded
+                // write touches a new region, so blocking the driver briefly is acceptable.
+                if let Err(e) = save_state(&self.cfg.state_dir, &state) {
+                    tracing::error!(dir = %self.cfg.state_dir.display(), error = %e, "persisting engine state failed");
+                    self.poisoned.get_or_insert(format!("persisting engine state failed: {e}"));
+                }
+            }
+            Action::RebuildStarted { replica, source, kind, regions } => {
+                tracing::info!(replica, source, ?kind, regions, "rebuild started");
+            }
+            Action::RebuildProgress { replica, done, total } => {
+                tracing::debug!(replica, done, total, "rebuild progress");
+            }
+            Action::RebuildFinished { replica } => {
+                self.rebuilds_finished += 1;
+                tracing::info!(replica, "rebuild finished; replica healthy");
+            }
+        }
+    }
+
+    /// Closes the replica's connection (its writer stops when its queue is dropped, the reader
+    /// is aborted) and schedules a new one after the backoff.
+    fn drop_connection(&mut self, replica: ReplicaId) {
+        let slot = &mut self.slots[replica];
+        slot.writer = None;
+        if let Some(t) = slot.task.take() {
+            t.abort();
+        }
+        self.reconnect_later(replica);
+    }
+
+    fn reconnect_later(&mut self, replica: ReplicaId) {
+        let delay = self.slots[replica].backoff;
+        self.slots[replica].backoff = (delay * 2).clamp(self.cfg.backoff_min, self.cfg.backoff_max);
+        self.spawn_connect(replica, delay);
+    }
+
+    fn spawn_connect(&mut self, replica: ReplicaId, delay: Duration) {
+        let slot = &mut self.slots[replica];
+        slot.generation += 1;
+        let task = tokio::spawn(connection(
+            replica,
+            slot.generation,
+            slot.addr,
+            delay,
+            self.cfg.connect_timeout,
+            self.events.clone(),
+        ));
+        slot.task = Some(task);
+    }
+}
+
+fn to_io_error(e: IoError) -> io::Error {
+    let kind = match e {
+        IoError::OutOfRange { .. } | IoError::TooLarge { .. } => io::ErrorKind::InvalidInput,
+        IoError::NoHealthyReplica { .. } => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+/// Connects after `delay`, then reports every frame the replica sends until the connection ends.
+async fn connection(
+    replica: ReplicaId,
+    generation: u64,
+    addr: SocketAddr,
+    delay: Duration,
+    connect_timeout: Duration,
+    events: mpsc::UnboundedSender<ConnEvent>,
+) {
+    tokio::time::sleep(delay).await;
+    let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let _ = events.send(ConnEvent::ConnectFailed { replica, generation, error: e.to_string() });
+            return;
+        }
+        Err(_) => {
+            let _ = events.send(ConnEvent::ConnectFailed { replica, generation, error: "timed out".into() });
+            return;
+        }
+    };
+    // Requests are small and latency-bound (4k writes); Nagle would add a round trip.
+    let _ = stream.set_nodelay(true);
+    let (mut rd, wr) = stream.into_split();
+    let (writer, queue) = mpsc::unbounded_channel();
+    tokio::spawn(write_loop(wr, queue, replica, generation, events.clone()));
+    if events.send(ConnEvent::Connected { replica, generation, writer }).is_err() {
+        return;
+    }
+    let mut decoder = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+    let mut buf = vec![0u8; 256 * 1024];
+    let error = loop {
+        match decoder.next_frame() {
+            Ok(Some(frame)) => {
+                if events.send(ConnEvent::Received { replica, generation, frame }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => break format!("decoding: {e}"),
+        }
+        match rd.read(&mut buf).await {
+            Ok(0) => break "closed by the replica".to_owned(),
+            Ok(n) => decoder.push(&buf[..n]),
+            Err(e) => break format!("reading: {e}"),
+        }
+    };
+    let _ = events.send(ConnEvent::Closed { replica, generation, error });
+}
+
+/// Writes queued frames, coalescing whatever is already queued into one syscall (pipelined small
+/// requests would otherwise cost one write each). Ends when the driver drops the queue.
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    replica: ReplicaId,
+    generation: u64,
+    events: mpsc::UnboundedSender<ConnEvent>,
+) {
+    while let Some(mut buf) = queue.recv().await {
+        while buf.len() < COALESCE {
+            match queue.try_recv() {
+                Ok(more) => buf.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = wr.write_all(&buf).await {
+            let _ = events.send(ConnEvent::Closed { replica, generation, error: format!("writing: {e}") });
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+// ----- the synchronous handle -----------------------------------------------------------------
+
+/// A replicated volume served by a driver task; the [`BlockDevice`] a frontend exposes.
+///
+/// Every method blocks the calling thread until the engine answers, so call them from plain
+/// threads, not from tasks of the runtime the driver runs on. Requests larger than the engine's
+/// [`MAX_IO`] are split and their pieces submitted together. Dropping the handle stops the
+/// driver (outstanding requests fail); call [`ReplicatedVolume::flush`] first to keep writes.
+#[derive(Debug)]
+pub struct ReplicatedVolume {
+    size: u64,
+    commands: mpsc::UnboundedSender<Command>,
+    status: watch::Receiver<VolumeStatus>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Io(..) => "Io",
+            Command::Shutdown => "Shutdown",
+        })
+    }
+}
+
+impl ReplicatedVolume {
+    /// Loads the persisted engine state from `cfg.state_dir` and starts the driver on `runtime`;
+    /// it connects to every replica and attaches in the background (see [`Self::wait_for`]).
+    pub fn start(cfg: DriverConfig, runtime: &tokio::runtime::Handle) -> Result<Self, DriverError> {
+        if cfg.addrs.len() != cfg.engine.replicas.len() {
+            return Err(DriverError::ReplicaCount { addrs: cfg.addrs.len(), replicas: cfg.engine.replicas.len() });
+        }
+        std::fs::create_dir_all(&cfg.state_dir)
+            .map_err(|source| DriverError::State { path: cfg.state_dir.clone(), source })?;
+        let persisted = load_state(&cfg.state_dir)?;
+        let size = cfg.engine.size;
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let (events, event_rx) = mpsc::unbounded_channel();
+        let (status_tx, status) = watch::channel(VolumeStatus::default());
+        let slots = cfg
+            .addrs
+            .iter()
+            .map(|addr| Slot { addr: *addr, generation: 0, writer: None, task: None, backoff: cfg.backoff_min })
+            .collect();
+        let driver = Driver {
+            engine: Engine::new(cfg.engine.clone(), persisted, 0),
+            epoch: Instant::now(),
+            cfg,
+            slots,
+            waiting: HashMap::new(),
+            next_client: 1,
+            events,
+            status: status_tx,
+            rebuilds_finished: 0,
+            poisoned: None,
+        };
+        runtime.spawn(driver.run(command_rx, event_rx));
+        Ok(Self { size, commands, status })
+    }
+
+    /// The driver's latest status.
+    pub fn status(&self) -> VolumeStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Blocks until `pred` holds for the status or `timeout` passes; returns whether it held.
+    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&VolumeStatus) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if pred(&self.status.borrow()) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops the driver: connections close, outstanding and later requests fail.
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+
+    fn submit(&self, request: Request) -> io::Result<oneshot::Receiver<io::Result<ClientReply>>> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::Io(request, tx)).map_err(|_| stopped())?;
+        Ok(rx)
+    }
+
+    fn wait(rx: oneshot::Receiver<io::Result<ClientReply>>) -> io::Result<ClientReply> {
+        rx.blocking_recv().map_err(|_| stopped())?
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "range beyond the end of the volume")),
+        }
+    }
+}
+
+fn stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the volume's driver has stopped")
+}
+
+fn unexpected(reply: &ClientReply) -> io::Error {
+    io::Error::other(format!("engine answered with the wrong reply kind: {reply:?}"))
+}
+
+impl Drop for ReplicatedVolume {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl BlockDevice for ReplicatedVolume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut pending = Vec::new();
+        for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
+            let at = offset + i as u64 * MAX_IO;
+            pending.push(self.submit(Request::Read { offset: at, len: chunk.len() as u64 })?);
+        }
+        for (chunk, rx) in buf.chunks_mut(MAX_IO as usize).zip(pending) {
+            match Self::wait(rx)? {
+                ClientReply::Read(data) if data.len() == chunk.len() => chunk.copy_from_slice(&data),
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut pending = Vec::new();
+        for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
+            let at = offset + i as u64 * MAX_IO;
+            pending.push(self.submit(Request::Write { offset: at, data: chunk.to_vec() })?);
+        }
+        // Wait for every piece even after a failure, so no piece is still in flight on return.
+        let mut result = Ok(());
+        for rx in pending {
+            match Self::wait(rx) {
+                Ok(ClientReply::Written) => {}
+                Ok(other) => result = result.and(Err(unexpected(&other))),
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        result
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        match Self::wait(self.submit(Request::Flush)?)? {
+            ClientReply::Flushed => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_range(offset, len)?;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let mut window = Vec::with_capacity(DISCARD_WINDOW);
+            while at < end && window.len() < DISCARD_WINDOW {
+                let n = DISCARD_CHUNK.min(end - at);
+                window.push(self.submit(Request::Write { offset: at, data: vec![0; n as usize] })?);
+                at += n;
+            }
+            // The whole window is waited for before giving up, so nothing is left in flight.
+            let mut result = Ok(());
+            for rx in window {
+                match Self::wait(rx) {
+                    Ok(ClientReply::Written) => {}
+                    Ok(other) => result = result.and(Err(unexpected(&other))),
+                    Err(e) => result = result.and(Err(e)),
+                }
+            }
+            result?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_file_round_trips_and_detects_corruption() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(load_state(dir.path()).expect("load"), None);
+        let mut dirty = DirtyMap::new(1 << 24, 1 << 20).expect("map");
+        dirty.mark(3 << 20, 10);
+        let state = PersistedState { revision: 7, out_of_sync: BTreeMap::from([(1, true), (2, false)]), dirty };
+        save_state(dir.path(), &state).expect("save");
+        assert_eq!(load_state(dir.path()).expect("load"), Some(state.clone()));
+        let path = dir.path().join(STATE_FILE);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[12] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(matches!(load_state(dir.path()), Err(DriverError::CorruptState { .. })));
+        assert!(decode_state(&encode_state(&state)[..10]).is_err());
+    }
+}
