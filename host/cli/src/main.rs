@@ -49,6 +49,12 @@ enum Command {
     /// volume through the CSI socket: create, stage, publish, write, snapshot, restore,
     /// expand, unpublish, unstage, delete. Needs root for the mounts.
     Demo(wasmcsi::demo::DemoArgs),
+    /// Replica servers of the replicated block data path (create, serve).
+    #[command(subcommand)]
+    Replica(wasmcsi::block_cmd::ReplicaCommand),
+    /// Replicated volumes by hand: attach one to this node as a loop device.
+    #[command(subcommand)]
+    Volume(wasmcsi::block_cmd::VolumeCommand),
 }
 
 #[derive(Subcommand)]
@@ -172,6 +178,8 @@ fn main() -> std::process::ExitCode {
                 wasmcsi::check::list(&backends_dir, wasmcsi::load_config_file(config.as_deref())?).await.map(|()| true)
             }
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
+            Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
+            Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
         }
     });
     match result {
