@@ -613,6 +613,20 @@ impl ReplicatedVolume {
         rx.blocking_recv().map_err(|_| stopped())?
     }
 
+    /// Wait for every submitted write, even after one failed, so none is still in flight
+    /// when the caller returns; the first failure is the result.
+    fn wait_all_written(pending: Vec<oneshot::Receiver<io::Result<ClientReply>>>) -> io::Result<()> {
+        let mut result = Ok(());
+        for rx in pending {
+            match Self::wait(rx) {
+                Ok(ClientReply::Written) => {}
+                Ok(other) => result = result.and(Err(unexpected(&other))),
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        result
+    }
+
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
@@ -663,16 +677,7 @@ impl BlockDevice for ReplicatedVolume {
             let at = offset + i as u64 * MAX_IO;
             pending.push(self.submit(Request::Write { offset: at, data: chunk.to_vec() })?);
         }
-        // Wait for every piece even after a failure, so no piece is still in flight on return.
-        let mut result = Ok(());
-        for rx in pending {
-            match Self::wait(rx) {
-                Ok(ClientReply::Written) => {}
-                Ok(other) => result = result.and(Err(unexpected(&other))),
-                Err(e) => result = result.and(Err(e)),
-            }
-        }
-        result
+        Self::wait_all_written(pending)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -693,16 +698,7 @@ impl BlockDevice for ReplicatedVolume {
                 window.push(self.submit(Request::Write { offset: at, data: vec![0; n as usize] })?);
                 at += n;
             }
-            // The whole window is waited for before giving up, so nothing is left in flight.
-            let mut result = Ok(());
-            for rx in window {
-                match Self::wait(rx) {
-                    Ok(ClientReply::Written) => {}
-                    Ok(other) => result = result.and(Err(unexpected(&other))),
-                    Err(e) => result = result.and(Err(e)),
-                }
-            }
-            result?;
+            Self::wait_all_written(window)?;
         }
         Ok(())
     }

@@ -18,6 +18,8 @@ pub struct ControllerService(pub Arc<Driver>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
+const NO_CONTROLLER_ATTACH: &str = "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)";
+
 fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
     if backend.has_feature(feature) {
         Ok(())
@@ -444,11 +446,7 @@ impl Controller for ControllerService {
         _: tonic::Request<csi::ControllerPublishVolumeRequest>,
     ) -> Reply<csi::ControllerPublishVolumeResponse> {
         self.0
-            .observe("ControllerPublishVolume", async {
-                Err(CsiError::Unimplemented(
-                    "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into(),
-                ))
-            })
+            .observe("ControllerPublishVolume", async { Err(CsiError::Unimplemented(NO_CONTROLLER_ATTACH.into())) })
             .await
     }
     #[tracing::instrument(name = "csi.controller_unpublish_volume", skip_all)]
@@ -457,11 +455,7 @@ impl Controller for ControllerService {
         _: tonic::Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
         self.0
-            .observe("ControllerUnpublishVolume", async {
-                Err(CsiError::Unimplemented(
-                    "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)".into(),
-                ))
-            })
+            .observe("ControllerUnpublishVolume", async { Err(CsiError::Unimplemented(NO_CONTROLLER_ATTACH.into())) })
             .await
     }
     #[tracing::instrument(name = "csi.validate_volume_capabilities", skip_all, fields(volume.id = %r.get_ref().volume_id))]
