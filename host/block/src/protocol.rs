@@ -37,8 +37,14 @@ pub enum Status {
     WrongVolume = 4,
     /// The peer speaks a protocol version this replica does not serve.
     UnsupportedVersion = 5,
-    /// The request was well-framed but made no sense (e.g. a snapshot name already in use).
+    /// The request was well-framed but made no sense (e.g. shrinking a volume).
     Invalid = 6,
+    /// No such replica (control requests) or snapshot.
+    NotFound = 7,
+    /// A replica or snapshot of that name exists with different properties.
+    AlreadyExists = 8,
+    /// Refused while an engine has the replica open (e.g. deleting or reverting it).
+    Busy = 9,
 }
 
 impl Status {
@@ -51,6 +57,9 @@ impl Status {
             4 => Self::WrongVolume,
             5 => Self::UnsupportedVersion,
             6 => Self::Invalid,
+            7 => Self::NotFound,
+            8 => Self::AlreadyExists,
+            9 => Self::Busy,
             _ => return None,
         })
     }
@@ -61,6 +70,19 @@ impl Status {
 pub struct SnapshotInfo {
     pub name: String,
     pub revision: u64,
+    /// When the snapshot was taken, nanoseconds since the Unix epoch (CSI's creation_time).
+    pub created_ns: u64,
+}
+
+/// One replica held by a replica server, as `NodeInfoReply` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSummary {
+    pub volume_id: String,
+    pub size: u64,
+    pub revision: u64,
+    pub dirty: bool,
+    /// Bytes of the replica's files actually allocated on the node's disk.
+    pub allocated: u64,
 }
 
 /// What a replica says about itself in `HelloReply`: the crash-safe header it keeps on disk.
@@ -158,6 +180,58 @@ pub enum Message {
         len: u32,
         revision: u64,
     },
+    /// Grows the volume to `size` (durably, header and data file) before replying; a smaller
+    /// size is `Invalid`, the same size is `Ok` (idempotent). Fenced by `revision` like `Write`.
+    Resize {
+        size: u64,
+        revision: u64,
+    },
+    /// Removes snapshot `name` from the chain, folding its data into its successor. `NotFound`
+    /// when there is no such snapshot (the engine treats that as done on a retry).
+    DeleteSnapshot {
+        name: String,
+        revision: u64,
+    },
+    /// Discards everything written since snapshot `name` and every snapshot taken after it: the
+    /// volume reads as it was when `name` was taken. Refused (`Busy`) while another connection
+    /// has the replica open.
+    Revert {
+        name: String,
+        revision: u64,
+    },
+    /// Reads the volume as it was when snapshot `name` was taken; answered by `ReadReply`.
+    ReadSnapshot {
+        name: String,
+        offset: u64,
+        len: u32,
+    },
+    /// Which extents of `[offset, offset + len)` hold data in the volume as of snapshot `name`;
+    /// answered by `ExtentMap` (every extent `Allocated`).
+    ListSnapshotExtents {
+        name: String,
+        offset: u64,
+        len: u64,
+    },
+    /// Control (no `Hello` first): create an empty replica of `volume_id` on this server.
+    /// Idempotent: the same id and size is `Ok`; the same id with another size `AlreadyExists`.
+    CreateReplica {
+        volume_id: String,
+        size: u64,
+    },
+    /// Control: delete the replica and its files. `NotFound` when absent (done on a retry),
+    /// `Busy` while an engine has it open.
+    DeleteReplica {
+        volume_id: String,
+    },
+    /// Control: what this server holds and how much space is left.
+    NodeInfo,
+    NodeInfoReply {
+        status: Status,
+        /// Bytes of the filesystem holding the replicas, and bytes still available to them.
+        capacity: u64,
+        available: u64,
+        replicas: Vec<ReplicaSummary>,
+    },
 }
 
 impl Message {
@@ -176,6 +250,15 @@ impl Message {
             Self::ListExtents { .. } => 11,
             Self::ExtentMap { .. } => 12,
             Self::ReadExtent { .. } => 13,
+            Self::Resize { .. } => 14,
+            Self::DeleteSnapshot { .. } => 15,
+            Self::Revert { .. } => 16,
+            Self::ReadSnapshot { .. } => 17,
+            Self::ListSnapshotExtents { .. } => 18,
+            Self::CreateReplica { .. } => 19,
+            Self::DeleteReplica { .. } => 20,
+            Self::NodeInfo => 21,
+            Self::NodeInfoReply { .. } => 22,
         }
     }
 }
@@ -292,6 +375,7 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             for s in &header.snapshots {
                 put_name(out, &s.name)?;
                 out.extend_from_slice(&s.revision.to_le_bytes());
+                out.extend_from_slice(&s.created_ns.to_le_bytes());
             }
         }
         Message::Read { offset, len } => {
@@ -338,6 +422,45 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             out.extend_from_slice(&offset.to_le_bytes());
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::Resize { size, revision } => {
+            out.extend_from_slice(&size.to_le_bytes());
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::DeleteSnapshot { name, revision } | Message::Revert { name, revision } => {
+            put_name(out, name)?;
+            out.extend_from_slice(&revision.to_le_bytes());
+        }
+        Message::ReadSnapshot { name, offset, len } => {
+            put_name(out, name)?;
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        Message::ListSnapshotExtents { name, offset, len } => {
+            put_name(out, name)?;
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        Message::CreateReplica { volume_id, size } => {
+            put_name(out, volume_id)?;
+            out.extend_from_slice(&size.to_le_bytes());
+        }
+        Message::DeleteReplica { volume_id } => put_name(out, volume_id)?,
+        Message::NodeInfo => {}
+        Message::NodeInfoReply { status, capacity, available, replicas } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            out.extend_from_slice(&capacity.to_le_bytes());
+            out.extend_from_slice(&available.to_le_bytes());
+            let count =
+                u32::try_from(replicas.len()).map_err(|_| EncodeError::TooManyEntries { count: replicas.len() })?;
+            out.extend_from_slice(&count.to_le_bytes());
+            for r in replicas {
+                put_name(out, &r.volume_id)?;
+                out.extend_from_slice(&r.size.to_le_bytes());
+                out.extend_from_slice(&r.revision.to_le_bytes());
+                out.push(u8::from(r.dirty));
+                out.extend_from_slice(&r.allocated.to_le_bytes());
+            }
         }
     }
     Ok(())
@@ -432,6 +555,13 @@ impl<'a> Reader<'a> {
         let raw = self.bytes(len)?;
         String::from_utf8(raw.to_vec()).map_err(|_| self.malformed("name is not UTF-8"))
     }
+    fn flag(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.malformed("flag is not 0 or 1")),
+        }
+    }
     fn rest(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.buf).to_vec()
     }
@@ -449,19 +579,15 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
             let volume_id = r.name()?;
             let size = r.u64()?;
             let revision = r.u64()?;
-            let dirty = match r.u8()? {
-                0 => false,
-                1 => true,
-                _ => return Err(r.malformed("dirty flag is not 0 or 1")),
-            };
+            let dirty = r.flag()?;
             let count = r.u16()? as usize;
-            // Each entry is at least 10 bytes, so the count cannot ask for more than is there.
-            if count * 10 > r.buf.len() {
+            // Each entry is at least 18 bytes, so the count cannot ask for more than is there.
+            if count * 18 > r.buf.len() {
                 return Err(r.malformed("snapshot count exceeds payload"));
             }
             let mut snapshots = Vec::with_capacity(count);
             for _ in 0..count {
-                snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()? });
+                snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()?, created_ns: r.u64()? });
             }
             Message::HelloReply { status, header: ReplicaHeader { volume_id, size, revision, snapshots, dirty } }
         }
@@ -494,6 +620,35 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
             Message::ExtentMap { status, extents }
         }
         13 => Message::ReadExtent { offset: r.u64()?, len: r.u32()?, revision: r.u64()? },
+        14 => Message::Resize { size: r.u64()?, revision: r.u64()? },
+        15 => Message::DeleteSnapshot { name: r.name()?, revision: r.u64()? },
+        16 => Message::Revert { name: r.name()?, revision: r.u64()? },
+        17 => Message::ReadSnapshot { name: r.name()?, offset: r.u64()?, len: r.u32()? },
+        18 => Message::ListSnapshotExtents { name: r.name()?, offset: r.u64()?, len: r.u64()? },
+        19 => Message::CreateReplica { volume_id: r.name()?, size: r.u64()? },
+        20 => Message::DeleteReplica { volume_id: r.name()? },
+        21 => Message::NodeInfo,
+        22 => {
+            let status = r.status()?;
+            let capacity = r.u64()?;
+            let available = r.u64()?;
+            let count = r.u32()? as usize;
+            // Each entry is at least 27 bytes, so the count cannot ask for more than is there.
+            if count.saturating_mul(27) > r.buf.len() {
+                return Err(r.malformed("replica count exceeds payload"));
+            }
+            let mut replicas = Vec::with_capacity(count);
+            for _ in 0..count {
+                replicas.push(ReplicaSummary {
+                    volume_id: r.name()?,
+                    size: r.u64()?,
+                    revision: r.u64()?,
+                    dirty: r.flag()?,
+                    allocated: r.u64()?,
+                });
+            }
+            Message::NodeInfoReply { status, capacity, available, replicas }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -552,8 +707,8 @@ pub(crate) mod tests {
             let n = rng.below(300) as usize;
             (0..n).map(|_| rng.next() as u8).collect()
         };
-        let status = |rng: &mut Rng| Status::from_wire(rng.below(7) as u16).unwrap_or(Status::Ok);
-        match rng.below(13) {
+        let status = |rng: &mut Rng| Status::from_wire(rng.below(10) as u16).unwrap_or(Status::Ok);
+        match rng.below(22) {
             0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
             1 => Message::HelloReply {
                 status: status(rng),
@@ -562,7 +717,7 @@ pub(crate) mod tests {
                     size: rng.next(),
                     revision: rng.next(),
                     snapshots: (0..rng.below(4))
-                        .map(|_| SnapshotInfo { name: name(rng), revision: rng.next() })
+                        .map(|_| SnapshotInfo { name: name(rng), revision: rng.next(), created_ns: rng.next() })
                         .collect(),
                     dirty: rng.below(2) == 1,
                 },
@@ -586,7 +741,29 @@ pub(crate) mod tests {
                     })
                     .collect(),
             },
-            _ => Message::ReadExtent { offset: rng.next(), len: rng.next() as u32, revision: rng.next() },
+            12 => Message::ReadExtent { offset: rng.next(), len: rng.next() as u32, revision: rng.next() },
+            13 => Message::Resize { size: rng.next(), revision: rng.next() },
+            14 => Message::DeleteSnapshot { name: name(rng), revision: rng.next() },
+            15 => Message::Revert { name: name(rng), revision: rng.next() },
+            16 => Message::ReadSnapshot { name: name(rng), offset: rng.next(), len: rng.next() as u32 },
+            17 => Message::ListSnapshotExtents { name: name(rng), offset: rng.next(), len: rng.next() },
+            18 => Message::CreateReplica { volume_id: name(rng), size: rng.next() },
+            19 => Message::DeleteReplica { volume_id: name(rng) },
+            20 => Message::NodeInfo,
+            _ => Message::NodeInfoReply {
+                status: status(rng),
+                capacity: rng.next(),
+                available: rng.next(),
+                replicas: (0..rng.below(4))
+                    .map(|_| ReplicaSummary {
+                        volume_id: name(rng),
+                        size: rng.next(),
+                        revision: rng.next(),
+                        dirty: rng.below(2) == 1,
+                        allocated: rng.next(),
+                    })
+                    .collect(),
+            },
         }
     }
 
@@ -606,7 +783,7 @@ pub(crate) mod tests {
             let bytes = encoded(&frame);
             assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
         }
-        assert_eq!(kinds.len(), 13, "the generator covers every kind");
+        assert_eq!(kinds.len(), 22, "the generator covers every kind");
     }
 
     #[test]

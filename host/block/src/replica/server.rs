@@ -336,11 +336,21 @@ async fn serve_requests(
             | Message::SetRevision { .. }
             | Message::ListExtents { .. }
             | Message::ReadExtent { .. } => false,
+            // Not served yet: answered Invalid by `execute`.
+            Message::Resize { .. }
+            | Message::DeleteSnapshot { .. }
+            | Message::Revert { .. }
+            | Message::ReadSnapshot { .. }
+            | Message::ListSnapshotExtents { .. } => false,
             Message::Hello { .. }
             | Message::HelloReply { .. }
             | Message::ReadReply { .. }
             | Message::Reply { .. }
-            | Message::ExtentMap { .. } => break Err(ConnError::Unexpected("not a request after Hello")),
+            | Message::ExtentMap { .. }
+            | Message::CreateReplica { .. }
+            | Message::DeleteReplica { .. }
+            | Message::NodeInfo
+            | Message::NodeInfoReply { .. } => break Err(ConnError::Unexpected("not a request after Hello")),
         };
         clean = matches!(frame.message, Message::Flush) && mutations_in_flight.load(Ordering::SeqCst) == 0;
         if mutation {

@@ -360,7 +360,7 @@ fn persist_header(dir: &Path, header: &ReplicaHeader) -> Result<(), StoreError> 
 }
 
 /// `magic, format: u16, volume_id: name, size: u64, revision: u64, dirty: u8, count: u32,
-/// count × (name, revision: u64), crc32 of everything before it: u32`, little-endian.
+/// count × (name, revision: u64, created_ns: u64), crc32 of everything before it: u32`, little-endian.
 fn encode_header(h: &ReplicaHeader) -> Result<Vec<u8>, StoreError> {
     fn name(out: &mut Vec<u8>, s: &str) -> Result<(), StoreError> {
         if s.len() > MAX_NAME_LEN {
@@ -382,6 +382,7 @@ fn encode_header(h: &ReplicaHeader) -> Result<Vec<u8>, StoreError> {
     for s in &h.snapshots {
         name(&mut out, &s.name)?;
         out.extend_from_slice(&s.revision.to_le_bytes());
+        out.extend_from_slice(&s.created_ns.to_le_bytes());
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -415,7 +416,7 @@ fn decode_header(bytes: &[u8]) -> Result<ReplicaHeader, &'static str> {
     let count = r.u32()?;
     let mut snapshots = Vec::new();
     for _ in 0..count {
-        snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()? });
+        snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()?, created_ns: r.u64()? });
     }
     if !r.0.is_empty() {
         return Err("trailing bytes");
@@ -466,7 +467,7 @@ mod tests {
             volume_id: "vol-1".into(),
             size: 1 << 30,
             revision: 7,
-            snapshots: vec![SnapshotInfo { name: "s1".into(), revision: 3 }],
+            snapshots: vec![SnapshotInfo { name: "s1".into(), revision: 3, created_ns: 1_700_000_000_000_000_000 }],
             dirty: true,
         }
     }
