@@ -212,6 +212,12 @@ pub enum Message {
         offset: u64,
         len: u64,
     },
+    /// Drops every snapshot and all data (the replica reads as zeros, chain empty) and records
+    /// `revision`: the first step of a full rebuild onto a replica whose snapshot chain differs
+    /// from the source's. Fenced by `revision`.
+    Reinitialize {
+        revision: u64,
+    },
     /// Control (no `Hello` first): create an empty replica of `volume_id` on this server.
     /// Idempotent: the same id and size is `Ok`; the same id with another size `AlreadyExists`.
     CreateReplica {
@@ -259,6 +265,7 @@ impl Message {
             Self::DeleteReplica { .. } => 20,
             Self::NodeInfo => 21,
             Self::NodeInfoReply { .. } => 22,
+            Self::Reinitialize { .. } => 23,
         }
     }
 }
@@ -447,6 +454,7 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         }
         Message::DeleteReplica { volume_id } => put_name(out, volume_id)?,
         Message::NodeInfo => {}
+        Message::Reinitialize { revision } => out.extend_from_slice(&revision.to_le_bytes()),
         Message::NodeInfoReply { status, capacity, available, replicas } => {
             out.extend_from_slice(&(*status as u16).to_le_bytes());
             out.extend_from_slice(&capacity.to_le_bytes());
@@ -628,6 +636,7 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
         19 => Message::CreateReplica { volume_id: r.name()?, size: r.u64()? },
         20 => Message::DeleteReplica { volume_id: r.name()? },
         21 => Message::NodeInfo,
+        23 => Message::Reinitialize { revision: r.u64()? },
         22 => {
             let status = r.status()?;
             let capacity = r.u64()?;
@@ -708,7 +717,7 @@ pub(crate) mod tests {
             (0..n).map(|_| rng.next() as u8).collect()
         };
         let status = |rng: &mut Rng| Status::from_wire(rng.below(10) as u16).unwrap_or(Status::Ok);
-        match rng.below(22) {
+        match rng.below(23) {
             0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
             1 => Message::HelloReply {
                 status: status(rng),
@@ -750,6 +759,7 @@ pub(crate) mod tests {
             18 => Message::CreateReplica { volume_id: name(rng), size: rng.next() },
             19 => Message::DeleteReplica { volume_id: name(rng) },
             20 => Message::NodeInfo,
+            21 => Message::Reinitialize { revision: rng.next() },
             _ => Message::NodeInfoReply {
                 status: status(rng),
                 capacity: rng.next(),
@@ -783,7 +793,7 @@ pub(crate) mod tests {
             let bytes = encoded(&frame);
             assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
         }
-        assert_eq!(kinds.len(), 22, "the generator covers every kind");
+        assert_eq!(kinds.len(), 23, "the generator covers every kind");
     }
 
     #[test]

@@ -341,7 +341,8 @@ async fn serve_requests(
             | Message::DeleteSnapshot { .. }
             | Message::Revert { .. }
             | Message::ReadSnapshot { .. }
-            | Message::ListSnapshotExtents { .. } => false,
+            | Message::ListSnapshotExtents { .. }
+            | Message::Reinitialize { .. } => false,
             Message::Hello { .. }
             | Message::HelloReply { .. }
             | Message::ReadReply { .. }
