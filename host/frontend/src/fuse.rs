@@ -26,14 +26,15 @@ use fuser::{
 use nix::fcntl::FallocateFlags;
 
 use crate::mkfs::{run, umount_retrying};
-use crate::{Attached, BlockDevice, Frontend, FrontendError, Undo};
+use crate::{Attached, BlockDevice, Frontend, FrontendError, RefreshSize, Undo};
 
 /// The name of the one file in the FUSE filesystem.
 pub const VOLUME_FILE: &str = "volume";
 const VOLUME_INO: INodeNo = INodeNo(2);
 /// The largest write the kernel may send in one request (its own limit is 256 pages by default).
 const MAX_WRITE: u32 = 1 << 20;
-/// Attributes never change while mounted, so the kernel may cache them for long.
+/// Attributes change only on a resize, which invalidates them explicitly (see
+/// [`FuseLoopFrontend::refresh_size`]), so the kernel may cache them for long.
 const TTL: Duration = Duration::from_secs(3600);
 /// How long teardown waits for the kernel to let go of a loop device or a mount.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -79,7 +80,12 @@ impl FuseLoopFrontend {
         if self.fail_point == Some(point) { Err(FrontendError::Injected(point)) } else { Ok(()) }
     }
 
-    fn attach_steps(&self, dev: Arc<dyn BlockDevice>, name: &str, undo: &mut Undo) -> Result<PathBuf, FrontendError> {
+    fn attach_steps(
+        &self,
+        dev: Arc<dyn BlockDevice>,
+        name: &str,
+        undo: &mut Undo,
+    ) -> Result<(PathBuf, RefreshSize), FrontendError> {
         let size = dev.size();
         if size == 0 || !size.is_multiple_of(512) {
             return Err(FrontendError::Invalid(format!("size {size} is not a positive multiple of 512")));
@@ -122,8 +128,9 @@ impl FuseLoopFrontend {
         config.clone_fd = true;
         // Mounts and completes the INIT handshake; if anything later fails before the thread
         // owns the session, dropping the session unmounts.
-        let session = Session::new(VolumeFs { dev }, &mnt, &config)
+        let session = Session::new(VolumeFs { dev: dev.clone() }, &mnt, &config)
             .map_err(|e| FrontendError::io(format!("mounting FUSE on {}", mnt.display()), e))?;
+        let notifier = session.notifier();
         let server: JoinHandle<std::io::Result<()>> = std::thread::Builder::new()
             .name(format!("fuse-{name}"))
             .spawn(move || session.run())
@@ -172,7 +179,54 @@ impl FuseLoopFrontend {
             // Still correct (the FUSE file is opened with direct I/O), only slower.
             tracing::warn!(device = %device.display(), "loop device runs without direct I/O");
         }
-        Ok(device)
+        let resize = FuseResize { notifier, file, device: device.clone(), sys, dev: Arc::downgrade(&dev) };
+        Ok((device, Box::new(move || resize.refresh())))
+    }
+}
+
+/// What an online resize needs to reach the kernel: the FUSE connection (to drop the kernel's
+/// cached size of the file) and the loop device (to re-read it).
+struct FuseResize {
+    notifier: fuser::Notifier,
+    file: PathBuf,
+    device: PathBuf,
+    sys: PathBuf,
+    /// Weak: after a detach the device belongs to its owner alone again.
+    dev: std::sync::Weak<dyn BlockDevice>,
+}
+
+impl FuseResize {
+    /// The loop driver sizes itself from the backing inode's cached size, and FUSE only updates
+    /// that from a getattr reply: invalidate the attributes (offset -1: keep the page cache, there
+    /// is none with direct I/O anyway), stat the file so the kernel asks again, then let the loop
+    /// device pick the new size up (LOOP_SET_CAPACITY, `losetup -c`).
+    fn refresh(&self) -> Result<u64, FrontendError> {
+        let size = self.dev.upgrade().ok_or_else(|| FrontendError::Invalid("the volume is detached".into()))?.size();
+        self.notifier
+            .inval_inode(VOLUME_INO, -1, 0)
+            .map_err(|e| FrontendError::io("invalidating the FUSE file's attributes", e))?;
+        let seen = std::fs::metadata(&self.file)
+            .map_err(|e| FrontendError::io(format!("stat {}", self.file.display()), e))?
+            .len();
+        if seen != size {
+            return Err(FrontendError::Invalid(format!(
+                "{} still shows {seen} bytes after invalidation, expected {size}",
+                self.file.display()
+            )));
+        }
+        run(Command::new("losetup").arg("--set-capacity").arg(&self.device))?;
+        let sectors: u64 = read_sys(&self.sys.join("size"))?
+            .parse()
+            .map_err(|_| FrontendError::Invalid(format!("unparsable {}/size", self.sys.display())))?;
+        if sectors * 512 != size {
+            return Err(FrontendError::Invalid(format!(
+                "{} has {} bytes after resize, expected {size}",
+                self.device.display(),
+                sectors * 512
+            )));
+        }
+        tracing::info!(device = %self.device.display(), size, "block device resized online");
+        Ok(size)
     }
 }
 
@@ -180,7 +234,7 @@ impl Frontend for FuseLoopFrontend {
     fn attach(&self, dev: Arc<dyn BlockDevice>, name: &str) -> Result<Attached, FrontendError> {
         let mut undo = Undo::default();
         match self.attach_steps(dev, name, &mut undo) {
-            Ok(device) => Ok(Attached::new(device, undo)),
+            Ok((device, refresh)) => Ok(Attached::new(device, undo, refresh)),
             Err(e) => {
                 // Errors of the undo are logged by run_all; the attach error is what matters.
                 let _ = undo.run_all();

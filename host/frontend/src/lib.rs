@@ -18,6 +18,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fuse::{FailPoint, FuseLoopFrontend};
 
@@ -44,7 +45,7 @@ pub trait BlockDevice: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct FileDevice {
     file: File,
-    size: u64,
+    size: AtomicU64,
     path: PathBuf,
 }
 
@@ -53,14 +54,24 @@ impl FileDevice {
     pub fn create(path: &Path, size: u64) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
         file.set_len(size)?;
-        Ok(Self { file, size, path: path.to_path_buf() })
+        Ok(Self { file, size: AtomicU64::new(size), path: path.to_path_buf() })
     }
 
     /// Opens an existing file; its current length is the device size.
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let size = file.metadata()?.len();
-        Ok(Self { file, size, path: path.to_path_buf() })
+        Ok(Self { file, size: AtomicU64::new(size), path: path.to_path_buf() })
+    }
+
+    /// Grows the device (and its file) to `size`; shrinking is refused.
+    pub fn grow(&self, size: u64) -> io::Result<()> {
+        if size < self.size.load(Ordering::Acquire) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a block device does not shrink"));
+        }
+        self.file.set_len(size)?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
     }
 
     /// The backing file.
@@ -70,7 +81,7 @@ impl FileDevice {
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size.load(Ordering::Acquire) => Ok(()),
             _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "range beyond the end of the device")),
         }
     }
@@ -78,7 +89,7 @@ impl FileDevice {
 
 impl BlockDevice for FileDevice {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -187,15 +198,31 @@ impl std::fmt::Debug for Undo {
 
 /// A volume attached to the kernel. Detach explicitly to see errors; dropping it detaches
 /// best-effort (errors are logged).
-#[derive(Debug)]
 pub struct Attached {
     device: PathBuf,
     undo: Undo,
+    refresh: RefreshSize,
+}
+
+/// Makes the kernel device take on the `BlockDevice`'s current size; returns it.
+pub(crate) type RefreshSize = Box<dyn Fn() -> Result<u64, FrontendError> + Send + Sync>;
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached").field("device", &self.device).field("undo", &self.undo).finish_non_exhaustive()
+    }
 }
 
 impl Attached {
-    pub(crate) fn new(device: PathBuf, undo: Undo) -> Self {
-        Self { device, undo }
+    pub(crate) fn new(device: PathBuf, undo: Undo, refresh: RefreshSize) -> Self {
+        Self { device, undo, refresh }
+    }
+
+    /// Online expansion: after the `BlockDevice` grew, make the kernel device show the new size
+    /// while it stays attached (and possibly mounted). Returns the size the device now has. The
+    /// filesystem on it is the caller's to grow.
+    pub fn refresh_size(&self) -> Result<u64, FrontendError> {
+        (self.refresh)()
     }
 
     /// The kernel block device node, e.g. `/dev/loop3`.

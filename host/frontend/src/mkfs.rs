@@ -90,6 +90,19 @@ pub fn mkfs(device: &Path, fs: FsType) -> Result<(), FrontendError> {
     run(cmd.arg(device)).map(drop)
 }
 
+/// Grows the filesystem on `device` to fill it, after the device grew. XFS grows only while
+/// mounted (`xfs_growfs` on the mount point); ext4 grows mounted or not (`resize2fs`), though
+/// growing a *mounted* ext4 needs CAP_SYS_RESOURCE, which some hosts (this CI's) drop: then the
+/// error says so and the caller unmounts, grows and remounts.
+pub fn grow_fs(device: &Path, fstype: &str, mount_point: Option<&Path>) -> Result<(), FrontendError> {
+    match (fstype, mount_point) {
+        ("xfs", Some(mnt)) => run(Command::new("xfs_growfs").arg("-d").arg(mnt)).map(drop),
+        ("xfs", None) => Err(FrontendError::Invalid("XFS grows only while mounted".into())),
+        ("ext4" | "ext3" | "ext2", _) => run(Command::new("resize2fs").arg(device)).map(drop),
+        (other, _) => Err(FrontendError::Invalid(format!("growing a {other} filesystem is not supported"))),
+    }
+}
+
 /// Formats `device` with `fs` unless it already holds a filesystem. Returns the type found or
 /// created; a different existing type is returned as is (never reformatted) for the caller to
 /// judge.

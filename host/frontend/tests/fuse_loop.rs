@@ -429,3 +429,53 @@ fn invalid_volumes_are_refused_before_touching_the_kernel() {
     assert_clean(&runtime, &odd);
     assert_clean(&runtime, &ok);
 }
+
+/// Online expansion: the device grows while a filesystem on it stays mounted, the loop device
+/// shows the new size, data written before is intact, the new tail is usable, and XFS grows
+/// online to fill it.
+#[test]
+fn online_resize_grows_the_mounted_device_and_xfs() {
+    require!("losetup", "blkid", "mkfs.xfs", "xfs_growfs");
+    const BEFORE: u64 = 512 << 20;
+    const AFTER: u64 = 1 << 30;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let target = tmp.path().join("mnt");
+    std::fs::create_dir(&target).expect("mount dir");
+    let file_dev = Arc::new(FileDevice::create(&tmp.path().join("backing.img"), BEFORE).expect("backing file"));
+    let dev: Arc<dyn BlockDevice> = file_dev.clone();
+    let mut attached = FuseLoopFrontend::new(&runtime).attach(dev.clone(), "grow").expect("attach");
+    let device = attached.device().to_path_buf();
+    assert_eq!(mkfs::ensure_fs(&device, FsType::Xfs).expect("mkfs.xfs"), "xfs");
+    mkfs::mount(&device, &target, "xfs", None).expect("mount");
+    let guard = UnmountGuard(&target);
+    let mut block = vec![0u8; BLOCK];
+    make_block(7, 1, &mut block);
+    std::fs::write(target.join("before"), &block).expect("write before");
+    let total = |p: &Path| {
+        let st = nix::sys::statvfs::statvfs(p).expect("statvfs");
+        st.blocks() as u64 * st.fragment_size() as u64
+    };
+    let fs_before = total(&target);
+
+    file_dev.grow(AFTER).expect("grow backing device");
+    assert_eq!(attached.refresh_size().expect("refresh size"), AFTER);
+    assert_eq!(loop_size(&device), AFTER);
+    mkfs::grow_fs(&device, "xfs", Some(&target)).expect("xfs_growfs");
+    let fs_after = total(&target);
+    assert!(fs_after > fs_before + (AFTER - BEFORE) / 2, "xfs grew from {fs_before} to {fs_after}");
+    // The new space is usable and the old data intact, through a remount.
+    std::fs::write(target.join("after"), vec![0xA5; 64 << 20]).expect("fill the new space");
+    mkfs::unmount(&target).expect("unmount");
+    mkfs::mount(&device, &target, "xfs", None).expect("remount");
+    assert_eq!(std::fs::read(target.join("before")).expect("read before"), block);
+    assert_eq!(std::fs::metadata(target.join("after")).expect("after").len(), 64 << 20);
+    mkfs::unmount(&target).expect("unmount");
+    drop(guard);
+    // Shrinking is refused by the device and changes nothing.
+    assert!(file_dev.grow(BEFORE).is_err());
+    assert_eq!(attached.refresh_size().expect("refresh again"), AFTER);
+    attached.detach().expect("detach");
+    drop(file_dev);
+    assert_clean(&runtime, &dev);
+}
