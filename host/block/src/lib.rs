@@ -8,6 +8,7 @@
 //! `wasmcsi_frontend::BlockDevice` for the FUSE frontend. Still to come (issue 4): snapshots,
 //! expansion, client-facing unmap.
 
+pub mod control;
 pub mod dirty;
 pub mod driver;
 pub mod protocol;

@@ -1,0 +1,497 @@
+//! The control surface of the replicated block data path: what the CLI and, later, the
+//! `replicated-block` component's `block` capability call to manage replica sets — create and
+//! delete replicas on nodes, list nodes with their free space, and the operations on a volume
+//! that is *not attached* (snapshot, delete a snapshot, revert, expand, clone from a snapshot).
+//! While a volume is attached its engine owns the replicas; the same operations then go through
+//! the engine ([`crate::driver::ReplicatedVolume`]) so they are ordered with client I/O.
+//!
+//! Every call has a deadline: an unreachable node fails with [`ControlError::Unreachable`] or
+//! [`ControlError::Timeout`] naming the address, never hangs. Requests are idempotent the way
+//! the protocol makes them (creating an existing replica of the same size, deleting a missing
+//! one, deleting a missing snapshot all succeed), so a caller may retry after any failure.
+//!
+//! Offline operations refuse a replica set whose members disagree (different revision, size or
+//! snapshot chain, or a replica left dirty by a crashed engine): changing such a set by hand
+//! could make a stale replica look current. Attaching the volume lets the engine rebuild first.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::protocol::{
+    DEFAULT_MAX_PAYLOAD, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader, ReplicaSummary,
+    SnapshotInfo, Status, encode,
+};
+
+/// Bytes moved per request when copying a volume (clone): one frame each way.
+pub const COPY_CHUNK: u64 = 1 << 20;
+/// Bytes of the volume covered by one `ListSnapshotExtents` request, so the reply fits a frame.
+const EXTENT_WINDOW: u64 = 64 << 30;
+
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("replica server {addr} is unreachable: {source}")]
+    Unreachable {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("replica server {addr} did not answer {what} within {timeout:?}")]
+    Timeout { addr: SocketAddr, what: &'static str, timeout: Duration },
+    #[error("replica server {addr}: connection failed during {what}: {detail}")]
+    Connection { addr: SocketAddr, what: &'static str, detail: String },
+    #[error("replica server {addr} refused {what}: {status:?}")]
+    Refused { addr: SocketAddr, what: &'static str, status: Status },
+    #[error("replica server {addr} answered {what} with an unexpected message")]
+    Protocol { addr: SocketAddr, what: &'static str },
+    #[error("replicas of {volume_id} disagree, refusing to change them by hand: {detail}")]
+    NotInSync { volume_id: String, detail: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+impl ControlError {
+    /// The status a replica refused with, if that is what happened.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Self::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// One request/response connection to a replica server (control traffic is not pipelined).
+struct Conn {
+    addr: SocketAddr,
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    next_id: u64,
+    timeout: Duration,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, ControlError> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(source)) => return Err(ControlError::Unreachable { addr, source }),
+            Err(_) => return Err(ControlError::Timeout { addr, what: "connect", timeout }),
+        };
+        // Control requests are small and latency-bound.
+        let _ = stream.set_nodelay(true);
+        Ok(Self {
+            addr,
+            stream,
+            decoder: FrameDecoder::new(DEFAULT_MAX_PAYLOAD),
+            next_id: 1,
+            timeout,
+            buf: vec![0; 256 << 10],
+        })
+    }
+
+    async fn call(&mut self, what: &'static str, message: Message) -> Result<Message, ControlError> {
+        let (addr, timeout) = (self.addr, self.timeout);
+        match tokio::time::timeout(timeout, self.exchange(what, message)).await {
+            Ok(result) => result,
+            Err(_) => Err(ControlError::Timeout { addr, what, timeout }),
+        }
+    }
+
+    async fn exchange(&mut self, what: &'static str, message: Message) -> Result<Message, ControlError> {
+        let addr = self.addr;
+        let request_id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        encode(&Frame { request_id, message }, &mut out).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let conn_err = |detail: String| ControlError::Connection { addr, what, detail };
+        self.stream.write_all(&out).await.map_err(|e| conn_err(e.to_string()))?;
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(frame)) if frame.request_id == request_id => return Ok(frame.message),
+                Ok(Some(_)) => return Err(ControlError::Protocol { addr, what }),
+                Ok(None) => {}
+                Err(e) => return Err(conn_err(e.to_string())),
+            }
+            let n = self.stream.read(&mut self.buf).await.map_err(|e| conn_err(e.to_string()))?;
+            if n == 0 {
+                return Err(conn_err("closed by the server".into()));
+            }
+            self.decoder.push(&self.buf[..n]);
+        }
+    }
+
+    /// Sends a request answered by `Reply`; `Ok` or one of `accept` is success.
+    async fn reply(&mut self, what: &'static str, message: Message, accept: &[Status]) -> Result<(), ControlError> {
+        match self.call(what, message).await? {
+            Message::Reply { status: Status::Ok } => Ok(()),
+            Message::Reply { status } if accept.contains(&status) => Ok(()),
+            Message::Reply { status } => Err(ControlError::Refused { addr: self.addr, what, status }),
+            _ => Err(ControlError::Protocol { addr: self.addr, what }),
+        }
+    }
+}
+
+/// What a replica server reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub addr: SocketAddr,
+    pub capacity: u64,
+    pub available: u64,
+    pub replicas: Vec<ReplicaSummary>,
+}
+
+/// Control requests to one replica server (a "node" of the data path).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeClient {
+    pub addr: SocketAddr,
+    pub timeout: Duration,
+}
+
+impl NodeClient {
+    pub fn new(addr: SocketAddr, timeout: Duration) -> Self {
+        Self { addr, timeout }
+    }
+
+    /// Creates an empty replica; succeeds if one of the same size exists (a retry).
+    pub async fn create_replica(&self, volume_id: &str, size: u64) -> Result<(), ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let message = Message::CreateReplica { volume_id: volume_id.to_owned(), size };
+        c.reply("CreateReplica", message, &[]).await
+    }
+
+    /// Deletes a replica and its files; succeeds if it is already gone (a retry).
+    pub async fn delete_replica(&self, volume_id: &str) -> Result<(), ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound])
+            .await
+    }
+
+    pub async fn node_info(&self) -> Result<NodeInfo, ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        match c.call("NodeInfo", Message::NodeInfo).await? {
+            Message::NodeInfoReply { status: Status::Ok, capacity, available, replicas } => {
+                Ok(NodeInfo { addr: self.addr, capacity, available, replicas })
+            }
+            Message::NodeInfoReply { status, .. } => Err(ControlError::Refused { addr: self.addr, what: "NodeInfo", status }),
+            _ => Err(ControlError::Protocol { addr: self.addr, what: "NodeInfo" }),
+        }
+    }
+}
+
+/// A session on one replica (after `Hello`), for offline operations and copies. Close it with
+/// [`ReplicaSession::close`]: the final flush is what lets the replica clear its dirty flag.
+pub struct ReplicaSession {
+    conn: Conn,
+    header: ReplicaHeader,
+}
+
+impl ReplicaSession {
+    /// Connects and says `Hello`; the header is the replica's as it was before this session
+    /// (`dirty` set means the previous session did not end cleanly).
+    pub async fn open(addr: SocketAddr, volume_id: &str, timeout: Duration) -> Result<Self, ControlError> {
+        let mut conn = Conn::connect(addr, timeout).await?;
+        let hello = Message::Hello { volume_id: volume_id.to_owned(), protocol_version: PROTOCOL_VERSION, revision: 0 };
+        match conn.call("Hello", hello).await? {
+            Message::HelloReply { status: Status::Ok, header } => Ok(Self { conn, header }),
+            Message::HelloReply { status, .. } => Err(ControlError::Refused { addr, what: "Hello", status }),
+            _ => Err(ControlError::Protocol { addr, what: "Hello" }),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.conn.addr
+    }
+
+    pub fn header(&self) -> &ReplicaHeader {
+        &self.header
+    }
+
+    pub async fn snapshot(&mut self, name: &str) -> Result<(), ControlError> {
+        let revision = self.header.revision;
+        self.conn.reply("Snapshot", Message::Snapshot { name: name.to_owned(), revision }, &[]).await
+    }
+
+    pub async fn delete_snapshot(&mut self, name: &str) -> Result<(), ControlError> {
+        let message = Message::DeleteSnapshot { name: name.to_owned(), revision: self.header.revision };
+        self.conn.reply("DeleteSnapshot", message, &[Status::NotFound]).await
+    }
+
+    pub async fn revert(&mut self, name: &str) -> Result<(), ControlError> {
+        let message = Message::Revert { name: name.to_owned(), revision: self.header.revision };
+        self.conn.reply("Revert", message, &[]).await
+    }
+
+    pub async fn resize(&mut self, size: u64) -> Result<(), ControlError> {
+        self.conn.reply("Resize", Message::Resize { size, revision: self.header.revision }, &[]).await
+    }
+
+    pub async fn write(&mut self, offset: u64, data: Vec<u8>) -> Result<(), ControlError> {
+        self.conn.reply("Write", Message::Write { offset, revision: self.header.revision, data }, &[]).await
+    }
+
+    pub async fn flush(&mut self) -> Result<(), ControlError> {
+        self.conn.reply("Flush", Message::Flush, &[]).await
+    }
+
+    /// Reads the volume as of a snapshot; exactly `len` bytes.
+    pub async fn read_snapshot(&mut self, name: &str, offset: u64, len: u32) -> Result<Vec<u8>, ControlError> {
+        let addr = self.conn.addr;
+        let message = Message::ReadSnapshot { name: name.to_owned(), offset, len };
+        match self.conn.call("ReadSnapshot", message).await? {
+            Message::ReadReply { status: Status::Ok, data } if data.len() == len as usize => Ok(data),
+            Message::ReadReply { status: Status::Ok, .. } => Err(ControlError::Protocol { addr, what: "ReadSnapshot" }),
+            Message::ReadReply { status, .. } => Err(ControlError::Refused { addr, what: "ReadSnapshot", status }),
+            _ => Err(ControlError::Protocol { addr, what: "ReadSnapshot" }),
+        }
+    }
+
+    /// Extents holding data in the snapshot's view of `[offset, offset + len)`.
+    pub async fn snapshot_extents(&mut self, name: &str, offset: u64, len: u64) -> Result<Vec<Extent>, ControlError> {
+        let addr = self.conn.addr;
+        let message = Message::ListSnapshotExtents { name: name.to_owned(), offset, len };
+        match self.conn.call("ListSnapshotExtents", message).await? {
+            Message::ExtentMap { status: Status::Ok, extents } => Ok(extents),
+            Message::ExtentMap { status, .. } => Err(ControlError::Refused { addr, what: "ListSnapshotExtents", status }),
+            _ => Err(ControlError::Protocol { addr, what: "ListSnapshotExtents" }),
+        }
+    }
+
+    /// Flushes and closes, so the replica ends the session clean.
+    pub async fn close(mut self) -> Result<(), ControlError> {
+        self.flush().await
+    }
+}
+
+/// The replicas of one volume, addressed by their servers, for operations while it is not
+/// attached.
+#[derive(Debug, Clone)]
+pub struct ReplicaSet {
+    pub volume_id: String,
+    pub nodes: Vec<SocketAddr>,
+    pub timeout: Duration,
+}
+
+impl ReplicaSet {
+    pub fn new(volume_id: impl Into<String>, nodes: Vec<SocketAddr>, timeout: Duration) -> Self {
+        Self { volume_id: volume_id.into(), nodes, timeout }
+    }
+
+    fn check(&self) -> Result<(), ControlError> {
+        if self.nodes.is_empty() {
+            return Err(ControlError::Invalid("a replica set needs at least one replica server".into()));
+        }
+        let mut seen = self.nodes.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != self.nodes.len() {
+            return Err(ControlError::Invalid("two replicas of one volume on the same server".into()));
+        }
+        Ok(())
+    }
+
+    /// Creates an empty replica on every node (idempotent per node; retry after a failure).
+    pub async fn create(&self, size: u64) -> Result<(), ControlError> {
+        self.check()?;
+        if size == 0 || !size.is_multiple_of(4096) {
+            return Err(ControlError::Invalid(format!("size {size} is not a positive multiple of 4096")));
+        }
+        for addr in &self.nodes {
+            NodeClient::new(*addr, self.timeout).create_replica(&self.volume_id, size).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the replica on every node; already deleted ones count as done.
+    pub async fn delete(&self) -> Result<(), ControlError> {
+        self.check()?;
+        for addr in &self.nodes {
+            NodeClient::new(*addr, self.timeout).delete_replica(&self.volume_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Opens every replica and checks that they agree (see the module docs).
+    pub async fn open(&self) -> Result<Vec<ReplicaSession>, ControlError> {
+        self.open_ignoring(None).await
+    }
+
+    /// Like [`Self::open`], but the chains may differ in snapshot `ignored`: what a retry of a
+    /// snapshot operation that reached only some replicas finds.
+    async fn open_ignoring(&self, ignored: Option<&str>) -> Result<Vec<ReplicaSession>, ControlError> {
+        self.check()?;
+        let mut sessions = Vec::with_capacity(self.nodes.len());
+        for addr in &self.nodes {
+            sessions.push(ReplicaSession::open(*addr, &self.volume_id, self.timeout).await?);
+        }
+        let first = sessions[0].header().clone();
+        for s in &sessions {
+            let h = s.header();
+            let detail = if h.dirty {
+                Some(format!("{} was left dirty by an engine that did not detach cleanly", s.addr()))
+            } else if h.revision != first.revision {
+                Some(format!("{} is at revision {}, {} at {}", s.addr(), h.revision, sessions[0].addr(), first.revision))
+            } else if h.size != first.size {
+                Some(format!("{} has {} bytes, {} has {}", s.addr(), h.size, sessions[0].addr(), first.size))
+            } else if names(&h.snapshots, ignored) != names(&first.snapshots, ignored) {
+                Some(format!("{} and {} hold different snapshots", s.addr(), sessions[0].addr()))
+            } else {
+                None
+            };
+            if let Some(detail) = detail {
+                for s in sessions {
+                    // Best effort: the error below is what matters.
+                    let _ = s.close().await;
+                }
+                return Err(ControlError::NotInSync { volume_id: self.volume_id.clone(), detail });
+            }
+        }
+        Ok(sessions)
+    }
+
+    /// The snapshot chain, oldest first, and the volume size.
+    pub async fn describe(&self) -> Result<(u64, Vec<SnapshotInfo>), ControlError> {
+        let sessions = self.open().await?;
+        let header = sessions[0].header().clone();
+        close_all(sessions).await?;
+        Ok((header.size, header.snapshots))
+    }
+
+    pub async fn snapshot(&self, name: &str) -> Result<(), ControlError> {
+        let mut sessions = self.open_ignoring(Some(name)).await?;
+        let mut result = Ok(());
+        for s in &mut sessions {
+            result = result.and(s.snapshot(name).await);
+        }
+        close_all(sessions).await.and(result)
+    }
+
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), ControlError> {
+        let mut sessions = self.open_ignoring(Some(name)).await?;
+        let mut result = Ok(());
+        for s in &mut sessions {
+            result = result.and(s.delete_snapshot(name).await);
+        }
+        close_all(sessions).await.and(result)
+    }
+
+    pub async fn revert(&self, name: &str) -> Result<(), ControlError> {
+        let mut sessions = self.open().await?;
+        if !sessions[0].header().snapshots.iter().any(|s| s.name == name) {
+            close_all(sessions).await?;
+            return Err(ControlError::Invalid(format!("volume {} has no snapshot {name:?}", self.volume_id)));
+        }
+        let mut result = Ok(());
+        for s in &mut sessions {
+            result = result.and(s.revert(name).await);
+        }
+        close_all(sessions).await.and(result)
+    }
+
+    pub async fn expand(&self, size: u64) -> Result<(), ControlError> {
+        let mut sessions = self.open().await?;
+        let current = sessions[0].header().size;
+        if size < current || !size.is_multiple_of(4096) {
+            close_all(sessions).await?;
+            return Err(ControlError::Invalid(format!(
+                "new size {size} must be a multiple of 4096 and at least the current {current}"
+            )));
+        }
+        let mut result = Ok(());
+        for s in &mut sessions {
+            result = result.and(s.resize(size).await);
+        }
+        close_all(sessions).await.and(result)
+    }
+
+    /// Fills this (new, empty) replica set with `source`'s volume as of `snapshot`, copying only
+    /// the extents that hold data; `progress(done, total)` is called in bytes. The source may be
+    /// attached meanwhile: snapshots never change.
+    pub async fn clone_from(
+        &self,
+        source: &ReplicaSet,
+        snapshot: &str,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<(), ControlError> {
+        self.check()?;
+        source.check()?;
+        let mut src = ReplicaSession::open(source.nodes[0], &source.volume_id, source.timeout).await?;
+        let size = src.header().size;
+        if !src.header().snapshots.iter().any(|s| s.name == snapshot) {
+            let _ = src.close().await;
+            return Err(ControlError::Invalid(format!("volume {} has no snapshot {snapshot:?}", source.volume_id)));
+        }
+        let mut dst = self.open().await?;
+        if dst[0].header().size < size {
+            close_all(dst).await?;
+            let _ = src.close().await;
+            return Err(ControlError::Invalid(format!("the clone is smaller than its source's {size} bytes")));
+        }
+        let mut extents = Vec::new();
+        let mut at = 0;
+        while at < size {
+            let len = EXTENT_WINDOW.min(size - at);
+            extents.extend(src.snapshot_extents(snapshot, at, len).await?);
+            at += len;
+        }
+        let total: u64 = extents.iter().map(|e| e.len).sum();
+        let mut done = 0;
+        progress(0, total);
+        for e in extents {
+            let mut at = e.offset;
+            let end = e.offset + e.len;
+            while at < end {
+                // COPY_CHUNK fits u32.
+                let len = COPY_CHUNK.min(end - at) as u32;
+                let data = src.read_snapshot(snapshot, at, len).await?;
+                for d in &mut dst {
+                    d.write(at, data.clone()).await?;
+                }
+                at += u64::from(len);
+                done += u64::from(len);
+                progress(done, total);
+            }
+        }
+        close_all(dst).await?;
+        src.close().await
+    }
+}
+
+fn names<'a>(chain: &'a [SnapshotInfo], ignored: Option<&str>) -> Vec<&'a str> {
+    chain.iter().map(|s| s.name.as_str()).filter(|n| Some(*n) != ignored).collect()
+}
+
+/// Flushes and closes every session; the first error wins, but every session is closed.
+async fn close_all(sessions: Vec<ReplicaSession>) -> Result<(), ControlError> {
+    let mut result = Ok(());
+    for s in sessions {
+        result = result.and(s.close().await);
+    }
+    result
+}
+
+/// Every node's report, in order; a node that fails is reported as its error, so one dead node
+/// does not hide the others' free space.
+pub async fn list_nodes(nodes: &[SocketAddr], timeout: Duration) -> Vec<Result<NodeInfo, ControlError>> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, addr) in nodes.iter().enumerate() {
+        let client = NodeClient::new(*addr, timeout);
+        set.spawn(async move { (i, client.node_info().await) });
+    }
+    let mut out: Vec<Option<Result<NodeInfo, ControlError>>> = nodes.iter().map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, result)) = joined {
+            out[i] = Some(result);
+        }
+    }
+    out.into_iter()
+        .zip(nodes)
+        .map(|(r, addr)| {
+            r.unwrap_or_else(|| {
+                Err(ControlError::Connection { addr: *addr, what: "NodeInfo", detail: "task failed".into() })
+            })
+        })
+        .collect()
+}
