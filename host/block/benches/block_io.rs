@@ -1,0 +1,652 @@
+//! `cargo bench --workspace --bench block_io` (or `scripts/bench-block`): the replicated block
+//! data path against a raw file, one table from one run, so every ratio is measured side by side
+//! on the same noisy machine.
+//!
+//! Targets, all with the same job shapes (4k randwrite QD1 and QD32, 4k randread QD32, 1M
+//! sequential write QD4; direct I/O; a prefilled working set):
+//! - **raw file**: fio (libaio, `direct=1`), and this file's own job runner (QD = threads doing
+//!   blocking `pread`/`pwrite` on an `O_DIRECT` fd);
+//! - **engine**: a 2-replica [`ReplicatedVolume`] over loopback TCP (replica servers in-process on
+//!   their own runtime), driven by the same runner through its `BlockDevice` calls;
+//! - **(c) FUSE file**: a plain file ([`FileDevice`]) exposed by the FUSE + loop frontend, fio
+//!   on the loop device; **(d) FUSE engine**: the same 2-replica volume under FUSE + loop.
+//!
+//! Then rebuilds on a separate volume: a full rebuild of a fresh replica against a plain copy of
+//! a same-size file, and a delta rebuild of a replica that missed 1% of the volume against that
+//! full rebuild. The loopback TCP round trip is measured in the same run for the QD1 goal.
+//!
+//! Knobs (environment): `BLOCK_BENCH_SECS` per job (default 5), `BLOCK_BENCH_MIB` working set
+//! (default 256), `BLOCK_BENCH_REBUILD_MIB` rebuild volume (default 1024), `BLOCK_BENCH_DIR`
+//! (default: a temporary directory under /var/tmp, on disk, not tmpfs). The FUSE rows need root
+//! and /dev/fuse and are skipped otherwise. Everything is torn down by drop guards, on panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "benchmark harness")]
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume};
+use wasmcsi_block::replica::{ReplicaServer, ReplicaStore};
+use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
+use wasmcsi_frontend::{Attached, BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
+
+const MIB: u64 = 1 << 20;
+const REGION: u64 = MIB;
+
+// ----- job shapes and results -----------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rw {
+    RandWrite,
+    RandRead,
+    SeqWrite,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    rw: Rw,
+    bs: u64,
+    qd: usize,
+}
+
+const SHAPES: [Shape; 4] = [
+    Shape { name: "4k randwrite QD1", rw: Rw::RandWrite, bs: 4096, qd: 1 },
+    Shape { name: "4k randwrite QD32", rw: Rw::RandWrite, bs: 4096, qd: 32 },
+    Shape { name: "4k randread QD32", rw: Rw::RandRead, bs: 4096, qd: 32 },
+    Shape { name: "1M seq write QD4", rw: Rw::SeqWrite, bs: MIB, qd: 4 },
+];
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Res {
+    iops: f64,
+    bytes_per_sec: f64,
+    /// Mean completion latency, µs.
+    lat_us: f64,
+}
+
+impl Res {
+    /// The number the table shows: IOPS for 4k jobs, MB/s for 1M jobs.
+    fn headline(&self, shape: &Shape) -> f64 {
+        if shape.bs >= MIB { self.bytes_per_sec / 1e6 } else { self.iops }
+    }
+}
+
+fn fmt_headline(r: Option<&Res>, shape: &Shape) -> String {
+    match r {
+        None => "-".into(),
+        Some(r) if shape.bs >= MIB => format!("{:.0} MB/s", r.headline(shape)),
+        Some(r) => format!("{:.0}", r.headline(shape)),
+    }
+}
+
+// ----- the job runner ---------------------------------------------------------------------------
+
+/// What the runner drives: a raw `O_DIRECT` file or any `BlockDevice`.
+trait Target: Sync {
+    fn read(&self, buf: &mut [u8], offset: u64);
+    fn write(&self, buf: &[u8], offset: u64);
+}
+
+/// A plain file opened with `O_DIRECT`: what "raw" means for the runner.
+struct DirectFile(File);
+
+impl DirectFile {
+    fn open(path: &Path) -> Self {
+        let flags = nix::fcntl::OFlag::O_DIRECT.bits();
+        Self(OpenOptions::new().read(true).write(true).custom_flags(flags).open(path).expect("open O_DIRECT"))
+    }
+}
+
+impl Target for DirectFile {
+    fn read(&self, buf: &mut [u8], offset: u64) {
+        self.0.read_exact_at(buf, offset).expect("raw read");
+    }
+    fn write(&self, buf: &[u8], offset: u64) {
+        self.0.write_all_at(buf, offset).expect("raw write");
+    }
+}
+
+struct Device<'a>(&'a dyn BlockDevice);
+
+impl Target for Device<'_> {
+    fn read(&self, buf: &mut [u8], offset: u64) {
+        self.0.read_at(buf, offset).expect("device read");
+    }
+    fn write(&self, buf: &[u8], offset: u64) {
+        self.0.write_at(buf, offset).expect("device write");
+    }
+}
+
+/// A 4096-aligned buffer of `len` bytes without `unsafe`: over-allocate and slice at the first
+/// aligned address.
+struct Aligned {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize, fill: u8) -> Self {
+        let mem = vec![fill; len + 4096];
+        let start = (4096 - (mem.as_ptr() as usize) % 4096) % 4096;
+        Self { mem, start, len }
+    }
+    fn get(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.len]
+    }
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.mem[self.start..self.start + self.len]
+    }
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Runs `shape` on `target` over `[0, ws)` for `secs`: `qd` threads each issuing one blocking
+/// request at a time (random aligned offsets, or one shared sequential cursor).
+fn run_job(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
+    let blocks = ws / shape.bs;
+    let cursor = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let per_thread: Vec<(u64, Duration)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..shape.qd)
+            .map(|t| {
+                let cursor = &cursor;
+                s.spawn(move || {
+                    let mut buf = Aligned::new(shape.bs as usize, 0x5a ^ t as u8);
+                    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ ((t as u64 + 1) << 32);
+                    let (mut ops, mut busy) = (0u64, Duration::ZERO);
+                    while Instant::now() < deadline {
+                        let block = match shape.rw {
+                            Rw::SeqWrite => cursor.fetch_add(1, Ordering::Relaxed) % blocks,
+                            _ => xorshift(&mut rng) % blocks,
+                        };
+                        let t0 = Instant::now();
+                        match shape.rw {
+                            Rw::RandRead => target.read(buf.get_mut(), block * shape.bs),
+                            Rw::RandWrite | Rw::SeqWrite => target.write(buf.get(), block * shape.bs),
+                        }
+                        busy += t0.elapsed();
+                        ops += 1;
+                    }
+                    (ops, busy)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("runner thread")).collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let ops: u64 = per_thread.iter().map(|(o, _)| o).sum();
+    let busy: Duration = per_thread.iter().map(|(_, b)| *b).sum();
+    Res {
+        iops: ops as f64 / elapsed,
+        bytes_per_sec: (ops * shape.bs) as f64 / elapsed,
+        lat_us: busy.as_secs_f64() * 1e6 / ops.max(1) as f64,
+    }
+}
+
+/// Writes the whole working set once (1 MiB pieces), so reads hit data, not holes.
+fn prefill(target: &dyn Target, ws: u64) {
+    let buf = Aligned::new(MIB as usize, 0xc3);
+    for i in 0..ws / MIB {
+        target.write(buf.get(), i * MIB);
+    }
+}
+
+// ----- fio -------------------------------------------------------------------------------------
+
+fn fio(filename: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {
+    let rw = match shape.rw {
+        Rw::RandWrite => "randwrite",
+        Rw::RandRead => "randread",
+        Rw::SeqWrite => "write",
+    };
+    let out = Command::new("fio")
+        .arg("--name=job")
+        .arg(format!("--filename={}", filename.display()))
+        .args(["--direct=1", "--ioengine=libaio", "--time_based", "--ramp_time=1", "--norandommap"])
+        .args(["--randrepeat=0", "--group_reporting", "--output-format=json", "--allow_file_create=0"])
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={}", shape.bs))
+        .arg(format!("--iodepth={}", shape.qd))
+        .arg(format!("--size={ws}"))
+        .arg(format!("--runtime={}", secs.ceil() as u64))
+        .output()
+        .expect("running fio (scripts/setup installs it)");
+    assert!(out.status.success(), "fio on {} failed: {}", filename.display(), String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio json");
+    let side = if shape.rw == Rw::RandRead { "read" } else { "write" };
+    let j = &json["jobs"][0][side];
+    Res {
+        iops: j["iops"].as_f64().unwrap_or(0.0),
+        bytes_per_sec: j["bw_bytes"].as_f64().unwrap_or(0.0),
+        lat_us: j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3,
+    }
+}
+
+// ----- replicas and the engine ------------------------------------------------------------------
+
+/// Two replica servers on their own runtime and an engine over them; dropping it stops the
+/// engine, then the servers.
+struct Cluster {
+    volume: Arc<ReplicatedVolume>,
+    servers: Vec<Option<ReplicaServer>>,
+    dirs: Vec<PathBuf>,
+    addrs: Vec<SocketAddr>,
+    server_rt: tokio::runtime::Runtime,
+    _engine_rt: tokio::runtime::Runtime,
+}
+
+fn runtime(name: &str) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn engine_config(id: &str, size: u64) -> EngineConfig {
+    EngineConfig {
+        volume_id: id.into(),
+        size,
+        replicas: vec![ReplicaConfig { local: true }, ReplicaConfig { local: false }],
+        region_size: REGION,
+        request_timeout: 5_000,
+        attach_timeout: 10_000,
+        rebuild_parallelism: 4,
+    }
+}
+
+impl Cluster {
+    /// Serves the replicas already created in `dirs` and starts an engine (state in `state`).
+    fn start(id: &str, size: u64, dirs: Vec<PathBuf>, state: &Path) -> Self {
+        let server_rt = runtime("replica");
+        let servers: Vec<_> = dirs
+            .iter()
+            .map(|d| Some(server_rt.block_on(ReplicaServer::bind("127.0.0.1:0", d)).expect("replica server")))
+            .collect();
+        let addrs: Vec<_> = servers.iter().map(|s| s.as_ref().unwrap().local_addr()).collect();
+        let engine_rt = runtime("engine");
+        let mut cfg = DriverConfig::new(engine_config(id, size), addrs.clone(), state);
+        // A restarted replica is found within a few ms, so rebuild timings are not backoff.
+        cfg.backoff_min = Duration::from_millis(5);
+        cfg.backoff_max = Duration::from_millis(20);
+        let volume = Arc::new(ReplicatedVolume::start(cfg, engine_rt.handle()).expect("engine"));
+        Self { volume, servers, dirs, addrs, server_rt, _engine_rt: engine_rt }
+    }
+
+    fn wait_healthy(&self, n: usize, rebuilds: u64) {
+        let ok = self
+            .volume
+            .wait_for(Duration::from_secs(600), |s| s.attached && s.healthy == n && s.rebuilds_finished >= rebuilds);
+        assert!(ok, "volume never reached {n} healthy / {rebuilds} rebuilds: {:?}", self.volume.status());
+    }
+
+    fn stop_replica(&mut self, i: usize) {
+        let server = self.servers[i].take().expect("replica running");
+        self.server_rt.block_on(server.shutdown()).expect("replica shutdown");
+    }
+
+    fn start_replica(&mut self, i: usize) {
+        let server = self.server_rt.block_on(ReplicaServer::bind(self.addrs[i], &self.dirs[i])).expect("replica");
+        self.servers[i] = Some(server);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.volume.shutdown();
+        for s in self.servers.iter_mut().filter_map(Option::take) {
+            let _ = self.server_rt.block_on(s.shutdown());
+        }
+    }
+}
+
+fn create_replicas(root: &Path, id: &str, size: u64) -> Vec<PathBuf> {
+    (0..2)
+        .map(|i| {
+            let d = root.join(format!("{id}-r{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            ReplicaStore::create(&d, id, size).expect("replica store");
+            d
+        })
+        .collect()
+}
+
+// ----- loopback RTT ---------------------------------------------------------------------------
+
+/// Median round trip of a 64-byte ping-pong over loopback TCP (nodelay), µs.
+fn loopback_rtt_us() -> f64 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut buf = [0u8; 64];
+        while s.read_exact(&mut buf).is_ok() {
+            if s.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut buf = [7u8; 64];
+    let mut samples = Vec::with_capacity(20_000);
+    for i in 0..21_000 {
+        let t = Instant::now();
+        c.write_all(&buf).unwrap();
+        c.read_exact(&mut buf).unwrap();
+        if i >= 1000 {
+            samples.push(t.elapsed());
+        }
+    }
+    drop(c);
+    echo.join().unwrap();
+    samples.sort();
+    samples[samples.len() / 2].as_secs_f64() * 1e6
+}
+
+// ----- FUSE + loop ------------------------------------------------------------------------------
+
+fn fuse_skip_reason() -> Option<&'static str> {
+    if !nix::unistd::geteuid().is_root() {
+        Some("not root")
+    } else if !Path::new("/dev/fuse").exists() {
+        Some("no /dev/fuse")
+    } else {
+        None
+    }
+}
+
+fn attach(dev: Arc<dyn BlockDevice>, runtime_dir: &Path, name: &str) -> Attached {
+    FuseLoopFrontend::new(runtime_dir).attach(dev, name).expect("FUSE + loop attach")
+}
+
+// ----- rebuilds ---------------------------------------------------------------------------------
+
+struct Rebuilds {
+    size: u64,
+    raw_copy: Duration,
+    full: Duration,
+    delta: Duration,
+    delta_regions: u64,
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len / 8).flat_map(|_| xorshift(&mut s).to_le_bytes()).collect()
+}
+
+fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
+    // The raw copy: a same-size file of data, copied in 1 MiB pieces (read + write, no fsync,
+    // like a rebuild copy, which writes through the target's page cache).
+    let src = root.join("copy-src");
+    let dst = root.join("copy-dst");
+    {
+        let mut f = File::create(&src).unwrap();
+        for i in 0..size / MIB {
+            f.write_all(&pattern(i + 1, MIB as usize)).unwrap();
+        }
+        // On disk before timing, like the rebuild source (flushed below): no writeback of the
+        // source competes with the copy.
+        f.sync_all().unwrap();
+    }
+    let t = Instant::now();
+    {
+        let mut from = File::open(&src).unwrap();
+        let mut to = File::create(&dst).unwrap();
+        let mut buf = vec![0u8; MIB as usize];
+        loop {
+            let n = from.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            to.write_all(&buf[..n]).unwrap();
+        }
+    }
+    let raw_copy = t.elapsed();
+    std::fs::remove_file(&src).unwrap();
+    std::fs::remove_file(&dst).unwrap();
+
+    // Full rebuild: replica 0 holds the same amount of data at revision 1, replica 1 is fresh
+    // (revision 0); a new engine attaches, finds replica 1 behind and copies every region.
+    let id = "bench-rebuild";
+    let dirs = create_replicas(root, id, size);
+    {
+        let store = ReplicaStore::open(&dirs[0]).unwrap();
+        for i in 0..size / MIB {
+            store.write(i * MIB, &pattern(i + 1, MIB as usize), 0).unwrap();
+        }
+        store.flush().unwrap();
+        store.set_revision(1).unwrap();
+    }
+    let state = root.join("rebuild-engine");
+    let t = Instant::now();
+    let mut cluster = Cluster::start(id, size, dirs, &state);
+    cluster.wait_healthy(2, 1);
+    let full = t.elapsed();
+
+    // Delta: replica 1 goes away, 1% of the regions are written, it comes back.
+    cluster.stop_replica(1);
+    cluster.wait_healthy(1, 1);
+    let regions = size / REGION;
+    let step = 100;
+    let data = pattern(99, REGION as usize);
+    let mut delta_regions = 0;
+    for r in (0..regions).step_by(step) {
+        cluster.volume.write_at(&data, r * REGION).unwrap();
+        delta_regions += 1;
+    }
+    cluster.volume.flush().unwrap();
+    let t = Instant::now();
+    cluster.start_replica(1);
+    cluster.wait_healthy(2, 2);
+    let delta = t.elapsed();
+    Rebuilds { size, raw_copy, full, delta, delta_regions }
+}
+
+// ----- main -------------------------------------------------------------------------------------
+
+fn env_num(name: &str, default: f64) -> f64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Goal {
+    what: String,
+    target: String,
+    got: String,
+    met: bool,
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let secs = env_num("BLOCK_BENCH_SECS", 5.0);
+    let ws = env_num("BLOCK_BENCH_MIB", 256.0) as u64 * MIB;
+    let rebuild_size = env_num("BLOCK_BENCH_REBUILD_MIB", 1024.0) as u64 * MIB;
+    let base = std::env::var_os("BLOCK_BENCH_DIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    let tmp = tempfile::Builder::new().prefix("wasmcsi-block-bench.").tempdir_in(&base).expect("bench dir");
+    let root = tmp.path();
+    let runtime_dir = root.join("run");
+    let skip_fuse = fuse_skip_reason();
+    let started = Instant::now();
+    eprintln!("block_io: {secs}s per job, {} MiB working set, in {}", ws / MIB, root.display());
+
+    let rtt = loopback_rtt_us();
+
+    // Raw file: fio, then the runner, on the same prefilled file.
+    let raw_path = root.join("raw.img");
+    File::create(&raw_path).unwrap().set_len(ws).unwrap();
+    let raw = DirectFile::open(&raw_path);
+    prefill(&raw, ws);
+    raw.0.sync_all().unwrap();
+    let mut fio_raw = Vec::new();
+    let mut run_raw = Vec::new();
+    for shape in &SHAPES {
+        eprintln!("raw file: {}", shape.name);
+        fio_raw.push(fio(&raw_path, shape, ws, secs));
+        run_raw.push(run_job(&raw, shape, ws, secs));
+    }
+    drop(raw);
+
+    // (c) the same plain file under FUSE + loop.
+    let mut fio_fuse_file = Vec::new();
+    if skip_fuse.is_none() {
+        let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&raw_path).unwrap());
+        let mut att = attach(dev, &runtime_dir, "bench-file");
+        for shape in &SHAPES {
+            eprintln!("FUSE file: {}", shape.name);
+            fio_fuse_file.push(fio(att.device(), shape, ws, secs));
+        }
+        att.detach().expect("detach the FUSE file");
+    }
+    std::fs::remove_file(&raw_path).unwrap();
+
+    // The engine: runner on the volume, then (d) the same volume under FUSE + loop.
+    let id = "bench-io";
+    let cluster = Cluster::start(id, ws, create_replicas(root, id, ws), &root.join("io-engine"));
+    cluster.wait_healthy(2, 0);
+    let vol: &dyn BlockDevice = cluster.volume.as_ref();
+    prefill(&Device(vol), ws);
+    vol.flush().unwrap();
+    let mut run_engine = Vec::new();
+    for shape in &SHAPES {
+        eprintln!("engine: {}", shape.name);
+        run_engine.push(run_job(&Device(vol), shape, ws, secs));
+    }
+    let mut fio_fuse_engine = Vec::new();
+    if skip_fuse.is_none() {
+        let dev: Arc<dyn BlockDevice> = cluster.volume.clone();
+        let mut att = attach(dev, &runtime_dir, "bench-engine");
+        for shape in &SHAPES {
+            eprintln!("FUSE engine: {}", shape.name);
+            fio_fuse_engine.push(fio(att.device(), shape, ws, secs));
+        }
+        att.detach().expect("detach the FUSE engine");
+    }
+    drop(cluster);
+
+    eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
+    let rb = bench_rebuilds(root, rebuild_size);
+
+    // ----- the table ----------------------------------------------------------------------------
+    println!();
+    println!(
+        "block_io: {secs}s per job, {} MiB working set, direct I/O; loopback TCP RTT (p50) {rtt:.1} µs; 4k rows in IOPS",
+        ws / MIB
+    );
+    println!(
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
+        "job", "raw fio", "raw runner", "engine", "eng/raw", "(c) FUSE", "(d) F+eng", "d/c"
+    );
+    for (i, shape) in SHAPES.iter().enumerate() {
+        let ratio = run_engine[i].headline(shape) / run_raw[i].headline(shape);
+        let dc = match (fio_fuse_engine.get(i), fio_fuse_file.get(i)) {
+            (Some(d), Some(c)) => format!("{:.2}x", d.headline(shape) / c.headline(shape)),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7}",
+            shape.name,
+            fmt_headline(fio_raw.get(i), shape),
+            fmt_headline(run_raw.get(i), shape),
+            fmt_headline(run_engine.get(i), shape),
+            ratio,
+            fmt_headline(fio_fuse_file.get(i), shape),
+            fmt_headline(fio_fuse_engine.get(i), shape),
+            dc
+        );
+    }
+    let lat = |r: Option<&Res>| r.map_or("-".into(), |r| format!("{:.1} µs", r.lat_us));
+    println!(
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11}",
+        "QD1 write lat",
+        lat(fio_raw.first()),
+        lat(run_raw.first()),
+        lat(run_engine.first()),
+        "",
+        lat(fio_fuse_file.first()),
+        lat(fio_fuse_engine.first())
+    );
+    let mibs = |d: Duration| rb.size as f64 / MIB as f64 / d.as_secs_f64();
+    println!(
+        "rebuild of {} MiB: raw copy {:.2} s ({:.0} MiB/s); full rebuild {:.2} s ({:.0} MiB/s); delta ({} of {} regions) {:.3} s",
+        rb.size / MIB,
+        rb.raw_copy.as_secs_f64(),
+        mibs(rb.raw_copy),
+        rb.full.as_secs_f64(),
+        mibs(rb.full),
+        rb.delta_regions,
+        rb.size / REGION,
+        rb.delta.as_secs_f64()
+    );
+    if let Some(why) = skip_fuse {
+        println!("(c) and (d) skipped: {why}");
+    }
+
+    // ----- goals --------------------------------------------------------------------------------
+    let mut goals = Vec::new();
+    let mut ratio_goal = |what: &str, i: usize, min: f64| {
+        let r = run_engine[i].headline(&SHAPES[i]) / run_raw[i].headline(&SHAPES[i]);
+        goals.push(Goal {
+            what: what.into(),
+            target: format!(">= {min:.2}x raw"),
+            got: format!("{r:.2}x"),
+            met: r >= min,
+        });
+    };
+    ratio_goal("engine 4k randwrite QD32", 1, 0.5);
+    ratio_goal("engine 4k randread QD32", 2, 0.8);
+    ratio_goal("engine 1M seq write", 3, 0.45);
+    let budget = run_raw[0].lat_us + 2.0 * rtt + 30.0;
+    goals.push(Goal {
+        what: "engine QD1 write latency".into(),
+        target: format!("<= raw + 2 RTT + 30 µs = {budget:.1} µs"),
+        got: format!("{:.1} µs", run_engine[0].lat_us),
+        met: run_engine[0].lat_us <= budget,
+    });
+    if skip_fuse.is_none() {
+        for (i, shape) in SHAPES.iter().enumerate() {
+            let r = fio_fuse_engine[i].headline(shape) / fio_fuse_file[i].headline(shape);
+            goals.push(Goal {
+                what: format!("(d)/(c) {}", shape.name),
+                target: ">= 0.80x".into(),
+                got: format!("{r:.2}x"),
+                met: r >= 0.8,
+            });
+        }
+    }
+    let delta_share = rb.delta.as_secs_f64() / rb.full.as_secs_f64();
+    goals.push(Goal {
+        what: "delta rebuild (1% missed) / full".into(),
+        target: "<= 5%".into(),
+        got: format!("{:.1}%", delta_share * 100.0),
+        met: delta_share <= 0.05,
+    });
+    let full_vs_copy = rb.raw_copy.as_secs_f64() / rb.full.as_secs_f64();
+    goals.push(Goal {
+        what: "full rebuild speed / raw copy".into(),
+        target: ">= 0.80x".into(),
+        got: format!("{full_vs_copy:.2}x"),
+        met: full_vs_copy >= 0.8,
+    });
+    println!();
+    println!("{:<38} {:<34} {:>10}  ", "goal", "target", "result");
+    for g in &goals {
+        println!("{:<38} {:<34} {:>10}  {}", g.what, g.target, g.got, if g.met { "met" } else { "MISSED" });
+    }
+    println!("(whole run {:.0} s)", started.elapsed().as_secs_f64());
+}
