@@ -1,8 +1,9 @@
 //! The replica server: replicas of volumes stored as chains of sparse layer files ([`store`],
 //! [`chain`]), every replica of a node held under one root ([`node`]), and served over TCP with
-//! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It owns the replica side of the protocol's semantics (fencing by revision,
-//! flush = fdatasync, unmap, snapshots, the dirty flag); the engine side is `replication` plus
-//! its driver, not built here.
+//! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It
+//! owns the replica side of the protocol's semantics (fencing by revision, flush = fdatasync,
+//! unmap, snapshots, the dirty flag); the engine side is `replication` plus its driver, not built
+//! here.
 
 mod block_map;
 pub mod chain;

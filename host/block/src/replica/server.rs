@@ -306,7 +306,10 @@ async fn end_session(replica: &Arc<Replica>, clean: bool) {
         let store = replica.store.clone();
         let cleared = tokio::task::spawn_blocking(move || store.flush().and_then(|()| store.set_dirty(false))).await;
         if !matches!(cleared, Ok(Ok(()))) {
-            tracing::warn!(replica.volume = %replica.volume_id, "replica could not clear its dirty flag after a clean close");
+            tracing::warn!(
+                replica.volume = %replica.volume_id,
+                "replica could not clear its dirty flag after a clean close"
+            );
         }
     }
 }
@@ -360,11 +363,20 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
     };
     match request {
         Message::CreateReplica { volume_id, size } => {
-            let _span = tracing::info_span!("replica.create", replica.volume = %volume_id, size).entered();
+            let _span = tracing::info_span!(
+                "replica.create",
+                replica.volume = %volume_id,
+                size,
+            )
+            .entered();
             reply(node.create_replica(&volume_id, size).map(|_| ()), "create", &volume_id)
         }
         Message::DeleteReplica { volume_id } => {
-            let _span = tracing::info_span!("replica.delete", replica.volume = %volume_id).entered();
+            let _span = tracing::info_span!(
+                "replica.delete",
+                replica.volume = %volume_id,
+            )
+            .entered();
             reply(node.delete_replica(&volume_id), "delete", &volume_id)
         }
         Message::NodeInfo => match node.report() {
@@ -495,17 +507,33 @@ fn execute(replica: &Replica, request: Message, max_payload: usize) -> Message {
         Message::SetRevision { revision } => reply(store.set_revision(revision).map(|_| ())),
         Message::ListExtents { offset, len } => extent_map(store.list_extents(offset, len), max_payload),
         Message::Snapshot { name, revision } => {
-            let _span = tracing::info_span!("replica.snapshot", replica.volume = %replica.volume_id, snapshot = %name, revision).entered();
+            let _span = tracing::info_span!(
+                "replica.snapshot",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
             reply(store.snapshot(&name, revision))
         }
         Message::DeleteSnapshot { name, revision } => {
-            let _span = tracing::info_span!("replica.delete_snapshot", replica.volume = %replica.volume_id, snapshot = %name, revision).entered();
+            let _span = tracing::info_span!(
+                "replica.delete_snapshot",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
             reply(store.delete_snapshot(&name, revision))
         }
         Message::Revert { name, revision } => {
-            let _span =
-                tracing::info_span!("replica.revert", replica.volume = %replica.volume_id, snapshot = %name, revision)
-                    .entered();
+            let _span = tracing::info_span!(
+                "replica.revert",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
             revert(replica, &name, revision)
         }
         Message::Resize { size, revision } => {

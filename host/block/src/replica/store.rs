@@ -243,7 +243,12 @@ impl ReplicaStore {
         if len > size {
             // Only a resize that crashed before its header commit makes the head longer than the
             // header says; nothing was written past the committed size, so cutting it is exact.
-            tracing::warn!(replica.dir = %dir.display(), len, size, "replica head longer than its header: undoing an uncommitted resize");
+            tracing::warn!(
+                replica.dir = %dir.display(),
+                len,
+                size,
+                "replica head longer than its header: undoing an uncommitted resize"
+            );
             head.file.set_len(size).map_err(io_err("truncate", &head.path))?;
         } else if len < size {
             return Err(corrupt(format!("{} is {len} bytes, header says {size}", stored.head_file)));
