@@ -2,11 +2,11 @@
 //! the dirty-region bitmap that makes delta rebuilds possible ([`dirty`]) and the sans-I/O
 //! replication engine ([`replication`]) that turns client I/O and replica replies into messages
 //! to send — no sockets, files, threads or clocks, which is what lets `sim` test it on a seeded
-//! simulated network. I/O: the replica server ([`replica`]), which stores one replica in sparse
-//! files and serves the protocol over TCP; and the engine's tokio driver ([`driver`]), which
-//! connects the engine to its replicas and exposes the volume as a synchronous
-//! `wasmcsi_frontend::BlockDevice` for the FUSE frontend. Still to come (issue 4): snapshots,
-//! expansion, client-facing unmap.
+//! simulated network. I/O: the replica server ([`replica`]), which stores every replica of a
+//! node as a chain of sparse layer files (snapshots, resize) and serves the protocol over TCP;
+//! and the engine's tokio driver ([`driver`]), which connects the engine to its replicas and
+//! exposes the volume as a synchronous `wasmcsi_frontend::BlockDevice` for the FUSE frontend.
+//! Still to come (issue 4): the engine side of snapshots and expansion, client-facing unmap.
 
 pub mod control;
 pub mod dirty;

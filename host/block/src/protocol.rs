@@ -39,7 +39,8 @@ pub enum Status {
     UnsupportedVersion = 5,
     /// The request was well-framed but made no sense (e.g. shrinking a volume).
     Invalid = 6,
-    /// No such replica (control requests) or snapshot.
+    /// No such replica (control requests, and `Hello` for a volume the node does not hold) or
+    /// snapshot.
     NotFound = 7,
     /// A replica or snapshot of that name exists with different properties.
     AlreadyExists = 8,

@@ -28,7 +28,7 @@ const THREADS: u64 = 8;
 struct Cluster {
     rt: Runtime,
     _dirs: Vec<tempfile::TempDir>,
-    replica_dirs: Vec<PathBuf>,
+    node_roots: Vec<PathBuf>,
     servers: Vec<Option<ReplicaServer>>,
     addrs: Vec<SocketAddr>,
     state: tempfile::TempDir,
@@ -38,16 +38,16 @@ impl Cluster {
     fn new(replicas: usize) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
         let dirs: Vec<_> = (0..replicas).map(|_| tempfile::tempdir().unwrap()).collect();
-        let replica_dirs: Vec<PathBuf> = dirs.iter().map(|d| d.path().to_path_buf()).collect();
-        let servers = replica_dirs
+        let node_roots: Vec<PathBuf> = dirs.iter().map(|d| d.path().to_path_buf()).collect();
+        let servers = node_roots
             .iter()
             .map(|dir| {
-                drop(ReplicaStore::create(dir, VOLUME, SIZE).unwrap());
+                drop(ReplicaStore::create(&dir.join(VOLUME), VOLUME, SIZE).unwrap());
                 Some(rt.block_on(ReplicaServer::bind("127.0.0.1:0", dir)).unwrap())
             })
             .collect::<Vec<_>>();
         let addrs = servers.iter().map(|s| s.as_ref().map(ReplicaServer::local_addr).unwrap()).collect();
-        Self { rt, _dirs: dirs, replica_dirs, servers, addrs, state: tempfile::tempdir().unwrap() }
+        Self { rt, _dirs: dirs, node_roots, servers, addrs, state: tempfile::tempdir().unwrap() }
     }
 
     fn volume(&self) -> ReplicatedVolume {
@@ -75,12 +75,12 @@ impl Cluster {
 
     /// Serves replica `i` again on its old address (the driver only knows addresses).
     fn restart_replica(&mut self, i: usize) {
-        let server = self.rt.block_on(ReplicaServer::bind(self.addrs[i], &self.replica_dirs[i])).unwrap();
+        let server = self.rt.block_on(ReplicaServer::bind(self.addrs[i], &self.node_roots[i])).unwrap();
         self.servers[i] = Some(server);
     }
 
     fn data(&self, i: usize) -> Vec<u8> {
-        std::fs::read(self.replica_dirs[i].join(DATA_FILE)).unwrap()
+        std::fs::read(self.node_roots[i].join(VOLUME).join(DATA_FILE)).unwrap()
     }
 }
 

@@ -1,10 +1,22 @@
-//! The replica server: one replica of a volume stored in sparse files ([`store`]) and served over
-//! TCP with the pipelined protocol of `proto/replica-protocol.md` ([`server`]). It owns the
-//! replica side of the protocol's semantics (fencing by revision, flush = fdatasync, unmap = hole
-//! punch, the dirty flag); the engine side is `replication` plus its driver, not built here.
+//! The replica server: replicas of volumes stored as chains of sparse layer files ([`store`],
+//! [`chain`]), every replica of a node held under one root ([`node`]), and served over TCP with
+//! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It
+//! owns the replica side of the protocol's semantics (fencing by revision, flush = fdatasync,
+//! unmap, snapshots, the dirty flag); the engine side is `replication` plus its driver, not built
+//! here.
 
+mod block_map;
+pub mod chain;
+mod header_file;
+mod layers;
+pub mod node;
 pub mod server;
 pub mod store;
 
+pub use block_map::BLOCK;
+pub use node::{NodeError, NodeReport, Replica, ReplicaNode, replica_dir_name};
 pub use server::{ReplicaServer, ServerConfig, ServerError};
 pub use store::{ReplicaStore, StoreError};
+
+#[cfg(test)]
+mod chain_tests;

@@ -1,10 +1,14 @@
-//! Serves one [`ReplicaStore`] over TCP with the replica protocol. One connection is one engine:
-//! the first frame must be `Hello` (answered with the header), then requests are pipelined — each
-//! runs on the blocking pool as soon as it is read and its reply is written when it is done, so
-//! replies leave in completion order, matched by request id. The protocol lets a replica do that
-//! because the engine never has overlapping writes in flight on one connection; `Flush` covers
-//! every write *acknowledged* before it arrived, and a write is only acknowledged after its
-//! `pwrite` returned, so a flush needs no barrier.
+//! Serves every replica of a [`ReplicaNode`] over TCP with the replica protocol: one listener per
+//! node. A connection is either an engine session or a control connection, decided by its first
+//! frame. An engine's first frame is `Hello`, which picks the replica by volume id (answered with
+//! its header, `NotFound` for a volume this node does not hold); then requests are pipelined —
+//! each runs on the blocking pool as soon as it is read and its reply is written when it is done,
+//! so replies leave in completion order, matched by request id. The protocol lets a replica do
+//! that because the engine never has overlapping writes in flight on one connection; `Flush`
+//! covers every write *acknowledged* before it arrived, and a write is only acknowledged after its
+//! `pwrite` returned, so a flush needs no barrier. A control connection starts with
+//! `CreateReplica`, `DeleteReplica` or `NodeInfo` instead and may send only those, answered one
+//! at a time.
 //!
 //! Backpressure: at most [`ServerConfig::max_in_flight`] requests per connection are executing or
 //! waiting for their reply to be written; beyond that the server stops reading the socket, so a
@@ -13,8 +17,8 @@
 //! Any protocol error (garbage, a bad checksum, a request before `Hello`, a reply sent to us)
 //! closes that connection only; the listener and other connections keep serving.
 //!
-//! The dirty flag: set (durably) when an engine says `Hello`; cleared when the last engine
-//! leaves cleanly, meaning its final request was a `Flush` that arrived with no write or unmap in
+//! The dirty flag, per replica: set (durably) when an engine says `Hello`; cleared when the last
+//! engine leaves cleanly, meaning its final request was a `Flush` that arrived with no mutation in
 //! flight, and no session that overlapped it ended otherwise. Anything else (a crash, a write
 //! after the last flush, a protocol error) leaves it set so the next engine knows this replica may
 //! disagree with its peers.
@@ -22,7 +26,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -32,9 +36,11 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::store::{ReplicaStore, StoreError};
+use super::node::{NodeError, Replica, ReplicaNode};
+use super::store::{StoreError, lock};
 use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, PROTOCOL_VERSION, Status, encode_with_limit,
+    DEFAULT_MAX_PAYLOAD, DecodeError, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader, Status,
+    encode_with_limit,
 };
 
 /// Per-connection limits.
@@ -60,6 +66,8 @@ impl Default for ServerConfig {
 pub enum ServerError {
     #[error("opening replica: {0}")]
     Store(#[from] StoreError),
+    #[error("opening the replica node: {0}")]
+    Node(#[from] NodeError),
     #[error("binding replica listener: {0}")]
     Bind(std::io::Error),
     #[error("replica store task failed: {0}")]
@@ -82,7 +90,7 @@ enum ConnError {
 #[derive(Debug)]
 pub struct ReplicaServer {
     local_addr: SocketAddr,
-    store: Arc<ReplicaStore>,
+    node: Arc<ReplicaNode>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -90,50 +98,41 @@ pub struct ReplicaServer {
 /// Shared by the accept loop and every connection.
 #[derive(Debug)]
 struct Shared {
-    store: Arc<ReplicaStore>,
+    node: Arc<ReplicaNode>,
     config: ServerConfig,
-    /// Connections past `Hello`: only the last one to leave may clear the dirty flag.
-    sessions: AtomicUsize,
-    /// A session that overlapped the current ones ended uncleanly: the last one to leave must
-    /// not clear the dirty flag even if it itself ends cleanly.
-    unclean: AtomicBool,
 }
 
 impl ReplicaServer {
-    /// Opens the replica in `dir` and serves it on `addr` (port 0 picks a free port; see
-    /// [`ReplicaServer::local_addr`]).
-    pub async fn bind(addr: impl ToSocketAddrs, dir: &Path) -> Result<Self, ServerError> {
-        let dir = dir.to_path_buf();
-        let store = tokio::task::spawn_blocking(move || ReplicaStore::open(&dir)).await??;
-        Self::serve(addr, Arc::new(store), ServerConfig::default()).await
+    /// Opens every replica under `root` (created if missing) and serves them on `addr` (port 0
+    /// picks a free port; see [`ReplicaServer::local_addr`]).
+    pub async fn bind(addr: impl ToSocketAddrs, root: &Path) -> Result<Self, ServerError> {
+        let root = root.to_path_buf();
+        let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&root)).await??;
+        Self::serve(addr, Arc::new(node), ServerConfig::default()).await
     }
 
-    /// Serves an already opened store with explicit limits.
+    /// Serves an already opened node with explicit limits.
     pub async fn serve(
         addr: impl ToSocketAddrs,
-        store: Arc<ReplicaStore>,
+        node: Arc<ReplicaNode>,
         config: ServerConfig,
     ) -> Result<Self, ServerError> {
         let listener = TcpListener::bind(addr).await.map_err(ServerError::Bind)?;
         let local_addr = listener.local_addr().map_err(ServerError::Bind)?;
         let (shutdown, rx) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            store: store.clone(),
-            config,
-            sessions: AtomicUsize::new(0),
-            unclean: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared { node: node.clone(), config });
         let task = tokio::spawn(accept_loop(listener, shared, rx));
-        tracing::info!(replica.addr = %local_addr, replica.dir = %store.dir().display(), "replica serving");
-        Ok(Self { local_addr, store, shutdown, task })
+        tracing::info!(replica.addr = %local_addr, replica.root = %node.root().display(), "replica node serving");
+        Ok(Self { local_addr, node, shutdown, task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
-    pub fn store(&self) -> &Arc<ReplicaStore> {
-        &self.store
+    /// The replicas this server serves (create, delete and inspect them directly).
+    pub fn node(&self) -> &Arc<ReplicaNode> {
+        &self.node
     }
 
     /// Stops accepting, lets every connection finish and answer the requests it already read,
@@ -220,43 +219,31 @@ async fn serve_connection(
     let (tx, rx) = mpsc::channel::<Frame>(cfg.max_in_flight.max(1));
     let mut writer = tokio::spawn(write_loop(wr, rx, cfg.max_payload));
 
-    let Some(hello) = reader.next().await? else { return Ok(()) };
-    let Message::Hello { volume_id, protocol_version, .. } = hello.message else {
-        writer.abort();
-        return Err(ConnError::Unexpected("first frame is not Hello"));
-    };
-    let header = shared.store.header();
-    let mut status = if protocol_version != PROTOCOL_VERSION {
-        Status::UnsupportedVersion
-    } else if volume_id != header.volume_id {
-        Status::WrongVolume
-    } else {
-        Status::Ok
-    };
-    if status == Status::Ok {
-        let store = shared.store.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || store.set_dirty(true))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-        {
-            tracing::warn!(error = %e, "replica could not mark itself dirty");
-            status = Status::IoError;
+    let Some(first) = reader.next().await? else { return Ok(()) };
+    let (request_id, volume_id, protocol_version) = match first.message {
+        Message::Hello { volume_id, protocol_version, .. } => (first.request_id, volume_id, protocol_version),
+        Message::CreateReplica { .. } | Message::DeleteReplica { .. } | Message::NodeInfo => {
+            let result = serve_control(first, &mut reader, shared, &tx).await;
+            drop(tx);
+            let _ = writer.await;
+            return result;
         }
-    }
+        _ => {
+            writer.abort();
+            return Err(ConnError::Unexpected("first frame is neither Hello nor a control request"));
+        }
+    };
+    let (replica, status, header) = hello(shared, volume_id, protocol_version).await;
     // The reply carries the header as it was before this session marked it dirty, so the engine
     // sees whether the previous one ended cleanly.
-    let _ = tx.send(Frame { request_id: hello.request_id, message: Message::HelloReply { status, header } }).await;
-    if status != Status::Ok {
+    let _ = tx.send(Frame { request_id, message: Message::HelloReply { status, header } }).await;
+    let Some(replica) = replica else {
         drop(tx);
         let _ = writer.await;
         return Ok(());
-    }
+    };
 
-    if shared.sessions.fetch_add(1, Ordering::SeqCst) == 0 {
-        shared.unclean.store(false, Ordering::SeqCst);
-    }
-    let result = serve_requests(&mut reader, shared, &tx).await;
+    let result = serve_requests(&mut reader, shared, &replica, &tx).await;
     drop(tx);
     let clean = match result {
         // Every request task holds a sender; the writer ends once all replies are out.
@@ -264,22 +251,148 @@ async fn serve_connection(
         Err(e) => {
             // The stream has no trustworthy framing left: close without answering the rest.
             writer.abort();
-            shared.unclean.store(true, Ordering::SeqCst);
-            shared.sessions.fetch_sub(1, Ordering::SeqCst);
+            end_session(&replica, false).await;
             return Err(e);
         }
     };
-    if !clean {
-        shared.unclean.store(true, Ordering::SeqCst);
+    end_session(&replica, clean).await;
+    Ok(())
+}
+
+/// Answers `Hello`: the replica for the session (with the session counted and the replica marked
+/// dirty), or why not.
+#[tracing::instrument(name = "replica.hello", skip_all, fields(replica.volume = %volume_id))]
+async fn hello(
+    shared: &Arc<Shared>,
+    volume_id: String,
+    protocol_version: u16,
+) -> (Option<Arc<Replica>>, Status, ReplicaHeader) {
+    let refused = |status, volume_id| {
+        let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
+        (None, status, header)
+    };
+    if protocol_version != PROTOCOL_VERSION {
+        return refused(Status::UnsupportedVersion, volume_id);
     }
-    if shared.sessions.fetch_sub(1, Ordering::SeqCst) == 1 && !shared.unclean.load(Ordering::SeqCst) {
-        let store = shared.store.clone();
+    let replica = match shared.node.open_session(&volume_id) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(error = %e, "replica hello refused");
+            return refused(e.status(), volume_id);
+        }
+    };
+    let header = replica.store.header();
+    let store = replica.store.clone();
+    let marked = tokio::task::spawn_blocking(move || store.set_dirty(true)).await;
+    if !matches!(marked, Ok(Ok(()))) {
+        tracing::warn!(result = ?marked, "replica could not mark itself dirty");
+        end_session(&replica, false).await;
+        return refused(Status::IoError, volume_id);
+    }
+    tracing::debug!("replica session opened");
+    (Some(replica), Status::Ok, header)
+}
+
+/// Ends one engine session; the last one to leave clears the dirty flag if every session that
+/// overlapped it ended cleanly.
+async fn end_session(replica: &Arc<Replica>, clean: bool) {
+    let last_clean = {
+        let mut s = lock(&replica.sessions);
+        s.unclean |= !clean;
+        s.open -= 1;
+        s.open == 0 && !s.unclean
+    };
+    if last_clean {
+        let store = replica.store.clone();
         let cleared = tokio::task::spawn_blocking(move || store.flush().and_then(|()| store.set_dirty(false))).await;
         if !matches!(cleared, Ok(Ok(()))) {
-            tracing::warn!("replica could not clear its dirty flag after a clean close");
+            tracing::warn!(
+                replica.volume = %replica.volume_id,
+                "replica could not clear its dirty flag after a clean close"
+            );
+        }
+    }
+}
+
+/// Serves a control connection: control requests one at a time until end of stream.
+async fn serve_control(
+    first: Frame,
+    reader: &mut Reader,
+    shared: &Arc<Shared>,
+    tx: &mpsc::Sender<Frame>,
+) -> Result<(), ConnError> {
+    let mut next = Some(first);
+    while let Some(frame) = next.take() {
+        let node = shared.node.clone();
+        let request_id = frame.request_id;
+        let message =
+            tokio::task::spawn_blocking(move || execute_control(&node, frame.message)).await.unwrap_or_else(|e| {
+                tracing::error!(error = %e, "replica control request panicked");
+                Message::Reply { status: Status::IoError }
+            });
+        if tx.send(Frame { request_id, message }).await.is_err() {
+            return Ok(());
+        }
+        next = reader.next().await?;
+        if let Some(f) = &next
+            && !matches!(f.message, Message::CreateReplica { .. } | Message::DeleteReplica { .. } | Message::NodeInfo)
+        {
+            return Err(ConnError::Unexpected("a control connection sent a non-control request"));
         }
     }
     Ok(())
+}
+
+/// Runs one control request against the node and builds its reply.
+fn execute_control(node: &ReplicaNode, request: Message) -> Message {
+    let reply = |r: Result<(), NodeError>, what: &str, volume_id: &str| {
+        let status = match r {
+            Ok(()) => Status::Ok,
+            Err(e) => {
+                let status = e.status();
+                match status {
+                    Status::NotFound | Status::AlreadyExists | Status::Busy | Status::Invalid => {
+                        tracing::info!(replica.volume = volume_id, error = %e, "replica {what} refused")
+                    }
+                    _ => tracing::warn!(replica.volume = volume_id, error = %e, "replica {what} failed"),
+                }
+                status
+            }
+        };
+        Message::Reply { status }
+    };
+    match request {
+        Message::CreateReplica { volume_id, size } => {
+            let _span = tracing::info_span!(
+                "replica.create",
+                replica.volume = %volume_id,
+                size,
+            )
+            .entered();
+            reply(node.create_replica(&volume_id, size).map(|_| ()), "create", &volume_id)
+        }
+        Message::DeleteReplica { volume_id } => {
+            let _span = tracing::info_span!(
+                "replica.delete",
+                replica.volume = %volume_id,
+            )
+            .entered();
+            reply(node.delete_replica(&volume_id), "delete", &volume_id)
+        }
+        Message::NodeInfo => match node.report() {
+            Ok(r) => Message::NodeInfoReply {
+                status: Status::Ok,
+                capacity: r.capacity,
+                available: r.available,
+                replicas: r.replicas,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "replica node info failed");
+                Message::NodeInfoReply { status: e.status(), capacity: 0, available: 0, replicas: Vec::new() }
+            }
+        },
+        _ => Message::Reply { status: Status::Invalid },
+    }
 }
 
 /// Waits for the writer to deliver every queued reply; false if it failed or if the server is
@@ -304,6 +417,7 @@ async fn drain(writer: &mut JoinHandle<bool>, mut shutdown: watch::Receiver<bool
 async fn serve_requests(
     reader: &mut Reader,
     shared: &Arc<Shared>,
+    replica: &Arc<Replica>,
     tx: &mpsc::Sender<Frame>,
 ) -> Result<bool, ConnError> {
     let max = shared.config.max_in_flight.max(1);
@@ -329,20 +443,22 @@ async fn serve_requests(
             Err(e) => break Err(e),
         };
         let mutation = match &frame.message {
-            Message::Write { .. } | Message::Unmap { .. } => true,
-            Message::Read { .. }
-            | Message::Flush
+            // Everything that changes what the replica stores: a final flush with one of these in
+            // flight does not cover it, so the session did not end cleanly.
+            Message::Write { .. }
+            | Message::Unmap { .. }
             | Message::Snapshot { .. }
-            | Message::SetRevision { .. }
-            | Message::ListExtents { .. }
-            | Message::ReadExtent { .. } => false,
-            // Not served yet: answered Invalid by `execute`.
-            Message::Resize { .. }
+            | Message::Resize { .. }
             | Message::DeleteSnapshot { .. }
             | Message::Revert { .. }
+            | Message::Reinitialize { .. } => true,
+            Message::Read { .. }
+            | Message::Flush
+            | Message::SetRevision { .. }
+            | Message::ListExtents { .. }
+            | Message::ReadExtent { .. }
             | Message::ReadSnapshot { .. }
-            | Message::ListSnapshotExtents { .. }
-            | Message::Reinitialize { .. } => false,
+            | Message::ListSnapshotExtents { .. } => false,
             Message::Hello { .. }
             | Message::HelloReply { .. }
             | Message::ReadReply { .. }
@@ -357,10 +473,10 @@ async fn serve_requests(
         if mutation {
             mutations_in_flight.fetch_add(1, Ordering::SeqCst);
         }
-        let (store, tx, inflight) = (shared.store.clone(), tx.clone(), mutations_in_flight.clone());
+        let (replica, tx, inflight) = (replica.clone(), tx.clone(), mutations_in_flight.clone());
         let max_payload = shared.config.max_payload;
         tokio::task::spawn_blocking(move || {
-            let message = execute(&store, frame.message, max_payload);
+            let message = execute(&replica, frame.message, max_payload);
             if mutation {
                 inflight.fetch_sub(1, Ordering::SeqCst);
             }
@@ -371,13 +487,16 @@ async fn serve_requests(
     }
 }
 
-/// Runs one request against the store and builds its reply.
-fn execute(store: &ReplicaStore, request: Message, max_payload: usize) -> Message {
+/// Runs one request against the session's replica and builds its reply.
+fn execute(replica: &Replica, request: Message, max_payload: usize) -> Message {
+    let store = &replica.store;
     // A ReadReply is a status and the data; a longer read cannot be answered in one frame.
     let max_read = max_payload.saturating_sub(2) as u64;
     let reply = |r: Result<(), StoreError>| Message::Reply { status: status_of(r) };
     match request {
-        Message::Read { len, .. } | Message::ReadExtent { len, .. } if u64::from(len) > max_read => {
+        Message::Read { len, .. } | Message::ReadExtent { len, .. } | Message::ReadSnapshot { len, .. }
+            if u64::from(len) > max_read =>
+        {
             Message::ReadReply { status: Status::Invalid, data: Vec::new() }
         }
         Message::Read { offset, len } => read_reply(store.read(offset, len)),
@@ -386,22 +505,84 @@ fn execute(store: &ReplicaStore, request: Message, max_payload: usize) -> Messag
         Message::Flush => reply(store.flush()),
         Message::Unmap { offset, len, revision } => reply(store.unmap(offset, len, revision)),
         Message::SetRevision { revision } => reply(store.set_revision(revision).map(|_| ())),
-        // Snapshots are not implemented yet; refusing is safe, the engine sees a failed request.
-        Message::Snapshot { .. } => Message::Reply { status: Status::Invalid },
-        Message::ListExtents { offset, len } => match store.list_extents(offset, len) {
-            // Status (2) + count (4) + 17 bytes per extent must fit one frame; the engine asks
-            // for smaller ranges instead of getting a silently truncated map.
-            Ok(extents) if 6 + extents.len().saturating_mul(17) > max_payload => {
-                Message::ExtentMap { status: Status::Invalid, extents: Vec::new() }
-            }
-            Ok(extents) => Message::ExtentMap { status: Status::Ok, extents },
-            Err(e) => Message::ExtentMap { status: failed(&e), extents: Vec::new() },
-        },
+        Message::ListExtents { offset, len } => extent_map(store.list_extents(offset, len), max_payload),
+        Message::Snapshot { name, revision } => {
+            let _span = tracing::info_span!(
+                "replica.snapshot",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
+            reply(store.snapshot(&name, revision))
+        }
+        Message::DeleteSnapshot { name, revision } => {
+            let _span = tracing::info_span!(
+                "replica.delete_snapshot",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
+            reply(store.delete_snapshot(&name, revision))
+        }
+        Message::Revert { name, revision } => {
+            let _span = tracing::info_span!(
+                "replica.revert",
+                replica.volume = %replica.volume_id,
+                snapshot = %name,
+                revision,
+            )
+            .entered();
+            revert(replica, &name, revision)
+        }
+        Message::Resize { size, revision } => {
+            let _span =
+                tracing::info_span!("replica.resize", replica.volume = %replica.volume_id, size, revision).entered();
+            reply(store.resize(size, revision))
+        }
+        Message::Reinitialize { revision } => {
+            let _span =
+                tracing::info_span!("replica.reinitialize", replica.volume = %replica.volume_id, revision).entered();
+            reply(store.reinitialize(revision))
+        }
+        Message::ReadSnapshot { name, offset, len } => read_reply(store.read_snapshot(&name, offset, len)),
+        Message::ListSnapshotExtents { name, offset, len } => {
+            extent_map(store.list_snapshot_extents(&name, offset, len), max_payload)
+        }
         // serve_requests only passes requests.
         other => {
             tracing::error!(message = ?other, "replica asked to execute a non-request");
             Message::Reply { status: Status::Invalid }
         }
+    }
+}
+
+/// Reverts only while the requesting session is the replica's only one, and keeps new sessions
+/// out until it is done: another engine would see the volume change under it.
+fn revert(replica: &Replica, name: &str, revision: u64) -> Message {
+    {
+        let mut s = lock(&replica.sessions);
+        if s.open > 1 || s.exclusive {
+            tracing::info!(sessions = s.open, "revert refused: the replica is open elsewhere");
+            return Message::Reply { status: Status::Busy };
+        }
+        s.exclusive = true;
+    }
+    let result = replica.store.revert(name, revision);
+    lock(&replica.sessions).exclusive = false;
+    Message::Reply { status: status_of(result) }
+}
+
+fn extent_map(r: Result<Vec<Extent>, StoreError>, max_payload: usize) -> Message {
+    match r {
+        // Status (2) + count (4) + 17 bytes per extent must fit one frame; the engine asks for
+        // smaller ranges instead of getting a silently truncated map.
+        Ok(extents) if 6 + extents.len().saturating_mul(17) > max_payload => {
+            Message::ExtentMap { status: Status::Invalid, extents: Vec::new() }
+        }
+        Ok(extents) => Message::ExtentMap { status: Status::Ok, extents },
+        Err(e) => Message::ExtentMap { status: failed(&e), extents: Vec::new() },
     }
 }
 
@@ -423,8 +604,10 @@ fn status_of(r: Result<(), StoreError>) -> Status {
 fn failed(e: &StoreError) -> Status {
     let status = e.status();
     match status {
-        // Expected answers to a confused or fenced engine, not replica failures.
-        Status::StaleRevision | Status::OutOfRange => tracing::debug!(error = %e, "replica refused request"),
+        // Expected answers to a confused, fenced or retrying engine, not replica failures.
+        Status::StaleRevision | Status::OutOfRange | Status::NotFound | Status::AlreadyExists => {
+            tracing::debug!(error = %e, "replica refused request")
+        }
         _ => tracing::warn!(error = %e, "replica request failed"),
     }
     status

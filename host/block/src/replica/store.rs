@@ -1,43 +1,44 @@
-//! One replica on disk: a sparse data file (`data.img`, as long as the volume) and a crash-safe
-//! metadata header (`header`: volume id, size, revision, snapshot chain, dirty flag). This module
-//! owns the on-disk layout and the replica-side rules of `proto/replica-protocol.md` (revision
-//! fencing, exact-length reads, holes read as zeros, flush = fdatasync); it does not own sockets
-//! or request scheduling (that is `server`), and snapshots are not implemented yet (the chain is
-//! stored and reported, never extended).
+//! One replica on disk: a chain of sparse layer files (oldest snapshot … live head) and a
+//! crash-safe header ([`header_file`](super::header_file)) that lists them. This module owns the
+//! data path — reads merged across the chain, writes and unmaps into the head, flush, revision
+//! fencing, extent lists — and the replica-side rules of `proto/replica-protocol.md`; snapshot,
+//! delete, revert, resize and reinitialize are in [`chain`](super::chain). It does not own sockets
+//! or request scheduling (that is `server`).
 //!
-//! The header is replaced atomically (temp file, fsync, rename, fsync of the directory) and
-//! carries a CRC-32, so after a crash it is either the old or the new header, and a damaged one
-//! is an error on open — never silently a fresh, zeroed replica.
+//! Without snapshots the chain is one file (`data.img`) and every request is what it always was:
+//! one positional read or write, a hole punch for unmap. With snapshots a read takes each 4 KiB
+//! block from the topmost layer holding it (in-memory [`BlockMap`](super::block_map::BlockMap)s,
+//! no syscall per block); a write goes to the head, and a write that covers only part of a block
+//! the head does not hold yet first copies that block up from the chain (read-modify-write), so
+//! the head only ever holds whole blocks; an unmap writes zeros into the head where an older
+//! layer holds data (a hole would let it show through) and punches holes elsewhere.
 //!
-//! Thread safety: every method takes `&self`; data I/O is positional so requests run in
-//! parallel. Writes and unmaps hold the header's read lock while they touch the data file, and
-//! `set_revision` takes the write lock, so once `set_revision` returned no write checked against
-//! the old revision can still land.
+//! Thread safety: every method takes `&self`. Data I/O holds the chain's read lock, so requests
+//! run in parallel; changes to the header or the chain take the write lock, so once
+//! `set_revision` returned no write checked against the old revision can still land. Writes also
+//! hold `fold_gate` shared, which a snapshot delete takes exclusively one chunk at a time while it
+//! folds blocks into the live head, and read-modify-write of one block is serialized by a striped
+//! lock (two non-overlapping writes may share a 4 KiB block).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use nix::fcntl::{FallocateFlags, fallocate};
-use nix::unistd::{Whence, lseek};
 use thiserror::Error;
 
-use crate::dirty::DirtyMap;
-use crate::protocol::{Extent, ExtentState, MAX_NAME_LEN, ReplicaHeader, SnapshotInfo, Status};
+pub use super::header_file::{DATA_FILE, HEADER_FILE};
 
-/// File holding the volume's bytes; sparse, `set_len` to the volume size.
-pub const DATA_FILE: &str = "data.img";
-/// File holding the metadata header.
-pub const HEADER_FILE: &str = "header";
-const HEADER_TMP: &str = "header.tmp";
-/// "WCSH": wasmcsi stored header.
-const HEADER_MAGIC: [u8; 4] = *b"WCSH";
-const HEADER_FORMAT: u16 = 1;
+use super::block_map::BLOCK;
+use super::header_file::{self, HEADER_TMP, StoredHeader, is_layer_file_name};
+use super::layers::{Layer, read_view, view_extents};
+use crate::dirty::DirtyMap;
+use crate::protocol::{Extent, ExtentState, MAX_NAME_LEN, ReplicaHeader, Status};
+
 /// Granularity at which writes since the last flush are remembered for `ExtentMap`'s
 /// `Unflushed` state: coarse enough to stay small (16 Mi bits per TiB), fine enough to be useful.
 const UNFLUSHED_REGION: u64 = 64 * 1024;
+/// Locks that serialize read-modify-write per block; a block uses `block % RMW_STRIPES`.
+const RMW_STRIPES: u64 = 64;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -51,108 +52,238 @@ pub enum StoreError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("request revision {request} is older than the replica's {replica}")]
     StaleRevision { request: u64, replica: u64 },
-    #[error("invalid replica: {0}")]
+    #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("no snapshot {name:?}")]
+    SnapshotNotFound { name: String },
+    #[error("snapshot {name:?} already exists and is not the newest with nothing written since")]
+    SnapshotExists { name: String },
+    /// A header commit failed half way: what is on disk may differ from what is in memory, so the
+    /// store refuses everything until it is reopened from disk.
+    #[error("replica in {0} failed a metadata commit earlier; reopen it")]
+    Failed(PathBuf),
 }
 
 impl StoreError {
     /// The wire status that answers a request failing with this error.
     pub fn status(&self) -> Status {
         match self {
-            Self::Io { .. } | Self::CorruptHeader { .. } | Self::AlreadyExists(_) => Status::IoError,
+            Self::Io { .. } | Self::CorruptHeader { .. } | Self::Failed(_) => Status::IoError,
+            Self::AlreadyExists(_) | Self::SnapshotExists { .. } => Status::AlreadyExists,
             Self::OutOfRange { .. } => Status::OutOfRange,
             Self::StaleRevision { .. } => Status::StaleRevision,
             Self::Invalid(_) => Status::Invalid,
+            Self::SnapshotNotFound { .. } => Status::NotFound,
         }
     }
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+pub(crate) fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| StoreError::Io { op, path: path.to_path_buf(), source }
 }
 
-fn nix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> StoreError + 'a {
+pub(crate) fn nix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> StoreError + 'a {
     move |e| StoreError::Io { op, path: path.to_path_buf(), source: std::io::Error::from(e) }
+}
+
+pub(crate) fn to_off(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Invalid(format!("offset {v} exceeds the file offset range")))
 }
 
 /// Writes since the last flush, for `ExtentMap`'s `Unflushed` state. Two maps so a flush can
 /// forget exactly what it made durable while writes continue: `flushing` is what an fdatasync in
 /// progress covers, `current` what arrived after it started.
 #[derive(Debug)]
-struct Unflushed {
+pub(crate) struct Unflushed {
     current: DirtyMap,
     flushing: DirtyMap,
     flushes_in_progress: usize,
 }
 
+impl Unflushed {
+    fn new(size: u64) -> Result<Self, StoreError> {
+        let map = || DirtyMap::new(size, UNFLUSHED_REGION).map_err(|e| StoreError::Invalid(e.to_string()));
+        Ok(Self { current: map()?, flushing: map()?, flushes_in_progress: 0 })
+    }
+
+    /// The same marks over a grown volume (resize).
+    pub(crate) fn grown(&self, size: u64) -> Result<Self, StoreError> {
+        let mut next = Self::new(size)?;
+        next.flushes_in_progress = self.flushes_in_progress;
+        for (src, dst) in [(&self.current, &mut next.current), (&self.flushing, &mut next.flushing)] {
+            for r in src.marked() {
+                dst.mark(r * UNFLUSHED_REGION, UNFLUSHED_REGION);
+            }
+        }
+        Ok(next)
+    }
+}
+
+/// The replica's layers and the header that describes them; changed only under the write lock.
+#[derive(Debug)]
+pub(crate) struct Chain {
+    pub(crate) header: ReplicaHeader,
+    pub(crate) next_layer: u64,
+    /// One layer per `header.snapshots` entry, oldest first.
+    pub(crate) snapshots: Vec<Layer>,
+    pub(crate) head: Layer,
+}
+
+impl Chain {
+    pub(crate) fn stored(&self) -> StoredHeader {
+        StoredHeader {
+            wire: self.header.clone(),
+            snapshot_files: self.snapshots.iter().map(|l| l.name.clone()).collect(),
+            head_file: self.head.name.clone(),
+            next_layer: self.next_layer,
+        }
+    }
+
+    /// Every layer, bottom first: the volume as it reads now.
+    pub(crate) fn full_view(&self) -> Vec<&Layer> {
+        self.snapshots.iter().chain([&self.head]).collect()
+    }
+
+    pub(crate) fn snapshot_index(&self, name: &str) -> Result<usize, StoreError> {
+        self.header
+            .snapshots
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| StoreError::SnapshotNotFound { name: name.to_owned() })
+    }
+
+    /// Whether a layer below the head holds `block`.
+    fn below_head(&self, block: u64) -> bool {
+        self.snapshots.iter().any(|l| l.map.get(block))
+    }
+
+    pub(crate) fn blocks(&self) -> u64 {
+        self.header.size / BLOCK
+    }
+}
+
 /// A replica opened from its directory.
 #[derive(Debug)]
 pub struct ReplicaStore {
-    dir: PathBuf,
-    data_path: PathBuf,
-    data: File,
-    header: RwLock<ReplicaHeader>,
-    unflushed: Mutex<Unflushed>,
+    pub(crate) dir: PathBuf,
+    pub(crate) chain: RwLock<Chain>,
+    /// Serializes changes to the chain's structure (snapshot, delete, revert, resize,
+    /// reinitialize): a fold runs for a long time without holding `chain` exclusively.
+    pub(crate) structure: Mutex<()>,
+    /// Shared by writes and unmaps, exclusive for a fold into the head (one chunk at a time).
+    pub(crate) fold_gate: RwLock<()>,
+    rmw_stripes: Vec<Mutex<()>>,
+    pub(crate) unflushed: Mutex<Unflushed>,
+    /// Why snapshots cannot be taken here, if they cannot (see [`check_fs_block_size`]).
+    pub(crate) chain_unsupported: Option<String>,
+    failed: AtomicBool,
+}
+
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The chain's block maps assume a layer acquires or frees whole 4 KiB blocks; on a file system
+/// with larger blocks a 4 KiB write allocates (and SEEK_DATA reports) its neighbours too, which
+/// after a reopen would hide older layers' data behind zeros. Such a replica works without
+/// snapshots and refuses to take one.
+fn check_fs_block_size(dir: &Path) -> Result<Option<String>, StoreError> {
+    let vfs = nix::sys::statvfs::statvfs(dir).map_err(nix_err("statvfs", dir))?;
+    let bsize = vfs.block_size();
+    Ok((bsize > BLOCK).then(|| format!("file system block size {bsize} exceeds {BLOCK}; snapshots need ≤ {BLOCK}")))
 }
 
 impl ReplicaStore {
-    /// Creates a new, empty replica of `size` bytes in `dir` (created if missing). Refuses a
-    /// directory that already holds a replica, so a typo cannot wipe one.
+    /// Creates a new, empty replica of `size` bytes (a multiple of 4096) in `dir` (created if
+    /// missing). Refuses a directory that already holds a replica, so a typo cannot wipe one.
     pub fn create(dir: &Path, volume_id: &str, size: u64) -> Result<Self, StoreError> {
         if volume_id.is_empty() || volume_id.len() > MAX_NAME_LEN {
             return Err(StoreError::Invalid(format!("volume id of {} bytes", volume_id.len())));
         }
+        if !size.is_multiple_of(BLOCK) {
+            return Err(StoreError::Invalid(format!("size {size} is not a multiple of {BLOCK}")));
+        }
         std::fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
-        let header_path = dir.join(HEADER_FILE);
-        if header_path.exists() {
+        if dir.join(HEADER_FILE).exists() {
             return Err(StoreError::AlreadyExists(dir.to_path_buf()));
         }
-        let data_path = dir.join(DATA_FILE);
-        let data = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&data_path)
-            .map_err(io_err("create", &data_path))?;
-        data.set_len(size).map_err(io_err("set length of", &data_path))?;
-        data.sync_all().map_err(io_err("fsync", &data_path))?;
+        let head = Layer::create(dir, DATA_FILE, size)?;
         let header =
             ReplicaHeader { volume_id: volume_id.to_owned(), size, revision: 0, snapshots: Vec::new(), dirty: false };
+        let chain = Chain { header, next_layer: 1, snapshots: Vec::new(), head };
         // The header goes last: a crash before it leaves a directory `open` rejects, not a
         // replica with a header and no data file.
-        persist_header(dir, &header)?;
-        Self::from_parts(dir, data_path, data, header)
+        header_file::persist(dir, &chain.stored())?;
+        Self::from_chain(dir, chain)
     }
 
-    /// Opens the replica in `dir`, validating its header; a corrupt or missing header, or a data
-    /// file of the wrong size, is an error.
+    /// Opens the replica in `dir`, validating its header; a corrupt or missing header, or a
+    /// layer file of the wrong size, is an error. Files a crash left behind (a header.tmp, a
+    /// layer the committed header does not list) are removed: the header is the commit point.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let stored = header_file::load(dir)?;
         let header_path = dir.join(HEADER_FILE);
-        let bytes = std::fs::read(&header_path).map_err(io_err("read", &header_path))?;
-        let header = decode_header(&bytes)
-            .map_err(|what| StoreError::CorruptHeader { path: header_path.clone(), what: what.to_owned() })?;
-        let data_path = dir.join(DATA_FILE);
-        let data = OpenOptions::new().read(true).write(true).open(&data_path).map_err(io_err("open", &data_path))?;
-        let len = data.metadata().map_err(io_err("stat", &data_path))?.len();
-        if len != header.size {
-            return Err(StoreError::CorruptHeader {
-                path: header_path,
-                what: format!("data file is {len} bytes, header says {}", header.size),
-            });
+        let corrupt = |what: String| StoreError::CorruptHeader { path: header_path.clone(), what };
+        let size = stored.wire.size;
+        if !size.is_multiple_of(BLOCK) {
+            return Err(corrupt(format!("size {size} is not a multiple of {BLOCK}")));
         }
-        Self::from_parts(dir, data_path, data, header)
+        remove_leftovers(dir, &stored)?;
+        let blocks = size / BLOCK;
+        let head = Layer::open(dir, &stored.head_file, blocks)?;
+        let len = head.file.metadata().map_err(io_err("stat", &head.path))?.len();
+        if len > size {
+            // Only a resize that crashed before its header commit makes the head longer than the
+            // header says; nothing was written past the committed size, so cutting it is exact.
+            tracing::warn!(
+                replica.dir = %dir.display(),
+                len,
+                size,
+                "replica head longer than its header: undoing an uncommitted resize"
+            );
+            head.file.set_len(size).map_err(io_err("truncate", &head.path))?;
+        } else if len < size {
+            return Err(corrupt(format!("{} is {len} bytes, header says {size}", stored.head_file)));
+        }
+        let mut snapshots = Vec::with_capacity(stored.snapshot_files.len());
+        for name in &stored.snapshot_files {
+            let layer = Layer::open(dir, name, blocks)?;
+            let len = layer.file.metadata().map_err(io_err("stat", &layer.path))?.len();
+            // A snapshot layer was the head at some earlier size, and sizes only grow.
+            if len > size {
+                return Err(corrupt(format!("{name} is {len} bytes, more than the volume's {size}")));
+            }
+            snapshots.push(layer);
+        }
+        let chain = Chain { header: stored.wire, next_layer: stored.next_layer, snapshots, head };
+        let store = Self::from_chain(dir, chain)?;
+        if let Some(why) = &store.chain_unsupported
+            && !read(&store.chain).snapshots.is_empty()
+        {
+            return Err(StoreError::Invalid(format!("replica in {} has snapshots, but {why}", dir.display())));
+        }
+        Ok(store)
     }
 
-    fn from_parts(dir: &Path, data_path: PathBuf, data: File, header: ReplicaHeader) -> Result<Self, StoreError> {
-        let map = || DirtyMap::new(header.size, UNFLUSHED_REGION).map_err(|e| StoreError::Invalid(e.to_string()));
-        let unflushed = Unflushed { current: map()?, flushing: map()?, flushes_in_progress: 0 };
+    fn from_chain(dir: &Path, chain: Chain) -> Result<Self, StoreError> {
+        let unflushed = Unflushed::new(chain.header.size)?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            data_path,
-            data,
-            header: RwLock::new(header),
+            chain: RwLock::new(chain),
+            structure: Mutex::new(()),
+            fold_gate: RwLock::new(()),
+            rmw_stripes: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
             unflushed: Mutex::new(unflushed),
+            chain_unsupported: check_fs_block_size(dir)?,
+            failed: AtomicBool::new(false),
         })
     }
 
@@ -162,31 +293,62 @@ impl ReplicaStore {
 
     /// The header as it is on disk now.
     pub fn header(&self) -> ReplicaHeader {
-        self.header.read().unwrap_or_else(PoisonError::into_inner).clone()
+        read(&self.chain).header.clone()
     }
 
-    fn check_range(size: u64, offset: u64, len: u64) -> Result<(), StoreError> {
+    /// Bytes the replica's layer files occupy on disk.
+    pub fn allocated_bytes(&self) -> Result<u64, StoreError> {
+        let chain = read(&self.chain);
+        chain.full_view().iter().map(|l| l.allocated()).sum()
+    }
+
+    pub(crate) fn check_range(size: u64, offset: u64, len: u64) -> Result<(), StoreError> {
         match offset.checked_add(len) {
             Some(end) if end <= size => Ok(()),
             _ => Err(StoreError::OutOfRange { offset, len, size }),
         }
     }
 
-    /// Exactly `len` bytes at `offset`; holes read as zeros.
+    /// Refuses a request whose revision is older than the replica's, and any change after a
+    /// failed commit.
+    pub(crate) fn fence(&self, header: &ReplicaHeader, revision: u64) -> Result<(), StoreError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(StoreError::Failed(self.dir.clone()));
+        }
+        if revision < header.revision {
+            return Err(StoreError::StaleRevision { request: revision, replica: header.revision });
+        }
+        Ok(())
+    }
+
+    /// Persists `stored`; on failure the on-disk header may be either version, so the store
+    /// stops accepting changes rather than risk writing into a layer the disk no longer lists.
+    pub(crate) fn commit(&self, stored: &StoredHeader) -> Result<(), StoreError> {
+        let result = header_file::persist(&self.dir, stored);
+        if let Err(e) = &result {
+            tracing::error!(replica.dir = %self.dir.display(), error = %e, "replica header commit failed");
+            self.failed.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Exactly `len` bytes at `offset` of the volume as it reads now; holes read as zeros.
     pub fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, StoreError> {
-        let size = self.header.read().unwrap_or_else(PoisonError::into_inner).size;
-        Self::check_range(size, offset, u64::from(len))?;
+        let chain = read(&self.chain);
+        Self::check_range(chain.header.size, offset, u64::from(len))?;
         let mut buf = vec![0; len as usize];
-        // `read_exact_at` retries short reads; the range check makes EOF impossible short of the
-        // file being truncated behind our back, which is then an I/O error, not zeros.
-        self.data.read_exact_at(&mut buf, offset).map_err(io_err("read", &self.data_path))?;
+        if chain.snapshots.is_empty() {
+            chain.head.read_at(&mut buf, offset)?;
+        } else {
+            read_view(&chain.full_view(), offset, &mut buf)?;
+        }
         Ok(buf)
     }
 
     /// A read for rebuild: refused when this replica's revision is below `revision`, so a stale
     /// replica is never a rebuild source.
     pub fn read_extent(&self, offset: u64, len: u32, revision: u64) -> Result<Vec<u8>, StoreError> {
-        let replica = self.header.read().unwrap_or_else(PoisonError::into_inner).revision;
+        let replica = read(&self.chain).header.revision;
         if replica < revision {
             return Err(StoreError::StaleRevision { request: revision, replica });
         }
@@ -195,56 +357,148 @@ impl ReplicaStore {
 
     /// Writes `data` at `offset`, refused when `revision` is below the replica's (fencing).
     pub fn write(&self, offset: u64, data: &[u8], revision: u64) -> Result<(), StoreError> {
-        let header = self.header.read().unwrap_or_else(PoisonError::into_inner);
-        Self::fence(&header, revision)?;
-        Self::check_range(header.size, offset, data.len() as u64)?;
-        self.data.write_all_at(data, offset).map_err(io_err("write", &self.data_path))?;
-        self.mark_unflushed(offset, data.len() as u64);
-        Ok(())
-    }
-
-    /// Discards `[offset, offset + len)`: later reads return zeros and the blocks are freed.
-    pub fn unmap(&self, offset: u64, len: u64, revision: u64) -> Result<(), StoreError> {
-        let header = self.header.read().unwrap_or_else(PoisonError::into_inner);
-        Self::fence(&header, revision)?;
-        Self::check_range(header.size, offset, len)?;
+        let chain = read(&self.chain);
+        self.fence(&chain.header, revision)?;
+        let len = data.len() as u64;
+        Self::check_range(chain.header.size, offset, len)?;
         if len == 0 {
             return Ok(());
         }
-        let (off, l) = (to_off(offset)?, to_off(len)?);
-        // KEEP_SIZE: punching the tail must not shrink the volume.
-        fallocate(&self.data, FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE, off, l)
-            .map_err(nix_err("punch hole in", &self.data_path))?;
+        let _gate = read(&self.fold_gate);
+        let head = &chain.head;
+        let end = offset + len;
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        if chain.snapshots.is_empty() {
+            // Nothing below the head: a partial block needs no copy-up, it is the whole truth.
+            head.write_at(data, offset)?;
+            head.map.set(first, last + 1);
+        } else {
+            let (mut lo, mut hi) = (offset, end);
+            let partial = |b: u64| b * BLOCK < offset || (b + 1) * BLOCK > end;
+            if partial(first) && !head.map.get(first) {
+                lo = ((first + 1) * BLOCK).min(end);
+                self.copy_up_and_patch(&chain, first, offset, &data[..(lo - offset) as usize])?;
+            }
+            if last != first && partial(last) && !head.map.get(last) {
+                hi = last * BLOCK;
+                self.copy_up_and_patch(&chain, last, hi, &data[(hi - offset) as usize..])?;
+            }
+            if lo < hi {
+                head.write_at(&data[(lo - offset) as usize..(hi - offset) as usize], lo)?;
+                head.map.set(lo / BLOCK, hi.div_ceil(BLOCK));
+            }
+        }
+        self.mark_unflushed(offset, len);
+        Ok(())
+    }
+
+    /// Gives the head its own copy of `block` (read from the chain below), with `bytes` at byte
+    /// `at` of the volume (inside the block) replacing what was there.
+    fn copy_up_and_patch(&self, chain: &Chain, block: u64, at: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let _stripe = lock(&self.rmw_stripes[(block % RMW_STRIPES) as usize]);
+        let head = &chain.head;
+        // Another write into the same block may have copied it up while we waited.
+        if head.map.get(block) {
+            return head.write_at(bytes, at);
+        }
+        let mut buf = vec![0; BLOCK as usize];
+        read_view(&chain.full_view(), block * BLOCK, &mut buf)?;
+        let start = (at - block * BLOCK) as usize;
+        buf[start..start + bytes.len()].copy_from_slice(bytes);
+        head.write_at(&buf, block * BLOCK)?;
+        head.map.set(block, block + 1);
+        Ok(())
+    }
+
+    /// Discards `[offset, offset + len)`: later reads return zeros. Without snapshots the blocks
+    /// are freed (hole punch); with them, blocks an older layer holds get zeros in the head.
+    pub fn unmap(&self, offset: u64, len: u64, revision: u64) -> Result<(), StoreError> {
+        let chain = read(&self.chain);
+        self.fence(&chain.header, revision)?;
+        Self::check_range(chain.header.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let _gate = read(&self.fold_gate);
+        let head = &chain.head;
+        let end = offset + len;
+        // Blocks wholly inside the range; the (at most two) others are only partly discarded.
+        let (full_lo, full_hi) = (offset.div_ceil(BLOCK), end / BLOCK);
+        if chain.snapshots.is_empty() {
+            head.punch(offset, len)?;
+            if full_lo < full_hi {
+                head.map.clear(full_lo, full_hi);
+            }
+        } else {
+            let mut edges = Vec::with_capacity(2);
+            if full_lo > full_hi {
+                // Both ends inside one block.
+                edges.push((offset, end));
+            } else {
+                if offset < full_lo * BLOCK {
+                    edges.push((offset, full_lo * BLOCK));
+                }
+                if full_hi * BLOCK < end {
+                    edges.push((full_hi * BLOCK, end));
+                }
+            }
+            for (s, e) in edges {
+                let block = s / BLOCK;
+                let zeros = vec![0; (e - s) as usize];
+                if head.map.get(block) {
+                    head.write_at(&zeros, s)?;
+                } else if chain.below_head(block) {
+                    self.copy_up_and_patch(&chain, block, s, &zeros)?;
+                }
+            }
+            if full_lo < full_hi {
+                self.discard_full_blocks(&chain, full_lo, full_hi)?;
+            }
+        }
         // The hole's metadata must reach the disk with the next flush like a write's data would.
         self.mark_unflushed(offset, len);
         Ok(())
     }
 
-    fn fence(header: &ReplicaHeader, revision: u64) -> Result<(), StoreError> {
-        if revision < header.revision {
-            return Err(StoreError::StaleRevision { request: revision, replica: header.revision });
+    /// Discards whole blocks `lo..hi` of the head over a chain: zeros where a snapshot layer holds
+    /// data, holes elsewhere.
+    fn discard_full_blocks(&self, chain: &Chain, lo: u64, hi: u64) -> Result<(), StoreError> {
+        let head = &chain.head;
+        let below: Vec<&Layer> = chain.snapshots.iter().collect();
+        let mut pos = lo;
+        for (s, l) in view_extents(&below, lo * BLOCK, (hi - lo) * BLOCK).into_iter().chain([(hi * BLOCK, 0)]) {
+            let (b, e) = (s / BLOCK, (s + l) / BLOCK);
+            if pos < b && head.map.any(pos, b) {
+                head.punch(pos * BLOCK, (b - pos) * BLOCK)?;
+                head.map.clear(pos, b);
+            }
+            if b < e {
+                head.write_zeros(s, l)?;
+                head.map.set(b, e);
+            }
+            pos = e.max(pos);
         }
         Ok(())
     }
 
     fn mark_unflushed(&self, offset: u64, len: u64) {
-        self.unflushed.lock().unwrap_or_else(PoisonError::into_inner).current.mark(offset, len);
+        lock(&self.unflushed).current.mark(offset, len);
     }
 
-    /// Makes every write that completed before this call durable (fdatasync: data plus the
-    /// metadata needed to find it, e.g. newly allocated blocks).
+    /// Makes every write that completed before this call durable (fdatasync of the head: data
+    /// plus the metadata needed to find it; snapshot layers are synced when they are frozen).
     pub fn flush(&self) -> Result<(), StoreError> {
         {
             // What this fdatasync covers moves to `flushing`; writes finishing from now on stay
             // in `current` because the fdatasync may or may not include them.
-            let mut u = self.unflushed.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut u = lock(&self.unflushed);
             let Unflushed { current, flushing, flushes_in_progress } = &mut *u;
             flushing.merge(current);
             current.clear();
             *flushes_in_progress += 1;
         }
-        let result = self.data.sync_data().map_err(io_err("fdatasync", &self.data_path));
-        let mut u = self.unflushed.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = read(&self.chain).head.sync_data();
+        let mut u = lock(&self.unflushed);
         u.flushes_in_progress -= 1;
         match &result {
             // Concurrent flushes share `flushing`; only the last one to finish may clear it, as
@@ -276,48 +530,56 @@ impl ReplicaStore {
     /// Applies `change` to the header, persists it, and only then makes it visible. Holding the
     /// write lock meanwhile excludes writes, which is what makes a new revision a fence.
     fn update_header(&self, change: impl FnOnce(&mut ReplicaHeader)) -> Result<u64, StoreError> {
-        let mut header = self.header.write().unwrap_or_else(PoisonError::into_inner);
-        let mut next = header.clone();
+        let mut chain = write(&self.chain);
+        let mut next = chain.header.clone();
         change(&mut next);
-        if next != *header {
-            persist_header(&self.dir, &next)?;
-            *header = next;
+        if next != chain.header {
+            let mut stored = chain.stored();
+            stored.wire = next.clone();
+            self.commit(&stored)?;
+            chain.header = next;
         }
-        Ok(header.revision)
+        Ok(chain.header.revision)
     }
 
-    /// The allocated extents of `[offset, offset + len)`, clipped to it, as found by
-    /// SEEK_DATA/SEEK_HOLE; regions written since the last flush are reported `Unflushed`.
-    /// Extents are at the file system's allocation granularity, so they may cover zeros.
+    /// The extents of `[offset, offset + len)` that hold data in the volume as it reads now,
+    /// clipped to the range, at 4 KiB granularity (they may cover zeros); regions written since
+    /// the last flush are reported `Unflushed`.
     pub fn list_extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        let size = self.header.read().unwrap_or_else(PoisonError::into_inner).size;
-        Self::check_range(size, offset, len)?;
-        let end = offset + len;
-        let mut allocated = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let data = match lseek(&self.data, to_off(pos)?, Whence::SeekData) {
-                Ok(d) => d as u64,
-                // ENXIO: no data at or after `pos`.
-                Err(nix::Error::ENXIO) => break,
-                Err(e) => return Err(nix_err("seek data in", &self.data_path)(e)),
-            };
-            if data >= end {
-                break;
-            }
-            let hole = lseek(&self.data, to_off(data)?, Whence::SeekHole)
-                .map_err(nix_err("seek hole in", &self.data_path))? as u64;
-            let stop = hole.min(end);
-            allocated.push((data, stop - data));
-            pos = stop;
-        }
-        let u = self.unflushed.lock().unwrap_or_else(PoisonError::into_inner);
+        let chain = read(&self.chain);
+        Self::check_range(chain.header.size, offset, len)?;
+        let allocated = view_extents(&chain.full_view(), offset, len);
+        drop(chain);
+        let u = lock(&self.unflushed);
         let mut extents = Vec::new();
         for (start, l) in allocated {
             split_by_unflushed(start, l, &u, &mut extents);
         }
         Ok(extents)
     }
+}
+
+/// Removes what a crash may have left in `dir`: a header.tmp, and layer files the committed
+/// header does not list (a snapshot's new head before its commit, a deleted snapshot's layer
+/// after it). Only names this store creates are touched.
+fn remove_leftovers(dir: &Path, stored: &StoredHeader) -> Result<(), StoreError> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let listed = stored.head_file == name || stored.snapshot_files.iter().any(|f| f == name);
+        if name == HEADER_TMP || (is_layer_file_name(name) && !listed) {
+            let path = entry.path();
+            tracing::info!(replica.dir = %dir.display(), file = name, "removing a file left by an interrupted change");
+            std::fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            removed = true;
+        }
+    }
+    if removed {
+        header_file::sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Splits one allocated range at unflushed-region boundaries, merging neighbours of one state.
@@ -340,156 +602,9 @@ fn split_by_unflushed(start: u64, len: u64, u: &Unflushed, out: &mut Vec<Extent>
     }
 }
 
-fn to_off(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Invalid(format!("offset {v} exceeds the file offset range")))
-}
-
-/// Replaces `dir/header` atomically: after a crash it is the old header or the new one.
-fn persist_header(dir: &Path, header: &ReplicaHeader) -> Result<(), StoreError> {
-    let bytes = encode_header(header)?;
-    let tmp = dir.join(HEADER_TMP);
-    let target = dir.join(HEADER_FILE);
-    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    f.write_all(&bytes).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &target).map_err(io_err("rename over", &target))?;
-    // The rename is durable only once the directory entry is.
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))?;
-    Ok(())
-}
-
-/// `magic, format: u16, volume_id: name, size: u64, revision: u64, dirty: u8, count: u32,
-/// count × (name, revision: u64, created_ns: u64), crc32 of everything before it: u32`, little-endian.
-fn encode_header(h: &ReplicaHeader) -> Result<Vec<u8>, StoreError> {
-    fn name(out: &mut Vec<u8>, s: &str) -> Result<(), StoreError> {
-        if s.len() > MAX_NAME_LEN {
-            return Err(StoreError::Invalid(format!("name of {} bytes", s.len())));
-        }
-        out.extend_from_slice(&(s.len() as u16).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&HEADER_MAGIC);
-    out.extend_from_slice(&HEADER_FORMAT.to_le_bytes());
-    name(&mut out, &h.volume_id)?;
-    out.extend_from_slice(&h.size.to_le_bytes());
-    out.extend_from_slice(&h.revision.to_le_bytes());
-    out.push(u8::from(h.dirty));
-    let count = u32::try_from(h.snapshots.len()).map_err(|_| StoreError::Invalid("too many snapshots".into()))?;
-    out.extend_from_slice(&count.to_le_bytes());
-    for s in &h.snapshots {
-        name(&mut out, &s.name)?;
-        out.extend_from_slice(&s.revision.to_le_bytes());
-        out.extend_from_slice(&s.created_ns.to_le_bytes());
-    }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    Ok(out)
-}
-
-fn decode_header(bytes: &[u8]) -> Result<ReplicaHeader, &'static str> {
-    if bytes.len() < 8 {
-        return Err("too short");
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if body[..4] != HEADER_MAGIC {
-        return Err("bad magic");
-    }
-    let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    if crc32fast::hash(body) != crc {
-        return Err("checksum mismatch");
-    }
-    let mut r = Cursor(&body[4..]);
-    if r.u16()? != HEADER_FORMAT {
-        return Err("unknown header format");
-    }
-    let volume_id = r.name()?;
-    let size = r.u64()?;
-    let revision = r.u64()?;
-    let dirty = match r.take(1)?[0] {
-        0 => false,
-        1 => true,
-        _ => return Err("dirty flag is not 0 or 1"),
-    };
-    let count = r.u32()?;
-    let mut snapshots = Vec::new();
-    for _ in 0..count {
-        snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()?, created_ns: r.u64()? });
-    }
-    if !r.0.is_empty() {
-        return Err("trailing bytes");
-    }
-    Ok(ReplicaHeader { volume_id, size, revision, snapshots, dirty })
-}
-
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
-        if self.0.len() < n {
-            return Err("truncated");
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u16(&mut self) -> Result<u16, &'static str> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn u32(&mut self) -> Result<u32, &'static str> {
-        let mut a = [0; 4];
-        a.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(a))
-    }
-    fn u64(&mut self) -> Result<u64, &'static str> {
-        let mut a = [0; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn name(&mut self) -> Result<String, &'static str> {
-        let len = self.u16()? as usize;
-        if len > MAX_NAME_LEN {
-            return Err("name too long");
-        }
-        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| "name is not UTF-8")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample() -> ReplicaHeader {
-        ReplicaHeader {
-            volume_id: "vol-1".into(),
-            size: 1 << 30,
-            revision: 7,
-            snapshots: vec![SnapshotInfo { name: "s1".into(), revision: 3, created_ns: 1_700_000_000_000_000_000 }],
-            dirty: true,
-        }
-    }
-
-    #[test]
-    fn header_round_trips() {
-        let h = sample();
-        assert_eq!(decode_header(&encode_header(&h).expect("encodable")), Ok(h));
-    }
-
-    #[test]
-    fn every_flipped_bit_and_truncation_of_the_header_is_rejected() {
-        let bytes = encode_header(&sample()).expect("encodable");
-        for bit in 0..bytes.len() * 8 {
-            let mut b = bytes.clone();
-            b[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_header(&b).is_err(), "bit {bit}");
-        }
-        for cut in 0..bytes.len() {
-            assert!(decode_header(&bytes[..cut]).is_err(), "cut at {cut}");
-        }
-    }
 
     #[test]
     fn stale_write_is_fenced_and_revision_only_grows() {
@@ -504,10 +619,12 @@ mod tests {
     }
 
     #[test]
-    fn create_refuses_an_existing_replica() {
+    fn create_refuses_an_existing_replica_and_an_unaligned_size() {
         let dir = tempfile::tempdir().expect("tempdir");
         ReplicaStore::create(dir.path(), "v", 4096).expect("create");
         assert!(matches!(ReplicaStore::create(dir.path(), "v", 4096), Err(StoreError::AlreadyExists(_))));
+        let other = tempfile::tempdir().expect("tempdir");
+        assert!(matches!(ReplicaStore::create(other.path(), "v", 4097), Err(StoreError::Invalid(_))));
     }
 
     #[test]
@@ -529,5 +646,19 @@ mod tests {
         s.flush().expect("flush");
         let e = s.list_extents(0, 4 << 20).expect("list");
         assert!(!e.is_empty() && e.iter().all(|x| x.state == ExtentState::Allocated), "{e:?}");
+    }
+
+    #[test]
+    fn a_replica_without_snapshots_is_one_data_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = ReplicaStore::create(dir.path(), "v", 1 << 20).expect("create");
+        s.write(100, &[7; 5000], 0).expect("write");
+        s.unmap(8192, 4096, 0).expect("unmap");
+        let mut names: Vec<_> =
+            std::fs::read_dir(dir.path()).expect("list").map(|e| e.expect("entry").file_name()).collect();
+        names.sort();
+        assert_eq!(names, [DATA_FILE, HEADER_FILE]);
+        let data = std::fs::read(dir.path().join(DATA_FILE)).expect("read");
+        assert_eq!(&data[100..5100], &[7; 5000][..]);
     }
 }
