@@ -259,9 +259,24 @@ impl ReplicaSession {
         }
     }
 
-    /// Flushes and closes, so the replica ends the session clean.
+    /// Flushes and closes, so the replica ends the session clean; returns once the server has
+    /// ended the session (it closes its side only after clearing the dirty flag), so the next
+    /// session sees a clean replica.
     pub async fn close(mut self) -> Result<(), ControlError> {
-        self.flush().await
+        self.flush().await?;
+        let (addr, timeout) = (self.conn.addr, self.conn.timeout);
+        let conn = &mut self.conn;
+        let wait_eof = async {
+            conn.stream.shutdown().await?;
+            let mut scratch = [0u8; 64];
+            while conn.stream.read(&mut scratch).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        };
+        match tokio::time::timeout(timeout, wait_eof).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ControlError::Connection { addr, what: "close", detail: e.to_string() }),
+            Err(_) => Err(ControlError::Timeout { addr, what: "close", timeout }),
+        }
     }
 }
 

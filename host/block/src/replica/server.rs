@@ -247,7 +247,17 @@ async fn serve_connection(
     drop(tx);
     let clean = match result {
         // Every request task holds a sender; the writer ends once all replies are out.
-        Ok(clean) => drain(&mut writer, drain_signal, cfg.shutdown_grace).await && clean,
+        Ok(clean) => match drain(&mut writer, drain_signal, cfg.shutdown_grace).await {
+            Some(wr) => {
+                // The end of the stream is sent only after the session ended (dirty flag
+                // cleared), so a peer that waits for it knows the replica is clean.
+                end_session(&replica, clean).await;
+                let mut wr = wr;
+                let _ = wr.shutdown().await;
+                return Ok(());
+            }
+            None => false,
+        },
         Err(e) => {
             // The stream has no trustworthy framing left: close without answering the rest.
             writer.abort();
@@ -397,17 +407,21 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
 
 /// Waits for the writer to deliver every queued reply; false if it failed or if the server is
 /// shutting down and the grace period ran out first (the writer is then aborted).
-async fn drain(writer: &mut JoinHandle<bool>, mut shutdown: watch::Receiver<bool>, grace: Duration) -> bool {
+async fn drain(
+    writer: &mut JoinHandle<Option<OwnedWriteHalf>>,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) -> Option<OwnedWriteHalf> {
     let deadline = async {
         // Err: the server handle is gone, which is a shutdown too.
         let _ = shutdown.wait_for(|stop| *stop).await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        delivered = &mut *writer => delivered.unwrap_or(false),
+        delivered = &mut *writer => delivered.ok().flatten(),
         () = deadline => {
             writer.abort();
-            false
+            None
         }
     }
 }
@@ -615,7 +629,9 @@ fn failed(e: &StoreError) -> Status {
 
 /// Writes replies in the order they complete, coalescing whatever is queued into one write;
 /// true once every reply was written and the stream closed.
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> bool {
+/// Writes replies until every sender is gone; returns the write half (still open) when all were
+/// delivered, `None` on a failure.
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> Option<OwnedWriteHalf> {
     let mut out = Vec::with_capacity(256 * 1024);
     while let Some(frame) = rx.recv().await {
         out.clear();
@@ -625,7 +641,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_p
                 // Execute never builds an oversized reply; if it did, the engine would wait
                 // forever for this id, so failing the connection is the honest answer.
                 tracing::error!(error = %e, request_id = frame.request_id, "replica reply not encodable");
-                return false;
+                return None;
             }
             if out.len() < 1024 * 1024 {
                 next = rx.try_recv().ok();
@@ -633,8 +649,8 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_p
         }
         if let Err(e) = wr.write_all(&out).await {
             tracing::debug!(error = %e, "replica connection write failed");
-            return false;
+            return None;
         }
     }
-    wr.shutdown().await.is_ok()
+    Some(wr)
 }
