@@ -384,7 +384,7 @@ impl World {
             assert!(r.volatile == self.model, "replica {i} differs from what was acknowledged");
             assert_eq!(r.revision, self.engine.revision(), "replica {i} carries the engine's revision");
         }
-        assert!(self.engine.dirty_map().is_empty(), "nothing left to rebuild");
+        assert!((0..REPLICAS).all(|r| self.engine.missing(r).is_none()), "nothing left to rebuild");
     }
 }
 

@@ -168,7 +168,7 @@ fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical()
     let mut back = vec![0u8; big.len()];
     vol.read_at(&mut back, 7 << 20 | 17).unwrap();
     assert!(back == big, "large unaligned round trip");
-    // Discard reads back as zeros (implemented as replicated zero writes).
+    // Discard reads back as zeros (replicated unmaps).
     vol.discard(8 << 20, 3 << 20).unwrap();
     vol.read_at(&mut back, 7 << 20 | 17).unwrap();
     assert!(back[(1 << 20) - 17..(4 << 20) - 17].iter().all(|b| *b == 0));
@@ -186,7 +186,7 @@ fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical()
     assert!(a == b, "replica data files differ");
     // The engine recorded its attach; the state says nobody is out of sync.
     let state = load_state(cluster.state.path()).unwrap().unwrap();
-    assert!(state.out_of_sync.is_empty(), "{state:?}");
+    assert!(state.missing.is_empty(), "{state:?}");
     assert!(cluster.state.path().join(STATE_FILE).exists());
 }
 
@@ -211,8 +211,8 @@ fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_b
     verify(&vol, &models);
     // Degraded: the surviving replica is recorded as the only one in sync, durably.
     let state = load_state(cluster.state.path()).unwrap().unwrap();
-    assert_eq!(state.out_of_sync.get(&1), Some(&true), "{state:?}");
-    assert!(!state.dirty.is_empty());
+    let lacks = state.missing.get(&1).expect("replica 1 recorded as out of sync");
+    assert!(!lacks.is_empty(), "{state:?}");
     let status = vol.status();
     assert!(status.connected <= 1, "{status:?}");
 
