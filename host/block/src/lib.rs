@@ -5,8 +5,9 @@
 //! simulated network. I/O: the replica server ([`replica`]), which stores one replica in sparse
 //! files and serves the protocol over TCP; and the engine's tokio driver ([`driver`]), which
 //! connects the engine to its replicas and exposes the volume as a synchronous
-//! `wasmcsi_frontend::BlockDevice` for the FUSE frontend. Still to come (issue 4): snapshots,
-//! expansion, client-facing unmap.
+//! `wasmcsi_frontend::BlockDevice` for the FUSE frontend, plus unmap, online expansion and
+//! snapshots. Still to come (issue 4): snapshot revert and clones, reconciling replicas after an
+//! engine crash (the header's dirty flag).
 
 pub mod dirty;
 pub mod driver;

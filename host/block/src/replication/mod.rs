@@ -44,9 +44,14 @@
 //! smaller is behind (it missed a resize), its rebuild first grows it; one that is larger than
 //! every current replica was grown by someone else and is fenced like a revision from the future.
 //!
+//! After an engine restart, the replicas may hold writes of the previous engine that were never
+//! flushed; attaching therefore starts with a flush of every healthy replica, and a replica that
+//! fails before it completed is marked as lacking everything.
+//!
 //! Not yet handled: reconciling replicas after an *engine* crash that left unacknowledged writes
-//! on some healthy replicas only (the header's dirty flag is carried but not yet acted on), and
-//! the loss of unflushed data on a replica that crashes together with the engine.
+//! on some healthy replicas only (the header's dirty flag is carried but not yet acted on; the
+//! client never got those writes acknowledged, but the replicas may then differ in those
+//! regions), and the loss of unflushed data on a replica that crashes together with the engine.
 
 mod rebuild;
 #[cfg(test)]
@@ -453,6 +458,7 @@ impl Engine {
     }
 
     /// Feeds one event at time `now`; returns the actions to execute, in order.
+    #[allow(clippy::collapsible_match, reason = "the checks answer the client; a guard would hide that side effect")]
     pub fn handle(&mut self, now: Millis, event: Event) -> Vec<Action> {
         self.now = self.now.max(now);
         match event {
@@ -621,7 +627,7 @@ impl Engine {
             }
             (Op::Rebuild(step), message) => match self.on_rebuild_reply(op_id, step, message) {
                 Ok(()) => return,
-                Err(given_back) => given_back,
+                Err(given_back) => *given_back,
             },
             (op, message) => (op, mismatch(&message)),
         };
@@ -670,9 +676,12 @@ impl Engine {
             .collect();
         let Some(newest) = attached.iter().map(|(_, h)| h.revision).max() else { return };
         self.attached = true;
+        // Current means at the newest revision *any replica* holds, not the persisted one: the
+        // engine persists a bumped revision before the replicas learn it, and writes wait for
+        // them to learn it, so a crash in between leaves the current replicas one behind.
         self.revision = self.revision.max(newest);
         let candidates: Vec<&(ReplicaId, ReplicaHeader)> =
-            attached.iter().filter(|(r, h)| h.revision == self.revision && !self.missing.contains_key(r)).collect();
+            attached.iter().filter(|(r, h)| h.revision == newest && !self.missing.contains_key(r)).collect();
         if let Some(size) = candidates.iter().map(|(_, h)| h.size).max() {
             self.set_size(size);
         }
@@ -692,7 +701,7 @@ impl Engine {
                 self.missing.entry(r).or_insert_with(|| full.clone());
                 continue;
             }
-            let candidate = h.revision == self.revision && !self.missing.contains_key(&r);
+            let candidate = h.revision == newest && !self.missing.contains_key(&r);
             let same_chain = reference.as_ref().is_some_and(|c| names(c) == names(&h.snapshots));
             if candidate && same_chain && h.size == self.size {
                 self.replicas[r] = ReplicaState::Healthy;
@@ -708,6 +717,19 @@ impl Engine {
         }
         tracing::info!(revision = self.revision, size = self.size, healthy = self.healthy_count(), "attached");
         self.persist();
+        // The replicas may hold writes of the previous engine that never were flushed, which
+        // this engine's `unflushed` does not know of. Until this flush is done, a replica that
+        // fails is marked as lacking everything.
+        let healthy: BTreeSet<ReplicaId> = self.healthy().into_iter().collect();
+        if !healthy.is_empty() {
+            let op = self.alloc_op();
+            for r in &healthy {
+                self.send(*r, op, Message::Flush);
+            }
+            let covered = full_map(self.size, self.cfg.region_size);
+            let kind = Fanout::Flush { covered };
+            self.ops.insert(op, Op::Fanout { client: None, kind, waiting: healthy, acked: BTreeSet::new() });
+        }
     }
 
     /// Adopts a new volume size: maps grow keeping their marks. Volumes never shrink; a smaller
@@ -835,6 +857,11 @@ impl Engine {
                     tracing::info!(size, "volume resized");
                     self.set_size(size);
                     self.persist();
+                    // A rebuild that started while this resize was in flight did not include
+                    // its target; restarted, it grows the target first (its map is kept).
+                    if self.rebuild.as_ref().is_some_and(|b| b.target_size < size) {
+                        self.abort_rebuild();
+                    }
                 }
                 ok.then_some(ClientReply::Resized).ok_or_else(|| self.volume_error())
             }
@@ -1021,7 +1048,11 @@ impl Engine {
                     self.unlock(id);
                     return self.reply(client, Ok(ClientReply::Resized));
                 }
-                (self.writable(), Box::new(move || Message::Resize { size, revision }))
+                // A target being seeded grows too: it receives no writes, but its head phase
+                // will, and the snapshot views it copies may be as large as the volume.
+                let mut targets = self.writable();
+                targets.extend((0..self.replicas.len()).filter(|r| self.replicas[*r] == ReplicaState::Seeding));
+                (targets, Box::new(move || Message::Resize { size, revision }))
             }
             Fanout::Snapshot { name, .. } | Fanout::DeleteSnapshot { name } => {
                 let taking = matches!(kind, Fanout::Snapshot { .. });

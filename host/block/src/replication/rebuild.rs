@@ -78,9 +78,21 @@ pub(super) enum CopyStage {
 #[derive(Debug)]
 pub(super) enum RebuildOp {
     Step(Phase),
-    List { offset: u64, len: u64 },
-    Copy { region: u64, stage: CopyStage },
-    Checkpoint { regions: Vec<u64> },
+    /// Grows the target to `size`: the size sent, since the volume may grow again meanwhile.
+    Grow {
+        size: u64,
+    },
+    List {
+        offset: u64,
+        len: u64,
+    },
+    Copy {
+        region: u64,
+        stage: CopyStage,
+    },
+    Checkpoint {
+        regions: Vec<u64>,
+    },
 }
 
 #[derive(Debug)]
@@ -132,6 +144,11 @@ impl Engine {
     pub(super) fn pump_rebuild(&mut self) {
         if self.rebuild.is_none() {
             self.start_rebuild();
+        }
+        let growing = self.ops.values().any(|op| matches!(op, Op::Rebuild(RebuildOp::Grow { .. })));
+        let resizing = self.ops.values().any(|op| matches!(op, Op::Fanout { kind: super::Fanout::Resize { .. }, .. }));
+        if self.rebuild.as_ref().is_some_and(|b| b.phase == Phase::Resize) && !growing && !resizing {
+            self.after_resize();
         }
         self.pump_copies();
     }
@@ -209,8 +226,18 @@ impl Engine {
         tracing::info!(replica = target, source, ?phase, snapshot = seed.as_deref(), "rebuild phase");
         match phase {
             Phase::Resize => {
+                if self.ops.values().any(|op| matches!(op, Op::Fanout { kind: super::Fanout::Resize { .. }, .. })) {
+                    // A client resize is in flight and reaches this target too; sending ours now
+                    // would race it. `pump_rebuild` looks again once it is done.
+                    return;
+                }
                 let size = self.size;
-                self.step(target, RebuildOp::Step(phase), Message::Resize { size, revision });
+                let id = self.alloc_op();
+                // Locks the whole volume like a client resize: a client resize starting now
+                // would race this one on the target, which refuses the smaller of the two.
+                self.locks.push(Lock { op: id, start: 0, end: u64::MAX, exclusive: true });
+                self.ops.insert(id, Op::Rebuild(RebuildOp::Grow { size }));
+                self.send(target, id, Message::Resize { size, revision });
             }
             Phase::Reinitialize => self.step(target, RebuildOp::Step(phase), Message::Reinitialize { revision }),
             Phase::List => {
@@ -283,14 +310,14 @@ impl Engine {
         op_id: OpId,
         op: RebuildOp,
         message: Message,
-    ) -> Result<(), (Op, FailReason)> {
+    ) -> Result<(), Box<(Op, FailReason)>> {
         let Some(b) = self.rebuild.as_ref() else { return Ok(()) };
         let target = b.target;
         let ok = |m: &Message| matches!(m, Message::Reply { status: Status::Ok });
         match (op, message) {
-            (RebuildOp::Step(Phase::Resize), m) if ok(&m) => {
-                self.known[target].size = self.size;
-                let size = self.size;
+            (RebuildOp::Grow { size }, m) if ok(&m) => {
+                self.unlock(op_id);
+                self.known[target].size = size;
                 if let Some(b) = self.rebuild_mut() {
                     b.target_size = b.target_size.max(size);
                 }
@@ -338,10 +365,10 @@ impl Engine {
             ) => {
                 let (offset, len) = self.unflushed.region_range(region, self.size);
                 if data.len() as u64 != len {
-                    return Err((
+                    return Err(Box::new((
                         Op::Rebuild(RebuildOp::Copy { region, stage: CopyStage::Reading }),
                         FailReason::Protocol("short extent read"),
-                    ));
+                    )));
                 }
                 self.ops.insert(op_id, Op::Rebuild(RebuildOp::Copy { region, stage: CopyStage::Writing }));
                 self.send(target, op_id, Message::Write { offset, revision: self.revision, data });
@@ -370,7 +397,7 @@ impl Engine {
                 self.actions.push(Action::RebuildProgress { replica: target, done, total });
                 self.after_copy();
             }
-            (op, m) => return Err((Op::Rebuild(op), super::mismatch(&m))),
+            (op, m) => return Err(Box::new((Op::Rebuild(op), super::mismatch(&m)))),
         }
         Ok(())
     }

@@ -1,7 +1,6 @@
 //! Unit tests of the engine: one scenario per rule, driven by hand-made replica replies.
 
 use super::*;
-use crate::protocol::{Extent, ExtentState};
 
 const SIZE: u64 = 1 << 20;
 
@@ -42,7 +41,13 @@ fn attached(locals: &[bool], revisions: &[u64]) -> (Engine, Vec<Action>) {
         out = e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply }));
     }
     assert!(e.is_attached());
-    (e, out)
+    // The flush every attach starts (writes of a previous engine may be unflushed) succeeds.
+    let (flushes, rest): (Vec<Action>, Vec<Action>) =
+        out.into_iter().partition(|a| matches!(a, Action::Send { frame: Frame { message: Message::Flush, .. }, .. }));
+    for (r, f) in sends(&flushes) {
+        assert!(e.handle(0, Event::Received(r, ok(f.request_id))).is_empty());
+    }
+    (e, rest)
 }
 
 #[test]
@@ -143,4 +148,62 @@ fn out_of_range_and_oversized_requests_are_refused_without_touching_replicas() {
     assert!(matches!(&out[..], [Action::Reply { result: Err(IoError::OutOfRange { .. }), .. }]));
     let out = e.handle(1, Event::ClientRead { client: 2, offset: 0, len: MAX_IO + 1 });
     assert!(matches!(&out[..], [Action::Reply { result: Err(IoError::TooLarge { max: MAX_IO, .. }), .. }]));
+}
+
+/// Disconnects `r` and acknowledges the revision sync that follows on the others.
+fn drop_replica(e: &mut Engine, r: ReplicaId) {
+    for (to, f) in sends(&e.handle(1, Event::ReplicaDisconnected(r))) {
+        e.handle(1, Event::Received(to, ok(f.request_id)));
+    }
+}
+
+#[test]
+fn unmap_fans_out_like_a_write_and_is_tracked_for_a_replica_that_is_down() {
+    let (mut e, _) = attached(&[false, false, false], &[3, 3, 3]);
+    drop_replica(&mut e, 2);
+    let out = sends(&e.handle(4, Event::ClientUnmap { client: 7, offset: 3 << 16, len: 2 << 16 }));
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|(_, f)| matches!(f.message, Message::Unmap { offset: 196_608, len: 131_072, .. })));
+    assert!(e.missing(2).expect("out of sync").is_marked(4));
+    e.handle(5, Event::Received(out[0].0, ok(out[0].1.request_id)));
+    let done = e.handle(6, Event::Received(out[1].0, ok(out[1].1.request_id)));
+    assert_eq!(done, vec![Action::Reply { client: 7, result: Ok(ClientReply::Unmapped) }]);
+    let big = e.handle(7, Event::ClientUnmap { client: 8, offset: 0, len: MAX_UNMAP + 1 });
+    assert!(matches!(&big[..], [Action::Reply { result: Err(IoError::TooLarge { max: MAX_UNMAP, .. }), .. }]));
+}
+
+#[test]
+fn snapshots_need_every_replica_healthy_and_resize_never_shrinks() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    let snap = sends(&e.handle(1, Event::ClientSnapshot { client: 1, name: "a".into(), created_ns: 9 }));
+    assert_eq!(snap.len(), 2);
+    e.handle(2, Event::Received(snap[0].0, ok(snap[0].1.request_id)));
+    let exists = Frame { request_id: snap[1].1.request_id, message: Message::Reply { status: Status::AlreadyExists } };
+    let done = e.handle(3, Event::Received(snap[1].0, exists));
+    assert_eq!(done, vec![Action::Reply { client: 1, result: Ok(ClientReply::SnapshotTaken) }]);
+    assert_eq!(e.snapshots().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["a"]);
+    let shrink = e.handle(4, Event::ClientResize { client: 2, size: SIZE - 1 });
+    assert!(matches!(&shrink[..], [Action::Reply { result: Err(IoError::Shrink { .. }), .. }]));
+    drop_replica(&mut e, 1);
+    let refused = e.handle(6, Event::ClientDeleteSnapshot { client: 3, name: "a".into() });
+    assert!(matches!(&refused[..], [.., Action::Reply { client: 3, result: Err(IoError::Degraded { .. }) }]));
+}
+
+#[test]
+fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() {
+    let (mut e, _) = attached(&[false, false, false], &[3, 3, 3]);
+    drop_replica(&mut e, 2);
+    let write = sends(&e.handle(4, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 10] }));
+    let held = e.handle(5, Event::ClientResize { client: 2, size: 2 * SIZE });
+    assert!(sends(&held).is_empty(), "the resize waits for the write");
+    e.handle(6, Event::Received(write[0].0, ok(write[0].1.request_id)));
+    let resize = sends(&e.handle(7, Event::Received(write[1].0, ok(write[1].1.request_id))));
+    assert!(resize.iter().all(|(_, f)| matches!(f.message, Message::Resize { size, .. } if size == 2 * SIZE)));
+    e.handle(8, Event::Received(resize[0].0, ok(resize[0].1.request_id)));
+    let done = e.handle(9, Event::Received(resize[1].0, ok(resize[1].1.request_id)));
+    assert!(done.contains(&Action::Reply { client: 2, result: Ok(ClientReply::Resized) }));
+    assert_eq!(e.size(), 2 * SIZE);
+    let map = e.missing(2).expect("out of sync");
+    assert_eq!(map.regions(), 32);
+    assert!(map.is_marked(0) && !map.is_marked(31));
 }
