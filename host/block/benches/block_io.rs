@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume};
-use wasmcsi_block::replica::{ReplicaServer, ReplicaStore};
+use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::{Attached, BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
@@ -243,7 +243,8 @@ fn fio(filename: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {
 struct Cluster {
     volume: Arc<ReplicatedVolume>,
     servers: Vec<Option<ReplicaServer>>,
-    dirs: Vec<PathBuf>,
+    /// Each replica server's node root.
+    nodes: Vec<PathBuf>,
     addrs: Vec<SocketAddr>,
     server_rt: tokio::runtime::Runtime,
     _engine_rt: tokio::runtime::Runtime,
@@ -271,10 +272,11 @@ fn engine_config(id: &str, size: u64) -> EngineConfig {
 }
 
 impl Cluster {
-    /// Serves the replicas already created in `dirs` and starts an engine (state in `state`).
-    fn start(id: &str, size: u64, dirs: Vec<PathBuf>, state: &Path) -> Self {
+    /// Serves the node roots in `nodes` (each holding a replica of `id`) and starts an engine
+    /// (state in `state`).
+    fn start(id: &str, size: u64, nodes: Vec<PathBuf>, state: &Path) -> Self {
         let server_rt = runtime("replica");
-        let servers: Vec<_> = dirs
+        let servers: Vec<_> = nodes
             .iter()
             .map(|d| Some(server_rt.block_on(ReplicaServer::bind("127.0.0.1:0", d)).expect("replica server")))
             .collect();
@@ -285,7 +287,7 @@ impl Cluster {
         cfg.backoff_min = Duration::from_millis(5);
         cfg.backoff_max = Duration::from_millis(20);
         let volume = Arc::new(ReplicatedVolume::start(cfg, engine_rt.handle()).expect("engine"));
-        Self { volume, servers, dirs, addrs, server_rt, _engine_rt: engine_rt }
+        Self { volume, servers, nodes, addrs, server_rt, _engine_rt: engine_rt }
     }
 
     fn wait_healthy(&self, n: usize, rebuilds: u64) {
@@ -301,7 +303,7 @@ impl Cluster {
     }
 
     fn start_replica(&mut self, i: usize) {
-        let server = self.server_rt.block_on(ReplicaServer::bind(self.addrs[i], &self.dirs[i])).expect("replica");
+        let server = self.server_rt.block_on(ReplicaServer::bind(self.addrs[i], &self.nodes[i])).expect("replica");
         self.servers[i] = Some(server);
     }
 }
@@ -315,13 +317,15 @@ impl Drop for Cluster {
     }
 }
 
+/// Two node roots, each with an empty replica of `id`; returns the roots.
 fn create_replicas(root: &Path, id: &str, size: u64) -> Vec<PathBuf> {
     (0..2)
         .map(|i| {
-            let d = root.join(format!("{id}-r{i}"));
-            std::fs::create_dir_all(&d).unwrap();
-            ReplicaStore::create(&d, id, size).expect("replica store");
-            d
+            let node = root.join(format!("{id}-node{i}"));
+            let dir = node.join(replica_dir_name(id).unwrap());
+            std::fs::create_dir_all(&dir).unwrap();
+            ReplicaStore::create(&dir, id, size).expect("replica store");
+            node
         })
         .collect()
 }
@@ -425,9 +429,9 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
     // Full rebuild: replica 0 holds the same amount of data at revision 1, replica 1 is fresh
     // (revision 0); a new engine attaches, finds replica 1 behind and copies every region.
     let id = "bench-rebuild";
-    let dirs = create_replicas(root, id, size);
+    let nodes = create_replicas(root, id, size);
     {
-        let store = ReplicaStore::open(&dirs[0]).unwrap();
+        let store = ReplicaStore::open(&nodes[0].join(replica_dir_name(id).unwrap())).unwrap();
         for i in 0..size / MIB {
             store.write(i * MIB, &pattern(i + 1, MIB as usize), 0).unwrap();
         }
@@ -436,7 +440,7 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
     }
     let state = root.join("rebuild-engine");
     let t = Instant::now();
-    let mut cluster = Cluster::start(id, size, dirs, &state);
+    let mut cluster = Cluster::start(id, size, nodes, &state);
     cluster.wait_healthy(2, 1);
     let full = t.elapsed();
 

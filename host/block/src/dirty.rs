@@ -1,5 +1,5 @@
 //! `DirtyMap`: a fixed-region bitset over a volume recording which regions a replica that is out
-//! of the set may have missed. It owns only the bit arithmetic and its persisted byte form;
+//! of the set lacks (the engine keeps one per out-of-sync replica). It owns only the bit arithmetic and its persisted byte form;
 //! deciding when to mark, merge or clear it is the engine's job (`replication`).
 
 use thiserror::Error;
@@ -29,6 +29,14 @@ impl DirtyMap {
         }
         let regions = size.div_ceil(region_size);
         Ok(Self { region_size, regions, bits: vec![0; regions.div_ceil(64) as usize] })
+    }
+
+    /// A map of `size` bytes with every region marked: what a replica the engine knows nothing
+    /// about lacks (a full rebuild).
+    pub fn full(size: u64, region_size: u64) -> Result<Self, DirtyMapError> {
+        let mut m = Self::new(size, region_size)?;
+        m.mark_all();
+        Ok(m)
     }
 
     pub fn region_size(&self) -> u64 {
@@ -68,6 +76,35 @@ impl DirtyMap {
             *a |= *b;
         }
         changed
+    }
+
+    pub fn mark_all(&mut self) {
+        let regions = self.regions;
+        for (i, w) in self.bits.iter_mut().enumerate() {
+            let first = i as u64 * 64;
+            // The last word keeps its bits past the last region clear, so `count` stays exact.
+            *w = if regions - first >= 64 { u64::MAX } else { (1u64 << (regions - first)) - 1 };
+        }
+    }
+
+    /// Clears one region (a rebuild copied it durably); true if it was marked.
+    pub fn clear_region(&mut self, region: u64) -> bool {
+        if !self.is_marked(region) {
+            return false;
+        }
+        self.bits[(region / 64) as usize] &= !(1 << (region % 64));
+        true
+    }
+
+    /// Grows the map to cover a volume of `size` bytes (online expansion), keeping every mark;
+    /// the new regions start clean. A smaller size changes nothing: volumes never shrink.
+    pub fn grow(&mut self, size: u64) {
+        let regions = size.div_ceil(self.region_size);
+        if regions <= self.regions {
+            return;
+        }
+        self.regions = regions;
+        self.bits.resize(regions.div_ceil(64) as usize, 0);
     }
 
     pub fn clear(&mut self) {
@@ -158,6 +195,32 @@ mod tests {
         assert_eq!(DirtyMap::from_bytes(&bytes), Ok(m));
         assert_eq!(DirtyMap::from_bytes(&bytes[..bytes.len() - 1]), Err(DirtyMapError::BadLength));
         assert!(DirtyMap::from_bytes(&[]).is_err());
+    }
+
+    #[test]
+    fn grow_keeps_marks_and_adds_clean_regions() {
+        let mut m = DirtyMap::new(70 * 4096, 4096).expect("valid");
+        m.mark(0, 1);
+        m.mark(69 * 4096, 1);
+        m.grow(200 * 4096 + 1);
+        assert_eq!(m.regions(), 201);
+        assert_eq!(m.marked().collect::<Vec<_>>(), vec![0, 69]);
+        m.grow(10);
+        assert_eq!(m.regions(), 201, "never shrinks");
+        let round = DirtyMap::from_bytes(&m.to_bytes()).expect("round trip");
+        assert_eq!(round, m);
+    }
+
+    #[test]
+    fn full_map_marks_exactly_every_region_and_regions_clear_one_by_one() {
+        let mut m = DirtyMap::full(130 * 4096 - 1, 4096).expect("valid");
+        assert_eq!(m.count(), 130);
+        assert!(m.clear_region(129));
+        assert!(!m.clear_region(129));
+        assert!(!m.clear_region(500), "out of range is a no-op");
+        assert_eq!(m.count(), 129);
+        m.grow(140 * 4096);
+        assert_eq!(m.count(), 129, "growing a full map adds clean regions only");
     }
 
     #[test]

@@ -16,18 +16,18 @@
 //! it, and the driver drops events of connections it has already given up on, like bytes of a
 //! closed socket. The engine therefore never hears of a stale connection.
 //!
-//! Discard: the engine has no client-facing unmap yet, so [`ReplicatedVolume::discard`] writes
-//! zeros through the normal replicated write path in [`DISCARD_CHUNK`]-sized pieces. That keeps
-//! the `BlockDevice` contract (discarded ranges read back as zeros, on every replica) at the cost
-//! of allocating the range on the replicas; replacing it with `Message::Unmap` needs engine
-//! support (ordering against writes, dirty tracking), which is still to come.
+//! Size: [`ReplicatedVolume::size`] follows the engine's size (online expansion, and the size
+//! the replicas report at attach); the driver updates it before it answers any request of the
+//! batch that changed it, so a caller that saw `resize` return sees the new size.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,20 +38,21 @@ use tokio::task::JoinHandle;
 use wasmcsi_frontend::BlockDevice;
 
 use crate::dirty::DirtyMap;
-use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder};
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, SnapshotInfo};
 use crate::replication::{
-    Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, Millis, PersistedState, ReplicaId,
+    Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, MAX_UNMAP, Millis, PersistedState,
+    RebuildStatus, ReplicaId,
 };
 
 /// Name of the engine's state file inside [`DriverConfig::state_dir`].
 pub const STATE_FILE: &str = "engine-state";
 const STATE_MAGIC: [u8; 4] = *b"WCSE";
-const STATE_VERSION: u32 = 1;
+/// Version 2: the volume size and one map per out-of-sync replica. Version 1 (one shared map and
+/// a delta/full flag per replica) is still read.
+const STATE_VERSION: u32 = 2;
 
-/// Size of the zero writes a discard is split into (see the module docs).
-pub const DISCARD_CHUNK: u64 = 1 << 20;
-/// Discard chunks in flight at once: bounds the zero buffers held in memory.
-const DISCARD_WINDOW: usize = 8;
+/// Unmap pieces in flight at once for one discard: each locks up to [`MAX_UNMAP`] bytes.
+const DISCARD_WINDOW: usize = 4;
 /// The writer task coalesces queued frames up to this many bytes into one `write_all`.
 const COALESCE: usize = 1 << 20;
 
@@ -110,6 +111,12 @@ pub struct VolumeStatus {
     /// Replicas with an open TCP connection (healthy or not).
     pub connected: usize,
     pub rebuilds_finished: u64,
+    /// The volume's size in bytes (grows with online expansion).
+    pub size: u64,
+    /// The running rebuild and its progress, for progress bars.
+    pub rebuild: Option<RebuildStatus>,
+    /// The volume's snapshots, oldest first.
+    pub snapshots: Vec<SnapshotInfo>,
 }
 
 // ----- persisted state ------------------------------------------------------------------------
@@ -136,21 +143,21 @@ pub fn save_state(dir: &Path, state: &PersistedState) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// magic, version, revision, entry count, (replica u64, delta u8)*, dirty-map length and bytes,
-/// then a CRC32 of everything before it; little-endian.
+/// magic, version, revision, size, entry count, (replica u64, map length u64, map bytes)*, then
+/// a CRC32 of everything before it; little-endian.
 fn encode_state(s: &PersistedState) -> Vec<u8> {
-    let dirty = s.dirty.to_bytes();
-    let mut out = Vec::with_capacity(40 + s.out_of_sync.len() * 9 + dirty.len());
+    let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&STATE_MAGIC);
     out.extend_from_slice(&STATE_VERSION.to_le_bytes());
     out.extend_from_slice(&s.revision.to_le_bytes());
-    out.extend_from_slice(&(s.out_of_sync.len() as u64).to_le_bytes());
-    for (r, delta) in &s.out_of_sync {
+    out.extend_from_slice(&s.size.to_le_bytes());
+    out.extend_from_slice(&(s.missing.len() as u64).to_le_bytes());
+    for (r, map) in &s.missing {
+        let bytes = map.to_bytes();
         out.extend_from_slice(&(*r as u64).to_le_bytes());
-        out.push(u8::from(*delta));
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&bytes);
     }
-    out.extend_from_slice(&(dirty.len() as u64).to_le_bytes());
-    out.extend_from_slice(&dirty);
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -172,22 +179,45 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
         return Err("bad magic".into());
     }
     let version = u64_at(take(4)?);
-    if version != u64::from(STATE_VERSION) {
-        return Err(format!("unsupported version {version}"));
-    }
     let revision = u64_at(take(8)?);
-    let entries = u64_at(take(8)?);
-    let mut out_of_sync = BTreeMap::new();
-    for _ in 0..entries {
-        let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
-        out_of_sync.insert(r, take(1)?[0] != 0);
-    }
-    let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "dirty map length overflows")?;
-    let dirty = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("dirty map: {e}"))?;
+    let mut missing = BTreeMap::new();
+    let size = match version {
+        1 => {
+            let entries = u64_at(take(8)?);
+            let mut delta = BTreeMap::new();
+            for _ in 0..entries {
+                let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
+                delta.insert(r, take(1)?[0] != 0);
+            }
+            let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "dirty map length overflows")?;
+            let dirty = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("dirty map: {e}"))?;
+            for (r, delta) in delta {
+                let mut map = dirty.clone();
+                if !delta {
+                    map.mark_all();
+                }
+                missing.insert(r, map);
+            }
+            // Version 1 did not record the size; the engine falls back to the configured one.
+            0
+        }
+        2 => {
+            let size = u64_at(take(8)?);
+            let entries = u64_at(take(8)?);
+            for _ in 0..entries {
+                let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
+                let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "map length overflows")?;
+                let map = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("map of replica {r}: {e}"))?;
+                missing.insert(r, map);
+            }
+            size
+        }
+        other => return Err(format!("unsupported version {other}")),
+    };
     if !rest.is_empty() {
         return Err("trailing bytes".into());
     }
-    Ok(PersistedState { revision, out_of_sync, dirty })
+    Ok(PersistedState { revision, size, missing })
 }
 
 // ----- the driver task ------------------------------------------------------------------------
@@ -196,6 +226,10 @@ enum Request {
     Read { offset: u64, len: u64 },
     Write { offset: u64, data: Vec<u8> },
     Flush,
+    Unmap { offset: u64, len: u64 },
+    Resize { size: u64 },
+    Snapshot { name: String },
+    DeleteSnapshot { name: String },
 }
 
 type ReplyTx = oneshot::Sender<io::Result<ClientReply>>;
@@ -233,6 +267,8 @@ struct Driver {
     next_client: ClientId,
     events: mpsc::UnboundedSender<ConnEvent>,
     status: watch::Sender<VolumeStatus>,
+    /// Shared with the handles: the engine's size, updated before any reply of a batch.
+    size: Arc<AtomicU64>,
     rebuilds_finished: u64,
     /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
     /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
@@ -286,6 +322,15 @@ impl Driver {
             Request::Read { offset, len } => Event::ClientRead { client, offset, len },
             Request::Write { offset, data } => Event::ClientWrite { client, offset, data },
             Request::Flush => Event::ClientFlush { client },
+            Request::Unmap { offset, len } => Event::ClientUnmap { client, offset, len },
+            Request::Resize { size } => Event::ClientResize { client, size },
+            Request::Snapshot { name } => {
+                let created_ns = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                Event::ClientSnapshot { client, name, created_ns }
+            }
+            Request::DeleteSnapshot { name } => Event::ClientDeleteSnapshot { client, name },
         };
         self.feed(event);
     }
@@ -332,6 +377,8 @@ impl Driver {
 
     fn feed(&mut self, event: Event) {
         let actions = self.engine.handle(self.now(), event);
+        // Before any reply: a caller whose resize returned must see the new size.
+        self.size.store(self.engine.size(), Ordering::SeqCst);
         for action in actions {
             self.execute(action);
         }
@@ -346,6 +393,9 @@ impl Driver {
             healthy: self.engine.healthy_count(),
             connected: self.slots.iter().filter(|s| s.writer.is_some()).count(),
             rebuilds_finished: self.rebuilds_finished,
+            size: self.engine.size(),
+            rebuild: self.engine.rebuild_status(),
+            snapshots: self.engine.snapshots().to_vec(),
         };
         self.status.send_if_modified(|old| {
             let changed = *old != status;
@@ -439,7 +489,12 @@ impl Driver {
 
 fn to_io_error(e: IoError) -> io::Error {
     let kind = match e {
-        IoError::OutOfRange { .. } | IoError::TooLarge { .. } => io::ErrorKind::InvalidInput,
+        IoError::OutOfRange { .. }
+        | IoError::TooLarge { .. }
+        | IoError::Shrink { .. }
+        | IoError::BadSnapshotName { .. } => io::ErrorKind::InvalidInput,
+        // Retryable once the volume is whole again.
+        IoError::Degraded { .. } => io::ErrorKind::ResourceBusy,
         IoError::NoHealthyReplica { .. } => io::ErrorKind::Other,
     };
     io::Error::new(kind, e)
@@ -530,7 +585,7 @@ async fn write_loop(
 /// driver (outstanding requests fail); call [`ReplicatedVolume::flush`] first to keep writes.
 #[derive(Debug)]
 pub struct ReplicatedVolume {
-    size: u64,
+    size: Arc<AtomicU64>,
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<VolumeStatus>,
 }
@@ -554,7 +609,8 @@ impl ReplicatedVolume {
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|source| DriverError::State { path: cfg.state_dir.clone(), source })?;
         let persisted = load_state(&cfg.state_dir)?;
-        let size = cfg.engine.size;
+        let engine = Engine::new(cfg.engine.clone(), persisted, 0);
+        let size = Arc::new(AtomicU64::new(engine.size()));
         let (commands, command_rx) = mpsc::unbounded_channel();
         let (events, event_rx) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(VolumeStatus::default());
@@ -564,7 +620,7 @@ impl ReplicatedVolume {
             .map(|addr| Slot { addr: *addr, generation: 0, writer: None, task: None, backoff: cfg.backoff_min })
             .collect();
         let driver = Driver {
-            engine: Engine::new(cfg.engine.clone(), persisted, 0),
+            engine,
             epoch: Instant::now(),
             cfg,
             slots,
@@ -572,6 +628,7 @@ impl ReplicatedVolume {
             next_client: 1,
             events,
             status: status_tx,
+            size: size.clone(),
             rebuilds_finished: 0,
             poisoned: None,
         };
@@ -613,13 +670,13 @@ impl ReplicatedVolume {
         rx.blocking_recv().map_err(|_| stopped())?
     }
 
-    /// Wait for every submitted write, even after one failed, so none is still in flight
-    /// when the caller returns; the first failure is the result.
+    /// Wait for every submitted write (or unmap), even after one failed, so none is still in
+    /// flight when the caller returns; the first failure is the result.
     fn wait_all_written(pending: Vec<oneshot::Receiver<io::Result<ClientReply>>>) -> io::Result<()> {
         let mut result = Ok(());
         for rx in pending {
             match Self::wait(rx) {
-                Ok(ClientReply::Written) => {}
+                Ok(ClientReply::Written | ClientReply::Unmapped) => {}
                 Ok(other) => result = result.and(Err(unexpected(&other))),
                 Err(e) => result = result.and(Err(e)),
             }
@@ -627,9 +684,41 @@ impl ReplicatedVolume {
         result
     }
 
+    /// Grows the volume to `new_size` bytes on every replica, online. Smaller than the current
+    /// size is an error, the same size succeeds.
+    pub fn resize(&self, new_size: u64) -> io::Result<()> {
+        match Self::wait(self.submit(Request::Resize { size: new_size })?)? {
+            ClientReply::Resized => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Takes a crash-consistent snapshot `name` on every replica; idempotent for an existing
+    /// name. Needs every replica healthy: fails with `ErrorKind::ResourceBusy` while degraded.
+    pub fn snapshot(&self, name: &str) -> io::Result<()> {
+        match Self::wait(self.submit(Request::Snapshot { name: name.to_owned() })?)? {
+            ClientReply::SnapshotTaken => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Deletes snapshot `name` on every replica; a name that does not exist succeeds. Needs
+    /// every replica healthy, like [`Self::snapshot`].
+    pub fn delete_snapshot(&self, name: &str) -> io::Result<()> {
+        match Self::wait(self.submit(Request::DeleteSnapshot { name: name.to_owned() })?)? {
+            ClientReply::SnapshotDeleted => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The volume's snapshots, oldest first, as the engine last knew them.
+    pub fn snapshots(&self) -> Vec<SnapshotInfo> {
+        self.status.borrow().snapshots.clone()
+    }
+
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size.load(Ordering::SeqCst) => Ok(()),
             _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "range beyond the end of the volume")),
         }
     }
@@ -651,7 +740,7 @@ impl Drop for ReplicatedVolume {
 
 impl BlockDevice for ReplicatedVolume {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::SeqCst)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -694,8 +783,9 @@ impl BlockDevice for ReplicatedVolume {
         while at < end {
             let mut window = Vec::with_capacity(DISCARD_WINDOW);
             while at < end && window.len() < DISCARD_WINDOW {
-                let n = DISCARD_CHUNK.min(end - at);
-                window.push(self.submit(Request::Write { offset: at, data: vec![0; n as usize] })?);
+                // Pieces of at most MAX_UNMAP, so one large discard never locks the whole volume.
+                let n = MAX_UNMAP.min(end - at);
+                window.push(self.submit(Request::Unmap { offset: at, len: n })?);
                 at += n;
             }
             Self::wait_all_written(window)?;
@@ -714,7 +804,8 @@ mod tests {
         assert_eq!(load_state(dir.path()).expect("load"), None);
         let mut dirty = DirtyMap::new(1 << 24, 1 << 20).expect("map");
         dirty.mark(3 << 20, 10);
-        let state = PersistedState { revision: 7, out_of_sync: BTreeMap::from([(1, true), (2, false)]), dirty };
+        let full = DirtyMap::full(1 << 24, 1 << 20).expect("map");
+        let state = PersistedState { revision: 7, size: 1 << 24, missing: BTreeMap::from([(1, dirty), (2, full)]) };
         save_state(dir.path(), &state).expect("save");
         assert_eq!(load_state(dir.path()).expect("load"), Some(state.clone()));
         let path = dir.path().join(STATE_FILE);

@@ -4,9 +4,11 @@
 //! to send — no sockets, files, threads or clocks, which is what lets `sim` test it on a seeded
 //! simulated network. I/O: the replica server ([`replica`]), which stores every replica of a
 //! node as a chain of sparse layer files (snapshots, resize) and serves the protocol over TCP;
-//! and the engine's tokio driver ([`driver`]), which connects the engine to its replicas and
-//! exposes the volume as a synchronous `wasmcsi_frontend::BlockDevice` for the FUSE frontend.
-//! Still to come (issue 4): the engine side of snapshots and expansion, client-facing unmap.
+//! the engine's tokio driver ([`driver`]), which connects the engine to its replicas and exposes
+//! the volume as a synchronous `wasmcsi_frontend::BlockDevice` for the FUSE frontend, with
+//! unmap, online expansion and snapshots; and the control surface ([`control`]) that creates,
+//! deletes, reverts and clones replica sets and lists nodes. Not done: reconciling replicas
+//! after an *engine* crash left unacknowledged writes on some of them (the header's dirty flag).
 
 pub mod control;
 pub mod dirty;

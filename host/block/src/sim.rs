@@ -1,16 +1,20 @@
 //! Test-only simulated world for the replication engine: in-memory replicas with a revision
-//! header and a volatile/durable split, a seeded network that delays and reorders every frame
-//! (through the real encoder and decoder), and faults — lossy links, partitions and crashes that
-//! lose unflushed writes. A checker holds the engine to its promises: every acknowledged write is
-//! read back, no read is ever served by a replica that is out of sync, and after healing and
-//! rebuilding every replica is byte-identical to the model. It owns nothing outside tests.
+//! header, a volatile/durable split, a size that grows and a snapshot chain (each snapshot a full
+//! view), a seeded network that delays and reorders every frame (through the real encoder and
+//! decoder), and faults — lossy links, partitions, replica crashes that lose unflushed writes, and
+//! engine crashes that restart the engine from its last persisted state. The workload mixes
+//! reads, writes, unmaps, flushes, resizes, snapshots and snapshot deletions. A checker holds the
+//! engine to its promises: every acknowledged write is read back, no read is ever served by a
+//! replica that is out of sync, and after healing and rebuilding every replica is byte-identical
+//! to the model, head and every snapshot view. It owns nothing outside tests.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::protocol::{self, Decoded, Frame, Message, ReplicaHeader, Status};
+use crate::protocol::{self, Decoded, Extent, ExtentState, Frame, Message, ReplicaHeader, SnapshotInfo, Status};
 use crate::replication::{
-    Action, ClientReply, Engine, EngineConfig, Event, Millis, RebuildKind, ReplicaConfig, ReplicaId,
+    Action, ClientReply, Engine, EngineConfig, Event, IoError, Millis, PersistedState, RebuildKind, ReplicaConfig,
+    ReplicaId,
 };
 use crate::testutil::Rng;
 
@@ -19,40 +23,61 @@ const SIZE: u64 = 64 * 1024;
 const REGION: u64 = 4096;
 const REPLICAS: usize = 3;
 const TIMEOUT: Millis = 40;
+/// Resizes stop here, so runs stay fast.
+const MAX_SIZE: u64 = 2 * SIZE;
+/// Granularity of the extents a simulated replica reports.
+const EXTENT: usize = 512;
 
 /// A replica as the replica server will be, minus the disk: `volatile` is what reads see,
-/// `durable` what survives a crash; the header revision is written synchronously.
+/// `durable` what survives a crash; the header (revision, size, chain) is written synchronously,
+/// and taking a snapshot makes the head durable (the server fsyncs before recording it).
 struct SimReplica {
     revision: u64,
     volatile: Vec<u8>,
     durable: Vec<u8>,
+    chain: Vec<(String, Vec<u8>)>,
     up: bool,
 }
 
 impl SimReplica {
     fn new() -> Self {
-        Self { revision: 0, volatile: vec![0; SIZE as usize], durable: vec![0; SIZE as usize], up: true }
+        Self {
+            revision: 0,
+            volatile: vec![0; SIZE as usize],
+            durable: vec![0; SIZE as usize],
+            chain: Vec::new(),
+            up: true,
+        }
     }
 
-    fn range(offset: u64, len: u64) -> Option<std::ops::Range<usize>> {
+    fn range(&self, offset: u64, len: u64) -> Option<std::ops::Range<usize>> {
         let end = offset.checked_add(len)?;
-        (end <= SIZE).then_some(offset as usize..end as usize)
+        (end <= self.volatile.len() as u64).then_some(offset as usize..end as usize)
+    }
+
+    fn view(&self, name: &str) -> Option<&Vec<u8>> {
+        self.chain.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
 
     fn serve(&mut self, m: Message) -> Message {
         let reply = |status| Message::Reply { status };
+        let fenced = |revision: u64, own: u64| revision < own;
         match m {
             Message::Hello { .. } => Message::HelloReply {
                 status: Status::Ok,
                 header: ReplicaHeader {
                     volume_id: VOLUME.into(),
-                    size: SIZE,
+                    size: self.volatile.len() as u64,
                     revision: self.revision,
-                    snapshots: vec![],
+                    snapshots: self
+                        .chain
+                        .iter()
+                        .map(|(name, _)| SnapshotInfo { name: name.clone(), revision: 0, created_ns: 0 })
+                        .collect(),
                     dirty: true,
                 },
             },
-            Message::Read { offset, len } => match Self::range(offset, u64::from(len)) {
+            Message::Read { offset, len } => match self.range(offset, u64::from(len)) {
                 Some(r) => Message::ReadReply { status: Status::Ok, data: self.volatile[r].to_vec() },
                 None => Message::ReadReply { status: Status::OutOfRange, data: vec![] },
             },
@@ -60,18 +85,30 @@ impl SimReplica {
                 if self.revision < revision {
                     return Message::ReadReply { status: Status::StaleRevision, data: vec![] };
                 }
-                match Self::range(offset, u64::from(len)) {
+                match self.range(offset, u64::from(len)) {
                     Some(r) => Message::ReadReply { status: Status::Ok, data: self.volatile[r].to_vec() },
                     None => Message::ReadReply { status: Status::OutOfRange, data: vec![] },
                 }
             }
             Message::Write { offset, revision, data } => {
-                if revision < self.revision {
+                if fenced(revision, self.revision) {
                     return reply(Status::StaleRevision);
                 }
-                match Self::range(offset, data.len() as u64) {
+                match self.range(offset, data.len() as u64) {
                     Some(r) => {
                         self.volatile[r].copy_from_slice(&data);
+                        reply(Status::Ok)
+                    }
+                    None => reply(Status::OutOfRange),
+                }
+            }
+            Message::Unmap { offset, len, revision } => {
+                if fenced(revision, self.revision) {
+                    return reply(Status::StaleRevision);
+                }
+                match self.range(offset, len) {
+                    Some(r) => {
+                        self.volatile[r].iter_mut().for_each(|b| *b = 0);
                         reply(Status::Ok)
                     }
                     None => reply(Status::OutOfRange),
@@ -85,9 +122,95 @@ impl SimReplica {
                 self.revision = self.revision.max(revision);
                 reply(Status::Ok)
             }
+            Message::Resize { size, revision } => {
+                if fenced(revision, self.revision) {
+                    return reply(Status::StaleRevision);
+                }
+                if size < self.volatile.len() as u64 {
+                    return reply(Status::Invalid);
+                }
+                self.volatile.resize(size as usize, 0);
+                self.durable.resize(size as usize, 0);
+                reply(Status::Ok)
+            }
+            Message::Snapshot { name, revision } => {
+                if fenced(revision, self.revision) {
+                    return reply(Status::StaleRevision);
+                }
+                if self.view(&name).is_some() {
+                    return reply(Status::AlreadyExists);
+                }
+                self.durable.copy_from_slice(&self.volatile);
+                self.chain.push((name, self.volatile.clone()));
+                reply(Status::Ok)
+            }
+            Message::DeleteSnapshot { name, revision } => {
+                if fenced(revision, self.revision) {
+                    return reply(Status::StaleRevision);
+                }
+                let before = self.chain.len();
+                self.chain.retain(|(n, _)| *n != name);
+                reply(if self.chain.len() < before { Status::Ok } else { Status::NotFound })
+            }
+            Message::Reinitialize { revision } => {
+                if fenced(revision, self.revision) {
+                    return reply(Status::StaleRevision);
+                }
+                self.revision = revision;
+                self.chain.clear();
+                self.volatile.iter_mut().for_each(|b| *b = 0);
+                self.durable.iter_mut().for_each(|b| *b = 0);
+                reply(Status::Ok)
+            }
+            Message::ReadSnapshot { name, offset, len } => {
+                let Some(range) = self.range(offset, u64::from(len)) else {
+                    return Message::ReadReply { status: Status::OutOfRange, data: vec![] };
+                };
+                let Some(view) = self.view(&name) else {
+                    return Message::ReadReply { status: Status::NotFound, data: vec![] };
+                };
+                // A view taken before a resize reads zeros past its own end.
+                let data = range.map(|i| view.get(i).copied().unwrap_or(0)).collect();
+                Message::ReadReply { status: Status::Ok, data }
+            }
+            Message::ListSnapshotExtents { name, offset, len } => {
+                let Some(view) = self.view(&name) else {
+                    return Message::ExtentMap { status: Status::NotFound, extents: vec![] };
+                };
+                let end = offset.saturating_add(len).min(view.len() as u64) as usize;
+                let mut extents: Vec<Extent> = Vec::new();
+                let mut at = offset as usize / EXTENT * EXTENT;
+                while at < end {
+                    let stop = (at + EXTENT).min(view.len());
+                    if view[at..stop].iter().any(|b| *b != 0) {
+                        match extents.last_mut() {
+                            Some(e) if e.offset + e.len == at as u64 => e.len += (stop - at) as u64,
+                            _ => extents.push(Extent {
+                                offset: at as u64,
+                                len: (stop - at) as u64,
+                                state: ExtentState::Allocated,
+                            }),
+                        }
+                    }
+                    at = stop;
+                }
+                Message::ExtentMap { status: Status::Ok, extents }
+            }
             _ => reply(Status::Invalid),
         }
     }
+}
+
+/// What the checker expects of a client request's answer.
+enum Expect {
+    Read(u64, Vec<u8>),
+    Write,
+    Unmap,
+    Flush,
+    Resize(u64),
+    /// The model's head as of the snapshot's issue time (writes issued before it are in it).
+    Snapshot(String, Vec<u8>),
+    Delete(String),
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,18 +245,31 @@ struct World {
     /// Out of sync from the checker's point of view: failed and not yet rebuilt.
     out: Vec<bool>,
     model: Vec<u8>,
+    /// Snapshots acknowledged (or recorded by the engine), oldest first, with their views.
+    snapshots: Vec<(String, Vec<u8>)>,
     next_client: u64,
-    /// Client id → expected read data (None for writes and flushes).
-    outstanding: BTreeMap<u64, Option<(u64, Vec<u8>)>>,
+    outstanding: BTreeMap<u64, Expect>,
+    /// The last state the engine asked to persist: what a restarted engine starts from.
+    persisted: Option<PersistedState>,
+    /// Stop issuing client requests and crash the engine once none is outstanding.
+    engine_crash_wanted: bool,
+    /// Every `RebuildStarted`: (replica, kind, regions to copy).
+    started: Vec<(ReplicaId, RebuildKind, u64)>,
     acked_writes: u64,
     rebuilds: u64,
     delta_rebuilds: u64,
+    full_rebuilds: u64,
     faults: u64,
+    engine_crashes: u64,
+    unmaps: u64,
+    resizes: u64,
+    snapshots_taken: u64,
+    snapshots_deleted: u64,
 }
 
 impl World {
-    fn new(seed: u64) -> Self {
-        let cfg = EngineConfig {
+    fn config() -> EngineConfig {
+        EngineConfig {
             volume_id: VOLUME.into(),
             size: SIZE,
             replicas: (0..REPLICAS).map(|i| ReplicaConfig { local: i == 0 }).collect(),
@@ -141,7 +277,11 @@ impl World {
             request_timeout: TIMEOUT,
             attach_timeout: 100,
             rebuild_parallelism: 2,
-        };
+        }
+    }
+
+    fn new(seed: u64) -> Self {
+        let cfg = Self::config();
         let mut w = Self {
             rng: Rng::new(seed),
             now: 0,
@@ -155,12 +295,22 @@ impl World {
             calm_until: 0,
             out: vec![false; REPLICAS],
             model: vec![0; SIZE as usize],
+            snapshots: Vec::new(),
             next_client: 1,
             outstanding: BTreeMap::new(),
+            persisted: None,
+            engine_crash_wanted: false,
+            started: Vec::new(),
             acked_writes: 0,
             rebuilds: 0,
             delta_rebuilds: 0,
+            full_rebuilds: 0,
             faults: 0,
+            engine_crashes: 0,
+            unmaps: 0,
+            resizes: 0,
+            snapshots_taken: 0,
+            snapshots_deleted: 0,
         };
         for r in 0..REPLICAS {
             w.schedule(0, Wire::Reconnect(r));
@@ -189,6 +339,14 @@ impl World {
     }
 
     fn execute(&mut self, action: Action) {
+        if std::env::var_os("SIM_TRACE").is_some() {
+            match &action {
+                Action::Send { frame: Frame { message: Message::Write { .. } | Message::Read { .. }, .. }, .. }
+                | Action::Persist(_) => {}
+                Action::Send { replica, frame } => eprintln!("t={} -> {replica}: {:?}", self.now, frame.message),
+                other => eprintln!("t={} {other:?}", self.now),
+            }
+        }
         match action {
             Action::Send { replica, frame } => {
                 if self.conn[replica] == 0 || self.link_drops(replica) {
@@ -201,12 +359,38 @@ impl World {
             }
             Action::Reply { client, result } => {
                 let expected = self.outstanding.remove(&client).expect("reply to a known client request");
+                let recorded = |name: &str, engine: &Engine| engine.snapshots().iter().any(|s| s.name == name);
                 match (expected, result) {
-                    (Some((offset, want)), Ok(ClientReply::Read(got))) => {
+                    (Expect::Read(offset, want), Ok(ClientReply::Read(got))) => {
                         assert!(got == want, "read at {offset} returned data that was never acknowledged there");
                     }
-                    (None, Ok(ClientReply::Written)) => self.acked_writes += 1,
-                    (None, Ok(ClientReply::Flushed)) => {}
+                    (Expect::Write, Ok(ClientReply::Written)) => self.acked_writes += 1,
+                    (Expect::Unmap, Ok(ClientReply::Unmapped)) => self.unmaps += 1,
+                    (Expect::Flush, Ok(ClientReply::Flushed)) => {}
+                    (Expect::Resize(size), Ok(ClientReply::Resized)) => {
+                        assert_eq!(self.engine.size(), size);
+                        self.model.resize(size as usize, 0);
+                        self.resizes += 1;
+                    }
+                    (Expect::Snapshot(name, view), Ok(ClientReply::SnapshotTaken)) => {
+                        self.snapshots.push((name, view));
+                        self.snapshots_taken += 1;
+                    }
+                    // A replica failed during it: it exists if every replica still healthy has it.
+                    (Expect::Snapshot(name, view), Err(IoError::Degraded { .. })) => {
+                        if recorded(&name, &self.engine) {
+                            self.snapshots.push((name, view));
+                        }
+                    }
+                    (Expect::Delete(name), Ok(ClientReply::SnapshotDeleted)) => {
+                        self.snapshots.retain(|(n, _)| *n != name);
+                        self.snapshots_deleted += 1;
+                    }
+                    (Expect::Delete(name), Err(IoError::Degraded { .. })) => {
+                        if !recorded(&name, &self.engine) {
+                            self.snapshots.retain(|(n, _)| *n != name);
+                        }
+                    }
                     (_, other) => panic!("client request {client} failed with ≥ 1 healthy replica: {other:?}"),
                 }
             }
@@ -218,7 +402,8 @@ impl World {
                         self.fault.map(|f| f.0)
                     );
                 }
-                self.out[replica] = true;
+                // Before attach nothing is written, so failing a handshake misses nothing.
+                self.out[replica] |= self.engine.is_attached();
                 self.conn[replica] = 0;
                 self.schedule(10, Wire::Reconnect(replica));
             }
@@ -226,8 +411,13 @@ impl World {
                 self.out[replica] = false;
                 self.rebuilds += 1;
             }
-            Action::RebuildStarted { kind, .. } => self.delta_rebuilds += u64::from(kind == RebuildKind::Delta),
-            Action::Persist(_) | Action::RebuildProgress { .. } => {}
+            Action::RebuildStarted { replica, kind, regions, .. } => {
+                self.delta_rebuilds += u64::from(kind == RebuildKind::Delta);
+                self.full_rebuilds += u64::from(kind == RebuildKind::Full);
+                self.started.push((replica, kind, regions));
+            }
+            Action::Persist(state) => self.persisted = Some(state),
+            Action::RebuildProgress { .. } => {}
         }
     }
 
@@ -251,7 +441,14 @@ impl World {
                     return;
                 }
                 let Ok(Decoded::Frame(frame, _)) = protocol::decode(&bytes) else { panic!("undecodable request") };
-                if matches!(frame.message, Message::Read { .. } | Message::ReadExtent { .. }) {
+                let serves = matches!(
+                    frame.message,
+                    Message::Read { .. }
+                        | Message::ReadExtent { .. }
+                        | Message::ReadSnapshot { .. }
+                        | Message::ListSnapshotExtents { .. }
+                );
+                if serves {
                     assert!(!self.out[r], "replica {r} is out of sync but was asked to serve {:?}", frame.message);
                 }
                 let reply = Frame { request_id: frame.request_id, message: self.replicas[r].serve(frame.message) };
@@ -286,29 +483,76 @@ impl World {
         self.feed(Event::Tick);
     }
 
-    fn client_op(&mut self) {
+    fn issue(&mut self, expect: Expect, event: impl FnOnce(u64) -> Event) {
         let client = self.next_client;
         self.next_client += 1;
-        let offset = self.rng.below(SIZE);
-        let len = (self.rng.below(3 * REGION) + 1).min(SIZE - offset);
-        match self.rng.below(10) {
-            0..=4 => {
+        self.outstanding.insert(client, expect);
+        self.feed(event(client));
+    }
+
+    fn client_op(&mut self) {
+        // Requests stay inside the size the model knows acknowledged; a resize in flight only
+        // ever grows the volume, so they are in range whenever they start.
+        let size = self.model.len() as u64;
+        let offset = self.rng.below(size);
+        let len = (self.rng.below(3 * REGION) + 1).min(size - offset);
+        let range = offset as usize..(offset + len) as usize;
+        match self.rng.below(40) {
+            0..=15 => {
                 let data: Vec<u8> = (0..len).map(|_| self.rng.next() as u8).collect();
                 // The engine orders overlapping requests by arrival, so the model applies each
                 // write at issue time and a read expects the model as of its own issue time.
-                self.model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
-                self.outstanding.insert(client, None);
-                self.feed(Event::ClientWrite { client, offset, data });
+                self.model[range].copy_from_slice(&data);
+                self.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data });
             }
-            5..=8 => {
-                let want = self.model[offset as usize..(offset + len) as usize].to_vec();
-                self.outstanding.insert(client, Some((offset, want)));
-                self.feed(Event::ClientRead { client, offset, len });
+            16..=18 => {
+                self.model[range].iter_mut().for_each(|b| *b = 0);
+                self.issue(Expect::Unmap, |client| Event::ClientUnmap { client, offset, len });
+            }
+            19..=33 => {
+                let want = self.model[range].to_vec();
+                self.issue(Expect::Read(offset, want), |client| Event::ClientRead { client, offset, len });
+            }
+            34..=36 => self.issue(Expect::Flush, |client| Event::ClientFlush { client }),
+            37 => {
+                let resizing = self.outstanding.values().any(|e| matches!(e, Expect::Resize(_)));
+                if !resizing && size < MAX_SIZE {
+                    // Not region-aligned on purpose: the last region is partial.
+                    let size = (size + 1 + self.rng.below(2 * REGION)).min(MAX_SIZE);
+                    self.issue(Expect::Resize(size), |client| Event::ClientResize { client, size });
+                }
+            }
+            38 => {
+                let name = format!("snap-{}", self.next_client);
+                let view = self.model.clone();
+                let expect = Expect::Snapshot(name.clone(), view);
+                self.issue(expect, |client| Event::ClientSnapshot { client, name, created_ns: 0 });
             }
             _ => {
-                self.outstanding.insert(client, None);
-                self.feed(Event::ClientFlush { client });
+                if !self.snapshots.is_empty() {
+                    let i = self.rng.below(self.snapshots.len() as u64) as usize;
+                    let name = self.snapshots[i].0.clone();
+                    self.issue(Expect::Delete(name.clone()), |client| Event::ClientDeleteSnapshot { client, name });
+                }
             }
+        }
+    }
+
+    /// The engine process dies: connections close, in-memory state is gone; a new engine starts
+    /// from the last persisted state and attaches again.
+    fn crash_engine(&mut self) {
+        assert!(self.outstanding.is_empty(), "the checker only crashes the engine between client requests");
+        self.engine_crash_wanted = false;
+        self.engine_crashes += 1;
+        if std::env::var_os("SIM_TRACE").is_some() {
+            let revisions: Vec<u64> = self.replicas.iter().map(|r| r.revision).collect();
+            let missing = self.persisted.as_ref().map(|p| p.missing.keys().copied().collect::<Vec<_>>());
+            eprintln!("t={} engine crash; persisted {missing:?}, replica revisions {revisions:?}", self.now);
+        }
+        self.engine = Engine::new(Self::config(), self.persisted.clone(), self.now);
+        for r in 0..REPLICAS {
+            self.conn[r] = 0;
+            self.schedule(1, Wire::Reconnect(r));
         }
     }
 
@@ -344,14 +588,30 @@ impl World {
     }
 
     fn run(&mut self, ops: usize) {
+        self.run_with_engine_crashes(ops, 0);
+    }
+
+    /// `crash_per_mille`: chance per issued request that the engine crashes soon after.
+    fn run_with_engine_crashes(&mut self, ops: usize, crash_per_mille: u64) {
         let mut issued = 0;
         while issued < ops {
             self.maybe_fault();
-            if self.engine.is_attached() && self.outstanding.len() < 8 && self.rng.chance(60) {
+            if self.engine_crash_wanted && self.outstanding.is_empty() {
+                self.crash_engine();
+            }
+            let ready = self.engine.is_attached() && !self.engine_crash_wanted;
+            if ready && self.outstanding.len() < 8 && self.rng.chance(60) {
                 self.client_op();
                 issued += 1;
+                self.engine_crash_wanted = self.rng.below(1000) < crash_per_mille;
             }
             self.step();
+        }
+        if self.engine_crash_wanted {
+            while !self.outstanding.is_empty() {
+                self.step();
+            }
+            self.crash_engine();
         }
         self.fault = None;
         self.replicas.iter_mut().for_each(|r| r.up = true);
@@ -365,32 +625,48 @@ impl World {
         assert!(self.outstanding.is_empty(), "every client request answered");
     }
 
-    /// Reads the whole volume through the engine and compares every replica with the model.
+    /// Reads the whole volume through the engine and compares every replica with the model,
+    /// head and snapshot views.
     fn verify(&mut self) {
+        let size = self.model.len() as u64;
+        assert_eq!(self.engine.size(), size, "the engine's size is the acknowledged one");
         let mut offset = 0;
-        while offset < SIZE {
-            let client = self.next_client;
-            self.next_client += 1;
-            let len = 5000.min(SIZE - offset);
+        while offset < size {
+            let len = 5000.min(size - offset);
             let want = self.model[offset as usize..(offset + len) as usize].to_vec();
-            self.outstanding.insert(client, Some((offset, want)));
-            self.feed(Event::ClientRead { client, offset, len });
+            self.issue(Expect::Read(offset, want), |client| Event::ClientRead { client, offset, len });
             offset += len;
         }
         while !self.outstanding.is_empty() {
             self.step();
         }
+        let names: Vec<&str> = self.snapshots.iter().map(|(n, _)| n.as_str()).collect();
+        let engine_names: Vec<&str> = self.engine.snapshots().iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(engine_names, names, "the engine's chain is the acknowledged one");
         for (i, r) in self.replicas.iter().enumerate() {
-            assert!(r.volatile == self.model, "replica {i} differs from what was acknowledged");
+            let diff = r.volatile.iter().zip(&self.model).position(|(a, b)| a != b);
+            assert!(
+                r.volatile == self.model,
+                "replica {i} differs from what was acknowledged: len {} vs {}, first difference at {diff:?}",
+                r.volatile.len(),
+                self.model.len()
+            );
+            let chain: Vec<&str> = r.chain.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(chain, names, "replica {i}'s snapshot chain");
+            for ((name, got), (_, want)) in r.chain.iter().zip(&self.snapshots) {
+                let n = got.len().max(want.len());
+                let pad = |v: &Vec<u8>| v.iter().copied().chain(std::iter::repeat(0)).take(n).collect::<Vec<u8>>();
+                assert!(pad(got) == pad(want), "replica {i}'s view of snapshot {name} differs");
+            }
             assert_eq!(r.revision, self.engine.revision(), "replica {i} carries the engine's revision");
         }
-        assert!(self.engine.dirty_map().is_empty(), "nothing left to rebuild");
+        assert!((0..REPLICAS).all(|r| self.engine.missing(r).is_none()), "nothing left to rebuild");
     }
 }
 
 #[test]
 fn seeded_faults_never_lose_acknowledged_writes_nor_serve_stale_reads() {
-    let (mut writes, mut rebuilds, mut deltas, mut faults) = (0, 0, 0, 0);
+    let mut total = Totals::default();
     for seed in 0..200 {
         if std::env::var_os("SIM_TRACE").is_some() {
             eprintln!("seed {seed}");
@@ -398,16 +674,163 @@ fn seeded_faults_never_lose_acknowledged_writes_nor_serve_stale_reads() {
         let mut w = World::new(seed);
         w.run(300);
         w.verify();
-        writes += w.acked_writes;
-        rebuilds += w.rebuilds;
-        deltas += w.delta_rebuilds;
-        faults += w.faults;
+        total.add(&w);
     }
     // The run must actually exercise the interesting paths, not pass vacuously.
-    assert!(writes > 20_000, "acknowledged writes: {writes}");
-    assert!(faults > 200, "faults injected: {faults}");
-    assert!(rebuilds > 100, "rebuilds finished: {rebuilds}");
-    assert!(deltas * 2 > rebuilds, "most rebuilds are deltas: {deltas} of {rebuilds}");
+    assert!(total.writes > 15_000, "{total:?}");
+    assert!(total.faults > 200, "{total:?}");
+    assert!(total.rebuilds > 100, "{total:?}");
+    assert!(total.deltas * 2 > total.rebuilds, "most rebuilds are deltas: {total:?}");
+    assert!(total.unmaps > 1000 && total.resizes > 200, "{total:?}");
+    assert!(total.snapshots > 100 && total.deleted > 30 && total.fulls > 0, "{total:?}");
+}
+
+#[test]
+fn seeded_engine_crashes_restart_from_the_persisted_state_and_lose_nothing() {
+    let mut total = Totals::default();
+    for seed in 1000..1100 {
+        if std::env::var_os("SIM_TRACE").is_some() {
+            eprintln!("seed {seed}");
+        }
+        let mut w = World::new(seed);
+        w.run_with_engine_crashes(300, 8);
+        w.verify();
+        total.add(&w);
+    }
+    assert!(total.engine_crashes > 100, "{total:?}");
+    assert!(total.rebuilds > 50, "{total:?}");
+}
+
+/// Counters over many seeded runs, to prove the paths were exercised.
+#[derive(Debug, Default)]
+struct Totals {
+    writes: u64,
+    faults: u64,
+    rebuilds: u64,
+    deltas: u64,
+    fulls: u64,
+    unmaps: u64,
+    resizes: u64,
+    snapshots: u64,
+    deleted: u64,
+    engine_crashes: u64,
+}
+
+impl Totals {
+    fn add(&mut self, w: &World) {
+        self.writes += w.acked_writes;
+        self.faults += w.faults;
+        self.rebuilds += w.rebuilds;
+        self.deltas += w.delta_rebuilds;
+        self.fulls += w.full_rebuilds;
+        self.unmaps += w.unmaps;
+        self.resizes += w.resizes;
+        self.snapshots += w.snapshots_taken;
+        self.deleted += w.snapshots_deleted;
+        self.engine_crashes += w.engine_crashes;
+    }
+}
+
+/// Runs the fault-free client workload for `steps` milliseconds.
+fn drive(w: &mut World, steps: usize) {
+    for _ in 0..steps {
+        if w.engine.is_attached() && w.outstanding.len() < 8 {
+            w.client_op();
+        }
+        w.step();
+    }
+}
+
+fn settle(w: &mut World) {
+    while !w.outstanding.is_empty() {
+        w.step();
+    }
+}
+
+#[test]
+fn rebuild_resumes_after_an_engine_crash_instead_of_starting_from_zero() {
+    let mut w = World::new(11);
+    w.run(0);
+    // Replica 2 crashes and misses writes to every region, so it lacks the whole volume.
+    w.replicas[2].up = false;
+    w.conn[2] = 0;
+    w.out[2] = true;
+    w.feed(Event::ReplicaDisconnected(2));
+    let size = w.model.len() as u64;
+    let mut offset = 0;
+    while offset < size {
+        let len = REGION.min(size - offset);
+        let data = vec![0x5a; len as usize];
+        w.model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data });
+        offset += len;
+    }
+    settle(&mut w);
+    let regions = w.engine.missing(2).expect("replica 2 is out of sync").count();
+    assert_eq!(regions, size.div_ceil(REGION), "replica 2 lacks every region");
+    // It comes back; once the rebuild has made a third of the regions durable the engine dies.
+    w.replicas[2].up = true;
+    while w.engine.missing(2).is_some_and(|m| m.count() > regions * 2 / 3) {
+        w.step();
+    }
+    w.crash_engine();
+    w.run(0);
+    w.verify();
+    let resumed: Vec<u64> = w.started.iter().filter(|(r, ..)| *r == 2).map(|(.., n)| *n).collect();
+    assert_eq!(resumed.len(), 2, "one rebuild before the crash, one after: {:?}", w.started);
+    assert_eq!(resumed[0], regions);
+    assert!(resumed[1] < regions * 2 / 3 + 1, "the resumed rebuild copies only what is left: {resumed:?}");
+}
+
+#[test]
+fn replica_that_missed_a_snapshot_gets_a_full_snapshot_aware_rebuild() {
+    let mut w = World::new(12);
+    w.run(0);
+    drive(&mut w, 100);
+    settle(&mut w);
+    let view = w.model.clone();
+    w.issue(Expect::Snapshot("first".into(), view), |client| Event::ClientSnapshot {
+        client,
+        name: "first".into(),
+        created_ns: 1,
+    });
+    settle(&mut w);
+    drive(&mut w, 100);
+    settle(&mut w);
+    // Replica 1 is cut off while the second snapshot is taken: it never gets it.
+    w.fault = Some((1, Fault::Partition, u64::MAX));
+    let view = w.model.clone();
+    w.issue(Expect::Snapshot("second".into(), view), |client| Event::ClientSnapshot {
+        client,
+        name: "second".into(),
+        created_ns: 2,
+    });
+    settle(&mut w);
+    assert!(w.snapshots.iter().any(|(n, _)| n == "second"), "recorded: every healthy replica has it");
+    assert!(!w.replicas[1].chain.iter().any(|(n, _)| n == "second"));
+    drive(&mut w, 100);
+    w.fault = None;
+    w.run(0);
+    w.verify();
+    assert!(w.full_rebuilds >= 1, "{:?}", w.started);
+}
+
+#[test]
+fn replica_that_missed_a_resize_is_grown_by_its_rebuild() {
+    let mut w = World::new(13);
+    w.run(0);
+    w.replicas[0].up = false;
+    w.conn[0] = 0;
+    w.out[0] = true;
+    w.feed(Event::ReplicaDisconnected(0));
+    let size = SIZE + 3 * REGION + 17;
+    w.issue(Expect::Resize(size), |client| Event::ClientResize { client, size });
+    settle(&mut w);
+    drive(&mut w, 200);
+    w.replicas[0].up = true;
+    w.run(0);
+    w.verify();
+    assert!(w.replicas[0].volatile.len() as u64 >= size);
 }
 
 #[test]

@@ -1,0 +1,209 @@
+//! Unit tests of the engine: one scenario per rule, driven by hand-made replica replies.
+
+use super::*;
+
+const SIZE: u64 = 1 << 20;
+
+fn config(locals: &[bool]) -> EngineConfig {
+    EngineConfig {
+        volume_id: "vol".into(),
+        size: SIZE,
+        replicas: locals.iter().map(|l| ReplicaConfig { local: *l }).collect(),
+        region_size: 64 * 1024,
+        request_timeout: 100,
+        attach_timeout: 1000,
+        rebuild_parallelism: 4,
+    }
+}
+
+fn header(revision: u64) -> ReplicaHeader {
+    ReplicaHeader { volume_id: "vol".into(), size: SIZE, revision, snapshots: vec![], dirty: false }
+}
+
+fn sends(actions: &[Action]) -> Vec<(ReplicaId, Frame)> {
+    actions
+        .iter()
+        .filter_map(|a| if let Action::Send { replica, frame } = a { Some((*replica, frame.clone())) } else { None })
+        .collect()
+}
+
+fn ok(id: u64) -> Frame {
+    Frame { request_id: id, message: Message::Reply { status: Status::Ok } }
+}
+
+/// Attaches an engine whose replicas report the given revisions.
+fn attached(locals: &[bool], revisions: &[u64]) -> (Engine, Vec<Action>) {
+    let mut e = Engine::new(config(locals), None, 0);
+    let mut out = Vec::new();
+    for (r, rev) in revisions.iter().enumerate() {
+        let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
+        let reply = Message::HelloReply { status: Status::Ok, header: header(*rev) };
+        out = e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply }));
+    }
+    assert!(e.is_attached());
+    // The flush every attach starts (writes of a previous engine may be unflushed) succeeds.
+    let (flushes, rest): (Vec<Action>, Vec<Action>) =
+        out.into_iter().partition(|a| matches!(a, Action::Send { frame: Frame { message: Message::Flush, .. }, .. }));
+    for (r, f) in sends(&flushes) {
+        assert!(e.handle(0, Event::Received(r, ok(f.request_id))).is_empty());
+    }
+    (e, rest)
+}
+
+#[test]
+fn write_is_acknowledged_only_after_every_healthy_replica_acknowledged() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    let out = sends(&e.handle(1, Event::ClientWrite { client: 9, offset: 0, data: vec![1; 512] }));
+    assert_eq!(out.len(), 2, "fans out to both replicas");
+    assert!(e.handle(2, Event::Received(out[0].0, ok(out[0].1.request_id))).is_empty());
+    let done = e.handle(3, Event::Received(out[1].0, ok(out[1].1.request_id)));
+    assert_eq!(done, vec![Action::Reply { client: 9, result: Ok(ClientReply::Written) }]);
+}
+
+#[test]
+fn failed_replica_is_dropped_and_writes_continue_degraded_with_the_region_marked_dirty() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    let out = sends(&e.handle(1, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 512] }));
+    e.handle(2, Event::Received(0, ok(out[0].1.request_id)));
+    // Replica 1 never answers: the timeout drops it and the write completes on replica 0.
+    let actions = e.handle(200, Event::Tick);
+    assert!(matches!(actions[0], Action::ReplicaFailed { replica: 1, reason: FailReason::Timeout { .. } }));
+    let persist = actions.iter().position(|a| matches!(a, Action::Persist(_)));
+    let reply = actions.iter().position(|a| matches!(a, Action::Reply { result: Ok(_), .. }));
+    assert!(persist < reply, "the dirty map is persisted before the client hears of the write");
+    assert!(e.missing(1).expect("out of sync").is_marked(0));
+    assert_eq!(e.revision(), 4, "a replica set change bumps the revision");
+    // The new revision reaches the healthy replica before any further write.
+    let sync = sends(&actions);
+    assert_eq!(
+        sync,
+        vec![(0, Frame { request_id: sync[0].1.request_id, message: Message::SetRevision { revision: 4 } })]
+    );
+    let queued = e.handle(201, Event::ClientWrite { client: 2, offset: 1 << 19, data: vec![2; 10] });
+    assert!(sends(&queued).is_empty(), "writes wait for the revision to be recorded");
+    let released = sends(&e.handle(202, Event::Received(0, ok(sync[0].1.request_id))));
+    assert_eq!(released.len(), 1);
+    assert!(matches!(released[0].1.message, Message::Write { revision: 4, .. }));
+    assert!(e.missing(1).expect("out of sync").is_marked(8), "degraded writes are tracked for the delta rebuild");
+}
+
+#[test]
+fn client_io_fails_when_no_healthy_replica_remains() {
+    let (mut e, _) = attached(&[false], &[1]);
+    e.handle(1, Event::ReplicaDisconnected(0));
+    let read = e.handle(2, Event::ClientRead { client: 5, offset: 0, len: 10 });
+    assert!(matches!(&read[..], [Action::Reply { client: 5, result: Err(IoError::NoHealthyReplica { .. }) }]));
+    let write = e.handle(3, Event::ClientWrite { client: 6, offset: 0, data: vec![0; 4] });
+    assert!(matches!(&write[..], [Action::Reply { client: 6, result: Err(IoError::NoHealthyReplica { .. }) }]));
+}
+
+#[test]
+fn reads_go_to_the_local_replica_when_it_is_healthy() {
+    let (mut e, _) = attached(&[false, true, false], &[1, 1, 1]);
+    for c in 0..5 {
+        let out = sends(&e.handle(1, Event::ClientRead { client: c, offset: c * 100, len: 10 }));
+        assert_eq!(out[0].0, 1);
+    }
+}
+
+#[test]
+fn reads_spread_round_robin_without_a_local_replica() {
+    let (mut e, _) = attached(&[false, false], &[1, 1]);
+    let targets: BTreeSet<ReplicaId> =
+        (0..4).map(|c| sends(&e.handle(1, Event::ClientRead { client: c, offset: c * 100, len: 10 }))[0].0).collect();
+    assert_eq!(targets.len(), 2);
+}
+
+#[test]
+fn replica_behind_at_attach_is_never_read_and_gets_a_full_rebuild_from_a_current_one() {
+    let (mut e, attach) = attached(&[true, false], &[2, 5]);
+    assert!(!e.is_healthy(0) && e.is_healthy(1));
+    let sync = sends(&attach);
+    assert_eq!(sync.len(), 1, "only the current replica learns the new revision");
+    let after = e.handle(1, Event::Received(1, ok(sync[0].1.request_id)));
+    assert!(after.contains(&Action::RebuildStarted { replica: 0, source: 1, kind: RebuildKind::Delta, regions: 16 }));
+    for (r, f) in sends(&after) {
+        assert_eq!(r, 1, "copies read from the current replica only: {f:?}");
+        assert!(matches!(f.message, Message::ReadExtent { revision: 6, .. }));
+    }
+    // Even though replica 0 is local, reads avoid it while it is behind.
+    let read = sends(&e.handle(2, Event::ClientRead { client: 1, offset: SIZE - 10, len: 10 }));
+    assert_eq!(read[0].0, 1);
+}
+
+#[test]
+fn replica_whose_revision_is_ahead_of_the_engine_is_refused() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    e.handle(1, Event::ReplicaDisconnected(1));
+    let hello = sends(&e.handle(2, Event::ReplicaConnected(1)));
+    let reply = Message::HelloReply { status: Status::Ok, header: header(99) };
+    let out = e.handle(3, Event::Received(1, Frame { request_id: hello[0].1.request_id, message: reply }));
+    assert!(matches!(out[0], Action::ReplicaFailed { replica: 1, reason: FailReason::RevisionAhead { .. } }));
+}
+
+#[test]
+fn out_of_range_and_oversized_requests_are_refused_without_touching_replicas() {
+    let (mut e, _) = attached(&[false], &[1]);
+    let out = e.handle(1, Event::ClientRead { client: 1, offset: SIZE - 1, len: 2 });
+    assert!(matches!(&out[..], [Action::Reply { result: Err(IoError::OutOfRange { .. }), .. }]));
+    let out = e.handle(1, Event::ClientRead { client: 2, offset: 0, len: MAX_IO + 1 });
+    assert!(matches!(&out[..], [Action::Reply { result: Err(IoError::TooLarge { max: MAX_IO, .. }), .. }]));
+}
+
+/// Disconnects `r` and acknowledges the revision sync that follows on the others.
+fn drop_replica(e: &mut Engine, r: ReplicaId) {
+    for (to, f) in sends(&e.handle(1, Event::ReplicaDisconnected(r))) {
+        e.handle(1, Event::Received(to, ok(f.request_id)));
+    }
+}
+
+#[test]
+fn unmap_fans_out_like_a_write_and_is_tracked_for_a_replica_that_is_down() {
+    let (mut e, _) = attached(&[false, false, false], &[3, 3, 3]);
+    drop_replica(&mut e, 2);
+    let out = sends(&e.handle(4, Event::ClientUnmap { client: 7, offset: 3 << 16, len: 2 << 16 }));
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|(_, f)| matches!(f.message, Message::Unmap { offset: 196_608, len: 131_072, .. })));
+    assert!(e.missing(2).expect("out of sync").is_marked(4));
+    e.handle(5, Event::Received(out[0].0, ok(out[0].1.request_id)));
+    let done = e.handle(6, Event::Received(out[1].0, ok(out[1].1.request_id)));
+    assert_eq!(done, vec![Action::Reply { client: 7, result: Ok(ClientReply::Unmapped) }]);
+    let big = e.handle(7, Event::ClientUnmap { client: 8, offset: 0, len: MAX_UNMAP + 1 });
+    assert!(matches!(&big[..], [Action::Reply { result: Err(IoError::TooLarge { max: MAX_UNMAP, .. }), .. }]));
+}
+
+#[test]
+fn snapshots_need_every_replica_healthy_and_resize_never_shrinks() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    let snap = sends(&e.handle(1, Event::ClientSnapshot { client: 1, name: "a".into(), created_ns: 9 }));
+    assert_eq!(snap.len(), 2);
+    e.handle(2, Event::Received(snap[0].0, ok(snap[0].1.request_id)));
+    let exists = Frame { request_id: snap[1].1.request_id, message: Message::Reply { status: Status::AlreadyExists } };
+    let done = e.handle(3, Event::Received(snap[1].0, exists));
+    assert_eq!(done, vec![Action::Reply { client: 1, result: Ok(ClientReply::SnapshotTaken) }]);
+    assert_eq!(e.snapshots().iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["a"]);
+    let shrink = e.handle(4, Event::ClientResize { client: 2, size: SIZE - 1 });
+    assert!(matches!(&shrink[..], [Action::Reply { result: Err(IoError::Shrink { .. }), .. }]));
+    drop_replica(&mut e, 1);
+    let refused = e.handle(6, Event::ClientDeleteSnapshot { client: 3, name: "a".into() });
+    assert!(matches!(&refused[..], [.., Action::Reply { client: 3, result: Err(IoError::Degraded { .. }) }]));
+}
+
+#[test]
+fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() {
+    let (mut e, _) = attached(&[false, false, false], &[3, 3, 3]);
+    drop_replica(&mut e, 2);
+    let write = sends(&e.handle(4, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 10] }));
+    let held = e.handle(5, Event::ClientResize { client: 2, size: 2 * SIZE });
+    assert!(sends(&held).is_empty(), "the resize waits for the write");
+    e.handle(6, Event::Received(write[0].0, ok(write[0].1.request_id)));
+    let resize = sends(&e.handle(7, Event::Received(write[1].0, ok(write[1].1.request_id))));
+    assert!(resize.iter().all(|(_, f)| matches!(f.message, Message::Resize { size, .. } if size == 2 * SIZE)));
+    e.handle(8, Event::Received(resize[0].0, ok(resize[0].1.request_id)));
+    let done = e.handle(9, Event::Received(resize[1].0, ok(resize[1].1.request_id)));
+    assert!(done.contains(&Action::Reply { client: 2, result: Ok(ClientReply::Resized) }));
+    assert_eq!(e.size(), 2 * SIZE);
+    let map = e.missing(2).expect("out of sync");
+    assert_eq!(map.regions(), 32);
+    assert!(map.is_marked(0) && !map.is_marked(31));
+}
