@@ -236,6 +236,7 @@ type ReplyTx = oneshot::Sender<io::Result<ClientReply>>;
 
 enum Command {
     Io(Request, ReplyTx),
+    ReplaceReplica { index: ReplicaId, addr: SocketAddr, reply: oneshot::Sender<io::Result<()>> },
     Shutdown,
 }
 
@@ -296,6 +297,9 @@ impl Driver {
                     // Every handle is gone or asked to stop.
                     None | Some(Command::Shutdown) => break,
                     Some(Command::Io(request, reply)) => self.on_request(request, reply),
+                    Some(Command::ReplaceReplica { index, addr, reply }) => {
+                        let _ = reply.send(self.replace_replica(index, addr));
+                    }
                 },
                 Some(event) = events.recv() => self.on_conn_event(event),
                 _ = tick.tick() => self.feed(Event::Tick),
@@ -333,6 +337,31 @@ impl Driver {
             Request::DeleteSnapshot { name } => Event::ClientDeleteSnapshot { client, name },
         };
         self.feed(event);
+    }
+
+    /// Points replica `index` at a new (empty) replica on `addr`; the engine fully rebuilds it.
+    fn replace_replica(&mut self, index: ReplicaId, addr: SocketAddr) -> io::Result<()> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if index >= self.slots.len() {
+            return Err(invalid(format!("replica {index} does not exist ({} replicas)", self.slots.len())));
+        }
+        if self.slots.iter().enumerate().any(|(i, s)| i != index && s.addr == addr) {
+            return Err(invalid(format!("{addr} already holds another replica of this volume")));
+        }
+        if self.engine.is_healthy(index) && self.engine.healthy_count() == 1 {
+            return Err(invalid(format!("replica {index} is the only healthy one; replacing it would lose the volume")));
+        }
+        tracing::warn!(replica = index, old = %self.slots[index].addr, new = %addr, "replacing replica");
+        self.slots[index].addr = addr;
+        self.feed(Event::ReplicaReplaced(index));
+        let slot = &mut self.slots[index];
+        slot.writer = None;
+        if let Some(t) = slot.task.take() {
+            t.abort();
+        }
+        slot.backoff = self.cfg.backoff_min;
+        self.spawn_connect(index, Duration::ZERO);
+        Ok(())
     }
 
     fn on_conn_event(&mut self, event: ConnEvent) {
@@ -586,6 +615,7 @@ async fn write_loop(
 #[derive(Debug)]
 pub struct ReplicatedVolume {
     size: Arc<AtomicU64>,
+    replicas: usize,
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<VolumeStatus>,
 }
@@ -594,6 +624,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Command::Io(..) => "Io",
+            Command::ReplaceReplica { .. } => "ReplaceReplica",
             Command::Shutdown => "Shutdown",
         })
     }
@@ -611,6 +642,7 @@ impl ReplicatedVolume {
         let persisted = load_state(&cfg.state_dir)?;
         let engine = Engine::new(cfg.engine.clone(), persisted, 0);
         let size = Arc::new(AtomicU64::new(engine.size()));
+        let replicas = cfg.addrs.len();
         let (commands, command_rx) = mpsc::unbounded_channel();
         let (events, event_rx) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(VolumeStatus::default());
@@ -633,7 +665,7 @@ impl ReplicatedVolume {
             poisoned: None,
         };
         runtime.spawn(driver.run(command_rx, event_rx));
-        Ok(Self { size, commands, status })
+        Ok(Self { size, replicas, commands, status })
     }
 
     /// The driver's latest status.
@@ -712,6 +744,21 @@ impl ReplicatedVolume {
     }
 
     /// The volume's snapshots, oldest first, as the engine last knew them.
+    /// Moves replica `index` to a new, empty replica served at `addr` (created there first, e.g.
+    /// with `control::NodeClient::create_replica`): the way to replace a replica whose node is
+    /// gone. The new replica is fully rebuilt while I/O continues; the volume must keep another
+    /// healthy replica meanwhile.
+    pub fn replace_replica(&self, index: usize, addr: SocketAddr) -> io::Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.commands.send(Command::ReplaceReplica { index, addr, reply }).map_err(|_| stopped())?;
+        rx.blocking_recv().map_err(|_| stopped())?
+    }
+
+    /// Number of replicas the volume is configured with.
+    pub fn replica_count(&self) -> usize {
+        self.replicas
+    }
+
     pub fn snapshots(&self) -> Vec<SnapshotInfo> {
         self.status.borrow().snapshots.clone()
     }

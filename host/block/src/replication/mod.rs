@@ -120,6 +120,9 @@ pub enum Event {
     /// A new connection to the replica is up; the engine starts the handshake on it.
     ReplicaConnected(ReplicaId),
     ReplicaDisconnected(ReplicaId),
+    /// The replica now lives elsewhere (a new, empty replica on another server): whatever the
+    /// old one held counts for nothing, and the new one gets a full rebuild.
+    ReplicaReplaced(ReplicaId),
     /// A decoded frame from the replica's current connection.
     Received(ReplicaId, Frame),
     ClientRead {
@@ -205,6 +208,8 @@ pub enum FailReason {
     SizeAhead { replica: u64, engine: u64 },
     #[error("protocol violation: {0}")]
     Protocol(&'static str),
+    #[error("replaced by a new replica")]
+    Replaced,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -465,6 +470,11 @@ impl Engine {
             Event::Tick => self.on_tick(),
             Event::ReplicaConnected(r) if r < self.replicas.len() => self.on_connected(r),
             Event::ReplicaDisconnected(r) if r < self.replicas.len() => self.fail(r, FailReason::Disconnected),
+            Event::ReplicaReplaced(r) if r < self.replicas.len() => {
+                self.fail(r, FailReason::Replaced);
+                self.missing.insert(r, full_map(self.size, self.cfg.region_size));
+                self.persist();
+            }
             Event::Received(r, frame) if r < self.replicas.len() => self.on_frame(r, frame),
             Event::ClientRead { client, offset, len } => {
                 if self.check_range(client, offset, len, MAX_IO) {
