@@ -1,6 +1,9 @@
 //! `wasmcsi replica …` and `wasmcsi volume …`: the replicated block data path by hand. A replica
-//! server per node (`replica create`, `replica serve`), and an engine attached to the kernel
-//! through FUSE + loop (`volume attach`) that stays in the foreground until interrupted.
+//! server per node (`replica serve`, `replica nodes`); volumes created, deleted, reverted,
+//! cloned and (when detached) snapshotted or expanded through the servers' control requests
+//! (`wasmcsi_block::control`); and an engine attached to the kernel through FUSE + loop
+//! (`volume attach`) that stays in the foreground and serves the same operations online on its
+//! control socket (`block_ctl`).
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,68 +11,211 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use wasmcsi_block::control::{self, NodeClient, ReplicaSet};
 use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume, VolumeStatus};
-use wasmcsi_block::replica::{ReplicaServer, ReplicaStore};
+use wasmcsi_block::replica::ReplicaServer;
+use wasmcsi_frontend::BlockDevice;
+
+use crate::block_ctl as ctl;
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::{Frontend, FuseLoopFrontend};
 
-/// Replica servers: the per-node storage of a replicated volume.
+/// Replica servers: the per-node storage of replicated volumes.
 #[derive(Subcommand)]
 pub enum ReplicaCommand {
-    /// Create an empty replica (sparse data file plus metadata header) in a directory.
+    /// Serve every replica under a root directory over TCP until SIGINT/SIGTERM, then shut down
+    /// gracefully (requests already read are answered before connections close). Replicas are
+    /// created and deleted by control requests (`wasmcsi volume create|delete`).
     ///
     /// Example:
-    ///   wasmcsi replica create --dir /var/lib/wasmcsi/replicas/pvc-1 --volume-id pvc-1 --size 1G
-    #[command(verbatim_doc_comment)]
-    Create(ReplicaCreateArgs),
-    /// Serve an existing replica over TCP until SIGINT/SIGTERM, then shut down gracefully
-    /// (requests already read are answered before connections close).
-    ///
-    /// Example:
-    ///   wasmcsi replica serve --dir /var/lib/wasmcsi/replicas/pvc-1 --listen 0.0.0.0:9501
+    ///   wasmcsi replica serve --root /var/lib/wasmcsi/replicas --listen 0.0.0.0:9501
     #[command(verbatim_doc_comment)]
     Serve(ReplicaServeArgs),
+    /// List replica servers: capacity, free space and the replicas each holds.
+    ///
+    /// Example:
+    ///   wasmcsi replica nodes --replica 10.0.0.1:9501 --replica 10.0.0.2:9501
+    #[command(verbatim_doc_comment)]
+    Nodes(NodesArgs),
 }
 
 #[derive(Args)]
-pub struct ReplicaCreateArgs {
-    /// Directory for the replica's files (created if missing; must not hold a replica yet).
+pub struct ReplicaServeArgs {
+    /// Directory holding one subdirectory per replica (created if missing).
     #[arg(long)]
-    pub dir: PathBuf,
-    /// The volume this replica belongs to; the engine checks it on connect.
+    pub root: PathBuf,
+    /// Address to listen on, e.g. 0.0.0.0:9501.
+    #[arg(long)]
+    pub listen: SocketAddr,
+}
+
+#[derive(Args)]
+pub struct NodesArgs {
+    /// A replica server address; repeat once per server.
+    #[arg(long = "replica", required = true)]
+    pub replicas: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
+}
+
+#[derive(Args, Clone, Copy)]
+pub struct TimeoutArg {
+    /// Deadline of each request to a replica server, in seconds.
+    #[arg(long = "timeout", default_value_t = 10)]
+    pub secs: u64,
+}
+
+impl TimeoutArg {
+    fn get(self) -> Duration {
+        Duration::from_secs(self.secs.max(1))
+    }
+}
+
+/// Replicated volumes by hand: create, attach, snapshot, expand, rebuild, clone, delete.
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume: an empty replica on each replica server (idempotent).
+    ///
+    /// Example:
+    ///   wasmcsi volume create --volume-id pvc-1 --size 1G --replica 10.0.0.1:9501 --replica 10.0.0.2:9501
+    #[command(verbatim_doc_comment)]
+    Create(CreateArgs),
+    /// Delete a volume's replicas (idempotent; refused by a server while the volume is attached).
+    Delete(ReplicasArgs),
+    /// Start the engine against the replicas, expose the volume as a loop device (FUSE + loop),
+    /// print the device path and replica health, and stay in the foreground, serving the other
+    /// `volume` commands on RUNTIME_DIR/VOLUME_ID.ctl. SIGINT/SIGTERM or `volume detach`
+    /// detaches cleanly; that is refused, with the mounts named, while the device is mounted.
+    ///
+    /// Example (two replicas, the first on this node):
+    ///   wasmcsi volume attach --volume-id pvc-1 \
+    ///     --replica 127.0.0.1:9501 --replica 10.0.0.2:9501 --local 0 \
+    ///     --state-dir /var/lib/wasmcsi/engine/pvc-1
+    #[command(verbatim_doc_comment)]
+    Attach(VolumeAttachArgs),
+    /// Detach an attached volume (as SIGINT to its `volume attach` does).
+    Detach(OnlineArgs),
+    /// Show an attached volume's replicas and rebuild progress.
+    Status(OnlineArgs),
+    /// Take a crash-consistent snapshot on every replica (through the engine when attached).
+    Snapshot(SnapshotArgs),
+    /// List a volume's snapshots.
+    Snapshots(TargetArgs),
+    /// Delete a snapshot (its data folds into its successor).
+    DeleteSnapshot(SnapshotArgs),
+    /// Revert a detached volume to a snapshot; newer snapshots are dropped.
+    Revert(RevertArgs),
+    /// Grow a volume; online when attached (the loop device grows; grow the filesystem after).
+    Expand(ExpandArgs),
+    /// Create a volume as a copy of another volume's snapshot, with a progress bar.
+    Clone(CloneArgs),
+    /// Follow an attached volume's rebuild with a progress bar until every replica is healthy;
+    /// with --replace, first swap a lost replica for a new one on another server (full rebuild).
+    Rebuild(RebuildArgs),
+}
+
+#[derive(Args)]
+pub struct ReplicasArgs {
     #[arg(long)]
     pub volume_id: String,
+    /// A replica server holding the volume; repeat once per replica.
+    #[arg(long = "replica", required = true)]
+    pub replicas: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub set: ReplicasArgs,
     /// Volume size: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. 512M, 1G.
     #[arg(long, value_parser = parse_size)]
     pub size: u64,
 }
 
 #[derive(Args)]
-pub struct ReplicaServeArgs {
-    /// Directory of a replica made by `wasmcsi replica create`.
+pub struct OnlineArgs {
     #[arg(long)]
-    pub dir: PathBuf,
-    /// Address to listen on, e.g. 0.0.0.0:9501.
-    #[arg(long)]
-    pub listen: SocketAddr,
+    pub volume_id: String,
+    /// The runtime directory the volume was attached with.
+    #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
+    pub runtime_dir: PathBuf,
 }
 
-/// Replicated volumes: an engine on this node over replica servers.
-#[derive(Subcommand)]
-pub enum VolumeCommand {
-    /// Start the engine against the replicas, expose the volume as a loop device (FUSE + loop),
-    /// print the device path and replica health, and stay in the foreground. SIGINT/SIGTERM
-    /// detaches cleanly; that is refused, with the mounts named, while the device is mounted.
-    ///
-    /// Rebuild progress is printed as a line whenever the healthy replica count or the number of
-    /// finished rebuilds changes (a progress bar is a later step). Needs root and /dev/fuse.
-    ///
-    /// Example (two replicas, the first on this node):
-    ///   wasmcsi volume attach --volume-id pvc-1 --size 1G \
-    ///     --replica 127.0.0.1:9501 --replica 10.0.0.2:9501 --local 0 \
-    ///     --state-dir /var/lib/wasmcsi/engine/pvc-1 --runtime-dir /run/wasmcsi
-    #[command(verbatim_doc_comment)]
-    Attach(VolumeAttachArgs),
+/// A volume addressed either through its attached engine or, when detached, its replicas.
+#[derive(Args)]
+pub struct TargetArgs {
+    #[arg(long)]
+    pub volume_id: String,
+    #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
+    pub runtime_dir: PathBuf,
+    /// The volume's replica servers, used when it is not attached on this node.
+    #[arg(long = "replica")]
+    pub replicas: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
+}
+
+#[derive(Args)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Snapshot name.
+    #[arg(long)]
+    pub name: String,
+}
+
+#[derive(Args)]
+pub struct RevertArgs {
+    #[command(flatten)]
+    pub set: ReplicasArgs,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
+    pub runtime_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct ExpandArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// New size (grow only), e.g. 2G.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+}
+
+#[derive(Args)]
+pub struct CloneArgs {
+    /// The new volume.
+    #[command(flatten)]
+    pub set: ReplicasArgs,
+    /// The source volume and its replica servers.
+    #[arg(long)]
+    pub source_volume_id: String,
+    #[arg(long = "source-replica", required = true)]
+    pub source_replicas: Vec<SocketAddr>,
+    /// The source snapshot.
+    #[arg(long)]
+    pub snapshot: String,
+    /// Size of the new volume (default: the source's).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct RebuildArgs {
+    #[command(flatten)]
+    pub online: OnlineArgs,
+    /// Index (in the attach's --replica order) of the replica to replace…
+    #[arg(long, requires = "with")]
+    pub replace: Option<usize>,
+    /// …by a new replica on this server (created here if missing).
+    #[arg(long)]
+    pub with: Option<SocketAddr>,
+    /// Give up waiting after this many seconds (the rebuild itself goes on).
+    #[arg(long, default_value_t = 3600)]
+    pub wait_secs: u64,
 }
 
 #[derive(Args)]
@@ -77,22 +223,24 @@ pub struct VolumeAttachArgs {
     /// The volume id; every replica must have been created with it.
     #[arg(long)]
     pub volume_id: String,
-    /// Volume size (as the replicas were created), e.g. 1G.
-    #[arg(long, value_parser = parse_size)]
-    pub size: u64,
     /// A replica server address; repeat once per replica.
     #[arg(long = "replica", required = true)]
     pub replicas: Vec<SocketAddr>,
-    /// Where the engine persists its state (revision, out-of-sync replicas, dirty map).
+    /// Where the engine persists its state (revision, out-of-sync replicas, dirty maps).
     #[arg(long)]
     pub state_dir: PathBuf,
-    /// Where the FUSE mount backing the loop device lives, e.g. /run/wasmcsi.
-    #[arg(long)]
+    /// Where the FUSE mount backing the loop device and the control socket live.
+    #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
     pub runtime_dir: PathBuf,
     /// Index (0-based, in --replica order) of the replica on this node: preferred for reads.
     #[arg(long)]
     pub local: Option<usize>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
 }
+
+/// Default home of FUSE mounts and control sockets of attached volumes.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/wasmcsi";
 
 /// Parses `1G`, `512M`, `4096`, `64k` (powers of 1024; a trailing `B`/`iB` is accepted).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -115,23 +263,49 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 pub async fn replica(cmd: ReplicaCommand) -> anyhow::Result<()> {
     match cmd {
-        ReplicaCommand::Create(a) => {
-            std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
-            let store = ReplicaStore::create(&a.dir, &a.volume_id, a.size)
-                .with_context(|| format!("creating the replica in {}", a.dir.display()))?;
-            drop(store);
-            println!("created replica of volume {} ({} bytes) in {}", a.volume_id, a.size, a.dir.display());
-            Ok(())
-        }
         ReplicaCommand::Serve(a) => {
-            let server = ReplicaServer::bind(a.listen, &a.dir)
+            std::fs::create_dir_all(&a.root).with_context(|| format!("creating {}", a.root.display()))?;
+            let server = ReplicaServer::bind(a.listen, &a.root)
                 .await
-                .with_context(|| format!("serving the replica in {} on {}", a.dir.display(), a.listen))?;
-            println!("serving replica {} on {}", a.dir.display(), server.local_addr());
+                .with_context(|| format!("serving the replicas in {} on {}", a.root.display(), a.listen))?;
+            println!("serving replicas in {} on {}", a.root.display(), server.local_addr());
             wait_for_signal().await?;
             tracing::info!("shutting down the replica server");
             server.shutdown().await.context("shutting down the replica server")?;
             println!("replica server stopped");
+            Ok(())
+        }
+        ReplicaCommand::Nodes(a) => {
+            let mut failed = 0;
+            for (addr, info) in a.replicas.iter().zip(control::list_nodes(&a.replicas, a.timeout.get()).await) {
+                match info {
+                    Ok(n) => {
+                        println!(
+                            "{addr}  capacity {} MiB  available {} MiB  replicas {}",
+                            n.capacity >> 20,
+                            n.available >> 20,
+                            n.replicas.len()
+                        );
+                        for r in n.replicas {
+                            println!(
+                                "  {}  {} MiB  revision {}  allocated {} MiB{}",
+                                r.volume_id,
+                                r.size >> 20,
+                                r.revision,
+                                r.allocated >> 20,
+                                if r.dirty { "  (dirty)" } else { "" }
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        println!("{addr}  unavailable: {e}");
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} replica server(s) did not answer");
+            }
             Ok(())
         }
     }
@@ -139,8 +313,180 @@ pub async fn replica(cmd: ReplicaCommand) -> anyhow::Result<()> {
 
 pub async fn volume(cmd: VolumeCommand) -> anyhow::Result<()> {
     match cmd {
+        VolumeCommand::Create(a) => {
+            replica_set(&a.set).create(a.size).await?;
+            println!(
+                "created volume {} ({} bytes) on {} replica server(s)",
+                a.set.volume_id,
+                a.size,
+                a.set.replicas.len()
+            );
+            Ok(())
+        }
+        VolumeCommand::Delete(a) => {
+            replica_set(&a).delete().await?;
+            println!("deleted volume {}", a.volume_id);
+            Ok(())
+        }
         VolumeCommand::Attach(a) => attach(a).await,
+        VolumeCommand::Detach(a) => {
+            online_only(&a, &ctl::Request::Detach).await?;
+            println!("detached {}", a.volume_id);
+            Ok(())
+        }
+        VolumeCommand::Status(a) => {
+            let reply = online_only(&a, &ctl::Request::Status).await?;
+            let s = reply.status.context("the attached volume sent no status")?;
+            println!("{}  {} bytes  {}", s.device, s.size, describe_view(&s));
+            if let Some(r) = &s.rebuild {
+                println!("rebuilding replica {} ({}): {}/{} bytes", r.replica, r.kind, r.done, r.total);
+            }
+            Ok(())
+        }
+        VolumeCommand::Snapshot(a) => {
+            let request = ctl::Request::Snapshot { name: a.name.clone() };
+            match online(&a.target, &request).await? {
+                Some(_) => {}
+                None => offline_set(&a.target)?.snapshot(&a.name).await?,
+            }
+            println!("snapshot {} of {} taken", a.name, a.target.volume_id);
+            Ok(())
+        }
+        VolumeCommand::DeleteSnapshot(a) => {
+            let request = ctl::Request::DeleteSnapshot { name: a.name.clone() };
+            match online(&a.target, &request).await? {
+                Some(_) => {}
+                None => offline_set(&a.target)?.delete_snapshot(&a.name).await?,
+            }
+            println!("snapshot {} of {} deleted", a.name, a.target.volume_id);
+            Ok(())
+        }
+        VolumeCommand::Snapshots(a) => {
+            let snapshots: Vec<(String, u64)> = match online(&a, &ctl::Request::Snapshots).await? {
+                Some(reply) => reply.snapshots.into_iter().map(|s| (s.name, s.created_ns)).collect(),
+                None => offline_set(&a)?.describe().await?.1.into_iter().map(|s| (s.name, s.created_ns)).collect(),
+            };
+            for (name, created_ns) in snapshots {
+                println!("{name}  created {}", format_time(created_ns));
+            }
+            Ok(())
+        }
+        VolumeCommand::Revert(a) => {
+            if ctl::call(&a.runtime_dir, &a.set.volume_id, &ctl::Request::Status).await?.is_some() {
+                bail!("volume {} is attached on this node: detach it before reverting", a.set.volume_id);
+            }
+            replica_set(&a.set).revert(&a.name).await?;
+            println!("volume {} reverted to snapshot {}", a.set.volume_id, a.name);
+            Ok(())
+        }
+        VolumeCommand::Expand(a) => {
+            match online(&a.target, &ctl::Request::Expand { size: a.size }).await? {
+                Some(reply) => println!(
+                    "volume {} expanded online to {} bytes; grow the filesystem on it next",
+                    a.target.volume_id,
+                    reply.size.unwrap_or(a.size)
+                ),
+                None => {
+                    offline_set(&a.target)?.expand(a.size).await?;
+                    println!("volume {} expanded to {} bytes", a.target.volume_id, a.size);
+                }
+            }
+            Ok(())
+        }
+        VolumeCommand::Clone(a) => clone(a).await,
+        VolumeCommand::Rebuild(a) => rebuild(a).await,
     }
+}
+
+fn replica_set(a: &ReplicasArgs) -> ReplicaSet {
+    ReplicaSet::new(a.volume_id.clone(), a.replicas.clone(), a.timeout.get())
+}
+
+fn offline_set(a: &TargetArgs) -> anyhow::Result<ReplicaSet> {
+    if a.replicas.is_empty() {
+        bail!(
+            "volume {} is not attached on this node (no {}): name its replica servers with --replica",
+            a.volume_id,
+            ctl::socket_path(&a.runtime_dir, &a.volume_id).display()
+        );
+    }
+    Ok(ReplicaSet::new(a.volume_id.clone(), a.replicas.clone(), a.timeout.get()))
+}
+
+/// Sends `request` to the attached volume, if it is attached here; an error reply is an error.
+async fn online(a: &TargetArgs, request: &ctl::Request) -> anyhow::Result<Option<ctl::Reply>> {
+    match ctl::call(&a.runtime_dir, &a.volume_id, request).await? {
+        Some(reply) if reply.ok => Ok(Some(reply)),
+        Some(reply) => bail!("{}", reply.error.unwrap_or_else(|| "the attached volume refused".into())),
+        None => Ok(None),
+    }
+}
+
+async fn online_only(a: &OnlineArgs, request: &ctl::Request) -> anyhow::Result<ctl::Reply> {
+    match ctl::call(&a.runtime_dir, &a.volume_id, request).await? {
+        Some(reply) if reply.ok => Ok(reply),
+        Some(reply) => bail!("{}", reply.error.unwrap_or_else(|| "the attached volume refused".into())),
+        None => bail!(
+            "volume {} is not attached on this node (no {})",
+            a.volume_id,
+            ctl::socket_path(&a.runtime_dir, &a.volume_id).display()
+        ),
+    }
+}
+
+async fn clone(a: CloneArgs) -> anyhow::Result<()> {
+    let source = ReplicaSet::new(a.source_volume_id.clone(), a.source_replicas.clone(), a.set.timeout.get());
+    let size = match a.size {
+        Some(s) => s,
+        None => source.describe().await.context("reading the source volume")?.0,
+    };
+    let target = replica_set(&a.set);
+    target.create(size).await.context("creating the new volume")?;
+    let label = format!("clone {}@{} -> {}", a.source_volume_id, a.snapshot, a.set.volume_id);
+    target.clone_from(&source, &a.snapshot, |done, total| ctl::progress_bar(&label, done, total)).await?;
+    eprintln!();
+    println!("volume {} ({size} bytes) cloned from {}@{}", a.set.volume_id, a.source_volume_id, a.snapshot);
+    Ok(())
+}
+
+async fn rebuild(a: RebuildArgs) -> anyhow::Result<()> {
+    if let (Some(index), Some(addr)) = (a.replace, a.with) {
+        let status = online_only(&a.online, &ctl::Request::Status).await?.status.context("no status")?;
+        NodeClient::new(addr, Duration::from_secs(10))
+            .create_replica(&a.online.volume_id, status.size)
+            .await
+            .with_context(|| format!("creating the new replica on {addr}"))?;
+        online_only(&a.online, &ctl::Request::ReplaceReplica { index, addr }).await?;
+        println!("replica {index} of {} is now on {addr}; rebuilding", a.online.volume_id);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(a.wait_secs);
+    let mut drew = false;
+    loop {
+        let s = online_only(&a.online, &ctl::Request::Status).await?.status.context("no status")?;
+        if let Some(r) = &s.rebuild {
+            ctl::progress_bar(&format!("{} rebuild of replica {}", r.kind, r.replica), r.done, r.total);
+            drew = true;
+        }
+        if s.healthy == s.replicas && s.rebuild.is_none() {
+            if drew {
+                eprintln!();
+            }
+            println!("{}: {}", a.online.volume_id, describe_view(&s));
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            if drew {
+                eprintln!();
+            }
+            bail!("still rebuilding after {}s: {}", a.wait_secs, describe_view(&s));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn format_time(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    format!("{secs}.{:09}s since the epoch", ns % 1_000_000_000)
 }
 
 async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
@@ -150,9 +496,29 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
     {
         bail!("--local {l} is out of range: there are {n} replicas (indices 0..{n})");
     }
+    // The replicas know the size (it changes with online expansion); ask their servers.
+    let mut size = None;
+    for info in control::list_nodes(&a.replicas, a.timeout.get()).await.into_iter().flatten() {
+        if let Some(r) = info.replicas.iter().find(|r| r.volume_id == a.volume_id) {
+            size = size.max(Some(r.size));
+        }
+    }
+    let Some(size) = size else {
+        bail!(
+            "no replica server of {:?} holds volume {} (create it with `wasmcsi volume create`)",
+            a.replicas,
+            a.volume_id
+        );
+    };
+    std::fs::create_dir_all(&a.runtime_dir).with_context(|| format!("creating {}", a.runtime_dir.display()))?;
+    let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel(16);
+    let socket = ctl::socket_path(&a.runtime_dir, &a.volume_id);
+    let ctl_task = ctl::serve(socket.clone(), ctl_tx).await?;
+    let _socket_guard = RemoveOnDrop(socket);
+
     let engine = EngineConfig {
         volume_id: a.volume_id.clone(),
-        size: a.size,
+        size,
         replicas: (0..n).map(|i| ReplicaConfig { local: a.local == Some(i) }).collect(),
         region_size: 1 << 20,
         request_timeout: 5_000,
@@ -185,34 +551,124 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
-        let signalled = tokio::select! {
-            _ = tick.tick() => false,
-            _ = sigint.recv() => true,
-            _ = sigterm.recv() => true,
+        let (detach, reply_to) = tokio::select! {
+            _ = tick.tick() => (false, None),
+            _ = sigint.recv() => (true, None),
+            _ = sigterm.recv() => (true, None),
+            Some((request, reply)) = ctl_rx.recv() => match request {
+                ctl::Request::Detach => (true, Some(reply)),
+                request => {
+                    let answer = tokio::task::block_in_place(|| online_request(&vol, &attached, request));
+                    let _ = reply.send(answer);
+                    (false, None)
+                }
+            },
         };
         let s = vol.status();
         if s.healthy != last.healthy || s.rebuilds_finished != last.rebuilds_finished {
             println!("replicas: {}", describe(&s, n));
             last = s;
         }
-        if !signalled {
+        if !detach {
             continue;
         }
         match tokio::task::block_in_place(|| attached.detach()) {
-            Ok(()) => break,
+            Ok(()) => {
+                if let Some(reply) = reply_to {
+                    let _ = reply.send(ctl::Reply::ok());
+                }
+                break;
+            }
             Err(e @ wasmcsi_frontend::FrontendError::InUse { .. }) => {
                 eprintln!(
                     "wasmcsi: refusing to detach {}: {e}; the volume stays attached, interrupt again after unmounting",
                     device.display()
                 );
+                if let Some(reply) = reply_to {
+                    let _ = reply.send(ctl::Reply::error(format!("refusing to detach: {e}")));
+                }
             }
             Err(e) => return Err(anyhow::Error::new(e).context(format!("detaching {}", device.display()))),
         }
     }
+    ctl_task.abort();
     drop(attached);
+    // Written data reaches every replica's disk before the engine lets go, so the replicas'
+    // dirty flags clear and the next attach starts clean.
+    if let Err(e) = tokio::task::block_in_place(|| vol.flush()) {
+        eprintln!("wasmcsi: final flush failed: {e}");
+    }
     vol.shutdown();
     println!("detached {}", device.display());
     Ok(())
+}
+
+/// Answers a control request of an attached volume (never Detach, which the loop handles).
+fn online_request(vol: &ReplicatedVolume, attached: &wasmcsi_frontend::Attached, request: ctl::Request) -> ctl::Reply {
+    let result: Result<ctl::Reply, String> = match request {
+        ctl::Request::Status => Ok(ctl::Reply { status: Some(status_view(vol, attached)), ..ctl::Reply::ok() }),
+        ctl::Request::Snapshot { name } => vol.snapshot(&name).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string()),
+        ctl::Request::DeleteSnapshot { name } => {
+            vol.delete_snapshot(&name).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string())
+        }
+        ctl::Request::Snapshots => Ok(ctl::Reply {
+            snapshots: vol
+                .snapshots()
+                .into_iter()
+                .map(|s| ctl::SnapshotView { name: s.name, created_ns: s.created_ns })
+                .collect(),
+            ..ctl::Reply::ok()
+        }),
+        ctl::Request::Expand { size } => vol
+            .resize(size)
+            .map_err(|e| e.to_string())
+            .and_then(|()| attached.refresh_size().map_err(|e| format!("the volume grew, but the device did not: {e}")))
+            .map(|size| ctl::Reply { size: Some(size), ..ctl::Reply::ok() }),
+        ctl::Request::ReplaceReplica { index, addr } => {
+            vol.replace_replica(index, addr).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string())
+        }
+        ctl::Request::Detach => Err("detach is handled by the attach loop".into()),
+    };
+    result.unwrap_or_else(ctl::Reply::error)
+}
+
+fn status_view(vol: &ReplicatedVolume, attached: &wasmcsi_frontend::Attached) -> ctl::StatusView {
+    let s = vol.status();
+    ctl::StatusView {
+        device: attached.device().display().to_string(),
+        size: vol.size(),
+        replicas: vol.replica_count(),
+        healthy: s.healthy,
+        connected: s.connected,
+        revision: s.revision,
+        rebuilds_finished: s.rebuilds_finished,
+        rebuild: s.rebuild.as_ref().map(|r| ctl::RebuildView {
+            replica: r.replica,
+            kind: format!("{:?} ({:?})", r.kind, r.phase).to_lowercase(),
+            done: r.done.saturating_mul(r.region_size),
+            total: r.total.saturating_mul(r.region_size),
+        }),
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn describe_view(s: &ctl::StatusView) -> String {
+    format!(
+        "{}/{} healthy, {} connected, {} rebuilds finished, revision {}{}",
+        s.healthy,
+        s.replicas,
+        s.connected,
+        s.rebuilds_finished,
+        s.revision,
+        if s.healthy < s.replicas { " (degraded)" } else { "" }
+    )
 }
 
 fn describe(s: &VolumeStatus, replicas: usize) -> String {

@@ -2,6 +2,7 @@
 //! suite (shared by `backend check` and the tests) and the metrics endpoint. `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
 pub mod block_cmd;
+pub mod block_ctl;
 pub mod check;
 pub mod conformance;
 pub mod demo;

@@ -49,10 +49,10 @@ enum Command {
     /// volume through the CSI socket: create, stage, publish, write, snapshot, restore,
     /// expand, unpublish, unstage, delete. Needs root for the mounts.
     Demo(wasmcsi::demo::DemoArgs),
-    /// Replica servers of the replicated block data path (create, serve).
+    /// Replica servers of the replicated block data path (serve, nodes).
     #[command(subcommand)]
     Replica(wasmcsi::block_cmd::ReplicaCommand),
-    /// Replicated volumes by hand: attach one to this node as a loop device.
+    /// Replicated volumes by hand: create, attach, snapshot, expand, rebuild, clone, delete.
     #[command(subcommand)]
     Volume(wasmcsi::block_cmd::VolumeCommand),
 }

@@ -1,0 +1,163 @@
+//! The control socket of an attached volume: `wasmcsi volume attach` listens on
+//! `RUNTIME_DIR/VOLUME_ID.ctl`, and the other `wasmcsi volume …` commands talk to it while the
+//! volume is attached, so online operations (snapshot, expand, replica replacement, detach) are
+//! ordered with client I/O by the engine that owns the replicas. One JSON request per line, one
+//! JSON reply per line; the socket is root-only (mode 0600), like the device it controls.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+/// Where the control socket of `volume_id` lives.
+pub fn socket_path(runtime_dir: &Path, volume_id: &str) -> PathBuf {
+    runtime_dir.join(format!("{volume_id}.ctl"))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    Status,
+    Snapshot { name: String },
+    DeleteSnapshot { name: String },
+    Snapshots,
+    Expand { size: u64 },
+    ReplaceReplica { index: usize, addr: std::net::SocketAddr },
+    Detach,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatusView>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+impl Reply {
+    pub fn ok() -> Self {
+        Self { ok: true, ..Self::default() }
+    }
+    pub fn error(e: impl std::fmt::Display) -> Self {
+        Self { ok: false, error: Some(e.to_string()), ..Self::default() }
+    }
+}
+
+/// The attached volume's state as the CLI shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    pub device: String,
+    pub size: u64,
+    pub replicas: usize,
+    pub healthy: usize,
+    pub connected: usize,
+    pub revision: u64,
+    pub rebuilds_finished: u64,
+    /// The rebuild in progress: target replica index, kind, bytes done and total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildView {
+    pub replica: usize,
+    pub kind: String,
+    pub done: u64,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotView {
+    pub name: String,
+    pub created_ns: u64,
+}
+
+/// A request from a client connection, with where to send its reply.
+pub type Incoming = (Request, tokio::sync::oneshot::Sender<Reply>);
+
+/// Binds the socket (replacing a stale one left by a crashed attach, but not a live one) and
+/// forwards every request to `tx`.
+pub async fn serve(path: PathBuf, tx: mpsc::Sender<Incoming>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    if path.exists() {
+        if UnixStream::connect(&path).await.is_ok() {
+            bail!("{} is in use: the volume is already attached by another process", path.display());
+        }
+        std::fs::remove_file(&path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("restricting {}", path.display()))?;
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(connection(stream, tx.clone()));
+        }
+    }))
+}
+
+async fn connection(stream: UnixStream, tx: mpsc::Sender<Incoming>) {
+    let (rd, mut wr) = stream.into_split();
+    let mut lines = BufReader::new(rd).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => {
+                let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+                if tx.send((request, reply_tx)).await.is_err() {
+                    Reply::error("the volume is detaching")
+                } else {
+                    reply_rx.await.unwrap_or_else(|_| Reply::error("the volume is detaching"))
+                }
+            }
+            Err(e) => Reply::error(format!("malformed request: {e}")),
+        };
+        let Ok(mut out) = serde_json::to_vec(&reply) else { return };
+        out.push(b'\n');
+        if wr.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends one request to an attached volume; `Ok(None)` when it is not attached here (no socket).
+pub async fn call(runtime_dir: &Path, volume_id: &str, request: &Request) -> anyhow::Result<Option<Reply>> {
+    let path = socket_path(runtime_dir, volume_id);
+    let stream = match UnixStream::connect(&path).await {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("connecting to {}", path.display()))),
+    };
+    let (rd, mut wr) = stream.into_split();
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    wr.write_all(&line).await.with_context(|| format!("writing to {}", path.display()))?;
+    let mut lines = BufReader::new(rd).lines();
+    let reply = lines
+        .next_line()
+        .await
+        .with_context(|| format!("reading from {}", path.display()))?
+        .with_context(|| format!("{} closed without answering", path.display()))?;
+    Ok(Some(serde_json::from_str(&reply).context("parsing the attached volume's reply")?))
+}
+
+/// A one-line progress bar on stderr, redrawn in place.
+pub fn progress_bar(label: &str, done: u64, total: u64) {
+    const WIDTH: u64 = 30;
+    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(WIDTH);
+    let pct = (done.min(total) * 100).checked_div(total).unwrap_or(100);
+    eprint!(
+        "\r{label} [{}{}] {pct:3}% {}/{} MiB ",
+        "#".repeat(filled as usize),
+        ".".repeat((WIDTH - filled) as usize),
+        done >> 20,
+        total >> 20
+    );
+}
