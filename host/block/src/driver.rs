@@ -349,7 +349,9 @@ impl Driver {
             return Err(invalid(format!("{addr} already holds another replica of this volume")));
         }
         if self.engine.is_healthy(index) && self.engine.healthy_count() == 1 {
-            return Err(invalid(format!("replica {index} is the only healthy one; replacing it would lose the volume")));
+            return Err(invalid(format!(
+                "replica {index} is the only healthy one; replacing it would lose the volume"
+            )));
         }
         tracing::warn!(replica = index, old = %self.slots[index].addr, new = %addr, "replacing replica");
         self.slots[index].addr = addr;
