@@ -165,8 +165,7 @@ impl NodeClient {
     /// Deletes a replica and its files; succeeds if it is already gone (a retry).
     pub async fn delete_replica(&self, volume_id: &str) -> Result<(), ControlError> {
         let mut c = Conn::connect(self.addr, self.timeout).await?;
-        c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound])
-            .await
+        c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound]).await
     }
 
     pub async fn node_info(&self) -> Result<NodeInfo, ControlError> {
@@ -175,7 +174,9 @@ impl NodeClient {
             Message::NodeInfoReply { status: Status::Ok, capacity, available, replicas } => {
                 Ok(NodeInfo { addr: self.addr, capacity, available, replicas })
             }
-            Message::NodeInfoReply { status, .. } => Err(ControlError::Refused { addr: self.addr, what: "NodeInfo", status }),
+            Message::NodeInfoReply { status, .. } => {
+                Err(ControlError::Refused { addr: self.addr, what: "NodeInfo", status })
+            }
             _ => Err(ControlError::Protocol { addr: self.addr, what: "NodeInfo" }),
         }
     }
@@ -254,7 +255,9 @@ impl ReplicaSession {
         let message = Message::ListSnapshotExtents { name: name.to_owned(), offset, len };
         match self.conn.call("ListSnapshotExtents", message).await? {
             Message::ExtentMap { status: Status::Ok, extents } => Ok(extents),
-            Message::ExtentMap { status, .. } => Err(ControlError::Refused { addr, what: "ListSnapshotExtents", status }),
+            Message::ExtentMap { status, .. } => {
+                Err(ControlError::Refused { addr, what: "ListSnapshotExtents", status })
+            }
             _ => Err(ControlError::Protocol { addr, what: "ListSnapshotExtents" }),
         }
     }
@@ -347,7 +350,13 @@ impl ReplicaSet {
             let detail = if h.dirty {
                 Some(format!("{} was left dirty by an engine that did not detach cleanly", s.addr()))
             } else if h.revision != first.revision {
-                Some(format!("{} is at revision {}, {} at {}", s.addr(), h.revision, sessions[0].addr(), first.revision))
+                Some(format!(
+                    "{} is at revision {}, {} at {}",
+                    s.addr(),
+                    h.revision,
+                    sessions[0].addr(),
+                    first.revision
+                ))
             } else if h.size != first.size {
                 Some(format!("{} has {} bytes, {} has {}", s.addr(), h.size, sessions[0].addr(), first.size))
             } else if names(&h.snapshots, ignored) != names(&first.snapshots, ignored) {

@@ -403,7 +403,9 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
     let new_addr = server.local_addr();
     cluster
         .rt
-        .block_on(wasmcsi_block::control::NodeClient::new(new_addr, Duration::from_secs(5)).create_replica(VOLUME, SIZE))
+        .block_on(
+            wasmcsi_block::control::NodeClient::new(new_addr, Duration::from_secs(5)).create_replica(VOLUME, SIZE),
+        )
         .unwrap();
     vol.replace_replica(1, new_addr).unwrap();
     // Writes go on during the rebuild.

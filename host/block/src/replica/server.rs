@@ -631,7 +631,11 @@ fn failed(e: &StoreError) -> Status {
 /// true once every reply was written and the stream closed.
 /// Writes replies until every sender is gone; returns the write half (still open) when all were
 /// delivered, `None` on a failure.
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> Option<OwnedWriteHalf> {
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Frame>,
+    max_payload: usize,
+) -> Option<OwnedWriteHalf> {
     let mut out = Vec::with_capacity(256 * 1024);
     while let Some(frame) = rx.recv().await {
         out.clear();
