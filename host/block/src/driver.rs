@@ -426,8 +426,14 @@ impl Driver {
         let actions = self.engine.handle(self.now(), event);
         // Before any reply: a caller whose resize returned must see the new size.
         self.size.store(self.engine.size(), Ordering::SeqCst);
+        // Replies go out after the status is published: a caller whose snapshot returned must
+        // see it in `snapshots()` (a slow persist in the batch made that race visible).
+        let mut replies = Vec::new();
         for action in actions {
-            self.execute(action);
+            match action {
+                Action::Reply { .. } => replies.push(action),
+                other => self.execute(other),
+            }
         }
         for r in 0..self.slots.len() {
             if self.engine.is_healthy(r) {
@@ -449,6 +455,9 @@ impl Driver {
             *old = status;
             changed
         });
+        for reply in replies {
+            self.execute(reply);
+        }
     }
 
     fn execute(&mut self, action: Action) {

@@ -48,10 +48,16 @@
 //! flushed; attaching therefore starts with a flush of every healthy replica, and a replica that
 //! fails before it completed is marked as lacking everything.
 //!
-//! Not yet handled: reconciling replicas after an *engine* crash that left unacknowledged writes
-//! on some healthy replicas only (the header's dirty flag is carried but not yet acted on; the
-//! client never got those writes acknowledged, but the replicas may then differ in those
-//! regions), and the loss of unflushed data on a replica that crashes together with the engine.
+//! After an *engine* crash, a write it sent but never acknowledged may have reached some replicas
+//! only; they then agree on revision, size and chain but not on content. The replicas' dirty flag
+//! tells the next attach that the previous session ended uncleanly; one healthy replica (local
+//! first) then becomes the only source and every other replica is rebuilt from it for the
+//! regions of the persisted write-intent map (marked and persisted before a write or unmap
+//! reaches a region not yet in it; cleared after a flush covered the region and no write touched
+//! it for a further flush interval), or the whole volume when the map is unknown (lost or old
+//! state file). Until then reads come from the source only; the volume is as available as it.
+//!
+//! Not yet handled: the loss of unflushed data on a replica that crashes together with the engine.
 
 mod rebuild;
 #[cfg(test)]
