@@ -49,7 +49,7 @@ pub const STATE_FILE: &str = "engine-state";
 const STATE_MAGIC: [u8; 4] = *b"WCSE";
 /// Version 2: the volume size and one map per out-of-sync replica. Version 1 (one shared map and
 /// a delta/full flag per replica) is still read.
-const STATE_VERSION: u32 = 2;
+const STATE_VERSION: u32 = 3;
 
 /// Unmap pieces in flight at once for one discard: each locks up to [`MAX_UNMAP`] bytes.
 const DISCARD_WINDOW: usize = 4;
@@ -143,8 +143,10 @@ pub fn save_state(dir: &Path, state: &PersistedState) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// magic, version, revision, size, entry count, (replica u64, map length u64, map bytes)*, then
-/// a CRC32 of everything before it; little-endian.
+/// magic, version, revision, size, entry count, (replica u64, map length u64, map bytes)*,
+/// intent flag u8 (1: an intent map follows), [intent map length u64, map bytes], then a CRC32
+/// of everything before it; little-endian. Versions 1 and 2 are still read (without an intent
+/// map, which makes the next unclean attach resync everything).
 fn encode_state(s: &PersistedState) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&STATE_MAGIC);
@@ -157,6 +159,15 @@ fn encode_state(s: &PersistedState) -> Vec<u8> {
         out.extend_from_slice(&(*r as u64).to_le_bytes());
         out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         out.extend_from_slice(&bytes);
+    }
+    match &s.intent {
+        Some(map) => {
+            let bytes = map.to_bytes();
+            out.push(1);
+            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            out.extend_from_slice(&bytes);
+        }
+        None => out.push(0),
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -181,6 +192,7 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
     let version = u64_at(take(4)?);
     let revision = u64_at(take(8)?);
     let mut missing = BTreeMap::new();
+    let mut intent = None;
     let size = match version {
         1 => {
             let entries = u64_at(take(8)?);
@@ -201,7 +213,7 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
             // Version 1 did not record the size; the engine falls back to the configured one.
             0
         }
-        2 => {
+        2 | 3 => {
             let size = u64_at(take(8)?);
             let entries = u64_at(take(8)?);
             for _ in 0..entries {
@@ -210,6 +222,10 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
                 let map = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("map of replica {r}: {e}"))?;
                 missing.insert(r, map);
             }
+            if version == 3 && take(1)?[0] != 0 {
+                let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "intent map length overflows")?;
+                intent = Some(DirtyMap::from_bytes(take(len)?).map_err(|e| format!("intent map: {e}"))?);
+            }
             size
         }
         other => return Err(format!("unsupported version {other}")),
@@ -217,7 +233,7 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
     if !rest.is_empty() {
         return Err("trailing bytes".into());
     }
-    Ok(PersistedState { revision, size, missing })
+    Ok(PersistedState { revision, size, missing, intent })
 }
 
 // ----- the driver task ------------------------------------------------------------------------
@@ -410,8 +426,14 @@ impl Driver {
         let actions = self.engine.handle(self.now(), event);
         // Before any reply: a caller whose resize returned must see the new size.
         self.size.store(self.engine.size(), Ordering::SeqCst);
+        // Replies go out after the status is published: a caller whose snapshot returned must
+        // see it in `snapshots()` (a slow persist in the batch made that race visible).
+        let mut replies = Vec::new();
         for action in actions {
-            self.execute(action);
+            match action {
+                Action::Reply { .. } => replies.push(action),
+                other => self.execute(other),
+            }
         }
         for r in 0..self.slots.len() {
             if self.engine.is_healthy(r) {
@@ -433,6 +455,9 @@ impl Driver {
             *old = status;
             changed
         });
+        for reply in replies {
+            self.execute(reply);
+        }
     }
 
     fn execute(&mut self, action: Action) {
@@ -854,14 +879,40 @@ mod tests {
         let mut dirty = DirtyMap::new(1 << 24, 1 << 20).expect("map");
         dirty.mark(3 << 20, 10);
         let full = DirtyMap::full(1 << 24, 1 << 20).expect("map");
-        let state = PersistedState { revision: 7, size: 1 << 24, missing: BTreeMap::from([(1, dirty), (2, full)]) };
+        let mut intent = DirtyMap::new(1 << 24, 1 << 20).expect("map");
+        intent.mark(5 << 20, 1);
+        let missing = BTreeMap::from([(1, dirty), (2, full)]);
+        let state = PersistedState { revision: 7, size: 1 << 24, missing, intent: Some(intent) };
         save_state(dir.path(), &state).expect("save");
         assert_eq!(load_state(dir.path()).expect("load"), Some(state.clone()));
+        let unknown = PersistedState { intent: None, ..state.clone() };
+        assert_eq!(decode_state(&encode_state(&unknown)), Ok(unknown));
         let path = dir.path().join(STATE_FILE);
         let mut bytes = std::fs::read(&path).expect("read");
         bytes[12] ^= 1;
         std::fs::write(&path, &bytes).expect("write");
         assert!(matches!(load_state(dir.path()), Err(DriverError::CorruptState { .. })));
         assert!(decode_state(&encode_state(&state)[..10]).is_err());
+    }
+
+    /// A version 2 file (before intent maps) still loads; its intent is unknown.
+    #[test]
+    fn version_2_state_file_loads_without_an_intent_map() {
+        let mut map = DirtyMap::new(1 << 24, 1 << 20).expect("map");
+        map.mark(1 << 20, 1);
+        let bytes = map.to_bytes();
+        let mut v2 = Vec::new();
+        v2.extend_from_slice(&STATE_MAGIC);
+        v2.extend_from_slice(&2u32.to_le_bytes());
+        v2.extend_from_slice(&9u64.to_le_bytes());
+        v2.extend_from_slice(&(1u64 << 24).to_le_bytes());
+        v2.extend_from_slice(&1u64.to_le_bytes());
+        v2.extend_from_slice(&1u64.to_le_bytes());
+        v2.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        v2.extend_from_slice(&bytes);
+        let crc = crc32fast::hash(&v2);
+        v2.extend_from_slice(&crc.to_le_bytes());
+        let want = PersistedState { revision: 9, size: 1 << 24, missing: BTreeMap::from([(1, map)]), intent: None };
+        assert_eq!(decode_state(&v2), Ok(want));
     }
 }

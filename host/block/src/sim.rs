@@ -30,9 +30,13 @@ const EXTENT: usize = 512;
 
 /// A replica as the replica server will be, minus the disk: `volatile` is what reads see,
 /// `durable` what survives a crash; the header (revision, size, chain) is written synchronously,
-/// and taking a snapshot makes the head durable (the server fsyncs before recording it).
+/// and taking a snapshot makes the head durable (the server fsyncs before recording it). The
+/// dirty flag follows the server's rule: `Hello` answers the previous value and sets it; only a
+/// clean end of the last session clears it, and the simulated engine never detaches cleanly (it
+/// only crashes), so once set it stays set.
 struct SimReplica {
     revision: u64,
+    dirty: bool,
     volatile: Vec<u8>,
     durable: Vec<u8>,
     chain: Vec<(String, Vec<u8>)>,
@@ -43,6 +47,7 @@ impl SimReplica {
     fn new() -> Self {
         Self {
             revision: 0,
+            dirty: false,
             volatile: vec![0; SIZE as usize],
             durable: vec![0; SIZE as usize],
             chain: Vec::new(),
@@ -65,6 +70,7 @@ impl SimReplica {
         match m {
             Message::Hello { .. } => Message::HelloReply {
                 status: Status::Ok,
+                // The value from before this session, as the server answers it.
                 header: ReplicaHeader {
                     volume_id: VOLUME.into(),
                     size: self.volatile.len() as u64,
@@ -74,7 +80,7 @@ impl SimReplica {
                         .iter()
                         .map(|(name, _)| SnapshotInfo { name: name.clone(), revision: 0, created_ns: 0 })
                         .collect(),
-                    dirty: true,
+                    dirty: std::mem::replace(&mut self.dirty, true),
                 },
             },
             Message::Read { offset, len } => match self.range(offset, u64::from(len)) {
@@ -542,6 +548,10 @@ impl World {
     /// from the last persisted state and attaches again.
     fn crash_engine(&mut self) {
         assert!(self.outstanding.is_empty(), "the checker only crashes the engine between client requests");
+        // A fault that outlives the engine ends with it: after the crash the replicas resync from
+        // one source, the only healthy replica until then, and a fault on it would leave none
+        // (the volume is then unavailable, rightly: the others may hold other outcomes).
+        self.heal();
         self.engine_crash_wanted = false;
         self.engine_crashes += 1;
         if std::env::var_os("SIM_TRACE").is_some() {
@@ -553,6 +563,28 @@ impl World {
         for r in 0..REPLICAS {
             self.conn[r] = 0;
             self.schedule(1, Wire::Reconnect(r));
+        }
+    }
+
+    /// The engine dies with client writes in flight: frames already delivered were applied by
+    /// their replica, frames still on the wire are lost with the connections, so a write may
+    /// have reached some replicas only. The writes' clients never hear back.
+    fn crash_engine_in_flight(&mut self) {
+        self.outstanding.clear();
+        self.heal();
+        self.engine_crash_wanted = false;
+        self.engine_crashes += 1;
+        self.engine = Engine::new(Self::config(), self.persisted.clone(), self.now);
+        for r in 0..REPLICAS {
+            self.conn[r] = 0;
+            self.schedule(1, Wire::Reconnect(r));
+        }
+    }
+
+    fn heal(&mut self) {
+        if let Some((r, _, _)) = self.fault.take() {
+            self.replicas[r].up = true;
+            self.calm_until = self.now + 2 * TIMEOUT;
         }
     }
 
@@ -747,6 +779,17 @@ fn settle(w: &mut World) {
     }
 }
 
+/// A quiet period: two flushes with no write between them empty the engine's intent map (the
+/// first covers the writes, the second shows no write touched anything for a whole interval).
+fn quiesce(w: &mut World) {
+    for _ in 0..2 {
+        w.issue(Expect::Flush, |client| Event::ClientFlush { client });
+        settle(w);
+    }
+    let intent = w.persisted.as_ref().and_then(|p| p.intent.as_ref()).map(|m| m.count());
+    assert!(intent.is_none_or(|n| n == 0) || w.engine.healthy_count() < REPLICAS, "intent map cleared: {intent:?}");
+}
+
 #[test]
 fn rebuild_resumes_after_an_engine_crash_instead_of_starting_from_zero() {
     let mut w = World::new(11);
@@ -766,6 +809,9 @@ fn rebuild_resumes_after_an_engine_crash_instead_of_starting_from_zero() {
         offset += len;
     }
     settle(&mut w);
+    // The writes are flushed and the volume quiet, so the crash below leaves no write in flight:
+    // the resync after it has nothing to add and the resumed rebuild is all that runs.
+    quiesce(&mut w);
     let regions = w.engine.missing(2).expect("replica 2 is out of sync").count();
     assert_eq!(regions, size.div_ceil(REGION), "replica 2 lacks every region");
     // It comes back; once the rebuild has made a third of the regions durable the engine dies.
@@ -847,4 +893,110 @@ fn fault_free_run_keeps_every_replica_identical() {
     w.run(0);
     w.verify();
     assert_eq!(w.rebuilds, 0);
+}
+
+/// One write cut off by an engine crash: where, what the range held before, what was written,
+/// and whether the client heard back before the crash.
+struct Interrupted {
+    offset: usize,
+    old: Vec<u8>,
+    new: Vec<u8>,
+    acked: bool,
+}
+
+/// Issues writes to disjoint ranges, lets the network carry them for `steps` milliseconds (each
+/// frame takes 0–4), then crashes the engine: some writes reached some replicas only.
+fn crash_with_writes_in_flight(w: &mut World, steps: u64) -> Vec<(u64, Interrupted)> {
+    let size = w.model.len() as u64;
+    let slots = 6;
+    let slot = size / slots;
+    let mut writes = Vec::new();
+    for i in 0..slots {
+        let offset = i * slot + w.rng.below(slot / 2);
+        let len = 1 + w.rng.below(slot / 2);
+        let data: Vec<u8> = (0..len).map(|_| w.rng.next() as u8).collect();
+        let range = offset as usize..(offset + len) as usize;
+        let old = w.model[range.clone()].to_vec();
+        w.model[range].copy_from_slice(&data);
+        let client = w.next_client;
+        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data: data.clone() });
+        writes.push((client, Interrupted { offset: offset as usize, old, new: data, acked: false }));
+    }
+    for _ in 0..steps {
+        w.step();
+    }
+    for (client, write) in &mut writes {
+        write.acked = !w.outstanding.contains_key(client);
+    }
+    w.crash_engine_in_flight();
+    writes
+}
+
+/// True when the replicas disagree somewhere in the written ranges.
+fn diverged(w: &World, writes: &[(u64, Interrupted)]) -> bool {
+    writes.iter().any(|(_, i)| {
+        let range = i.offset..i.offset + i.new.len();
+        w.replicas.iter().any(|r| r.volatile[range.clone()] != w.replicas[0].volatile[range.clone()])
+    })
+}
+
+/// After re-attach and settling: every replica holds the same bytes everywhere, each interrupted
+/// write's range holds its old or its new content (the new one if it was acknowledged), and
+/// reading the whole volume through the engine returns that content from whichever replica.
+fn check_resolved(w: &mut World, writes: &[(u64, Interrupted)]) {
+    let reference = w.replicas[0].volatile.clone();
+    for (r, rep) in w.replicas.iter().enumerate() {
+        let diff = rep.volatile.iter().zip(&reference).position(|(a, b)| a != b);
+        assert!(rep.volatile == reference, "replica {r} differs from replica 0 after the resync at {diff:?}");
+    }
+    for (_, i) in writes {
+        let got = &reference[i.offset..i.offset + i.new.len()];
+        assert!(got == i.new.as_slice() || (!i.acked && got == i.old.as_slice()), "write at {} is torn", i.offset);
+    }
+    // Every later read, from any replica, must see exactly this outcome.
+    w.model = reference;
+    w.verify();
+    w.verify();
+}
+
+#[test]
+fn engine_crash_with_writes_in_flight_leaves_every_block_reading_one_outcome() {
+    let (mut divergent, mut full, mut delta) = (0, 0, 0);
+    for seed in 2000..2060 {
+        let mut w = World::new(seed);
+        w.run(0);
+        drive(&mut w, 100);
+        settle(&mut w);
+        // Half the runs crash on a quiet volume (only the in-flight writes are suspect), half
+        // right after the workload, with the intent map partly cleared by its flushes.
+        let quiet = seed % 2 == 1;
+        if quiet {
+            quiesce(&mut w);
+        }
+        // Every fourth run also loses the state file: nothing says which regions are suspect.
+        let lost_state = seed % 4 == 0;
+        let steps = 1 + w.rng.below(5);
+        let before = w.started.len();
+        let writes = crash_with_writes_in_flight(&mut w, steps);
+        if lost_state {
+            w.persisted = None;
+            w.engine = Engine::new(World::config(), None, w.now);
+        }
+        divergent += u64::from(diverged(&w, &writes));
+        w.run(0);
+        let regions = (w.model.len() as u64).div_ceil(REGION);
+        for (_, kind, n) in &w.started[before..] {
+            assert_eq!(*kind, RebuildKind::Delta, "the chains agree");
+            if lost_state {
+                assert_eq!(*n, regions, "without a state file everything is suspect");
+                full += 1;
+            } else {
+                assert!(!quiet || *n < regions, "only the intent map's regions are resynced: {n} of {regions}");
+                delta += 1;
+            }
+        }
+        check_resolved(&mut w, &writes);
+    }
+    assert!(divergent > 10, "crashes must leave replicas diverged for the test to mean anything: {divergent}");
+    assert!(full > 0 && delta > 0, "{full} full, {delta} delta resyncs");
 }

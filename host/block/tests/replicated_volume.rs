@@ -447,3 +447,80 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
         }
     }
 }
+
+/// Makes replica 1 hold different bytes at `offset` than replica 0, the way an engine crash with
+/// a write in flight can: written straight through a replica session at the current revision,
+/// and the session dropped without `close()` and without a final flush, so the replica stays
+/// dirty (a session whose last request was a flush counts as a clean end).
+fn diverge_replica_1(c: &Cluster, offset: u64, data: Vec<u8>) {
+    c.rt.block_on(async {
+        let mut s = wasmcsi_block::control::ReplicaSession::open(c.addrs[1], VOLUME, Duration::from_secs(5)).await?;
+        s.write(offset, data).await?;
+        drop(s);
+        Ok::<(), wasmcsi_block::control::ControlError>(())
+    })
+    .unwrap();
+}
+
+/// Attaches over replicas that differ at `offset` after an unclean end, waits for the resync,
+/// and checks that both replicas are byte-identical and every read of the block agrees.
+fn attach_and_check_resync(c: &Cluster, offset: u64, outcomes: [&[u8]; 2]) {
+    let vol = c.volume();
+    assert!(
+        vol.wait_for(Duration::from_secs(20), |s| s.healthy == 2 && s.rebuild.is_none() && s.rebuilds_finished >= 1),
+        "the resync ran and finished: {:?}",
+        vol.status()
+    );
+    let mut first = vec![0; BLOCK as usize];
+    vol.read_at(&mut first, offset).unwrap();
+    assert!(outcomes.contains(&first.as_slice()), "the block holds one of the two outcomes");
+    // Reads are spread over the replicas; without the resync they would alternate.
+    for _ in 0..32 {
+        let mut again = vec![0; BLOCK as usize];
+        vol.read_at(&mut again, offset).unwrap();
+        assert!(again == first, "the same block read differently");
+    }
+    vol.flush().unwrap();
+    drop(vol);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(c.data(0) == c.data(1), "replicas are byte-identical after the resync");
+}
+
+#[test]
+fn replicas_diverged_by_an_unclean_end_are_resynced_from_the_intent_map() {
+    let c = Cluster::new(2);
+    let offset = 5 * (1 << 20) + 3 * BLOCK;
+    let (old, new) = (vec![0xaa; BLOCK as usize], vec![0x55; BLOCK as usize]);
+    {
+        // The engine writes the block and stops without the two flushes that would clear its
+        // region from the intent map: the persisted state marks it as suspect.
+        let vol = c.volume();
+        vol.write_at(&old, offset).unwrap();
+        drop(vol);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let state = load_state(c.state.path()).unwrap().unwrap();
+    assert!(state.intent.as_ref().is_some_and(|m| m.is_marked(offset >> 20)), "{:?}", state.intent);
+    diverge_replica_1(&c, offset, new.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(c.data(0) != c.data(1));
+    attach_and_check_resync(&c, offset, [&old, &new]);
+}
+
+#[test]
+fn replicas_diverged_by_an_unclean_end_are_fully_resynced_without_a_state_file() {
+    let c = Cluster::new(2);
+    let offset = 9 * (1 << 20);
+    let (old, new) = (vec![0x11; BLOCK as usize], vec![0x22; BLOCK as usize]);
+    {
+        let vol = c.volume();
+        vol.write_at(&old, offset).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    diverge_replica_1(&c, offset, new.clone());
+    // Without a state file nothing says which regions are suspect: everything is copied.
+    std::fs::remove_file(c.state.path().join(STATE_FILE)).unwrap();
+    attach_and_check_resync(&c, offset, [&old, &new]);
+}

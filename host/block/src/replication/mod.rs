@@ -48,10 +48,16 @@
 //! flushed; attaching therefore starts with a flush of every healthy replica, and a replica that
 //! fails before it completed is marked as lacking everything.
 //!
-//! Not yet handled: reconciling replicas after an *engine* crash that left unacknowledged writes
-//! on some healthy replicas only (the header's dirty flag is carried but not yet acted on; the
-//! client never got those writes acknowledged, but the replicas may then differ in those
-//! regions), and the loss of unflushed data on a replica that crashes together with the engine.
+//! After an *engine* crash, a write it sent but never acknowledged may have reached some replicas
+//! only; they then agree on revision, size and chain but not on content. The replicas' dirty flag
+//! tells the next attach that the previous session ended uncleanly; one healthy replica (local
+//! first) then becomes the only source and every other replica is rebuilt from it for the
+//! regions of the persisted write-intent map (marked and persisted before a write or unmap
+//! reaches a region not yet in it; cleared after a flush covered the region and no write touched
+//! it for a further flush interval), or the whole volume when the map is unknown (lost or old
+//! state file). Until then reads come from the source only; the volume is as available as it.
+//!
+//! Not yet handled: the loss of unflushed data on a replica that crashes together with the engine.
 
 mod rebuild;
 #[cfg(test)]
@@ -111,6 +117,11 @@ pub struct PersistedState {
     pub size: u64,
     /// Replica → regions it lacks. A replica without an entry is in sync.
     pub missing: BTreeMap<ReplicaId, DirtyMap>,
+    /// Write-intent map: every region a write or unmap may have been sent to without being
+    /// flushed on every replica yet. After an unclean end only these regions can differ between
+    /// replicas that otherwise agree. `None` when unknown (a state written before intent maps
+    /// existed): an unclean end then resyncs everything.
+    pub intent: Option<DirtyMap>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +296,9 @@ enum Fanout {
     },
     Flush {
         covered: DirtyMap,
+        /// Regions touched between the previous flush's start and this one's: kept in the
+        /// intent map one more interval, so a hot region does not cost a persist per flush.
+        window: DirtyMap,
     },
     SetRevision {
         revision: u64,
@@ -348,6 +362,14 @@ pub struct Engine {
     missing: BTreeMap<ReplicaId, DirtyMap>,
     /// Regions written since the last flush was issued: what a replica crash may lose.
     unflushed: DirtyMap,
+    /// Write-intent map of this session (see [`PersistedState::intent`]); marked and persisted
+    /// before a write or unmap reaches a region not yet in it, cleared lazily after flushes.
+    intent: DirtyMap,
+    /// What the previous session left in its intent map, until attaching acts on it; `None`
+    /// when unknown.
+    prior_intent: Option<DirtyMap>,
+    /// Regions a write or unmap started or finished on since the last flush started.
+    touched: DirtyMap,
     next_request: u64,
     next_op: OpId,
     pending: HashMap<u64, Pending>,
@@ -374,7 +396,7 @@ impl Engine {
             tracing::error!(region_size = cfg.region_size, "region size is not a power of two; using 1 MiB");
         }
         let region_size = if cfg.region_size.is_power_of_two() { cfg.region_size } else { 1 << 20 };
-        let (revision, size, missing) = match persisted {
+        let (revision, size, missing, prior_intent) = match persisted {
             Some(p) => {
                 let size = if p.size == 0 { cfg.size } else { p.size };
                 let missing = p
@@ -387,9 +409,12 @@ impl Engine {
                         (r, if fits { m } else { full_map(size, region_size) })
                     })
                     .collect();
-                (p.revision, size, missing)
+                // An intent map of another geometry cannot say which regions are suspect.
+                let intent =
+                    p.intent.filter(|m| m.region_size() == region_size && m.regions() == size.div_ceil(region_size));
+                (p.revision, size, missing, intent)
             }
-            None => (0, cfg.size, BTreeMap::new()),
+            None => (0, cfg.size, BTreeMap::new(), None),
         };
         let mut cfg = cfg;
         cfg.region_size = region_size;
@@ -398,6 +423,9 @@ impl Engine {
             known: vec![Known::default(); cfg.replicas.len()],
             attach_deadline: now + cfg.attach_timeout,
             unflushed: empty_map(size, region_size),
+            intent: empty_map(size, region_size),
+            prior_intent,
+            touched: empty_map(size, region_size),
             cfg,
             now,
             revision,
@@ -493,9 +521,10 @@ impl Engine {
                 }
             }
             Event::ClientFlush { client } => {
-                // Placeholder: what the flush covers is decided when it starts.
+                // Placeholders: what the flush covers is decided when it starts.
                 let covered = self.unflushed.clone();
-                self.enqueue(fanout(client, Fanout::Flush { covered }));
+                let window = self.touched.clone();
+                self.enqueue(fanout(client, Fanout::Flush { covered, window }));
             }
             Event::ClientResize { client, size } => self.enqueue(fanout(client, Fanout::Resize { size })),
             Event::ClientSnapshot { client, name, created_ns } => {
@@ -563,10 +592,14 @@ impl Engine {
     }
 
     fn persist(&mut self) {
+        // Before attaching has acted on the previous session's intent map, it must survive
+        // another crash unchanged.
+        let intent = if self.attached { Some(self.intent.clone()) } else { self.prior_intent.clone() };
         self.actions.push(Action::Persist(PersistedState {
             revision: self.revision,
             size: self.size,
             missing: self.missing.clone(),
+            intent,
         }));
     }
 
@@ -722,6 +755,7 @@ impl Engine {
             let lacks = if candidate && same_chain { empty_map(self.size, self.cfg.region_size) } else { full.clone() };
             self.missing.entry(r).or_insert(lacks);
         }
+        self.resync_after_unclean_end(&attached);
         if self.replicas.iter().any(|s| *s != ReplicaState::Healthy) {
             self.bump_revision();
         }
@@ -737,8 +771,53 @@ impl Engine {
                 self.send(*r, op, Message::Flush);
             }
             let covered = full_map(self.size, self.cfg.region_size);
-            let kind = Fanout::Flush { covered };
+            let kind = Fanout::Flush { covered, window: empty_map(self.size, self.cfg.region_size) };
             self.ops.insert(op, Op::Fanout { client: None, kind, waiting: healthy, acked: BTreeSet::new() });
+        }
+    }
+
+    /// The previous session did not end cleanly (a replica's header says dirty: its engine died
+    /// or lost it without a final flush). Writes it sent but never acknowledged may have reached
+    /// some replicas and not others, so replicas that agree on revision, size and chain can still
+    /// differ in content; reading from more than one of them could return a block's old and new
+    /// content alternately. One healthy replica (local first) becomes the source and stays the
+    /// only healthy one; every other replica gets the suspect regions added to what it lacks and
+    /// is rebuilt from the source, so afterwards all hold what the source holds, which is a valid
+    /// outcome of the interrupted writes. The suspect regions are the previous session's intent
+    /// map, or the whole volume when it is unknown (lost or old state file). Replicas already
+    /// out of sync get them too: one in a rebuild's head phase received the same writes.
+    fn resync_after_unclean_end(&mut self, attached: &[(ReplicaId, ReplicaHeader)]) {
+        let prior = self.prior_intent.take();
+        if !attached.iter().any(|(_, h)| h.dirty) {
+            return;
+        }
+        let healthy = self.healthy();
+        let Some(source) = healthy.iter().copied().find(|r| self.cfg.replicas[*r].local).or(healthy.first().copied())
+        else {
+            return;
+        };
+        let region_size = self.cfg.region_size;
+        let suspect = match prior {
+            // Grown when the replicas' size is newer than the persisted one; marks are kept.
+            Some(mut m) if m.regions() <= self.size.div_ceil(region_size) => {
+                m.grow(self.size);
+                m
+            }
+            _ => full_map(self.size, region_size),
+        };
+        if suspect.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            source,
+            regions = suspect.count(),
+            "previous session ended uncleanly: resyncing from one replica"
+        );
+        for r in (0..self.replicas.len()).filter(|r| *r != source) {
+            if self.replicas[r] == ReplicaState::Healthy {
+                self.replicas[r] = ReplicaState::Stale;
+            }
+            self.missing.entry(r).or_insert_with(|| empty_map(self.size, region_size)).merge(&suspect);
         }
     }
 
@@ -752,9 +831,13 @@ impl Engine {
         if size > self.size {
             self.missing.values_mut().for_each(|m| m.grow(size));
             self.unflushed.grow(size);
+            self.intent.grow(size);
+            self.touched.grow(size);
         } else {
             self.missing.values_mut().for_each(|m| *m = full_map(size, region_size));
             self.unflushed = full_map(size, region_size);
+            self.intent = full_map(size, region_size);
+            self.touched = full_map(size, region_size);
         }
         self.size = size;
     }
@@ -778,7 +861,7 @@ impl Engine {
                 Op::Fanout { kind: Fanout::Write { offset, len, .. }, .. } => {
                     map.mark(*offset, *len);
                 }
-                Op::Fanout { kind: Fanout::Flush { covered }, .. } => {
+                Op::Fanout { kind: Fanout::Flush { covered, .. }, .. } => {
                     map.merge(covered);
                 }
                 _ => {}
@@ -852,10 +935,18 @@ impl Engine {
                 if ok {
                     self.unflushed.mark(offset, len);
                 }
+                // Marked at the end too: a write that finishes after a flush started is not
+                // covered by it, even if it started long before.
+                self.touched.mark(offset, len);
                 ok.then_some(if data.is_some() { ClientReply::Written } else { ClientReply::Unmapped })
                     .ok_or_else(|| self.volume_error())
             }
-            Fanout::Flush { .. } => ok.then_some(ClientReply::Flushed).ok_or_else(|| self.volume_error()),
+            Fanout::Flush { window, .. } => {
+                if ok {
+                    self.clear_intent(&window);
+                }
+                ok.then_some(ClientReply::Flushed).ok_or_else(|| self.volume_error())
+            }
             Fanout::Resize { size } => {
                 if ok {
                     for r in &acked {
@@ -917,6 +1008,33 @@ impl Engine {
         };
         if let Some(client) = client {
             self.reply(client, result);
+        }
+    }
+
+    /// After a flush succeeded: drops from the intent map every region no write touched since
+    /// the previous flush started (`window`) nor since this one started, and none is in flight
+    /// on. Every write to such a region finished before this flush started, so every replica
+    /// still in the set holds it durably. Persisted only when something was cleared (at most
+    /// once per flush): a stale mark would be safe, but a quiet volume would then keep its last
+    /// marks on disk and pay for them with a larger resync after a crash.
+    fn clear_intent(&mut self, window: &DirtyMap) {
+        let mut busy = empty_map(self.size, self.cfg.region_size);
+        for op in self.ops.values() {
+            if let Op::Fanout { kind: Fanout::Write { offset, len, .. }, .. } = op {
+                busy.mark(*offset, *len);
+            }
+        }
+        let clear: Vec<u64> = self
+            .intent
+            .marked()
+            .filter(|r| !window.is_marked(*r) && !self.touched.is_marked(*r) && !busy.is_marked(*r))
+            .collect();
+        let cleared = !clear.is_empty();
+        for r in clear {
+            self.intent.clear_region(r);
+        }
+        if cleared {
+            self.persist();
         }
     }
 
@@ -1030,7 +1148,10 @@ impl Engine {
                 // Marked before any replica sees the write: if the engine crashes right after
                 // sending, the persisted maps already cover what the missing replicas lack.
                 let targets = self.writable();
-                let mut changed = false;
+                // Also before any replica sees it: if the engine crashes with it in flight, the
+                // next attach knows the region may differ between replicas.
+                let mut changed = self.intent.mark(*offset, *len);
+                self.touched.mark(*offset, *len);
                 for (r, map) in self.missing.iter_mut() {
                     if !targets.contains(r) {
                         changed |= map.mark(*offset, *len);
@@ -1091,10 +1212,11 @@ impl Engine {
         if let Fanout::Flush { .. } = kind {
             // Writes completed before now are covered by this flush; later ones are not.
             let covered = std::mem::replace(&mut self.unflushed, empty_map(self.size, self.cfg.region_size));
+            let window = std::mem::replace(&mut self.touched, empty_map(self.size, self.cfg.region_size));
             for r in &targets {
                 self.send(*r, id, Message::Flush);
             }
-            let kind = Fanout::Flush { covered };
+            let kind = Fanout::Flush { covered, window };
             self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: BTreeSet::new() });
             return;
         }

@@ -207,3 +207,47 @@ fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() 
     assert_eq!(map.regions(), 32);
     assert!(map.is_marked(0) && !map.is_marked(31));
 }
+
+/// The write path's cost of the intent map: persists per 10k random 4 KiB writes over a 1 GiB
+/// volume with 1 MiB regions and a flush every 100 writes, with replicas answering at once.
+/// Printed for the record (`--nocapture`); the bound only catches a persist per write.
+#[test]
+fn intent_map_persists_per_random_write_workload() {
+    let mut cfg = config(&[true, false]);
+    cfg.size = 1 << 30;
+    cfg.region_size = 1 << 20;
+    let run = |hot: u64| {
+        let mut e = Engine::new(cfg.clone(), None, 0);
+        let mut pending = Vec::new();
+        for r in 0..2 {
+            let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
+            let h = ReplicaHeader { size: 1 << 30, ..header(1) };
+            let reply = Message::HelloReply { status: Status::Ok, header: h };
+            pending
+                .extend(e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply })));
+        }
+        let mut rng = crate::testutil::Rng::new(42);
+        let mut persists = 0;
+        for i in 0..10_000u64 {
+            let offset = rng.below(hot / 4096) * 4096;
+            let event = if i % 100 == 99 {
+                Event::ClientFlush { client: i }
+            } else {
+                Event::ClientWrite { client: i, offset, data: vec![1; 4096] }
+            };
+            pending.extend(e.handle(i, event));
+            // Every request is answered before the next: the replicas are instant.
+            while !pending.is_empty() {
+                let batch = std::mem::take(&mut pending);
+                persists += batch.iter().filter(|a| matches!(a, Action::Persist(_))).count();
+                for (r, f) in sends(&batch) {
+                    pending.extend(e.handle(i, Event::Received(r, ok(f.request_id))));
+                }
+            }
+        }
+        persists
+    };
+    let (whole, hot) = (run(1 << 30), run(64 << 20));
+    println!("persists per 10k random 4k writes, flush every 100: over 1 GiB {whole}, over a 64 MiB hot set {hot}");
+    assert!(whole < 10_000 && hot < 2_000, "{whole} {hot}");
+}
