@@ -47,6 +47,16 @@ impl DirtyMap {
         self.regions
     }
 
+    /// The regions `[first, last)` that `[offset, offset + len)` touches (empty when none).
+    pub fn region_span(&self, offset: u64, len: u64) -> (u64, u64) {
+        if len == 0 || offset >= self.regions * self.region_size {
+            return (0, 0);
+        }
+        let first = offset / self.region_size;
+        let last = ((offset.saturating_add(len) - 1) / self.region_size).min(self.regions - 1);
+        (first, last + 1)
+    }
+
     /// Marks every region touched by `[offset, offset + len)`; true if any bit was newly set
     /// (i.e. the persisted copy is now out of date).
     pub fn mark(&mut self, offset: u64, len: u64) -> bool {

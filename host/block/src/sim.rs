@@ -779,10 +779,16 @@ fn settle(w: &mut World) {
     }
 }
 
-/// A quiet period: two flushes with no write between them empty the engine's intent map (the
-/// first covers the writes, the second shows no write touched anything for a whole interval).
+/// A quiet period: two flushes with no write between them, the second after the intent map's
+/// linger time, empty the engine's intent map (the first covers the writes, the second shows no
+/// write touched anything for a whole interval and long enough).
 fn quiesce(w: &mut World) {
-    for _ in 0..2 {
+    for round in 0..2 {
+        if round == 1 {
+            for _ in 0..=crate::replication::INTENT_LINGER {
+                w.step();
+            }
+        }
         w.issue(Expect::Flush, |client| Event::ClientFlush { client });
         settle(w);
     }

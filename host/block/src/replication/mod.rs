@@ -80,6 +80,12 @@ pub type ClientId = u64;
 /// Milliseconds on the driver's monotonic clock; the engine only compares them.
 pub type Millis = u64;
 
+/// Minimum time a region stays in the write-intent map after its last write (see
+/// `Engine::intent_touched`): bounds the state-file fsyncs of a write+flush workload to about one
+/// per region per this interval, at the price of resyncing regions written in the last few
+/// seconds after an engine crash.
+pub const INTENT_LINGER: Millis = 5_000;
+
 /// Largest single client read or write; bounded so one request fits one frame.
 pub const MAX_IO: u64 = 4 * 1024 * 1024;
 /// Largest single client unmap. An unmap locks its range like a write; bounding it keeps one
@@ -370,6 +376,11 @@ pub struct Engine {
     prior_intent: Option<DirtyMap>,
     /// Regions a write or unmap started or finished on since the last flush started.
     touched: DirtyMap,
+    /// When each region of `intent` was last written: a region stays marked for at least
+    /// [`INTENT_LINGER`] after its last write, so a workload that flushes often while writing
+    /// all over the volume (a database on ext4) does not pay an fsync of the state file per write
+    /// — the write-intent bitmap's lazy clearing, as in md.
+    intent_touched: BTreeMap<u64, Millis>,
     next_request: u64,
     next_op: OpId,
     pending: HashMap<u64, Pending>,
@@ -426,6 +437,7 @@ impl Engine {
             intent: empty_map(size, region_size),
             prior_intent,
             touched: empty_map(size, region_size),
+            intent_touched: BTreeMap::new(),
             cfg,
             now,
             revision,
@@ -1028,10 +1040,12 @@ impl Engine {
             .intent
             .marked()
             .filter(|r| !window.is_marked(*r) && !self.touched.is_marked(*r) && !busy.is_marked(*r))
+            .filter(|r| self.intent_touched.get(r).is_none_or(|t| self.now.saturating_sub(*t) >= INTENT_LINGER))
             .collect();
         let cleared = !clear.is_empty();
         for r in clear {
             self.intent.clear_region(r);
+            self.intent_touched.remove(&r);
         }
         if cleared {
             self.persist();
@@ -1152,6 +1166,11 @@ impl Engine {
                 // next attach knows the region may differ between replicas.
                 let mut changed = self.intent.mark(*offset, *len);
                 self.touched.mark(*offset, *len);
+                let (first, last) = self.intent.region_span(*offset, *len);
+                let now = self.now;
+                for r in first..last {
+                    self.intent_touched.insert(r, now);
+                }
                 for (r, map) in self.missing.iter_mut() {
                     if !targets.contains(r) {
                         changed |= map.mark(*offset, *len);

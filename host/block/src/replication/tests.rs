@@ -210,7 +210,8 @@ fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() 
 
 /// The write path's cost of the intent map: persists per 10k random 4 KiB writes over a 1 GiB
 /// volume with 1 MiB regions and a flush every 100 writes, with replicas answering at once.
-/// Printed for the record (`--nocapture`); the bound only catches a persist per write.
+/// Printed for the record (`--nocapture`); the clock advances 1 ms per request, so the 10 s run
+/// spans two intent linger intervals.
 #[test]
 fn intent_map_persists_per_random_write_workload() {
     let mut cfg = config(&[true, false]);
@@ -249,5 +250,6 @@ fn intent_map_persists_per_random_write_workload() {
     };
     let (whole, hot) = (run(1 << 30), run(64 << 20));
     println!("persists per 10k random 4k writes, flush every 100: over 1 GiB {whole}, over a 64 MiB hot set {hot}");
-    assert!(whole < 10_000 && hot < 2_000, "{whole} {hot}");
+    // About one persist per region first touched, plus one per linger interval and region.
+    assert!(whole < 2_000 && hot < 200, "{whole} {hot}");
 }
