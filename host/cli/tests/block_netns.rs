@@ -628,7 +628,8 @@ impl Workload {
                         rng ^= rng << 17;
                         let block = (rng % (BLOCKS / threads)) * threads + t;
                         step += 1;
-                        let ok = if step.is_multiple_of(4) { w.check(&mut buf, block) } else { w.write(&mut buf, block) };
+                        let ok =
+                            if step.is_multiple_of(4) { w.check(&mut buf, block) } else { w.write(&mut buf, block) };
                         if !ok {
                             return;
                         }
