@@ -137,8 +137,17 @@ impl FuseLoopFrontend {
             .map_err(|e| FrontendError::io("spawning the FUSE server thread", e))?;
         {
             let mnt = mnt.clone();
+            // Known now, while the mount answers: after the unmount only its number is left.
+            let connection = fuse_connection(&mnt);
             undo.push(format!("unmount FUSE {}", mnt.display()), move || {
                 umount_retrying(&mnt, PATIENCE)?;
+                // A copy of the mount in another mount namespace (a container, `ip netns exec`,
+                // `unshare -m`, kubelet's mount propagation) keeps the connection alive after
+                // our unmount, and the server threads would wait on /dev/fuse forever. Aborting
+                // the connection ends it everywhere; the copies then fail with ENOTCONN.
+                if let Some(id) = connection {
+                    abort_fuse_connection(id);
+                }
                 // The unmount aborts the connection, so every server thread sees ENODEV and
                 // returns; joining cannot hang once the unmount succeeded. (On failure the `?`
                 // above drops the handle: the thread is leaked rather than waited on forever.)
@@ -242,6 +251,35 @@ impl Frontend for FuseLoopFrontend {
             }
         }
     }
+}
+
+/// The FUSE connection's number in `/sys/fs/fuse/connections`: the kernel's encoding of the
+/// mount's anonymous device number.
+fn fuse_connection(mnt: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(mnt).ok()?.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    Some((major << 20) | minor)
+}
+
+/// Best effort: mounts fusectl if needed and aborts connection `id`; a connection that is
+/// already gone (the usual case: no other namespace held the mount) is fine.
+fn abort_fuse_connection(id: u64) {
+    let root = Path::new("/sys/fs/fuse/connections");
+    let abort = root.join(id.to_string()).join("abort");
+    if !root.join(id.to_string()).exists() && !fusectl_mounted() {
+        let _ = nix::mount::mount(Some("fusectl"), root, Some("fusectl"), nix::mount::MsFlags::empty(), None::<&str>);
+    }
+    match std::fs::write(&abort, "1") {
+        Ok(()) => tracing::debug!(connection = id, "aborted the FUSE connection after unmount"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(connection = id, error = %e, "could not abort the FUSE connection"),
+    }
+}
+
+fn fusectl_mounted() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fusectl "))))
 }
 
 fn loop_name(device: &Path) -> Result<String, FrontendError> {

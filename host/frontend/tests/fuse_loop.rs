@@ -479,3 +479,31 @@ fn online_resize_grows_the_mounted_device_and_xfs() {
     drop(file_dev);
     assert_clean(&runtime, &dev);
 }
+
+/// A copy of the FUSE mount in another mount namespace (what a container runtime, `ip netns
+/// exec` or kubelet's mount propagation makes) must not keep the detach waiting forever for the
+/// FUSE server: after our unmount the connection is aborted, which ends it in every namespace.
+#[test]
+fn detach_completes_while_another_mount_namespace_holds_a_copy_of_the_fuse_mount() {
+    require!("losetup", "unshare");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create(&tmp.path().join("backing.img"), SIZE).expect("backing file"));
+    let mut attached = FuseLoopFrontend::new(&runtime).attach(dev.clone(), "copied").expect("attach");
+    // The new namespace starts with a copy of every mount, ours included, and keeps it.
+    let mut holder = Command::new("unshare").args(["--mount", "sleep", "120"]).spawn().expect("unshare");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let detacher = std::thread::spawn(move || {
+        let result = attached.detach();
+        let _ = tx.send(result.is_ok());
+        attached
+    });
+    let finished = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(finished, Ok(true), "detach did not complete while another namespace held the mount");
+    drop(detacher.join().expect("detach thread"));
+    assert_clean(&runtime, &dev);
+}
