@@ -209,7 +209,9 @@ impl Pool {
         let args = nfs3::SYMLINK3args {
             where_: dirop(dir, n),
             symlink: nfs3::symlinkdata3 {
-                symlink_attributes: sattr3::default(),
+                // Owner and times at creation too: some servers (ganesha's VFS) ignore a
+                // later SETATTR of times on a symlink.
+                symlink_attributes: sattr3 { mode: Nfs3Option::None, ..final_attrs(attr) },
                 symlink_data: nfs3::nfspath3(Opaque::owned(target)),
             },
         };

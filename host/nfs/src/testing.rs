@@ -43,6 +43,8 @@ ip link set lo up
 ip addr add "$NS_ADDR/30" dev "$PEER_IF" && ip link set "$PEER_IF" up || { echo failed; exit 1; }
 mount -t tmpfs tmpfs /run && mkdir -p /run/rpcbind
 rpcbind -f -w >>"$DIR/rpcbind.log" 2>&1 &
+# ganesha registers with rpcbind once, at startup: rpcbind must answer first.
+for _ in $(seq 200); do rpcinfo -p 127.0.0.1 >/dev/null 2>&1 && break; sleep 0.01; done
 GPID=
 start() {
   ganesha.nfsd -F -f "$DIR/ganesha.conf" -L "$DIR/ganesha.log" -p /run/ganesha.pid -N NIV_EVENT \
@@ -60,7 +62,14 @@ start() {
 start
 while read -r cmd; do
   case "$cmd" in
-    pause) kill -STOP "$GPID" && echo ok || echo failed ;;
+    # kill returns once the signal is queued; a busy thread may still answer a call after
+    # that. `ok` only when every thread of ganesha is stopped.
+    pause) kill -STOP "$GPID"
+      for _ in $(seq 500); do
+        grep -L '^State:[[:space:]]*T' /proc/"$GPID"/task/*/status 2>/dev/null | grep -q . || break
+        sleep 0.01
+      done
+      echo ok ;;
     resume) kill -CONT "$GPID" && echo ok || echo failed ;;
     stop) kill -KILL "$GPID"; wait "$GPID" 2>/dev/null; echo ok ;;
     start) start ;;
