@@ -98,7 +98,11 @@ impl ImportSummary {
                     "import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"
                 )),
                 Capability::Dir => {}
-                Capability::Nfs | Capability::Block | Capability::Rbd => out.push(format!(
+                Capability::Nfs if grants.nfs.is_empty() => out.push(format!(
+                    "import {import} is not granted (add [backends.NAME.grants] nfs = [{{ server = \"HOST\", share = \"/export\" }}])"
+                )),
+                Capability::Nfs => {}
+                Capability::Block | Capability::Rbd => out.push(format!(
                     "import {import} cannot be linked: this host build has no {} provider yet",
                     c.name()
                 )),
@@ -113,6 +117,8 @@ pub struct Capabilities {
     pub backend: String,
     pub store: Arc<MetaStore>,
     pub dir_roots: BTreeMap<String, PathBuf>,
+    /// The userspace NFS client scoped to the granted exports; `None` without an nfs grant.
+    pub nfs: Option<wasmcsi_nfs::NfsClient>,
     pub import_timeout: Duration,
 }
 
@@ -148,5 +154,17 @@ mod tests {
         let mut g = Grants::default();
         g.dir.insert("default".into(), "/srv".into());
         assert_eq!(s.violations(&g).len(), 1);
+    }
+
+    #[test]
+    fn nfs_links_only_with_an_export_granted() {
+        let s = ImportSummary::classify(["wasmcsi:backend/nfs@0.1.0"]);
+        let v = s.violations(&Grants::default());
+        assert!(v.len() == 1 && v[0].contains("not granted"), "{v:?}");
+        let mut g = Grants::default();
+        g.nfs.push(crate::config::NfsGrant { server: "10.0.0.1".into(), share: "/export".into() });
+        assert!(s.violations(&g).is_empty());
+        let block = ImportSummary::classify(["wasmcsi:backend/block@0.1.0"]);
+        assert!(block.violations(&g)[0].contains("no block provider"), "block has no provider yet");
     }
 }

@@ -148,6 +148,9 @@ impl Runtime {
         if imports.capabilities.contains(&Capability::Dir) {
             wit::dir::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         }
+        if imports.capabilities.contains(&Capability::Nfs) {
+            wit::nfs::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        }
         let pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = BackendPre::new(pre).map_err(link)?;
 
@@ -194,6 +197,7 @@ impl Runtime {
                 backend: name.into(),
                 store: self.store.clone(),
                 dir_roots: self.config.grants_for(name).dir,
+                nfs: nfs_client(&self.config.grants_for(name).nfs, limits.import_timeout()),
                 import_timeout: limits.import_timeout(),
             }),
             limits,
@@ -207,4 +211,22 @@ impl Runtime {
 
 fn empty_info() -> BackendInfo {
     BackendInfo { name: String::new(), version: String::new(), features: vec![], parameters: vec![] }
+}
+
+/// One pooled NFS client per backend, scoped to its granted exports; its own timeouts are
+/// kept below the import timeout so the client reports which server failed before the import's
+/// deadline cuts it off.
+fn nfs_client(
+    grants: &[crate::config::NfsGrant],
+    import_timeout: std::time::Duration,
+) -> Option<wasmcsi_nfs::NfsClient> {
+    if grants.is_empty() {
+        return None;
+    }
+    let exports = grants.iter().map(|g| wasmcsi_nfs::NfsExport::new(g.server.clone(), g.share.clone())).collect();
+    let mut config = wasmcsi_nfs::NfsConfig::new(exports);
+    let budget = import_timeout.mul_f32(0.8);
+    config.connect_timeout = config.connect_timeout.min(budget);
+    config.op_timeout = config.op_timeout.min(budget);
+    Some(wasmcsi_nfs::NfsClient::new(config))
 }

@@ -3,6 +3,7 @@
 pub mod dir;
 pub mod kv;
 pub mod log;
+pub mod nfs;
 
 use crate::state::CallState;
 
