@@ -32,6 +32,9 @@ pub enum CsiError {
     Call(#[from] CallError),
     #[error("{0}")]
     Mount(String),
+    /// A storage server the node needs (an NFS server on mount) did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl CsiError {
@@ -39,7 +42,7 @@ impl CsiError {
         use tonic::Code;
         match self {
             Self::Missing(_) | Self::Invalid(_) | Self::UnknownBackend { .. } => Code::InvalidArgument,
-            Self::BackendNotLoaded(_) => Code::Unavailable,
+            Self::BackendNotLoaded(_) | Self::Unavailable(_) => Code::Unavailable,
             Self::NotFound(_) => Code::NotFound,
             Self::AlreadyExists(_) => Code::AlreadyExists,
             Self::FailedPrecondition(_) => Code::FailedPrecondition,

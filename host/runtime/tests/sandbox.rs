@@ -20,6 +20,7 @@ fn config(root: &Path, hostile_gets_dir: bool) -> HostConfig {
     };
     let text = format!(
         "[runtime]\nmemory_limit_mib = 32\ncall_deadline_ms = {DEADLINE_MS}\nimport_timeout_ms = 400\n\
+         [backends.hostpath]\ncall_deadline_ms = 10000\n\
          [backends.hostpath.grants]\ndir = {{ default = \"{}/hostpath\" }}\n{hostile_dir}",
         root.display()
     );
@@ -83,10 +84,17 @@ async fn a_spinning_guest_is_stopped_at_its_deadline_while_another_backend_serve
     let spinning = tokio::spawn(async move { hostile_call(&rt2, "loop").await });
     // While the hostile guest spins, hostpath keeps answering.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    for i in 0..5 {
+    // Count the answers that arrived while the spinner was still running (how many depends on
+    // the machine's load; at least one proves the other backend is not blocked by it).
+    let mut answered_while_spinning = 0;
+    for i in 0..50 {
         hostpath.create_volume(request(&format!("pvc-{i}"), &[]), vec![]).await.unwrap();
+        if spinning.is_finished() {
+            break;
+        }
+        answered_while_spinning += 1;
     }
-    assert!(!spinning.is_finished(), "the spinning call should still be running");
+    assert!(answered_while_spinning >= 1, "hostpath answered nothing while the other backend spun");
     let (r, took) = spinning.await.unwrap();
     assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
     assert!(took >= Duration::from_millis(DEADLINE_MS), "stopped early: {took:?}");

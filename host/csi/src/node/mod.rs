@@ -1,9 +1,10 @@
 //! CSI Node: carries out a backend's attachment plan on this node. Each handler reads the
-//! mount table, plans (pure, in `bind`), then executes, so a repeated call finds the work
-//! done and does nothing. Only the `bind` executor exists so far (directory volumes); NFS,
-//! replicated block and RBD executors arrive with their backends.
+//! mount table, plans (pure, in `bind` and `nfs`), then executes, so a repeated call finds the
+//! work done and does nothing. Executors: `bind` (directory volumes) and `nfs` (kernel NFS
+//! mounts under deadlines); replicated block and RBD executors arrive with their backends.
 pub mod bind;
 pub mod mountinfo;
+pub mod nfs;
 
 use crate::convert;
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
@@ -102,6 +103,21 @@ impl NodeService {
                 let sys = self.0.mounts.clone();
                 blocking(move || ensure_bind(sys.as_ref(), &source, &staging, false)).await?;
             }
+            Attachment::Nfs(p) => {
+                let invalid = |e: String| CsiError::Internal(format!("backend {} planned {e}", backend.name));
+                let source = nfs::source_spec(&p.server, &p.share, &p.path).map_err(invalid)?;
+                let options = nfs::mount_options(&p.mount_options, false).map_err(invalid)?;
+                blocking(move || {
+                    let mounts = mountinfo::read_current().map_err(mount_err)?;
+                    match nfs::plan_stage(&mounts, &staging, &source) {
+                        nfs::StagePlan::Done => Ok(()),
+                        nfs::StagePlan::Conflict(why) => Err(CsiError::AlreadyExists(why)),
+                        nfs::StagePlan::Mount => nfs::mount_nfs(&source, &staging, &options, nfs::NFS_DEADLINE)
+                            .map_err(CsiError::Unavailable),
+                    }
+                })
+                .await?;
+            }
             other => return Err(unsupported(&other)),
         }
         tracing::info!(volume.id = %id, "volume staged");
@@ -113,7 +129,18 @@ impl NodeService {
         let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let sys = self.0.mounts.clone();
-        blocking(move || ensure_unmounted(sys.as_ref(), &staging, false)).await?;
+        blocking(move || {
+            // An NFS mount whose server died can block umount in the kernel: bounded, with
+            // forced and lazy fallbacks. Everything else goes through the planned unmount.
+            let mounts = mountinfo::read_current().map_err(mount_err)?;
+            let top = mounts.iter().rev().find(|m| m.mount_point == staging);
+            if top.is_some_and(|m| m.fs_type.starts_with("nfs")) {
+                let how = nfs::unmount_bounded(&staging, nfs::NFS_DEADLINE).map_err(mount_err)?;
+                tracing::info!(path = %staging.display(), ?how, "NFS share unmounted");
+            }
+            ensure_unmounted(sys.as_ref(), &staging, false)
+        })
+        .await?;
         Ok(csi::NodeUnstageVolumeResponse {})
     }
 
@@ -157,6 +184,9 @@ impl NodeService {
             return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
         }
         let (_, plan) = self.plan(id, &Default::default(), plain_mount()).await?;
+        if let Attachment::Nfs(_) = plan {
+            return nfs_stats(path).await;
+        }
         let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
         let walk = path.clone();
         let (used, inodes_used) = blocking(move || bind::directory_usage(&walk).map_err(mount_err)).await?;
@@ -206,8 +236,57 @@ impl NodeService {
             (_, Attachment::Bind(p)) => Ok(csi::NodeExpandVolumeResponse {
                 capacity_bytes: convert::bytes(p.capacity_bytes.max(range.required_bytes)),
             }),
+            // The share has no filesystem of its own on the node either: the controller
+            // recorded the new size with the volume.
+            (_, Attachment::Nfs(_)) => {
+                Ok(csi::NodeExpandVolumeResponse { capacity_bytes: convert::bytes(range.required_bytes) })
+            }
             (_, other) => Err(unsupported(&other)),
         }
+    }
+}
+
+/// Stats of an NFS volume: the share's space and inodes as the server reports them, under a
+/// deadline — a dead server makes statvfs block, which is then the abnormal condition rather
+/// than a hung call.
+async fn nfs_stats(path: PathBuf) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    use csi::volume_usage::Unit;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let probe = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(nix::sys::statvfs::statvfs(&probe));
+    });
+    let b = convert::bytes;
+    match tokio::time::timeout(std::time::Duration::from_secs(10), rx).await {
+        Ok(Ok(Ok(fs))) => {
+            let frag = fs.fragment_size();
+            let (total, free) = (fs.blocks() * frag, fs.blocks_available() * frag);
+            Ok(csi::NodeGetVolumeStatsResponse {
+                usage: vec![
+                    csi::VolumeUsage {
+                        available: b(free),
+                        total: b(total),
+                        used: b(total.saturating_sub(fs.blocks_free() * frag)),
+                        unit: Unit::Bytes as i32,
+                    },
+                    csi::VolumeUsage {
+                        available: b(fs.files_available()),
+                        total: b(fs.files()),
+                        used: b(fs.files().saturating_sub(fs.files_free())),
+                        unit: Unit::Inodes as i32,
+                    },
+                ],
+                volume_condition: Some(csi::VolumeCondition { abnormal: false, message: "healthy".into() }),
+            })
+        }
+        Ok(Ok(Err(e))) => Err(mount_err(format!("statvfs {}: {e}", path.display()))),
+        _ => Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![],
+            volume_condition: Some(csi::VolumeCondition {
+                abnormal: true,
+                message: format!("the NFS server of {} does not answer", path.display()),
+            }),
+        }),
     }
 }
 
