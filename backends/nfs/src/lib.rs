@@ -1,8 +1,537 @@
-//! The `nfs` backend: a volume is a subdirectory of an NFS export, its size and source
-//! recorded in a metadata file inside it, snapshots server-side copies, all driven through
-//! the host's userspace NFS client (`wasmcsi:backend/nfs`, declared in `wit/backend.wit`).
+//! The `nfs` backend: a volume is a subdirectory of an NFS export, driven through the host's
+//! userspace NFS client (`wasmcsi:backend/nfs`), so the controller needs no privileged mount.
 //!
-//! Not written yet: it arrives with its own issue ("The nfs backend end to end against a real
-//! NFS server"), together with the host's `nfs` capability provider and the node's kernel
-//! NFS mount executor. Until then the host refuses to link `nfs` (a component importing it
-//! fails to load with an error naming the import), and this crate builds no component.
+//! Where the truth lives (the controller keeps none of its own):
+//! - `SUBDIR/.wasmcsi-volume`: the volume's metadata (name, size, source, subDir, mount options,
+//!   onDelete), written atomically with `write-file`.
+//! - `.wasmcsi/volumes/NAME`: the index from the CSI name to its subDir (the subDir comes from a
+//!   template, the id only from the name), written last: it is the commit point of a create, so
+//!   a retry after any crash finds either nothing or a whole volume.
+//! - `.snapshots/NAME/data` (a server-side `copy-tree` of the volume) and `.snapshots/NAME/meta`
+//!   (written last). Snapshots are independent copies: a volume with snapshots can be deleted.
+//! - kv `exports/SERVER_SHARE`: the exports volumes were created on, so an unfiltered
+//!   ListSnapshots knows where to look (the `nfs` capability does not list its grants).
+//!
+//! Ids are `SERVER_SHARE-COMPONENTS_NAME` (see [`policy::encode_id`]). What this crate does
+//! not do: mount anything (the node executes the `nfs` attach plan) or enforce sizes (the
+//! recorded size is reported against usage as the volume condition).
+pub mod policy;
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, reason = "wit-bindgen expands to unsafe glue")]
+mod bindings {
+    wit_bindgen::generate!({ path: "../../wit", world: "backend" });
+}
+#[cfg(not(target_arch = "wasm32"))]
+use wasmcsi_runtime::native::guest_bindings as bindings;
+
+use bindings::exports::wasmcsi::backend::driver::*;
+use bindings::wasmcsi::backend::dir::{FileStat, Space};
+use bindings::wasmcsi::backend::types::{AccessType, Pair, Timestamp};
+use policy::{Export, Invalid, Meta, OnDelete, Params};
+
+/// The backend (exported as the component's `driver` on wasm32).
+pub struct Nfs;
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, reason = "export! expands to the unsafe canonical-ABI entry points")]
+mod export {
+    use super::Nfs;
+    crate::bindings::export!(Nfs with_types_in crate::bindings);
+}
+
+/// What the backend needs from the host: the `nfs` capability and `kv`. A trait so the driver
+/// logic compiles (and is linted) natively too; the component implements it with its imports.
+pub trait Host {
+    fn mkdir(&self, e: &Export, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), Error>;
+    fn stat(&self, e: &Export, path: &str) -> Result<Option<FileStat>, Error>;
+    fn read_dir(&self, e: &Export, path: &str) -> Result<Vec<String>, Error>;
+    fn read_file(&self, e: &Export, path: &str) -> Result<Vec<u8>, Error>;
+    fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error>;
+    fn copy_tree(&self, e: &Export, from: &str, to: &str) -> Result<(), Error>;
+    fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error>;
+    fn remove_all(&self, e: &Export, path: &str) -> Result<(), Error>;
+    fn usage(&self, e: &Export, path: &str) -> Result<u64, Error>;
+    fn fs_stats(&self, e: &Export) -> Result<Space, Error>;
+    fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error>;
+    fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error>;
+    fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error>;
+    fn log(&self, message: &str, fields: &[(String, String)]);
+}
+
+#[cfg(target_arch = "wasm32")]
+mod imports {
+    use super::*;
+    use crate::bindings::wasmcsi::backend::{kv, log, nfs};
+    /// The component's imports.
+    pub struct Imports;
+    fn t(e: &Export) -> nfs::NfsExport {
+        nfs::NfsExport { server: e.server.clone(), share: e.share.clone() }
+    }
+    impl Host for Imports {
+        fn mkdir(&self, e: &Export, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), Error> {
+            nfs::mkdir(&t(e), path, mode, uid, gid)
+        }
+        fn stat(&self, e: &Export, path: &str) -> Result<Option<FileStat>, Error> {
+            nfs::stat(&t(e), path)
+        }
+        fn read_dir(&self, e: &Export, path: &str) -> Result<Vec<String>, Error> {
+            nfs::read_dir(&t(e), path)
+        }
+        fn read_file(&self, e: &Export, path: &str) -> Result<Vec<u8>, Error> {
+            nfs::read_file(&t(e), path)
+        }
+        fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error> {
+            nfs::write_file(&t(e), path, data)
+        }
+        fn copy_tree(&self, e: &Export, from: &str, to: &str) -> Result<(), Error> {
+            nfs::copy_tree(&t(e), from, to)
+        }
+        fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error> {
+            nfs::rename(&t(e), from, to)
+        }
+        fn remove_all(&self, e: &Export, path: &str) -> Result<(), Error> {
+            nfs::remove_all(&t(e), path)
+        }
+        fn usage(&self, e: &Export, path: &str) -> Result<u64, Error> {
+            nfs::usage(&t(e), path)
+        }
+        fn fs_stats(&self, e: &Export) -> Result<Space, Error> {
+            nfs::fs_stats(&t(e))
+        }
+        fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+            kv::get(key)
+        }
+        fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error> {
+            kv::set(key, value)
+        }
+        fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error> {
+            kv::list_keys(prefix, None, 1024)
+        }
+        fn log(&self, message: &str, fields: &[(String, String)]) {
+            log::log(log::Level::Info, message, fields)
+        }
+    }
+}
+
+fn bad(e: Invalid) -> Error {
+    Error::InvalidArgument(e.0)
+}
+fn internal(what: &str) -> impl Fn(Invalid) -> Error + '_ {
+    move |e| Error::Internal(format!("{what}: {}", e.0))
+}
+fn params(pairs: &[Pair]) -> Result<Params, Error> {
+    Params::parse(pairs.iter().map(|p| (p.key.as_str(), p.value.as_str()))).map_err(bad)
+}
+fn not_ours(id: &str) -> Error {
+    Error::NotFound(format!("{id} is not an nfs volume or snapshot id"))
+}
+fn index_path(name: &str) -> String {
+    format!("{}/{name}", policy::INDEX_DIR)
+}
+fn meta_path(sub_dir: &str) -> String {
+    format!("{sub_dir}/{}", policy::VOLUME_META)
+}
+fn snap_dir(name: &str) -> String {
+    format!("{}/{name}", policy::SNAPSHOT_DIR)
+}
+fn export_key(e: &Export) -> String {
+    format!("exports/{}", policy::encode_id(e, "x").unwrap_or_default())
+}
+
+/// One volume as found on the export.
+struct Found {
+    export: Export,
+    name: String,
+    sub_dir: String,
+    meta: Meta,
+}
+
+impl Found {
+    fn capacity(&self) -> Result<u64, Error> {
+        self.meta.u64("capacity").map_err(internal(&self.sub_dir))
+    }
+    fn volume(&self) -> Result<Volume, Error> {
+        let context = [
+            ("server", self.export.server.as_str()),
+            ("share", &self.export.share),
+            ("subDir", &self.sub_dir),
+            ("mountOptions", self.meta.get("mountOptions")),
+        ];
+        Ok(Volume {
+            volume_id: policy::encode_id(&self.export, &self.name).map_err(bad)?,
+            capacity_bytes: self.capacity()?,
+            volume_context: context.iter().map(|(k, v)| Pair { key: (*k).into(), value: (*v).into() }).collect(),
+            content_source: content_source(self.meta.get("source")),
+            accessible_topology: vec![],
+        })
+    }
+}
+
+fn content_source(s: &str) -> Option<ContentSource> {
+    if let Some(id) = s.strip_prefix("snapshot:") {
+        Some(ContentSource::Snapshot(id.into()))
+    } else {
+        s.strip_prefix("volume:").map(|id| ContentSource::Volume(id.into()))
+    }
+}
+fn source_key(s: &Option<ContentSource>) -> String {
+    match s {
+        Some(ContentSource::Snapshot(id)) => format!("snapshot:{id}"),
+        Some(ContentSource::Volume(id)) => format!("volume:{id}"),
+        None => String::new(),
+    }
+}
+
+fn read_meta(h: &impl Host, e: &Export, path: &str) -> Result<Option<Meta>, Error> {
+    if h.stat(e, path)?.is_none() {
+        return Ok(None);
+    }
+    match h.read_file(e, path) {
+        Ok(b) => Meta::decode(&b).map(Some).map_err(internal(path)),
+        Err(Error::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The subDir the index gives for `name` on `e`, and the metadata there (`None` when the
+/// directory or its metadata is gone, e.g. after an interrupted delete).
+fn find_index(h: &impl Host, e: &Export, name: &str) -> Result<Option<(String, Option<Meta>)>, Error> {
+    let Some(index) = read_meta(h, e, &index_path(name))? else { return Ok(None) };
+    let sub_dir = index.get("subDir").to_string();
+    policy::check_sub_dir(&sub_dir).map_err(internal(&index_path(name)))?;
+    let meta = read_meta(h, e, &meta_path(&sub_dir))?;
+    Ok(Some((sub_dir, meta)))
+}
+
+/// The committed volume `name` on `e`, or `None`.
+fn find(h: &impl Host, e: &Export, name: &str) -> Result<Option<Found>, Error> {
+    let Some((sub_dir, meta)) = find_index(h, e, name)? else { return Ok(None) };
+    let meta = meta.ok_or_else(|| Error::Internal(format!("volume {name}: index names {sub_dir} but its metadata is missing")))?;
+    Ok(Some(Found { export: e.clone(), name: name.into(), sub_dir, meta }))
+}
+fn find_id(h: &impl Host, id: &str) -> Result<Found, Error> {
+    let (e, name) = policy::decode_id(id).ok_or_else(|| not_ours(id))?;
+    find(h, &e, &name)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))
+}
+
+fn check_caps(caps: &[VolumeCapability]) -> Result<(), Error> {
+    if caps.iter().any(|c| matches!(c.access_type, AccessType::Block)) {
+        return Err(Error::InvalidArgument("nfs serves filesystem volumes only, not block".into()));
+    }
+    Ok(())
+}
+
+fn snapshot(h: &impl Host, e: &Export, name: &str) -> Result<Option<Snapshot>, Error> {
+    let path = format!("{}/meta", snap_dir(name));
+    let Some(meta) = read_meta(h, e, &path)? else { return Ok(None) };
+    let created = h.stat(e, &path)?.map(|s| s.modified).unwrap_or(Timestamp { seconds: 0, nanos: 0 });
+    Ok(Some(Snapshot {
+        snapshot_id: policy::encode_id(e, name).map_err(bad)?,
+        source_volume_id: meta.get("source").into(),
+        size_bytes: meta.u64("capacity").map_err(internal(&path))?,
+        creation_time: created,
+        ready_to_use: true,
+    }))
+}
+
+/// Copy `from` into a staging directory, write the new volume's metadata there, then rename it
+/// to `to`: `to` appears whole and already naming its volume, or not at all; a half copy from an
+/// earlier attempt is ours to throw away.
+fn copy_into_place(h: &impl Host, e: &Export, from: &str, to: &str, name: &str, meta: &Meta) -> Result<(), Error> {
+    let staging = format!("{}/{name}", policy::STAGING_DIR);
+    h.remove_all(e, &staging)?;
+    h.mkdir(e, policy::STAGING_DIR, 0o700, 0, 0)?;
+    h.copy_tree(e, from, &staging)?;
+    h.write_file(e, &meta_path(&staging), &meta.encode())?;
+    if let Some((parent, _)) = to.rsplit_once('/') {
+        h.mkdir(e, parent, 0o755, 0, 0)?;
+    }
+    h.rename(e, &staging, to)
+}
+
+/// The driver, over any [`Host`].
+pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
+    policy::check_name("volume", &req.name).map_err(bad)?;
+    let p = params(&req.parameters)?;
+    check_caps(&req.capabilities)?;
+    let cap = policy::capacity(req.capacity.required_bytes, req.capacity.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    let sub_dir = p.render_sub_dir(&req.name).map_err(bad)?;
+    let id = policy::encode_id(&p.export, &req.name).map_err(bad)?;
+    let source = source_key(&req.content_source);
+    let e = &p.export;
+    if let Some(f) = find(h, e, &req.name)? {
+        let have = f.capacity()?;
+        if have != cap || f.meta.get("source") != source || f.sub_dir != sub_dir {
+            return Err(Error::AlreadyExists(format!(
+                "volume {} exists with {have} bytes at {} from {:?}",
+                req.name,
+                f.sub_dir,
+                f.meta.get("source")
+            )));
+        }
+        return f.volume();
+    }
+    let mut meta = Meta::default();
+    meta.set("name", &req.name)
+        .set("capacity", cap)
+        .set("source", &source)
+        .set("subDir", &sub_dir)
+        .set("mountOptions", p.mount_options.join(","))
+        .set("onDelete", p.on_delete.as_str());
+    // Not committed. A directory already there is ours only if its metadata names this volume
+    // (an interrupted create); anything else (another volume, a retained one) is not touched.
+    let existing = h.stat(e, &sub_dir)?;
+    if existing.is_some() {
+        match read_meta(h, e, &meta_path(&sub_dir))? {
+            Some(m) if m.get("name") == req.name => {}
+            Some(m) => return Err(Error::AlreadyExists(format!("subDir {sub_dir} holds volume {:?}", m.get("name")))),
+            None if req.content_source.is_some() => {
+                return Err(Error::AlreadyExists(format!("subDir {sub_dir} exists; a volume from a content source needs a new directory")));
+            }
+            None => {}
+        }
+    }
+    if existing.is_none() {
+        match &req.content_source {
+            None => h.mkdir(e, &sub_dir, p.mode, p.uid, p.gid)?,
+            Some(ContentSource::Snapshot(sid)) => {
+                let (se, sname) = policy::decode_id(sid).ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+                if &se != e {
+                    return Err(Error::InvalidArgument(format!("snapshot {sid} lives on another export than {}:{}", e.server, e.share)));
+                }
+                snapshot(h, e, &sname)?.ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+                copy_into_place(h, e, &format!("{}/data", snap_dir(&sname)), &sub_dir, &req.name, &meta)?;
+            }
+            Some(ContentSource::Volume(vid)) => {
+                let (ve, _) = policy::decode_id(vid).ok_or_else(|| Error::NotFound(format!("volume {vid} not found")))?;
+                if &ve != e {
+                    return Err(Error::InvalidArgument(format!("volume {vid} lives on another export than {}:{}", e.server, e.share)));
+                }
+                let src = find_id(h, vid)?;
+                copy_into_place(h, e, &src.sub_dir, &sub_dir, &req.name, &meta)?;
+            }
+        }
+    }
+    h.write_file(e, &meta_path(&sub_dir), &meta.encode())?;
+    if h.kv_get(&export_key(e))?.is_none() {
+        h.kv_set(&export_key(e), b"")?;
+    }
+    h.mkdir(e, policy::INDEX_DIR, 0o700, 0, 0)?;
+    let mut index = Meta::default();
+    index.set("subDir", &sub_dir);
+    h.write_file(e, &index_path(&req.name), &index.encode())?;
+    h.log("volume created", &[("volume".into(), id), ("bytes".into(), cap.to_string()), ("subDir".into(), sub_dir.clone())]);
+    Found { export: e.clone(), name: req.name.clone(), sub_dir, meta }.volume()
+}
+
+pub fn delete_volume(h: &impl Host, id: &str) -> Result<(), Error> {
+    let Some((e, name)) = policy::decode_id(id) else { return Ok(()) };
+    let Some((sub_dir, meta)) = find_index(h, &e, &name)? else { return Ok(()) };
+    // Metadata gone: an earlier attempt already removed or moved the directory.
+    let on_delete = meta.as_ref().map(|m| OnDelete::parse(m.get("onDelete")).unwrap_or(OnDelete::Delete));
+    match on_delete {
+        None | Some(OnDelete::Retain) => {}
+        Some(OnDelete::Delete) => h.remove_all(&e, &sub_dir)?,
+        Some(OnDelete::Archive) => {
+            let to = policy::archive_path(&sub_dir);
+            match h.rename(&e, &sub_dir, &to) {
+                Ok(()) => {}
+                Err(Error::AlreadyExists(_)) => {
+                    return Err(Error::FailedPrecondition(format!("cannot archive {sub_dir} to {to}: {to} exists")));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    h.remove_all(&e, &index_path(&name))?;
+    let how = on_delete.map(OnDelete::as_str).unwrap_or("already gone");
+    h.log("volume deleted", &[("volume".into(), id.into()), ("onDelete".into(), how.into())]);
+    Ok(())
+}
+
+pub fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange) -> Result<Expansion, Error> {
+    let mut f = find_id(h, id)?;
+    if cap.limit_bytes != 0 && cap.required_bytes > cap.limit_bytes {
+        return Err(Error::OutOfRange(format!("required {} bytes exceeds the limit of {}", cap.required_bytes, cap.limit_bytes)));
+    }
+    let have = f.capacity()?;
+    let new = have.max(cap.required_bytes);
+    if new != have {
+        f.meta.set("capacity", new);
+        h.write_file(&f.export, &meta_path(&f.sub_dir), &f.meta.encode())?;
+    }
+    Ok(Expansion { capacity_bytes: new, node_expansion_required: false })
+}
+
+pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
+    let f = find_id(h, id)?;
+    let cap = f.capacity()?;
+    let used = h.usage(&f.export, &f.sub_dir)?;
+    let (abnormal, message) = if used > cap { (true, format!("uses {used} bytes of {cap}")) } else { (false, "healthy".into()) };
+    Ok(VolumeStatus { volume: f.volume()?, condition: Some(VolumeCondition { abnormal, message }) })
+}
+
+pub fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, Error> {
+    policy::check_name("snapshot", name).map_err(bad)?;
+    let (e, _) = policy::decode_id(source).ok_or_else(|| Error::NotFound(format!("volume {source} not found")))?;
+    policy::encode_id(&e, name).map_err(bad)?;
+    if let Some(s) = snapshot(h, &e, name)? {
+        return if s.source_volume_id == source {
+            Ok(s)
+        } else {
+            Err(Error::AlreadyExists(format!("snapshot {name} exists for {}", s.source_volume_id)))
+        };
+    }
+    let f = find_id(h, source)?;
+    let dir = snap_dir(name);
+    h.mkdir(&e, policy::SNAPSHOT_DIR, 0o700, 0, 0)?;
+    h.remove_all(&e, &dir)?; // a half-finished copy from an earlier attempt (meta is written last)
+    h.mkdir(&e, &dir, 0o700, 0, 0)?;
+    h.copy_tree(&e, &f.sub_dir, &format!("{dir}/data"))?;
+    let mut meta = Meta::default();
+    meta.set("name", name).set("source", source).set("capacity", f.capacity()?);
+    h.write_file(&e, &format!("{dir}/meta"), &meta.encode())?;
+    snapshot(h, &e, name)?.ok_or_else(|| Error::Internal(format!("snapshot {name} vanished after creation")))
+}
+
+pub fn delete_snapshot(h: &impl Host, id: &str) -> Result<(), Error> {
+    let Some((e, name)) = policy::decode_id(id) else { return Ok(()) };
+    // meta first: a half-deleted snapshot is not listed
+    h.remove_all(&e, &format!("{}/meta", snap_dir(&name)))?;
+    h.remove_all(&e, &snap_dir(&name))
+}
+
+/// Offset-token paging over a sorted list.
+fn page<T: Clone>(all: &[T], max: u32, token: &str) -> Result<(Vec<T>, String), Error> {
+    let start: usize = if token.is_empty() { 0 } else { token.parse().map_err(|_| Error::Aborted(format!("invalid starting token {token:?}")))? };
+    if start > all.len() {
+        return Err(Error::Aborted(format!("starting token {token} is past the end")));
+    }
+    let end = if max == 0 { all.len() } else { all.len().min(start + max as usize) };
+    Ok((all[start..end].to_vec(), if end < all.len() { end.to_string() } else { String::new() }))
+}
+
+pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
+    let mut all = vec![];
+    if let Some(sid) = snap {
+        if let Some((e, name)) = policy::decode_id(sid) {
+            all.extend(snapshot(h, &e, &name)?);
+        }
+    } else {
+        let exports: Vec<Export> = match vol {
+            Some(v) => policy::decode_id(v).map(|(e, _)| e).into_iter().collect(),
+            None => h.kv_list("exports/")?.iter().filter_map(|k| policy::decode_id(k.strip_prefix("exports/")?)).map(|(e, _)| e).collect(),
+        };
+        for e in exports {
+            if h.stat(&e, policy::SNAPSHOT_DIR)?.is_none() {
+                continue;
+            }
+            for name in h.read_dir(&e, policy::SNAPSHOT_DIR)? {
+                if policy::check_name("snapshot", &name).is_ok() {
+                    all.extend(snapshot(h, &e, &name)?);
+                }
+            }
+        }
+    }
+    all.retain(|s| vol.is_none_or(|v| v == s.source_volume_id));
+    all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+    let (entries, next_token) = page(&all, max, token)?;
+    Ok(SnapshotPage { entries, next_token })
+}
+
+pub fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
+    let p = params(parameters)?;
+    let s = h.fs_stats(&p.export)?;
+    Ok(Capacity { available_bytes: s.available_bytes, maximum_volume_bytes: s.available_bytes, minimum_volume_bytes: 0 })
+}
+
+pub fn attach_plan(h: &impl Host, id: &str, context: &[Pair], cap: &VolumeCapability) -> Result<Attachment, Error> {
+    let (e, name) = policy::decode_id(id).ok_or_else(|| not_ours(id))?;
+    if matches!(cap.access_type, AccessType::Block) {
+        return Err(Error::FailedPrecondition("nfs volumes are directories, not block devices".into()));
+    }
+    let ctx = |k: &str| context.iter().find(|p| p.key == k).map(|p| p.value.as_str());
+    // The context the volume was created with carries everything: no NFS traffic on the node.
+    let (sub_dir, options) = match (ctx("server"), ctx("share"), ctx("subDir")) {
+        (Some(server), Some(share), Some(sub_dir)) => {
+            if server != e.server || share != e.share {
+                return Err(Error::InvalidArgument(format!("volume context names {server}:{share}, the id {}:{}", e.server, e.share)));
+            }
+            policy::check_sub_dir(sub_dir).map_err(bad)?;
+            let options = match ctx("mountOptions") {
+                Some("") | None => vec![],
+                Some(o) => policy::parse_mount_options(o).map_err(bad)?,
+            };
+            (sub_dir.to_string(), options)
+        }
+        _ => {
+            let f = find(h, &e, &name)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+            let options = match f.meta.get("mountOptions") {
+                "" => vec![],
+                o => policy::parse_mount_options(o).map_err(internal(&f.sub_dir))?,
+            };
+            (f.sub_dir, options)
+        }
+    };
+    Ok(Attachment::Nfs(NfsPlan { server: e.server, share: e.share, path: sub_dir, mount_options: options }))
+}
+
+#[cfg(target_arch = "wasm32")]
+impl Guest for Nfs {
+    fn info() -> BackendInfo {
+        use Feature::*;
+        BackendInfo {
+            name: "nfs".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            parameters: policy::PARAMETERS.iter().map(|p| (*p).into()).collect(),
+            features: vec![
+                CreateDeleteVolume,
+                CreateDeleteSnapshot,
+                ListSnapshots,
+                CloneVolume,
+                ExpandVolume,
+                OnlineExpansion,
+                GetCapacity,
+                GetVolume,
+                VolumeCondition,
+                SingleNodeMultiWriter,
+            ],
+        }
+    }
+    fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error> {
+        create_volume(&imports::Imports, &req)
+    }
+    fn delete_volume(id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+        delete_volume(&imports::Imports, &id)
+    }
+    fn expand_volume(id: String, cap: CapacityRange, _: Option<VolumeCapability>, _: Vec<SecretRef>) -> Result<Expansion, Error> {
+        expand_volume(&imports::Imports, &id, &cap)
+    }
+    fn get_volume(id: String) -> Result<VolumeStatus, Error> {
+        get_volume(&imports::Imports, &id)
+    }
+    fn list_volumes(_: u32, _: String) -> Result<VolumePage, Error> {
+        Err(Error::Unimplemented("nfs does not list volumes".into()))
+    }
+    fn validate_volume_capabilities(id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error> {
+        find_id(&imports::Imports, &id)?;
+        let params_ok = if parameters.is_empty() { Ok(()) } else { params(&parameters).map(|_| ()) };
+        Ok(params_ok.and(check_caps(&caps)).err().map(|e| format!("{e:?}")))
+    }
+    fn create_snapshot(name: String, source: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Result<Snapshot, Error> {
+        create_snapshot(&imports::Imports, &name, &source)
+    }
+    fn delete_snapshot(id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+        delete_snapshot(&imports::Imports, &id)
+    }
+    fn list_snapshots(snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
+        list_snapshots(&imports::Imports, snap.as_deref(), vol.as_deref(), max, &token)
+    }
+    fn get_capacity(_: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
+        get_capacity(&imports::Imports, &parameters)
+    }
+    fn attach_plan(id: String, context: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+        attach_plan(&imports::Imports, &id, &context, &cap)
+    }
+}

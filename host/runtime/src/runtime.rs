@@ -102,7 +102,13 @@ impl Runtime {
 
     fn summarize(&self, component: &wasmtime::component::Component) -> (ImportSummary, Vec<String>) {
         let ty = component.component_type();
-        let imports: Vec<String> = ty.imports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        // An interface imported for its types alone (`nfs` uses `dir.file-stat`, so every nfs
+        // guest imports `dir` without calling it) asks for no capability.
+        let imports: Vec<String> = ty
+            .imports(&self.engine)
+            .filter(|(_, item)| !is_types_only(&self.engine, &item.ty))
+            .map(|(n, _)| n.to_string())
+            .collect();
         let exports: Vec<String> = ty.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
         (ImportSummary::classify(imports.iter().map(String::as_str)), exports)
     }
@@ -145,7 +151,12 @@ impl Runtime {
         wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         // Only what was granted is linked at all: an ungranted interface does not exist for
         // this backend, whatever its bytes say.
-        if imports.capabilities.contains(&Capability::Dir) {
+        // `dir` imported for its types only still needs its instance linked; the guest cannot
+        // reach a function it does not import.
+        let dir_types = component.component_type().imports(&self.engine).any(|(n, item)| {
+            n.split('@').next() == Some("wasmcsi:backend/dir") && is_types_only(&self.engine, &item.ty)
+        });
+        if imports.capabilities.contains(&Capability::Dir) || dir_types {
             wit::dir::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         }
         if imports.capabilities.contains(&Capability::Nfs) {
@@ -211,6 +222,17 @@ impl Runtime {
 
 fn empty_info() -> BackendInfo {
     BackendInfo { name: String::new(), version: String::new(), features: vec![], parameters: vec![] }
+}
+
+/// An instance import that exports no function (types only).
+fn is_types_only(engine: &wasmtime::Engine, item: &wasmtime::component::types::ComponentItem) -> bool {
+    use wasmtime::component::types::ComponentItem;
+    match item {
+        ComponentItem::ComponentInstance(i) => {
+            !i.exports(engine).any(|(_, e)| matches!(e.ty, ComponentItem::ComponentFunc(_)))
+        }
+        _ => false,
+    }
 }
 
 /// One pooled NFS client per backend, scoped to its granted exports; its own timeouts are

@@ -1,0 +1,501 @@
+//! The pure policy of the nfs backend: StorageClass parameters, the `subDir` template, name and
+//! path checks, volume/snapshot ids and the metadata files. No I/O here; everything is
+//! unit-tested natively.
+use std::collections::BTreeMap;
+
+/// A policy failure: which WIT error case it becomes is decided by the caller (parameters and
+/// names are `invalid-argument`, ids that do not parse are `not-found`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
+/// CSI's limit on an id is 128 bytes; the host prefixes `BACKEND:` and allows the backend 95.
+pub const MAX_ID: usize = 95;
+/// Longest file name NFS servers accept.
+pub const MAX_COMPONENT: usize = 255;
+/// Directory (under the share) of the per-name index: `.wasmcsi/volumes/NAME` → subDir.
+pub const INDEX_DIR: &str = ".wasmcsi/volumes";
+/// Staging area for copies, renamed into place when whole.
+pub const STAGING_DIR: &str = ".wasmcsi/staging";
+/// Snapshots area: `.snapshots/NAME/data` (the copy) and `.snapshots/NAME/meta`.
+pub const SNAPSHOT_DIR: &str = ".snapshots";
+/// The volume's metadata file, inside the volume directory.
+pub const VOLUME_META: &str = ".wasmcsi-volume";
+/// Default size when the request names none.
+pub const DEFAULT_BYTES: u64 = 1 << 30;
+/// The StorageClass parameters this backend takes.
+pub const PARAMETERS: &[&str] = &["server", "share", "subDir", "mountOptions", "mountPermissions", "uid", "gid", "onDelete"];
+
+const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+
+/// What happens to the directory of a deleted volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDelete {
+    Delete,
+    Retain,
+    /// renamed to `archived-<last component>` beside it
+    Archive,
+}
+
+impl OnDelete {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDelete::Delete => "delete",
+            OnDelete::Retain => "retain",
+            OnDelete::Archive => "archive",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Self, Invalid> {
+        match s {
+            "delete" => Ok(OnDelete::Delete),
+            "retain" => Ok(OnDelete::Retain),
+            "archive" => Ok(OnDelete::Archive),
+            _ => Err(invalid(format!("parameter onDelete: {s:?} is not one of delete, retain, archive"))),
+        }
+    }
+}
+
+/// One NFS export, as the host's `nfs` capability names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    pub server: String,
+    pub share: String,
+}
+
+/// The StorageClass parameters, parsed and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    pub export: Export,
+    /// the `subDir` template (unrendered)
+    pub sub_dir: String,
+    pub mount_options: Vec<String>,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub on_delete: OnDelete,
+    /// the provisioner's `csi.storage.k8s.io/…` values, for the template
+    pub pvc_name: Option<String>,
+    pub pvc_namespace: Option<String>,
+    pub pv_name: Option<String>,
+}
+
+/// A server: a host name or IPv4 address (`[A-Za-z0-9.-]`), so it can be part of an id.
+pub fn check_server(s: &str) -> Result<(), Invalid> {
+    let ok = !s.is_empty() && s.len() <= 64 && !s.starts_with(['.', '-']) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
+    if ok { Ok(()) } else { Err(invalid(format!("parameter server: {s:?} must be a host name or IPv4 address of [A-Za-z0-9.-]"))) }
+}
+
+/// A share: an absolute path whose components are `[A-Za-z0-9.-]` (never `.` or `..`), so the
+/// export can be encoded in an id.
+pub fn check_share(s: &str) -> Result<(), Invalid> {
+    let bad = || invalid(format!("parameter share: {s:?} must be an absolute path of [A-Za-z0-9.-] components"));
+    let rest = s.strip_prefix('/').ok_or_else(bad)?;
+    if rest.is_empty() {
+        return Ok(());
+    }
+    for c in rest.split('/') {
+        if c.is_empty() || c == "." || c == ".." || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b)) {
+            return Err(bad());
+        }
+    }
+    Ok(())
+}
+
+/// A CSI volume or snapshot name: it becomes a file name and the tail of an id.
+pub fn check_name(what: &str, n: &str) -> Result<(), Invalid> {
+    let ok = !n.is_empty() && n.len() <= 80 && !n.starts_with(['.', '-']) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
+    if ok { Ok(()) } else { Err(invalid(format!("{what} name {n:?} must be 1-80 of [A-Za-z0-9.-], not starting with '.' or '-'"))) }
+}
+
+/// One path component made from user input: no escape, no NUL, no reserved name.
+pub fn check_component(what: &str, c: &str) -> Result<(), Invalid> {
+    if c.is_empty() || c == "." || c == ".." {
+        return Err(invalid(format!("{what}: empty, '.' or '..' path component")));
+    }
+    if c.contains('\0') || c.contains('/') {
+        return Err(invalid(format!("{what}: path component {c:?} contains NUL or '/'")));
+    }
+    if c.len() > MAX_COMPONENT {
+        return Err(invalid(format!("{what}: path component is {} bytes, more than {MAX_COMPONENT}", c.len())));
+    }
+    Ok(())
+}
+
+/// A relative path under the share that a volume may live at: checked components, and never
+/// inside the backend's own areas.
+pub fn check_sub_dir(p: &str) -> Result<(), Invalid> {
+    if p.starts_with('/') {
+        return Err(invalid(format!("parameter subDir: {p:?} must be relative to the share")));
+    }
+    for c in p.split('/') {
+        check_component("parameter subDir", c)?;
+    }
+    let first = p.split('/').next().unwrap_or_default();
+    if first == ".wasmcsi" || first == SNAPSHOT_DIR {
+        return Err(invalid(format!("parameter subDir: {p:?} is inside the backend's reserved {first}")));
+    }
+    Ok(())
+}
+
+fn parse_u32(key: &str, v: &str, radix: u32) -> Result<u32, Invalid> {
+    u32::from_str_radix(v, radix).map_err(|_| invalid(format!("parameter {key}: {v:?} is not a valid number")))
+}
+
+impl Params {
+    /// Parse StorageClass parameters. Unknown or malformed → the error names the parameter.
+    pub fn parse<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, Invalid> {
+        let mut seen = BTreeMap::new();
+        for (k, v) in pairs {
+            if seen.insert(k, v).is_some() {
+                return Err(invalid(format!("parameter {k} given twice")));
+            }
+        }
+        let mut p = Params {
+            export: Export { server: String::new(), share: String::new() },
+            sub_dir: "${pv.name}".into(),
+            mount_options: vec![],
+            mode: 0o777,
+            uid: 0,
+            gid: 0,
+            on_delete: OnDelete::Delete,
+            pvc_name: None,
+            pvc_namespace: None,
+            pv_name: None,
+        };
+        for (&k, &v) in &seen {
+            match k {
+                "server" => {
+                    check_server(v)?;
+                    p.export.server = v.into();
+                }
+                "share" => {
+                    check_share(v)?;
+                    p.export.share = v.into();
+                }
+                "subDir" => {
+                    if v.is_empty() {
+                        return Err(invalid("parameter subDir: empty"));
+                    }
+                    p.sub_dir = v.into();
+                }
+                "mountOptions" => p.mount_options = parse_mount_options(v)?,
+                "mountPermissions" => {
+                    let mode = parse_u32(k, v.strip_prefix("0o").unwrap_or(v), 8)?;
+                    if mode > 0o7777 {
+                        return Err(invalid(format!("parameter mountPermissions: {v:?} is more than 07777")));
+                    }
+                    p.mode = mode;
+                }
+                "uid" => p.uid = parse_u32(k, v, 10)?,
+                "gid" => p.gid = parse_u32(k, v, 10)?,
+                "onDelete" => p.on_delete = OnDelete::parse(v)?,
+                PVC_NAME => p.pvc_name = Some(v.into()),
+                PVC_NAMESPACE => p.pvc_namespace = Some(v.into()),
+                PV_NAME => p.pv_name = Some(v.into()),
+                k if k.starts_with("csi.storage.k8s.io/") => {}
+                k => return Err(invalid(format!("unknown parameter {k:?} (nfs takes: {})", PARAMETERS.join(", ")))),
+            }
+        }
+        if p.export.server.is_empty() {
+            return Err(invalid("parameter server is required"));
+        }
+        if p.export.share.is_empty() {
+            return Err(invalid("parameter share is required"));
+        }
+        // Malformed templates fail at parse time, before any volume is asked for.
+        template_vars(&p.sub_dir)?;
+        Ok(p)
+    }
+
+    /// The `subDir` of volume `name`, rendered and checked.
+    pub fn render_sub_dir(&self, name: &str) -> Result<String, Invalid> {
+        let mut out = String::new();
+        for piece in template_vars(&self.sub_dir)? {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Var(v) => {
+                    let (value, param) = match v {
+                        "pvc.name" => (self.pvc_name.as_deref(), PVC_NAME),
+                        "pvc.namespace" => (self.pvc_namespace.as_deref(), PVC_NAMESPACE),
+                        _ => (self.pv_name.as_deref().or(Some(name)), PV_NAME),
+                    };
+                    let value = value.ok_or_else(|| invalid(format!("parameter subDir: uses ${{{v}}} but {param} is not set")))?;
+                    if value.is_empty() || value.contains('/') || value.contains('\0') || value == "." || value == ".." {
+                        return Err(invalid(format!("parameter subDir: ${{{v}}} = {value:?} could escape the share")));
+                    }
+                    out.push_str(value);
+                }
+            }
+        }
+        check_sub_dir(&out)?;
+        Ok(out)
+    }
+}
+
+/// `a,b=c, d` → `["a", "b=c", "d"]`; empty items are malformed.
+pub fn parse_mount_options(v: &str) -> Result<Vec<String>, Invalid> {
+    let mut out = vec![];
+    for o in v.split(',').map(str::trim) {
+        if o.is_empty() || o.contains(char::is_whitespace) || o.contains('\0') {
+            return Err(invalid(format!("parameter mountOptions: {v:?} has an empty or malformed option")));
+        }
+        out.push(o.to_string());
+    }
+    Ok(out)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Piece<'a> {
+    Text(&'a str),
+    Var(&'a str),
+}
+
+/// Split a template into text and `${var}` pieces; unknown variables and stray `$` are errors.
+fn template_vars(t: &str) -> Result<Vec<Piece<'_>>, Invalid> {
+    let mut out = vec![];
+    let mut rest = t;
+    while let Some(i) = rest.find('$') {
+        if i > 0 {
+            out.push(Piece::Text(&rest[..i]));
+        }
+        let after = rest[i..].strip_prefix("${").ok_or_else(|| invalid(format!("parameter subDir: {t:?} has a '$' not starting ${{…}}")))?;
+        let end = after.find('}').ok_or_else(|| invalid(format!("parameter subDir: {t:?} has an unclosed ${{")))?;
+        let var = &after[..end];
+        if !matches!(var, "pvc.name" | "pvc.namespace" | "pv.name") {
+            return Err(invalid(format!("parameter subDir: unknown variable ${{{var}}} (known: pvc.name, pvc.namespace, pv.name)")));
+        }
+        out.push(Piece::Var(var));
+        rest = &after[end + 1..];
+    }
+    if !rest.is_empty() {
+        out.push(Piece::Text(rest));
+    }
+    Ok(out)
+}
+
+/// Volume and snapshot ids: `SERVER_SHARE-COMPONENTS_NAME`, `_`-separated (none of the parts
+/// contains `_`). Deterministic from the export and the name; the export is in the id because
+/// the controller keeps no state of its own.
+pub fn encode_id(e: &Export, name: &str) -> Result<String, Invalid> {
+    let mut id = e.server.clone();
+    for c in e.share.split('/').filter(|c| !c.is_empty()) {
+        id.push('_');
+        id.push_str(c);
+    }
+    id.push('_');
+    id.push_str(name);
+    if id.len() > MAX_ID {
+        return Err(invalid(format!("volume id {id:?} would be {} bytes, more than {MAX_ID}: use a shorter server, share or name", id.len())));
+    }
+    Ok(id)
+}
+
+/// The export and name of an id; `None` when it is not one of ours.
+pub fn decode_id(id: &str) -> Option<(Export, String)> {
+    let parts: Vec<&str> = id.split('_').collect();
+    if parts.len() < 2 || id.len() > MAX_ID {
+        return None;
+    }
+    let (server, name) = (parts[0], parts[parts.len() - 1]);
+    let share = format!("/{}", parts[1..parts.len() - 1].join("/"));
+    check_server(server).ok()?;
+    check_share(&share).ok()?;
+    check_name("volume", name).ok()?;
+    let export = Export { server: server.into(), share };
+    // Only the canonical spelling is ours (`h__v` would otherwise alias `h_v`).
+    (encode_id(&export, name).ok()? == id).then(|| (export, name.into()))
+}
+
+/// A small `key=value` per line file; values never contain newlines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta(pub BTreeMap<String, String>);
+
+impl Meta {
+    pub fn set(&mut self, k: &str, v: impl ToString) -> &mut Self {
+        self.0.insert(k.into(), v.to_string().replace('\n', " "));
+        self
+    }
+    pub fn get(&self, k: &str) -> &str {
+        self.0.get(k).map(String::as_str).unwrap_or_default()
+    }
+    pub fn u64(&self, k: &str) -> Result<u64, Invalid> {
+        self.get(k).parse().map_err(|_| invalid(format!("metadata field {k}: {:?} is not a number", self.get(k))))
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        self.0.iter().map(|(k, v)| format!("{k}={v}\n")).collect::<String>().into_bytes()
+    }
+    pub fn decode(b: &[u8]) -> Result<Self, Invalid> {
+        let text = std::str::from_utf8(b).map_err(|_| invalid("metadata is not utf-8"))?;
+        let mut m = Meta::default();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let (k, v) = line.split_once('=').ok_or_else(|| invalid(format!("metadata line {line:?} has no '='")))?;
+            m.0.insert(k.into(), v.into());
+        }
+        Ok(m)
+    }
+}
+
+/// The capacity a request gets: `required` (default 1 GiB) within `limit`.
+pub fn capacity(required: u64, limit: u64) -> Result<u64, Invalid> {
+    let cap = if required == 0 { if limit != 0 && limit < DEFAULT_BYTES { limit } else { DEFAULT_BYTES } } else { required };
+    if limit != 0 && cap > limit {
+        return Err(invalid(format!("required {required} bytes exceeds the limit of {limit}")));
+    }
+    Ok(cap)
+}
+
+/// Where `archive` moves `sub_dir`: `archived-<last component>` beside it.
+pub fn archive_path(sub_dir: &str) -> String {
+    match sub_dir.rsplit_once('/') {
+        Some((parent, last)) => format!("{parent}/archived-{last}"),
+        None => format!("archived-{sub_dir}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn params(extra: &[(&str, &str)]) -> Result<Params, Invalid> {
+        let mut all = vec![("server", "10.0.0.1"), ("share", "/export")];
+        all.extend_from_slice(extra);
+        Params::parse(all)
+    }
+
+    #[test]
+    fn defaults_apply_when_only_server_and_share_are_given() {
+        let p = params(&[]).unwrap();
+        assert_eq!(p.export, Export { server: "10.0.0.1".into(), share: "/export".into() });
+        assert_eq!((p.mode, p.uid, p.gid, p.on_delete), (0o777, 0, 0, OnDelete::Delete));
+        assert_eq!(p.render_sub_dir("pvc-1").unwrap(), "pvc-1");
+    }
+
+    #[test]
+    fn every_parameter_parses() {
+        let p = params(&[
+            ("subDir", "${pvc.namespace}/${pvc.name}-x"),
+            ("mountOptions", "nfsvers=4.1, hard,noatime"),
+            ("mountPermissions", "2775"),
+            ("uid", "1000"),
+            ("gid", "2000"),
+            ("onDelete", "archive"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "team-a"),
+            ("csi.storage.k8s.io/pv/name", "pvc-123"),
+            ("csi.storage.k8s.io/other", "ignored"),
+        ])
+        .unwrap();
+        assert_eq!(p.mount_options, ["nfsvers=4.1", "hard", "noatime"]);
+        assert_eq!((p.mode, p.uid, p.gid, p.on_delete), (0o2775, 1000, 2000, OnDelete::Archive));
+        assert_eq!(p.render_sub_dir("ignored-name").unwrap(), "team-a/data-x");
+        let pv = params(&[("csi.storage.k8s.io/pv/name", "pvc-123")]).unwrap();
+        assert_eq!(pv.render_sub_dir("name").unwrap(), "pvc-123");
+    }
+
+    #[test]
+    fn unknown_or_malformed_parameters_name_the_parameter() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("colour", "red")], "colour"),
+            (&[("mountPermissions", "999")], "mountPermissions"),
+            (&[("mountPermissions", "77777")], "mountPermissions"),
+            (&[("uid", "-1")], "uid"),
+            (&[("gid", "x")], "gid"),
+            (&[("onDelete", "shred")], "onDelete"),
+            (&[("mountOptions", "a,,b")], "mountOptions"),
+            (&[("subDir", "${pvc.uid}")], "subDir"),
+            (&[("subDir", "$x")], "subDir"),
+            (&[("subDir", "${pv.name")], "subDir"),
+            (&[("subDir", "")], "subDir"),
+        ];
+        for (extra, name) in cases {
+            let e = params(extra).unwrap_err();
+            assert!(e.0.contains(name), "{extra:?}: {e:?}");
+        }
+        for (k, v) in [("server", ""), ("server", "a_b"), ("share", "export"), ("share", "/a/../b"), ("share", "/a b"), ("share", "/a_b")] {
+            let e = Params::parse([(k, v), (if k == "server" { "share" } else { "server" }, if k == "server" { "/e" } else { "h" })]).unwrap_err();
+            assert!(e.0.contains(k), "{k}={v}: {e:?}");
+        }
+        assert!(Params::parse([("share", "/e")]).unwrap_err().0.contains("server"));
+        assert!(Params::parse([("server", "h")]).unwrap_err().0.contains("share"));
+    }
+
+    #[test]
+    fn templates_that_could_escape_are_rejected() {
+        let long = "a".repeat(256);
+        for (tpl, vars) in [
+            ("../x", vec![]),
+            ("a/../../x", vec![]),
+            ("/abs", vec![]),
+            ("a//b", vec![]),
+            (".wasmcsi/x", vec![]),
+            (".snapshots", vec![]),
+            ("${pvc.name}", vec![("csi.storage.k8s.io/pvc/name", "..")]),
+            ("${pvc.name}", vec![("csi.storage.k8s.io/pvc/name", "a/b")]),
+            ("${pvc.name}", vec![("csi.storage.k8s.io/pvc/name", "a\0b")]),
+            ("${pvc.name}", vec![("csi.storage.k8s.io/pvc/name", long.as_str())]),
+            ("${pvc.namespace}", vec![]),
+        ] {
+            let mut extra = vec![("subDir", tpl)];
+            extra.extend(vars);
+            let r = params(&extra).and_then(|p| p.render_sub_dir("pvc-1"));
+            assert!(r.as_ref().is_err_and(|e| e.0.contains("subDir")), "{tpl:?}: {r:?}");
+        }
+        assert!(check_component("c", &"a".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let long = "a".repeat(81);
+        for bad in ["", ".x", "-x", "a/b", "a_b", "a\0", long.as_str()] {
+            assert!(check_name("volume", bad).is_err(), "{bad:?}");
+        }
+        check_name("volume", "pvc-0b9a1c2d-1234-5678-9abc-def012345678").unwrap();
+    }
+
+    #[test]
+    fn ids_round_trip_and_foreign_ids_do_not_parse() {
+        let e = Export { server: "nfs.example.com".into(), share: "/srv/exports".into() };
+        let id = encode_id(&e, "pvc-1").unwrap();
+        assert_eq!(id, "nfs.example.com_srv_exports_pvc-1");
+        assert_eq!(decode_id(&id), Some((e, "pvc-1".into())));
+        let root = Export { server: "h".into(), share: "/".into() };
+        assert_eq!(decode_id(&encode_id(&root, "v").unwrap()), Some((root, "v".into())));
+        let long = format!("h_{}", "a".repeat(95));
+        for foreign in ["", "plain", "h_..", "h_a_.x", "h__v", long.as_str()] {
+            assert_eq!(decode_id(foreign), None, "{foreign:?}");
+        }
+        let long = Export { server: "a".repeat(60), share: "/export".into() };
+        assert!(encode_id(&long, &"n".repeat(40)).is_err());
+    }
+
+    #[test]
+    fn metadata_round_trips() {
+        let mut m = Meta::default();
+        m.set("capacity", 5u64).set("source", "").set("subdir", "a/b");
+        let back = Meta::decode(&m.encode()).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.u64("capacity").unwrap(), 5);
+        assert!(back.u64("subdir").is_err());
+        assert!(Meta::decode(b"nonsense").is_err());
+    }
+
+    #[test]
+    fn capacity_defaults_and_limits() {
+        assert_eq!(capacity(0, 0).unwrap(), DEFAULT_BYTES);
+        assert_eq!(capacity(0, 1 << 20).unwrap(), 1 << 20);
+        assert_eq!(capacity(5, 10).unwrap(), 5);
+        assert!(capacity(11, 10).is_err());
+    }
+
+    #[test]
+    fn archive_renames_the_last_component() {
+        assert_eq!(archive_path("pvc-1"), "archived-pvc-1");
+        assert_eq!(archive_path("ns/data"), "ns/archived-data");
+    }
+}
