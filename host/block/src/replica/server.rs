@@ -2,8 +2,9 @@
 //! node. A connection is either an engine session or a control connection, decided by its first
 //! frame. An engine's first frame is `Hello`, which picks the replica by volume id (answered with
 //! its header, `NotFound` for a volume this node does not hold); then requests are pipelined —
-//! each runs on the blocking pool as soon as it is read and its reply is written when it is done,
-//! so replies leave in completion order, matched by request id. The protocol lets a replica do
+//! each runs as soon as it is read (small writes inline on the connection task, everything else
+//! on the blocking pool, see `dispatch`) and its reply is written when it is done, so replies
+//! leave in completion order, matched by request id. The protocol lets a replica do
 //! that because the engine never has overlapping writes in flight on one connection; `Flush`
 //! covers every write *acknowledged* before it arrived, and a write is only acknowledged after its
 //! `pwrite` returned, so a flush needs no barrier. A control connection starts with
