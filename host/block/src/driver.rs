@@ -22,15 +22,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io::{self, IoSlice, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -53,8 +53,10 @@ const STATE_VERSION: u32 = 3;
 
 /// Unmap pieces in flight at once for one discard: each locks up to [`MAX_UNMAP`] bytes.
 const DISCARD_WINDOW: usize = 4;
-/// The writer task coalesces queued frames up to this many bytes into one `write_all`.
-const COALESCE: usize = 1 << 20;
+/// Most buffers the writer task hands to one vectored write.
+const MAX_IOVECS: usize = 64;
+/// Most queued commands and events the driver handles before it sends what they produced.
+const MAX_DRAIN: usize = 256;
 
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -256,20 +258,81 @@ enum Command {
     Shutdown,
 }
 
+/// The write side of one replica connection. The driver writes to the socket itself while the
+/// writer task has nothing queued (no task hop for a lone request) and queues what the socket
+/// does not take at once; `pending` (bytes queued, not yet written) keeps the two in order.
+struct Conn {
+    wr: Arc<OwnedWriteHalf>,
+    queue: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Conn {
+    fn send(&self, buf: &mut Vec<u8>) {
+        if buf.is_empty() {
+            return;
+        }
+        let mut sent = 0;
+        if self.pending.load(Ordering::Acquire) == 0 {
+            // An error other than WouldBlock is left to the writer task to hit and report.
+            if let Ok(n) = self.wr.try_write(buf) {
+                sent = n;
+            }
+        }
+        if sent == buf.len() {
+            buf.clear();
+            return;
+        }
+        let rest = if sent == 0 { std::mem::take(buf) } else { buf.split_off(sent) };
+        buf.clear();
+        self.pending.fetch_add(rest.len(), Ordering::AcqRel);
+        let _ = self.queue.send(rest);
+    }
+
+    /// Closes the connection with a reset: bytes still in its send buffer are discarded, never
+    /// delivered later (after a partition heals they could overwrite what a rebuild copied).
+    fn reset(self) {
+        let stream: &TcpStream = (*self.wr).as_ref();
+        let _ = stream.set_zero_linger();
+        self.task.abort();
+    }
+}
+
 /// What a connection task reports, tagged with the connection's generation.
 enum ConnEvent {
-    Connected { replica: ReplicaId, generation: u64, writer: mpsc::UnboundedSender<Vec<u8>> },
-    ConnectFailed { replica: ReplicaId, generation: u64, error: String },
-    Received { replica: ReplicaId, generation: u64, frame: Frame },
-    Closed { replica: ReplicaId, generation: u64, error: String },
+    Connected {
+        replica: ReplicaId,
+        generation: u64,
+        writer: Conn,
+    },
+    ConnectFailed {
+        replica: ReplicaId,
+        generation: u64,
+        error: String,
+    },
+    /// Every frame one read of the socket completed, in order.
+    Received {
+        replica: ReplicaId,
+        generation: u64,
+        frames: Vec<Frame>,
+    },
+    Closed {
+        replica: ReplicaId,
+        generation: u64,
+        error: String,
+    },
 }
 
 struct Slot {
     addr: SocketAddr,
     /// Generation of the current connection attempt; events of older ones are ignored.
     generation: u64,
-    /// Set while connected: the queue of the connection's writer task.
-    writer: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Set while connected: the connection's write side.
+    writer: Option<Conn>,
+    /// Frames encoded for this replica during the current driver iteration, sent at its end
+    /// (one write for everything a burst of requests produced).
+    out: Vec<u8>,
     /// Connect-and-read task of the current generation.
     task: Option<JoinHandle<()>>,
     backoff: Duration,
@@ -320,7 +383,39 @@ impl Driver {
                 Some(event) = events.recv() => self.on_conn_event(event),
                 _ = tick.tick() => self.feed(Event::Tick),
             }
+            // Whatever else is queued already, before sending what it all produced.
+            let mut stop = false;
+            for _ in 0..MAX_DRAIN {
+                let mut idle = true;
+                match commands.try_recv() {
+                    Ok(Command::Shutdown) | Err(mpsc::error::TryRecvError::Disconnected) => {
+                        stop = true;
+                        break;
+                    }
+                    Ok(Command::Io(request, reply)) => {
+                        idle = false;
+                        self.on_request(request, reply);
+                    }
+                    Ok(Command::ReplaceReplica { index, addr, reply }) => {
+                        idle = false;
+                        let _ = reply.send(self.replace_replica(index, addr));
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
+                if let Ok(event) = events.try_recv() {
+                    idle = false;
+                    self.on_conn_event(event);
+                }
+                if idle {
+                    break;
+                }
+            }
+            self.send_out();
+            if stop {
+                break;
+            }
         }
+        self.send_out();
         for slot in &mut self.slots {
             slot.writer = None;
             if let Some(t) = slot.task.take() {
@@ -372,12 +467,8 @@ impl Driver {
         tracing::warn!(replica = index, old = %self.slots[index].addr, new = %addr, "replacing replica");
         self.slots[index].addr = addr;
         self.feed(Event::ReplicaReplaced(index));
-        let slot = &mut self.slots[index];
-        slot.writer = None;
-        if let Some(t) = slot.task.take() {
-            t.abort();
-        }
-        slot.backoff = self.cfg.backoff_min;
+        self.close(index);
+        self.slots[index].backoff = self.cfg.backoff_min;
         self.spawn_connect(index, Duration::ZERO);
         Ok(())
     }
@@ -400,10 +491,13 @@ impl Driver {
                 self.slots[replica].task = None;
                 self.reconnect_later(replica);
             }
-            ConnEvent::Received { replica, generation, frame } => {
-                let slot = &self.slots[replica];
-                if slot.generation == generation && slot.writer.is_some() {
-                    self.feed(Event::Received(replica, frame));
+            ConnEvent::Received { replica, generation, frames } => {
+                for frame in frames {
+                    // Re-checked per frame: one of them may make the engine drop the replica.
+                    let slot = &self.slots[replica];
+                    if slot.generation == generation && slot.writer.is_some() {
+                        self.feed(Event::Received(replica, frame));
+                    }
                 }
             }
             ConnEvent::Closed { replica, generation, error } => {
@@ -465,13 +559,12 @@ impl Driver {
             Action::Send { replica, frame } => {
                 // No connection: the frame is lost like on a dead socket; the engine hears of
                 // the disconnect (or times the request out) and resolves it.
-                let Some(writer) = &self.slots[replica].writer else { return };
-                let mut buf = Vec::new();
-                match protocol::encode(&frame, &mut buf) {
-                    Ok(()) => {
-                        let _ = writer.send(buf);
-                    }
-                    Err(e) => tracing::error!(replica, error = %e, "engine produced an unencodable frame"),
+                let slot = &mut self.slots[replica];
+                if slot.writer.is_none() {
+                    return;
+                }
+                if let Err(e) = protocol::encode(&frame, &mut slot.out) {
+                    tracing::error!(replica, error = %e, "engine produced an unencodable frame");
                 }
             }
             Action::Reply { client, result } => {
@@ -511,15 +604,33 @@ impl Driver {
         }
     }
 
-    /// Closes the replica's connection (its writer stops when its queue is dropped, the reader
-    /// is aborted) and schedules a new one after the backoff.
+    /// Closes the replica's connection and schedules a new one after the backoff.
     fn drop_connection(&mut self, replica: ReplicaId) {
+        self.close(replica);
+        self.reconnect_later(replica);
+    }
+
+    /// Resets the replica's connection (see [`Conn::reset`]) and aborts its reader; frames not
+    /// sent yet are lost like on a dead socket.
+    fn close(&mut self, replica: ReplicaId) {
         let slot = &mut self.slots[replica];
-        slot.writer = None;
+        slot.out.clear();
+        if let Some(conn) = slot.writer.take() {
+            conn.reset();
+        }
         if let Some(t) = slot.task.take() {
             t.abort();
         }
-        self.reconnect_later(replica);
+    }
+
+    /// Sends every replica the frames this iteration produced for it.
+    fn send_out(&mut self) {
+        for slot in &mut self.slots {
+            match &slot.writer {
+                Some(conn) => conn.send(&mut slot.out),
+                None => slot.out.clear(),
+            }
+        }
     }
 
     fn reconnect_later(&mut self, replica: ReplicaId) {
@@ -580,55 +691,86 @@ async fn connection(
     // Requests are small and latency-bound (4k writes); Nagle would add a round trip.
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
-    let (writer, queue) = mpsc::unbounded_channel();
-    tokio::spawn(write_loop(wr, queue, replica, generation, events.clone()));
-    if events.send(ConnEvent::Connected { replica, generation, writer }).is_err() {
+    let wr = Arc::new(wr);
+    let (queue, queued) = mpsc::unbounded_channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn(write_loop(wr.clone(), queued, pending.clone(), replica, generation, events.clone()));
+    let writer = Conn { wr, queue, pending, task };
+    if let Err(mpsc::error::SendError(ConnEvent::Connected { writer, .. })) =
+        events.send(ConnEvent::Connected { replica, generation, writer })
+    {
+        writer.task.abort();
         return;
     }
     let mut decoder = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
-    let mut buf = vec![0u8; 256 * 1024];
     let error = loop {
-        match decoder.next_frame() {
-            Ok(Some(frame)) => {
-                if events.send(ConnEvent::Received { replica, generation, frame }).is_err() {
-                    return;
-                }
-                continue;
+        // Every frame this read completed goes to the driver in one event.
+        let mut frames = Vec::new();
+        let failed = loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => frames.push(frame),
+                Ok(None) => break None,
+                Err(e) => break Some(format!("decoding: {e}")),
             }
-            Ok(None) => {}
-            Err(e) => break format!("decoding: {e}"),
+        };
+        if !frames.is_empty() && events.send(ConnEvent::Received { replica, generation, frames }).is_err() {
+            return;
         }
-        match rd.read(&mut buf).await {
+        if let Some(error) = failed {
+            break error;
+        }
+        match rd.read_buf(decoder.read_buffer()).await {
             Ok(0) => break "closed by the replica".to_owned(),
-            Ok(n) => decoder.push(&buf[..n]),
+            Ok(_) => {}
             Err(e) => break format!("reading: {e}"),
         }
     };
     let _ = events.send(ConnEvent::Closed { replica, generation, error });
 }
 
-/// Writes queued frames, coalescing whatever is already queued into one syscall (pipelined small
-/// requests would otherwise cost one write each). Ends when the driver drops the queue.
+/// Writes what the driver queued (whatever the socket did not take at once), many buffers per
+/// vectored write and without copying them together. Ends when the driver drops the queue.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    wr: Arc<OwnedWriteHalf>,
     mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    pending: Arc<AtomicUsize>,
     replica: ReplicaId,
     generation: u64,
     events: mpsc::UnboundedSender<ConnEvent>,
 ) {
-    while let Some(mut buf) = queue.recv().await {
-        while buf.len() < COALESCE {
+    let mut bufs = Vec::new();
+    while let Some(buf) = queue.recv().await {
+        bufs.push(buf);
+        while bufs.len() < MAX_IOVECS {
             match queue.try_recv() {
-                Ok(more) => buf.extend_from_slice(&more),
+                Ok(more) => bufs.push(more),
                 Err(_) => break,
             }
         }
-        if let Err(e) = wr.write_all(&buf).await {
+        let total: usize = bufs.iter().map(Vec::len).sum();
+        if let Err(e) = write_all_vectored(&wr, &bufs).await {
             let _ = events.send(ConnEvent::Closed { replica, generation, error: format!("writing: {e}") });
             return;
         }
+        bufs.clear();
+        pending.fetch_sub(total, Ordering::AcqRel);
     }
-    let _ = wr.shutdown().await;
+    // Dropping the last handle of the write half sends the end of the stream.
+}
+
+async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Vec<u8>]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        stream.writable().await?;
+        match stream.try_write_vectored(rest) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 // ----- the synchronous handle -----------------------------------------------------------------
@@ -676,7 +818,14 @@ impl ReplicatedVolume {
         let slots = cfg
             .addrs
             .iter()
-            .map(|addr| Slot { addr: *addr, generation: 0, writer: None, task: None, backoff: cfg.backoff_min })
+            .map(|addr| Slot {
+                addr: *addr,
+                generation: 0,
+                writer: None,
+                out: Vec::new(),
+                task: None,
+                backoff: cfg.backoff_min,
+            })
             .collect();
         let driver = Driver {
             engine,

@@ -666,21 +666,50 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
 }
 
 /// Buffers a byte stream and yields whole frames: what a connection reader needs.
+///
+/// Consumed frames are not shifted out one by one (a 256 KiB read of 4 KiB writes would move the
+/// rest of the buffer sixty times); the consumed prefix is dropped once, before the next read.
+/// Readers append straight into the buffer with [`FrameDecoder::read_buffer`] (e.g. tokio's
+/// `read_buf`), so bytes are not staged in an intermediate buffer either.
 #[derive(Debug)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
+    /// Bytes of `buf` already consumed by returned frames.
+    start: usize,
+    /// Total bytes (from `start`) the frame at the front needs, as far as known.
+    need: usize,
     max_payload: usize,
     failed: bool,
 }
 
+/// Room a [`FrameDecoder::read_buffer`] offers at least, so small frames are read many at once.
+const MIN_READ: usize = 256 * 1024;
+
 impl FrameDecoder {
     pub fn new(max_payload: usize) -> Self {
-        Self { buf: Vec::new(), max_payload, failed: false }
+        Self { buf: Vec::new(), start: 0, need: HEADER_LEN, max_payload, failed: false }
     }
 
     /// Appends bytes read from the connection.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.compact();
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// The buffer to append the next read to, with room for at least the rest of the frame at
+    /// the front (or [`MIN_READ`] bytes). Append only; never remove or change what it holds.
+    pub fn read_buffer(&mut self) -> &mut Vec<u8> {
+        self.compact();
+        let want = self.need.saturating_sub(self.buf.len()).max(MIN_READ);
+        self.buf.reserve(want);
+        &mut self.buf
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
     }
 
     /// The next complete frame, `None` if more bytes are needed. After an error every later call
@@ -689,10 +718,22 @@ impl FrameDecoder {
         if self.failed {
             return Err(DecodeError::Malformed { kind: 0, what: "stream already failed" });
         }
-        match decode_with_limit(&self.buf, self.max_payload) {
-            Ok(Decoded::NeedMore(_)) => Ok(None),
+        if self.start == self.buf.len() {
+            self.need = HEADER_LEN;
+            return Ok(None);
+        }
+        match decode_with_limit(&self.buf[self.start..], self.max_payload) {
+            Ok(Decoded::NeedMore(n)) => {
+                self.need = n;
+                Ok(None)
+            }
             Ok(Decoded::Frame(frame, used)) => {
-                self.buf.drain(..used);
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                }
+                self.need = HEADER_LEN;
                 Ok(Some(frame))
             }
             Err(e) => {

@@ -414,23 +414,32 @@ fn offline_set(a: &TargetArgs) -> anyhow::Result<ReplicaSet> {
 }
 
 /// Sends `request` to the attached volume, if it is attached here; an error reply is an error.
+/// Sends `request` to the attached volume, if it is attached here; an error reply is an error.
 async fn online(a: &TargetArgs, request: &ctl::Request) -> anyhow::Result<Option<ctl::Reply>> {
-    match ctl::call(&a.runtime_dir, &a.volume_id, request).await? {
-        Some(reply) if reply.ok => Ok(Some(reply)),
-        Some(reply) => bail!("{}", reply.error.unwrap_or_else(|| "the attached volume refused".into())),
-        None => Ok(None),
-    }
+    attached_call(&a.runtime_dir, &a.volume_id, request).await
 }
 
 async fn online_only(a: &OnlineArgs, request: &ctl::Request) -> anyhow::Result<ctl::Reply> {
-    match ctl::call(&a.runtime_dir, &a.volume_id, request).await? {
-        Some(reply) if reply.ok => Ok(reply),
-        Some(reply) => bail!("{}", reply.error.unwrap_or_else(|| "the attached volume refused".into())),
-        None => bail!(
+    attached_call(&a.runtime_dir, &a.volume_id, request).await?.with_context(|| {
+        format!(
             "volume {} is not attached on this node (no {})",
             a.volume_id,
             ctl::socket_path(&a.runtime_dir, &a.volume_id).display()
-        ),
+        )
+    })
+}
+
+/// One request to the attached volume: `None` when it is not attached here, an error for a
+/// refusal.
+async fn attached_call(
+    runtime_dir: &std::path::Path,
+    volume_id: &str,
+    request: &ctl::Request,
+) -> anyhow::Result<Option<ctl::Reply>> {
+    match ctl::call(runtime_dir, volume_id, request).await? {
+        Some(reply) if reply.ok => Ok(Some(reply)),
+        Some(reply) => bail!("{}", reply.error.unwrap_or_else(|| "the attached volume refused".into())),
+        None => Ok(None),
     }
 }
 

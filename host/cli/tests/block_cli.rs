@@ -158,30 +158,10 @@ fn replicated_volume_by_hand_create_attach_snapshot_expand_replace_detach_clone_
     let mut children = Children::default();
     let servers: Vec<_> = (0..3).map(|_| serve(&mut children)).collect();
     let addr = |i: usize| servers[i].1.clone();
-    run_ok(&[
-        "volume",
-        "create",
-        "--volume-id",
-        "pvc-cli",
-        "--size",
-        "16M",
-        "--replica",
-        &addr(0),
-        "--replica",
-        &addr(1),
-    ]);
-    run_ok(&[
-        "volume",
-        "create",
-        "--volume-id",
-        "pvc-cli",
-        "--size",
-        "16M",
-        "--replica",
-        &addr(0),
-        "--replica",
-        &addr(1),
-    ]);
+    let (a0, a1) = (addr(0), addr(1));
+    let create = ["volume", "create", "--volume-id", "pvc-cli", "--size", "16M", "--replica", &a0, "--replica", &a1];
+    run_ok(&create);
+    run_ok(&create); // a retry of the same create succeeds
     let err = run_fails(&["volume", "create", "--volume-id", "pvc-cli", "--size", "32M", "--replica", &addr(0)]);
     assert!(err.contains("AlreadyExists"), "{err}");
     let nodes = run_out(&["replica", "nodes", "--replica", &addr(0), "--replica", &addr(2)]);

@@ -58,14 +58,7 @@ impl Pool {
             Nfs3Result::Ok(ok) => ok,
             Nfs3Result::Err((stat, _)) => return Err(self.status(stat, "CREATE")),
         };
-        match ok.obj {
-            Nfs3Option::Some(fh) => Ok(fh),
-            Nfs3Option::None => self
-                .lookup(dir, n)
-                .await?
-                .map(|(fh, _)| fh)
-                .ok_or_else(|| NfsError::Internal(format!("CREATE on {}: created but gone", self.label))),
-        }
+        self.created_handle(ok.obj, dir, n, "CREATE").await
     }
 
     /// MKDIR with `mode`, returning the new handle.
@@ -75,13 +68,25 @@ impl Pool {
             Nfs3Result::Ok(ok) => ok,
             Nfs3Result::Err((stat, _)) => return Err(self.status(stat, "MKDIR")),
         };
-        match ok.obj {
+        self.created_handle(ok.obj, dir, n, "MKDIR").await
+    }
+
+    /// The handle a CREATE/MKDIR reply carries; the reply may omit it (optional in NFSv3), and
+    /// then a LOOKUP of the new name finds it.
+    async fn created_handle(
+        &self,
+        obj: Nfs3Option<nfs_fh3>,
+        dir: &nfs_fh3,
+        n: &[u8],
+        op: &str,
+    ) -> Result<nfs_fh3, NfsError> {
+        match obj {
             Nfs3Option::Some(fh) => Ok(fh),
             Nfs3Option::None => self
                 .lookup(dir, n)
                 .await?
                 .map(|(fh, _)| fh)
-                .ok_or_else(|| NfsError::Internal(format!("MKDIR on {}: created but gone", self.label))),
+                .ok_or_else(|| NfsError::Internal(format!("{op} on {}: created but gone", self.label))),
         }
     }
 

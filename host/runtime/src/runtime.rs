@@ -197,6 +197,7 @@ impl Runtime {
     /// A backend with this runtime's grants, limits and metrics for `name`.
     fn assemble(&self, name: &str, kind: Kind, info: BackendInfo, imports: ImportSummary) -> Backend {
         let limits = self.config.limits_for(name);
+        let grants = self.config.grants_for(name);
         Backend {
             name: name.into(),
             digest: String::new(),
@@ -207,8 +208,8 @@ impl Runtime {
             caps: Arc::new(Capabilities {
                 backend: name.into(),
                 store: self.store.clone(),
-                dir_roots: self.config.grants_for(name).dir,
-                nfs: nfs_client(&self.config.grants_for(name).nfs, limits.import_timeout()),
+                nfs: nfs_client(&grants.nfs, limits.import_timeout()),
+                dir_roots: grants.dir,
                 import_timeout: limits.import_timeout(),
             }),
             limits,

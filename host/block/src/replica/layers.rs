@@ -13,6 +13,9 @@ use nix::fcntl::{FallocateFlags, fallocate};
 use super::block_map::{BLOCK, BlockMap};
 use super::store::{StoreError, io_err, nix_err, to_off};
 
+/// Largest piece of a buffered write (see [`Layer::write_at`]).
+const WRITE_PIECE: u64 = 16 * 1024;
+
 /// One layer file: a snapshot's frozen data or the live head.
 #[derive(Debug)]
 pub(crate) struct Layer {
@@ -56,8 +59,22 @@ impl Layer {
         self.file.read_exact_at(buf, offset).map_err(io_err("read", &self.path))
     }
 
+    /// Writes through the page cache in pieces of at most [`WRITE_PIECE`] bytes, aligned to it.
+    /// The file system sizes a page cache folio by the write that creates it: one 1 MiB write
+    /// leaves a 1 MiB folio, and every later 4 KiB write into it walks all of the folio's 256
+    /// block buffers (measured: a third of the replica's CPU under 4 KiB random writes). Pieces
+    /// cap folios at 4 blocks for 64 syscalls per MiB (16 KiB pieces measured ~15% more 4 KiB
+    /// QD32 writes than 64 KiB ones).
     pub(crate) fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), StoreError> {
-        self.file.write_all_at(buf, offset).map_err(io_err("write", &self.path))
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let room = (WRITE_PIECE - at % WRITE_PIECE) as usize;
+            let n = room.min(buf.len() - done);
+            self.file.write_all_at(&buf[done..done + n], at).map_err(io_err("write", &self.path))?;
+            done += n;
+        }
+        Ok(())
     }
 
     pub(crate) fn sync_data(&self) -> Result<(), StoreError> {

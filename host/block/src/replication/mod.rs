@@ -1180,8 +1180,10 @@ impl Engine {
                     self.persist();
                 }
                 let (offset, len) = (*offset, *len);
-                let message: Box<dyn Fn() -> Message> = match data.clone() {
-                    Some(data) => Box::new(move || Message::Write { offset, revision, data: data.clone() }),
+                // A write's payload is handed out below without the closure (one copy per
+                // replica but the last, which takes it).
+                let message: Box<dyn Fn() -> Message> = match data {
+                    Some(_) => Box::new(|| Message::Flush),
                     None => Box::new(move || Message::Unmap { offset, len, revision }),
                 };
                 (targets, message)
@@ -1239,8 +1241,20 @@ impl Engine {
             self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: BTreeSet::new() });
             return;
         }
-        for r in &targets {
-            self.send(*r, id, message());
+        let mut kind = kind;
+        if let Fanout::Write { offset, data: Some(data), .. } = &mut kind {
+            // The op keeps an empty payload (it still reads as a write, not an unmap): nothing
+            // resends it, and a 1 MiB write is copied once per extra replica, not per replica + 1.
+            let offset = *offset;
+            let mut payload = Some(std::mem::take(data));
+            for (i, r) in targets.iter().enumerate() {
+                let data = if i + 1 == targets.len() { payload.take() } else { payload.clone() };
+                self.send(*r, id, Message::Write { offset, revision, data: data.unwrap_or_default() });
+            }
+        } else {
+            for r in &targets {
+                self.send(*r, id, message());
+            }
         }
         self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: BTreeSet::new() });
     }
