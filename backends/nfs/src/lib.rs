@@ -138,6 +138,10 @@ fn snap_dir(name: &str) -> String {
 fn export_key(e: &Export) -> String {
     format!("exports/{}", policy::encode_id(e, "x").unwrap_or_default())
 }
+/// The exports volumes were ever created on (the `nfs` capability does not list its grants).
+fn known_exports(h: &impl Host) -> Result<Vec<Export>, Error> {
+    Ok(h.kv_list("exports/")?.iter().filter_map(|k| policy::decode_id(k.strip_prefix("exports/")?)).map(|(e, _)| e).collect())
+}
 
 /// One volume as found on the export.
 struct Found {
@@ -421,7 +425,7 @@ pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max:
     } else {
         let exports: Vec<Export> = match vol {
             Some(v) => policy::decode_id(v).map(|(e, _)| e).into_iter().collect(),
-            None => h.kv_list("exports/")?.iter().filter_map(|k| policy::decode_id(k.strip_prefix("exports/")?)).map(|(e, _)| e).collect(),
+            None => known_exports(h)?,
         };
         for e in exports {
             if h.stat(&e, policy::SNAPSHOT_DIR)?.is_none() {
@@ -438,6 +442,30 @@ pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max:
     all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
     let (entries, next_token) = page(&all, max, token)?;
     Ok(SnapshotPage { entries, next_token })
+}
+
+/// Every committed volume on every known export, by id. Conditions are left out: usage walks
+/// the whole tree of a volume, which GetVolume does for one volume and a listing must not do
+/// for all of them.
+pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
+    let mut all = vec![];
+    for e in known_exports(h)? {
+        if h.stat(&e, policy::INDEX_DIR)?.is_none() {
+            continue;
+        }
+        for name in h.read_dir(&e, policy::INDEX_DIR)? {
+            if policy::check_name("volume", &name).is_err() {
+                continue;
+            }
+            // An index whose metadata is gone is a delete in progress, not a volume.
+            if let Some((sub_dir, Some(meta))) = find_index(h, &e, &name)? {
+                all.push(VolumeStatus { volume: Found { export: e.clone(), name, sub_dir, meta }.volume()?, condition: None });
+            }
+        }
+    }
+    all.sort_by(|a, b| a.volume.volume_id.cmp(&b.volume.volume_id));
+    let (entries, next_token) = page(&all, max, token)?;
+    Ok(VolumePage { entries, next_token })
 }
 
 pub fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
@@ -493,6 +521,7 @@ impl Guest for Nfs {
                 ExpandVolume,
                 OnlineExpansion,
                 GetCapacity,
+                ListVolumes,
                 GetVolume,
                 VolumeCondition,
                 SingleNodeMultiWriter,
@@ -511,8 +540,8 @@ impl Guest for Nfs {
     fn get_volume(id: String) -> Result<VolumeStatus, Error> {
         get_volume(&imports::Imports, &id)
     }
-    fn list_volumes(_: u32, _: String) -> Result<VolumePage, Error> {
-        Err(Error::Unimplemented("nfs does not list volumes".into()))
+    fn list_volumes(max: u32, token: String) -> Result<VolumePage, Error> {
+        list_volumes(&imports::Imports, max, &token)
     }
     fn validate_volume_capabilities(id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error> {
         find_id(&imports::Imports, &id)?;

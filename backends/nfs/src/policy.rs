@@ -265,10 +265,17 @@ fn template_vars(t: &str) -> Result<Vec<Piece<'_>>, Invalid> {
         }
         let after = rest[i..].strip_prefix("${").ok_or_else(|| invalid(format!("parameter subDir: {t:?} has a '$' not starting ${{…}}")))?;
         let end = after.find('}').ok_or_else(|| invalid(format!("parameter subDir: {t:?} has an unclosed ${{")))?;
-        let var = &after[..end];
-        if !matches!(var, "pvc.name" | "pvc.namespace" | "pv.name") {
-            return Err(invalid(format!("parameter subDir: unknown variable ${{{var}}} (known: pvc.name, pvc.namespace, pv.name)")));
-        }
+        // csi-driver-nfs spells them `pvc.metadata.name` etc.: its StorageClasses work unchanged.
+        let var = match &after[..end] {
+            "pvc.name" | "pvc.metadata.name" => "pvc.name",
+            "pvc.namespace" | "pvc.metadata.namespace" => "pvc.namespace",
+            "pv.name" | "pv.metadata.name" => "pv.name",
+            var => {
+                return Err(invalid(format!(
+                    "parameter subDir: unknown variable ${{{var}}} (known: pvc.name, pvc.namespace, pv.name, and csi-driver-nfs's pvc.metadata.name, pvc.metadata.namespace, pv.metadata.name)"
+                )));
+            }
+        };
         out.push(Piece::Var(var));
         rest = &after[end + 1..];
     }
@@ -374,6 +381,15 @@ mod tests {
         assert_eq!(p.export, Export { server: "10.0.0.1".into(), share: "/export".into() });
         assert_eq!((p.mode, p.uid, p.gid, p.on_delete), (0o777, 0, 0, OnDelete::Delete));
         assert_eq!(p.render_sub_dir("pvc-1").unwrap(), "pvc-1");
+    }
+
+    #[test]
+    fn csi_driver_nfs_template_spellings_render_the_same() {
+        let kv = [("csi.storage.k8s.io/pvc/name", "data"), ("csi.storage.k8s.io/pvc/namespace", "team-a"), ("csi.storage.k8s.io/pv/name", "pv-1")];
+        let ours = params(&[&[("subDir", "${pvc.namespace}/${pvc.name}/${pv.name}")][..], &kv[..]].concat()).unwrap();
+        let theirs = params(&[&[("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}/${pv.metadata.name}")][..], &kv[..]].concat()).unwrap();
+        assert_eq!(ours.render_sub_dir("x").unwrap(), "team-a/data/pv-1");
+        assert_eq!(theirs.render_sub_dir("x").unwrap(), "team-a/data/pv-1");
     }
 
     #[test]

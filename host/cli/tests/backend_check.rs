@@ -60,3 +60,49 @@ fn ls_reports_loaded_and_rejected_backends() {
     assert!(line("hostpath").contains(" ok "), "{out}");
     assert!(line("broken").contains("rejected"), "{out}");
 }
+
+/// The nfs component against a real nfs-ganesha (private namespace, NFSv3 through the host's
+/// userspace client). The node checks need a kernel NFS client, which this machine lacks: they
+/// run in the kernel-VM tier (`tests/nfs_flow_vm.rs`); here the controller part of the suite.
+#[test]
+fn check_passes_the_nfs_component_against_ganesha() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: not root (ganesha runs in a private namespace)");
+        return;
+    }
+    let g = wasmcsi_nfs::testing::Ganesha::start().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("nfs.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::NFS).unwrap();
+    let config = d.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {:?} }}]\n", g.server(), wasmcsi_nfs::testing::SHARE),
+    )
+    .unwrap();
+    let server = format!("server={}", g.server());
+    let share = format!("share={}", wasmcsi_nfs::testing::SHARE);
+    let (code, out, err) = wasmcsi(&[
+        "backend",
+        "check",
+        "--no-node",
+        "--config",
+        config.to_str().unwrap(),
+        "--param",
+        &server,
+        "--param",
+        &share,
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("wasmcsi:backend/nfs"), "{out}");
+    assert!(out.contains("grants needed: nfs"), "{out}");
+    assert!(out.lines().any(|l| l.contains(" 0 failed")), "{out}");
+    // What the suite created it deleted: the export holds only the backend's own bookkeeping.
+    let left: Vec<String> = std::fs::read_dir(g.export_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "left on the export: {left:?}");
+}
