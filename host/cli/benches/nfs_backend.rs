@@ -103,7 +103,8 @@ async fn main() {
         eprintln!("nfs_backend bench: needs root (ganesha runs in a private namespace)");
         return;
     }
-    let (pairs, big_mib, files) = (knob("NFS_BENCH_PAIRS", 200), knob("NFS_BENCH_BIG_MIB", 1024), knob("NFS_BENCH_FILES", 2000));
+    let (pairs, big_mib, files) =
+        (knob("NFS_BENCH_PAIRS", 200), knob("NFS_BENCH_BIG_MIB", 1024), knob("NFS_BENCH_FILES", 2000));
     let g = Ganesha::start().expect("ganesha");
     let dir = tempfile::tempdir().unwrap();
     let backends = dir.path().join("backends");
@@ -129,8 +130,10 @@ async fn main() {
     .unwrap();
     let channel = connect(&host.socket).await.unwrap();
     let mut ctl = Controller::new(channel.clone());
-    let params: HashMap<String, String> =
-        [("backend", "nfs"), ("server", g.server().as_str()), ("share", SHARE)].iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    let params: HashMap<String, String> = [("backend", "nfs"), ("server", g.server().as_str()), ("share", SHARE)]
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect();
 
     println!("nfs backend through the CSI socket, nfs-ganesha (NFSv3 via the host's client) in a private namespace");
     for i in 0..10 {
@@ -171,7 +174,9 @@ async fn main() {
 
     println!("\nCreateSnapshot (server-side copy through the host's NFS client) vs server-side cp -a + sync");
     println!("{:<22} {:>10} {:>11} {:>10} {:>11} {:>8}", "tree", "snapshot", "MB/s", "cp -a", "MB/s", "ratio");
-    for (label, n, mib) in [(format!("{files} files of 4 KiB"), files, 0), (format!("one {big_mib} MiB file"), 0, big_mib)] {
+    for (label, n, mib) in
+        [(format!("{files} files of 4 KiB"), files, 0), (format!("one {big_mib} MiB file"), 0, big_mib)]
+    {
         let name = if mib == 0 { "small" } else { "big" };
         let v = ctl.create_volume(request(name, &params)).await.unwrap().into_inner().volume.unwrap();
         let sub_dir = v.volume_context.get("subDir").cloned().unwrap_or_else(|| name.into());
@@ -195,7 +200,8 @@ async fn main() {
         drop_caches();
         let t = Instant::now();
         let cp = format!("{name}-cp");
-        let st = std::process::Command::new("cp").args(["-a", &sub_dir, &cp]).current_dir(g.export_dir()).status().unwrap();
+        let st =
+            std::process::Command::new("cp").args(["-a", &sub_dir, &cp]).current_dir(g.export_dir()).status().unwrap();
         assert!(st.success());
         let _ = std::process::Command::new("sync").arg("-f").arg(g.export_dir().join(&cp)).status();
         let cp_time = t.elapsed();
@@ -210,7 +216,9 @@ async fn main() {
             mb(cp_time),
             cp_time.as_secs_f64() / snap_time.as_secs_f64()
         );
-        ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id, ..Default::default() }).await.unwrap();
+        ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id, ..Default::default() })
+            .await
+            .unwrap();
         ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id, ..Default::default() }).await.unwrap();
         fs::remove_dir_all(g.export_dir().join(&cp)).unwrap();
     }

@@ -77,7 +77,11 @@ fn check_passes_the_nfs_component_against_ganesha() {
     let config = d.path().join("config.toml");
     std::fs::write(
         &config,
-        format!("[backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {:?} }}]\n", g.server(), wasmcsi_nfs::testing::SHARE),
+        format!(
+            "[backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {:?} }}]\n",
+            g.server(),
+            wasmcsi_nfs::testing::SHARE
+        ),
     )
     .unwrap();
     let server = format!("server={}", g.server());

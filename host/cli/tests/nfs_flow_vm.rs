@@ -7,7 +7,8 @@
 //!
 //! Flow: create (mode 0770, owner 1000:1000) → stage → publish → write as uid 1000 → snapshot
 //! → clone from the snapshot and from the volume → publish the clone and read → expand →
-//! stats → unpublish → unstage → delete, with the repeated calls kubelet makes on retries.
+//! stats (a volume written past its size is abnormal) → unpublish → unstage → delete, with the
+//! repeated calls kubelet makes on retries.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::collections::HashMap;
@@ -34,7 +35,11 @@ fn mount_cap() -> csi::VolumeCapability {
     }
 }
 
-fn create(name: &str, params: &HashMap<String, String>, source: Option<csi::VolumeContentSource>) -> csi::CreateVolumeRequest {
+fn create(
+    name: &str,
+    params: &HashMap<String, String>,
+    source: Option<csi::VolumeContentSource>,
+) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: name.into(),
         capacity_range: Some(csi::CapacityRange { required_bytes: GIB, limit_bytes: 0 }),
@@ -89,7 +94,10 @@ async fn unpublish_and_unstage(node: &mut Node, id: &str, staging: &Path, target
         node.node_unpublish_volume(r).await.expect("unpublish");
     }
     for _ in 0..2 {
-        let r = csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: staging.to_string_lossy().into() };
+        let r = csi::NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.to_string_lossy().into(),
+        };
         node.node_unstage_volume(r).await.expect("unstage");
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -160,7 +168,8 @@ async fn flow(scratch: &Path) {
 
     // create, twice (the provisioner retries): one volume
     let v = ctl.create_volume(create("pvc-1", &params, None)).await.expect("create").into_inner().volume.unwrap();
-    let again = ctl.create_volume(create("pvc-1", &params, None)).await.expect("create again").into_inner().volume.unwrap();
+    let again =
+        ctl.create_volume(create("pvc-1", &params, None)).await.expect("create again").into_inner().volume.unwrap();
     assert_eq!(v.volume_id, again.volume_id);
     let on_server = g.export_dir().join("team-a/data");
     let md = std::fs::metadata(&on_server).expect("the volume directory on the server");
@@ -174,7 +183,9 @@ async fn flow(scratch: &Path) {
     let line = mounts.lines().find(|l| l.contains(&format!(" {} ", staging.display()))).expect("staging mount");
     assert!(line.contains(" nfs4 ") && line.contains("vers=4.1"), "{line}");
     let t = target.display();
-    let out = as_uid_1000(&format!("mkdir {t}/d && echo hello > {t}/d/f && ln -s d/f {t}/link && chmod 0640 {t}/d/f && cat {t}/link"));
+    let out = as_uid_1000(&format!(
+        "mkdir {t}/d && echo hello > {t}/d/f && ln -s d/f {t}/link && chmod 0640 {t}/d/f && cat {t}/link"
+    ));
     assert_eq!(out, "hello\n");
     let f = std::fs::metadata(on_server.join("d/f")).unwrap();
     assert_eq!((f.uid(), f.mode() & 0o777), (1000, 0o640), "owned by the pod's uid on the server");
@@ -256,16 +267,57 @@ async fn flow(scratch: &Path) {
         .into_inner();
     assert_eq!(got.volume.unwrap().capacity_bytes, 2 * GIB);
 
+    // sizes are recorded, not enforced: a volume written past its size is abnormal, to the node
+    // and to the controller
+    let mut small = create("pvc-small", &clone_params, None);
+    small.parameters.insert("csi.storage.k8s.io/pvc/name".into(), "small".into());
+    small.capacity_range = Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 });
+    let s = ctl.create_volume(small).await.expect("small volume").into_inner().volume.unwrap();
+    let (staging3, target3) = (work.join("staging/pvc-small"), work.join("pods/p3/volumes/pvc-small"));
+    stage_and_publish(&mut node, &s, &staging3, &target3).await;
+    as_uid_1000(&format!("head -c 2097152 /dev/urandom > {}/big", target3.display()));
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: s.volume_id.clone(),
+            volume_path: target3.to_string_lossy().into(),
+            staging_target_path: staging3.to_string_lossy().into(),
+        })
+        .await
+        .expect("stats")
+        .into_inner();
+    let bytes = stats.usage.iter().find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32).expect("bytes usage");
+    assert_eq!(bytes.total, 1 << 20, "{stats:?}");
+    assert!(bytes.used >= 2 << 20, "{stats:?}");
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal && condition.message.contains("capacity"), "{condition:?}");
+    let status = ctl
+        .controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: s.volume_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status.status.unwrap().volume_condition.unwrap().abnormal, "the controller sees it too");
+    unpublish_and_unstage(&mut node, &s.volume_id, &staging3, &target3).await;
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: s.volume_id.clone(), ..Default::default() })
+        .await
+        .expect("delete small");
+
     // teardown in kubelet's order, each step repeated
     unpublish_and_unstage(&mut node, &c1.volume_id, &staging2, &target2).await;
     unpublish_and_unstage(&mut node, &v.volume_id, &staging, &target).await;
     for id in [&snap.snapshot_id, &snap.snapshot_id] {
-        ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() }).await.expect("delete snapshot");
+        ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() })
+            .await
+            .expect("delete snapshot");
     }
     for id in [&c1.volume_id, &c2.volume_id, &v.volume_id, &v.volume_id] {
-        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.expect("delete");
+        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })
+            .await
+            .expect("delete");
     }
-    let gone = ctl.controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() }).await.unwrap_err();
+    let gone = ctl
+        .controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() })
+        .await
+        .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
     let left: Vec<String> = std::fs::read_dir(g.export_dir().join("team-a"))
         .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())

@@ -183,9 +183,17 @@ impl NodeService {
         if !path.exists() {
             return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
         }
-        let (_, plan) = self.plan(id, &Default::default(), plain_mount()).await?;
+        let (backend, plan) = self.plan(id, &Default::default(), plain_mount()).await?;
         if let Attachment::Nfs(_) = plan {
-            return nfs_stats(path).await;
+            let local = self.0.backend_for_id(id)?.map(|(_, oid)| oid.local).unwrap_or_default();
+            let capacity = match backend.get_volume(local).await {
+                Ok(status) => Some(status.volume.capacity_bytes),
+                Err(e) => {
+                    tracing::debug!(volume = id, error = %e, "no capacity record for NFS stats");
+                    None
+                }
+            };
+            return nfs_stats(path, capacity).await;
         }
         let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
         let walk = path.clone();
@@ -246,48 +254,75 @@ impl NodeService {
     }
 }
 
-/// Stats of an NFS volume: the share's space and inodes as the server reports them, under a
-/// deadline — a dead server makes statvfs block, which is then the abnormal condition rather
-/// than a hung call.
-async fn nfs_stats(path: PathBuf) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+/// Stats of an NFS volume. The backend's record gives its capacity (`get_volume`); the node
+/// walks the mounted tree for its usage, so a volume over its recorded size is abnormal here
+/// too. Without the record (the node has no grant for the export) the share's numbers stand
+/// in. Every filesystem call is bounded: a dead server is the abnormal condition, not a hung
+/// call.
+async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
     use csi::volume_usage::Unit;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let probe = path.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(nix::sys::statvfs::statvfs(&probe));
-    });
+    const LIVENESS: std::time::Duration = std::time::Duration::from_secs(10);
+    const WALK: std::time::Duration = std::time::Duration::from_secs(60);
     let b = convert::bytes;
-    match tokio::time::timeout(std::time::Duration::from_secs(10), rx).await {
-        Ok(Ok(Ok(fs))) => {
-            let frag = fs.fragment_size();
-            let (total, free) = (fs.blocks() * frag, fs.blocks_available() * frag);
-            Ok(csi::NodeGetVolumeStatsResponse {
-                usage: vec![
-                    csi::VolumeUsage {
-                        available: b(free),
-                        total: b(total),
-                        used: b(total.saturating_sub(fs.blocks_free() * frag)),
-                        unit: Unit::Bytes as i32,
-                    },
-                    csi::VolumeUsage {
-                        available: b(fs.files_available()),
-                        total: b(fs.files()),
-                        used: b(fs.files().saturating_sub(fs.files_free())),
-                        unit: Unit::Inodes as i32,
-                    },
-                ],
-                volume_condition: Some(csi::VolumeCondition { abnormal: false, message: "healthy".into() }),
-            })
+    let probe = path.clone();
+    let fs = match blocking(move || Ok(nfs::bounded(LIVENESS, move || nix::sys::statvfs::statvfs(&probe)))).await? {
+        Some(Ok(fs)) => fs,
+        Some(Err(e)) => return Err(mount_err(format!("statvfs {}: {e}", path.display()))),
+        None => {
+            return Ok(csi::NodeGetVolumeStatsResponse {
+                usage: vec![],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: true,
+                    message: format!("the NFS server of {} does not answer", path.display()),
+                }),
+            });
         }
-        Ok(Ok(Err(e))) => Err(mount_err(format!("statvfs {}: {e}", path.display()))),
-        _ => Ok(csi::NodeGetVolumeStatsResponse {
-            usage: vec![],
-            volume_condition: Some(csi::VolumeCondition {
-                abnormal: true,
-                message: format!("the NFS server of {} does not answer", path.display()),
-            }),
-        }),
-    }
+    };
+    let inodes = csi::VolumeUsage {
+        available: b(fs.files_available()),
+        total: b(fs.files()),
+        used: b(fs.files().saturating_sub(fs.files_free())),
+        unit: Unit::Inodes as i32,
+    };
+    let frag = fs.fragment_size();
+    let share = |message: String| csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: b(fs.blocks_available() * frag),
+                total: b(fs.blocks() * frag),
+                used: b((fs.blocks() - fs.blocks_free()) * frag),
+                unit: Unit::Bytes as i32,
+            },
+            inodes.clone(),
+        ],
+        volume_condition: Some(csi::VolumeCondition { abnormal: false, message }),
+    };
+    let Some(capacity) = capacity else {
+        return Ok(share("healthy (the share's space: the volume's record is not readable from this node)".into()));
+    };
+    let walk = path.clone();
+    let used = match blocking(move || Ok(nfs::bounded(WALK, move || bind::directory_usage(&walk)))).await? {
+        Some(Ok((bytes, _))) => bytes,
+        Some(Err(e)) => return Err(mount_err(format!("walking {}: {e}", path.display()))),
+        None => return Ok(share(format!("healthy (the share's space: walking the volume took over {WALK:?})"))),
+    };
+    let (abnormal, message) = if used > capacity {
+        (true, format!("uses {used} bytes of its {capacity} byte capacity"))
+    } else {
+        (false, "healthy".to_string())
+    };
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: b(capacity.saturating_sub(used)),
+                total: b(capacity),
+                used: b(used),
+                unit: Unit::Bytes as i32,
+            },
+            inodes,
+        ],
+        volume_condition: Some(csi::VolumeCondition { abnormal, message }),
+    })
 }
 
 fn unsupported(plan: &Attachment) -> CsiError {

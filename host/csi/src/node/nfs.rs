@@ -118,6 +118,17 @@ pub fn mount_nfs(source: &str, target: &Path, options: &str, deadline: Duration)
     }
 }
 
+/// Runs `f` on its own thread and waits at most `deadline` for it: a filesystem call on a dead
+/// NFS server blocks in the kernel and cannot be cancelled, so on `None` the thread is left
+/// behind (it ends when the server answers or the mount is forced off).
+pub fn bounded<T: Send + 'static>(deadline: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(deadline).ok()
+}
+
 /// How an unmount ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unmounted {
@@ -144,13 +155,9 @@ pub fn unmount_bounded(target: &Path, deadline: Duration) -> Result<Unmounted, S
     if !mounted()? {
         return Ok(Unmounted::NotMounted);
     }
-    let attempt = |flags: MntFlags| -> Option<Result<(), Errno>> {
-        let (tx, rx) = mpsc::channel();
+    let attempt = |flags: MntFlags| {
         let path = target.to_path_buf();
-        std::thread::spawn(move || {
-            let _ = tx.send(nix::mount::umount2(&path, flags));
-        });
-        rx.recv_timeout(deadline).ok()
+        bounded(deadline, move || nix::mount::umount2(&path, flags))
     };
     match attempt(MntFlags::empty()) {
         Some(Ok(())) => return Ok(Unmounted::Clean),
