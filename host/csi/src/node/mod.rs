@@ -293,7 +293,7 @@ async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeG
                 used: b((fs.blocks() - fs.blocks_free()) * frag),
                 unit: Unit::Bytes as i32,
             },
-            inodes.clone(),
+            inodes,
         ],
         volume_condition: Some(csi::VolumeCondition { abnormal: false, message }),
     };
