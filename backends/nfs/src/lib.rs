@@ -27,6 +27,7 @@ use wasmcsi_runtime::native::guest_bindings as bindings;
 
 use bindings::exports::wasmcsi::backend::driver::*;
 use bindings::wasmcsi::backend::dir::{FileStat, Space};
+use bindings::wasmcsi::backend::nfs::CopyProgress;
 use bindings::wasmcsi::backend::types::{AccessType, Pair, Timestamp};
 use policy::{Export, Invalid, Meta, OnDelete, Params};
 
@@ -48,7 +49,8 @@ pub trait Host {
     fn read_dir(&self, e: &Export, path: &str) -> Result<Vec<String>, Error>;
     fn read_file(&self, e: &Export, path: &str) -> Result<Vec<u8>, Error>;
     fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error>;
-    fn copy_tree(&self, e: &Export, from: &str, to: &str) -> Result<(), Error>;
+    fn copy_tree_background(&self, e: &Export, from: &str, to: &str) -> Result<CopyProgress, Error>;
+    fn cancel_copy(&self, e: &Export, to: &str);
     fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error>;
     fn remove_all(&self, e: &Export, path: &str) -> Result<(), Error>;
     fn usage(&self, e: &Export, path: &str) -> Result<u64, Error>;
@@ -84,8 +86,11 @@ mod imports {
         fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error> {
             nfs::write_file(&t(e), path, data)
         }
-        fn copy_tree(&self, e: &Export, from: &str, to: &str) -> Result<(), Error> {
-            nfs::copy_tree(&t(e), from, to)
+        fn copy_tree_background(&self, e: &Export, from: &str, to: &str) -> Result<CopyProgress, Error> {
+            nfs::copy_tree_background(&t(e), from, to)
+        }
+        fn cancel_copy(&self, e: &Export, to: &str) {
+            nfs::cancel_copy(&t(e), to)
         }
         fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error> {
             nfs::rename(&t(e), from, to)
@@ -229,29 +234,51 @@ fn check_caps(caps: &[VolumeCapability]) -> Result<(), Error> {
 fn snapshot(h: &impl Host, e: &Export, name: &str) -> Result<Option<Snapshot>, Error> {
     let path = format!("{}/meta", snap_dir(name));
     let Some(meta) = read_meta(h, e, &path)? else { return Ok(None) };
-    let created = h.stat(e, &path)?.map(|s| s.modified).unwrap_or(Timestamp { seconds: 0, nanos: 0 });
-    Ok(Some(Snapshot {
+    snapshot_of(e, name, &meta).map(Some)
+}
+
+fn snapshot_of(e: &Export, name: &str, meta: &Meta) -> Result<Snapshot, Error> {
+    let path = format!("{}/meta", snap_dir(name));
+    let nanos = meta.u64("createdNanos").map_err(internal(&path))?;
+    Ok(Snapshot {
         snapshot_id: policy::encode_id(e, name).map_err(bad)?,
         source_volume_id: meta.get("source").into(),
         size_bytes: meta.u64("capacity").map_err(internal(&path))?,
-        creation_time: created,
-        ready_to_use: true,
-    }))
+        creation_time: Timestamp { seconds: (nanos / 1_000_000_000) as i64, nanos: (nanos % 1_000_000_000) as u32 },
+        // Written `false` before the copy starts, `true` when it is whole.
+        ready_to_use: meta.get("ready") == "true",
+    })
 }
 
 /// Copy `from` into a staging directory, write the new volume's metadata there, then rename it
-/// to `to`: `to` appears whole and already naming its volume, or not at all; a half copy from an
-/// earlier attempt is ours to throw away.
+/// to `to`: `to` appears whole and already naming its volume, or not at all. The copy runs in
+/// the host's background and outlives this call: until it is done the call fails `aborted`
+/// (CSI's "an operation is pending for this volume"), and the provisioner's retry finds it
+/// further along, instead of starting over like a copy bound to one call's deadline would.
 fn copy_into_place(h: &impl Host, e: &Export, from: &str, to: &str, name: &str, meta: &Meta) -> Result<(), Error> {
     let staging = format!("{}/{name}", policy::STAGING_DIR);
-    h.remove_all(e, &staging)?;
+    let (marker, data) = (format!("{staging}/source"), format!("{staging}/data"));
     h.mkdir(e, policy::STAGING_DIR, 0o700, 0, 0)?;
-    h.copy_tree(e, from, &staging)?;
-    h.write_file(e, &meta_path(&staging), &meta.encode())?;
+    h.mkdir(e, &staging, 0o700, 0, 0)?;
+    // A staging copy left by an earlier request of this name from another source is not ours.
+    if read_meta(h, e, &marker)?.is_some_and(|m| m.get("from") != from) {
+        h.cancel_copy(e, &data);
+        h.remove_all(e, &staging)?;
+    }
+    h.mkdir(e, &staging, 0o700, 0, 0)?;
+    let mut m = Meta::default();
+    m.set("from", from);
+    h.write_file(e, &marker, &m.encode())?;
+    let p = h.copy_tree_background(e, from, &data)?;
+    if !p.done {
+        return Err(Error::Aborted(format!("volume {name}: copying {from}, {} bytes so far; retry to follow it", p.bytes)));
+    }
+    h.write_file(e, &meta_path(&data), &meta.encode())?;
     if let Some((parent, _)) = to.rsplit_once('/') {
         h.mkdir(e, parent, 0o755, 0, 0)?;
     }
-    h.rename(e, &staging, to)
+    h.rename(e, &data, to)?;
+    h.remove_all(e, &staging)
 }
 
 /// The driver, over any [`Host`].
@@ -304,7 +331,10 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
                 if &se != e {
                     return Err(Error::InvalidArgument(format!("snapshot {sid} lives on another export than {}:{}", e.server, e.share)));
                 }
-                snapshot(h, e, &sname)?.ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+                let snap = snapshot(h, e, &sname)?.ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+                if !snap.ready_to_use {
+                    return Err(Error::Aborted(format!("snapshot {sid} is still being copied; retry")));
+                }
                 copy_into_place(h, e, &format!("{}/data", snap_dir(&sname)), &sub_dir, &req.name, &meta)?;
             }
             Some(ContentSource::Volume(vid)) => {
@@ -376,31 +406,48 @@ pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
     Ok(VolumeStatus { volume: f.volume()?, condition: Some(VolumeCondition { abnormal, message }) })
 }
 
+/// A snapshot is a copy of the volume's tree, made in the host's background: the first call
+/// records it (`ready = false`) and starts the copy, every retry reports `ready_to_use = false`
+/// until the copy is whole, then marks it ready. The external-snapshotter retries exactly so.
 pub fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, Error> {
     policy::check_name("snapshot", name).map_err(bad)?;
     let (e, _) = policy::decode_id(source).ok_or_else(|| Error::NotFound(format!("volume {source} not found")))?;
     policy::encode_id(&e, name).map_err(bad)?;
-    if let Some(s) = snapshot(h, &e, name)? {
-        return if s.source_volume_id == source {
-            Ok(s)
-        } else {
-            Err(Error::AlreadyExists(format!("snapshot {name} exists for {}", s.source_volume_id)))
-        };
-    }
-    let f = find_id(h, source)?;
     let dir = snap_dir(name);
-    h.mkdir(&e, policy::SNAPSHOT_DIR, 0o700, 0, 0)?;
-    h.remove_all(&e, &dir)?; // a half-finished copy from an earlier attempt (meta is written last)
-    h.mkdir(&e, &dir, 0o700, 0, 0)?;
-    h.copy_tree(&e, &f.sub_dir, &format!("{dir}/data"))?;
-    let mut meta = Meta::default();
-    meta.set("name", name).set("source", source).set("capacity", f.capacity()?);
-    h.write_file(&e, &format!("{dir}/meta"), &meta.encode())?;
-    snapshot(h, &e, name)?.ok_or_else(|| Error::Internal(format!("snapshot {name} vanished after creation")))
+    let meta_file = format!("{dir}/meta");
+    let mut meta = match read_meta(h, &e, &meta_file)? {
+        Some(m) if m.get("source") != source => {
+            return Err(Error::AlreadyExists(format!("snapshot {name} exists for {}", m.get("source"))));
+        }
+        Some(m) if m.get("ready") == "true" => return snapshot_of(&e, name, &m),
+        Some(m) => m,
+        None => {
+            let f = find_id(h, source)?;
+            h.mkdir(&e, policy::SNAPSHOT_DIR, 0o700, 0, 0)?;
+            h.mkdir(&e, &dir, 0o700, 0, 0)?;
+            // The server's clock at the cut, kept: the meta file is rewritten when ready.
+            let t = h.stat(&e, &dir)?.map(|s| s.modified).ok_or_else(|| Error::Internal(format!("{dir} vanished")))?;
+            let nanos = (t.seconds.max(0) as u64) * 1_000_000_000 + u64::from(t.nanos);
+            let mut m = Meta::default();
+            m.set("name", name).set("source", source).set("capacity", f.capacity()?).set("createdNanos", nanos).set("ready", "false");
+            h.write_file(&e, &meta_file, &m.encode())?;
+            m
+        }
+    };
+    let f = find_id(h, source)?;
+    let p = h.copy_tree_background(&e, &f.sub_dir, &format!("{dir}/data"))?;
+    if p.done {
+        meta.set("ready", "true");
+        h.write_file(&e, &meta_file, &meta.encode())?;
+    } else {
+        h.log("snapshot copying", &[("snapshot".into(), name.into()), ("bytes".into(), p.bytes.to_string())]);
+    }
+    snapshot_of(&e, name, &meta)
 }
 
 pub fn delete_snapshot(h: &impl Host, id: &str) -> Result<(), Error> {
     let Some((e, name)) = policy::decode_id(id) else { return Ok(()) };
+    h.cancel_copy(&e, &format!("{}/data", snap_dir(&name)));
     // meta first: a half-deleted snapshot is not listed
     h.remove_all(&e, &format!("{}/meta", snap_dir(&name)))?;
     h.remove_all(&e, &snap_dir(&name))

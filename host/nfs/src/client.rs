@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct NfsClient {
     pools: Arc<HashMap<NfsExport, Arc<Pool>>>,
     config: Arc<NfsConfig>,
+    pub(crate) jobs: Arc<crate::background::Jobs>,
 }
 
 impl std::fmt::Debug for NfsClient {
@@ -277,7 +278,7 @@ impl NfsClient {
         let config = Arc::new(config);
         let pools =
             config.exports.iter().map(|e| (e.clone(), Arc::new(Pool::new(e.clone(), Arc::clone(&config))))).collect();
-        Self { pools: Arc::new(pools), config }
+        Self { pools: Arc::new(pools), config, jobs: Arc::default() }
     }
 
     pub fn config(&self) -> &NfsConfig {
@@ -289,7 +290,7 @@ impl NfsClient {
         self.config.exports.clone()
     }
 
-    fn pool(&self, export: &NfsExport) -> Result<&Pool, NfsError> {
+    pub(crate) fn pool(&self, export: &NfsExport) -> Result<&Pool, NfsError> {
         let key = export.clone().normalized();
         self.pools
             .get(&key)

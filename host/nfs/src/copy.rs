@@ -161,6 +161,7 @@ impl Pool {
                         return Ok(());
                     }
                     let verf = self.write_all(dst, offset, &data, stable_how::UNSTABLE).await?;
+                    crate::background::copied(data.len() as u64);
                     let mut s = state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     if s.0.is_some_and(|v| v != verf) {
                         s.2 = true;

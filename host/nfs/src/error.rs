@@ -3,7 +3,7 @@
 use nfs3_client::nfs3_types::mount::mountstat3;
 use nfs3_client::nfs3_types::nfs3::nfsstat3;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum NfsError {
     /// [invalid-argument] a bad path (absolute, `..`, NUL, over-long component), a path that is
     /// not the kind the operation needs (read-file of a directory), a file too large to read.

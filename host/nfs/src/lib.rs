@@ -16,12 +16,14 @@
 
 #[macro_use]
 mod pool;
+mod background;
 mod client;
 mod copy;
 mod error;
 mod path;
 pub mod testing;
 
+pub use background::CopyProgress;
 pub use client::NfsClient;
 pub use error::NfsError;
 

@@ -318,3 +318,52 @@ async fn eight_tasks_share_one_pooled_client() {
         assert_eq!(names, 5);
     }
 }
+
+/// A copy longer than a call: the first call starts it, later calls report progress and then
+/// done; a copy from another source to the same target is refused while it runs; a failed copy
+/// reports its error once; a cancelled copy stops and leaves only its temporary in the parent;
+/// a stale temporary of a dead process is removed when the copy starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_copy_reports_progress_until_done_and_can_be_cancelled() {
+    let (g, c, e) = setup();
+    let root = g.export_dir();
+    fs::create_dir_all(root.join("vol/d")).expect("dirs");
+    let data: Vec<u8> = (0..32u32 << 20).map(|i| (i % 251) as u8 | 1).collect();
+    fs::write(root.join("vol/d/big"), &data).expect("big");
+    fs::create_dir_all(root.join("snap")).expect("parent");
+    // what a process that died mid-copy left behind
+    fs::create_dir_all(root.join("snap/.wasmcsi-copy-999999999-0-0/junk")).expect("stale");
+
+    let first = c.copy_tree_background(&e, "vol", "snap/data", Duration::ZERO).await.expect("start");
+    assert!(!first.done, "32 MiB over NFS is not copied in no time");
+    let other = c.copy_tree_background(&e, "elsewhere", "snap/data", Duration::ZERO).await;
+    assert!(matches!(other, Err(NfsError::InvalidArgument(_))), "{other:?}");
+    let mut last = first;
+    let started = Instant::now();
+    while !last.done {
+        assert!(started.elapsed() < Duration::from_secs(120), "copy never finished: {last:?}");
+        last = c.copy_tree_background(&e, "vol", "snap/data", Duration::from_millis(200)).await.expect("progress");
+    }
+    assert_eq!(last.bytes, 32 << 20, "every byte counted once");
+    assert_eq!(fs::read(root.join("snap/data/d/big")).expect("copied"), data);
+    assert!(!root.join("snap/.wasmcsi-copy-999999999-0-0").exists(), "the dead process's temporary was removed");
+    // collected again (a retry after the answer was lost): still done
+    assert!(c.copy_tree_background(&e, "vol", "snap/data", Duration::ZERO).await.expect("again").done);
+
+    // a failing copy reports its error, once, and a retry starts over
+    let missing = c.copy_tree_background(&e, "nope", "snap/other", Duration::from_secs(5)).await;
+    assert!(matches!(missing, Err(NfsError::NotFound(_))), "{missing:?}");
+    fs::create_dir(root.join("nope")).expect("now it exists");
+    assert!(c.copy_tree_background(&e, "nope", "snap/other", Duration::from_secs(5)).await.expect("retry").done);
+
+    // cancel: the copy stops, the target never appears
+    fs::create_dir_all(root.join("snap2")).expect("parent");
+    assert!(!c.copy_tree_background(&e, "vol", "snap2/data", Duration::ZERO).await.expect("start").done);
+    c.cancel_copy(&e, "snap2/data").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!root.join("snap2/data").exists(), "a cancelled copy is never renamed into place");
+    let left: Vec<_> =
+        fs::read_dir(root.join("snap2")).expect("parent").map(|d| d.expect("entry").file_name()).collect();
+    assert!(left.iter().all(|n| n.to_string_lossy().starts_with(".wasmcsi-copy-")), "{left:?}");
+    c.cancel_copy(&e, "snap2/data").await; // absent: fine
+}

@@ -42,6 +42,11 @@ pub mod guest_bindings {
                     }
                 }
             }
+            /// `nfs` for native guests: its types only (natively the nfs backend's logic is
+            /// compiled and linted; it runs as a component).
+            pub mod nfs {
+                pub use crate::bindings::wasmcsi::backend::nfs::{CopyProgress, NfsExport};
+            }
             /// `dir` for native guests: the same checked operations the component gets,
             /// on the roots of the backend whose call runs on this thread.
             pub mod dir {

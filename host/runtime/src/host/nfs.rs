@@ -10,7 +10,7 @@ use wasmcsi_nfs::{NfsClient, NfsError, NfsExport};
 
 use crate::bindings::types::{Error, Timestamp};
 use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Space};
-use crate::bindings::wasmcsi::backend::nfs::{Host, NfsExport as WitExport};
+use crate::bindings::wasmcsi::backend::nfs::{CopyProgress, Host, NfsExport as WitExport};
 use crate::state::CallState;
 
 /// The WIT error for a client error: one case each, the message kept.
@@ -101,6 +101,27 @@ impl Host for CallState {
     #[tracing::instrument(name = "import.nfs.copy_tree", skip_all, fields(backend = %self.caps.backend, %from, %to))]
     async fn copy_tree(&mut self, target: WitExport, from: String, to: String) -> Result<(), Error> {
         nfs_call(self.nfs(), "copy-tree", target, |c, e| async move { c.copy_tree(&e, &from, &to).await }).await
+    }
+    #[tracing::instrument(name = "import.nfs.copy_tree_background", skip_all, fields(backend = %self.caps.backend, %from, %to))]
+    async fn copy_tree_background(
+        &mut self,
+        target: WitExport,
+        from: String,
+        to: String,
+    ) -> Result<CopyProgress, Error> {
+        // A small tree finishes inside one call; the answer comes back well before the import
+        // (and the CSI call) times out.
+        let wait = (self.caps.import_timeout / 2).min(std::time::Duration::from_secs(2));
+        let p = nfs_call(self.nfs(), "copy-tree-background", target, |c, e| async move {
+            c.copy_tree_background(&e, &from, &to, wait).await
+        })
+        .await?;
+        Ok(CopyProgress { done: p.done, bytes: p.bytes })
+    }
+    #[tracing::instrument(name = "import.nfs.cancel_copy", skip_all, fields(backend = %self.caps.backend, %to))]
+    async fn cancel_copy(&mut self, target: WitExport, to: String) {
+        let Ok((client, _)) = self.nfs() else { return };
+        client.cancel_copy(&NfsExport::new(target.server, target.share), &to).await;
     }
     #[tracing::instrument(name = "import.nfs.rename", skip_all, fields(backend = %self.caps.backend, %from, %to))]
     async fn rename(&mut self, target: WitExport, from: String, to: String) -> Result<(), Error> {
