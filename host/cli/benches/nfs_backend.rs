@@ -4,7 +4,8 @@
 //!
 //! 1. CreateVolume + DeleteVolume: p50/p99 of each call, sequential pairs/s, and ops/s with 8
 //!    clients at once (what a burst of PVCs sees).
-//! 2. CreateSnapshot (a server-side copy of the volume's tree through the host's NFS client) of
+//! 2. CreateSnapshot, repeated until ready_to_use as the external-snapshotter does (a copy of
+//!    the volume's tree through the host's NFS client, in the host's background) of
 //!    a tree of many small files and of one big file, vs a server-side `cp -a` of the same tree
 //!    on the exported directory + `sync -f` (the client COMMITs), caches dropped before each.
 //!
@@ -185,17 +186,24 @@ async fn main() {
         let bytes = du(&vol_dir) as f64;
         drop_caches();
         let t = Instant::now();
-        let snap = ctl
-            .create_snapshot(csi::CreateSnapshotRequest {
-                source_volume_id: v.volume_id.clone(),
-                name: format!("{name}-snap"),
-                ..Default::default()
-            })
-            .await
-            .expect("snapshot")
-            .into_inner()
-            .snapshot
-            .unwrap();
+        // As the external-snapshotter does: CreateSnapshot again until ready_to_use.
+        let snap = loop {
+            let s = ctl
+                .create_snapshot(csi::CreateSnapshotRequest {
+                    source_volume_id: v.volume_id.clone(),
+                    name: format!("{name}-snap"),
+                    ..Default::default()
+                })
+                .await
+                .expect("snapshot")
+                .into_inner()
+                .snapshot
+                .unwrap();
+            if s.ready_to_use {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let snap_time = t.elapsed();
         drop_caches();
         let t = Instant::now();
