@@ -32,11 +32,24 @@ unsafe impl Sync for Rados {}
 
 impl Drop for Rados {
     fn drop(&mut self) {
-        // SAFETY: created by rados_create2, dropped once; no ioctx outlives it (an Ioctx holds
-        // an Arc<Connection>).
-        unsafe { ffi::rados_shutdown(self.handle) }
+        // rados_shutdown waits for librados' threads, which may be blocked on a dead cluster
+        // until their timeouts fire: never on the caller's thread.
+        let handle = SendHandle(self.handle);
+        let shutdown = move || {
+            let h = handle;
+            // SAFETY: created by rados_create2, shut down once; no ioctx outlives it (an Ioctx
+            // holds an Arc<Connection>).
+            unsafe { ffi::rados_shutdown(h.0) }
+        };
+        if let Err(e) = std::thread::Builder::new().name("rados-shutdown".into()).spawn(shutdown) {
+            tracing::warn!(error = %e, "could not spawn the rados shutdown thread; leaking the handle");
+        }
     }
 }
+
+struct SendHandle(ffi::rados_t);
+// SAFETY: moved to the thread that shuts it down; nothing else uses it any more.
+unsafe impl Send for SendHandle {}
 
 pub(crate) fn cstring(s: &str, what: &str) -> Result<CString, RbdError> {
     CString::new(s).map_err(|_| RbdError::InvalidArgument(format!("{what} {s:?} contains NUL")))

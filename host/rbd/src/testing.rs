@@ -108,6 +108,11 @@ while read -r cmd; do
     *) echo failed ;;
   esac
 done
+# stdin closed: the harness was dropped or the test process ended. A cluster kept in a `static`
+# is never dropped, so its directory is removed here, once no daemon writes to it any more.
+pkill -KILL -P $$
+wait
+[ -n "${KEEP_DIR:-}" ] || rm -rf "$DIR"
 "#;
 
 fn config_text(dir: &Path, addr: Ipv4Addr, fsid: &str, store: Store) -> String {
@@ -299,6 +304,8 @@ impl Ceph {
             // The shell's `ceph` must not pick up a developer's CEPH_ARGS / CEPH_CONF.
             .env_remove("CEPH_ARGS")
             .env_remove("CEPH_CONF")
+            // WASMCSI_CEPH_KEEP=1 keeps the cluster's directory (logs) after the test.
+            .env("KEEP_DIR", std::env::var_os("WASMCSI_CEPH_KEEP").unwrap_or_default())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
