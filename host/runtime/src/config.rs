@@ -181,7 +181,10 @@ impl HostConfig {
             }
             for g in &b.grants.rbd {
                 if !self.clusters.contains_key(&g.cluster) {
-                    return Err(invalid(format!("rbd grant names cluster {:?}, which no [clusters.NAME] defines", g.cluster)));
+                    return Err(invalid(format!(
+                        "rbd grant names cluster {:?}, which no [clusters.NAME] defines",
+                        g.cluster
+                    )));
                 }
             }
         }
