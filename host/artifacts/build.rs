@@ -7,8 +7,11 @@
 use std::{env, fmt::Write as _, fs, path::PathBuf, process::Command};
 
 /// (package, constant name, file stem the host loads it as)
-const GUESTS: &[(&str, &str, &str)] =
-    &[("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"), ("wasmcsi-fixture-hostile", "HOSTILE", "hostile")];
+const GUESTS: &[(&str, &str, &str)] = &[
+    ("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"),
+    ("wasmcsi-backend-ceph-rbd-shim", "CEPH_RBD_SHIM", "ceph-rbd-shim"),
+    ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
+];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

@@ -28,7 +28,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (backends, root) = (dir.join("backends"), dir.join("hostpath-root"));
     std::fs::create_dir_all(&backends)?;
     std::fs::create_dir_all(&root)?;
-    for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| *stem != "hostile") {
+    // The demo grants a dir root only: ceph-rbd-shim needs a Ceph pool granted, hostile is a
+    // test fixture.
+    for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| !matches!(*stem, "hostile" | "ceph-rbd-shim"))
+    {
         std::fs::write(backends.join(format!("{stem}.wasm")), bytes)?;
     }
     let config = wasmcsi_runtime::config::HostConfig::parse(
