@@ -18,6 +18,8 @@
 //!   instead of being removed (its data is what the snapshots share): it is gone for CSI (not
 //!   listed, NotFound), and the image goes with its last snapshot. Clones of a snapshot or image
 //!   that must go are flattened first, so no deletion ever takes data another volume reads.
+//! - kv `snapshots/HASH` → the source volume of a CSI snapshot name, so the same name from
+//!   another source is refused without scanning every image (see [`create_snapshot`]).
 //! - kv `pools/CLUSTER.POOL`: the pools volumes were created in, so ListVolumes and an
 //!   unfiltered ListSnapshots know where to look (the capability does not list its grants).
 //!
@@ -88,6 +90,7 @@ pub trait Host {
     fn stats(&self, t: &Target, s: &[SecretRef]) -> Result<PoolStats, Error>;
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error>;
     fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error>;
+    fn kv_delete(&self, key: &str) -> Result<(), Error>;
     fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error>;
     fn log(&self, message: &str, fields: &[(String, String)]);
 }
@@ -161,6 +164,9 @@ mod imports {
         }
         fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error> {
             kv::set(key, value)
+        }
+        fn kv_delete(&self, key: &str) -> Result<(), Error> {
+            kv::delete(key)
         }
         fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error> {
             kv::list_keys(prefix, None, 1024)
@@ -640,25 +646,62 @@ pub fn create_snapshot(h: &impl Host, name: &str, source: &str, parameters: &[Pa
     let snap = policy::snap_name(&hash);
     let found = match snaps.into_iter().find(|x| x.name == snap) {
         Some(x) => x,
-        None => match h.snapshot_create(&t, &image, &snap, s) {
-            Ok(x) => {
-                remember_pool(h, &t)?;
-                h.log("snapshot created", &fields(&[("volume", source), ("snapshot", &snap)]));
-                x
-            }
-            Err(Error::AlreadyExists(_)) => h
-                .snapshot_list(&t, &image, s)?
-                .into_iter()
-                .find(|x| x.name == snap)
-                .ok_or_else(|| Error::Aborted(format!("snapshot {snap} is being changed; retry")))?,
-            Err(e) => return Err(e),
-        },
+        None => {
+            check_snapshot_name_free(h, name, &hash, source, s)?;
+            create_csi_snapshot(h, &t, &image, &snap, source, s)?
+        }
     };
     snapshot_of(source, &found).ok_or_else(|| Error::Internal(format!("snapshot {snap} has an unexpected name")))
 }
 
+/// kv `snapshots/HASH`: the source volume a CSI snapshot name was taken of. CSI refuses the same
+/// name from another source; the RBD snapshot lives on its source image, so without this record
+/// that check would scan every image of every pool. The record is written before the snapshot
+/// (a crash in between leaves a record of a snapshot that does not exist: it is checked, and
+/// overwritten). Records live in the host's store: a controller that lost it still creates and
+/// finds snapshots correctly, it only cannot refuse a reused name (docs/ceph-rbd-shim.md).
+fn snapshot_key(hash: &str) -> String {
+    format!("snapshots/{hash}")
+}
+
+fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let key = snapshot_key(hash);
+    if let Some(prev) = h.kv_get(&key)? {
+        let prev = String::from_utf8_lossy(&prev).into_owned();
+        if prev != source
+            && let Some((pt, pimage)) = policy::decode_volume_id(&prev)
+        {
+            let taken = match h.snapshot_list(&pt, &pimage, s) {
+                Ok(v) => v.iter().any(|x| x.name == policy::snap_name(hash)),
+                Err(Error::NotFound(_)) => false,
+                Err(e) => return Err(e),
+            };
+            if taken {
+                return Err(Error::AlreadyExists(format!("snapshot {name} exists with source volume {prev}")));
+            }
+        }
+    }
+    h.kv_set(&key, source.as_bytes())
+}
+
+fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, source: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+    match h.snapshot_create(t, image, snap, s) {
+        Ok(x) => {
+            remember_pool(h, t)?;
+            h.log("snapshot created", &fields(&[("volume", source), ("snapshot", snap)]));
+            Ok(x)
+        }
+        Err(Error::AlreadyExists(_)) => h
+            .snapshot_list(t, image, s)?
+            .into_iter()
+            .find(|x| x.name == snap)
+            .ok_or_else(|| Error::Aborted(format!("snapshot {snap} is being changed; retry"))),
+        Err(e) => Err(e),
+    }
+}
+
 pub fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let Some((_, t, image, snap)) = policy::decode_snapshot_id(id) else { return Ok(()) };
+    let Some((vid, t, image, snap)) = policy::decode_snapshot_id(id) else { return Ok(()) };
     require_credentials(s)?;
     let snaps = match h.snapshot_list(&t, &image, s) {
         Ok(v) => v,
@@ -673,6 +716,11 @@ pub fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), E
             Err(e) => return Err(e),
         }
         h.log("snapshot deleted", &fields(&[("snapshot", id)]));
+    }
+    if let Some(hash) = snap.strip_prefix(policy::SNAP_PREFIX)
+        && h.kv_get(&snapshot_key(hash))?.as_deref() == Some(vid.as_bytes())
+    {
+        h.kv_delete(&snapshot_key(hash))?;
     }
     finish_deferred(h, &t, &image, s)
 }

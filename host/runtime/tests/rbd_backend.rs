@@ -324,6 +324,9 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
         s.clone(),
     );
     assert_eq!(again.await.unwrap().volume_id, v2.volume_id);
+    // The snapshot's name from another source volume: already-exists.
+    let e = wit(b.create_snapshot("snap-1".into(), v2.volume_id.clone(), vec![], s.clone()).await);
+    assert!(matches!(e, WitError::AlreadyExists(_)), "{e:?}");
     // Same name, other source: already-exists.
     let e = wit(b
         .create_volume(
