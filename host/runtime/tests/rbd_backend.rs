@@ -405,7 +405,7 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
     b.delete_snapshot(snap.snapshot_id.clone(), s.clone()).await.unwrap();
     eprintln!("DeleteSnapshot with a clone (flatten) and a deferred image removal {:?}", t.elapsed());
     b.delete_snapshot(snap.snapshot_id.clone(), s.clone()).await.unwrap();
-    assert_eq!(env.images(), [img2.clone()]);
+    assert_eq!(env.images(), std::slice::from_ref(&img2));
     let info2 = env.admin.info(&img2).await.unwrap().unwrap();
     assert_eq!(info2.parent, None);
     assert_eq!(env.admin.read(&img2, 4096, 15).await.unwrap(), b"rbd volume data");
