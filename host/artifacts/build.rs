@@ -10,6 +10,7 @@ use std::{env, fmt::Write as _, fs, path::PathBuf, process::Command};
 const GUESTS: &[(&str, &str, &str)] = &[
     ("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"),
     ("wasmcsi-backend-nfs", "NFS", "nfs"),
+    ("wasmcsi-backend-ceph-rbd-shim", "CEPH_RBD_SHIM", "ceph-rbd-shim"),
     ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
 ];
 

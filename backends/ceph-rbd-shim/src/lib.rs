@@ -1,7 +1,858 @@
-//! The `ceph-rbd-shim` backend: RBD images as volumes (naming, features, clone depth and
-//! flatten policy, request-name metadata for idempotency) over the host's narrow
-//! `wasmcsi:backend/rbd` capability (declared in `wit/backend.wit`).
+//! The `ceph-rbd-shim` backend: a volume is an RBD image on a granted pool of a configured Ceph
+//! cluster, driven through the host's narrow `wasmcsi:backend/rbd` capability (librbd in the
+//! host). The guest decides names, sizes, features, clone depth and what deleting means; the host
+//! owns the connections, the credentials (secret handles only reach here) and the node side.
 //!
-//! Not written yet: it arrives with its own issue ("The ceph-rbd-shim backend against a real
-//! Ceph cluster"), with the host's librbd-backed `rbd` provider and the rbd-fuse + loop node
-//! executor. Until then the host refuses to link `rbd`, and this crate builds no component.
+//! Where the truth lives (nothing of our own, no process-local state):
+//! - Image names are deterministic: `imageNamePrefix + sha256(request name)[..16]`, and the
+//!   request name is recorded in image metadata (`csi.wasmcsi.io/name`) when the image is
+//!   created. A retry after any crash or host restart computes the same name and finds the image
+//!   with `info`; a different request of the same name (size, source) is `already-exists`.
+//!   Clones inherit their parent's metadata (librbd copies it), so a clone is recognised by its
+//!   parent (`pool/image@snap`), or once flattened by the lineage its inherited name records.
+//! - CSI snapshots are RBD snapshots `csi-snap-HASH` (hash of the CSI name) on the source image:
+//!   a retried CreateSnapshot finds the snapshot by name. Snapshot ids are `VOLUME_ID.HASH`.
+//! - A clone of a volume hangs off a temporary snapshot `csi-tmp-HASH` (hash of the *new*
+//!   volume's name) of the source, removed when the clone no longer needs it.
+//! - A volume deleted while CSI snapshots of it exist gets a `csi-deleted` marker snapshot
+//!   instead of being removed (its data is what the snapshots share): it is gone for CSI (not
+//!   listed, NotFound), and the image goes with its last snapshot. Clones of a snapshot or image
+//!   that must go are flattened first, so no deletion ever takes data another volume reads.
+//! - kv `snapshots/HASH` → the source volume of a CSI snapshot name, so the same name from
+//!   another source is refused without scanning every image (see [`create_snapshot`]).
+//! - kv `pools/CLUSTER.POOL`: the pools volumes were created in, so ListVolumes and an
+//!   unfiltered ListSnapshots know where to look (the capability does not list its grants).
+//!
+//! Volume ids are `CLUSTER.POOL.IMAGE` (see [`policy::encode_volume_id`]); the host prefixes
+//! `BACKEND:`. What this crate does not do: map, mkfs or mount (the node executes the `rbd`
+//! attach plan with the NodeStage secrets), or see any key.
+pub mod policy;
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, reason = "wit-bindgen expands to unsafe glue")]
+mod bindings {
+    wit_bindgen::generate!({ path: "../../wit", world: "backend" });
+}
+#[cfg(not(target_arch = "wasm32"))]
+use wasmcsi_runtime::native::guest_bindings as bindings;
+
+use bindings::exports::wasmcsi::backend::driver::*;
+use bindings::wasmcsi::backend::rbd::{ImageInfo, ImageSnapshot, PoolStats};
+use bindings::wasmcsi::backend::types::{AccessMode, AccessType, Pair};
+use policy::{Invalid, Params, Target};
+
+/// The backend (exported as the component's `driver` on wasm32).
+pub struct CephRbd;
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, reason = "export! expands to the unsafe canonical-ABI entry points")]
+mod export {
+    use super::CephRbd;
+    crate::bindings::export!(CephRbd with_types_in crate::bindings);
+}
+
+/// What the backend needs from the host: the `rbd` capability, `kv` and `log`. A trait so the
+/// driver logic compiles (and is linted) natively too; the component implements it with its
+/// imports. `s` are the secret-refs of the CSI call (empty where CSI passes none: the host then
+/// serves reads with the credentials it last saw accepted on that pool).
+#[allow(clippy::too_many_arguments, reason = "mirrors the WIT functions one to one")]
+pub trait Host {
+    fn create(
+        &self,
+        t: &Target,
+        name: &str,
+        size: u64,
+        features: &[String],
+        data_pool: Option<&str>,
+        metadata: &[(String, String)],
+        s: &[SecretRef],
+    ) -> Result<(), Error>;
+    fn info(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<Option<ImageInfo>, Error>;
+    fn find_by_metadata(&self, t: &Target, key: &str, value: &str, s: &[SecretRef]) -> Result<Vec<String>, Error>;
+    fn remove(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<(), Error>;
+    fn resize(&self, t: &Target, name: &str, size: u64, s: &[SecretRef]) -> Result<(), Error>;
+    fn snapshot_create(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error>;
+    fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error>;
+    fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error>;
+    fn snapshot_list(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error>;
+    fn clone_image(
+        &self,
+        t: &Target,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        s: &[SecretRef],
+    ) -> Result<(), Error>;
+    fn flatten(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error>;
+    fn children(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<Vec<String>, Error>;
+    fn stats(&self, t: &Target, s: &[SecretRef]) -> Result<PoolStats, Error>;
+    fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error>;
+    fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error>;
+    fn kv_delete(&self, key: &str) -> Result<(), Error>;
+    fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error>;
+    fn log(&self, message: &str, fields: &[(String, String)]);
+}
+
+#[cfg(target_arch = "wasm32")]
+mod imports {
+    use super::*;
+    use crate::bindings::wasmcsi::backend::{kv, log, rbd};
+    /// The component's imports.
+    pub struct Imports;
+    impl Host for Imports {
+        fn create(
+            &self,
+            t: &Target,
+            name: &str,
+            size: u64,
+            features: &[String],
+            data_pool: Option<&str>,
+            metadata: &[(String, String)],
+            s: &[SecretRef],
+        ) -> Result<(), Error> {
+            rbd::create(&t.cluster, &t.pool, name, size, features, data_pool, metadata, s)
+        }
+        fn info(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
+            rbd::info(&t.cluster, &t.pool, name, s)
+        }
+        fn find_by_metadata(&self, t: &Target, key: &str, value: &str, s: &[SecretRef]) -> Result<Vec<String>, Error> {
+            rbd::find_by_metadata(&t.cluster, &t.pool, key, value, s)
+        }
+        fn remove(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<(), Error> {
+            rbd::remove(&t.cluster, &t.pool, name, s)
+        }
+        fn resize(&self, t: &Target, name: &str, size: u64, s: &[SecretRef]) -> Result<(), Error> {
+            rbd::resize(&t.cluster, &t.pool, name, size, s)
+        }
+        fn snapshot_create(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+            rbd::snapshot_create(&t.cluster, &t.pool, image, snap, s)
+        }
+        fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
+            rbd::snapshot_remove(&t.cluster, &t.pool, image, snap, s)
+        }
+        fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
+            rbd::snapshot_protect(&t.cluster, &t.pool, image, snap, s)
+        }
+        fn snapshot_list(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
+            rbd::snapshot_list(&t.cluster, &t.pool, image, s)
+        }
+        fn clone_image(
+            &self,
+            t: &Target,
+            image: &str,
+            snap: &str,
+            child_pool: &str,
+            child: &str,
+            features: &[String],
+            s: &[SecretRef],
+        ) -> Result<(), Error> {
+            rbd::clone(&t.cluster, &t.pool, image, snap, child_pool, child, features, s)
+        }
+        fn flatten(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
+            rbd::flatten(&t.cluster, &t.pool, image, s)
+        }
+        fn children(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<Vec<String>, Error> {
+            rbd::children(&t.cluster, &t.pool, image, snap, s)
+        }
+        fn stats(&self, t: &Target, s: &[SecretRef]) -> Result<PoolStats, Error> {
+            rbd::stats(&t.cluster, &t.pool, s)
+        }
+        fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+            kv::get(key)
+        }
+        fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error> {
+            kv::set(key, value)
+        }
+        fn kv_delete(&self, key: &str) -> Result<(), Error> {
+            kv::delete(key)
+        }
+        fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error> {
+            kv::list_keys(prefix, None, 1024)
+        }
+        fn log(&self, message: &str, fields: &[(String, String)]) {
+            log::log(log::Level::Info, message, fields)
+        }
+    }
+}
+
+fn bad(e: Invalid) -> Error {
+    Error::InvalidArgument(e.0)
+}
+fn params(pairs: &[Pair]) -> Result<Params, Error> {
+    Params::parse(pairs.iter().map(|p| (p.key.as_str(), p.value.as_str()))).map_err(bad)
+}
+fn meta<'a>(info: &'a ImageInfo, key: &str) -> Option<&'a str> {
+    info.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+fn is_multi_writer(m: AccessMode) -> bool {
+    matches!(m, AccessMode::MultiNodeMultiWriter | AccessMode::MultiNodeSingleWriter)
+}
+fn check_caps(caps: &[VolumeCapability]) -> Result<(), Invalid> {
+    caps.iter().try_for_each(|c| policy::check_capability(matches!(c.access_type, AccessType::Block), is_multi_writer(c.access_mode)))
+}
+/// Calls that change the cluster carry the CSI call's credentials: ceph-csi's `userID`/`userKey`
+/// (or `adminID`/`adminKey`). Checked by key here, before any traffic, so a missing secret is
+/// named; the values stay in the host.
+fn require_credentials(s: &[SecretRef]) -> Result<(), Error> {
+    let has = |k: &str| s.iter().any(|r| r.key == k);
+    for (id, key) in [("userID", "userKey"), ("adminID", "adminKey")] {
+        match (has(id), has(key)) {
+            (true, true) => return Ok(()),
+            (true, false) => return Err(Error::InvalidArgument(format!("secret {id} is given without {key}"))),
+            (false, true) => return Err(Error::InvalidArgument(format!("secret {key} is given without {id}"))),
+            (false, false) => {}
+        }
+    }
+    Err(Error::InvalidArgument("ceph credentials missing: secrets userID and userKey (or adminID and adminKey) are required".into()))
+}
+fn pool_key(t: &Target) -> String {
+    format!("pools/{}.{}", t.cluster, t.pool)
+}
+/// The pools volumes were ever created in.
+fn known_pools(h: &impl Host) -> Result<Vec<Target>, Error> {
+    Ok(h.kv_list("pools/")?
+        .iter()
+        .filter_map(|k| {
+            let (cluster, pool) = k.strip_prefix("pools/")?.split_once('.')?;
+            Some(Target { cluster: cluster.into(), pool: pool.into() })
+        })
+        .collect())
+}
+fn remember_pool(h: &impl Host, t: &Target) -> Result<(), Error> {
+    if h.kv_get(&pool_key(t))?.is_none() {
+        h.kv_set(&pool_key(t), b"")?;
+    }
+    Ok(())
+}
+fn fields(kv: &[(&str, &str)]) -> Vec<(String, String)> {
+    kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+fn volume(t: &Target, image: &str, size: u64) -> Volume {
+    let context = [("clusterID", t.cluster.as_str()), ("pool", &t.pool), ("imageName", image)];
+    Volume {
+        volume_id: policy::encode_volume_id(t, image),
+        capacity_bytes: size,
+        volume_context: context.iter().map(|(k, v)| Pair { key: (*k).into(), value: (*v).into() }).collect(),
+        content_source: None,
+        accessible_topology: vec![],
+    }
+}
+
+/// Whether the image carries the marker of a deletion deferred by its snapshots.
+fn is_deleted(snaps: &[ImageSnapshot]) -> bool {
+    snaps.iter().any(|s| s.name == policy::DELETED_MARKER)
+}
+
+/// A live volume (exists, not deleted): its info and snapshots; `None` otherwise.
+fn live(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<Option<(ImageInfo, Vec<ImageSnapshot>)>, Error> {
+    let Some(info) = h.info(t, image, s)? else { return Ok(None) };
+    let snaps = match h.snapshot_list(t, image, s) {
+        Ok(v) => v,
+        Err(Error::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok((!is_deleted(&snaps)).then_some((info, snaps)))
+}
+
+fn live_id(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(Target, String, ImageInfo, Vec<ImageSnapshot>), Error> {
+    let not_found = || Error::NotFound(format!("volume {id} not found"));
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(not_found)?;
+    let (info, snaps) = live(h, &t, &image, s)?.ok_or_else(not_found)?;
+    Ok((t, image, info, snaps))
+}
+
+/// Ancestors of an image (its parent chain's length), bounded.
+fn depth(h: &impl Host, t: &Target, info: &ImageInfo, s: &[SecretRef]) -> Result<u32, Error> {
+    let mut d = 0;
+    let mut parent = info.parent.clone();
+    while let Some(p) = parent {
+        d += 1;
+        if d > policy::MAX_CLONE_DEPTH + 1 {
+            break; // deep enough to flatten whatever the limit; no need to walk further
+        }
+        let Some((pool, image, _)) = policy::parse_parent(&p) else { break };
+        let pt = Target { cluster: t.cluster.clone(), pool };
+        parent = h.info(&pt, &image, s)?.and_then(|i| i.parent);
+    }
+    Ok(d)
+}
+
+/// What a new volume is made from, resolved and checked before anything is created.
+struct Source {
+    target: Target,
+    image: String,
+    /// the RBD snapshot the clone hangs off (a CSI snapshot, or our temporary one)
+    snap: String,
+    temporary: bool,
+    size: u64,
+    /// the source image's ancestors
+    depth: u32,
+    /// the name the source image records (inherited by its clones)
+    lineage: Option<String>,
+}
+
+impl Source {
+    fn parent(&self) -> String {
+        format!("{}/{}@{}", self.target.pool, self.image, self.snap)
+    }
+}
+
+fn resolve_source(h: &impl Host, p: &Params, name: &str, src: &ContentSource, s: &[SecretRef]) -> Result<Source, Error> {
+    let (target, image, snap, temporary, id) = match src {
+        ContentSource::Snapshot(sid) => {
+            let (_, t, image, snap) = policy::decode_snapshot_id(sid).ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+            (t, image, snap, false, sid)
+        }
+        ContentSource::Volume(vid) => {
+            let (t, image) = policy::decode_volume_id(vid).ok_or_else(|| Error::NotFound(format!("volume {vid} not found")))?;
+            (t, image, policy::temp_snap_name(name), true, vid)
+        }
+    };
+    if target.cluster != p.target.cluster {
+        return Err(Error::InvalidArgument(format!("content source {id} is on cluster {}, not {}", target.cluster, p.target.cluster)));
+    }
+    let gone = || Error::NotFound(format!("content source {id} not found"));
+    let info = h.info(&target, &image, s)?.ok_or_else(gone)?;
+    let snaps = match h.snapshot_list(&target, &image, s) {
+        Ok(v) => v,
+        Err(Error::NotFound(_)) => return Err(gone()),
+        Err(e) => return Err(e),
+    };
+    // A snapshot of a deleted volume stays usable; a deleted volume is no source.
+    let size = if temporary {
+        if is_deleted(&snaps) {
+            return Err(gone());
+        }
+        info.size_bytes
+    } else {
+        snaps.iter().find(|x| x.name == snap).ok_or_else(gone)?.size_bytes
+    };
+    let depth = depth(h, &target, &info, s)?;
+    Ok(Source { target, image, snap, temporary, size, depth, lineage: meta(&info, policy::META_NAME).map(str::to_owned) })
+}
+
+/// The driver, over any [`Host`].
+pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
+    if req.name.is_empty() {
+        return Err(Error::InvalidArgument("volume name is empty".into()));
+    }
+    let p = params(&req.parameters)?;
+    check_caps(&req.capabilities).map_err(bad)?;
+    let s = req.secrets.as_slice();
+    require_credentials(s)?;
+    let source = req.content_source.as_ref().map(|c| resolve_source(h, &p, &req.name, c, s)).transpose()?;
+    // From a source without a size: the source's; with one, never smaller than the source.
+    let required = match &source {
+        Some(src) if req.capacity.required_bytes == 0 => src.size,
+        _ => req.capacity.required_bytes,
+    };
+    let size = policy::capacity(required, req.capacity.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    if let Some(src) = &source
+        && size < src.size
+    {
+        return Err(Error::OutOfRange(format!("{size} bytes is smaller than the content source's {} bytes", src.size)));
+    }
+    let t = &p.target;
+    let image = policy::image_name(&p.prefix, &req.name);
+    let id = policy::encode_volume_id(t, &image);
+
+    // Read state: does an earlier attempt's image exist, and is it this request's?
+    let mut existing = h.info(t, &image, s)?;
+    if existing.is_none() {
+        remember_pool(h, t)?;
+        let made = match &source {
+            None => {
+                let metadata = [(policy::META_NAME.to_owned(), req.name.clone()), (policy::META_OWNER.to_owned(), policy::OWNER.to_owned())];
+                h.create(t, &image, size, &p.features, p.data_pool.as_deref(), &metadata, s)
+            }
+            Some(src) => clone_into(h, &p, src, &image, s),
+        };
+        match made {
+            // Another attempt made it meanwhile: judged below like any existing image.
+            Ok(()) | Err(Error::AlreadyExists(_)) => {}
+            Err(e) => return Err(e),
+        }
+        existing = h.info(t, &image, s)?;
+    }
+    let info = existing.ok_or_else(|| Error::Internal(format!("image {image} vanished right after its creation")))?;
+    let snaps = h.snapshot_list(t, &image, s)?;
+    if is_deleted(&snaps) {
+        return Err(Error::Aborted(format!("an earlier volume named {} is still being deleted (its snapshots keep image {image})", req.name)));
+    }
+    check_same_request(&req.name, &image, &info, source.as_ref(), size, req.capacity.limit_bytes)?;
+    // Finish what an interrupted attempt may have left undone: the size, the flatten the clone
+    // depth asks for, the temporary snapshot a flattened clone no longer needs.
+    let mut size_now = info.size_bytes;
+    if let Some(src) = &source {
+        if size_now < size {
+            h.resize(t, &image, size, s)?;
+            size_now = size;
+        }
+        let (_, flatten) = policy::clone_plan(src.depth, p.max_clone_depth);
+        if flatten && info.parent.is_some() {
+            h.flatten(t, &image, s)?;
+            h.log("clone flattened", &fields(&[("volume", &id), ("maxCloneDepth", &p.max_clone_depth.to_string())]));
+        }
+        if src.temporary && (flatten || info.parent.is_none()) {
+            drop_temp_snapshot(h, &src.target, &src.image, &src.snap, s)?;
+        }
+    }
+    h.log("volume ready", &fields(&[("volume", &id), ("bytes", &size_now.to_string())]));
+    Ok(volume(t, &image, size_now))
+}
+
+/// Clone `src` into `image` (protecting the snapshot first: clone v1 clusters need it, v2
+/// ones accept it), then grow it to `size` if the request asks for more than the source.
+fn clone_into(h: &impl Host, p: &Params, src: &Source, image: &str, s: &[SecretRef]) -> Result<(), Error> {
+    if src.temporary {
+        match h.snapshot_create(&src.target, &src.image, &src.snap, s) {
+            Ok(_) | Err(Error::AlreadyExists(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    h.snapshot_protect(&src.target, &src.image, &src.snap, s)?;
+    // Clones need layering whatever the StorageClass lists.
+    let mut features = p.features.clone();
+    if !features.iter().any(|f| f == "layering") {
+        features.push("layering".into());
+        features.sort();
+    }
+    h.clone_image(&src.target, &src.image, &src.snap, &p.target.pool, image, &features, s)
+}
+
+/// Whether an existing image answers this request (CSI: same name and compatible request →
+/// the same volume; otherwise already-exists).
+fn check_same_request(name: &str, image: &str, info: &ImageInfo, source: Option<&Source>, size: u64, limit: u64) -> Result<(), Error> {
+    let recorded = meta(info, policy::META_NAME);
+    let ours = match source {
+        None => info.parent.is_none() && recorded == Some(name),
+        Some(src) => match &info.parent {
+            Some(parent) => *parent == src.parent(),
+            // Flattened: the inherited name tells the lineage (see the crate docs).
+            None => recorded.is_some() && recorded.map(str::to_owned) == src.lineage && recorded != Some(name),
+        },
+    };
+    if !ours {
+        return Err(Error::AlreadyExists(format!(
+            "image {image} exists for another request (recorded name {:?}, parent {:?})",
+            recorded.unwrap_or(""),
+            info.parent.as_deref().unwrap_or("none")
+        )));
+    }
+    // Compatible when the existing size is within the requested range (an expanded volume
+    // still answers its original request). A clone smaller than asked is an interrupted
+    // attempt whose resize the caller finishes.
+    let too_small = source.is_none() && info.size_bytes < size;
+    if too_small || (limit != 0 && info.size_bytes > limit) {
+        return Err(Error::AlreadyExists(format!("volume {name} exists with {} bytes, outside the requested range", info.size_bytes)));
+    }
+    Ok(())
+}
+
+/// Remove a temporary snapshot once no clone hangs off it (absent: fine).
+fn drop_temp_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
+    match h.children(t, image, snap, s) {
+        Ok(c) if c.is_empty() => match h.snapshot_remove(t, image, snap, s) {
+            Ok(()) | Err(Error::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        },
+        Ok(_) | Err(Error::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Flatten every clone of `image@snap`, so the snapshot can go without taking their data.
+fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let children = match h.children(t, image, snap, s) {
+        Ok(c) => c,
+        Err(Error::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for child in children {
+        let (pool, name) = child.split_once('/').ok_or_else(|| Error::Internal(format!("child {child:?} is not pool/image")))?;
+        let ct = Target { cluster: t.cluster.clone(), pool: pool.into() };
+        h.flatten(&ct, name, s)?;
+        h.log("clone flattened before its parent snapshot goes", &fields(&[("image", &child), ("parent", &format!("{}/{image}@{snap}", t.pool))]));
+    }
+    Ok(())
+}
+
+/// Remove an image for good: flatten the clones of its (non-CSI) snapshots, remove those, remove
+/// the image, then release its parent's temporary snapshot and finish a deferred deletion of
+/// the parent that waited for it.
+fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let Some(info) = h.info(t, image, s)? else { return Ok(()) };
+    for snap in h.snapshot_list(t, image, s)? {
+        if snap.name.starts_with(policy::SNAP_PREFIX) {
+            return Err(Error::FailedPrecondition(format!("image {image} still has snapshot {}", snap.name)));
+        }
+        if !(snap.name.starts_with(policy::TEMP_PREFIX) || snap.name == policy::DELETED_MARKER) {
+            // Not ours: someone made it by hand; removing it could lose their data.
+            return Err(Error::FailedPrecondition(format!("image {image} has snapshot {} this backend did not make", snap.name)));
+        }
+        flatten_children(h, t, image, &snap.name, s)?;
+        match h.snapshot_remove(t, image, &snap.name, s) {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    h.remove(t, image, s)?;
+    h.log("image removed", &fields(&[("image", &format!("{}/{image}", t.pool))]));
+    if let Some((pool, pimage, psnap)) = info.parent.as_deref().and_then(policy::parse_parent) {
+        let pt = Target { cluster: t.cluster.clone(), pool };
+        if psnap.starts_with(policy::TEMP_PREFIX) {
+            drop_temp_snapshot(h, &pt, &pimage, &psnap, s)?;
+        }
+        finish_deferred(h, &pt, &pimage, s)?;
+    }
+    Ok(())
+}
+
+/// A deleted (marked) image whose last CSI snapshot is gone: remove it now.
+fn finish_deferred(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let snaps = match h.snapshot_list(t, image, s) {
+        Ok(v) => v,
+        Err(Error::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if is_deleted(&snaps) && !snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
+        finalize(h, t, image, s)?;
+    }
+    Ok(())
+}
+
+pub fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
+    // An id this backend cannot have made names no volume: deleting it succeeds.
+    let Some((t, image)) = policy::decode_volume_id(id) else { return Ok(()) };
+    require_credentials(s)?;
+    if h.info(&t, &image, s)?.is_none() {
+        return Ok(());
+    }
+    let snaps = h.snapshot_list(&t, &image, s)?;
+    if snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
+        // CSI snapshots are independent objects: the volume goes, its data stays for them.
+        if !is_deleted(&snaps) {
+            match h.snapshot_create(&t, &image, policy::DELETED_MARKER, s) {
+                Ok(_) | Err(Error::AlreadyExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        h.log("volume deleted; image kept for its snapshots", &fields(&[("volume", id)]));
+        return Ok(());
+    }
+    finalize(h, &t, &image, s)
+}
+
+pub fn expand_volume(
+    h: &impl Host,
+    id: &str,
+    cap: &CapacityRange,
+    capability: Option<&VolumeCapability>,
+    s: &[SecretRef],
+) -> Result<Expansion, Error> {
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    require_credentials(s)?;
+    let (info, _) = live(h, &t, &image, s)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    let size = policy::capacity(cap.required_bytes, cap.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    let now = if size > info.size_bytes {
+        h.resize(&t, &image, size, s)?;
+        size
+    } else {
+        info.size_bytes
+    };
+    if cap.limit_bytes != 0 && now > cap.limit_bytes {
+        return Err(Error::OutOfRange(format!("volume {id} has {now} bytes, above the limit {}", cap.limit_bytes)));
+    }
+    // A raw block device is the whole image already; a filesystem must be grown on the node.
+    let block = capability.is_some_and(|c| matches!(c.access_type, AccessType::Block));
+    Ok(Expansion { capacity_bytes: now, node_expansion_required: !block })
+}
+
+pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
+    let (t, image, info, _) = live_id(h, id, &[])?;
+    Ok(VolumeStatus { volume: volume(&t, &image, info.size_bytes), condition: None })
+}
+
+/// Offset-token paging over a sorted list.
+fn page<T: Clone>(all: &[T], max: u32, token: &str) -> Result<(Vec<T>, String), Error> {
+    let start: usize = if token.is_empty() { 0 } else { token.parse().map_err(|_| Error::Aborted(format!("invalid starting token {token:?}")))? };
+    if start > all.len() {
+        return Err(Error::Aborted(format!("starting token {token} is past the end")));
+    }
+    let end = if max == 0 { all.len() } else { all.len().min(start + max as usize) };
+    Ok((all[start..end].to_vec(), if end < all.len() { end.to_string() } else { String::new() }))
+}
+
+/// Images of this backend in a pool (clones included: they inherit the owner key).
+fn owned_images(h: &impl Host, t: &Target) -> Result<Vec<String>, Error> {
+    h.find_by_metadata(t, policy::META_OWNER, policy::OWNER, &[])
+}
+
+pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
+    let mut all = vec![];
+    for t in known_pools(h)? {
+        for image in owned_images(h, &t)? {
+            if let Some((info, _)) = live(h, &t, &image, &[])? {
+                all.push(VolumeStatus { volume: volume(&t, &image, info.size_bytes), condition: None });
+            }
+        }
+    }
+    all.sort_by(|a, b| a.volume.volume_id.cmp(&b.volume.volume_id));
+    let (entries, next_token) = page(&all, max, token)?;
+    Ok(VolumePage { entries, next_token })
+}
+
+fn snapshot_of(volume_id: &str, snap: &ImageSnapshot) -> Option<Snapshot> {
+    let hash = snap.name.strip_prefix(policy::SNAP_PREFIX)?;
+    Some(Snapshot {
+        snapshot_id: policy::encode_snapshot_id(volume_id, hash),
+        source_volume_id: volume_id.into(),
+        size_bytes: snap.size_bytes,
+        creation_time: snap.created,
+        ready_to_use: true,
+    })
+}
+
+/// VolumeSnapshotClass parameters: ceph-csi's `clusterID` (must be the source's), the CO's
+/// own keys; nothing else.
+fn check_snapshot_params(parameters: &[Pair], t: &Target) -> Result<(), Error> {
+    for p in parameters {
+        match p.key.as_str() {
+            "clusterID" if p.value == t.cluster => {}
+            "clusterID" => {
+                return Err(Error::InvalidArgument(format!("parameter clusterID: {:?} is not the source volume's cluster {}", p.value, t.cluster)));
+            }
+            k if k.starts_with("csi.storage.k8s.io/") => {}
+            k => return Err(Error::InvalidArgument(format!("parameter {k:?} is unknown; snapshots take clusterID only"))),
+        }
+    }
+    Ok(())
+}
+
+pub fn create_snapshot(h: &impl Host, name: &str, source: &str, parameters: &[Pair], s: &[SecretRef]) -> Result<Snapshot, Error> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument("snapshot name is empty".into()));
+    }
+    if policy::decode_volume_id(source).is_none() {
+        return Err(Error::NotFound(format!("volume {source} not found")));
+    }
+    require_credentials(s)?;
+    let (t, image, _, snaps) = live_id(h, source, s)?;
+    check_snapshot_params(parameters, &t)?;
+    let hash = policy::name_hash(name);
+    let snap = policy::snap_name(&hash);
+    let found = match snaps.into_iter().find(|x| x.name == snap) {
+        Some(x) => x,
+        None => {
+            check_snapshot_name_free(h, name, &hash, source, s)?;
+            create_csi_snapshot(h, &t, &image, &snap, source, s)?
+        }
+    };
+    snapshot_of(source, &found).ok_or_else(|| Error::Internal(format!("snapshot {snap} has an unexpected name")))
+}
+
+/// kv `snapshots/HASH`: the source volume a CSI snapshot name was taken of. CSI refuses the same
+/// name from another source; the RBD snapshot lives on its source image, so without this record
+/// that check would scan every image of every pool. The record is written before the snapshot
+/// (a crash in between leaves a record of a snapshot that does not exist: it is checked, and
+/// overwritten). Records live in the host's store: a controller that lost it still creates and
+/// finds snapshots correctly, it only cannot refuse a reused name (docs/ceph-rbd-shim.md).
+fn snapshot_key(hash: &str) -> String {
+    format!("snapshots/{hash}")
+}
+
+fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let key = snapshot_key(hash);
+    if let Some(prev) = h.kv_get(&key)? {
+        let prev = String::from_utf8_lossy(&prev).into_owned();
+        if prev != source
+            && let Some((pt, pimage)) = policy::decode_volume_id(&prev)
+        {
+            let taken = match h.snapshot_list(&pt, &pimage, s) {
+                Ok(v) => v.iter().any(|x| x.name == policy::snap_name(hash)),
+                Err(Error::NotFound(_)) => false,
+                Err(e) => return Err(e),
+            };
+            if taken {
+                return Err(Error::AlreadyExists(format!("snapshot {name} exists with source volume {prev}")));
+            }
+        }
+    }
+    h.kv_set(&key, source.as_bytes())
+}
+
+fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, source: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+    match h.snapshot_create(t, image, snap, s) {
+        Ok(x) => {
+            remember_pool(h, t)?;
+            h.log("snapshot created", &fields(&[("volume", source), ("snapshot", snap)]));
+            Ok(x)
+        }
+        Err(Error::AlreadyExists(_)) => h
+            .snapshot_list(t, image, s)?
+            .into_iter()
+            .find(|x| x.name == snap)
+            .ok_or_else(|| Error::Aborted(format!("snapshot {snap} is being changed; retry"))),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
+    let Some((vid, t, image, snap)) = policy::decode_snapshot_id(id) else { return Ok(()) };
+    require_credentials(s)?;
+    let snaps = match h.snapshot_list(&t, &image, s) {
+        Ok(v) => v,
+        Err(Error::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if snaps.iter().any(|x| x.name == snap) {
+        // Volumes restored from the snapshot keep their data: they are flattened first.
+        flatten_children(h, &t, &image, &snap, s)?;
+        match h.snapshot_remove(&t, &image, &snap, s) {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        h.log("snapshot deleted", &fields(&[("snapshot", id)]));
+    }
+    if let Some(hash) = snap.strip_prefix(policy::SNAP_PREFIX)
+        && h.kv_get(&snapshot_key(hash))?.as_deref() == Some(vid.as_bytes())
+    {
+        h.kv_delete(&snapshot_key(hash))?;
+    }
+    finish_deferred(h, &t, &image, s)
+}
+
+pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
+    let snaps_of = |t: &Target, image: &str| -> Result<Vec<ImageSnapshot>, Error> {
+        match h.snapshot_list(t, image, &[]) {
+            Ok(v) => Ok(v),
+            Err(Error::NotFound(_)) => Ok(vec![]),
+            Err(e) => Err(e),
+        }
+    };
+    let mut all: Vec<Snapshot> = vec![];
+    if let Some(sid) = snap {
+        if let Some((vid, t, image, name)) = policy::decode_snapshot_id(sid) {
+            all.extend(snaps_of(&t, &image)?.iter().filter(|x| x.name == name).filter_map(|x| snapshot_of(&vid, x)));
+        }
+    } else if let Some(vid) = vol {
+        if let Some((t, image)) = policy::decode_volume_id(vid) {
+            all.extend(snaps_of(&t, &image)?.iter().filter_map(|x| snapshot_of(vid, x)));
+        }
+    } else {
+        for t in known_pools(h)? {
+            for image in owned_images(h, &t)? {
+                let vid = policy::encode_volume_id(&t, &image);
+                all.extend(snaps_of(&t, &image)?.iter().filter_map(|x| snapshot_of(&vid, x)));
+            }
+        }
+    }
+    all.retain(|x| vol.is_none_or(|v| v == x.source_volume_id));
+    all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+    let (entries, next_token) = page(&all, max, token)?;
+    Ok(SnapshotPage { entries, next_token })
+}
+
+pub fn validate_volume_capabilities(h: &impl Host, id: &str, caps: &[VolumeCapability], parameters: &[Pair]) -> Result<Option<String>, Error> {
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    match live(h, &t, &image, &[]) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(Error::NotFound(format!("volume {id} not found"))),
+        // No credentials for this pool yet (nothing was created since the host started): the
+        // id's form is all that can be checked.
+        Err(Error::Unavailable(_)) => {}
+        Err(e) => return Err(e),
+    }
+    if let Err(e) = check_caps(caps) {
+        return Ok(Some(e.0));
+    }
+    if !parameters.is_empty() {
+        match Params::parse(parameters.iter().map(|p| (p.key.as_str(), p.value.as_str()))) {
+            Err(e) => return Ok(Some(e.0)),
+            Ok(p) if p.target != t => return Ok(Some(format!("volume {id} is not in cluster {} pool {}", p.target.cluster, p.target.pool))),
+            Ok(_) => {}
+        }
+    }
+    Ok(None)
+}
+
+pub fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
+    let p = params(parameters)?;
+    let st = h.stats(&p.target, &[])?;
+    Ok(Capacity { available_bytes: st.available_bytes, maximum_volume_bytes: 0, minimum_volume_bytes: policy::SIZE_UNIT })
+}
+
+/// The plan is the id's parts: no cluster traffic on the node. Secrets are not in the plan
+/// (attach-plan gets none): the node maps the image with the NodeStage call's own secrets
+/// (ceph-csi's node-stage secret, `userID`/`userKey`).
+pub fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error> {
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("{id} is not a ceph-rbd-shim volume id")))?;
+    let block = matches!(cap.access_type, AccessType::Block);
+    policy::check_capability(block, is_multi_writer(cap.access_mode)).map_err(|e| Error::FailedPrecondition(e.0))?;
+    Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets: vec![] }))
+}
+
+pub fn info() -> BackendInfo {
+    use Feature::*;
+    BackendInfo {
+        name: "ceph-rbd-shim".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        parameters: policy::PARAMETERS.iter().map(|p| (*p).into()).collect(),
+        features: vec![
+            CreateDeleteVolume,
+            CreateDeleteSnapshot,
+            ListSnapshots,
+            CloneVolume,
+            ExpandVolume,
+            OnlineExpansion,
+            GetCapacity,
+            ListVolumes,
+            GetVolume,
+            SingleNodeMultiWriter,
+            NodeExpansion,
+        ],
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+impl Guest for CephRbd {
+    fn info() -> BackendInfo {
+        info()
+    }
+    fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error> {
+        create_volume(&imports::Imports, &req)
+    }
+    fn delete_volume(id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        delete_volume(&imports::Imports, &id, &secrets)
+    }
+    fn expand_volume(id: String, cap: CapacityRange, capability: Option<VolumeCapability>, secrets: Vec<SecretRef>) -> Result<Expansion, Error> {
+        expand_volume(&imports::Imports, &id, &cap, capability.as_ref(), &secrets)
+    }
+    fn get_volume(id: String) -> Result<VolumeStatus, Error> {
+        get_volume(&imports::Imports, &id)
+    }
+    fn list_volumes(max: u32, token: String) -> Result<VolumePage, Error> {
+        list_volumes(&imports::Imports, max, &token)
+    }
+    fn validate_volume_capabilities(id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error> {
+        validate_volume_capabilities(&imports::Imports, &id, &caps, &parameters)
+    }
+    fn create_snapshot(name: String, source: String, parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<Snapshot, Error> {
+        create_snapshot(&imports::Imports, &name, &source, &parameters, &secrets)
+    }
+    fn delete_snapshot(id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        delete_snapshot(&imports::Imports, &id, &secrets)
+    }
+    fn list_snapshots(snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
+        list_snapshots(&imports::Imports, snap.as_deref(), vol.as_deref(), max, &token)
+    }
+    fn get_capacity(_: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
+        get_capacity(&imports::Imports, &parameters)
+    }
+    fn attach_plan(id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+        attach_plan(&id, &cap)
+    }
+}

@@ -24,6 +24,11 @@ pub struct CheckArgs {
     /// StorageClass parameters for the volumes the suite creates (repeatable KEY=VALUE).
     #[arg(long = "param", value_parser = parse_kv)]
     pub params: Vec<(String, String)>,
+    /// CSI secrets for every controller request that carries secrets (repeatable KEY=VALUE),
+    /// as the CO passes them from a StorageClass's secret references: e.g. `userID=csi` and
+    /// `userKey=...` for ceph-rbd-shim. Values are never printed.
+    #[arg(long = "secret", value_parser = parse_secret)]
+    pub secrets: Vec<(String, String)>,
     /// Skip the node checks (stage/publish need root and a node executor for the backend).
     #[arg(long)]
     pub no_node: bool,
@@ -31,6 +36,13 @@ pub struct CheckArgs {
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// Like [`parse_kv`], without echoing the argument (it holds a secret).
+fn parse_secret(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| "a --secret is not KEY=VALUE".to_string())
 }
 
 fn backend_name(file: &Path) -> anyhow::Result<String> {
@@ -125,6 +137,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         required_bytes: 1 << 20,
         node,
         work_dir: scratch.path().join("node"),
+        secrets: args.secrets.into_iter().collect(),
     };
     let report = conformance::run(&host.socket, &profile).await?;
     host.shutdown().await?;

@@ -56,7 +56,33 @@ pub struct Profile {
     pub node: bool,
     /// Staging and target directories are made in a fresh directory under it.
     pub work_dir: PathBuf,
+    /// CSI secrets put into every controller request that carries secrets (ceph-csi's
+    /// `userID`/`userKey` for an RBD backend); empty for backends that need none.
+    pub secrets: HashMap<String, String>,
 }
+
+/// Controller requests that carry CSI secrets.
+trait Secreted {
+    fn secrets_mut(&mut self) -> &mut HashMap<String, String>;
+}
+
+macro_rules! secreted {
+    ($($t:ident),*) => {$(
+        impl Secreted for csi::$t {
+            fn secrets_mut(&mut self) -> &mut HashMap<String, String> {
+                &mut self.secrets
+            }
+        }
+    )*};
+}
+secreted!(
+    CreateVolumeRequest,
+    DeleteVolumeRequest,
+    CreateSnapshotRequest,
+    DeleteSnapshotRequest,
+    ControllerExpandVolumeRequest,
+    ValidateVolumeCapabilitiesRequest
+);
 
 impl Profile {
     /// The backend the profile names.
@@ -409,8 +435,19 @@ impl Suite<'_> {
             capacity_range: Some(csi::CapacityRange { required_bytes, limit_bytes: 0 }),
             volume_capabilities: vec![self.profile.capability.clone()],
             parameters: self.profile.parameters.clone(),
+            secrets: self.profile.secrets.clone(),
             ..Default::default()
         }
+    }
+
+    /// The profile's secrets on a controller request that has none of its own (what the CO
+    /// would pass from the StorageClass's provisioner/controller secret references).
+    fn secreted<R: Secreted>(&self, mut request: R) -> R {
+        let secrets = request.secrets_mut();
+        if secrets.is_empty() {
+            secrets.clone_from(&self.profile.secrets);
+        }
+        request
     }
 
     fn stage_request(
@@ -641,11 +678,11 @@ impl Suite<'_> {
         }
         for (label, id) in [("a well-formed unknown id", self.unknown_id()), ("a foreign id", FOREIGN_ID.to_string())] {
             let cap = self.profile.capability.clone();
-            let request = csi::ValidateVolumeCapabilitiesRequest {
+            let request = self.secreted(csi::ValidateVolumeCapabilitiesRequest {
                 volume_id: id.clone(),
                 volume_capabilities: vec![cap.clone()],
                 ..Default::default()
-            };
+            });
             self.expect(
                 &format!("ValidateVolumeCapabilities of {label} is NotFound"),
                 None,
@@ -665,14 +702,14 @@ impl Suite<'_> {
             .await;
 
             let gate = self.controller_gate(ControllerRpc::ExpandVolume);
-            let request = csi::ControllerExpandVolumeRequest {
+            let request = self.secreted(csi::ControllerExpandVolumeRequest {
                 volume_id: id.clone(),
                 capacity_range: Some(csi::CapacityRange {
                     required_bytes: self.profile.required_bytes.saturating_mul(2),
                     limit_bytes: 0,
                 }),
                 ..Default::default()
-            };
+            });
             self.expect(
                 &format!("ControllerExpandVolume of {label} is NotFound"),
                 gate,
@@ -682,11 +719,11 @@ impl Suite<'_> {
             .await;
 
             let gate = self.controller_gate(ControllerRpc::CreateDeleteSnapshot);
-            let request = csi::CreateSnapshotRequest {
+            let request = self.secreted(csi::CreateSnapshotRequest {
                 source_volume_id: id.clone(),
                 name: self.name("snap-of-unknown"),
                 ..Default::default()
-            };
+            });
             self.expect(
                 &format!("CreateSnapshot from {label} is NotFound"),
                 gate.clone(),
@@ -695,7 +732,7 @@ impl Suite<'_> {
             )
             .await;
 
-            let request = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() };
+            let request = self.secreted(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() });
             self.expect(
                 &format!("DeleteSnapshot of {label} is OK"),
                 gate,
@@ -704,7 +741,7 @@ impl Suite<'_> {
             )
             .await;
 
-            let request = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
+            let request = self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() });
             self.expect(
                 &format!("DeleteVolume of {label} is OK"),
                 None,
@@ -818,13 +855,13 @@ impl Suite<'_> {
         if self.open(VALIDATE, &blocked)
             && let Some(v) = &volume
         {
-            let request = csi::ValidateVolumeCapabilitiesRequest {
+            let request = self.secreted(csi::ValidateVolumeCapabilitiesRequest {
                 volume_id: v.volume_id.clone(),
                 volume_context: v.volume_context.clone(),
                 volume_capabilities: vec![self.profile.capability.clone()],
                 parameters: self.profile.parameters.clone(),
                 ..Default::default()
-            };
+            });
             let answer = call(self.ctl().validate_volume_capabilities(request)).await;
             let cap = self.profile.capability.clone();
             self.judge(
@@ -1247,12 +1284,12 @@ impl Suite<'_> {
             && let Some(v) = volume
         {
             let want = v.capacity_bytes.saturating_add(self.profile.required_bytes.max(1 << 20));
-            let request = csi::ControllerExpandVolumeRequest {
+            let request = self.secreted(csi::ControllerExpandVolumeRequest {
                 volume_id: v.volume_id.clone(),
                 capacity_range: Some(csi::CapacityRange { required_bytes: want, limit_bytes: 0 }),
                 volume_capability: Some(self.profile.capability.clone()),
                 ..Default::default()
-            };
+            });
             let answer = call(self.ctl().controller_expand_volume(request)).await;
             let mut got = None;
             let ok = self.judge_optional(EXPAND, answer, |r| {
@@ -1538,11 +1575,11 @@ impl Suite<'_> {
             volume.is_none().then(|| NO_VOLUME.to_string()),
         ]);
         let name = self.name("snap");
-        let request = csi::CreateSnapshotRequest {
+        let request = self.secreted(csi::CreateSnapshotRequest {
             source_volume_id: volume.map(|v| v.volume_id.clone()).unwrap_or_default(),
             name: name.clone(),
             ..Default::default()
-        };
+        });
         let mut snapshot = None;
         if self.open(CREATE, &blocked) {
             let answer = call(self.ctl().create_snapshot(request.clone())).await;
@@ -1592,7 +1629,8 @@ impl Suite<'_> {
         if self.open(CONFLICT, &conflict_blocked)
             && let Some(other) = &objects.other
         {
-            let request = csi::CreateSnapshotRequest { source_volume_id: other.clone(), ..request.clone() };
+            let request =
+                self.secreted(csi::CreateSnapshotRequest { source_volume_id: other.clone(), ..request.clone() });
             self.expect(CONFLICT, None, Code::AlreadyExists, rpc!(self.ctl(), create_snapshot, request, made_snapshot))
                 .await;
         }
@@ -1901,11 +1939,12 @@ impl Suite<'_> {
         if self.open(DELETE_SNAPSHOT, &blocked)
             && let Some(s) = &objects.snapshot
         {
-            let answer = call(self.ctl().delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: s.snapshot_id.clone(),
-                ..Default::default()
-            }))
-            .await;
+            let answer =
+                call(self.ctl().delete_snapshot(self.secreted(csi::DeleteSnapshotRequest {
+                    snapshot_id: s.snapshot_id.clone(),
+                    ..Default::default()
+                })))
+                .await;
             let mut verdict = answer.map(|_| ()).map_err(status);
             if verdict.is_ok() && self.controller_gate(ControllerRpc::ListSnapshots).is_none() {
                 verdict = match self
@@ -1926,11 +1965,12 @@ impl Suite<'_> {
         if self.open(DELETE_SNAPSHOT_AGAIN, &blocked)
             && let Some(s) = &objects.snapshot
         {
-            let answer = call(self.ctl().delete_snapshot(csi::DeleteSnapshotRequest {
-                snapshot_id: s.snapshot_id.clone(),
-                ..Default::default()
-            }))
-            .await;
+            let answer =
+                call(self.ctl().delete_snapshot(self.secreted(csi::DeleteSnapshotRequest {
+                    snapshot_id: s.snapshot_id.clone(),
+                    ..Default::default()
+                })))
+                .await;
             self.record(DELETE_SNAPSHOT_AGAIN, expect_code(&answer, Code::Ok));
         }
 
@@ -1941,7 +1981,7 @@ impl Suite<'_> {
             let mut calls = tokio::task::JoinSet::new();
             for _ in 0..PARALLEL {
                 let mut client = self.ctl();
-                let request = csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() };
+                let request = self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() });
                 calls.spawn(async move { call(client.delete_volume(request)).await });
             }
             let mut problems = Vec::new();
@@ -1966,9 +2006,9 @@ impl Suite<'_> {
         if self.open(CLONES, &blocked) {
             let mut problems = Vec::new();
             for id in &objects.clones {
-                if let Err(s) = call(
-                    self.ctl().delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
-                )
+                if let Err(s) = call(self.ctl().delete_volume(
+                    self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
+                ))
                 .await
                 {
                     problems.push(format!("{id}: {}", status(s)));
@@ -1981,10 +2021,9 @@ impl Suite<'_> {
         if self.open(DELETE, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(
-                self.ctl()
-                    .delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
-            )
+            let answer = call(self.ctl().delete_volume(
+                self.secreted(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
+            ))
             .await;
             let mut verdict = answer.map(|_| ()).map_err(status);
             if verdict.is_ok() {
@@ -1999,10 +2038,9 @@ impl Suite<'_> {
         if self.open(DELETE_AGAIN, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(
-                self.ctl()
-                    .delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
-            )
+            let answer = call(self.ctl().delete_volume(
+                self.secreted(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
+            ))
             .await;
             self.record(DELETE_AGAIN, expect_code(&answer, Code::Ok));
         }
@@ -2034,10 +2072,9 @@ impl Suite<'_> {
             }
         }
         for id in created.snapshots.iter().rev() {
-            if let Err(s) = call(
-                self.ctl()
-                    .delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() }),
-            )
+            if let Err(s) = call(self.ctl().delete_snapshot(
+                self.secreted(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() }),
+            ))
             .await
             {
                 problems.push(format!("DeleteSnapshot {id}: {}", status(s)));
@@ -2045,8 +2082,10 @@ impl Suite<'_> {
         }
         for id in created.volumes.iter().rev() {
             if let Err(s) =
-                call(self.ctl().delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }))
-                    .await
+                call(self.ctl().delete_volume(
+                    self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
+                ))
+                .await
             {
                 problems.push(format!("DeleteVolume {id}: {}", status(s)));
             }

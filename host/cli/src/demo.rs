@@ -28,8 +28,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (backends, root) = (dir.join("backends"), dir.join("hostpath-root"));
     std::fs::create_dir_all(&backends)?;
     std::fs::create_dir_all(&root)?;
-    // The demo grants a dir root only: nfs needs an export granted, hostile is a test fixture.
-    for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| !matches!(*stem, "hostile" | "nfs")) {
+    // The demo grants a dir root only: nfs needs an export granted, ceph-rbd-shim a Ceph pool,
+    // hostile is a test fixture.
+    let bundled = |stem: &str| !matches!(stem, "hostile" | "nfs" | "ceph-rbd-shim");
+    for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| bundled(stem)) {
         std::fs::write(backends.join(format!("{stem}.wasm")), bytes)?;
     }
     let config = wasmcsi_runtime::config::HostConfig::parse(

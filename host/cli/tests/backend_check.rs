@@ -61,6 +61,61 @@ fn ls_reports_loaded_and_rejected_backends() {
     assert!(line("broken").contains("rejected"), "{out}");
 }
 
+/// The ceph-rbd-shim component against a real Ceph cluster (1 mon, 1 mgr, 2 memstore OSDs in a
+/// private namespace; `wasmcsi_rbd::testing`), with a cephx user limited to the test's pool
+/// passed as ceph-csi's `userID`/`userKey` secrets through `--secret`. The node checks need
+/// krbd or rbd-nbd (or the rbd-fuse executor); here the controller part of the suite.
+#[test]
+fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
+    let Some(ceph) = wasmcsi_rbd::testing::Ceph::shared() else { return };
+    let pool = "check";
+    ceph.create_pool(pool).unwrap();
+    let key = ceph.create_user("csi-check", pool).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("ceph-rbd-shim.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::CEPH_RBD_SHIM).unwrap();
+    let config = d.path().join("config.toml");
+    let cluster = wasmcsi_rbd::testing::CLUSTER;
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\ncall_deadline_ms = 30000\nimport_timeout_ms = 20000\n\
+             [clusters.{cluster}]\nmonitors = {:?}\n\
+             [backends.ceph-rbd-shim.grants]\nrbd = [{{ cluster = {cluster:?}, pools = [{pool:?}] }}]\n",
+            ceph.monitors()
+        ),
+    )
+    .unwrap();
+    let (cluster_param, pool_param) = (format!("clusterID={cluster}"), format!("pool={pool}"));
+    let user_key = format!("userKey={key}");
+    let started = std::time::Instant::now();
+    let (code, out, err) = wasmcsi(&[
+        "backend",
+        "check",
+        "--no-node",
+        "--config",
+        config.to_str().unwrap(),
+        "--param",
+        &cluster_param,
+        "--param",
+        &pool_param,
+        "--secret",
+        "userID=csi-check",
+        "--secret",
+        &user_key,
+        file.to_str().unwrap(),
+    ]);
+    eprintln!("backend check took {:?}", started.elapsed());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("wasmcsi:backend/rbd"), "{out}");
+    assert!(out.contains("grants needed: rbd"), "{out}");
+    assert!(out.lines().any(|l| l.contains(" 0 failed")), "{out}");
+    assert!(!out.contains(&key) && !err.contains(&key), "the key was printed");
+    // What the suite created it deleted.
+    let left = ceph.rbd(&["ls", pool]).unwrap();
+    assert!(left.trim().is_empty(), "left in the pool: {left}");
+}
+
 /// The nfs component against a real nfs-ganesha (private namespace, NFSv3 through the host's
 /// userspace client). The node checks need a kernel NFS client, which this machine lacks: they
 /// run in the kernel-VM tier (`tests/nfs_flow_vm.rs`); here the controller part of the suite.

@@ -82,6 +82,7 @@ impl Env {
             required_bytes: 1 << 20,
             node,
             work_dir: self.base.join("work"),
+            secrets: HashMap::new(),
         }
     }
 

@@ -102,7 +102,11 @@ impl ImportSummary {
                     "import {import} is not granted (add [backends.NAME.grants] nfs = [{{ server = \"HOST\", share = \"/export\" }}])"
                 )),
                 Capability::Nfs => {}
-                Capability::Block | Capability::Rbd => out.push(format!(
+                Capability::Rbd if grants.rbd.is_empty() => out.push(format!(
+                    "import {import} is not granted (add [backends.NAME.grants] rbd = [{{ cluster = \"NAME\", pools = [\"POOL\"] }}])"
+                )),
+                Capability::Rbd => {}
+                Capability::Block => out.push(format!(
                     "import {import} cannot be linked: this host build has no {} provider yet",
                     c.name()
                 )),
@@ -119,6 +123,8 @@ pub struct Capabilities {
     pub dir_roots: BTreeMap<String, PathBuf>,
     /// The userspace NFS client scoped to the granted exports; `None` without an nfs grant.
     pub nfs: Option<wasmcsi_nfs::NfsClient>,
+    /// The librbd client scoped to the granted clusters and pools; `None` without an rbd grant.
+    pub rbd: Option<Arc<crate::host::rbd::RbdProvider>>,
     pub import_timeout: Duration,
 }
 
@@ -166,5 +172,15 @@ mod tests {
         assert!(s.violations(&g).is_empty());
         let block = ImportSummary::classify(["wasmcsi:backend/block@0.1.0"]);
         assert!(block.violations(&g)[0].contains("no block provider"), "block has no provider yet");
+    }
+
+    #[test]
+    fn rbd_links_only_with_a_pool_granted() {
+        let s = ImportSummary::classify(["wasmcsi:backend/rbd@0.1.0"]);
+        let v = s.violations(&Grants::default());
+        assert!(v.len() == 1 && v[0].contains("not granted") && v[0].contains("rbd ="), "{v:?}");
+        let mut g = Grants::default();
+        g.rbd.push(crate::config::RbdGrant { cluster: "c".into(), pools: vec!["p".into()] });
+        assert!(s.violations(&g).is_empty());
     }
 }

@@ -26,6 +26,19 @@ pub struct HostConfig {
     /// Per backend (by file stem): limits overriding `[runtime]`, and grants.
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
+    /// Ceph clusters by the name StorageClasses and `rbd` grants use (ceph-csi's `clusterID`):
+    /// the controller's `rbd` capability and the node's rbd executor connect through these.
+    #[serde(default)]
+    pub clusters: BTreeMap<String, CephCluster>,
+}
+
+/// One Ceph cluster: where its monitors are. Credentials never live here: they come with each
+/// CSI call's secrets.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CephCluster {
+    /// `host:port` or `[v2:host:3300,v1:host:6789]` entries, as `mon_host` takes them
+    pub monitors: Vec<String>,
 }
 
 /// Sandbox limits. `[runtime]` sets the defaults; `[backends.NAME]` may override each.
@@ -165,6 +178,23 @@ impl HostConfig {
             }
             if limits.import_timeout_ms > limits.call_deadline_ms {
                 return Err(invalid("import_timeout_ms must not exceed call_deadline_ms".into()));
+            }
+            for g in &b.grants.rbd {
+                if !self.clusters.contains_key(&g.cluster) {
+                    return Err(invalid(format!(
+                        "rbd grant names cluster {:?}, which no [clusters.NAME] defines",
+                        g.cluster
+                    )));
+                }
+            }
+        }
+        for (name, c) in &self.clusters {
+            let invalid = |message: String| ConfigError::Invalid { backend: format!("clusters.{name}"), message };
+            if !is_valid_name(name) {
+                return Err(invalid("cluster names are 1-32 of [a-z0-9-]".into()));
+            }
+            if c.monitors.is_empty() || c.monitors.iter().any(|m| m.is_empty() || m.contains(char::is_whitespace)) {
+                return Err(invalid("monitors: one or more host:port entries, no whitespace".into()));
             }
         }
         Ok(())

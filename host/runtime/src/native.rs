@@ -47,6 +47,10 @@ pub mod guest_bindings {
             pub mod nfs {
                 pub use crate::bindings::wasmcsi::backend::nfs::{CopyProgress, NfsExport};
             }
+            /// `rbd` types for native guests (their driver logic runs over a `Host` trait).
+            pub mod rbd {
+                pub use crate::bindings::wasmcsi::backend::rbd::{ImageInfo, ImageSnapshot, PoolStats};
+            }
             /// `dir` for native guests: the same checked operations the component gets,
             /// on the roots of the backend whose call runs on this thread.
             pub mod dir {

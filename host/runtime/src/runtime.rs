@@ -162,6 +162,9 @@ impl Runtime {
         if imports.capabilities.contains(&Capability::Nfs) {
             wit::nfs::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         }
+        if imports.capabilities.contains(&Capability::Rbd) {
+            wit::rbd::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        }
         let pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = BackendPre::new(pre).map_err(link)?;
 
@@ -209,6 +212,12 @@ impl Runtime {
                 backend: name.into(),
                 store: self.store.clone(),
                 nfs: nfs_client(&grants.nfs, limits.import_timeout()),
+                rbd: crate::host::rbd::RbdProvider::from_grants(
+                    &grants.rbd,
+                    &self.config.clusters,
+                    limits.import_timeout(),
+                )
+                .map(Arc::new),
                 dir_roots: grants.dir,
                 import_timeout: limits.import_timeout(),
             }),

@@ -4,6 +4,7 @@ pub mod dir;
 pub mod kv;
 pub mod log;
 pub mod nfs;
+pub mod rbd;
 
 use crate::state::CallState;
 

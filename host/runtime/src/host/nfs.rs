@@ -161,6 +161,7 @@ mod tests {
             store: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
             dir_roots: Default::default(),
             nfs: client,
+            rbd: None,
             import_timeout: timeout,
         };
         CallState::new(Arc::new(caps), 64 << 20, Vec::new())

@@ -1,0 +1,400 @@
+//! The pure policy of the ceph-rbd-shim backend: StorageClass parameters, image features and
+//! their dependencies, sizes, deterministic image and snapshot names, volume/snapshot ids, the
+//! image metadata this backend writes, and the access modes an RBD image can serve. No I/O
+//! here; everything is unit-tested natively.
+use sha2::{Digest, Sha256};
+
+/// A policy failure: which WIT error case it becomes is decided by the caller (parameters and
+/// sizes are `invalid-argument`/`out-of-range`, ids that do not parse are `not-found`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
+/// CSI's limit on an id is 128 bytes; the host prefixes `BACKEND:` and allows the backend 95.
+pub const MAX_ID: usize = 95;
+/// Hex digits of the name hash in image and snapshot names (64 bits: a collision between two
+/// request names is negligible, and is caught by the name recorded in metadata anyway).
+pub const HASH_HEX: usize = 16;
+/// A volume id leaves room for `.HASH` so that every snapshot id of it fits [`MAX_ID`] too.
+pub const MAX_VOLUME_ID: usize = MAX_ID - 1 - HASH_HEX;
+/// Default size when the request names none (ceph-csi's default too).
+pub const DEFAULT_BYTES: u64 = 1 << 30;
+/// RBD sizes are rounded up to whole MiB (what ceph-csi does; object sizes are MiB multiples).
+pub const SIZE_UNIT: u64 = 1 << 20;
+/// Default `imageNamePrefix` (ceph-csi's).
+pub const DEFAULT_PREFIX: &str = "csi-vol-";
+/// Default `imageFeatures`.
+pub const DEFAULT_FEATURES: &[&str] = &["layering"];
+/// Default `maxCloneDepth`: ceph-csi's `rbdHardMaxCloneDepth` default.
+pub const DEFAULT_MAX_CLONE_DEPTH: u32 = 8;
+/// Upper bound of `maxCloneDepth` (a long parent chain makes every read walk it).
+pub const MAX_CLONE_DEPTH: u32 = 16;
+/// Longest `imageNamePrefix`.
+pub const MAX_PREFIX: usize = 32;
+
+/// Metadata keys this backend writes on the images it creates.
+pub const META_NAME: &str = "csi.wasmcsi.io/name";
+/// Every image this backend made (clones inherit it): ListVolumes finds them by it.
+pub const META_OWNER: &str = "csi.wasmcsi.io/owner";
+pub const OWNER: &str = "wasmcsi-ceph-rbd-shim";
+
+/// RBD snapshot names: a CSI snapshot, a temporary snapshot a clone-from-volume hangs off, and
+/// the marker of a volume deleted while CSI snapshots of it exist.
+pub const SNAP_PREFIX: &str = "csi-snap-";
+pub const TEMP_PREFIX: &str = "csi-tmp-";
+pub const DELETED_MARKER: &str = "csi-deleted";
+
+/// The StorageClass parameters this backend takes.
+pub const PARAMETERS: &[&str] = &["clusterID", "pool", "dataPool", "imageFeatures", "imageNamePrefix", "imageFormat", "maxCloneDepth"];
+
+/// Features a StorageClass may ask for, and what each needs (librbd refuses the rest anyway;
+/// checking here names the parameter and creates nothing).
+const FEATURES: &[(&str, &[&str])] =
+    &[("layering", &[]), ("exclusive-lock", &[]), ("object-map", &["exclusive-lock"]), ("fast-diff", &["object-map"]), ("deep-flatten", &[])];
+
+/// Where a volume lives: a configured cluster (ceph-csi's `clusterID`) and a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub cluster: String,
+    pub pool: String,
+}
+
+/// The StorageClass parameters, parsed and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    pub target: Target,
+    pub data_pool: Option<String>,
+    /// sorted, deduplicated
+    pub features: Vec<String>,
+    pub prefix: String,
+    pub max_clone_depth: u32,
+}
+
+/// Cluster names are the host's `[clusters.NAME]`: 1–32 of `[a-z0-9-]`.
+fn check_cluster(v: &str) -> Result<(), Invalid> {
+    let ok = !v.is_empty() && v.len() <= 32 && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok { Ok(()) } else { Err(invalid(format!("parameter clusterID: {v:?} is not 1-32 of [a-z0-9-]"))) }
+}
+
+/// Pool names: 1–63 of `[A-Za-z0-9_-]` (no `.`: it separates the parts of an id).
+pub fn check_pool(param: &str, v: &str) -> Result<(), Invalid> {
+    let ok = !v.is_empty() && v.len() <= 63 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok { Ok(()) } else { Err(invalid(format!("parameter {param}: {v:?} is not 1-63 of [A-Za-z0-9_-]"))) }
+}
+
+fn parse_features(v: &str) -> Result<Vec<String>, Invalid> {
+    let mut out: Vec<String> = Vec::new();
+    for f in v.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+        if !FEATURES.iter().any(|(n, _)| *n == f) {
+            let allowed: Vec<&str> = FEATURES.iter().map(|(n, _)| *n).collect();
+            return Err(invalid(format!("parameter imageFeatures: {f:?} is not one of {}", allowed.join(", "))));
+        }
+        if !out.iter().any(|x| x == f) {
+            out.push(f.to_owned());
+        }
+    }
+    if out.is_empty() {
+        return Err(invalid("parameter imageFeatures: empty (leave it out for the default, layering)"));
+    }
+    for f in &out {
+        let needs = FEATURES.iter().find(|(n, _)| n == f).map(|(_, d)| *d).unwrap_or(&[]);
+        for d in needs {
+            if !out.iter().any(|x| x == d) {
+                return Err(invalid(format!("parameter imageFeatures: {f} needs {d}")));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl Params {
+    /// Parse StorageClass parameters. `csi.storage.k8s.io/*` keys (the CO's and the
+    /// provisioner's own) are ignored; anything else unknown is an error naming it.
+    pub fn parse<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, Invalid> {
+        let (mut cluster, mut pool, mut data_pool, mut features, mut prefix, mut depth) = (None, None, None, None, None, None);
+        for (k, v) in pairs {
+            match k {
+                "clusterID" => {
+                    check_cluster(v)?;
+                    cluster = Some(v.to_owned());
+                }
+                "pool" => {
+                    check_pool("pool", v)?;
+                    pool = Some(v.to_owned());
+                }
+                "dataPool" => {
+                    if !v.is_empty() {
+                        check_pool("dataPool", v)?;
+                        data_pool = Some(v.to_owned());
+                    }
+                }
+                "imageFeatures" => features = Some(parse_features(v)?),
+                "imageNamePrefix" => {
+                    let ok = !v.is_empty() && v.len() <= MAX_PREFIX && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                    if !ok {
+                        return Err(invalid(format!("parameter imageNamePrefix: {v:?} is not 1-{MAX_PREFIX} of [A-Za-z0-9_-]")));
+                    }
+                    prefix = Some(v.to_owned());
+                }
+                // ceph-csi's StorageClasses carry it; format 1 images have been gone for years.
+                "imageFormat" => {
+                    if v != "2" {
+                        return Err(invalid(format!("parameter imageFormat: {v:?} is not supported (only 2)")));
+                    }
+                }
+                "maxCloneDepth" => {
+                    let d: u32 = v.parse().map_err(|_| invalid(format!("parameter maxCloneDepth: {v:?} is not a number")))?;
+                    if d > MAX_CLONE_DEPTH {
+                        return Err(invalid(format!("parameter maxCloneDepth: {d} is above {MAX_CLONE_DEPTH}")));
+                    }
+                    depth = Some(d);
+                }
+                k if k.starts_with("csi.storage.k8s.io/") => {}
+                k => {
+                    return Err(invalid(format!("parameter {k:?} is unknown; this backend takes {}", PARAMETERS.join(", "))));
+                }
+            }
+        }
+        let cluster = cluster.ok_or_else(|| invalid("parameter clusterID is required (a cluster of the host's [clusters])"))?;
+        let pool = pool.ok_or_else(|| invalid("parameter pool is required"))?;
+        let p = Params {
+            target: Target { cluster, pool },
+            data_pool,
+            features: features.unwrap_or_else(|| DEFAULT_FEATURES.iter().map(|f| (*f).to_owned()).collect()),
+            prefix: prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
+            max_clone_depth: depth.unwrap_or(DEFAULT_MAX_CLONE_DEPTH),
+        };
+        // Every id of this StorageClass must fit: checked here so no image is ever created
+        // that could not be named.
+        let id = encode_volume_id(&p.target, &image_name(&p.prefix, "x"));
+        if id.len() > MAX_VOLUME_ID {
+            return Err(invalid(format!(
+                "parameters clusterID, pool and imageNamePrefix make volume ids of {} bytes; at most {MAX_VOLUME_ID} fit",
+                id.len()
+            )));
+        }
+        Ok(p)
+    }
+}
+
+/// The first [`HASH_HEX`] hex digits of sha256(`name`).
+pub fn name_hash(name: &str) -> String {
+    let d = Sha256::digest(name.as_bytes());
+    let mut s = String::with_capacity(HASH_HEX);
+    for b in d.iter().take(HASH_HEX / 2) {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The image of the volume named `request_name`: deterministic, so a retry (after any crash or
+/// restart) finds the image an earlier attempt created, without state of our own.
+pub fn image_name(prefix: &str, request_name: &str) -> String {
+    format!("{prefix}{}", name_hash(request_name))
+}
+
+/// The RBD snapshot of the CSI snapshot named `request_name` (deterministic, as images are).
+pub fn snap_name(hash: &str) -> String {
+    format!("{SNAP_PREFIX}{hash}")
+}
+
+/// The temporary snapshot a clone of a volume hangs off, named after the *new* volume so a
+/// retried clone finds (and reuses) it.
+pub fn temp_snap_name(new_volume: &str) -> String {
+    format!("{TEMP_PREFIX}{}", name_hash(new_volume))
+}
+
+/// A volume id: `CLUSTER.POOL.IMAGE` (none of the three contains a `.`).
+pub fn encode_volume_id(t: &Target, image: &str) -> String {
+    format!("{}.{}.{image}", t.cluster, t.pool)
+}
+
+/// A volume id back into its parts; `None` for anything this backend does not make.
+pub fn decode_volume_id(id: &str) -> Option<(Target, String)> {
+    let mut it = id.split('.');
+    let (cluster, pool, image) = (it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() || check_cluster(cluster).is_err() || check_pool("pool", pool).is_err() {
+        return None;
+    }
+    let ok = !image.is_empty() && image.len() <= MAX_PREFIX + HASH_HEX && image.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    ok.then(|| (Target { cluster: cluster.into(), pool: pool.into() }, image.into()))
+}
+
+/// A snapshot id: the source volume's id and the snapshot's hash, `VOLUME_ID.HASH`; the RBD
+/// snapshot is `IMAGE@csi-snap-HASH` (ceph-csi-like: the id says image and snapshot).
+pub fn encode_snapshot_id(volume_id: &str, hash: &str) -> String {
+    format!("{volume_id}.{hash}")
+}
+
+/// A snapshot id back into (volume id, target, image, RBD snapshot name).
+pub fn decode_snapshot_id(id: &str) -> Option<(String, Target, String, String)> {
+    let (vol, hash) = id.rsplit_once('.')?;
+    if hash.len() != HASH_HEX || !hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+        return None;
+    }
+    let (t, image) = decode_volume_id(vol)?;
+    Some((vol.to_owned(), t, image, snap_name(hash)))
+}
+
+/// The size to create for a CSI capacity range: `required` (or the default) rounded up to
+/// [`SIZE_UNIT`]; within `limit` when one is set.
+pub fn capacity(required: u64, limit: u64) -> Result<u64, Invalid> {
+    if limit != 0 && required > limit {
+        return Err(invalid(format!("required {required} bytes exceeds the limit of {limit}")));
+    }
+    let want = if required == 0 { if limit != 0 { limit.min(DEFAULT_BYTES) } else { DEFAULT_BYTES } } else { required };
+    let rounded = want.div_ceil(SIZE_UNIT).checked_mul(SIZE_UNIT).ok_or_else(|| invalid(format!("{want} bytes is too large")))?;
+    if limit != 0 && rounded > limit {
+        // Round down instead when that still satisfies `required` (a limit below one unit
+        // cannot be met at all).
+        let down = limit / SIZE_UNIT * SIZE_UNIT;
+        if down >= required.max(1) && down > 0 {
+            return Ok(down);
+        }
+        return Err(invalid(format!("no whole MiB between {required} and {limit} bytes")));
+    }
+    Ok(rounded)
+}
+
+/// Whether an RBD image can serve an access mode for an access type. A filesystem on an RBD
+/// image is single-node (two kernels mounting ext4/xfs read-write corrupt it): multi-node
+/// writers are refused for `mount`; a raw block device may be shared (the application, e.g. a
+/// VM live migration, coordinates the writers), as ceph-csi allows.
+pub fn check_capability(block: bool, mode_multi_writer: bool) -> Result<(), Invalid> {
+    if !block && mode_multi_writer {
+        return Err(invalid("rbd filesystem volumes are single-node: multi-node writer access needs volumeMode Block"));
+    }
+    Ok(())
+}
+
+/// The depth of a new clone whose source image has `source_depth` ancestors, and whether it
+/// must be flattened right after cloning: above `max` the chain would grow without bound,
+/// so the new image copies its data and stands alone (ceph-csi's hard clone depth).
+pub fn clone_plan(source_depth: u32, max: u32) -> (u32, bool) {
+    let depth = source_depth + 1;
+    if depth > max { (0, true) } else { (depth, false) }
+}
+
+/// `pool/image@snap` (librbd's spelling of a parent) into its parts.
+pub fn parse_parent(s: &str) -> Option<(String, String, String)> {
+    let (pool, rest) = s.split_once('/')?;
+    let (image, snap) = rest.split_once('@')?;
+    Some((pool.into(), image.into(), snap.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(kv: &[(&str, &str)]) -> Result<Params, Invalid> {
+        Params::parse(kv.iter().copied())
+    }
+
+    #[test]
+    fn parameters_parse_with_defaults_and_ignore_the_cos_own_keys() {
+        let p = parse(&[("clusterID", "ceph-a"), ("pool", "rbd"), ("csi.storage.k8s.io/fstype", "ext4")]).expect("valid");
+        assert_eq!(p.target, Target { cluster: "ceph-a".into(), pool: "rbd".into() });
+        assert_eq!((p.features.as_slice(), p.prefix.as_str(), p.max_clone_depth), (&["layering".to_owned()][..], "csi-vol-", 8));
+        assert_eq!(p.data_pool, None);
+        let p = parse(&[
+            ("clusterID", "c"),
+            ("pool", "p"),
+            ("dataPool", "ec"),
+            ("imageFeatures", "layering, fast-diff,object-map,exclusive-lock,layering"),
+            ("imageNamePrefix", "k8s-"),
+            ("imageFormat", "2"),
+            ("maxCloneDepth", "0"),
+        ])
+        .expect("valid");
+        assert_eq!(p.features, ["exclusive-lock", "fast-diff", "layering", "object-map"]);
+        assert_eq!((p.data_pool.as_deref(), p.prefix.as_str(), p.max_clone_depth), (Some("ec"), "k8s-", 0));
+    }
+
+    #[test]
+    fn bad_parameters_name_the_parameter() {
+        let base = [("clusterID", "c"), ("pool", "p")];
+        assert!(parse(&[("pool", "p")]).expect_err("no cluster").0.contains("clusterID"));
+        assert!(parse(&[("clusterID", "c")]).expect_err("no pool").0.contains("pool"));
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("clusterID", "C_1")], "clusterID"),
+            (&[("colour", "red")], "colour"),
+            (&[("pool", "a.b")], "pool"),
+            (&[("dataPool", "x/y")], "dataPool"),
+            (&[("imageFeatures", "journaling")], "imageFeatures"),
+            (&[("imageFeatures", "object-map")], "imageFeatures"),
+            (&[("imageFeatures", "layering,fast-diff,exclusive-lock")], "imageFeatures"),
+            (&[("imageFeatures", " , ")], "imageFeatures"),
+            (&[("imageNamePrefix", "a.b")], "imageNamePrefix"),
+            (&[("imageNamePrefix", "")], "imageNamePrefix"),
+            (&[("imageFormat", "1")], "imageFormat"),
+            (&[("maxCloneDepth", "-1")], "maxCloneDepth"),
+            (&[("maxCloneDepth", "17")], "maxCloneDepth"),
+        ];
+        for (extra, name) in cases {
+            let mut kv: Vec<(&str, &str)> = base.to_vec();
+            for (k, v) in *extra {
+                kv.retain(|(x, _)| x != k);
+                kv.push((k, v));
+            }
+            let e = parse(&kv).expect_err("invalid");
+            assert!(e.0.contains(name), "{extra:?}: {e:?}");
+        }
+        let long_pool = "p".repeat(60);
+        let e = parse(&[("clusterID", &"c".repeat(32)), ("pool", &long_pool)]).expect_err("too long");
+        assert!(e.0.contains("volume ids"), "{e:?}");
+    }
+
+    #[test]
+    fn ids_round_trip_and_fit() {
+        let t = Target { cluster: "c".repeat(32), pool: "p".repeat(12) };
+        let image = image_name("csi-vol-", "pvc-0f2c4a5e-1b2c-4d3e-9f00-123456789abc");
+        assert_eq!(image.len(), 8 + HASH_HEX);
+        assert_eq!(image, image_name("csi-vol-", "pvc-0f2c4a5e-1b2c-4d3e-9f00-123456789abc"), "deterministic");
+        assert_ne!(image, image_name("csi-vol-", "pvc-other"));
+        let id = encode_volume_id(&t, &image);
+        assert!(id.len() <= MAX_VOLUME_ID, "{}", id.len());
+        assert_eq!(decode_volume_id(&id), Some((t.clone(), image.clone())));
+        let hash = name_hash("snapshot-1");
+        let sid = encode_snapshot_id(&id, &hash);
+        assert!(sid.len() <= MAX_ID);
+        assert_eq!(decode_snapshot_id(&sid), Some((id.clone(), t, image, format!("csi-snap-{hash}"))));
+        for bad in ["", "a.b", "a.b.c.d", "A.p.i", "c.p.", "c.p.a@b", "../x"] {
+            assert_eq!(decode_volume_id(bad), None, "{bad}");
+        }
+        assert_eq!(decode_snapshot_id(&id), None, "a volume id is no snapshot id");
+        assert_eq!(decode_snapshot_id(&format!("{id}.XYZ")), None);
+    }
+
+    #[test]
+    fn sizes_round_up_to_mib_within_limits() {
+        assert_eq!(capacity(0, 0), Ok(DEFAULT_BYTES));
+        assert_eq!(capacity(1, 0), Ok(SIZE_UNIT));
+        assert_eq!(capacity(SIZE_UNIT + 1, 0), Ok(2 * SIZE_UNIT));
+        assert_eq!(capacity(0, 5 * SIZE_UNIT), Ok(5 * SIZE_UNIT));
+        assert_eq!(capacity(SIZE_UNIT + 1, 2 * SIZE_UNIT + 5), Ok(2 * SIZE_UNIT));
+        assert!(capacity(SIZE_UNIT + 1, SIZE_UNIT + 2).is_err());
+        assert!(capacity(5, 4).is_err());
+        assert!(capacity(u64::MAX, 0).is_err());
+    }
+
+    #[test]
+    fn filesystems_are_single_node_blocks_may_be_shared() {
+        assert!(check_capability(false, false).is_ok());
+        assert!(check_capability(true, true).is_ok());
+        assert!(check_capability(false, true).is_err());
+    }
+
+    #[test]
+    fn clones_past_the_depth_limit_are_flattened() {
+        assert_eq!(clone_plan(0, 8), (1, false));
+        assert_eq!(clone_plan(7, 8), (8, false));
+        assert_eq!(clone_plan(8, 8), (0, true));
+        assert_eq!(clone_plan(0, 0), (0, true), "0 = every clone is a full copy");
+        assert_eq!(parse_parent("p/img@s"), Some(("p".into(), "img".into(), "s".into())));
+        assert_eq!(parse_parent("img@s"), None);
+    }
+}

@@ -1,0 +1,162 @@
+//! The few librados/librbd 16.2 (pacific) C functions the client calls, declared by hand from
+//! `rados/librados.h` and `rbd/librbd.h`. There is no maintained librbd crate; the `ceph`
+//! crate wraps only librados, and ~35 declarations are less to audit than a dependency.
+//!
+//! Everything here is `unsafe` to call; [`crate::conn`] and [`crate::image`] wrap each use in a
+//! safe function that owns the handles and frees what the library allocated.
+#![allow(unsafe_code, non_camel_case_types, reason = "FFI declarations of librados/librbd")]
+
+use std::ffi::{c_char, c_int, c_void};
+
+pub type rados_t = *mut c_void;
+pub type rados_ioctx_t = *mut c_void;
+pub type rbd_image_t = *mut c_void;
+pub type rbd_image_options_t = *mut c_void;
+pub type librbd_progress_fn_t = Option<unsafe extern "C" fn(u64, u64, *mut c_void) -> c_int>;
+
+/// `struct timespec` on 64-bit Linux.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub struct timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+#[repr(C)]
+pub struct rbd_image_spec_t {
+    pub id: *mut c_char,
+    pub name: *mut c_char,
+}
+
+#[repr(C)]
+pub struct rbd_linked_image_spec_t {
+    pub pool_id: i64,
+    pub pool_name: *mut c_char,
+    pub pool_namespace: *mut c_char,
+    pub image_id: *mut c_char,
+    pub image_name: *mut c_char,
+    pub trash: bool,
+}
+
+#[repr(C)]
+pub struct rbd_snap_spec_t {
+    pub id: u64,
+    /// `rbd_snap_namespace_type_t`, a C enum (int).
+    pub namespace_type: c_int,
+    pub name: *mut c_char,
+}
+
+#[repr(C)]
+pub struct rbd_snap_info_t {
+    pub id: u64,
+    pub size: u64,
+    pub name: *const c_char,
+}
+
+pub const RBD_IMAGE_OPTION_FORMAT: c_int = 0;
+pub const RBD_IMAGE_OPTION_FEATURES: c_int = 1;
+pub const RBD_IMAGE_OPTION_DATA_POOL: c_int = 10;
+
+#[link(name = "rados")]
+unsafe extern "C" {
+    pub fn rados_create2(cluster: *mut rados_t, clustername: *const c_char, name: *const c_char, flags: u64) -> c_int;
+    pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    pub fn rados_connect(cluster: rados_t) -> c_int;
+    pub fn rados_shutdown(cluster: rados_t);
+    pub fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
+    pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+    pub fn rados_mon_command(
+        cluster: rados_t,
+        cmd: *mut *const c_char,
+        cmdlen: usize,
+        inbuf: *const c_char,
+        inbuflen: usize,
+        outbuf: *mut *mut c_char,
+        outbuflen: *mut usize,
+        outs: *mut *mut c_char,
+        outslen: *mut usize,
+    ) -> c_int;
+    pub fn rados_buffer_free(buf: *mut c_char);
+}
+
+#[link(name = "rbd")]
+unsafe extern "C" {
+    pub fn rbd_image_options_create(opts: *mut rbd_image_options_t);
+    pub fn rbd_image_options_destroy(opts: rbd_image_options_t);
+    pub fn rbd_image_options_set_string(opts: rbd_image_options_t, optname: c_int, optval: *const c_char) -> c_int;
+    pub fn rbd_image_options_set_uint64(opts: rbd_image_options_t, optname: c_int, optval: u64) -> c_int;
+    pub fn rbd_features_from_string(str_features: *const c_char, features: *mut u64) -> c_int;
+    pub fn rbd_features_to_string(features: u64, str_features: *mut c_char, size: *mut usize) -> c_int;
+
+    pub fn rbd_list2(io: rados_ioctx_t, images: *mut rbd_image_spec_t, max_images: *mut usize) -> c_int;
+    pub fn rbd_image_spec_list_cleanup(images: *mut rbd_image_spec_t, num_images: usize);
+    pub fn rbd_create4(io: rados_ioctx_t, name: *const c_char, size: u64, opts: rbd_image_options_t) -> c_int;
+    pub fn rbd_clone3(
+        p_ioctx: rados_ioctx_t,
+        p_name: *const c_char,
+        p_snapname: *const c_char,
+        c_ioctx: rados_ioctx_t,
+        c_name: *const c_char,
+        c_opts: rbd_image_options_t,
+    ) -> c_int;
+    pub fn rbd_remove(io: rados_ioctx_t, name: *const c_char) -> c_int;
+
+    pub fn rbd_open(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap_name: *const c_char)
+    -> c_int;
+    pub fn rbd_open_read_only(
+        io: rados_ioctx_t,
+        name: *const c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const c_char,
+    ) -> c_int;
+    pub fn rbd_close(image: rbd_image_t) -> c_int;
+
+    pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    pub fn rbd_get_features(image: rbd_image_t, features: *mut u64) -> c_int;
+    pub fn rbd_get_parent(
+        image: rbd_image_t,
+        parent_image: *mut rbd_linked_image_spec_t,
+        parent_snap: *mut rbd_snap_spec_t,
+    ) -> c_int;
+    pub fn rbd_linked_image_spec_cleanup(image: *mut rbd_linked_image_spec_t);
+    pub fn rbd_linked_image_spec_list_cleanup(images: *mut rbd_linked_image_spec_t, num_images: usize);
+    pub fn rbd_snap_spec_cleanup(snap: *mut rbd_snap_spec_t);
+    pub fn rbd_resize2(
+        image: rbd_image_t,
+        size: u64,
+        allow_shrink: bool,
+        cb: librbd_progress_fn_t,
+        cbdata: *mut c_void,
+    ) -> c_int;
+    pub fn rbd_flatten(image: rbd_image_t) -> c_int;
+    pub fn rbd_list_children3(
+        image: rbd_image_t,
+        images: *mut rbd_linked_image_spec_t,
+        max_images: *mut usize,
+    ) -> c_int;
+
+    pub fn rbd_metadata_get(image: rbd_image_t, key: *const c_char, value: *mut c_char, val_len: *mut usize) -> c_int;
+    pub fn rbd_metadata_set(image: rbd_image_t, key: *const c_char, value: *const c_char) -> c_int;
+    pub fn rbd_metadata_list(
+        image: rbd_image_t,
+        start: *const c_char,
+        max: u64,
+        keys: *mut c_char,
+        key_len: *mut usize,
+        values: *mut c_char,
+        vals_len: *mut usize,
+    ) -> c_int;
+
+    pub fn rbd_snap_list(image: rbd_image_t, snaps: *mut rbd_snap_info_t, max_snaps: *mut c_int) -> c_int;
+    pub fn rbd_snap_list_end(snaps: *mut rbd_snap_info_t);
+    pub fn rbd_snap_create(image: rbd_image_t, snapname: *const c_char) -> c_int;
+    pub fn rbd_snap_remove(image: rbd_image_t, snapname: *const c_char) -> c_int;
+    pub fn rbd_snap_protect(image: rbd_image_t, snap_name: *const c_char) -> c_int;
+    pub fn rbd_snap_unprotect(image: rbd_image_t, snap_name: *const c_char) -> c_int;
+    pub fn rbd_snap_is_protected(image: rbd_image_t, snap_name: *const c_char, is_protected: *mut c_int) -> c_int;
+    pub fn rbd_snap_get_timestamp(image: rbd_image_t, snap_id: u64, timestamp: *mut timespec) -> c_int;
+
+    pub fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
+    pub fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;
+    pub fn rbd_flush(image: rbd_image_t) -> c_int;
+}

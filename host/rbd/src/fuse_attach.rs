@@ -1,0 +1,313 @@
+//! Node side on kernels without krbd or rbd-nbd: `rbd-fuse` exposes one image as a regular file
+//! (`<mount>/<image>`), which the caller then puts under a loop device, formats and mounts with
+//! `wasmcsi-frontend`'s helpers.
+//!
+//! Start is bounded: [`attach`] returns once the file is there with the image's size, or fails
+//! (and cleans up) within its timeout. Teardown is bounded and leaves nothing behind: unmount,
+//! then wait for rbd-fuse to exit, then SIGKILL it; a FUSE connection still alive after that (a
+//! copy of the mount in another mount namespace, or a daemon stuck in librbd) is aborted
+//! through `/sys/fs/fuse/connections/N/abort`, which fails every pending request instead of
+//! leaving processes in D state.
+//!
+//! The key never appears in argv or the environment: rbd-fuse gets `-c ceph.conf --id USER`,
+//! and the conf names a keyring, both 0600 in a private 0700 directory removed on detach.
+use crate::RbdCredentials;
+use crate::names::check;
+use std::io::{self, Read};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Errors of attaching and detaching.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseAttachError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("rbd-fuse for {image}: {reason}")]
+    Failed { image: String, reason: String },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> FuseAttachError {
+    move |source| FuseAttachError::Io { context: context.into(), source }
+}
+
+/// What to attach, and where.
+#[derive(Clone, Debug)]
+pub struct FuseAttachRequest {
+    pub monitors: Vec<String>,
+    pub pool: String,
+    pub image: String,
+    pub creds: RbdCredentials,
+    /// The image's size: the attach is complete when the file shows it.
+    pub size_bytes: u64,
+    /// Mount points are created under it (created if missing).
+    pub runtime_dir: PathBuf,
+    /// Bound on start, and on each teardown step.
+    pub timeout: Duration,
+}
+
+/// One running rbd-fuse; detached (best effort, logged) on drop.
+#[derive(Debug)]
+pub struct FuseAttachment {
+    image: String,
+    mount_point: PathBuf,
+    file: PathBuf,
+    child: Option<Child>,
+    /// Holds ceph.conf, the keyring and rbd-fuse's log; removed on drop.
+    private: Option<tempfile::TempDir>,
+    /// The FUSE connection number, read from mountinfo while the mount was healthy.
+    connection: Option<u64>,
+    timeout: Duration,
+}
+
+/// Start rbd-fuse for `req.pool/req.image` and wait until the image file is there.
+#[tracing::instrument(name = "rbd.fuse_attach", skip_all, fields(pool = %req.pool, image = %req.image))]
+pub fn attach(req: &FuseAttachRequest) -> Result<FuseAttachment, FuseAttachError> {
+    let invalid = |e: crate::RbdError| FuseAttachError::InvalidArgument(e.to_string());
+    check("pool", &req.pool).map_err(invalid)?;
+    check("image", &req.image).map_err(invalid)?;
+    check("user", &req.creds.user).map_err(invalid)?;
+    if req.monitors.iter().any(|m| m.contains(['\n', '\0'])) || req.creds.key().contains(['\n', '\0']) {
+        return Err(FuseAttachError::InvalidArgument("monitors or key contain a line break".into()));
+    }
+    std::fs::create_dir_all(&req.runtime_dir).map_err(io_err(format!("creating {}", req.runtime_dir.display())))?;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mount_point = req.runtime_dir.join(format!(
+        "rbd-{}-{}.{}.{}",
+        req.pool,
+        req.image,
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&mount_point).map_err(io_err(format!("creating {}", mount_point.display())))?;
+    let private = tempfile::Builder::new()
+        .prefix("wasmcsi-rbd-fuse-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .map_err(io_err("creating a private directory"))?;
+    let mut a = FuseAttachment {
+        image: req.image.clone(),
+        file: mount_point.join(&req.image),
+        mount_point,
+        child: None,
+        private: None,
+        connection: None,
+        timeout: req.timeout,
+    };
+    let dir = private.path().to_owned();
+    a.private = Some(private);
+    match a.start(req, &dir) {
+        Ok(()) => Ok(a),
+        Err(e) => {
+            if let Err(d) = a.detach() {
+                tracing::warn!(error = %d, "cleaning up a failed rbd-fuse attach");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), FuseAttachError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(format!("creating {}", path.display())))?;
+    f.write_all(text.as_bytes()).map_err(io_err(format!("writing {}", path.display())))
+}
+
+impl FuseAttachment {
+    fn start(&mut self, req: &FuseAttachRequest, dir: &Path) -> Result<(), FuseAttachError> {
+        let (conf, keyring, log) = (dir.join("ceph.conf"), dir.join("keyring"), dir.join("rbd-fuse.log"));
+        write_private(&keyring, &format!("[client.{}]\n\tkey = {}\n", req.creds.user, req.creds.key()))?;
+        let secs = req.timeout.as_secs().max(1);
+        write_private(
+            &conf,
+            &format!(
+                "[global]\nmon host = {}\nkeyring = {}\nclient mount timeout = {secs}\n\
+                 rados mon op timeout = {secs}\nadmin socket =\nlog file = {}\n",
+                req.monitors.join(","),
+                keyring.display(),
+                log.display()
+            ),
+        )?;
+        let stderr = std::fs::File::create(dir.join("stderr")).map_err(io_err("creating the stderr file"))?;
+        // -f: foreground, so the process is ours to wait for and kill.
+        let child = Command::new("rbd-fuse")
+            .arg("-f")
+            .arg("-c")
+            .arg(&conf)
+            .args(["--id", &req.creds.user, "-p", &req.pool, "-r", &req.image])
+            .arg(&self.mount_point)
+            .env_remove("CEPH_ARGS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(io_err("starting rbd-fuse"))?;
+        self.child = Some(child);
+
+        let deadline = Instant::now() + req.timeout;
+        loop {
+            if let Some(c) = self.connection.or_else(|| fuse_connection_of(&self.mount_point)) {
+                self.connection = Some(c);
+                // Only stat once mounted: before that the path is our empty directory.
+                if let Ok(m) = std::fs::metadata(&self.file) {
+                    if m.len() == req.size_bytes {
+                        tracing::debug!(file = %self.file.display(), "rbd-fuse attached");
+                        return Ok(());
+                    }
+                    return Err(self.failed(format!(
+                        "{} has {} bytes, expected {}",
+                        self.file.display(),
+                        m.len(),
+                        req.size_bytes
+                    )));
+                }
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(self.failed(format!("exited ({status}) before the image appeared: {}", self.stderr_tail())));
+            }
+            if Instant::now() > deadline {
+                return Err(self.failed(format!(
+                    "the image did not appear within {:?}: {}",
+                    req.timeout,
+                    self.stderr_tail()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn failed(&self, reason: String) -> FuseAttachError {
+        FuseAttachError::Failed { image: self.image.clone(), reason }
+    }
+
+    fn stderr_tail(&self) -> String {
+        let Some(p) = &self.private else { return String::new() };
+        let mut s = String::new();
+        let _ = std::fs::File::open(p.path().join("stderr")).and_then(|mut f| f.read_to_string(&mut s));
+        let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+
+    /// The image as a regular file.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    pub fn mount_point(&self) -> &Path {
+        &self.mount_point
+    }
+
+    /// rbd-fuse's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Unmount, stop rbd-fuse, abort a connection that outlived it, remove the mount point and
+    /// the private directory. Idempotent; each step is bounded by the attach timeout. The
+    /// first error is returned after every step was tried.
+    pub fn detach(&mut self) -> Result<(), FuseAttachError> {
+        let mut first: Option<FuseAttachError> = None;
+        if let Err(e) = self.unmount() {
+            first.get_or_insert(e);
+        }
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + self.timeout;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    // Still running (stuck in librbd, or the unmount failed): kill it; the
+                    // kernel then ends the connection, and the abort below covers the rest.
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(id) = self.connection.take() {
+            abort_connection(id);
+        }
+        if self.mount_point.exists()
+            && let Err(e) = std::fs::remove_dir(&self.mount_point)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            first.get_or_insert(FuseAttachError::Io {
+                context: format!("removing {}", self.mount_point.display()),
+                source: e,
+            });
+        }
+        self.private = None;
+        first.map_or(Ok(()), Err)
+    }
+
+    fn unmount(&self) -> Result<(), FuseAttachError> {
+        if fuse_connection_of(&self.mount_point).is_none() {
+            return Ok(());
+        }
+        match wasmcsi_frontend::mkfs::unmount(&self.mount_point) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Still busy (an open file, a loop device on it): detach lazily so the path is
+                // free; the connection abort ends the daemon's side.
+                tracing::warn!(mount = %self.mount_point.display(), error = %e, "unmount failed; detaching lazily");
+                nix::mount::umount2(&self.mount_point, nix::mount::MntFlags::MNT_DETACH).map_err(|errno| {
+                    FuseAttachError::Io {
+                        context: format!("unmounting {}", self.mount_point.display()),
+                        source: errno.into(),
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Drop for FuseAttachment {
+    fn drop(&mut self) {
+        if let Err(e) = self.detach() {
+            tracing::warn!(image = %self.image, error = %e, "detaching a dropped rbd-fuse attachment");
+        }
+    }
+}
+
+/// The FUSE connection number of the mount at `mnt`, from /proc/self/mountinfo (never from
+/// stat, which a stuck daemon would block); `None` when nothing is mounted there.
+fn fuse_connection_of(mnt: &Path) -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mnt.to_str()?;
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
+        if f.get(4) != Some(&want) || !fstype.starts_with("fuse") {
+            return None;
+        }
+        let (major, minor) = f.get(2)?.split_once(':')?;
+        Some((major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?)
+    })
+}
+
+/// Abort FUSE connection `id` if it still exists (a dead daemon's connection is usually gone).
+fn abort_connection(id: u64) {
+    let abort = Path::new("/sys/fs/fuse/connections").join(id.to_string()).join("abort");
+    match std::fs::write(&abort, "1") {
+        Ok(()) => tracing::debug!(connection = id, "aborted a FUSE connection left after rbd-fuse"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(connection = id, error = %e, "could not abort the FUSE connection"),
+    }
+}
