@@ -17,6 +17,7 @@ mod client;
 mod conn;
 mod error;
 mod ffi;
+pub mod fence;
 pub mod fuse_attach;
 mod image;
 mod names;
@@ -24,6 +25,7 @@ pub mod testing;
 
 pub use client::{RbdClient, RbdPool};
 pub use error::RbdError;
+pub use fence::{FENCE_LOCK, Fence, FenceHolder};
 pub use names::MAX_NAME;
 
 use std::fmt;
