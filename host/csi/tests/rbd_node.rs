@@ -95,7 +95,10 @@ impl Guest for RbdPlanner {
             cluster: CLUSTER.into(),
             pool: pool.into(),
             image: image.into(),
-            secrets: vec![SecretRef { key: "userID".into(), handle: 0 }, SecretRef { key: "userKey".into(), handle: 1 }],
+            secrets: vec![
+                SecretRef { key: "userID".into(), handle: 0 },
+                SecretRef { key: "userKey".into(), handle: 1 },
+            ],
         }))
     }
 }
@@ -263,7 +266,13 @@ impl TestNode {
             .map(tonic::Response::into_inner)
     }
 
-    async fn expand(&self, image: &str, path: &Path, bytes: u64, cap: csi::VolumeCapability) -> Result<i64, tonic::Status> {
+    async fn expand(
+        &self,
+        image: &str,
+        path: &Path,
+        bytes: u64,
+        cap: csi::VolumeCapability,
+    ) -> Result<i64, tonic::Status> {
         self.svc
             .node_expand_volume(tonic::Request::new(csi::NodeExpandVolumeRequest {
                 volume_id: volume_id(image),

@@ -86,7 +86,8 @@ impl Ioctx {
         let (o, n) = (cstring(oid, "object")?, cstring(name, "lock")?);
         let mut cap = 1024usize;
         loop {
-            let (mut tag, mut clients, mut cookies, mut addrs) = (vec![0u8; cap], vec![0u8; cap], vec![0u8; cap], vec![0u8; cap]);
+            let (mut tag, mut clients, mut cookies, mut addrs) =
+                (vec![0u8; cap], vec![0u8; cap], vec![0u8; cap], vec![0u8; cap]);
             let (mut tl, mut cl, mut kl, mut al) = (cap, cap, cap, cap);
             let mut exclusive: c_int = 0;
             // SAFETY: four buffers of the stated lengths; librados fills NUL-separated lists or
@@ -134,24 +135,46 @@ impl Ioctx {
 
     /// Take exclusive lock `name` on `oid` with `cookie`, no expiry. `Ok(false)` when this very
     /// client (entity and cookie) holds it already; FailedPrecondition when someone else does.
-    pub fn lock_exclusive(&self, t: &Target, oid: &str, name: &str, cookie: &str, desc: &str) -> Result<bool, RbdError> {
-        let (o, n, c, d) =
-            (cstring(oid, "object")?, cstring(name, "lock")?, cstring(cookie, "cookie")?, cstring(desc, "description")?);
+    pub fn lock_exclusive(
+        &self,
+        t: &Target,
+        oid: &str,
+        name: &str,
+        cookie: &str,
+        desc: &str,
+    ) -> Result<bool, RbdError> {
+        let (o, n, c, d) = (
+            cstring(oid, "object")?,
+            cstring(name, "lock")?,
+            cstring(cookie, "cookie")?,
+            cstring(desc, "description")?,
+        );
         // SAFETY: valid ioctx and C strings; no duration (NULL), no flags.
         let ret = unsafe {
-            ffi::rados_lock_exclusive(self.handle, o.as_ptr(), n.as_ptr(), c.as_ptr(), d.as_ptr(), std::ptr::null_mut(), 0)
+            ffi::rados_lock_exclusive(
+                self.handle,
+                o.as_ptr(),
+                n.as_ptr(),
+                c.as_ptr(),
+                d.as_ptr(),
+                std::ptr::null_mut(),
+                0,
+            )
         };
         match ret {
             0 => Ok(true),
             r if r == -EEXIST => Ok(false),
-            r if r == -EBUSY => Err(RbdError::FailedPrecondition(format!("lock {name} on {oid} is held by another client"))),
+            r if r == -EBUSY => {
+                Err(RbdError::FailedPrecondition(format!("lock {name} on {oid} is held by another client")))
+            }
             r => Err(t.errno(r, &format!("locking {oid}"))),
         }
     }
 
     /// Remove one holder's lock; an absent lock succeeds.
     pub fn break_lock(&self, t: &Target, oid: &str, name: &str, client: &str, cookie: &str) -> Result<(), RbdError> {
-        let (o, n, cl, c) = (cstring(oid, "object")?, cstring(name, "lock")?, cstring(client, "client")?, cstring(cookie, "cookie")?);
+        let (o, n, cl, c) =
+            (cstring(oid, "object")?, cstring(name, "lock")?, cstring(client, "client")?, cstring(cookie, "cookie")?);
         // SAFETY: valid ioctx and C strings.
         let ret = unsafe { ffi::rados_break_lock(self.handle, o.as_ptr(), n.as_ptr(), cl.as_ptr(), c.as_ptr()) };
         if ret < 0 && ret != -ENOENT {

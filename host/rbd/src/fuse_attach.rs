@@ -346,10 +346,9 @@ impl FuseAttachment {
 
 fn remove_private(dir: &Path) -> Result<(), FuseAttachError> {
     match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(FuseAttachError::Io {
-            context: format!("removing {}", dir.display()),
-            source: e,
-        }),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(FuseAttachError::Io { context: format!("removing {}", dir.display()), source: e })
+        }
         _ => Ok(()),
     }
 }
@@ -385,7 +384,7 @@ pub fn is_alive(record: &FuseRecord) -> bool {
     }
     let Ok(cmdline) = std::fs::read(proc.join("cmdline")) else { return false };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let named = |want: &[u8]| args.iter().any(|a| *a == want);
+    let named = |want: &[u8]| args.contains(&want);
     args.first().is_some_and(|a| a.ends_with(b"rbd-fuse")) && named(record.mount_point.as_os_str().as_encoded_bytes())
 }
 
@@ -422,7 +421,10 @@ pub fn detach_recorded(record: &FuseRecord, timeout: Duration) -> Result<(), Fus
     if let Err(e) = std::fs::remove_dir(&record.mount_point)
         && e.kind() != io::ErrorKind::NotFound
     {
-        first.get_or_insert(FuseAttachError::Io { context: format!("removing {}", record.mount_point.display()), source: e });
+        first.get_or_insert(FuseAttachError::Io {
+            context: format!("removing {}", record.mount_point.display()),
+            source: e,
+        });
     }
     if !record.private_dir.as_os_str().is_empty()
         && let Err(e) = remove_private(&record.private_dir)

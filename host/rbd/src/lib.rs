@@ -16,8 +16,8 @@
 mod client;
 mod conn;
 mod error;
-mod ffi;
 pub mod fence;
+mod ffi;
 pub mod fuse_attach;
 mod image;
 mod names;

@@ -102,11 +102,14 @@ struct StoredCredentials {
     key: String,
 }
 
+/// Cluster name, its monitors, pool.
+type ClientKey = (String, Vec<String>, String);
+
 /// The node's RBD executor: where volume state lives, and one librados client per cluster and
 /// pool (connections are pooled inside it).
 pub struct RbdNode {
     state_dir: PathBuf,
-    clients: Mutex<HashMap<(String, Vec<String>, String), RbdClient>>,
+    clients: Mutex<HashMap<ClientKey, RbdClient>>,
 }
 
 impl std::fmt::Debug for RbdNode {
@@ -219,9 +222,10 @@ impl RbdState {
     fn conflict(&self, req: &StageRequest) -> Option<String> {
         let same_fs = match (&self.staged_as, &req.staged_as) {
             (StagedAs::Block, StagedAs::Block) => true,
-            (StagedAs::Filesystem { fs_type: a, mount_flags: fa }, StagedAs::Filesystem { fs_type: b, mount_flags: fb }) => {
-                (b.is_empty() || a == b) && fa == fb
-            }
+            (
+                StagedAs::Filesystem { fs_type: a, mount_flags: fa },
+                StagedAs::Filesystem { fs_type: b, mount_flags: fb },
+            ) => (b.is_empty() || a == b) && fa == fb,
             _ => false,
         };
         if (&self.cluster, &self.pool, &self.image) != (&req.cluster, &req.pool, &req.image) {
@@ -285,7 +289,8 @@ impl RbdNode {
 
     fn save_credentials(&self, volume_id: &str, creds: &RbdCredentials) -> CsiResult<()> {
         let stored = StoredCredentials { user: creds.user.clone(), key: creds.key().to_owned() };
-        let bytes = serde_json::to_vec(&stored).map_err(|e| CsiError::Internal(format!("encoding credentials: {e}")))?;
+        let bytes =
+            serde_json::to_vec(&stored).map_err(|e| CsiError::Internal(format!("encoding credentials: {e}")))?;
         write_atomically(&self.volume_dir(volume_id).join(CREDENTIALS_FILE), &bytes)
     }
 
@@ -306,7 +311,10 @@ impl RbdNode {
             let healthy = state.healthy(&mounts);
             if let Some(why) = state.conflict(&req) {
                 if healthy {
-                    return Err(CsiError::AlreadyExists(format!("volume {} cannot be staged so: {why}", req.volume_id)));
+                    return Err(CsiError::AlreadyExists(format!(
+                        "volume {} cannot be staged so: {why}",
+                        req.volume_id
+                    )));
                 }
                 if (&state.cluster, &state.pool, &state.image) != (&req.cluster, &req.pool, &req.image) {
                     // A broken staging of another image under this id: finish tearing it down
@@ -461,7 +469,9 @@ impl RbdNode {
                     let fs = match wanted.as_str() {
                         "ext4" => mkfs::FsType::Ext4,
                         "xfs" => mkfs::FsType::Xfs,
-                        other => return Err(CsiError::Invalid(format!("fs_type {other:?} is not supported (ext4, xfs)"))),
+                        other => {
+                            return Err(CsiError::Invalid(format!("fs_type {other:?} is not supported (ext4, xfs)")));
+                        }
                     };
                     let t = Instant::now();
                     mkfs::mkfs(dev, fs).map_err(|e| CsiError::Internal(e.to_string()))?;
@@ -479,13 +489,15 @@ impl RbdNode {
             std::fs::create_dir_all(&state.staging_path)
                 .map_err(io_err(format!("creating {}", state.staging_path.display())))?;
             let data = (!data.is_empty()).then_some(data);
-            nix::mount::mount(Some(dev), &state.staging_path, Some(actual.as_str()), ms, data.as_deref()).map_err(|e| {
-                CsiError::Mount(format!(
-                    "mounting {} ({actual}) on {}: {e}",
-                    dev.display(),
-                    state.staging_path.display()
-                ))
-            })?;
+            nix::mount::mount(Some(dev), &state.staging_path, Some(actual.as_str()), ms, data.as_deref()).map_err(
+                |e| {
+                    CsiError::Mount(format!(
+                        "mounting {} ({actual}) on {}: {e}",
+                        dev.display(),
+                        state.staging_path.display()
+                    ))
+                },
+            )?;
             self.save(state)?;
         }
         // Filesystem: the mount holds the device now; closing our fd arms autoclear.
@@ -551,7 +563,8 @@ impl RbdNode {
             pool.fence_release(&state.image, node_id).await.map_err(rbd_err)?;
         }
         let dir = self.volume_dir(&state.volume_id);
-        std::fs::remove_dir_all(&dir).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+        std::fs::remove_dir_all(&dir)
+            .or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
             .map_err(io_err(format!("removing {}", dir.display())))?;
         tracing::info!(took = ?t.elapsed(), "rbd volume unstaged");
         Ok(())
@@ -596,7 +609,8 @@ impl RbdNode {
         tracing::info!(size, "loop device resized");
         let StagedAs::Filesystem { fs_type, .. } = &state.staged_as else { return Ok(size) };
         match fs_type.as_str() {
-            "xfs" => mkfs::grow_fs(&device, "xfs", Some(state.staging_path.as_path())).map_err(|e| CsiError::Internal(e.to_string()))?,
+            "xfs" => mkfs::grow_fs(&device, "xfs", Some(state.staging_path.as_path()))
+                .map_err(|e| CsiError::Internal(e.to_string()))?,
             "ext4" => {
                 let cannot = |why: String| {
                     CsiError::FailedPrecondition(format!(
