@@ -60,6 +60,7 @@ impl Host {
             registry: registry.clone(),
             inflight: Default::default(),
             mounts: Arc::new(KernelMounts),
+            rbd: Arc::new(wasmcsi_csi::node::rbd::RbdNode::new(opts.state_dir.join("node"))),
         });
         let metrics_addr = match opts.metrics_addr {
             Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone()).await?),

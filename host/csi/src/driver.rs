@@ -43,6 +43,8 @@ pub struct Driver {
     pub registry: Arc<Registry>,
     pub inflight: InFlight,
     pub mounts: Arc<dyn MountSystem>,
+    /// The node's rbd executor (its state directory, its cluster connections).
+    pub rbd: Arc<crate::node::rbd::RbdNode>,
 }
 
 impl Driver {

@@ -2,7 +2,7 @@
 //!
 //! A tiny FUSE filesystem (pure-Rust `fuser`, mounted directly with mount(2) as root, so neither
 //! libfuse nor fusermount is needed) exposes exactly one regular file, `volume`, whose reads,
-//! writes, fsync and hole punching go straight to the [`BlockDevice`]. `losetup --direct-io=on`
+//! writes, fsync and hole punching go straight to the [`BlockDevice`]. a loop device with direct I/O
 //! then turns that file into `/dev/loopN`. Direct I/O end to end keeps the page cache out of the
 //! data path: a write acknowledged by the loop device has reached the `BlockDevice`.
 //!
@@ -12,11 +12,10 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -25,7 +24,8 @@ use fuser::{
 };
 use nix::fcntl::FallocateFlags;
 
-use crate::mkfs::{run, umount_retrying};
+use crate::loop_dev::{self, LoopOptions};
+use crate::mkfs::umount_retrying;
 use crate::{Attached, BlockDevice, Frontend, FrontendError, RefreshSize, Undo};
 
 /// The name of the one file in the FUSE filesystem.
@@ -42,14 +42,14 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// Where to make a test attach fail on purpose, to prove that a half-done attach is undone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailPoint {
-    /// After the FUSE filesystem is mounted and served, before `losetup`.
+    /// After the FUSE filesystem is mounted and served, before the loop device is attached.
     AfterFuseMount,
     /// After the loop device exists, before the attach returns.
     AfterLosetup,
 }
 
 /// Exposes a [`BlockDevice`] as `/dev/loopN` over a FUSE file. Needs root, `/dev/fuse` and
-/// util-linux `losetup`.
+/// `/dev/loop-control`.
 #[derive(Debug, Clone)]
 pub struct FuseLoopFrontend {
     runtime_dir: PathBuf,
@@ -161,16 +161,19 @@ impl FuseLoopFrontend {
         self.fail_at(FailPoint::AfterFuseMount)?;
 
         let file = mnt.join(VOLUME_FILE);
-        // Registered before running losetup, and finding the devices by backing file rather than
-        // by losetup's output: whatever happens to the command, a loop device it created on our
+        // Registered before attaching, and finding the devices by backing file rather than by
+        // the attach's result: whatever happens to the attach, a loop device it created on our
         // (uniquely named) file is found and detached, and no other loop device is touched.
         {
             let file = file.clone();
-            undo.push(format!("detach loop devices of {}", file.display()), move || detach_loops_of(&file));
+            undo.push(format!("detach loop devices of {}", file.display()), move || {
+                loop_dev::detach_all_of(&file, PATIENCE)
+            });
         }
-        let out = run(Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&file))?;
-        let device = PathBuf::from(out.trim());
-        let loop_name = loop_name(&device)?;
+        // Not autoclear: the device must outlive this call (the caller formats and mounts it
+        // later, or hands it out raw).
+        let device = loop_dev::attach(&file, LoopOptions { direct_io: true, ..Default::default() })?.path().to_owned();
+        let loop_name = loop_dev::loop_name(&device)?;
         self.fail_at(FailPoint::AfterLosetup)?;
 
         let sys = Path::new("/sys/block").join(&loop_name);
@@ -188,7 +191,7 @@ impl FuseLoopFrontend {
             // Still correct (the FUSE file is opened with direct I/O), only slower.
             tracing::warn!(device = %device.display(), "loop device runs without direct I/O");
         }
-        let resize = FuseResize { notifier, file, device: device.clone(), sys, dev: Arc::downgrade(&dev) };
+        let resize = FuseResize { notifier, file, device: device.clone(), dev: Arc::downgrade(&dev) };
         Ok((device, Box::new(move || resize.refresh())))
     }
 }
@@ -199,7 +202,6 @@ struct FuseResize {
     notifier: fuser::Notifier,
     file: PathBuf,
     device: PathBuf,
-    sys: PathBuf,
     /// Weak: after a detach the device belongs to its owner alone again.
     dev: std::sync::Weak<dyn BlockDevice>,
 }
@@ -208,7 +210,7 @@ impl FuseResize {
     /// The loop driver sizes itself from the backing inode's cached size, and FUSE only updates
     /// that from a getattr reply: invalidate the attributes (offset -1: keep the page cache, there
     /// is none with direct I/O anyway), stat the file so the kernel asks again, then let the loop
-    /// device pick the new size up (LOOP_SET_CAPACITY, `losetup -c`).
+    /// device pick the new size up (LOOP_SET_CAPACITY).
     fn refresh(&self) -> Result<u64, FrontendError> {
         let size = self.dev.upgrade().ok_or_else(|| FrontendError::Invalid("the volume is detached".into()))?.size();
         self.notifier
@@ -223,15 +225,11 @@ impl FuseResize {
                 self.file.display()
             )));
         }
-        run(Command::new("losetup").arg("--set-capacity").arg(&self.device))?;
-        let sectors: u64 = read_sys(&self.sys.join("size"))?
-            .parse()
-            .map_err(|_| FrontendError::Invalid(format!("unparsable {}/size", self.sys.display())))?;
-        if sectors * 512 != size {
+        let now = loop_dev::set_capacity(&self.device)?;
+        if now != size {
             return Err(FrontendError::Invalid(format!(
-                "{} has {} bytes after resize, expected {size}",
-                self.device.display(),
-                sectors * 512
+                "{} has {now} bytes after resize, expected {size}",
+                self.device.display()
             )));
         }
         tracing::info!(device = %self.device.display(), size, "block device resized online");
@@ -282,46 +280,10 @@ fn fusectl_mounted() -> bool {
         .is_ok_and(|m| m.lines().any(|l| l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fusectl "))))
 }
 
-fn loop_name(device: &Path) -> Result<String, FrontendError> {
-    device
-        .file_name()
-        .and_then(OsStr::to_str)
-        .filter(|n| n.starts_with("loop"))
-        .map(str::to_owned)
-        .ok_or_else(|| FrontendError::Invalid(format!("losetup printed {:?}, not a loop device", device.display())))
-}
-
 fn read_sys(path: &Path) -> Result<String, FrontendError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .map_err(|e| FrontendError::io(format!("reading {}", path.display()), e))
-}
-
-/// Detaches every loop device backed by `file` and waits until the kernel has released it:
-/// `losetup -d` can return before the loop device lets go of its backing file, and the FUSE
-/// mount cannot be unmounted until it has.
-fn detach_loops_of(file: &Path) -> Result<(), FrontendError> {
-    // -j stats the file, which fails once the FUSE mount is gone; by then no loop device can
-    // hold it either (unmount would have failed), so there is nothing to detach.
-    let listed = match run(Command::new("losetup").args(["--noheadings", "--output", "NAME", "-j"]).arg(file)) {
-        Ok(out) => out,
-        Err(_) if std::fs::metadata(file).is_err() => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for device in listed.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let device = Path::new(device);
-        let name = loop_name(device)?;
-        run(Command::new("losetup").arg("-d").arg(device))?;
-        let backing = Path::new("/sys/block").join(&name).join("loop/backing_file");
-        let deadline = Instant::now() + PATIENCE;
-        while backing.exists() {
-            if Instant::now() > deadline {
-                return Err(FrontendError::Timeout(format!("{} still holds {}", device.display(), file.display())));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    Ok(())
 }
 
 /// The FUSE filesystem: a root directory holding the one `volume` file.

@@ -11,6 +11,7 @@
 //! [`Attached::detach`] and a failed attach run that stack in reverse.
 
 pub mod fuse;
+pub mod loop_dev;
 pub mod mkfs;
 
 use std::fs::{File, OpenOptions};

@@ -7,6 +7,7 @@
 //! stuck on a dead monitor.
 use crate::conn::{Ioctx, Pool};
 use crate::error::Target;
+use crate::fence::{FENCE_LOCK, Fence, FenceHolder, describe, header_oid};
 use crate::image::{Image, features_from_names};
 use crate::names::{check, check_metadata};
 use crate::{ImageInfo, ImageSnapshot, ImageSpec, PoolStats, RbdConfig, RbdCredentials, RbdError};
@@ -374,6 +375,76 @@ impl RbdPool {
             return Err(RbdError::Internal(format!("`df` of pool {name} lacks stored/max_avail: {entry}")));
         };
         Ok(PoolStats { total_bytes: stored.saturating_add(avail), available_bytes: avail })
+    }
+
+    /// Take the node fence of `image` for `node` (see [`crate::fence`]). FailedPrecondition,
+    /// naming the holder, when another node holds it; NotFound when the image does not exist.
+    #[tracing::instrument(name = "rbd.fence_acquire", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, image = %image, node = %node))]
+    pub async fn fence_acquire(&self, image: &str, node: &str) -> Result<Fence, RbdError> {
+        check("image", image)?;
+        if node.is_empty() || node.contains('\0') {
+            return Err(RbdError::InvalidArgument(format!("node id {node:?} cannot be a lock cookie")));
+        }
+        let (i, n, pool) = (image.to_owned(), node.to_owned(), self.pool.clone());
+        self.run(format!("fence {}/{image}", self.pool), None, move |t, io, _| {
+            let oid = header_oid(&io.open_read_only(t, &i, None)?.id(t)?);
+            let refuse = |holders: &[FenceHolder]| {
+                RbdError::FailedPrecondition(format!(
+                    "image {pool}/{i} is staged on another node: {} (lock {FENCE_LOCK} on {oid})",
+                    describe(holders)
+                ))
+            };
+            // Twice: a holder that lets go between the list and the lock makes the lock fail
+            // with EBUSY once more, and the second look tells who.
+            for _ in 0..2 {
+                let holders = io.lockers(t, &oid, FENCE_LOCK)?;
+                if holders.iter().any(|h| h.cookie == n) {
+                    return Ok(Fence::AlreadyHeld);
+                }
+                if !holders.is_empty() {
+                    return Err(refuse(&holders));
+                }
+                match io.lock_exclusive(t, &oid, FENCE_LOCK, &n, &format!("staged on node {n}")) {
+                    Ok(true) => return Ok(Fence::Acquired),
+                    Ok(false) => return Ok(Fence::AlreadyHeld),
+                    Err(RbdError::FailedPrecondition(_)) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(refuse(&io.lockers(t, &oid, FENCE_LOCK)?))
+        })
+        .await
+    }
+
+    /// Release the fence `node` holds on `image`, whichever client of that node took it (a
+    /// restarted plugin is a new RADOS client). Not held, or no image, succeeds.
+    #[tracing::instrument(name = "rbd.fence_release", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, image = %image, node = %node))]
+    pub async fn fence_release(&self, image: &str, node: &str) -> Result<(), RbdError> {
+        check("image", image)?;
+        let (i, n) = (image.to_owned(), node.to_owned());
+        self.run(format!("unfence {}/{image}", self.pool), None, move |t, io, _| {
+            let oid = match io.open_read_only(t, &i, None) {
+                Ok(img) => header_oid(&img.id(t)?),
+                Err(RbdError::NotFound(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            for h in io.lockers(t, &oid, FENCE_LOCK)?.into_iter().filter(|h| h.cookie == n) {
+                io.break_lock(t, &oid, FENCE_LOCK, &h.client, &h.cookie)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Who holds the fence of `image` (empty when nobody).
+    pub async fn fence_holders(&self, image: &str) -> Result<Vec<FenceHolder>, RbdError> {
+        check("image", image)?;
+        let i = image.to_owned();
+        self.run(format!("fence holders of {}/{image}", self.pool), None, move |t, io, _| {
+            let oid = header_oid(&io.open_read_only(t, &i, None)?.id(t)?);
+            io.lockers(t, &oid, FENCE_LOCK)
+        })
+        .await
     }
 
     /// Read `len` bytes at `offset` through librbd (tests and diagnostics; guests have no data

@@ -77,6 +77,38 @@ unsafe extern "C" {
         outslen: *mut usize,
     ) -> c_int;
     pub fn rados_buffer_free(buf: *mut c_char);
+
+    /// Advisory object locks (`cls_lock`), for the node's fence on an image header.
+    pub fn rados_lock_exclusive(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        cookie: *const c_char,
+        desc: *const c_char,
+        duration: *mut c_void,
+        flags: u8,
+    ) -> c_int;
+    pub fn rados_list_lockers(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        exclusive: *mut c_int,
+        tag: *mut c_char,
+        tag_len: *mut usize,
+        clients: *mut c_char,
+        clients_len: *mut usize,
+        cookies: *mut c_char,
+        cookies_len: *mut usize,
+        addrs: *mut c_char,
+        addrs_len: *mut usize,
+    ) -> isize;
+    pub fn rados_break_lock(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        client: *const c_char,
+        cookie: *const c_char,
+    ) -> c_int;
 }
 
 #[link(name = "rbd")]
@@ -112,6 +144,7 @@ unsafe extern "C" {
     pub fn rbd_close(image: rbd_image_t) -> c_int;
 
     pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    pub fn rbd_get_id(image: rbd_image_t, id: *mut c_char, id_len: usize) -> c_int;
     pub fn rbd_get_features(image: rbd_image_t, features: *mut u64) -> c_int;
     pub fn rbd_get_parent(
         image: rbd_image_t,

@@ -14,7 +14,7 @@
 use crate::RbdCredentials;
 use crate::names::check;
 use std::io::{self, Read};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +52,40 @@ pub struct FuseAttachRequest {
     pub runtime_dir: PathBuf,
     /// Bound on start, and on each teardown step.
     pub timeout: Duration,
+    /// Where ceph.conf, the keyring and rbd-fuse's log go: created (0700, must not exist) and
+    /// removed on detach. `None`: a fresh temporary directory. A node plugin names one under
+    /// its state directory, so that after a restart [`detach_recorded`] finds everything.
+    pub private_dir: Option<PathBuf>,
+}
+
+/// What a detach needs once the [`FuseAttachment`] value is gone (the plugin restarted): kept
+/// by the caller (e.g. in a state file) after [`FuseAttachment::persist`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FuseRecord {
+    pub pid: u32,
+    pub mount_point: PathBuf,
+    /// The image as a file (`<mount_point>/<image>`).
+    pub file: PathBuf,
+    /// The FUSE connection number, to abort a connection that outlives the daemon.
+    pub connection: Option<u64>,
+    /// The private directory (conf, keyring, log); removed on detach.
+    pub private_dir: PathBuf,
+}
+
+/// The private directory of one attachment.
+#[derive(Debug)]
+enum Private {
+    Temp(tempfile::TempDir),
+    Given(PathBuf),
+}
+
+impl Private {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temp(t) => t.path(),
+            Self::Given(p) => p,
+        }
+    }
 }
 
 /// One running rbd-fuse; detached (best effort, logged) on drop.
@@ -62,7 +96,9 @@ pub struct FuseAttachment {
     file: PathBuf,
     child: Option<Child>,
     /// Holds ceph.conf, the keyring and rbd-fuse's log; removed on drop.
-    private: Option<tempfile::TempDir>,
+    private: Option<Private>,
+    /// Handed over with [`FuseAttachment::persist`]: dropping it does nothing.
+    persisted: bool,
     /// The FUSE connection number, read from mountinfo while the mount was healthy.
     connection: Option<u64>,
     timeout: Duration,
@@ -88,17 +124,29 @@ pub fn attach(req: &FuseAttachRequest) -> Result<FuseAttachment, FuseAttachError
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir(&mount_point).map_err(io_err(format!("creating {}", mount_point.display())))?;
-    let private = tempfile::Builder::new()
-        .prefix("wasmcsi-rbd-fuse-")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .map_err(io_err("creating a private directory"))?;
+    let private = match &req.private_dir {
+        None => Private::Temp(
+            tempfile::Builder::new()
+                .prefix("wasmcsi-rbd-fuse-")
+                .permissions(std::fs::Permissions::from_mode(0o700))
+                .tempdir()
+                .map_err(io_err("creating a private directory"))?,
+        ),
+        Some(dir) => {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(io_err(format!("creating {}", dir.display())))?;
+            Private::Given(dir.clone())
+        }
+    };
     let mut a = FuseAttachment {
         image: req.image.clone(),
         file: mount_point.join(&req.image),
         mount_point,
         child: None,
         private: None,
+        persisted: false,
         connection: None,
         timeout: req.timeout,
     };
@@ -217,6 +265,36 @@ impl FuseAttachment {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Hand the running attachment over to a record: rbd-fuse keeps running (also after this
+    /// process exits), a thread reaps it when it ends, and [`detach_recorded`] tears it down
+    /// later, from this process or a restarted one.
+    pub fn persist(mut self) -> Result<FuseRecord, FuseAttachError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(self.failed("is not running".into()));
+        };
+        let record = FuseRecord {
+            pid: child.id(),
+            mount_point: self.mount_point.clone(),
+            file: self.file.clone(),
+            connection: self.connection,
+            private_dir: self.private.as_ref().map(|p| p.path().to_owned()).unwrap_or_default(),
+        };
+        // A temporary directory would be deleted with the value: keep it (detach_recorded
+        // removes it).
+        if let Some(Private::Temp(t)) = self.private.take() {
+            let _ = t.keep();
+        }
+        self.persisted = true;
+        // Reaped as soon as it exits, so "is it alive" never sees a zombie of ours.
+        let spawned = std::thread::Builder::new().name("rbd-fuse-reaper".into()).spawn(move || {
+            let _ = child.wait();
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no reaper thread for rbd-fuse; it stays a zombie after it exits");
+        }
+        Ok(record)
+    }
+
     /// Unmount, stop rbd-fuse, abort a connection that outlived it, remove the mount point and
     /// the private directory. Idempotent; each step is bounded by the attach timeout. The
     /// first error is returned after every step was tried.
@@ -253,33 +331,114 @@ impl FuseAttachment {
                 source: e,
             });
         }
-        self.private = None;
+        if let Some(Private::Given(dir)) = self.private.take()
+            && let Err(e) = remove_private(&dir)
+        {
+            first.get_or_insert(e);
+        }
         first.map_or(Ok(()), Err)
     }
 
     fn unmount(&self) -> Result<(), FuseAttachError> {
-        if fuse_connection_of(&self.mount_point).is_none() {
-            return Ok(());
+        unmount_fuse(&self.mount_point)
+    }
+}
+
+fn remove_private(dir: &Path) -> Result<(), FuseAttachError> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(FuseAttachError::Io { context: format!("removing {}", dir.display()), source: e })
         }
-        match wasmcsi_frontend::mkfs::unmount(&self.mount_point) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // Still busy (an open file, a loop device on it): detach lazily so the path is
-                // free; the connection abort ends the daemon's side.
-                tracing::warn!(mount = %self.mount_point.display(), error = %e, "unmount failed; detaching lazily");
-                nix::mount::umount2(&self.mount_point, nix::mount::MntFlags::MNT_DETACH).map_err(|errno| {
-                    FuseAttachError::Io {
-                        context: format!("unmounting {}", self.mount_point.display()),
-                        source: errno.into(),
-                    }
-                })
-            }
+        _ => Ok(()),
+    }
+}
+
+/// Unmount the rbd-fuse mount at `mount_point` if there is one.
+fn unmount_fuse(mount_point: &Path) -> Result<(), FuseAttachError> {
+    if fuse_connection_of(mount_point).is_none() {
+        return Ok(());
+    }
+    match wasmcsi_frontend::mkfs::unmount(mount_point) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // Still busy (an open file, a loop device on it): detach lazily so the path is
+            // free; the connection abort ends the daemon's side.
+            tracing::warn!(mount = %mount_point.display(), error = %e, "unmount failed; detaching lazily");
+            nix::mount::umount2(mount_point, nix::mount::MntFlags::MNT_DETACH).map_err(|errno| FuseAttachError::Io {
+                context: format!("unmounting {}", mount_point.display()),
+                source: errno.into(),
+            })
         }
     }
 }
 
+/// Whether the rbd-fuse of `record` still runs: the pid is alive, not a zombie, and is that
+/// rbd-fuse (its command line names the mount point), so a reused pid is never mistaken for it.
+pub fn is_alive(record: &FuseRecord) -> bool {
+    let proc = PathBuf::from(format!("/proc/{}", record.pid));
+    let Ok(stat) = std::fs::read_to_string(proc.join("stat")) else { return false };
+    // `pid (comm) S ...`: the state follows the last ')'.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    if matches!(state, Some('Z' | 'X') | None) {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(proc.join("cmdline")) else { return false };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let named = |want: &[u8]| args.contains(&want);
+    args.first().is_some_and(|a| a.ends_with(b"rbd-fuse")) && named(record.mount_point.as_os_str().as_encoded_bytes())
+}
+
+/// Tear down a persisted attachment: unmount, wait for rbd-fuse to exit (SIGKILL past
+/// `timeout`), abort a connection that outlived it, remove the mount point and the private
+/// directory. Idempotent, bounded, every step tried; the first error is returned.
+#[tracing::instrument(name = "rbd.fuse_detach_recorded", skip_all, fields(pid = record.pid, mount = %record.mount_point.display()))]
+pub fn detach_recorded(record: &FuseRecord, timeout: Duration) -> Result<(), FuseAttachError> {
+    let mut first: Option<FuseAttachError> = None;
+    if let Err(e) = unmount_fuse(&record.mount_point) {
+        first.get_or_insert(e);
+    }
+    let deadline = Instant::now() + timeout;
+    while is_alive(record) {
+        if Instant::now() >= deadline {
+            // Stuck in librbd (or the unmount failed): kill it; the abort below ends the rest.
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(record.pid).unwrap_or(i32::MAX));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let killed = Instant::now() + timeout;
+            while is_alive(record) && Instant::now() < killed {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(id) = record.connection {
+        abort_connection(id);
+    }
+    // Killing rbd-fuse leaves its mount behind, answering ENOTCONN: unmount once more.
+    if let Err(e) = unmount_fuse(&record.mount_point) {
+        first.get_or_insert(e);
+    }
+    if let Err(e) = std::fs::remove_dir(&record.mount_point)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        first.get_or_insert(FuseAttachError::Io {
+            context: format!("removing {}", record.mount_point.display()),
+            source: e,
+        });
+    }
+    if !record.private_dir.as_os_str().is_empty()
+        && let Err(e) = remove_private(&record.private_dir)
+    {
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), Err)
+}
+
 impl Drop for FuseAttachment {
     fn drop(&mut self) {
+        if self.persisted {
+            return;
+        }
         if let Err(e) = self.detach() {
             tracing::warn!(image = %self.image, error = %e, "detaching a dropped rbd-fuse attachment");
         }

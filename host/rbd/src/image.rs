@@ -19,6 +19,12 @@ pub(crate) struct Image {
     handle: ffi::rbd_image_t,
 }
 
+impl Image {
+    pub(crate) fn handle(&self) -> ffi::rbd_image_t {
+        self.handle
+    }
+}
+
 impl Drop for Image {
     fn drop(&mut self) {
         // SAFETY: opened by rbd_open*, closed once.

@@ -16,6 +16,7 @@
 mod client;
 mod conn;
 mod error;
+pub mod fence;
 mod ffi;
 pub mod fuse_attach;
 mod image;
@@ -24,6 +25,7 @@ pub mod testing;
 
 pub use client::{RbdClient, RbdPool};
 pub use error::RbdError;
+pub use fence::{FENCE_LOCK, Fence, FenceHolder};
 pub use names::MAX_NAME;
 
 use std::fmt;

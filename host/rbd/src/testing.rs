@@ -78,19 +78,23 @@ for i in 0 1; do
   auth "$DIR/mon.keyring" --import-keyring "$DIR/osd$i/keyring"
 done
 monmaptool --create --fsid "$FSID" --addv a "[v2:$NS_ADDR:3300,v1:$NS_ADDR:6789]" "$DIR/monmap" >/dev/null 2>>"$DIR/boot.err" || fail monmaptool
-ceph-mon "${C[@]}" --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/mon.keyring" 2>>"$DIR/boot.err" || fail ceph-mon --mkfs
+timeout 60 ceph-mon "${C[@]}" --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/mon.keyring" 2>>"$DIR/boot.err" || fail ceph-mon --mkfs
 ceph-mon "${C[@]}" -i a -f 2>>"$DIR/mon.err" &
 MON=$!
 ceph-mgr "${C[@]}" -i x -f 2>>"$DIR/mgr.err" &
-# mkfs is local (--no-mon-config): both OSDs in parallel, while the monitor starts.
+# mkfs is local (--no-mon-config): both OSDs in parallel, while the monitor starts. Waited for
+# by pid: `wait -n` also counts the monitor and manager jobs, and an mkfs that ended before it
+# was called could leave it waiting for the daemons forever. Every step is bounded, so a stuck
+# bootstrap fails the test instead of hanging it.
+MKFS=()
 for i in 0 1; do
-  ceph-osd "${C[@]}" -i $i --mkfs --no-mon-config --osd-uuid "$(cat /proc/sys/kernel/random/uuid)" 2>>"$DIR/osd$i.err" &
+  timeout 120 ceph-osd "${C[@]}" -i $i --mkfs --no-mon-config --osd-uuid "$(cat /proc/sys/kernel/random/uuid)" 2>>"$DIR/osd$i.err" &
+  MKFS+=($!)
 done
-wait -n || fail ceph-osd --mkfs
-wait -n || fail ceph-osd --mkfs
+for p in "${MKFS[@]}"; do wait "$p" || fail ceph-osd --mkfs; done
 # `osd new` hands out ids in order: 0, then 1.
 for i in 0 1; do
-  ceph "${C[@]}" --connect-timeout 20 osd new "$(cat "$DIR/osd$i/fsid")" >/dev/null 2>>"$DIR/boot.err" || fail ceph osd new
+  timeout 60 ceph "${C[@]}" --connect-timeout 20 osd new "$(cat "$DIR/osd$i/fsid")" >/dev/null 2>>"$DIR/boot.err" || fail ceph osd new
 done
 for i in 0 1; do ceph-osd "${C[@]}" -i $i -f 2>>"$DIR/osd$i.err" & done
 echo ready

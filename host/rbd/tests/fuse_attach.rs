@@ -34,6 +34,7 @@ async fn attach_write_read_back_through_librbd_and_detach_cleanly() {
         size_bytes: SIZE,
         runtime_dir: runtime.path().to_owned(),
         timeout: Duration::from_secs(10),
+        private_dir: None,
     };
     let t = Instant::now();
     let mut a = attach(&req).expect("attach");

@@ -1,10 +1,12 @@
 //! CSI Node: carries out a backend's attachment plan on this node. Each handler reads the
 //! mount table, plans (pure, in `bind` and `nfs`), then executes, so a repeated call finds the
 //! work done and does nothing. Executors: `bind` (directory volumes) and `nfs` (kernel NFS
-//! mounts under deadlines); replicated block and RBD executors arrive with their backends.
+//! mounts under deadlines) and `rbd` (rbd-fuse + loop device, fenced against a second node);
+//! the replicated block executor arrives with its backend.
 pub mod bind;
 pub mod mountinfo;
 pub mod nfs;
+pub mod rbd;
 
 use crate::convert;
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
@@ -96,7 +98,7 @@ impl NodeService {
         let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
-        let (backend, plan) = self.plan(id, &req.volume_context, cap).await?;
+        let (backend, plan) = self.plan(id, &req.volume_context, cap.clone()).await?;
         match plan {
             Attachment::Bind(p) => {
                 let source = Self::bind_source(&backend, &p)?;
@@ -118,6 +120,10 @@ impl NodeService {
                 })
                 .await?;
             }
+            Attachment::Rbd(p) => {
+                let req = self.rbd_stage_request(&backend, id, &p, &staging, &cap, &req.secrets)?;
+                self.0.rbd.stage(&self.0.node_id, req).await?;
+            }
             other => return Err(unsupported(&other)),
         }
         tracing::info!(volume.id = %id, "volume staged");
@@ -128,6 +134,11 @@ impl NodeService {
         let id = required(&req.volume_id, "volume_id")?;
         let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        // An rbd volume has a state directory of its own; everything else is what is mounted
+        // at the staging path.
+        if self.0.rbd.unstage(&self.0.node_id, id, &staging).await? {
+            return Ok(csi::NodeUnstageVolumeResponse {});
+        }
         let sys = self.0.mounts.clone();
         blocking(move || {
             // An NFS mount whose server died can block umount in the kernel: bounded, with
@@ -153,8 +164,32 @@ impl NodeService {
         let _guard = self.0.inflight.try_start(id.to_string())?;
         // The backend says whether the volume exists (NOT_FOUND) before the mount table is
         // consulted (FAILED_PRECONDITION when it is not staged).
-        self.plan(id, &req.volume_context, cap).await?;
+        let block = matches!(cap.access_type, wt::AccessType::Block);
+        let (_, plan) = self.plan(id, &req.volume_context, cap).await?;
         let sys = self.0.mounts.clone();
+        if let (Attachment::Rbd(_), true) = (&plan, block) {
+            // Raw block: the staged loop device node, bind-mounted onto the target file.
+            let rbd = self.0.rbd.clone();
+            let volume = id.to_owned();
+            blocking(move || {
+                let (_, device) = rbd.staged_device(&volume)?;
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(mount_err)?;
+                }
+                if !target.exists() {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&target)
+                        .map_err(|e| mount_err(format!("creating {}: {e}", target.display())))?;
+                }
+                ensure_bind(sys.as_ref(), &device, &target, read_only)
+            })
+            .await?;
+            tracing::info!(volume.id = %id, read_only, "block volume published");
+            return Ok(csi::NodePublishVolumeResponse {});
+        }
         blocking(move || {
             let mounts = mountinfo::read_current().map_err(mount_err)?;
             if mountinfo::mounts_at(&mounts, &staging).is_empty() {
@@ -172,7 +207,22 @@ impl NodeService {
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let sys = self.0.mounts.clone();
-        blocking(move || ensure_unmounted(sys.as_ref(), &target, true)).await?;
+        blocking(move || {
+            // A block volume's target is a file (with a device node bound onto it), a
+            // filesystem's a directory: each is removed the way it was made.
+            let is_dir = std::fs::symlink_metadata(&target).map(|m| m.is_dir()).unwrap_or(true);
+            ensure_unmounted(sys.as_ref(), &target, is_dir)?;
+            if !is_dir {
+                match std::fs::remove_file(&target) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(mount_err(format!("removing {}: {e}", target.display())));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .await?;
         Ok(csi::NodeUnpublishVolumeResponse {})
     }
 
@@ -193,7 +243,30 @@ impl NodeService {
                     None
                 }
             };
-            return nfs_stats(path, capacity).await;
+            return fs_stats(path, "the NFS server of the volume does not answer", None, capacity).await;
+        }
+        if let Attachment::Rbd(_) = plan {
+            let rbd = self.0.rbd.clone();
+            let volume = id.to_owned();
+            let (state, condition) = blocking(move || Ok((rbd.load(&volume)?, rbd.condition(&volume)))).await?;
+            let Some(state) = state else {
+                return Err(CsiError::NotFound(format!("volume {id} is not staged on this node")));
+            };
+            if let (rbd::StagedAs::Block, Some(device)) = (&state.staged_as, &state.loop_device) {
+                let size = rbd::block_size_of(device)?;
+                return Ok(csi::NodeGetVolumeStatsResponse {
+                    usage: vec![csi::VolumeUsage {
+                        total: convert::bytes(size),
+                        unit: Unit::Bytes as i32,
+                        ..Default::default()
+                    }],
+                    volume_condition: Some(csi::VolumeCondition {
+                        abnormal: condition.is_some(),
+                        message: condition.unwrap_or_else(|| "healthy".into()),
+                    }),
+                });
+            }
+            return fs_stats(path, "the Ceph cluster of the volume does not answer", condition, None).await;
         }
         let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
         let walk = path.clone();
@@ -249,17 +322,77 @@ impl NodeService {
             (_, Attachment::Nfs(_)) => {
                 Ok(csi::NodeExpandVolumeResponse { capacity_bytes: convert::bytes(range.required_bytes) })
             }
+            (_, Attachment::Rbd(_)) => {
+                let rbd = self.0.rbd.clone();
+                let volume = id.to_owned();
+                let size = blocking(move || rbd.expand(&volume, range.required_bytes)).await?;
+                Ok(csi::NodeExpandVolumeResponse { capacity_bytes: convert::bytes(size) })
+            }
             (_, other) => Err(unsupported(&other)),
         }
     }
+
+    /// NodeStageVolume's rbd plan, resolved on this host: the cluster's monitors from the
+    /// host configuration, the grant checked (the node executes only what the operator let
+    /// this backend use), the credentials from the request's secrets.
+    fn rbd_stage_request(
+        &self,
+        backend: &wasmcsi_runtime::Backend,
+        id: &str,
+        p: &wit::RbdPlan,
+        staging: &Path,
+        cap: &wit::VolumeCapability,
+        secrets: &std::collections::HashMap<String, String>,
+    ) -> CsiResult<rbd::StageRequest> {
+        let config = &self.0.registry.runtime().config;
+        let cluster = config.clusters.get(&p.cluster).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "ceph cluster {:?} is not configured on this node ([clusters.{}] in the host config)",
+                p.cluster, p.cluster
+            ))
+        })?;
+        let granted =
+            config.grants_for(&backend.name).rbd.iter().any(|g| g.cluster == p.cluster && g.pools.contains(&p.pool));
+        if !granted {
+            return Err(CsiError::FailedPrecondition(format!(
+                "pool {:?} of cluster {:?} is not granted to backend {} on this node",
+                p.pool, p.cluster, backend.name
+            )));
+        }
+        let staged_as = match &cap.access_type {
+            wt::AccessType::Block => rbd::StagedAs::Block,
+            wt::AccessType::Mount(m) => {
+                if !matches!(m.fs_type.as_str(), "" | "ext4" | "xfs") {
+                    return Err(CsiError::Invalid(format!("fs_type {:?} is not supported (ext4, xfs)", m.fs_type)));
+                }
+                rbd::StagedAs::Filesystem { fs_type: m.fs_type.clone(), mount_flags: m.mount_flags.clone() }
+            }
+        };
+        Ok(rbd::StageRequest {
+            volume_id: id.to_owned(),
+            cluster: p.cluster.clone(),
+            monitors: cluster.monitors.clone(),
+            pool: p.pool.clone(),
+            image: p.image.clone(),
+            creds: rbd::resolve_credentials(&p.secrets, secrets)?,
+            staging_path: staging.to_owned(),
+            staged_as,
+            read_only: is_read_only_mode(cap),
+        })
+    }
 }
 
-/// Stats of an NFS volume. The backend's record gives its capacity (`get_volume`); the node
-/// walks the mounted tree for its usage, so a volume over its recorded size is abnormal here
-/// too. Without the record (the node has no grant for the export) the share's numbers stand
-/// in. Every filesystem call is bounded: a dead server is the abnormal condition, not a hung
-/// call.
-async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+/// Stats of a mounted filesystem (an NFS share, a filesystem on an rbd image). Space and inodes
+/// from statvfs; with `capacity` (an NFS volume's recorded size) the used bytes are the mounted
+/// tree's, walked, so a volume over its size is abnormal. Every filesystem call is bounded: a
+/// dead server makes them block, which is then the abnormal condition (`unreachable`) rather
+/// than a hung call. `problem` is a known abnormal condition of the attachment.
+async fn fs_stats(
+    path: PathBuf,
+    unreachable: &str,
+    problem: Option<String>,
+    capacity: Option<u64>,
+) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
     use csi::volume_usage::Unit;
     const LIVENESS: std::time::Duration = std::time::Duration::from_secs(10);
     const WALK: std::time::Duration = std::time::Duration::from_secs(60);
@@ -273,7 +406,7 @@ async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeG
                 usage: vec![],
                 volume_condition: Some(csi::VolumeCondition {
                     abnormal: true,
-                    message: format!("the NFS server of {} does not answer", path.display()),
+                    message: format!("{unreachable} ({})", path.display()),
                 }),
             });
         }
@@ -285,7 +418,7 @@ async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeG
         unit: Unit::Inodes as i32,
     };
     let frag = fs.fragment_size();
-    let share = |message: String| csi::NodeGetVolumeStatsResponse {
+    let whole_fs = |problem: Option<String>| csi::NodeGetVolumeStatsResponse {
         usage: vec![
             csi::VolumeUsage {
                 available: b(fs.blocks_available() * frag),
@@ -295,22 +428,21 @@ async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeG
             },
             inodes,
         ],
-        volume_condition: Some(csi::VolumeCondition { abnormal: false, message }),
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: problem.is_some(),
+            message: problem.unwrap_or_else(|| "healthy".into()),
+        }),
     };
-    let Some(capacity) = capacity else {
-        return Ok(share("healthy (the share's space: the volume's record is not readable from this node)".into()));
-    };
+    let Some(capacity) = capacity else { return Ok(whole_fs(problem)) };
     let walk = path.clone();
     let used = match blocking(move || Ok(nfs::bounded(WALK, move || bind::directory_usage(&walk)))).await? {
         Some(Ok((bytes, _))) => bytes,
         Some(Err(e)) => return Err(mount_err(format!("walking {}: {e}", path.display()))),
-        None => return Ok(share(format!("healthy (the share's space: walking the volume took over {WALK:?})"))),
+        // A tree too big to walk in time: the filesystem's numbers are the best there is.
+        None => return Ok(whole_fs(problem)),
     };
-    let (abnormal, message) = if used > capacity {
-        (true, format!("uses {used} bytes of its {capacity} byte capacity"))
-    } else {
-        (false, "healthy".to_string())
-    };
+    let problem =
+        problem.or_else(|| (used > capacity).then(|| format!("uses {used} bytes of its {capacity} byte capacity")));
     Ok(csi::NodeGetVolumeStatsResponse {
         usage: vec![
             csi::VolumeUsage {
@@ -321,7 +453,10 @@ async fn nfs_stats(path: PathBuf, capacity: Option<u64>) -> CsiResult<csi::NodeG
             },
             inodes,
         ],
-        volume_condition: Some(csi::VolumeCondition { abnormal, message }),
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: problem.is_some(),
+            message: problem.unwrap_or_else(|| "healthy".into()),
+        }),
     })
 }
 

@@ -1,0 +1,864 @@
+//! The RBD executor for kernels without krbd or rbd-nbd: NodeStage runs one `rbd-fuse` for
+//! exactly the planned image, puts a loop device on the image file, and then either formats
+//! (only when blank) and mounts it at the staging path, or — for `volumeMode: Block` — keeps
+//! the loop device as the staged device that NodePublish bind-mounts onto the target file.
+//!
+//! **State.** Each staged volume owns a directory `<state>/rbd/<volume id>/` (0700): rbd-fuse's
+//! mount point and private directory (conf, keyring, log), `state.json` (what is attached:
+//! rbd-fuse's pid and mount, the loop device, whether the fence may be held) and `credentials`
+//! (0600; NodeUnstageVolume carries no secrets, yet must release the fence). The state file is
+//! written before each step that creates something, so whatever a crash leaves behind is named
+//! there; a retried stage finds the volume healthy (live rbd-fuse, loop device backed by its
+//! file, mount of that loop device at the staging path) and does nothing, or finds it broken
+//! and rebuilds the local parts. rbd-fuse is not a child that dies with the plugin: a restarted
+//! plugin finds it through the state file.
+//!
+//! **Fencing (RWO).** Before anything is attached the node takes the image's fence
+//! ([`wasmcsi_rbd::fence`]: an exclusive RADOS lock with the node id as cookie on the image
+//! header); another node's stage is refused with FAILED_PRECONDITION until unstage released
+//! it. Taken by this node already (a retry, a restarted plugin) counts as held.
+//!
+//! **Teardown** runs in the only safe order — filesystem unmount, loop detach (and wait until
+//! the kernel let go of the file), rbd-fuse teardown, fence release — and every step is
+//! bounded: an unmount that hangs on a dead cluster gets the FUSE connection aborted under it,
+//! which fails the pending I/O instead of waiting forever. Each step tolerates its object
+//! being gone already (rbd-fuse killed, loop device autocleared, mount removed by hand).
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags};
+use serde::{Deserialize, Serialize};
+use wasmcsi_frontend::loop_dev::{self, LoopOptions};
+use wasmcsi_frontend::mkfs;
+use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
+use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
+
+use super::mountinfo;
+use crate::error::{CsiError, CsiResult};
+
+const STATE_FILE: &str = "state.json";
+const CREDENTIALS_FILE: &str = "credentials";
+/// Bound on rbd-fuse's start and on each of its teardown steps.
+const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a loop device may take to let go of its file, and an unmount to finish before the
+/// FUSE connection under it is aborted.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// How long NodeExpandVolume waits for rbd-fuse to show the grown image (its attribute cache
+/// lives a second; librbd learns the new size from the header watch).
+const GROW_WAIT: Duration = Duration::from_secs(15);
+
+/// How the volume is staged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StagedAs {
+    /// Mounted at the staging path. `fs_type` is what is on the image (what was asked for when
+    /// it was blank).
+    Filesystem { fs_type: String, mount_flags: Vec<String> },
+    /// The loop device is the staged device.
+    Block,
+}
+
+/// `state.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RbdState {
+    pub volume_id: String,
+    pub cluster: String,
+    pub monitors: Vec<String>,
+    pub pool: String,
+    pub image: String,
+    pub staging_path: PathBuf,
+    pub staged_as: StagedAs,
+    pub read_only: bool,
+    /// Set before the fence is taken, cleared once it is released.
+    pub fenced: bool,
+    pub fuse: Option<FuseRecord>,
+    pub loop_device: Option<PathBuf>,
+}
+
+/// What NodeStageVolume asks for, resolved (monitors from the host config, credentials from
+/// the request's secrets).
+#[derive(Clone, Debug)]
+pub struct StageRequest {
+    pub volume_id: String,
+    pub cluster: String,
+    pub monitors: Vec<String>,
+    pub pool: String,
+    pub image: String,
+    pub creds: RbdCredentials,
+    pub staging_path: PathBuf,
+    /// `Filesystem.fs_type` empty means ext4 (or whatever the image already holds).
+    pub staged_as: StagedAs,
+    pub read_only: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredCredentials {
+    user: String,
+    key: String,
+}
+
+/// Cluster name, its monitors, pool.
+type ClientKey = (String, Vec<String>, String);
+
+/// The node's RBD executor: where volume state lives, and one librados client per cluster and
+/// pool (connections are pooled inside it).
+pub struct RbdNode {
+    state_dir: PathBuf,
+    clients: Mutex<HashMap<ClientKey, RbdClient>>,
+}
+
+impl std::fmt::Debug for RbdNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RbdNode").field("state_dir", &self.state_dir).finish_non_exhaustive()
+    }
+}
+
+/// The secret keys a plan names, resolved against NodeStageVolume's secrets: the ref whose key
+/// ends in `ID` is the cephx user, the one ending in `Key` its key (ceph-csi's `userID` /
+/// `userKey`, or `adminID` / `adminKey`). The guest never sees NodeStage's secrets (its plan is
+/// computed without them), so the refs are matched by key, not by handle. Values never appear
+/// in errors.
+pub fn resolve_credentials(
+    refs: &[wasmcsi_runtime::driver::SecretRef],
+    secrets: &HashMap<String, String>,
+) -> CsiResult<RbdCredentials> {
+    let pick = |suffix: &str| -> CsiResult<&str> {
+        let mut named = refs.iter().filter(|r| r.key.ends_with(suffix));
+        let (Some(r), None) = (named.next(), named.next()) else {
+            return Err(CsiError::Internal(format!(
+                "the rbd plan must name exactly one secret key ending in {suffix:?}; it names {:?}",
+                refs.iter().map(|r| r.key.as_str()).collect::<Vec<_>>()
+            )));
+        };
+        secrets
+            .get(&r.key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| CsiError::Invalid(format!("NodeStageVolume secrets lack {:?}", r.key)))
+    };
+    let (user, key) = (pick("ID")?, pick("Key")?);
+    Ok(RbdCredentials::new(user, key))
+}
+
+/// Splits CSI mount flags into mount(2) flags and filesystem data (`discard`, `nouuid`, ...).
+/// Each entry may itself be comma-separated, as kubelet passes `mountOptions` through.
+pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, String)> {
+    let mut ms = MsFlags::empty();
+    let mut data: Vec<&str> = Vec::new();
+    for opt in flags.iter().flat_map(|f| f.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
+        if opt.contains(['\0', ' ', '\n']) {
+            return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
+        }
+        match opt {
+            "ro" => ms |= MsFlags::MS_RDONLY,
+            "rw" | "defaults" => {}
+            "noatime" => ms |= MsFlags::MS_NOATIME,
+            "nodiratime" => ms |= MsFlags::MS_NODIRATIME,
+            "relatime" => ms |= MsFlags::MS_RELATIME,
+            "strictatime" => ms |= MsFlags::MS_STRICTATIME,
+            "lazytime" => ms |= MsFlags::MS_LAZYTIME,
+            "nosuid" => ms |= MsFlags::MS_NOSUID,
+            "nodev" => ms |= MsFlags::MS_NODEV,
+            "noexec" => ms |= MsFlags::MS_NOEXEC,
+            "sync" => ms |= MsFlags::MS_SYNCHRONOUS,
+            "dirsync" => ms |= MsFlags::MS_DIRSYNC,
+            // Options that mean something only to mount(8) or to other layers.
+            "bind" | "rbind" | "remount" | "loop" => {
+                return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
+            }
+            other => data.push(other),
+        }
+    }
+    if read_only {
+        ms |= MsFlags::MS_RDONLY;
+    }
+    Ok((ms, data.join(",")))
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CsiError {
+    let what = what.into();
+    move |e| CsiError::Internal(format!("{what}: {e}"))
+}
+
+fn rbd_err(e: RbdError) -> CsiError {
+    match e {
+        RbdError::NotFound(m) => CsiError::NotFound(m),
+        RbdError::FailedPrecondition(m) => CsiError::FailedPrecondition(m),
+        RbdError::InvalidArgument(m) => CsiError::Invalid(m),
+        RbdError::Unavailable { .. } => CsiError::Unavailable(e.to_string()),
+        RbdError::PermissionDenied(m) => CsiError::FailedPrecondition(format!("the cluster refused: {m}")),
+        other => CsiError::Internal(other.to_string()),
+    }
+}
+
+/// Whether the mount table has `device` (a block device node) mounted at `path`.
+fn device_mounted_at(mounts: &[mountinfo::MountEntry], device: &Path, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rdev) = std::fs::metadata(device).map(|m| m.rdev()) else { return false };
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    mountinfo::mounts_at(mounts, path).iter().any(|m| u64::from(m.major) == major && u64::from(m.minor) == minor)
+}
+
+impl RbdState {
+    /// Everything attached and alive: rbd-fuse runs, the loop device is backed by its file,
+    /// and (filesystem) that loop device is mounted at the staging path.
+    fn healthy(&self, mounts: &[mountinfo::MountEntry]) -> bool {
+        let (Some(fuse), Some(device)) = (&self.fuse, &self.loop_device) else { return false };
+        if !fuse_attach::is_alive(fuse) || loop_dev::backing_file(device).as_deref() != Some(fuse.file.as_path()) {
+            return false;
+        }
+        match self.staged_as {
+            StagedAs::Block => true,
+            StagedAs::Filesystem { .. } => device_mounted_at(mounts, device, &self.staging_path),
+        }
+    }
+
+    /// What differs between this staging and a request, if anything.
+    fn conflict(&self, req: &StageRequest) -> Option<String> {
+        let same_fs = match (&self.staged_as, &req.staged_as) {
+            (StagedAs::Block, StagedAs::Block) => true,
+            (
+                StagedAs::Filesystem { fs_type: a, mount_flags: fa },
+                StagedAs::Filesystem { fs_type: b, mount_flags: fb },
+            ) => (b.is_empty() || a == b) && fa == fb,
+            _ => false,
+        };
+        if (&self.cluster, &self.pool, &self.image) != (&req.cluster, &req.pool, &req.image) {
+            Some(format!("it is staged from {}/{}/{}", self.cluster, self.pool, self.image))
+        } else if self.staging_path != req.staging_path {
+            Some(format!("it is staged at {}", self.staging_path.display()))
+        } else if !same_fs || self.read_only != req.read_only {
+            Some(format!("it is staged as {:?} (read-only {})", self.staged_as, self.read_only))
+        } else {
+            None
+        }
+    }
+}
+
+impl RbdNode {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self { state_dir: state_dir.into(), clients: Mutex::new(HashMap::new()) }
+    }
+
+    /// `<state>/rbd/<volume id>`; volume ids are `backend:local` of `[A-Za-z0-9._-]` (checked
+    /// by the caller's routing), safe as one path component.
+    pub fn volume_dir(&self, volume_id: &str) -> PathBuf {
+        self.state_dir.join("rbd").join(volume_id)
+    }
+
+    fn pool(&self, cluster: &str, monitors: &[String], pool: &str, creds: &RbdCredentials) -> CsiResult<RbdPool> {
+        let key = (cluster.to_owned(), monitors.to_vec(), pool.to_owned());
+        let client = {
+            let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+            clients
+                .entry(key)
+                .or_insert_with(|| {
+                    RbdClient::new(RbdConfig::new(vec![RbdCluster {
+                        name: cluster.to_owned(),
+                        monitors: monitors.to_vec(),
+                        pools: vec![pool.to_owned()],
+                    }]))
+                })
+                .clone()
+        };
+        client.pool(cluster, pool, creds).map_err(rbd_err)
+    }
+
+    /// The state of a volume staged on this node, if any.
+    pub fn load(&self, volume_id: &str) -> CsiResult<Option<RbdState>> {
+        let path = self.volume_dir(volume_id).join(STATE_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| CsiError::Internal(format!("unreadable {}: {e}", path.display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CsiError::Internal(format!("reading {}: {e}", path.display()))),
+        }
+    }
+
+    fn save(&self, state: &RbdState) -> CsiResult<()> {
+        let dir = self.volume_dir(&state.volume_id);
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| CsiError::Internal(format!("encoding state: {e}")))?;
+        write_atomically(&dir.join(STATE_FILE), &bytes)
+    }
+
+    fn save_credentials(&self, volume_id: &str, creds: &RbdCredentials) -> CsiResult<()> {
+        let stored = StoredCredentials { user: creds.user.clone(), key: creds.key().to_owned() };
+        let bytes =
+            serde_json::to_vec(&stored).map_err(|e| CsiError::Internal(format!("encoding credentials: {e}")))?;
+        write_atomically(&self.volume_dir(volume_id).join(CREDENTIALS_FILE), &bytes)
+    }
+
+    fn load_credentials(&self, volume_id: &str) -> CsiResult<RbdCredentials> {
+        let path = self.volume_dir(volume_id).join(CREDENTIALS_FILE);
+        let bytes = std::fs::read(&path).map_err(io_err(format!("reading {}", path.display())))?;
+        let c: StoredCredentials = serde_json::from_slice(&bytes)
+            .map_err(|_| CsiError::Internal(format!("unreadable credentials in {}", path.display())))?;
+        Ok(RbdCredentials::new(c.user, c.key))
+    }
+
+    /// NodeStageVolume. See the module docs for the steps and their state.
+    #[tracing::instrument(name = "rbd.node_stage", skip_all, fields(volume.id = %req.volume_id, pool = %req.pool, image = %req.image))]
+    pub async fn stage(self: &Arc<Self>, node_id: &str, req: StageRequest) -> CsiResult<()> {
+        let dir = self.volume_dir(&req.volume_id);
+        if let Some(state) = self.load(&req.volume_id)? {
+            let mounts = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
+            let healthy = state.healthy(&mounts);
+            if let Some(why) = state.conflict(&req) {
+                if healthy {
+                    return Err(CsiError::AlreadyExists(format!(
+                        "volume {} cannot be staged so: {why}",
+                        req.volume_id
+                    )));
+                }
+                if (&state.cluster, &state.pool, &state.image) != (&req.cluster, &req.pool, &req.image) {
+                    // A broken staging of another image under this id: finish tearing it down
+                    // (fence included) before anything else.
+                    let this = self.clone();
+                    return Err(this.unstage_state(node_id, state).await.err().unwrap_or_else(|| {
+                        CsiError::Unavailable(format!("volume {} had a broken staging; cleaned, retry", req.volume_id))
+                    }));
+                }
+            } else if healthy {
+                tracing::debug!("already staged");
+                return Ok(());
+            }
+            // Broken (rbd-fuse died, loop gone, mount removed): rebuild the local parts; the
+            // fence is ours and stays.
+            tracing::warn!(?state, "staged volume is broken; re-attaching");
+            let this = self.clone();
+            let mut state = state;
+            tokio::task::spawn_blocking(move || this.teardown_local(&mut state))
+                .await
+                .map_err(|e| CsiError::Internal(format!("teardown task: {e}")))??;
+        }
+        std::fs::create_dir_all(self.state_dir.join("rbd")).map_err(io_err("creating the rbd state directory"))?;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(format!("creating {}", dir.display()))(e)),
+        }
+        let mut state = RbdState {
+            volume_id: req.volume_id.clone(),
+            cluster: req.cluster.clone(),
+            monitors: req.monitors.clone(),
+            pool: req.pool.clone(),
+            image: req.image.clone(),
+            staging_path: req.staging_path.clone(),
+            staged_as: req.staged_as.clone(),
+            read_only: req.read_only,
+            fenced: true,
+            fuse: None,
+            loop_device: None,
+        };
+        self.save_credentials(&req.volume_id, &req.creds)?;
+        self.save(&state)?;
+
+        let pool = self.pool(&req.cluster, &req.monitors, &req.pool, &req.creds)?;
+        let t = Instant::now();
+        match pool.fence_acquire(&req.image, node_id).await {
+            Ok(fence) => tracing::debug!(?fence, took = ?t.elapsed(), "fence held"),
+            Err(e) => {
+                // Not ours (or not reachable): nothing is attached, leave no trace.
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(rbd_err(e));
+            }
+        }
+        let size = match pool.info(&req.image).await {
+            Ok(Some(info)) => info.size_bytes,
+            Ok(None) => {
+                let e = CsiError::NotFound(format!("image {}/{} does not exist", req.pool, req.image));
+                return Err(self.fail_stage(e, &pool, &req.image, node_id, &dir).await);
+            }
+            Err(e) => return Err(self.fail_stage(rbd_err(e), &pool, &req.image, node_id, &dir).await),
+        };
+
+        let this = self.clone();
+        let creds = req.creds.clone();
+        let (attached, mut state) = tokio::task::spawn_blocking(move || {
+            let r = this.attach_local(&mut state, creds, size);
+            (r, state)
+        })
+        .await
+        .map_err(|e| CsiError::Internal(format!("stage task: {e}")))?;
+        let Err(e) = attached else { return Ok(()) };
+        let this = self.clone();
+        let cleaned = tokio::task::spawn_blocking(move || this.teardown_local(&mut state))
+            .await
+            .map_err(|j| CsiError::Internal(j.to_string()))
+            .and_then(|r| r);
+        if let Err(c) = cleaned {
+            // Something is still attached: keep the state (and the fence) for unstage.
+            tracing::warn!(error = %c, "cleaning up a failed stage");
+            return Err(e);
+        }
+        Err(self.fail_stage(e, &pool, &req.image, node_id, &dir).await)
+    }
+
+    /// After a failed stage that left nothing attached: release the fence and forget the
+    /// volume. If the release fails the state stays (fenced), for unstage to retry it.
+    async fn fail_stage(&self, e: CsiError, pool: &RbdPool, image: &str, node_id: &str, dir: &Path) -> CsiError {
+        match pool.fence_release(image, node_id).await {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Err(r) => tracing::warn!(error = %r, "releasing the fence after a failed stage"),
+        }
+        e
+    }
+
+    /// rbd-fuse, loop device, filesystem: the blocking part of a stage. Records each object in
+    /// the state file before creating the next.
+    fn attach_local(&self, state: &mut RbdState, creds: RbdCredentials, size: u64) -> CsiResult<()> {
+        let dir = self.volume_dir(&state.volume_id);
+        let t = Instant::now();
+        let attachment = fuse_attach::attach(&FuseAttachRequest {
+            monitors: state.monitors.clone(),
+            pool: state.pool.clone(),
+            image: state.image.clone(),
+            creds,
+            size_bytes: size,
+            runtime_dir: dir.clone(),
+            timeout: FUSE_TIMEOUT,
+            private_dir: Some(dir.join("fuse")),
+        })
+        .map_err(|e| match e {
+            fuse_attach::FuseAttachError::InvalidArgument(m) => CsiError::Invalid(m),
+            other => CsiError::Unavailable(other.to_string()),
+        })?;
+        let record = attachment.persist().map_err(|e| CsiError::Internal(e.to_string()))?;
+        tracing::debug!(pid = record.pid, took = ?t.elapsed(), "rbd-fuse attached");
+        let file = record.file.clone();
+        state.fuse = Some(record);
+        self.save(state)?;
+
+        // Buffered (no O_DIRECT: rbd-fuse's file goes through the page cache, and flushes reach
+        // librbd as fsync). Autoclear for filesystems: the mount holds the device, and the
+        // device goes away with the unmount even if this plugin dies right after it. Not for
+        // raw block: nothing holds it between stage and the pod opening it.
+        let block = state.staged_as == StagedAs::Block;
+        let opts = LoopOptions { direct_io: false, autoclear: !block, read_only: state.read_only };
+        let device = loop_dev::attach(&file, opts).map_err(|e| CsiError::Internal(e.to_string()))?;
+        state.loop_device = Some(device.path().to_owned());
+        self.save(state)?;
+
+        if let StagedAs::Filesystem { fs_type, mount_flags: flags } = &mut state.staged_as {
+            let dev = device.path();
+            let existing = mkfs::probe_fs(dev).map_err(|e| CsiError::Internal(e.to_string()))?;
+            let wanted = if fs_type.is_empty() { "ext4".to_owned() } else { fs_type.clone() };
+            let actual = match existing {
+                Some(found) if fs_type.is_empty() || found == *fs_type => found,
+                Some(found) => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "image {}/{} holds {found}, the volume capability asks for {wanted}; it is never reformatted",
+                        state.pool, state.image
+                    )));
+                }
+                None if state.read_only => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "image {}/{} has no filesystem and is staged read-only",
+                        state.pool, state.image
+                    )));
+                }
+                None => {
+                    let fs = match wanted.as_str() {
+                        "ext4" => mkfs::FsType::Ext4,
+                        "xfs" => mkfs::FsType::Xfs,
+                        other => {
+                            return Err(CsiError::Invalid(format!("fs_type {other:?} is not supported (ext4, xfs)")));
+                        }
+                    };
+                    let t = Instant::now();
+                    mkfs::mkfs(dev, fs).map_err(|e| CsiError::Internal(e.to_string()))?;
+                    tracing::info!(fs = fs.name(), took = ?t.elapsed(), "formatted blank image");
+                    wanted
+                }
+            };
+            // An ext4 whose image grew while it was not staged (the expansion this host could
+            // not do online) grows now, unmounted, which needs no CAP_SYS_RESOURCE.
+            if actual == "ext4" && !state.read_only {
+                grow_ext4_offline(dev)?;
+            }
+            *fs_type = actual.clone();
+            let (ms, data) = mount_flags(flags, state.read_only)?;
+            std::fs::create_dir_all(&state.staging_path)
+                .map_err(io_err(format!("creating {}", state.staging_path.display())))?;
+            let data = (!data.is_empty()).then_some(data);
+            nix::mount::mount(Some(dev), &state.staging_path, Some(actual.as_str()), ms, data.as_deref()).map_err(
+                |e| {
+                    CsiError::Mount(format!(
+                        "mounting {} ({actual}) on {}: {e}",
+                        dev.display(),
+                        state.staging_path.display()
+                    ))
+                },
+            )?;
+            self.save(state)?;
+        }
+        // Filesystem: the mount holds the device now; closing our fd arms autoclear.
+        drop(device);
+        tracing::info!(device = ?state.loop_device, "rbd volume staged");
+        Ok(())
+    }
+
+    /// Filesystem unmount, loop detach, rbd-fuse teardown, each tolerant of its object being
+    /// gone already; the state file follows each step. The fence is left alone.
+    fn teardown_local(&self, state: &mut RbdState) -> CsiResult<()> {
+        let connection = state.fuse.as_ref().and_then(|f| f.connection);
+        if let StagedAs::Filesystem { .. } = state.staged_as {
+            unmount_all_bounded(&state.staging_path, connection)?;
+        }
+        if let Some(device) = state.loop_device.clone() {
+            let backing = state.fuse.as_ref().map(|f| f.file.clone());
+            // Only our device: a loop number reused by someone else after an autoclear has
+            // another backing file.
+            if backing.is_some() && loop_dev::backing_file(&device) == backing {
+                loop_dev::detach(&device, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+            }
+            state.loop_device = None;
+            self.save(state)?;
+        }
+        if let Some(fuse) = state.fuse.clone() {
+            // Any other loop device on our file (a crash between attach and recording it).
+            loop_dev::detach_all_of(&fuse.file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+            fuse_attach::detach_recorded(&fuse, FUSE_TIMEOUT).map_err(|e| CsiError::Internal(e.to_string()))?;
+            state.fuse = None;
+            self.save(state)?;
+        }
+        Ok(())
+    }
+
+    /// NodeUnstageVolume for a volume this executor staged: `Ok(false)` when there is no rbd
+    /// state for it (not staged here, or unstaged already).
+    #[tracing::instrument(name = "rbd.node_unstage", skip_all, fields(volume.id = %volume_id))]
+    pub async fn unstage(self: &Arc<Self>, node_id: &str, volume_id: &str, staging: &Path) -> CsiResult<bool> {
+        let Some(state) = self.load(volume_id)? else { return Ok(false) };
+        if state.staging_path != staging {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {volume_id} is staged at {}, not {}",
+                state.staging_path.display(),
+                staging.display()
+            )));
+        }
+        self.clone().unstage_state(node_id, state).await?;
+        Ok(true)
+    }
+
+    async fn unstage_state(self: Arc<Self>, node_id: &str, mut state: RbdState) -> CsiResult<()> {
+        let t = Instant::now();
+        let this = self.clone();
+        let state = tokio::task::spawn_blocking(move || this.teardown_local(&mut state).map(|()| state))
+            .await
+            .map_err(|e| CsiError::Internal(format!("unstage task: {e}")))??;
+        if state.fenced {
+            let creds = self.load_credentials(&state.volume_id)?;
+            let pool = self.pool(&state.cluster, &state.monitors, &state.pool, &creds)?;
+            // A cluster that does not answer keeps the fence (and this state) until a retry
+            // gets through: releasing it is what lets another node attach.
+            pool.fence_release(&state.image, node_id).await.map_err(rbd_err)?;
+        }
+        let dir = self.volume_dir(&state.volume_id);
+        std::fs::remove_dir_all(&dir)
+            .or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            .map_err(io_err(format!("removing {}", dir.display())))?;
+        tracing::info!(took = ?t.elapsed(), "rbd volume unstaged");
+        Ok(())
+    }
+
+    /// The staged loop device of a healthy staging of `volume_id`.
+    pub fn staged_device(&self, volume_id: &str) -> CsiResult<(RbdState, PathBuf)> {
+        let not_staged = || CsiError::FailedPrecondition(format!("volume {volume_id} is not staged on this node"));
+        let state = self.load(volume_id)?.ok_or_else(not_staged)?;
+        let mounts = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
+        if !state.healthy(&mounts) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "the staging of volume {volume_id} is broken (rbd-fuse or its loop device is gone); unstage and stage it again"
+            )));
+        }
+        let device = state.loop_device.clone().ok_or_else(not_staged)?;
+        Ok((state, device))
+    }
+
+    /// NodeExpandVolume: the loop device takes on the image's new size once rbd-fuse shows it,
+    /// then the filesystem grows (XFS online; ext4 online only where the host allows it).
+    /// Returns the device's size.
+    #[tracing::instrument(name = "rbd.node_expand", skip_all, fields(volume.id = %volume_id, required_bytes))]
+    pub fn expand(&self, volume_id: &str, required_bytes: u64) -> CsiResult<u64> {
+        let (state, device) = self.staged_device(volume_id)?;
+        let Some(fuse) = &state.fuse else { return Err(CsiError::Internal("staged without rbd-fuse".into())) };
+        let deadline = Instant::now() + GROW_WAIT;
+        let seen = loop {
+            let seen = std::fs::metadata(&fuse.file).map_err(io_err(format!("stat {}", fuse.file.display())))?.len();
+            if seen >= required_bytes || Instant::now() >= deadline {
+                break seen;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if seen < required_bytes {
+            return Err(CsiError::Unavailable(format!(
+                "rbd-fuse still shows {seen} bytes for {}/{}, {required_bytes} asked: has the controller grown the image?",
+                state.pool, state.image
+            )));
+        }
+        let size = loop_dev::set_capacity(&device).map_err(|e| CsiError::Internal(e.to_string()))?;
+        tracing::info!(size, "loop device resized");
+        let StagedAs::Filesystem { fs_type, .. } = &state.staged_as else { return Ok(size) };
+        match fs_type.as_str() {
+            "xfs" => mkfs::grow_fs(&device, "xfs", Some(state.staging_path.as_path()))
+                .map_err(|e| CsiError::Internal(e.to_string()))?,
+            "ext4" => {
+                let cannot = |why: String| {
+                    CsiError::FailedPrecondition(format!(
+                        "ext4 on {} cannot grow while mounted on this host ({why}); it grows to {size} bytes the next \
+                         time the volume is staged (stop the pods using it)",
+                        device.display()
+                    ))
+                };
+                // Without the capability the kernel refuses the online resize; not even trying
+                // matters, because resize2fs first asks the loop device about its backing file,
+                // a FUSE getattr that rbd-fuse was seen to leave unanswered right after a resize.
+                if !has_capability(CAP_SYS_RESOURCE) {
+                    return Err(cannot("the plugin lacks CAP_SYS_RESOURCE".into()));
+                }
+                run_bounded(Command::new("resize2fs").arg(&device), PATIENCE).map_err(cannot)?;
+            }
+            other => return Err(CsiError::FailedPrecondition(format!("growing {other} is not supported"))),
+        }
+        tracing::info!(fs = %fs_type, size, "filesystem grown");
+        Ok(size)
+    }
+
+    /// Whether rbd-fuse of a staged volume still runs (for the volume condition).
+    pub fn condition(&self, volume_id: &str) -> Option<String> {
+        let state = self.load(volume_id).ok()??;
+        let mounts = mountinfo::read_current().ok()?;
+        (!state.healthy(&mounts)).then(|| "rbd-fuse or the loop device of this volume is gone; restage it".to_owned())
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> CsiResult<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(format!("creating {}", tmp.display())))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io_err(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(io_err(format!("renaming {}", tmp.display())))
+}
+
+/// Unmount every mount stacked at `path`. A normal unmount that does not finish within
+/// [`PATIENCE`] (writeback stuck on a cluster that does not answer) gets the FUSE connection
+/// under the loop device aborted, which fails the pending I/O; if even that does not let it
+/// finish, the mount is detached lazily so the call returns.
+fn unmount_all_bounded(path: &Path, fuse_connection: Option<u64>) -> CsiResult<()> {
+    let mounted = || -> CsiResult<bool> {
+        let m = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
+        Ok(!mountinfo::mounts_at(&m, path).is_empty())
+    };
+    for _ in 0..16 {
+        if !mounted()? {
+            return Ok(());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.to_owned();
+        std::thread::spawn(move || {
+            let _ = tx.send(mkfs::unmount(&p));
+        });
+        match rx.recv_timeout(PATIENCE) {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => return Err(CsiError::Mount(e.to_string())),
+            Err(_) => {
+                tracing::warn!(path = %path.display(), "unmount does not finish; aborting the FUSE connection under it");
+                if let Some(id) = fuse_connection {
+                    let _ = std::fs::write(format!("/sys/fs/fuse/connections/{id}/abort"), "1");
+                }
+                if rx.recv_timeout(PATIENCE).is_err() {
+                    nix::mount::umount2(path, MntFlags::MNT_DETACH)
+                        .map_err(|e| CsiError::Mount(format!("lazy unmount of {}: {e}", path.display())))?;
+                }
+            }
+        }
+    }
+    if mounted()? {
+        return Err(CsiError::Mount(format!("{} is still mounted", path.display())));
+    }
+    Ok(())
+}
+
+/// Grows an unmounted ext4 to its device when the device is larger (by at least a block).
+fn grow_ext4_offline(device: &Path) -> CsiResult<()> {
+    let out = Command::new("dumpe2fs").arg("-h").arg(device).output().map_err(io_err("running dumpe2fs"))?;
+    if !out.status.success() {
+        return Err(CsiError::Internal(format!(
+            "dumpe2fs -h {}: {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> Option<u64> {
+        text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim_start_matches(':').trim().parse().ok())
+    };
+    let (Some(blocks), Some(block_size)) = (field("Block count"), field("Block size")) else {
+        return Err(CsiError::Internal(format!("dumpe2fs -h {}: no block count/size", device.display())));
+    };
+    let device_bytes = loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))?;
+    if blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
+        return Ok(());
+    }
+    let t = Instant::now();
+    // resize2fs insists on a freshly checked filesystem; -p repairs only what is safe.
+    let fsck = Command::new("e2fsck").args(["-f", "-p"]).arg(device).output().map_err(io_err("running e2fsck"))?;
+    // 0: clean, 1: errors corrected.
+    if !matches!(fsck.status.code(), Some(0 | 1)) {
+        return Err(CsiError::Internal(format!(
+            "e2fsck -f -p {} before growing: {}",
+            device.display(),
+            String::from_utf8_lossy(&fsck.stdout).trim()
+        )));
+    }
+    mkfs::grow_fs(device, "ext4", None).map_err(|e| CsiError::Internal(e.to_string()))?;
+    tracing::info!(device = %device.display(), from = blocks * block_size, to = device_bytes, took = ?t.elapsed(), "ext4 grown before mounting");
+    Ok(())
+}
+
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process has capability `cap` in its effective set.
+fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_owned()))
+        .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
+        .is_some_and(|bits| bits & (1 << cap) != 0)
+}
+
+/// Runs `cmd`, killing it past `limit`; the error carries its stderr.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<(), String> {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {shown}: {e}"))?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Err(format!("{shown} failed ({status}): {}", err.trim()));
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{shown} did not finish within {limit:?}"));
+            }
+            Err(e) => return Err(format!("waiting for {shown}: {e}")),
+        }
+    }
+}
+
+/// Size of a staged raw block volume.
+pub fn block_size_of(device: &Path) -> CsiResult<u64> {
+    loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmcsi_runtime::driver::SecretRef;
+
+    fn refs(keys: &[&str]) -> Vec<SecretRef> {
+        keys.iter().enumerate().map(|(i, k)| SecretRef { key: (*k).into(), handle: i as u32 }).collect()
+    }
+
+    #[test]
+    fn credentials_resolve_by_the_keys_the_plan_names() {
+        let secrets: HashMap<String, String> =
+            [("userID", "kube"), ("userKey", "AQB=="), ("adminID", "admin"), ("adminKey", "AQA==")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let c = resolve_credentials(&refs(&["userID", "userKey"]), &secrets).expect("resolved");
+        assert_eq!((c.user.as_str(), c.key()), ("kube", "AQB=="));
+        let c = resolve_credentials(&refs(&["adminID", "adminKey"]), &secrets).expect("resolved");
+        assert_eq!(c.user, "admin");
+        let missing = resolve_credentials(&refs(&["userID", "userKey"]), &HashMap::new());
+        assert!(matches!(&missing, Err(CsiError::Invalid(m)) if m.contains("userID")), "{missing:?}");
+        assert!(matches!(resolve_credentials(&refs(&["userID"]), &secrets), Err(CsiError::Internal(_))));
+        let err = format!("{:?}", resolve_credentials(&refs(&["userID", "otherKey"]), &secrets));
+        assert!(!err.contains("AQB"), "never a key in errors: {err}");
+    }
+
+    #[test]
+    fn mount_flags_split_into_syscall_flags_and_data() {
+        let (ms, data) = mount_flags(&["noatime".into(), "discard,nodev".into()], false).expect("flags");
+        assert_eq!(ms, MsFlags::MS_NOATIME | MsFlags::MS_NODEV);
+        assert_eq!(data, "discard");
+        let (ms, data) = mount_flags(&[], true).expect("flags");
+        assert_eq!((ms, data.as_str()), (MsFlags::MS_RDONLY, ""));
+        assert!(mount_flags(&["bind".into()], false).is_err());
+        assert!(mount_flags(&["a b".into()], false).is_err());
+    }
+
+    fn state(staged_as: StagedAs) -> RbdState {
+        RbdState {
+            volume_id: "ceph:v1".into(),
+            cluster: "c".into(),
+            monitors: vec![],
+            pool: "p".into(),
+            image: "i".into(),
+            staging_path: "/s".into(),
+            staged_as,
+            read_only: false,
+            fenced: true,
+            fuse: None,
+            loop_device: None,
+        }
+    }
+
+    fn request(staged_as: StagedAs) -> StageRequest {
+        StageRequest {
+            volume_id: "ceph:v1".into(),
+            cluster: "c".into(),
+            monitors: vec![],
+            pool: "p".into(),
+            image: "i".into(),
+            creds: RbdCredentials::new("u", "k"),
+            staging_path: "/s".into(),
+            staged_as,
+            read_only: false,
+        }
+    }
+
+    #[test]
+    fn a_restage_conflicts_only_when_it_asks_for_something_else() {
+        let ext4 = StagedAs::Filesystem { fs_type: "ext4".into(), mount_flags: vec![] };
+        let default = StagedAs::Filesystem { fs_type: String::new(), mount_flags: vec![] };
+        let xfs = StagedAs::Filesystem { fs_type: "xfs".into(), mount_flags: vec![] };
+        let s = state(ext4.clone());
+        assert_eq!(s.conflict(&request(ext4)), None);
+        assert_eq!(s.conflict(&request(default)), None, "no fs type asked: whatever is there");
+        assert!(s.conflict(&request(xfs)).is_some());
+        assert!(s.conflict(&request(StagedAs::Block)).is_some());
+        let mut other_path = request(StagedAs::Block);
+        other_path.staging_path = "/elsewhere".into();
+        assert!(state(StagedAs::Block).conflict(&other_path).is_some());
+        assert!(!state(StagedAs::Block).healthy(&[]), "nothing attached is not healthy");
+    }
+}
