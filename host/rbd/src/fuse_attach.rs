@@ -4,10 +4,13 @@
 //!
 //! Start is bounded: [`attach`] returns once the file is there with the image's size, or fails
 //! (and cleans up) within its timeout. Teardown is bounded and leaves nothing behind: unmount,
-//! then wait for rbd-fuse to exit, then SIGKILL it; a FUSE connection still alive after that (a
-//! copy of the mount in another mount namespace, or a daemon stuck in librbd) is aborted
-//! through `/sys/fs/fuse/connections/N/abort`, which fails every pending request instead of
-//! leaving processes in D state.
+//! then wait for rbd-fuse to exit, then abort its FUSE connection (which fails every pending
+//! request instead of leaving processes in D state) and SIGKILL it.
+//!
+//! A connection is aborted only while its mount is still at our mount point: connection
+//! numbers are device numbers, and once rbd-fuse is gone (the kernel aborts the connection
+//! itself when the daemon's /dev/fuse closes) the next FUSE mount on the node may get the same
+//! number. Aborting a recorded number blindly killed a neighbour's mount.
 //!
 //! The key never appears in argv or the environment: rbd-fuse gets `-c ceph.conf --id USER`,
 //! and the conf names a keyring, both 0600 in a private 0700 directory removed on detach.
@@ -309,9 +312,12 @@ impl FuseAttachment {
                 match child.try_wait() {
                     Ok(Some(_)) => break,
                     Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                    // Still running (stuck in librbd, or the unmount failed): kill it; the
-                    // kernel then ends the connection, and the abort below covers the rest.
+                    // Still running (stuck in librbd, or the unmount failed): fail what is
+                    // pending, then kill it; its /dev/fuse closing ends the connection.
                     _ => {
+                        if let Some(id) = self.connection {
+                            abort_if_mounted_at(&self.mount_point, id);
+                        }
                         let _ = child.kill();
                         let _ = child.wait();
                         break;
@@ -319,9 +325,7 @@ impl FuseAttachment {
                 }
             }
         }
-        if let Some(id) = self.connection.take() {
-            abort_connection(id);
-        }
+        self.connection = None;
         if self.mount_point.exists()
             && let Err(e) = std::fs::remove_dir(&self.mount_point)
             && e.kind() != io::ErrorKind::NotFound
@@ -400,7 +404,10 @@ pub fn detach_recorded(record: &FuseRecord, timeout: Duration) -> Result<(), Fus
     let deadline = Instant::now() + timeout;
     while is_alive(record) {
         if Instant::now() >= deadline {
-            // Stuck in librbd (or the unmount failed): kill it; the abort below ends the rest.
+            // Stuck in librbd (or the unmount failed): fail what is pending, then kill it.
+            if let Some(id) = record.connection {
+                abort_if_mounted_at(&record.mount_point, id);
+            }
             let pid = nix::unistd::Pid::from_raw(i32::try_from(record.pid).unwrap_or(i32::MAX));
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             let killed = Instant::now() + timeout;
@@ -410,9 +417,6 @@ pub fn detach_recorded(record: &FuseRecord, timeout: Duration) -> Result<(), Fus
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    if let Some(id) = record.connection {
-        abort_connection(id);
     }
     // Killing rbd-fuse leaves its mount behind, answering ENOTCONN: unmount once more.
     if let Err(e) = unmount_fuse(&record.mount_point) {
@@ -461,8 +465,13 @@ fn fuse_connection_of(mnt: &Path) -> Option<u64> {
     })
 }
 
-/// Abort FUSE connection `id` if it still exists (a dead daemon's connection is usually gone).
-fn abort_connection(id: u64) {
+/// Abort FUSE connection `id` if the mount at `mount_point` still is that connection; any
+/// other mount that got the number since is left alone.
+pub fn abort_if_mounted_at(mount_point: &Path, id: u64) {
+    if fuse_connection_of(mount_point) != Some(id) {
+        tracing::debug!(connection = id, mount = %mount_point.display(), "not aborting: the connection is no longer mounted there");
+        return;
+    }
     let abort = Path::new("/sys/fs/fuse/connections").join(id.to_string()).join("abort");
     match std::fs::write(&abort, "1") {
         Ok(()) => tracing::debug!(connection = id, "aborted a FUSE connection left after rbd-fuse"),

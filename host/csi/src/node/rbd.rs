@@ -509,9 +509,9 @@ impl RbdNode {
     /// Filesystem unmount, loop detach, rbd-fuse teardown, each tolerant of its object being
     /// gone already; the state file follows each step. The fence is left alone.
     fn teardown_local(&self, state: &mut RbdState) -> CsiResult<()> {
-        let connection = state.fuse.as_ref().and_then(|f| f.connection);
+        let connection = state.fuse.as_ref().and_then(|f| Some((f.mount_point.clone(), f.connection?)));
         if let StagedAs::Filesystem { .. } = state.staged_as {
-            unmount_all_bounded(&state.staging_path, connection)?;
+            unmount_all_bounded(&state.staging_path, connection.as_ref().map(|(p, id)| (p.as_path(), *id)))?;
         }
         if let Some(device) = state.loop_device.clone() {
             let backing = state.fuse.as_ref().map(|f| f.file.clone());
@@ -659,7 +659,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> CsiResult<()> {
 /// [`PATIENCE`] (writeback stuck on a cluster that does not answer) gets the FUSE connection
 /// under the loop device aborted, which fails the pending I/O; if even that does not let it
 /// finish, the mount is detached lazily so the call returns.
-fn unmount_all_bounded(path: &Path, fuse_connection: Option<u64>) -> CsiResult<()> {
+fn unmount_all_bounded(path: &Path, fuse_connection: Option<(&Path, u64)>) -> CsiResult<()> {
     let mounted = || -> CsiResult<bool> {
         let m = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
         Ok(!mountinfo::mounts_at(&m, path).is_empty())
@@ -678,8 +678,8 @@ fn unmount_all_bounded(path: &Path, fuse_connection: Option<u64>) -> CsiResult<(
             Ok(Err(e)) => return Err(CsiError::Mount(e.to_string())),
             Err(_) => {
                 tracing::warn!(path = %path.display(), "unmount does not finish; aborting the FUSE connection under it");
-                if let Some(id) = fuse_connection {
-                    let _ = std::fs::write(format!("/sys/fs/fuse/connections/{id}/abort"), "1");
+                if let Some((mount_point, id)) = fuse_connection {
+                    fuse_attach::abort_if_mounted_at(mount_point, id);
                 }
                 if rx.recv_timeout(PATIENCE).is_err() {
                     nix::mount::umount2(path, MntFlags::MNT_DETACH)
