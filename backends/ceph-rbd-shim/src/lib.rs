@@ -792,7 +792,10 @@ pub fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error
     let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("{id} is not a ceph-rbd-shim volume id")))?;
     let block = matches!(cap.access_type, AccessType::Block);
     policy::check_capability(block, is_multi_writer(cap.access_mode)).map_err(|e| Error::FailedPrecondition(e.0))?;
-    Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets: vec![] }))
+    // ceph-csi's node-stage secret keys; the host resolves them against NodeStageVolume's
+    // secrets (handles are meaningless here: the guest never sees those secrets).
+    let secrets = ["userID", "userKey"].map(|key| SecretRef { key: key.into(), handle: 0 }).to_vec();
+    Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets }))
 }
 
 pub fn info() -> BackendInfo {

@@ -485,7 +485,12 @@ impl RbdNode {
                 grow_ext4_offline(dev)?;
             }
             *fs_type = actual.clone();
-            let (ms, data) = mount_flags(flags, state.read_only)?;
+            let (ms, mut data) = mount_flags(flags, state.read_only)?;
+            // A clone or snapshot of an XFS volume carries its UUID, and XFS refuses a second
+            // mount of one UUID on a node ("duplicate UUID"): always nouuid, as ceph-csi does.
+            if actual == "xfs" && !data.split(',').any(|o| o == "nouuid") {
+                data = if data.is_empty() { "nouuid".into() } else { format!("{data},nouuid") };
+            }
             std::fs::create_dir_all(&state.staging_path)
                 .map_err(io_err(format!("creating {}", state.staging_path.display())))?;
             let data = (!data.is_empty()).then_some(data);
