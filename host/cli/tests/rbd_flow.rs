@@ -11,6 +11,10 @@
 //! retrying sidecars and kubelet do. Ends with nothing in the pool and nothing on the node
 //! (mount, loop device, rbd-fuse).
 //!
+//! The same flow runs twice: here, where the node attaches with rbd-fuse + loop (this kernel
+//! has neither krbd nor rbd-nbd), and in the kernel-VM tier (`host/vmtest`), where the node
+//! maps with krbd and Ceph runs inside the VM.
+//!
 //! Skipped (saying why) when not root or where Ceph cannot run; `WASMCSI_CEPH_TESTS=require`
 //! (CI) turns the skip into a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
@@ -49,6 +53,8 @@ struct Flow {
     params: HashMap<String, String>,
     secrets: HashMap<String, String>,
     work: PathBuf,
+    /// What the node mounts: `/dev/rbd` (krbd) or `/dev/loop` (rbd-fuse + loop).
+    device_prefix: &'static str,
 }
 
 /// Sends `n` copies of one call at once and returns the answers that succeeded. A copy may be
@@ -146,7 +152,7 @@ impl Flow {
         .await;
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let line = mounts.lines().find(|l| l.contains(&format!(" {} ", target.display()))).expect("published");
-        assert!(line.contains(" - xfs /dev/loop"), "an XFS on a loop device: {line}");
+        assert!(line.contains(&format!(" - xfs {}", self.device_prefix)), "an XFS on {}: {line}", self.device_prefix);
         target
     }
 
@@ -261,11 +267,28 @@ fn rbd_volume_lifecycle_through_the_csi_socket_with_retries_and_concurrency() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+    assert!(!wasmcsi_rbd::krbd::available(), "this kernel maps RBD: the rbd-fuse path is not what runs here");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow(ceph));
+    rt.block_on(flow(ceph, "/dev/loop"));
 }
 
-async fn flow(ceph: &Ceph) {
+/// The same flow in the kernel-VM tier: the node maps the images with krbd. Ceph (memstore)
+/// starts inside the VM, under TCG: slow, hence the generous timeout.
+#[test]
+fn rbd_volume_lifecycle_with_krbd_in_the_vm() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: not root");
+        return;
+    }
+    let vm = wasmcsi_vmtest::Vm::new().timeout(Duration::from_secs(1500)).mem_mib(3072).env("TMPDIR", "/scratch");
+    let Some(_guest) = wasmcsi_vmtest::enter!(vm) else { return };
+    assert!(wasmcsi_rbd::krbd::available(), "the VM's kernel maps RBD images");
+    let Some(ceph) = Ceph::shared() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(flow(ceph, "/dev/rbd"));
+}
+
+async fn flow(ceph: &Ceph, device_prefix: &'static str) {
     ceph.create_pool(POOL).expect("pool");
     let key = ceph.create_user(USER, POOL).expect("user");
     let dir = tempfile::tempdir().unwrap();
@@ -305,6 +328,7 @@ async fn flow(ceph: &Ceph) {
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
         work: dir.path().join("kubelet"),
+        device_prefix,
     };
     let mut ctl = f.ctl.clone();
     let mut node = f.node.clone();

@@ -325,7 +325,8 @@ fn scripts_dir() -> PathBuf {
 
 /// Host variables worth having in the guest (which otherwise starts from a clean environment).
 fn passed_through() -> Vec<(String, String)> {
-    ["RUST_BACKTRACE", "RUST_LOG", "RUST_LIB_BACKTRACE"]
+    // WASMCSI_CEPH_TESTS: "require" must fail a test in the guest as it does on the host.
+    ["RUST_BACKTRACE", "RUST_LOG", "RUST_LIB_BACKTRACE", "WASMCSI_CEPH_TESTS"]
         .iter()
         .filter_map(|name| std::env::var(name).ok().map(|value| ((*name).to_owned(), value)))
         .collect()

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use wasmcsi_frontend::loop_dev::{self, LoopOptions};
 use wasmcsi_frontend::mkfs;
 use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
+use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
 use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 
 use super::mountinfo;
@@ -78,6 +79,9 @@ pub struct RbdState {
     pub fenced: bool,
     pub fuse: Option<FuseRecord>,
     pub loop_device: Option<PathBuf>,
+    /// The kernel mapping, where the kernel maps RBD (then there is no rbd-fuse nor loop).
+    #[serde(default)]
+    pub krbd: Option<KrbdRecord>,
 }
 
 /// What NodeStageVolume asks for, resolved (monitors from the host config, credentials from
@@ -110,6 +114,8 @@ type ClientKey = (String, Vec<String>, String);
 pub struct RbdNode {
     state_dir: PathBuf,
     clients: Mutex<HashMap<ClientKey, RbdClient>>,
+    /// Whether this kernel maps RBD images (krbd); decided on the first stage.
+    kernel_rbd: std::sync::OnceLock<bool>,
 }
 
 impl std::fmt::Debug for RbdNode {
@@ -208,10 +214,18 @@ impl RbdState {
     /// Everything attached and alive: rbd-fuse runs, the loop device is backed by its file,
     /// and (filesystem) that loop device is mounted at the staging path.
     fn healthy(&self, mounts: &[mountinfo::MountEntry]) -> bool {
-        let (Some(fuse), Some(device)) = (&self.fuse, &self.loop_device) else { return false };
-        if !fuse_attach::is_alive(fuse) || loop_dev::backing_file(device).as_deref() != Some(fuse.file.as_path()) {
-            return false;
-        }
+        let device = if let Some(k) = &self.krbd {
+            if !krbd::is_mapped(k) {
+                return false;
+            }
+            &k.device
+        } else {
+            let (Some(fuse), Some(device)) = (&self.fuse, &self.loop_device) else { return false };
+            if !fuse_attach::is_alive(fuse) || loop_dev::backing_file(device).as_deref() != Some(fuse.file.as_path()) {
+                return false;
+            }
+            device
+        };
         match self.staged_as {
             StagedAs::Block => true,
             StagedAs::Filesystem { .. } => device_mounted_at(mounts, device, &self.staging_path),
@@ -242,7 +256,11 @@ impl RbdState {
 
 impl RbdNode {
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
-        Self { state_dir: state_dir.into(), clients: Mutex::new(HashMap::new()) }
+        Self {
+            state_dir: state_dir.into(),
+            clients: Mutex::new(HashMap::new()),
+            kernel_rbd: std::sync::OnceLock::new(),
+        }
     }
 
     /// `<state>/rbd/<volume id>`; volume ids are `backend:local` of `[A-Za-z0-9._-]` (checked
@@ -355,6 +373,7 @@ impl RbdNode {
             fenced: true,
             fuse: None,
             loop_device: None,
+            krbd: None,
         };
         self.save_credentials(&req.volume_id, &req.creds)?;
         self.save(&state)?;
@@ -412,9 +431,55 @@ impl RbdNode {
         e
     }
 
-    /// rbd-fuse, loop device, filesystem: the blocking part of a stage. Records each object in
-    /// the state file before creating the next.
+    /// Whether this node maps with the kernel (decided once: the module is there or loads).
+    fn kernel_rbd(&self) -> bool {
+        *self.kernel_rbd.get_or_init(|| {
+            let yes = krbd::available();
+            tracing::info!(krbd = yes, "rbd attach: {}", if yes { "kernel (krbd)" } else { "rbd-fuse + loop" });
+            yes
+        })
+    }
+
+    /// The device (krbd, or rbd-fuse + loop), then the filesystem: the blocking part of a
+    /// stage. Records each object in the state file before creating the next.
     fn attach_local(&self, state: &mut RbdState, creds: RbdCredentials, size: u64) -> CsiResult<()> {
+        // The loop device handle stays open until the mount holds the device (autoclear).
+        let (dev, loop_handle) = if self.kernel_rbd() {
+            let t = Instant::now();
+            let record = krbd::map(&KrbdRequest {
+                monitors: state.monitors.clone(),
+                pool: state.pool.clone(),
+                image: state.image.clone(),
+                creds,
+                read_only: state.read_only,
+                timeout: FUSE_TIMEOUT,
+            })
+            .map_err(|e| match e {
+                krbd::KrbdError::InvalidArgument(m) => CsiError::Invalid(m),
+                other => CsiError::Unavailable(other.to_string()),
+            })?;
+            tracing::debug!(device = %record.device.display(), took = ?t.elapsed(), "image mapped");
+            let dev = record.device.clone();
+            state.krbd = Some(record);
+            self.save(state)?;
+            (dev, None)
+        } else {
+            let handle = self.attach_fuse_loop(state, creds, size)?;
+            (handle.path().to_owned(), Some(handle))
+        };
+        self.filesystem(state, &dev)?;
+        drop(loop_handle);
+        tracing::info!(device = %dev.display(), "rbd volume staged");
+        Ok(())
+    }
+
+    /// rbd-fuse and a loop device on its image file.
+    fn attach_fuse_loop(
+        &self,
+        state: &mut RbdState,
+        creds: RbdCredentials,
+        size: u64,
+    ) -> CsiResult<loop_dev::LoopDevice> {
         let dir = self.volume_dir(&state.volume_id);
         let t = Instant::now();
         let attachment = fuse_attach::attach(&FuseAttachRequest {
@@ -446,9 +511,13 @@ impl RbdNode {
         let device = loop_dev::attach(&file, opts).map_err(|e| CsiError::Internal(e.to_string()))?;
         state.loop_device = Some(device.path().to_owned());
         self.save(state)?;
+        Ok(device)
+    }
 
+    /// Filesystem volumes: format `dev` when blank (never otherwise), grow an ext4 that missed
+    /// an expansion, mount it at the staging path.
+    fn filesystem(&self, state: &mut RbdState, dev: &Path) -> CsiResult<()> {
         if let StagedAs::Filesystem { fs_type, mount_flags: flags } = &mut state.staged_as {
-            let dev = device.path();
             let existing = mkfs::probe_fs(dev).map_err(|e| CsiError::Internal(e.to_string()))?;
             let wanted = if fs_type.is_empty() { "ext4".to_owned() } else { fs_type.clone() };
             let actual = match existing {
@@ -505,9 +574,6 @@ impl RbdNode {
             )?;
             self.save(state)?;
         }
-        // Filesystem: the mount holds the device now; closing our fd arms autoclear.
-        drop(device);
-        tracing::info!(device = ?state.loop_device, "rbd volume staged");
         Ok(())
     }
 
@@ -517,6 +583,11 @@ impl RbdNode {
         let connection = state.fuse.as_ref().and_then(|f| Some((f.mount_point.clone(), f.connection?)));
         if let StagedAs::Filesystem { .. } = state.staged_as {
             unmount_all_bounded(&state.staging_path, connection.as_ref().map(|(p, id)| (p.as_path(), *id)))?;
+        }
+        if let Some(k) = state.krbd.clone() {
+            krbd::unmap(&k, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+            state.krbd = None;
+            self.save(state)?;
         }
         if let Some(device) = state.loop_device.clone() {
             let backing = state.fuse.as_ref().map(|f| f.file.clone());
@@ -582,10 +653,11 @@ impl RbdNode {
         let mounts = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
         if !state.healthy(&mounts) {
             return Err(CsiError::FailedPrecondition(format!(
-                "the staging of volume {volume_id} is broken (rbd-fuse or its loop device is gone); unstage and stage it again"
+                "the staging of volume {volume_id} is broken (its rbd device is gone); unstage and stage it again"
             )));
         }
-        let device = state.loop_device.clone().ok_or_else(not_staged)?;
+        let device = state.krbd.as_ref().map(|k| k.device.clone()).or_else(|| state.loop_device.clone());
+        let device = device.ok_or_else(not_staged)?;
         Ok((state, device))
     }
 
@@ -595,10 +667,21 @@ impl RbdNode {
     #[tracing::instrument(name = "rbd.node_expand", skip_all, fields(volume.id = %volume_id, required_bytes))]
     pub fn expand(&self, volume_id: &str, required_bytes: u64) -> CsiResult<u64> {
         let (state, device) = self.staged_device(volume_id)?;
-        let Some(fuse) = &state.fuse else { return Err(CsiError::Internal("staged without rbd-fuse".into())) };
+        // krbd learns the new size from the image header's watch; rbd-fuse shows it on its
+        // file once its attribute cache expired.
+        let (shown_by, current): (&str, Box<dyn Fn() -> CsiResult<u64>>) = match (&state.krbd, &state.fuse) {
+            (Some(k), _) => ("the kernel", Box::new(|| Ok(krbd::size_bytes(k).unwrap_or(0)))),
+            (None, Some(fuse)) => (
+                "rbd-fuse",
+                Box::new(|| {
+                    Ok(std::fs::metadata(&fuse.file).map_err(io_err(format!("stat {}", fuse.file.display())))?.len())
+                }),
+            ),
+            (None, None) => return Err(CsiError::Internal("staged without a device".into())),
+        };
         let deadline = Instant::now() + GROW_WAIT;
         let seen = loop {
-            let seen = std::fs::metadata(&fuse.file).map_err(io_err(format!("stat {}", fuse.file.display())))?.len();
+            let seen = current()?;
             if seen >= required_bytes || Instant::now() >= deadline {
                 break seen;
             }
@@ -606,12 +689,17 @@ impl RbdNode {
         };
         if seen < required_bytes {
             return Err(CsiError::Unavailable(format!(
-                "rbd-fuse still shows {seen} bytes for {}/{}, {required_bytes} asked: has the controller grown the image?",
+                "{shown_by} still shows {seen} bytes for {}/{}, {required_bytes} asked: has the controller grown the image?",
                 state.pool, state.image
             )));
         }
-        let size = loop_dev::set_capacity(&device).map_err(|e| CsiError::Internal(e.to_string()))?;
-        tracing::info!(size, "loop device resized");
+        let size = if state.krbd.is_some() {
+            seen
+        } else {
+            let size = loop_dev::set_capacity(&device).map_err(|e| CsiError::Internal(e.to_string()))?;
+            tracing::info!(size, "loop device resized");
+            size
+        };
         let StagedAs::Filesystem { fs_type, .. } = &state.staged_as else { return Ok(size) };
         match fs_type.as_str() {
             "xfs" => mkfs::grow_fs(&device, "xfs", Some(state.staging_path.as_path()))
@@ -642,7 +730,8 @@ impl RbdNode {
     pub fn condition(&self, volume_id: &str) -> Option<String> {
         let state = self.load(volume_id).ok()??;
         let mounts = mountinfo::read_current().ok()?;
-        (!state.healthy(&mounts)).then(|| "rbd-fuse or the loop device of this volume is gone; restage it".to_owned())
+        let parts = if state.krbd.is_some() { "the kernel mapping" } else { "rbd-fuse or the loop device" };
+        (!state.healthy(&mounts)).then(|| format!("{parts} of this volume is gone; restage it"))
     }
 }
 
@@ -834,6 +923,7 @@ mod tests {
             fenced: true,
             fuse: None,
             loop_device: None,
+            krbd: None,
         }
     }
 
