@@ -39,7 +39,7 @@ use tokio::task::JoinHandle;
 use wasmcsi_frontend::BlockDevice;
 
 use crate::dirty::DirtyMap;
-use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, SnapshotInfo};
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
 use crate::replication::{
     Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, MAX_UNMAP, Millis, PersistedState,
     RebuildStatus, ReplicaId,
@@ -340,8 +340,8 @@ impl Outbox {
         self.small.is_empty() && self.segments.is_empty()
     }
 
-    fn push(&mut self, frame: &Frame) -> Result<(), protocol::EncodeError> {
-        if let Some(payload) = protocol::encode_split(frame, &mut self.small, DEFAULT_MAX_PAYLOAD)? {
+    fn push(&mut self, frame: &Frame, crc: &mut PayloadCrc) -> Result<(), protocol::EncodeError> {
+        if let Some(payload) = protocol::encode_split(frame, &mut self.small, DEFAULT_MAX_PAYLOAD, crc)? {
             self.seal();
             self.segments.push(payload);
         }
@@ -412,6 +412,8 @@ struct Driver {
     /// Shared with the handles: the engine's size, updated before any reply of a batch.
     size: Arc<AtomicU64>,
     rebuilds_finished: u64,
+    /// Checksum of the last large write payload encoded, shared by the replicas' frames.
+    payload_crc: PayloadCrc,
     /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
     /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
     poisoned: Option<String>,
@@ -625,7 +627,7 @@ impl Driver {
                 if slot.writer.is_none() {
                     return;
                 }
-                if let Err(e) = slot.out.push(&frame) {
+                if let Err(e) = slot.out.push(&frame, &mut self.payload_crc) {
                     tracing::error!(replica, error = %e, "engine produced an unencodable frame");
                 }
             }
@@ -781,7 +783,7 @@ async fn connection(
         if let Some(error) = failed {
             break error;
         }
-        match rd.read_buf(decoder.read_buffer()).await {
+        match rd.read_buf(&mut decoder.read_buffer()).await {
             Ok(0) => break "closed by the replica".to_owned(),
             Ok(_) => {}
             Err(e) => break format!("reading: {e}"),
@@ -900,6 +902,7 @@ impl ReplicatedVolume {
             status: status_tx,
             size: size.clone(),
             rebuilds_finished: 0,
+            payload_crc: PayloadCrc::default(),
             poisoned: None,
         };
         runtime.spawn(driver.run(command_rx, event_rx));

@@ -351,11 +351,40 @@ pub fn encode_with_limit(frame: &Frame, out: &mut Vec<u8>, max_payload: usize) -
 /// Payloads at least this large are not copied into the encoding by [`encode_split`].
 pub const SPLIT_MIN: usize = 64 * 1024;
 
+/// The checksum of the last large payload [`encode_split`] encoded: a write goes to every
+/// replica as the same shared bytes, and is checksummed once, not once per replica.
+#[derive(Debug, Default)]
+pub struct PayloadCrc {
+    /// Holding the payload keeps its allocation alive, so while it is cached no other payload
+    /// can appear at the same address: address and length identify it.
+    last: Option<(Bytes, crc32fast::Hasher)>,
+}
+
+impl PayloadCrc {
+    fn of(&mut self, data: &Bytes) -> crc32fast::Hasher {
+        if let Some((seen, h)) = &self.last
+            && seen.as_ptr() == data.as_ptr()
+            && seen.len() == data.len()
+        {
+            return h.clone();
+        }
+        let mut h = crc32fast::Hasher::new();
+        h.update(data);
+        self.last = Some((data.clone(), h.clone()));
+        h
+    }
+}
+
 /// Like [`encode_with_limit`], except that the payload of a large `Write` (at least
 /// [`SPLIT_MIN`] bytes) is not copied into `out`: `out` receives everything before it, and the
 /// data is returned, to be sent right after `out`'s bytes (a vectored write). The checksum
 /// covers it all the same.
-pub fn encode_split(frame: &Frame, out: &mut Vec<u8>, max_payload: usize) -> Result<Option<Bytes>, EncodeError> {
+pub fn encode_split(
+    frame: &Frame,
+    out: &mut Vec<u8>,
+    max_payload: usize,
+    crc: &mut PayloadCrc,
+) -> Result<Option<Bytes>, EncodeError> {
     let Message::Write { offset, revision, data } = &frame.message else {
         return encode_with_limit(frame, out, max_payload).map(|()| None);
     };
@@ -379,7 +408,7 @@ pub fn encode_split(frame: &Frame, out: &mut Vec<u8>, max_payload: usize) -> Res
     let mut h = crc32fast::Hasher::new();
     h.update(&out[start..start + 20]);
     h.update(&out[start + HEADER_LEN..]);
-    h.update(data);
+    h.combine(&crc.of(data));
     let crc = h.finalize();
     out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
     Ok(Some(data.clone()))
@@ -768,10 +797,16 @@ impl FrameDecoder {
 
     /// The buffer to append the next read to, with room for at least the rest of the frame at
     /// the front (or [`MIN_READ`] bytes). Append only; never remove or change what it holds.
-    pub fn read_buffer(&mut self) -> &mut BytesMut {
-        let want = self.need.saturating_sub(self.buf.len()).max(MIN_READ);
+    ///
+    /// While a large frame is incomplete, the room offered ends where it ends: a large write's
+    /// data is handed out as a view into this buffer, so the buffer then moves to fresh memory,
+    /// and whatever of the next frame had already been read would be copied along.
+    pub fn read_buffer(&mut self) -> bytes::buf::Limit<&mut BytesMut> {
+        let rest = self.need.saturating_sub(self.buf.len());
+        let want = rest.max(MIN_READ);
         self.buf.reserve(want);
-        &mut self.buf
+        let limit = if rest > MIN_READ { rest } else { usize::MAX };
+        bytes::BufMut::limit(&mut self.buf, limit)
     }
 
     /// The next complete frame, `None` if more bytes are needed. After an error every later call
@@ -1045,13 +1080,24 @@ pub(crate) mod tests {
             frames.push(Frame { request_id: 2 * i + 1, message: Message::Read { offset: i, len: 4096 } });
         }
         let mut stream = Vec::new();
+        let mut crc = PayloadCrc::default();
         for f in &frames {
             let mut whole = Vec::new();
             encode(f, &mut whole).expect("encodable");
-            let mut head = Vec::new();
-            let tail = encode_split(f, &mut head, DEFAULT_MAX_PAYLOAD).expect("encodable");
+            // Twice, as for two replicas (the second checksum comes from the cache), and once
+            // more under another request id with the payload still cached.
+            for _ in 0..2 {
+                let mut head = Vec::new();
+                let tail = encode_split(f, &mut head, DEFAULT_MAX_PAYLOAD, &mut crc).expect("encodable");
+                head.extend_from_slice(tail.as_deref().unwrap_or_default());
+                assert_eq!(head, whole, "frame {}", f.request_id);
+            }
+            let other = Frame { request_id: f.request_id + 1000, message: f.message.clone() };
+            let (mut plain, mut head) = (Vec::new(), Vec::new());
+            encode(&other, &mut plain).expect("encodable");
+            let tail = encode_split(&other, &mut head, DEFAULT_MAX_PAYLOAD, &mut crc).expect("encodable");
             head.extend_from_slice(tail.as_deref().unwrap_or_default());
-            assert_eq!(head, whole, "frame {}", f.request_id);
+            assert_eq!(head, plain, "frame {} again", f.request_id);
             stream.extend_from_slice(&whole);
         }
         let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
@@ -1069,8 +1115,37 @@ pub(crate) mod tests {
         let mut small = Vec::new();
         let frame =
             Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: vec![0; 4 << 20].into() } };
-        assert!(matches!(encode_split(&frame, &mut small, 1 << 20), Err(EncodeError::TooLarge { .. })));
+        assert!(matches!(encode_split(&frame, &mut small, 1 << 20, &mut crc), Err(EncodeError::TooLarge { .. })));
         assert!(small.is_empty());
+    }
+
+    /// While a large frame is incomplete, a read through `read_buffer` stops at its end, so the
+    /// next frame's bytes never share the buffer the large write's data is a view into.
+    #[test]
+    fn read_buffer_ends_at_a_large_frame_and_not_before_small_ones() {
+        use bytes::BufMut as _;
+        let data = vec![7u8; 1 << 20];
+        let big = Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: data.into() } };
+        let small = Frame { request_id: 2, message: Message::Flush };
+        let mut stream = Vec::new();
+        encode(&big, &mut stream).expect("encodable");
+        encode(&small, &mut stream).expect("encodable");
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        dec.push(&stream[..100]);
+        assert_eq!(dec.next_frame(), Ok(None));
+        let room = dec.read_buffer().remaining_mut();
+        assert_eq!(room, HEADER_LEN + 16 + (1 << 20) - 100);
+        let mut pos = 100;
+        while pos < stream.len() {
+            let mut room = dec.read_buffer();
+            let n = room.remaining_mut().min(stream.len() - pos);
+            room.put_slice(&stream[pos..pos + n]);
+            pos += n;
+            if let Some(f) = dec.next_frame().expect("valid") {
+                assert_eq!(f, [&big, &small][f.request_id as usize - 1].clone());
+            }
+        }
+        assert!(dec.read_buffer().remaining_mut() >= MIN_READ);
     }
 
     #[test]

@@ -196,8 +196,9 @@ impl Reader {
                 return Ok(None);
             }
             // `read_buf` is cancel safe: a read either landed in the decoder or did not happen.
+            let mut room = self.decoder.read_buffer();
             let n = tokio::select! {
-                n = self.rd.read_buf(self.decoder.read_buffer()) => n?,
+                n = self.rd.read_buf(&mut room) => n?,
                 _ = self.shutdown.changed() => return Ok(None),
             };
             if n == 0 {
