@@ -286,7 +286,10 @@ impl Conn {
                     sent = n;
                 }
             }
-            if sent < out.small.len() {
+            if sent == 0 {
+                // Nothing went out: hand the buffer itself to the writer task, uncopied.
+                self.enqueue(Bytes::from(std::mem::take(&mut out.small)));
+            } else if sent < out.small.len() {
                 self.enqueue(Bytes::copy_from_slice(&out.small[sent..]));
             }
             out.small.clear();
