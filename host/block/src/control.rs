@@ -230,7 +230,9 @@ impl ReplicaSession {
     }
 
     pub async fn write(&mut self, offset: u64, data: Vec<u8>) -> Result<(), ControlError> {
-        self.conn.reply("Write", Message::Write { offset, revision: self.header.revision, data }, &[]).await
+        self.conn
+            .reply("Write", Message::Write { offset, revision: self.header.revision, data: data.into() }, &[])
+            .await
     }
 
     pub async fn flush(&mut self) -> Result<(), ControlError> {

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use bytes::{Buf as _, Bytes};
 use thiserror::Error;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -38,7 +39,7 @@ use tokio::task::JoinHandle;
 use wasmcsi_frontend::BlockDevice;
 
 use crate::dirty::DirtyMap;
-use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, SnapshotInfo};
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
 use crate::replication::{
     Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, MAX_UNMAP, Millis, PersistedState,
     RebuildStatus, ReplicaId,
@@ -242,7 +243,7 @@ fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
 
 enum Request {
     Read { offset: u64, len: u64 },
-    Write { offset: u64, data: Vec<u8> },
+    Write { offset: u64, data: Bytes },
     Flush,
     Unmap { offset: u64, len: u64 },
     Resize { size: u64 },
@@ -263,31 +264,59 @@ enum Command {
 /// does not take at once; `pending` (bytes queued, not yet written) keeps the two in order.
 struct Conn {
     wr: Arc<OwnedWriteHalf>,
-    queue: mpsc::UnboundedSender<Vec<u8>>,
+    queue: mpsc::UnboundedSender<Bytes>,
     pending: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
 impl Conn {
-    fn send(&self, buf: &mut Vec<u8>) {
-        if buf.is_empty() {
+    /// Sends `out` (everything one driver iteration produced for this replica), leaving it
+    /// empty.
+    fn send(&self, out: &mut Outbox) {
+        if out.is_empty() {
             return;
         }
+        let idle = self.pending.load(Ordering::Acquire) == 0;
+        if out.segments.is_empty() {
+            // Only small frames: one plain write, and the buffer keeps its capacity.
+            let mut sent = 0;
+            if idle {
+                // An error other than WouldBlock is left to the writer task to hit and report.
+                if let Ok(n) = self.wr.try_write(&out.small) {
+                    sent = n;
+                }
+            }
+            if sent == 0 {
+                // Nothing went out: hand the buffer itself to the writer task, uncopied.
+                self.enqueue(Bytes::from(std::mem::take(&mut out.small)));
+            } else if sent < out.small.len() {
+                self.enqueue(Bytes::copy_from_slice(&out.small[sent..]));
+            }
+            out.small.clear();
+            return;
+        }
+        out.seal();
         let mut sent = 0;
-        if self.pending.load(Ordering::Acquire) == 0 {
-            // An error other than WouldBlock is left to the writer task to hit and report.
-            if let Ok(n) = self.wr.try_write(buf) {
+        if idle {
+            let slices: Vec<IoSlice<'_>> = out.segments.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
+            if let Ok(n) = self.wr.try_write_vectored(&slices) {
                 sent = n;
             }
         }
-        if sent == buf.len() {
-            buf.clear();
-            return;
+        for mut seg in out.segments.drain(..) {
+            if sent >= seg.len() {
+                sent -= seg.len();
+                continue;
+            }
+            seg.advance(sent);
+            sent = 0;
+            self.enqueue(seg);
         }
-        let rest = if sent == 0 { std::mem::take(buf) } else { buf.split_off(sent) };
-        buf.clear();
-        self.pending.fetch_add(rest.len(), Ordering::AcqRel);
-        let _ = self.queue.send(rest);
+    }
+
+    fn enqueue(&self, bytes: Bytes) {
+        self.pending.fetch_add(bytes.len(), Ordering::AcqRel);
+        let _ = self.queue.send(bytes);
     }
 
     /// Closes the connection with a reset: bytes still in its send buffer are discarded, never
@@ -296,6 +325,42 @@ impl Conn {
         let stream: &TcpStream = (*self.wr).as_ref();
         let _ = stream.set_zero_linger();
         self.task.abort();
+    }
+}
+
+/// The frames encoded for one replica during one driver iteration: small ones copied together,
+/// large write payloads kept as the shared buffers they are (see [`protocol::encode_split`]).
+#[derive(Default)]
+struct Outbox {
+    /// Encoded bytes not yet sealed into `segments`.
+    small: Vec<u8>,
+    /// Sealed pieces, in order, before `small`.
+    segments: Vec<Bytes>,
+}
+
+impl Outbox {
+    fn is_empty(&self) -> bool {
+        self.small.is_empty() && self.segments.is_empty()
+    }
+
+    fn push(&mut self, frame: &Frame, crc: &mut PayloadCrc) -> Result<(), protocol::EncodeError> {
+        if let Some(payload) = protocol::encode_split(frame, &mut self.small, DEFAULT_MAX_PAYLOAD, crc)? {
+            self.seal();
+            self.segments.push(payload);
+        }
+        Ok(())
+    }
+
+    /// Moves `small` to the end of `segments`.
+    fn seal(&mut self) {
+        if !self.small.is_empty() {
+            self.segments.push(Bytes::from(std::mem::take(&mut self.small)));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.small.clear();
+        self.segments.clear();
     }
 }
 
@@ -332,7 +397,7 @@ struct Slot {
     writer: Option<Conn>,
     /// Frames encoded for this replica during the current driver iteration, sent at its end
     /// (one write for everything a burst of requests produced).
-    out: Vec<u8>,
+    out: Outbox,
     /// Connect-and-read task of the current generation.
     task: Option<JoinHandle<()>>,
     backoff: Duration,
@@ -350,6 +415,8 @@ struct Driver {
     /// Shared with the handles: the engine's size, updated before any reply of a batch.
     size: Arc<AtomicU64>,
     rebuilds_finished: u64,
+    /// Checksum of the last large write payload encoded, shared by the replicas' frames.
+    payload_crc: PayloadCrc,
     /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
     /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
     poisoned: Option<String>,
@@ -563,7 +630,7 @@ impl Driver {
                 if slot.writer.is_none() {
                     return;
                 }
-                if let Err(e) = protocol::encode(&frame, &mut slot.out) {
+                if let Err(e) = slot.out.push(&frame, &mut self.payload_crc) {
                     tracing::error!(replica, error = %e, "engine produced an unencodable frame");
                 }
             }
@@ -719,7 +786,7 @@ async fn connection(
         if let Some(error) = failed {
             break error;
         }
-        match rd.read_buf(decoder.read_buffer()).await {
+        match rd.read_buf(&mut decoder.read_buffer()).await {
             Ok(0) => break "closed by the replica".to_owned(),
             Ok(_) => {}
             Err(e) => break format!("reading: {e}"),
@@ -732,7 +799,7 @@ async fn connection(
 /// vectored write and without copying them together. Ends when the driver drops the queue.
 async fn write_loop(
     wr: Arc<OwnedWriteHalf>,
-    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut queue: mpsc::UnboundedReceiver<Bytes>,
     pending: Arc<AtomicUsize>,
     replica: ReplicaId,
     generation: u64,
@@ -747,7 +814,7 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        let total: usize = bufs.iter().map(Vec::len).sum();
+        let total: usize = bufs.iter().map(Bytes::len).sum();
         if let Err(e) = write_all_vectored(&wr, &bufs).await {
             let _ = events.send(ConnEvent::Closed { replica, generation, error: format!("writing: {e}") });
             return;
@@ -758,7 +825,7 @@ async fn write_loop(
     // Dropping the last handle of the write half sends the end of the stream.
 }
 
-async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Vec<u8>]) -> io::Result<()> {
+async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Bytes]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
@@ -822,7 +889,7 @@ impl ReplicatedVolume {
                 addr: *addr,
                 generation: 0,
                 writer: None,
-                out: Vec::new(),
+                out: Outbox::default(),
                 task: None,
                 backoff: cfg.backoff_min,
             })
@@ -838,6 +905,7 @@ impl ReplicatedVolume {
             status: status_tx,
             size: size.clone(),
             rebuilds_finished: 0,
+            payload_crc: PayloadCrc::default(),
             poisoned: None,
         };
         runtime.spawn(driver.run(command_rx, event_rx));
@@ -987,7 +1055,8 @@ impl BlockDevice for ReplicatedVolume {
         let mut pending = Vec::new();
         for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
             let at = offset + i as u64 * MAX_IO;
-            pending.push(self.submit(Request::Write { offset: at, data: chunk.to_vec() })?);
+            // The one copy of the payload: from here on every replica's frame shares it.
+            pending.push(self.submit(Request::Write { offset: at, data: Bytes::copy_from_slice(chunk) })?);
         }
         Self::wait_all_written(pending)
     }

@@ -8,6 +8,7 @@
 //! allocating anything for it; every length inside a payload is checked against the bytes that
 //! are actually there, so no field can make it allocate more than the frame it already holds.
 
+use bytes::{Buf as _, Bytes, BytesMut};
 use thiserror::Error;
 
 /// First four bytes of every frame: "WCSB" (wasmcsi block).
@@ -143,7 +144,9 @@ pub enum Message {
     Write {
         offset: u64,
         revision: u64,
-        data: Vec<u8>,
+        /// Shared, not owned: the engine hands one payload to every replica's connection, and
+        /// a decoded write keeps pointing into the buffer it was read into.
+        data: Bytes,
     },
     /// Answered only once everything acknowledged before it is on stable storage.
     Flush,
@@ -345,6 +348,72 @@ pub fn encode_with_limit(frame: &Frame, out: &mut Vec<u8>, max_payload: usize) -
     Ok(())
 }
 
+/// Payloads at least this large are not copied into the encoding by [`encode_split`].
+pub const SPLIT_MIN: usize = 64 * 1024;
+
+/// The checksum of the last large payload [`encode_split`] encoded: a write goes to every
+/// replica as the same shared bytes, and is checksummed once, not once per replica.
+#[derive(Debug, Default)]
+pub struct PayloadCrc {
+    /// Holding the payload keeps its allocation alive, so while it is cached no other payload
+    /// can appear at the same address: address and length identify it.
+    last: Option<(Bytes, crc32fast::Hasher)>,
+}
+
+impl PayloadCrc {
+    fn of(&mut self, data: &Bytes) -> crc32fast::Hasher {
+        if let Some((seen, h)) = &self.last
+            && seen.as_ptr() == data.as_ptr()
+            && seen.len() == data.len()
+        {
+            return h.clone();
+        }
+        let mut h = crc32fast::Hasher::new();
+        h.update(data);
+        self.last = Some((data.clone(), h.clone()));
+        h
+    }
+}
+
+/// Like [`encode_with_limit`], except that the payload of a large `Write` (at least
+/// [`SPLIT_MIN`] bytes) is not copied into `out`: `out` receives everything before it, and the
+/// data is returned, to be sent right after `out`'s bytes (a vectored write). The checksum
+/// covers it all the same.
+pub fn encode_split(
+    frame: &Frame,
+    out: &mut Vec<u8>,
+    max_payload: usize,
+    crc: &mut PayloadCrc,
+) -> Result<Option<Bytes>, EncodeError> {
+    let Message::Write { offset, revision, data } = &frame.message else {
+        return encode_with_limit(frame, out, max_payload).map(|()| None);
+    };
+    if data.len() < SPLIT_MIN {
+        return encode_with_limit(frame, out, max_payload).map(|()| None);
+    }
+    let len = 16 + data.len();
+    if len > max_payload {
+        return Err(EncodeError::TooLarge { len, max: max_payload });
+    }
+    let len32 = u32::try_from(len).map_err(|_| EncodeError::TooLarge { len, max: max_payload })?;
+    let start = out.len();
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    out.extend_from_slice(&frame.message.kind().to_le_bytes());
+    out.extend_from_slice(&frame.request_id.to_le_bytes());
+    out.extend_from_slice(&len32.to_le_bytes());
+    out.extend_from_slice(&[0; 4]); // checksum, filled in below
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&revision.to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&out[start..start + 20]);
+    h.update(&out[start + HEADER_LEN..]);
+    h.combine(&crc.of(data));
+    let crc = h.finalize();
+    out[start + 20..start + 24].copy_from_slice(&crc.to_le_bytes());
+    Ok(Some(data.clone()))
+}
+
 /// The checksum covers the header fields before it, so a flipped kind or request id is caught
 /// too, not only a damaged payload.
 fn checksum(header: &[u8], payload: &[u8]) -> u32 {
@@ -483,6 +552,27 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, DecodeError> {
 /// Decodes the frame at the front of `buf`. The header is validated as soon as it is complete,
 /// so garbage and oversized frames fail fast instead of waiting for megabytes that never come.
 pub fn decode_with_limit(buf: &[u8], max_payload: usize) -> Result<Decoded, DecodeError> {
+    match check_frame(buf, max_payload)? {
+        Checked::NeedMore(n) => Ok(Decoded::NeedMore(n)),
+        Checked::Complete { kind, request_id, total } => {
+            let message = decode_payload(kind, &buf[HEADER_LEN..total], None)?;
+            Ok(Decoded::Frame(Frame { request_id, message }, total))
+        }
+    }
+}
+
+/// What the front of a byte stream holds, as far as the header and checksum tell.
+enum Checked {
+    NeedMore(usize),
+    /// A whole frame of `total` bytes whose checksum matched.
+    Complete {
+        kind: u16,
+        request_id: u64,
+        total: usize,
+    },
+}
+
+fn check_frame(buf: &[u8], max_payload: usize) -> Result<Checked, DecodeError> {
     // Reject a wrong magic byte by byte, before the whole header arrived.
     let seen = buf.len().min(4);
     if buf[..seen] != MAGIC[..seen] {
@@ -491,9 +581,9 @@ pub fn decode_with_limit(buf: &[u8], max_payload: usize) -> Result<Decoded, Deco
         return Err(DecodeError::BadMagic(m));
     }
     if buf.len() < HEADER_LEN {
-        return Ok(Decoded::NeedMore(HEADER_LEN));
+        return Ok(Checked::NeedMore(HEADER_LEN));
     }
-    let mut r = Reader { buf: &buf[4..HEADER_LEN], kind: 0 };
+    let mut r = Reader { buf: &buf[4..HEADER_LEN], kind: 0, origin: None };
     let version = r.u16()?;
     if version != PROTOCOL_VERSION {
         return Err(DecodeError::UnsupportedVersion(version));
@@ -507,20 +597,21 @@ pub fn decode_with_limit(buf: &[u8], max_payload: usize) -> Result<Decoded, Deco
     }
     let total = HEADER_LEN + len;
     if buf.len() < total {
-        return Ok(Decoded::NeedMore(total));
+        return Ok(Checked::NeedMore(total));
     }
-    let payload = &buf[HEADER_LEN..total];
-    if checksum(&buf[..20], payload) != crc {
+    if checksum(&buf[..20], &buf[HEADER_LEN..total]) != crc {
         return Err(DecodeError::ChecksumMismatch { request_id });
     }
-    let message = decode_payload(kind, payload)?;
-    Ok(Decoded::Frame(Frame { request_id, message }, total))
+    Ok(Checked::Complete { kind, request_id, total })
 }
 
 /// Bounds-checked cursor over a payload; every read fails instead of panicking.
 struct Reader<'a> {
     buf: &'a [u8],
     kind: u16,
+    /// The payload as shared bytes, when the caller has it so: a write's data is then a view
+    /// into it instead of a copy.
+    origin: Option<&'a Bytes>,
 }
 
 impl<'a> Reader<'a> {
@@ -574,13 +665,22 @@ impl<'a> Reader<'a> {
     fn rest(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.buf).to_vec()
     }
+    fn rest_shared(&mut self) -> Bytes {
+        let rest = std::mem::take(&mut self.buf);
+        match self.origin {
+            // `rest` is the tail of the payload `origin` holds.
+            Some(origin) => origin.slice(origin.len() - rest.len()..),
+            None => Bytes::copy_from_slice(rest),
+        }
+    }
     fn finish(self) -> Result<(), DecodeError> {
         if self.buf.is_empty() { Ok(()) } else { Err(self.malformed("trailing bytes")) }
     }
 }
 
-fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
-    let mut r = Reader { buf: payload, kind };
+/// `origin`, if given, holds the same bytes as `payload`.
+fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<Message, DecodeError> {
+    let mut r = Reader { buf: payload, kind, origin };
     let m = match kind {
         1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()? },
         2 => {
@@ -602,7 +702,7 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
         }
         3 => Message::Read { offset: r.u64()?, len: r.u32()? },
         4 => Message::ReadReply { status: r.status()?, data: r.rest() },
-        5 => Message::Write { offset: r.u64()?, revision: r.u64()?, data: r.rest() },
+        5 => Message::Write { offset: r.u64()?, revision: r.u64()?, data: r.rest_shared() },
         6 => Message::Flush,
         7 => Message::Unmap { offset: r.u64()?, len: r.u64()?, revision: r.u64()? },
         8 => Message::Snapshot { name: r.name()?, revision: r.u64()? },
@@ -668,15 +768,15 @@ fn decode_payload(kind: u16, payload: &[u8]) -> Result<Message, DecodeError> {
 /// Buffers a byte stream and yields whole frames: what a connection reader needs.
 ///
 /// Consumed frames are not shifted out one by one (a 256 KiB read of 4 KiB writes would move the
-/// rest of the buffer sixty times); the consumed prefix is dropped once, before the next read.
-/// Readers append straight into the buffer with [`FrameDecoder::read_buffer`] (e.g. tokio's
-/// `read_buf`), so bytes are not staged in an intermediate buffer either.
+/// rest of the buffer sixty times): the buffer's front just advances. The data of a large write
+/// is handed out as a view into the buffer, not copied ([`SPLIT_MIN`]); the buffer then moves
+/// on to fresh memory when it next needs room. Readers append straight into the buffer with
+/// [`FrameDecoder::read_buffer`] (e.g. tokio's `read_buf`), so bytes are not staged in an
+/// intermediate buffer either.
 #[derive(Debug)]
 pub struct FrameDecoder {
-    buf: Vec<u8>,
-    /// Bytes of `buf` already consumed by returned frames.
-    start: usize,
-    /// Total bytes (from `start`) the frame at the front needs, as far as known.
+    buf: BytesMut,
+    /// Total bytes the frame at the front needs, as far as known.
     need: usize,
     max_payload: usize,
     failed: bool,
@@ -687,29 +787,26 @@ const MIN_READ: usize = 256 * 1024;
 
 impl FrameDecoder {
     pub fn new(max_payload: usize) -> Self {
-        Self { buf: Vec::new(), start: 0, need: HEADER_LEN, max_payload, failed: false }
+        Self { buf: BytesMut::new(), need: HEADER_LEN, max_payload, failed: false }
     }
 
     /// Appends bytes read from the connection.
     pub fn push(&mut self, bytes: &[u8]) {
-        self.compact();
         self.buf.extend_from_slice(bytes);
     }
 
     /// The buffer to append the next read to, with room for at least the rest of the frame at
     /// the front (or [`MIN_READ`] bytes). Append only; never remove or change what it holds.
-    pub fn read_buffer(&mut self) -> &mut Vec<u8> {
-        self.compact();
-        let want = self.need.saturating_sub(self.buf.len()).max(MIN_READ);
+    ///
+    /// While a large frame is incomplete, the room offered ends where it ends: a large write's
+    /// data is handed out as a view into this buffer, so the buffer then moves to fresh memory,
+    /// and whatever of the next frame had already been read would be copied along.
+    pub fn read_buffer(&mut self) -> bytes::buf::Limit<&mut BytesMut> {
+        let rest = self.need.saturating_sub(self.buf.len());
+        let want = rest.max(MIN_READ);
         self.buf.reserve(want);
-        &mut self.buf
-    }
-
-    fn compact(&mut self) {
-        if self.start > 0 {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
+        let limit = if rest > MIN_READ { rest } else { usize::MAX };
+        bytes::BufMut::limit(&mut self.buf, limit)
     }
 
     /// The next complete frame, `None` if more bytes are needed. After an error every later call
@@ -718,21 +815,31 @@ impl FrameDecoder {
         if self.failed {
             return Err(DecodeError::Malformed { kind: 0, what: "stream already failed" });
         }
-        if self.start == self.buf.len() {
+        if self.buf.is_empty() {
             self.need = HEADER_LEN;
             return Ok(None);
         }
-        match decode_with_limit(&self.buf[self.start..], self.max_payload) {
-            Ok(Decoded::NeedMore(n)) => {
+        let decoded = check_frame(&self.buf, self.max_payload).and_then(|checked| match checked {
+            Checked::NeedMore(n) => Ok(Err(n)),
+            Checked::Complete { kind, request_id, total } if kind == 5 && total >= HEADER_LEN + 16 + SPLIT_MIN => {
+                // A large write: its data stays where it was read.
+                let frame = self.buf.split_to(total).freeze();
+                let payload = frame.slice(HEADER_LEN..);
+                let message = decode_payload(kind, &payload, Some(&payload))?;
+                Ok(Ok(Frame { request_id, message }))
+            }
+            Checked::Complete { kind, request_id, total } => {
+                let message = decode_payload(kind, &self.buf[HEADER_LEN..total], None)?;
+                self.buf.advance(total);
+                Ok(Ok(Frame { request_id, message }))
+            }
+        });
+        match decoded {
+            Ok(Err(n)) => {
                 self.need = n;
                 Ok(None)
             }
-            Ok(Decoded::Frame(frame, used)) => {
-                self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
-                    self.start = 0;
-                }
+            Ok(Ok(frame)) => {
                 self.need = HEADER_LEN;
                 Ok(Some(frame))
             }
@@ -775,7 +882,7 @@ pub(crate) mod tests {
             },
             2 => Message::Read { offset: rng.next(), len: rng.next() as u32 },
             3 => Message::ReadReply { status: status(rng), data: data(rng) },
-            4 => Message::Write { offset: rng.next(), revision: rng.next(), data: data(rng) },
+            4 => Message::Write { offset: rng.next(), revision: rng.next(), data: data(rng).into() },
             5 => Message::Flush,
             6 => Message::Unmap { offset: rng.next(), len: rng.next(), revision: rng.next() },
             7 => Message::Snapshot { name: name(rng), revision: rng.next() },
@@ -907,7 +1014,8 @@ pub(crate) mod tests {
 
     #[test]
     fn encoder_refuses_a_payload_over_the_limit() {
-        let frame = Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: vec![0; 100] } };
+        let frame =
+            Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: vec![0; 100].into() } };
         let mut out = vec![7];
         assert_eq!(encode_with_limit(&frame, &mut out, 50), Err(EncodeError::TooLarge { len: 116, max: 50 }));
         assert_eq!(out, vec![7], "a failed encode leaves the buffer as it was");
@@ -956,6 +1064,88 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(got, frames);
+    }
+
+    /// A large write encoded in two pieces (header, shared payload) is the same bytes as the
+    /// one-piece encoding, and decodes from a stream split anywhere, also around small frames.
+    #[test]
+    fn split_encoding_of_large_writes_matches_and_round_trips_through_the_stream_decoder() {
+        let mut rng = Rng::new(11);
+        let mut frames = Vec::new();
+        for i in 0..40u64 {
+            let len = [SPLIT_MIN - 1, SPLIT_MIN, SPLIT_MIN + 4096, 1 << 20, 4096][i as usize % 5];
+            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let write = Message::Write { offset: rng.next(), revision: i, data: data.into() };
+            frames.push(Frame { request_id: 2 * i, message: write });
+            frames.push(Frame { request_id: 2 * i + 1, message: Message::Read { offset: i, len: 4096 } });
+        }
+        let mut stream = Vec::new();
+        let mut crc = PayloadCrc::default();
+        for f in &frames {
+            let mut whole = Vec::new();
+            encode(f, &mut whole).expect("encodable");
+            // Twice, as for two replicas (the second checksum comes from the cache), and once
+            // more under another request id with the payload still cached.
+            for _ in 0..2 {
+                let mut head = Vec::new();
+                let tail = encode_split(f, &mut head, DEFAULT_MAX_PAYLOAD, &mut crc).expect("encodable");
+                head.extend_from_slice(tail.as_deref().unwrap_or_default());
+                assert_eq!(head, whole, "frame {}", f.request_id);
+            }
+            let other = Frame { request_id: f.request_id + 1000, message: f.message.clone() };
+            let (mut plain, mut head) = (Vec::new(), Vec::new());
+            encode(&other, &mut plain).expect("encodable");
+            let tail = encode_split(&other, &mut head, DEFAULT_MAX_PAYLOAD, &mut crc).expect("encodable");
+            head.extend_from_slice(tail.as_deref().unwrap_or_default());
+            assert_eq!(head, plain, "frame {} again", f.request_id);
+            stream.extend_from_slice(&whole);
+        }
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        let mut got = Vec::new();
+        let mut pos = 0;
+        while pos < stream.len() {
+            let n = (rng.below(300_000) as usize + 1).min(stream.len() - pos);
+            dec.push(&stream[pos..pos + n]);
+            pos += n;
+            while let Some(f) = dec.next_frame().expect("valid stream") {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+        let mut small = Vec::new();
+        let frame =
+            Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: vec![0; 4 << 20].into() } };
+        assert!(matches!(encode_split(&frame, &mut small, 1 << 20, &mut crc), Err(EncodeError::TooLarge { .. })));
+        assert!(small.is_empty());
+    }
+
+    /// While a large frame is incomplete, a read through `read_buffer` stops at its end, so the
+    /// next frame's bytes never share the buffer the large write's data is a view into.
+    #[test]
+    fn read_buffer_ends_at_a_large_frame_and_not_before_small_ones() {
+        use bytes::BufMut as _;
+        let data = vec![7u8; 1 << 20];
+        let big = Frame { request_id: 1, message: Message::Write { offset: 0, revision: 0, data: data.into() } };
+        let small = Frame { request_id: 2, message: Message::Flush };
+        let mut stream = Vec::new();
+        encode(&big, &mut stream).expect("encodable");
+        encode(&small, &mut stream).expect("encodable");
+        let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+        dec.push(&stream[..100]);
+        assert_eq!(dec.next_frame(), Ok(None));
+        let room = dec.read_buffer().remaining_mut();
+        assert_eq!(room, HEADER_LEN + 16 + (1 << 20) - 100);
+        let mut pos = 100;
+        while pos < stream.len() {
+            let mut room = dec.read_buffer();
+            let n = room.remaining_mut().min(stream.len() - pos);
+            room.put_slice(&stream[pos..pos + n]);
+            pos += n;
+            if let Some(f) = dec.next_frame().expect("valid") {
+                assert_eq!(f, [&big, &small][f.request_id as usize - 1].clone());
+            }
+        }
+        assert!(dec.read_buffer().remaining_mut() >= MIN_READ);
     }
 
     #[test]

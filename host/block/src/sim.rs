@@ -509,7 +509,7 @@ impl World {
                 // The engine orders overlapping requests by arrival, so the model applies each
                 // write at issue time and a read expects the model as of its own issue time.
                 self.model[range].copy_from_slice(&data);
-                self.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data });
+                self.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data: data.into() });
             }
             16..=18 => {
                 self.model[range].iter_mut().for_each(|b| *b = 0);
@@ -811,7 +811,7 @@ fn rebuild_resumes_after_an_engine_crash_instead_of_starting_from_zero() {
         let len = REGION.min(size - offset);
         let data = vec![0x5a; len as usize];
         w.model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
-        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data });
+        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data: data.into() });
         offset += len;
     }
     settle(&mut w);
@@ -925,7 +925,7 @@ fn crash_with_writes_in_flight(w: &mut World, steps: u64) -> Vec<(u64, Interrupt
         let old = w.model[range.clone()].to_vec();
         w.model[range].copy_from_slice(&data);
         let client = w.next_client;
-        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data: data.clone() });
+        w.issue(Expect::Write, |client| Event::ClientWrite { client, offset, data: data.clone().into() });
         writes.push((client, Interrupted { offset: offset as usize, old, new: data, acked: false }));
     }
     for _ in 0..steps {

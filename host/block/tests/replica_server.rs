@@ -80,7 +80,7 @@ impl Client {
     }
 
     async fn write(&mut self, offset: u64, data: Vec<u8>, revision: u64) -> Status {
-        match self.call(Message::Write { offset, revision, data }).await {
+        match self.call(Message::Write { offset, revision, data: data.into() }).await {
             Message::Reply { status } => status,
             other => panic!("{other:?}"),
         }
@@ -181,7 +181,7 @@ async fn pipelined_writes_and_reads_are_matched_by_request_id() {
         let mut out = Vec::new();
         for i in 0..N {
             out.clear();
-            let message = Message::Write { offset: i * LEN as u64 * 2, revision: 0, data: pattern(i, LEN) };
+            let message = Message::Write { offset: i * LEN as u64 * 2, revision: 0, data: pattern(i, LEN).into() };
             encode(&Frame { request_id: 1000 + i, message }, &mut out).unwrap();
             wr.write_all(&out).await.unwrap();
         }
@@ -382,7 +382,7 @@ async fn a_client_that_stops_reading_is_throttled_without_stalling_others_or_shu
             stuck.send(Message::Read { offset: 0, len: 4 << 20 }).await;
         }
         for _ in 0..64 {
-            stuck.send(Message::Write { offset: 0, revision: 0, data: vec![9; 4 << 20] }).await;
+            stuck.send(Message::Write { offset: 0, revision: 0, data: vec![9; 4 << 20].into() }).await;
         }
         stuck
     });
@@ -404,7 +404,7 @@ async fn pipelining_works_with_an_in_flight_bound_of_one() {
     let (mut c, _, _) = Client::hello(server.local_addr()).await;
     let mut ids = Vec::new();
     for i in 0..32u64 {
-        ids.push(c.send(Message::Write { offset: i * 4096, revision: 0, data: pattern(i, 4096) }).await);
+        ids.push(c.send(Message::Write { offset: i * 4096, revision: 0, data: pattern(i, 4096).into() }).await);
     }
     let mut got: Vec<u64> = Vec::new();
     for _ in 0..32 {

@@ -59,6 +59,22 @@ impl Layer {
         self.file.read_exact_at(buf, offset).map_err(io_err("read", &self.path))
     }
 
+    /// Fills `buf` only if every byte of it is in the page cache, without waiting for the disk
+    /// (`RWF_NOWAIT`): `false` when some of it is not (or on any error, which the blocking
+    /// [`Layer::read_at`] then meets and reports). Lets a replica answer a cached read on its
+    /// connection task instead of handing it to a blocking thread and back.
+    pub(crate) fn read_cached_at(&self, buf: &mut [u8], offset: u64) -> bool {
+        let mut done = 0;
+        while done < buf.len() {
+            match pread_nowait(&self.file, &mut buf[done..], offset + done as u64) {
+                Ok(n) if n > 0 => done += n,
+                // EOF (the blocking read reports it), EAGAIN (not cached), or a real error.
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Writes through the page cache in pieces of at most [`WRITE_PIECE`] bytes, aligned to it.
     /// The file system sizes a page cache folio by the write that creates it: one 1 MiB write
     /// leaves a 1 MiB folio, and every later 4 KiB write into it walks all of the folio's 256
@@ -177,6 +193,18 @@ pub(crate) fn view_extents(view: &[&Layer], offset: u64, len: u64) -> Vec<(u64, 
     out
 }
 
+/// `preadv2(.., RWF_NOWAIT)` of one buffer: `EAGAIN` instead of waiting for the disk.
+#[allow(unsafe_code, reason = "preadv2 has no safe wrapper in std or nix")]
+fn pread_nowait(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    let offset = i64::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let iov = nix::libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: `iov` describes `buf`, which is valid for writes of its whole length and outlives
+    // the call; the descriptor is borrowed from `file`, open for the duration of the call.
+    let n = unsafe { nix::libc::preadv2(file.as_raw_fd(), &iov, 1, offset, nix::libc::RWF_NOWAIT) };
+    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +231,20 @@ mod tests {
         assert_eq!(buf, want[50..50 + buf.len()]);
         assert_eq!(view_extents(&[&low, &high], 100, size - 100), vec![(100, 4 * BLOCK - 100), (6 * BLOCK, BLOCK)]);
         assert_eq!(view_extents(&[&low], 0, size), vec![(0, 4 * BLOCK)]);
+    }
+
+    /// A cached read returns the same bytes as a blocking one; past the end of the file it
+    /// declines (the blocking read reports the truncation) instead of returning zeros.
+    #[test]
+    fn a_cached_read_matches_the_file_and_declines_past_its_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layer = Layer::create(dir.path(), "head", 4 * BLOCK).expect("layer");
+        let data: Vec<u8> = (0..2 * BLOCK).map(|i| i as u8).collect();
+        layer.write_at(&data, BLOCK).expect("write");
+        let mut buf = vec![0; BLOCK as usize + 10];
+        assert!(layer.read_cached_at(&mut buf, BLOCK + 5), "just written, so cached");
+        assert_eq!(buf, data[5..5 + buf.len()]);
+        let mut past = vec![0; 2 * BLOCK as usize];
+        assert!(!layer.read_cached_at(&mut past, 3 * BLOCK));
     }
 }

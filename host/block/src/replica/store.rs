@@ -345,6 +345,19 @@ impl ReplicaStore {
         Ok(buf)
     }
 
+    /// [`Self::read`] if it can be served from the page cache without waiting for the disk;
+    /// `None` when it cannot (or when any error or a snapshot chain makes it not worth trying:
+    /// the blocking [`Self::read`] then does it and reports what went wrong).
+    pub fn read_cached(&self, offset: u64, len: u32) -> Option<Vec<u8>> {
+        let chain = read(&self.chain);
+        Self::check_range(chain.header.size, offset, u64::from(len)).ok()?;
+        if !chain.snapshots.is_empty() {
+            return None;
+        }
+        let mut buf = vec![0; len as usize];
+        chain.head.read_cached_at(&mut buf, offset).then_some(buf)
+    }
+
     /// A read for rebuild: refused when this replica's revision is below `revision`, so a stale
     /// replica is never a rebuild source.
     pub fn read_extent(&self, offset: u64, len: u32, revision: u64) -> Result<Vec<u8>, StoreError> {

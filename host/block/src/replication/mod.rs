@@ -65,6 +65,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use bytes::Bytes;
 use thiserror::Error;
 
 use crate::dirty::DirtyMap;
@@ -150,7 +151,8 @@ pub enum Event {
     ClientWrite {
         client: ClientId,
         offset: u64,
-        data: Vec<u8>,
+        /// Shared with every replica's `Write`, never copied per replica.
+        data: Bytes,
     },
     ClientFlush {
         client: ClientId,
@@ -298,7 +300,7 @@ enum Fanout {
     Write {
         offset: u64,
         len: u64,
-        data: Option<Vec<u8>>,
+        data: Option<Bytes>,
     },
     Flush {
         covered: DirtyMap,
@@ -1180,8 +1182,7 @@ impl Engine {
                     self.persist();
                 }
                 let (offset, len) = (*offset, *len);
-                // A write's payload is handed out below without the closure (one copy per
-                // replica but the last, which takes it).
+                // A write's payload is handed out below, shared, without the closure.
                 let message: Box<dyn Fn() -> Message> = match data {
                     Some(_) => Box::new(|| Message::Flush),
                     None => Box::new(move || Message::Unmap { offset, len, revision }),
@@ -1244,12 +1245,12 @@ impl Engine {
         let mut kind = kind;
         if let Fanout::Write { offset, data: Some(data), .. } = &mut kind {
             // The op keeps an empty payload (it still reads as a write, not an unmap): nothing
-            // resends it, and a 1 MiB write is copied once per extra replica, not per replica + 1.
+            // resends it, so the data is freed once every connection wrote it out. Every
+            // replica's frame shares the one payload.
             let offset = *offset;
-            let mut payload = Some(std::mem::take(data));
-            for (i, r) in targets.iter().enumerate() {
-                let data = if i + 1 == targets.len() { payload.take() } else { payload.clone() };
-                self.send(*r, id, Message::Write { offset, revision, data: data.unwrap_or_default() });
+            let payload = std::mem::take(data);
+            for r in &targets {
+                self.send(*r, id, Message::Write { offset, revision, data: payload.clone() });
             }
         } else {
             for r in &targets {

@@ -371,7 +371,7 @@ impl Engine {
                     )));
                 }
                 self.ops.insert(op_id, Op::Rebuild(RebuildOp::Copy { region, stage: CopyStage::Writing }));
-                self.send(target, op_id, Message::Write { offset, revision: self.revision, data });
+                self.send(target, op_id, Message::Write { offset, revision: self.revision, data: data.into() });
             }
             (RebuildOp::Copy { region, stage: CopyStage::Writing | CopyStage::Unmapping }, m) if ok(&m) => {
                 self.unlock(op_id);

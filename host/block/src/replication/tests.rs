@@ -53,7 +53,7 @@ fn attached(locals: &[bool], revisions: &[u64]) -> (Engine, Vec<Action>) {
 #[test]
 fn write_is_acknowledged_only_after_every_healthy_replica_acknowledged() {
     let (mut e, _) = attached(&[false, false], &[3, 3]);
-    let out = sends(&e.handle(1, Event::ClientWrite { client: 9, offset: 0, data: vec![1; 512] }));
+    let out = sends(&e.handle(1, Event::ClientWrite { client: 9, offset: 0, data: vec![1; 512].into() }));
     assert_eq!(out.len(), 2, "fans out to both replicas");
     assert!(e.handle(2, Event::Received(out[0].0, ok(out[0].1.request_id))).is_empty());
     let done = e.handle(3, Event::Received(out[1].0, ok(out[1].1.request_id)));
@@ -63,7 +63,7 @@ fn write_is_acknowledged_only_after_every_healthy_replica_acknowledged() {
 #[test]
 fn failed_replica_is_dropped_and_writes_continue_degraded_with_the_region_marked_dirty() {
     let (mut e, _) = attached(&[false, false], &[3, 3]);
-    let out = sends(&e.handle(1, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 512] }));
+    let out = sends(&e.handle(1, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 512].into() }));
     e.handle(2, Event::Received(0, ok(out[0].1.request_id)));
     // Replica 1 never answers: the timeout drops it and the write completes on replica 0.
     let actions = e.handle(200, Event::Tick);
@@ -79,7 +79,7 @@ fn failed_replica_is_dropped_and_writes_continue_degraded_with_the_region_marked
         sync,
         vec![(0, Frame { request_id: sync[0].1.request_id, message: Message::SetRevision { revision: 4 } })]
     );
-    let queued = e.handle(201, Event::ClientWrite { client: 2, offset: 1 << 19, data: vec![2; 10] });
+    let queued = e.handle(201, Event::ClientWrite { client: 2, offset: 1 << 19, data: vec![2; 10].into() });
     assert!(sends(&queued).is_empty(), "writes wait for the revision to be recorded");
     let released = sends(&e.handle(202, Event::Received(0, ok(sync[0].1.request_id))));
     assert_eq!(released.len(), 1);
@@ -93,7 +93,7 @@ fn client_io_fails_when_no_healthy_replica_remains() {
     e.handle(1, Event::ReplicaDisconnected(0));
     let read = e.handle(2, Event::ClientRead { client: 5, offset: 0, len: 10 });
     assert!(matches!(&read[..], [Action::Reply { client: 5, result: Err(IoError::NoHealthyReplica { .. }) }]));
-    let write = e.handle(3, Event::ClientWrite { client: 6, offset: 0, data: vec![0; 4] });
+    let write = e.handle(3, Event::ClientWrite { client: 6, offset: 0, data: vec![0; 4].into() });
     assert!(matches!(&write[..], [Action::Reply { client: 6, result: Err(IoError::NoHealthyReplica { .. }) }]));
 }
 
@@ -193,7 +193,7 @@ fn snapshots_need_every_replica_healthy_and_resize_never_shrinks() {
 fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() {
     let (mut e, _) = attached(&[false, false, false], &[3, 3, 3]);
     drop_replica(&mut e, 2);
-    let write = sends(&e.handle(4, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 10] }));
+    let write = sends(&e.handle(4, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 10].into() }));
     let held = e.handle(5, Event::ClientResize { client: 2, size: 2 * SIZE });
     assert!(sends(&held).is_empty(), "the resize waits for the write");
     e.handle(6, Event::Received(write[0].0, ok(write[0].1.request_id)));
@@ -234,7 +234,7 @@ fn intent_map_persists_per_random_write_workload() {
             let event = if i % 100 == 99 {
                 Event::ClientFlush { client: i }
             } else {
-                Event::ClientWrite { client: i, offset, data: vec![1; 4096] }
+                Event::ClientWrite { client: i, offset, data: vec![1; 4096].into() }
             };
             pending.extend(e.handle(i, event));
             // Every request is answered before the next: the replicas are instant.
