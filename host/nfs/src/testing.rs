@@ -21,13 +21,11 @@
 //! // ... client.mkdir(&g.export(), "vol", 0o755, 0, 0) ...; check g.export_dir() directly
 //! ```
 use crate::{NfsConfig, NfsExport};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use wasmcsi_netns::{NsOptions, NsShell};
 
 /// The pseudo path of the one export (`mount_path_pseudo = true`: v3 mounts use it too).
 pub const SHARE: &str = "/export";
@@ -110,30 +108,12 @@ EXPORT {{
     )
 }
 
-struct Control {
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
 /// One running ganesha (+ rpcbind) in its own namespaces; stopped and cleaned on drop.
 pub struct Ganesha {
+    // Declared first: dropped (the namespace ended) before the directory it uses goes.
+    ns: NsShell,
     dir: tempfile::TempDir,
-    child: Child,
-    control: Mutex<Control>,
-    host_if: String,
     addr: Ipv4Addr,
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-const SLOTS: u32 = 16384;
-
-fn slot_addrs(slot: u32) -> (Ipv4Addr, Ipv4Addr) {
-    let base = u32::from(Ipv4Addr::new(10, 201, 0, 0)) + slot * 4;
-    (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
-}
-
-fn ip(args: &[&str]) -> io::Result<std::process::Output> {
-    Command::new("ip").args(args).stdin(Stdio::null()).output()
 }
 
 impl Ganesha {
@@ -146,96 +126,26 @@ impl Ganesha {
         std::fs::create_dir(&recovery)?;
         std::fs::write(dir.path().join("ganesha.conf"), config_text(&export, &recovery))?;
 
-        let peer_if = "wnfs0".to_owned();
-        let mut child = Command::new("unshare")
-            .args(["--net", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", SCRIPT])
-            .env("DIR", dir.path())
-            .env("PEER_IF", &peer_if)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::other("unshare: no stdio pipes"));
-        };
-        let mut control = Control { stdin: Some(stdin), stdout: BufReader::new(stdout) };
-        // From here on, an early return drops `child` unkilled: kill it on every error path.
-        let fail = |mut child: Child, e: io::Error| -> io::Error {
-            let _ = child.kill();
-            let _ = child.wait();
-            e
-        };
-        // `ns`: unshare has created the namespaces (its own process is in the new net ns).
-        match read_line(&mut control) {
-            Ok(l) if l == "ns" => {}
-            Ok(l) => return Err(fail(child, io::Error::other(format!("namespace shell said {l:?}")))),
-            Err(e) => return Err(fail(child, e)),
-        }
-        let (host_if, addr) = match Self::veth(child.id(), &peer_if) {
-            Ok(v) => v,
-            Err(e) => return Err(fail(child, e)),
-        };
-        let g = Self { dir, child, control: Mutex::new(control), host_if, addr };
+        let ns = NsShell::spawn(&NsOptions {
+            script: SCRIPT.into(),
+            env: vec![("DIR".into(), dir.path().into())],
+            env_remove: vec![],
+            subnet: [10, 201],
+            if_prefix: "wnfs".into(),
+            stop_patience: Duration::from_secs(3),
+        })?;
+        let g = Self { addr: ns.addr(), ns, dir };
         // The address is only known now: it comes with `go`.
-        g.command(&format!("go {addr}"), "ready")?;
+        g.command(&format!("go {}", g.addr), "ready")?;
         Ok(g)
-    }
-
-    /// Create the veth pair: host end `wnfs<N>` in the root namespace, the other end inside the
-    /// namespace of `pid`. Returns the host interface and the namespace's address.
-    fn veth(pid: u32, peer_if: &str) -> io::Result<(String, Ipv4Addr)> {
-        let first = (std::process::id().wrapping_mul(131) + SEQ.fetch_add(1, Ordering::Relaxed) * 7) % SLOTS;
-        let pid = pid.to_string();
-        let mut last_err = String::new();
-        for k in 0..256 {
-            let slot = (first + k) % SLOTS;
-            let host_if = format!("wnfs{slot}");
-            let out = ip(&["link", "add", &host_if, "type", "veth", "peer", "name", peer_if, "netns", &pid])?;
-            if !out.status.success() {
-                last_err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-                if last_err.contains("File exists") {
-                    continue;
-                }
-                return Err(io::Error::other(format!("ip link add {host_if}: {last_err}")));
-            }
-            let (host_addr, ns_addr) = slot_addrs(slot);
-            for args in [
-                &["addr", "add", &format!("{host_addr}/30"), "dev", &host_if][..],
-                &["link", "set", &host_if, "up"][..],
-            ] {
-                let out = ip(args)?;
-                if !out.status.success() {
-                    let _ = ip(&["link", "del", &host_if]);
-                    return Err(io::Error::other(format!(
-                        "ip {}: {}",
-                        args.join(" "),
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    )));
-                }
-            }
-            return Ok((host_if, ns_addr));
-        }
-        Err(io::Error::other(format!("no free veth slot: {last_err}")))
     }
 
     fn with_log(&self, e: io::Error) -> io::Error {
         io::Error::new(e.kind(), format!("{e}; ganesha log tail:\n{}", self.log_tail(20)))
     }
 
-    /// Send one command line and wait for its answer (`want`), bounded by the shell itself.
-    fn command_raw(&self, line: &str, want: &str) -> io::Result<()> {
-        let mut c = self.control.lock().unwrap_or_else(PoisonError::into_inner);
-        let stdin = c.stdin.as_mut().ok_or_else(|| io::Error::other("ganesha harness already stopped"))?;
-        writeln!(stdin, "{line}")?;
-        stdin.flush()?;
-        let got = read_line(&mut c)?;
-        if got == want { Ok(()) } else { Err(io::Error::other(format!("{line}: namespace shell said {got:?}"))) }
-    }
-
     fn command(&self, line: &str, want: &str) -> io::Result<()> {
-        self.command_raw(line, want).map_err(|e| self.with_log(e))
+        self.ns.command(line, want).map_err(|e| self.with_log(e))
     }
 
     /// The server's address, as the client names it.
@@ -263,7 +173,7 @@ impl Ganesha {
 
     /// The host end of the veth pair (for tests that cut the link).
     pub fn host_interface(&self) -> &str {
-        &self.host_if
+        self.ns.host_interface()
     }
 
     /// Freeze ganesha (SIGSTOP): connections are accepted by the kernel but never answered,
@@ -291,37 +201,5 @@ impl Ganesha {
         let log = std::fs::read_to_string(self.dir.path().join("ganesha.log")).unwrap_or_default();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-fn read_line(c: &mut Control) -> io::Result<String> {
-    let mut line = String::new();
-    if c.stdout.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "namespace shell exited"));
-    }
-    Ok(line.trim().to_owned())
-}
-
-impl Drop for Ganesha {
-    fn drop(&mut self) {
-        // Closing stdin ends the shell, pid 1 of the namespace: the kernel kills the rest.
-        if let Ok(mut c) = self.control.lock() {
-            c.stdin = None;
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-                // Stuck or unknown: SIGKILL unshare; --kill-child takes the namespace down too.
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
-        // The namespace took its veth end, and with it the pair; delete ours in case it lingers.
-        let _ = ip(&["link", "del", &self.host_if]);
     }
 }

@@ -27,13 +27,13 @@
 //! let pool = client.pool(wasmcsi_rbd::testing::CLUSTER, "p1", &ceph.admin()).expect("granted");
 //! ```
 use crate::{RbdCluster, RbdConfig, RbdCredentials};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use wasmcsi_netns::{NsOptions, NsShell};
 
 /// The cluster name [`Ceph::config`] grants (a name of the operator's choosing, not Ceph's).
 pub const CLUSTER: &str = "test";
@@ -180,17 +180,11 @@ keyring = {d}/osd$id/keyring
     )
 }
 
-struct Control {
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
 /// One running cluster in its own namespaces; stopped and cleaned on drop.
 pub struct Ceph {
+    // Declared first: dropped (the namespace ended) before the directory it uses goes.
+    ns: NsShell,
     dir: tempfile::TempDir,
-    child: Child,
-    control: Mutex<Control>,
-    host_if: String,
     addr: Ipv4Addr,
     fsid: String,
     admin_key: String,
@@ -205,18 +199,6 @@ impl std::fmt::Debug for Ceph {
             .field("fsid", &self.fsid)
             .finish()
     }
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-const SLOTS: u32 = 16384;
-
-fn slot_addrs(slot: u32) -> (Ipv4Addr, Ipv4Addr) {
-    let base = u32::from(Ipv4Addr::new(10, 202, 0, 0)) + slot * 4;
-    (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
-}
-
-fn ip(args: &[&str]) -> io::Result<std::process::Output> {
-    Command::new("ip").args(args).stdin(Stdio::null()).output()
 }
 
 /// Why Ceph tests cannot run here, if they cannot: not root, or tools missing even after
@@ -299,51 +281,22 @@ impl Ceph {
         let t0 = Instant::now();
         let dir = tempfile::Builder::new().prefix("wasmcsi-ceph-").tempdir()?;
         let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?.trim().to_owned();
-        let peer_if = "wceph0".to_owned();
-        let mut child = Command::new("unshare")
-            .args(["--net", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", SCRIPT])
-            .env("DIR", dir.path())
-            .env("PEER_IF", &peer_if)
-            .env("FSID", &fsid)
+        let ns = NsShell::spawn(&NsOptions {
+            script: SCRIPT.into(),
+            env: vec![
+                ("DIR".into(), dir.path().into()),
+                ("FSID".into(), fsid.clone().into()),
+                // WASMCSI_CEPH_KEEP=1 keeps the cluster's directory (logs) after the test.
+                ("KEEP_DIR".into(), std::env::var_os("WASMCSI_CEPH_KEEP").unwrap_or_default()),
+            ],
             // The shell's `ceph` must not pick up a developer's CEPH_ARGS / CEPH_CONF.
-            .env_remove("CEPH_ARGS")
-            .env_remove("CEPH_CONF")
-            // WASMCSI_CEPH_KEEP=1 keeps the cluster's directory (logs) after the test.
-            .env("KEEP_DIR", std::env::var_os("WASMCSI_CEPH_KEEP").unwrap_or_default())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::other("unshare: no stdio pipes"));
-        };
-        let mut control = Control { stdin: Some(stdin), stdout: BufReader::new(stdout) };
-        let fail = |mut child: Child, e: io::Error| -> io::Error {
-            let _ = child.kill();
-            let _ = child.wait();
-            e
-        };
-        match read_line(&mut control) {
-            Ok(l) if l == "ns" => {}
-            Ok(l) => return Err(fail(child, io::Error::other(format!("namespace shell said {l:?}")))),
-            Err(e) => return Err(fail(child, e)),
-        }
-        let (host_if, addr) = match veth(child.id(), &peer_if) {
-            Ok(v) => v,
-            Err(e) => return Err(fail(child, e)),
-        };
-        let mut ceph = Self {
-            dir,
-            child,
-            control: Mutex::new(control),
-            host_if,
-            addr,
-            fsid,
-            admin_key: String::new(),
-            started_in: Duration::ZERO,
-        };
+            env_remove: vec!["CEPH_ARGS".into(), "CEPH_CONF".into()],
+            subnet: [10, 202],
+            if_prefix: "wceph".into(),
+            stop_patience: Duration::from_secs(5),
+        })?;
+        let addr = ns.addr();
+        let mut ceph = Self { ns, dir, addr, fsid, admin_key: String::new(), started_in: Duration::ZERO };
         std::fs::write(ceph.conf_path(), config_text(ceph.dir.path(), addr, &ceph.fsid, store))?;
         ceph.command(&format!("go {addr}"), "ready")?;
         ceph.admin_key = ceph.ceph(&["auth", "print-key", "client.admin"])?.trim().to_owned();
@@ -495,7 +448,7 @@ impl Ceph {
 
     /// The host end of the veth pair (for tests that cut the link).
     pub fn host_interface(&self) -> &str {
-        &self.host_if
+        self.ns.host_interface()
     }
 
     /// Freeze the monitor (SIGSTOP): connections are accepted by the kernel, never answered.
@@ -513,15 +466,7 @@ impl Ceph {
     }
 
     fn command(&self, line: &str, want: &str) -> io::Result<()> {
-        let r = (|| {
-            let mut c = self.control.lock().unwrap_or_else(PoisonError::into_inner);
-            let stdin = c.stdin.as_mut().ok_or_else(|| io::Error::other("ceph harness already stopped"))?;
-            writeln!(stdin, "{line}")?;
-            stdin.flush()?;
-            let got = read_line(&mut c)?;
-            if got == want { Ok(()) } else { Err(io::Error::other(format!("{line}: namespace shell said {got:?}"))) }
-        })();
-        r.map_err(|e| io::Error::new(e.kind(), format!("{e}\n{}", self.log_tail(20))))
+        self.ns.command(line, want).map_err(|e| io::Error::new(e.kind(), format!("{e}\n{}", self.log_tail(20))))
     }
 
     /// The tails of the bootstrap errors and the daemons' stderr, for failure messages.
@@ -535,72 +480,5 @@ impl Ceph {
             }
         }
         out
-    }
-}
-
-/// Create the veth pair: host end `wceph<N>` in the root namespace, the other end inside the
-/// namespace of `pid`. Returns the host interface and the namespace's address. Slots are taken
-/// machine-wide without a lock: a taken name fails `ip link add`, and the next one is tried.
-fn veth(pid: u32, peer_if: &str) -> io::Result<(String, Ipv4Addr)> {
-    let first = (std::process::id().wrapping_mul(131) + SEQ.fetch_add(1, Ordering::Relaxed) * 7) % SLOTS;
-    let pid = pid.to_string();
-    let mut last_err = String::new();
-    for k in 0..256 {
-        let slot = (first + k) % SLOTS;
-        let host_if = format!("wceph{slot}");
-        let out = ip(&["link", "add", &host_if, "type", "veth", "peer", "name", peer_if, "netns", &pid])?;
-        if !out.status.success() {
-            last_err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-            if last_err.contains("File exists") {
-                continue;
-            }
-            return Err(io::Error::other(format!("ip link add {host_if}: {last_err}")));
-        }
-        let (host_addr, ns_addr) = slot_addrs(slot);
-        for args in
-            [&["addr", "add", &format!("{host_addr}/30"), "dev", &host_if][..], &["link", "set", &host_if, "up"][..]]
-        {
-            let out = ip(args)?;
-            if !out.status.success() {
-                let _ = ip(&["link", "del", &host_if]);
-                return Err(io::Error::other(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
-        }
-        return Ok((host_if, ns_addr));
-    }
-    Err(io::Error::other(format!("no free veth slot: {last_err}")))
-}
-
-fn read_line(c: &mut Control) -> io::Result<String> {
-    let mut line = String::new();
-    if c.stdout.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "namespace shell exited"));
-    }
-    Ok(line.trim().to_owned())
-}
-
-impl Drop for Ceph {
-    fn drop(&mut self) {
-        // Closing stdin ends the shell, pid 1 of the namespace: the kernel kills the rest.
-        if let Ok(mut c) = self.control.lock() {
-            c.stdin = None;
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
-        let _ = ip(&["link", "del", &self.host_if]);
     }
 }
