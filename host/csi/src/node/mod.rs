@@ -4,6 +4,7 @@
 //! mounts under deadlines) and `rbd` (rbd-fuse + loop device, fenced against a second node);
 //! the replicated block executor arrives with its backend.
 pub mod bind;
+pub mod bounded;
 pub mod mountinfo;
 pub mod nfs;
 pub mod rbd;
@@ -398,7 +399,7 @@ async fn fs_stats(
     const WALK: std::time::Duration = std::time::Duration::from_secs(60);
     let b = convert::bytes;
     let probe = path.clone();
-    let fs = match blocking(move || Ok(nfs::bounded(LIVENESS, move || nix::sys::statvfs::statvfs(&probe)))).await? {
+    let fs = match blocking(move || Ok(bounded::bounded(LIVENESS, move || nix::sys::statvfs::statvfs(&probe)))).await? {
         Some(Ok(fs)) => fs,
         Some(Err(e)) => return Err(mount_err(format!("statvfs {}: {e}", path.display()))),
         None => {
@@ -435,7 +436,7 @@ async fn fs_stats(
     };
     let Some(capacity) = capacity else { return Ok(whole_fs(problem)) };
     let walk = path.clone();
-    let used = match blocking(move || Ok(nfs::bounded(WALK, move || bind::directory_usage(&walk)))).await? {
+    let used = match blocking(move || Ok(bounded::bounded(WALK, move || bind::directory_usage(&walk)))).await? {
         Some(Ok((bytes, _))) => bytes,
         Some(Err(e)) => return Err(mount_err(format!("walking {}: {e}", path.display()))),
         // A tree too big to walk in time: the filesystem's numbers are the best there is.

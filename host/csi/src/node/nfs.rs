@@ -6,9 +6,9 @@
 //! killed and reported UNAVAILABLE, and an unmount that does not finish falls back to a forced,
 //! then a lazy (detached) unmount, so kubelet can tear the pod down and the node is not wedged.
 
+use super::bounded::bounded;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -116,17 +116,6 @@ pub fn mount_nfs(source: &str, target: &Path, options: &str, deadline: Duration)
             Err(e) => return Err(format!("waiting for mount: {e}")),
         }
     }
-}
-
-/// Runs `f` on its own thread and waits at most `deadline` for it: a filesystem call on a dead
-/// NFS server blocks in the kernel and cannot be cancelled, so on `None` the thread is left
-/// behind (it ends when the server answers or the mount is forced off).
-pub fn bounded<T: Send + 'static>(deadline: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(deadline).ok()
 }
 
 /// How an unmount ended.

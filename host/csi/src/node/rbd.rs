@@ -39,7 +39,7 @@ use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
 use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
 use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 
-use super::mountinfo;
+use super::{bounded, mountinfo};
 use crate::error::{CsiError, CsiResult};
 
 const STATE_FILE: &str = "state.json";
@@ -762,20 +762,17 @@ fn unmount_all_bounded(path: &Path, fuse_connection: Option<(&Path, u64)>) -> Cs
         if !mounted()? {
             return Ok(());
         }
-        let (tx, rx) = std::sync::mpsc::channel();
         let p = path.to_owned();
-        std::thread::spawn(move || {
-            let _ = tx.send(mkfs::unmount(&p));
-        });
-        match rx.recv_timeout(PATIENCE) {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => return Err(CsiError::Mount(e.to_string())),
-            Err(_) => {
+        let unmount = bounded::start(move || mkfs::unmount(&p));
+        match unmount.wait(PATIENCE) {
+            Some(Ok(())) => continue,
+            Some(Err(e)) => return Err(CsiError::Mount(e.to_string())),
+            None => {
                 tracing::warn!(path = %path.display(), "unmount does not finish; aborting the FUSE connection under it");
                 if let Some((mount_point, id)) = fuse_connection {
                     fuse_attach::abort_if_mounted_at(mount_point, id);
                 }
-                if rx.recv_timeout(PATIENCE).is_err() {
+                if unmount.wait(PATIENCE).is_none() {
                     nix::mount::umount2(path, MntFlags::MNT_DETACH)
                         .map_err(|e| CsiError::Mount(format!("lazy unmount of {}: {e}", path.display())))?;
                 }
