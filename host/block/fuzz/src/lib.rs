@@ -36,7 +36,7 @@ pub fn write_seeds(dir: &Path) -> io::Result<()> {
         Message::Hello { volume_id: "pvc-1".into(), protocol_version: PROTOCOL_VERSION, revision: 3 },
         Message::Read { offset: 4096, len: 4096 },
         Message::ReadReply { status: Status::Ok, data: vec![0xa5; 64] },
-        Message::Write { offset: 8192, revision: 3, data: vec![0x5a; 64] },
+        Message::Write { offset: 8192, revision: 3, data: vec![0x5a; 64].into() },
         Message::Flush,
         Message::Unmap { offset: 0, len: 1 << 20, revision: 3 },
         Message::SetRevision { revision: 4 },
