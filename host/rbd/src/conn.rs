@@ -33,19 +33,32 @@ unsafe impl Sync for Rados {}
 impl Drop for Rados {
     fn drop(&mut self) {
         // rados_shutdown waits for librados' threads, which may be blocked on a dead cluster
-        // until their timeouts fire: never on the caller's thread.
+        // until their timeouts fire: it runs on a thread of its own, and the caller waits a
+        // little for it. The wait matters at process exit: a shutdown still running while the
+        // C++ runtime destroys its statics threw through our thread's frames, which aborts the
+        // process ("Rust cannot catch foreign exceptions"; seen in CI after a passing test).
         let handle = SendHandle(self.handle);
+        let (done, finished) = std::sync::mpsc::channel::<()>();
         let shutdown = move || {
             let h = handle;
             // SAFETY: created by rados_create2, shut down once; no ioctx outlives it (an Ioctx
             // holds an Arc<Connection>).
-            unsafe { ffi::rados_shutdown(h.0) }
+            unsafe { ffi::rados_shutdown(h.0) };
+            let _ = done.send(());
         };
-        if let Err(e) = std::thread::Builder::new().name("rados-shutdown".into()).spawn(shutdown) {
-            tracing::warn!(error = %e, "could not spawn the rados shutdown thread; leaking the handle");
+        match std::thread::Builder::new().name("rados-shutdown".into()).spawn(shutdown) {
+            Ok(_) => {
+                if finished.recv_timeout(SHUTDOWN_WAIT).is_err() {
+                    tracing::warn!("rados_shutdown still runs (a cluster that does not answer); not waiting for it");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not spawn the rados shutdown thread; leaking the handle"),
         }
     }
 }
+
+/// How long dropping a connection waits for its shutdown (a live cluster takes milliseconds).
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 struct SendHandle(ffi::rados_t);
 // SAFETY: moved to the thread that shuts it down; nothing else uses it any more.
