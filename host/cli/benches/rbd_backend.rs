@@ -23,10 +23,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use wasmcsi::host::{Host, HostOptions, connect};
+use wasmcsi::host::connect;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph, Store};
-use wasmcsi_runtime::config::HostConfig;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
 type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
@@ -227,28 +229,7 @@ async fn main() {
         ceph.started_in().as_secs_f64()
     );
 
-    let backends = dir.path().join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join("ceph-rbd-shim.wasm"), wasmcsi_artifacts::CEPH_RBD_SHIM).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [clusters.{CLUSTER}]\nmonitors = {:?}\n\
-         [backends.ceph-rbd-shim.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{POOL:?}] }}]\n",
-        ceph.monitors()
-    );
-    let host = Host::start(HostOptions {
-        driver_name: "bench.wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: "bench".into(),
-        socket: dir.path().join("csi.sock"),
-        config: HostConfig::parse(&config, Path::new("bench")).unwrap(),
-        backends_dir: Some(backends),
-        state_dir: dir.path().join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-    })
-    .await
-    .unwrap();
+    let host = support::ceph_rbd_shim_host(&ceph, POOL, dir.path(), "bench").await;
     let channel = connect(&host.socket).await.unwrap();
     let s = Socket {
         ctl: Controller::new(channel.clone()),

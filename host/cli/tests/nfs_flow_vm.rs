@@ -22,6 +22,9 @@ use wasmcsi_nfs::testing::{Ganesha, SHARE};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_vmtest::guest::sh;
 
+mod support;
+use support::{from_snapshot, from_volume};
+
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
 type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
 
@@ -48,16 +51,6 @@ fn create(
         volume_content_source: source,
         ..Default::default()
     }
-}
-
-fn from_snapshot(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{SnapshotSource, Type};
-    csi::VolumeContentSource { r#type: Some(Type::Snapshot(SnapshotSource { snapshot_id: id.into() })) }
-}
-
-fn from_volume(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{Type, VolumeSource};
-    csi::VolumeContentSource { r#type: Some(Type::Volume(VolumeSource { volume_id: id.into() })) }
 }
 
 async fn stage_and_publish(node: &mut Node, v: &csi::Volume, staging: &Path, target: &Path) {

@@ -26,9 +26,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::Code;
-use wasmcsi::host::{Host, HostOptions};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+
+mod support;
+use support::{from_snapshot, from_volume};
 
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
 type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
@@ -246,16 +248,6 @@ fn rbd_fuse_under(dir: &str) -> Vec<String> {
     found
 }
 
-fn from_snapshot(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{SnapshotSource, Type};
-    csi::VolumeContentSource { r#type: Some(Type::Snapshot(SnapshotSource { snapshot_id: id.into() })) }
-}
-
-fn from_volume(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{Type, VolumeSource};
-    csi::VolumeContentSource { r#type: Some(Type::Volume(VolumeSource { volume_id: id.into() })) }
-}
-
 #[test]
 fn rbd_volume_lifecycle_through_the_csi_socket_with_retries_and_concurrency() {
     if !nix::unistd::geteuid().is_root() {
@@ -292,29 +284,7 @@ async fn flow(ceph: &Ceph, device_prefix: &'static str) {
     ceph.create_pool(POOL).expect("pool");
     let key = ceph.create_user(USER, POOL).expect("user");
     let dir = tempfile::tempdir().unwrap();
-    let backends = dir.path().join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join("ceph-rbd-shim.wasm"), wasmcsi_artifacts::CEPH_RBD_SHIM).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [clusters.{CLUSTER}]\nmonitors = {:?}\n\
-         [backends.ceph-rbd-shim.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{POOL:?}] }}]\n",
-        ceph.monitors()
-    );
-    let host = Host::start(HostOptions {
-        driver_name: "rbd.wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: "flow-node".into(),
-        socket: dir.path().join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
-        backends_dir: Some(backends),
-        state_dir: dir.path().join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-    })
-    .await
-    .expect("host");
-    assert!(host.registry.get("ceph-rbd-shim").is_some(), "the ceph-rbd-shim component loads");
+    let host = support::ceph_rbd_shim_host(ceph, POOL, dir.path(), "flow-node").await;
     let channel = wasmcsi::host::connect(&host.socket).await.unwrap();
     let f = Flow {
         ctl: csi::controller_client::ControllerClient::new(channel.clone()),

@@ -1,0 +1,51 @@
+//! Shared by this crate's CSI-socket flow tests (`mod support;`) and its benches
+//! (`#[path = "../tests/support/mod.rs"] mod support;`): request pieces, and a real host
+//! serving a bundled backend against a real cluster.
+#![allow(dead_code, reason = "each test or bench binary uses a part")]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support")]
+
+use std::path::Path;
+use std::time::Duration;
+
+use wasmcsi::host::{Host, HostOptions};
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+
+pub fn from_snapshot(id: &str) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{SnapshotSource, Type};
+    csi::VolumeContentSource { r#type: Some(Type::Snapshot(SnapshotSource { snapshot_id: id.into() })) }
+}
+
+pub fn from_volume(id: &str) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{Type, VolumeSource};
+    csi::VolumeContentSource { r#type: Some(Type::Volume(VolumeSource { volume_id: id.into() })) }
+}
+
+/// A host (controller + node, node id `node_id`) serving the ceph-rbd-shim component loaded
+/// from disk, granted `pool` of `ceph`'s cluster; component, state and socket under `dir`.
+pub async fn ceph_rbd_shim_host(ceph: &Ceph, pool: &str, dir: &Path, node_id: &str) -> Host {
+    let backends = dir.join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::write(backends.join("ceph-rbd-shim.wasm"), wasmcsi_artifacts::CEPH_RBD_SHIM).unwrap();
+    let config = format!(
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
+         [clusters.{CLUSTER}]\nmonitors = {:?}\n\
+         [backends.ceph-rbd-shim.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{pool:?}] }}]\n",
+        ceph.monitors()
+    );
+    let host = Host::start(HostOptions {
+        driver_name: "rbd.wasmcsi.io".into(),
+        mode: wasmcsi_csi::Mode::All,
+        node_id: node_id.into(),
+        socket: dir.join("csi.sock"),
+        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
+        backends_dir: Some(backends),
+        state_dir: dir.join("state"),
+        reload_interval: Duration::from_secs(3600),
+        metrics_addr: None,
+    })
+    .await
+    .expect("host");
+    assert!(host.registry.get("ceph-rbd-shim").is_some(), "the ceph-rbd-shim component loads");
+    host
+}
