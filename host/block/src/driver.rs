@@ -1,16 +1,22 @@
 //! The I/O driver of one volume's [`Engine`]: the only place where the sans-I/O replication core
-//! meets sockets, clocks and disks. One tokio task owns the engine and feeds it events — client
-//! requests, frames and connection changes from one TCP connection per replica, and a periodic
-//! tick — and carries out its actions in order: `Send` is encoded and queued on the replica's
-//! connection, `Reply` completes the waiting client request, `Persist` is written to a state file
-//! (atomic write + rename + fsync) *before* any later action of the batch, and `ReplicaFailed`
-//! closes the connection and reconnects with exponential backoff. The engine itself starts the
+//! meets sockets, clocks and disks. The engine is fed events — client requests (by the callers'
+//! threads, see below), frames and connection changes from one TCP connection per replica and a
+//! periodic tick (by one tokio task) — and its actions are carried out in order: `Send` is
+//! encoded and queued on the replica's connection, `Reply` completes the waiting client request,
+//! `Persist` is written to a state file (atomic write + rename + fsync) *before* any later
+//! action of the batch, and `ReplicaFailed` closes the connection and reconnects with
+//! exponential backoff. The engine itself starts the
 //! handshake (`Hello`) when told a connection is up.
 //!
-//! [`ReplicatedVolume`] is the synchronous handle frontends use: it implements
-//! [`wasmcsi_frontend::BlockDevice`] by sending a request into the driver task and blocking on a
-//! oneshot reply. It must be called from plain threads (FUSE workers), never from inside the
-//! tokio runtime: `blocking_recv` panics there.
+//! [`ReplicatedVolume`] is the handle frontends use ([`wasmcsi_frontend::BlockDevice`]). The
+//! engine sits behind a lock shared by the driver task and the handle's callers: a request is
+//! queued and fed to the engine by whichever thread holds the lock (the caller itself when it
+//! is free), which also writes the frames to the sockets, so a lone request is on the wire
+//! without waking a runtime thread and a burst is carried in one batch. Its answer comes from
+//! the thread that holds the lock when the replicas' replies arrive (a completion for
+//! `submit_read`/`submit_write`, a oneshot for the blocking calls). The blocking calls must be
+//! made from plain threads (FUSE workers), never from inside the tokio runtime: `blocking_recv`
+//! panics there.
 //!
 //! Connections carry a generation number: every event a connection task reports is tagged with
 //! it, and the driver drops events of connections it has already given up on, like bytes of a
@@ -25,8 +31,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf as _, Bytes};
@@ -36,7 +42,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use wasmcsi_frontend::BlockDevice;
+use wasmcsi_frontend::{BlockDevice, ReadDone, WriteDone};
 
 use crate::dirty::DirtyMap;
 use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
@@ -251,12 +257,85 @@ enum Request {
     DeleteSnapshot { name: String },
 }
 
-type ReplyTx = oneshot::Sender<io::Result<ClientReply>>;
+/// Where a request's result goes: a thread blocked on it, or a completion the frontend gave
+/// (run on the driver task, so it must not block).
+enum ReplyTx {
+    Wait(oneshot::Sender<io::Result<ClientReply>>),
+    Call(Box<dyn FnOnce(io::Result<ClientReply>) + Send>),
+}
 
-enum Command {
-    Io(Request, ReplyTx),
-    ReplaceReplica { index: ReplicaId, addr: SocketAddr, reply: oneshot::Sender<io::Result<()>> },
-    Shutdown,
+impl ReplyTx {
+    fn send(self, result: io::Result<ClientReply>) {
+        match self {
+            // The caller may have given up waiting; nothing to do then.
+            ReplyTx::Wait(tx) => {
+                let _ = tx.send(result);
+            }
+            ReplyTx::Call(done) => done(result),
+        }
+    }
+}
+
+/// The driver, shared by the task that serves its connections and timer and by the handles'
+/// callers. A request is queued, and whoever holds the driver feeds everything queued to the
+/// engine and writes the frames it produced: a lone request is on the wire from the caller's
+/// own thread without waking a runtime thread, and under load one thread carries many
+/// requests per lock and per socket write while the others go back to their work.
+struct Shared {
+    driver: Mutex<Driver>,
+    /// Requests not fed to the engine yet.
+    queued: Mutex<Vec<(Request, ReplyTx)>>,
+}
+
+/// A panic while a lock was held is a bug already reported; the state is still the best there
+/// is, and every caller must get an answer.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn submit(&self, request: Request, reply: ReplyTx) {
+        lock(&self.queued).push((request, reply));
+        self.drive_if_free();
+    }
+
+    /// Runs `f` on the driver, then as [`Self::drive`].
+    fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> T {
+        let value = self.drive(lock(&self.driver), f);
+        self.drive_if_free();
+        value
+    }
+
+    /// Feeds what is queued unless another thread holds the driver: that one will, as it checks
+    /// the queue again after letting go (so no request is left behind).
+    fn drive_if_free(&self) {
+        while !lock(&self.queued).is_empty() {
+            let driver = match self.driver.try_lock() {
+                Ok(d) => d,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.drive(driver, |_| ());
+        }
+    }
+
+    /// Runs `f`, then a batch of queued requests, sends the frames they produced, lets go of the
+    /// driver and completes what was answered (a completion may write to a FUSE device, or
+    /// call back in).
+    fn drive<T>(&self, mut d: MutexGuard<'_, Driver>, f: impl FnOnce(&mut Driver) -> T) -> T {
+        let value = f(&mut d);
+        let batch = std::mem::take(&mut *lock(&self.queued));
+        for (request, reply) in batch {
+            d.on_request(request, reply);
+        }
+        d.send_out();
+        let done = std::mem::take(&mut d.done);
+        drop(d);
+        for (tx, result) in done {
+            tx.send(result);
+        }
+        value
+    }
 }
 
 /// The write side of one replica connection. The driver writes to the socket itself while the
@@ -409,6 +488,11 @@ struct Driver {
     cfg: DriverConfig,
     slots: Vec<Slot>,
     waiting: HashMap<ClientId, ReplyTx>,
+    /// Answers produced while the lock was held, completed by whoever holds it once released.
+    done: Vec<(ReplyTx, io::Result<ClientReply>)>,
+    /// Set once the driver task ended: later requests fail at once.
+    stopped: bool,
+    runtime: tokio::runtime::Handle,
     next_client: ClientId,
     events: mpsc::UnboundedSender<ConnEvent>,
     status: watch::Sender<VolumeStatus>,
@@ -427,74 +511,14 @@ impl Driver {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    async fn run(
-        mut self,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-        mut events: mpsc::UnboundedReceiver<ConnEvent>,
-    ) {
-        for r in 0..self.slots.len() {
-            self.spawn_connect(r, Duration::ZERO);
-        }
-        let mut tick = tokio::time::interval(self.cfg.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                cmd = commands.recv() => match cmd {
-                    // Every handle is gone or asked to stop.
-                    None | Some(Command::Shutdown) => break,
-                    Some(Command::Io(request, reply)) => self.on_request(request, reply),
-                    Some(Command::ReplaceReplica { index, addr, reply }) => {
-                        let _ = reply.send(self.replace_replica(index, addr));
-                    }
-                },
-                Some(event) = events.recv() => self.on_conn_event(event),
-                _ = tick.tick() => self.feed(Event::Tick),
-            }
-            // Whatever else is queued already, before sending what it all produced.
-            let mut stop = false;
-            for _ in 0..MAX_DRAIN {
-                let mut idle = true;
-                match commands.try_recv() {
-                    Ok(Command::Shutdown) | Err(mpsc::error::TryRecvError::Disconnected) => {
-                        stop = true;
-                        break;
-                    }
-                    Ok(Command::Io(request, reply)) => {
-                        idle = false;
-                        self.on_request(request, reply);
-                    }
-                    Ok(Command::ReplaceReplica { index, addr, reply }) => {
-                        idle = false;
-                        let _ = reply.send(self.replace_replica(index, addr));
-                    }
-                    Err(mpsc::error::TryRecvError::Empty) => {}
-                }
-                if let Ok(event) = events.try_recv() {
-                    idle = false;
-                    self.on_conn_event(event);
-                }
-                if idle {
-                    break;
-                }
-            }
-            self.send_out();
-            if stop {
-                break;
-            }
-        }
-        self.send_out();
-        for slot in &mut self.slots {
-            slot.writer = None;
-            if let Some(t) = slot.task.take() {
-                t.abort();
-            }
-        }
-        // Dropping `waiting` fails every outstanding request with "driver stopped".
-    }
-
     fn on_request(&mut self, request: Request, reply: ReplyTx) {
+        if self.stopped {
+            self.done.push((reply, Err(stopped())));
+            return;
+        }
         if let Some(why) = &self.poisoned {
-            let _ = reply.send(Err(io::Error::other(format!("volume stopped acknowledging I/O: {why}"))));
+            let why = io::Error::other(format!("volume stopped acknowledging I/O: {why}"));
+            self.done.push((reply, Err(why)));
             return;
         }
         let client = self.next_client;
@@ -640,8 +664,7 @@ impl Driver {
                     (Some(why), Ok(_)) => Err(io::Error::other(format!("volume stopped acknowledging I/O: {why}"))),
                     (_, r) => r.map_err(to_io_error),
                 };
-                // The caller may have given up waiting; nothing to do then.
-                let _ = tx.send(result);
+                self.done.push((tx, result));
             }
             Action::ReplicaFailed { replica, reason } => {
                 tracing::warn!(replica, addr = %self.slots[replica].addr, %reason, "replica failed");
@@ -709,7 +732,7 @@ impl Driver {
     fn spawn_connect(&mut self, replica: ReplicaId, delay: Duration) {
         let slot = &mut self.slots[replica];
         slot.generation += 1;
-        let task = tokio::spawn(connection(
+        let task = self.runtime.spawn(connection(
             replica,
             slot.generation,
             slot.addr,
@@ -719,6 +742,53 @@ impl Driver {
         ));
         slot.task = Some(task);
     }
+}
+
+/// Serves the driver's connections and timer until the handle asks it to stop (or is dropped).
+async fn run(
+    shared: Arc<Shared>,
+    mut stop: mpsc::UnboundedReceiver<()>,
+    mut events: mpsc::UnboundedReceiver<ConnEvent>,
+) {
+    let tick_every = shared.with_driver(|d| {
+        for r in 0..d.slots.len() {
+            d.spawn_connect(r, Duration::ZERO);
+        }
+        d.cfg.tick
+    });
+    let mut tick = tokio::time::interval(tick_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            // A stop request, or every handle is gone.
+            _ = stop.recv() => break,
+            Some(event) = events.recv() => shared.with_driver(|d| {
+                d.on_conn_event(event);
+                // Whatever else is queued already, before sending what it all produced.
+                for _ in 0..MAX_DRAIN {
+                    match events.try_recv() {
+                        Ok(event) => d.on_conn_event(event),
+                        Err(_) => break,
+                    }
+                }
+            }),
+            _ = tick.tick() => shared.with_driver(|d| d.feed(Event::Tick)),
+        }
+    }
+    shared.with_driver(|d| {
+        d.stopped = true;
+        d.send_out();
+        for slot in &mut d.slots {
+            slot.writer = None;
+            if let Some(t) = slot.task.take() {
+                t.abort();
+            }
+        }
+        // Every outstanding request fails: a blocked caller would see its channel close, but a
+        // completion must be called.
+        let waiting: Vec<_> = d.waiting.drain().map(|(_, tx)| (tx, Err(stopped()))).collect();
+        d.done.extend(waiting);
+    });
 }
 
 fn to_io_error(e: IoError) -> io::Error {
@@ -848,21 +918,22 @@ async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Bytes]) -> io::Resu
 /// threads, not from tasks of the runtime the driver runs on. Requests larger than the engine's
 /// [`MAX_IO`] are split and their pieces submitted together. Dropping the handle stops the
 /// driver (outstanding requests fail); call [`ReplicatedVolume::flush`] first to keep writes.
-#[derive(Debug)]
 pub struct ReplicatedVolume {
     size: Arc<AtomicU64>,
     replicas: usize,
-    commands: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+    /// Stops the driver task when sent to or dropped.
+    stop: mpsc::UnboundedSender<()>,
     status: watch::Receiver<VolumeStatus>,
 }
 
-impl std::fmt::Debug for Command {
+impl std::fmt::Debug for ReplicatedVolume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Command::Io(..) => "Io",
-            Command::ReplaceReplica { .. } => "ReplaceReplica",
-            Command::Shutdown => "Shutdown",
-        })
+        f.debug_struct("ReplicatedVolume")
+            .field("size", &self.size)
+            .field("replicas", &self.replicas)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
     }
 }
 
@@ -879,7 +950,7 @@ impl ReplicatedVolume {
         let engine = Engine::new(cfg.engine.clone(), persisted, 0);
         let size = Arc::new(AtomicU64::new(engine.size()));
         let replicas = cfg.addrs.len();
-        let (commands, command_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = mpsc::unbounded_channel();
         let (events, event_rx) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(VolumeStatus::default());
         let slots = cfg
@@ -900,6 +971,9 @@ impl ReplicatedVolume {
             cfg,
             slots,
             waiting: HashMap::new(),
+            done: Vec::new(),
+            stopped: false,
+            runtime: runtime.clone(),
             next_client: 1,
             events,
             status: status_tx,
@@ -908,8 +982,9 @@ impl ReplicatedVolume {
             payload_crc: PayloadCrc::default(),
             poisoned: None,
         };
-        runtime.spawn(driver.run(command_rx, event_rx));
-        Ok(Self { size, replicas, commands, status })
+        let shared = Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()) });
+        runtime.spawn(run(shared.clone(), stop_rx, event_rx));
+        Ok(Self { size, replicas, shared, stop, status })
     }
 
     /// The driver's latest status.
@@ -933,13 +1008,19 @@ impl ReplicatedVolume {
 
     /// Stops the driver: connections close, outstanding and later requests fail.
     pub fn shutdown(&self) {
-        let _ = self.commands.send(Command::Shutdown);
+        let _ = self.stop.send(());
     }
 
     fn submit(&self, request: Request) -> io::Result<oneshot::Receiver<io::Result<ClientReply>>> {
         let (tx, rx) = oneshot::channel();
-        self.commands.send(Command::Io(request, tx)).map_err(|_| stopped())?;
+        self.shared.submit(request, ReplyTx::Wait(tx));
         Ok(rx)
+    }
+
+    /// Submits `request` with a completion, which runs on whichever thread sees the answer (this
+    /// one, if it is immediate).
+    fn submit_then(&self, request: Request, done: Box<dyn FnOnce(io::Result<ClientReply>) + Send>) {
+        self.shared.submit(request, ReplyTx::Call(done));
     }
 
     fn wait(rx: oneshot::Receiver<io::Result<ClientReply>>) -> io::Result<ClientReply> {
@@ -993,9 +1074,7 @@ impl ReplicatedVolume {
     /// gone. The new replica is fully rebuilt while I/O continues; the volume must keep another
     /// healthy replica meanwhile.
     pub fn replace_replica(&self, index: usize, addr: SocketAddr) -> io::Result<()> {
-        let (reply, rx) = oneshot::channel();
-        self.commands.send(Command::ReplaceReplica { index, addr, reply }).map_err(|_| stopped())?;
-        rx.blocking_recv().map_err(|_| stopped())?
+        self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.replace_replica(index, addr) })
     }
 
     /// Number of replicas the volume is configured with.
@@ -1059,6 +1138,46 @@ impl BlockDevice for ReplicatedVolume {
             pending.push(self.submit(Request::Write { offset: at, data: Bytes::copy_from_slice(chunk) })?);
         }
         Self::wait_all_written(pending)
+    }
+
+    fn submit_write(&self, data: &[u8], offset: u64, done: WriteDone) {
+        if let Err(e) = self.check_range(offset, data.len() as u64) {
+            return done(Err(e));
+        }
+        if data.len() as u64 > MAX_IO {
+            // Larger than the frontend ever sends (FUSE: 1 MiB); pieces need joining, so block.
+            return done(self.write_at(data, offset));
+        }
+        let data = Bytes::copy_from_slice(data);
+        self.submit_then(
+            Request::Write { offset, data },
+            Box::new(move |reply| match reply {
+                Ok(ClientReply::Written) => done(Ok(())),
+                Ok(other) => done(Err(unexpected(&other))),
+                Err(e) => done(Err(e)),
+            }),
+        );
+    }
+
+    fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
+        if let Err(e) = self.check_range(offset, len as u64) {
+            return done(Err(e));
+        }
+        if len as u64 > MAX_IO {
+            let mut buf = vec![0u8; len];
+            return match self.read_at(&mut buf, offset) {
+                Ok(()) => done(Ok(&buf)),
+                Err(e) => done(Err(e)),
+            };
+        }
+        self.submit_then(
+            Request::Read { offset, len: len as u64 },
+            Box::new(move |reply| match reply {
+                Ok(ClientReply::Read(data)) if data.len() == len => done(Ok(&data)),
+                Ok(other) => done(Err(unexpected(&other))),
+                Err(e) => done(Err(e)),
+            }),
+        );
     }
 
     fn flush(&self) -> io::Result<()> {

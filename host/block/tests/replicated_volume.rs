@@ -191,6 +191,52 @@ fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical()
 }
 
 #[test]
+fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped() {
+    let cluster = Cluster::new(2);
+    let vol = cluster.volume();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, std::io::Result<u32>)>();
+    // One thread keeps 256 writes in flight: no request waits for the one before it.
+    let mut want = HashMap::new();
+    for i in 0..256u64 {
+        let mut buf = vec![0u8; BLOCK as usize];
+        Rng::new(i + 7).fill(&mut buf);
+        want.insert(i, crc32fast::hash(&buf));
+        let tx = tx.clone();
+        vol.submit_write(&buf, i * BLOCK, Box::new(move |r| drop(tx.send((i, r.map(|()| 0))))));
+    }
+    for _ in 0..256 {
+        let (i, r) = rx.recv_timeout(Duration::from_secs(10)).expect("a write completion");
+        r.unwrap_or_else(|e| panic!("write {i}: {e}"));
+    }
+    for i in 0..256u64 {
+        let tx = tx.clone();
+        vol.submit_read(i * BLOCK, BLOCK as usize, Box::new(move |r| drop(tx.send((i, r.map(crc32fast::hash))))));
+    }
+    for _ in 0..256 {
+        let (i, r) = rx.recv_timeout(Duration::from_secs(10)).expect("a read completion");
+        assert_eq!(r.unwrap_or_else(|e| panic!("read {i}: {e}")), want[&i], "block {i} reads back wrong");
+    }
+    // Beyond the end: answered at once, with an error.
+    let tx2 = tx.clone();
+    vol.submit_write(&[1; 8], SIZE - 4, Box::new(move |r| drop(tx2.send((0, r.map(|()| 0))))));
+    assert!(rx.recv_timeout(Duration::from_secs(1)).expect("completion").1.is_err());
+
+    // Once the driver stopped, a completion is still called, with an error: a FUSE request
+    // left unanswered would hang the kernel's I/O on it.
+    vol.shutdown();
+    let stopped = (0..200).any(|_| {
+        let tx = tx.clone();
+        vol.submit_write(&[1; 4096], 0, Box::new(move |r| drop(tx.send((0, r.map(|()| 0))))));
+        let (_, r) = rx.recv_timeout(Duration::from_secs(10)).expect("a completion after shutdown");
+        r.is_err() || {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(stopped, "requests kept succeeding after shutdown");
+}
+
+#[test]
 fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt() {
     let mut cluster = Cluster::new(2);
     let vol = Arc::new(cluster.volume());

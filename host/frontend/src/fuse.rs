@@ -6,9 +6,13 @@
 //! then turns that file into `/dev/loopN`. Direct I/O end to end keeps the page cache out of the
 //! data path: a write acknowledged by the loop device has reached the `BlockDevice`.
 //!
-//! Requests are served by several threads, each reading its own cloned `/dev/fuse` fd, and every
-//! request is answered only after the `BlockDevice` call returned, from a buffer owned by that
-//! thread, so queue depth > 1 is both concurrent and correct.
+//! Requests are served by several threads, each reading its own cloned `/dev/fuse` fd. Reads and
+//! writes are handed to the device with [`BlockDevice::submit_read`]/[`BlockDevice::submit_write`]
+//! and answered from their completion, on whatever thread the device completes them: a device
+//! with its own I/O threads (the replicated engine) keeps any number of requests in flight from
+//! one FUSE thread, and a synchronous one (a plain file) is served one request per thread. A
+//! write's data is copied (or written) before `submit_write` returns, as the kernel's buffer
+//! belongs to the FUSE thread.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -410,11 +414,15 @@ impl Filesystem for VolumeFs {
         let Some(len) = self.clamp(offset, u64::from(size)) else {
             return reply.data(&[]);
         };
-        let mut buf = vec![0u8; len as usize];
-        match self.dev.read_at(&mut buf, offset) {
-            Ok(()) => reply.data(&buf),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // len <= size, which the kernel bounds by max_read (far below usize::MAX).
+        self.dev.submit_read(
+            offset,
+            len as usize,
+            Box::new(move |result| match result {
+                Ok(data) => reply.data(data),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        );
     }
 
     fn write(
@@ -437,11 +445,15 @@ impl Filesystem for VolumeFs {
             return reply.error(Errno::ENOSPC);
         };
         let data = &data[..len as usize];
-        match self.dev.write_at(data, offset) {
-            // len <= data.len() <= max_write, which fits u32.
-            Ok(()) => reply.written(len as u32),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.dev.submit_write(
+            data,
+            offset,
+            Box::new(move |result| match result {
+                // len <= data.len() <= max_write, which fits u32.
+                Ok(()) => reply.written(len as u32),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        );
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {

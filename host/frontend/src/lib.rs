@@ -40,7 +40,31 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Drops the data of a range; later reads of it return zeros (frontends rely on that to
     /// serve both discard and write-zeroes with it).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Starts a write of `data` at `offset` and calls `done` with its result, on any thread,
+    /// possibly before this returns. A frontend that can answer requests out of order (FUSE)
+    /// uses it so that one of its threads keeps many requests in flight instead of sleeping on
+    /// each: a device that completes I/O on its own threads saves a thread wakeup per request
+    /// and is not limited to one request per frontend thread. The default writes synchronously.
+    fn submit_write(&self, data: &[u8], offset: u64, done: WriteDone) {
+        done(self.write_at(data, offset));
+    }
+
+    /// Starts a read of `len` bytes at `offset` and calls `done` with the data, like
+    /// [`Self::submit_write`]. The default reads synchronously.
+    fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
+        let mut buf = vec![0u8; len];
+        match self.read_at(&mut buf, offset) {
+            Ok(()) => done(Ok(&buf)),
+            Err(e) => done(Err(e)),
+        }
+    }
 }
+
+/// Completion of [`BlockDevice::submit_write`].
+pub type WriteDone = Box<dyn FnOnce(io::Result<()>) + Send>;
+/// Completion of [`BlockDevice::submit_read`]: the data is borrowed for the call only.
+pub type ReadDone = Box<dyn for<'a> FnOnce(io::Result<&'a [u8]>) + Send>;
 
 /// A [`BlockDevice`] over a plain (sparse) file, for tests and as a reference implementation.
 #[derive(Debug)]

@@ -191,6 +191,18 @@ impl BlockDevice for CountingDevice {
     }
 }
 
+/// Discards blocks 1024..2048 (see [`generation_after_passes`]), then fsyncs the device.
+fn discard_and_sync(device: &Path, disk: &std::fs::File) {
+    // Discard reaches the device as a punched hole and reads back as zeros.
+    let out = Command::new("blkdiscard")
+        .args(["-o", &(1024 * BLOCK).to_string(), "-l", &(1024 * BLOCK).to_string()])
+        .arg(device)
+        .output()
+        .expect("blkdiscard");
+    assert!(out.status.success(), "blkdiscard: {}", String::from_utf8_lossy(&out.stderr));
+    disk.sync_all().expect("fsync");
+}
+
 #[test]
 fn odirect_qd16_on_the_loop_device_verifies_every_block() {
     require!("losetup", "blkdiscard");
@@ -238,14 +250,7 @@ fn odirect_qd16_on_the_loop_device_verifies_every_block() {
         written as f64 / started.elapsed().as_secs_f64()
     );
     assert!(max_in_flight > 1, "writes reached the device one at a time");
-    // Discard reaches the device as a punched hole and reads back as zeros.
-    let out = Command::new("blkdiscard")
-        .args(["-o", &(1024 * BLOCK).to_string(), "-l", &(1024 * BLOCK).to_string()])
-        .arg(&device)
-        .output()
-        .expect("blkdiscard");
-    assert!(out.status.success(), "blkdiscard: {}", String::from_utf8_lossy(&out.stderr));
-    disk.sync_all().expect("fsync");
+    discard_and_sync(&device, &disk);
 
     let bad = AtomicU64::new(0);
     par_blocks(&all, |buf, idx| {
@@ -506,4 +511,126 @@ fn detach_completes_while_another_mount_namespace_holds_a_copy_of_the_fuse_mount
     assert_eq!(finished, Ok(true), "detach did not complete while another namespace held the mount");
     drop(detacher.join().expect("detach thread"));
     assert_clean(&runtime, &dev);
+}
+
+/// A device that completes every request later, on its own thread, in reverse order of arrival:
+/// what the replicated engine does (its answers come from the network, in any order).
+struct DeferredDevice {
+    inner: Arc<FileDevice>,
+    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: AtomicUsize,
+}
+
+enum Job {
+    Write(Vec<u8>, u64, wasmcsi_frontend::WriteDone),
+    Read(usize, u64, wasmcsi_frontend::ReadDone),
+}
+
+impl DeferredDevice {
+    fn new(inner: FileDevice) -> Self {
+        let inner = Arc::new(inner);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (dev, count) = (inner.clone(), in_flight.clone());
+        // Ends when the device (the only sender) is dropped.
+        std::thread::spawn(move || {
+            while let Ok(first) = rx.recv() {
+                // Let a few more arrive, then answer the newest first.
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                let mut batch = vec![first];
+                batch.extend(rx.try_iter());
+                for job in batch.into_iter().rev() {
+                    count.fetch_sub(1, Ordering::SeqCst);
+                    match job {
+                        Job::Write(data, offset, done) => done(dev.write_at(&data, offset)),
+                        Job::Read(len, offset, done) => {
+                            let mut buf = vec![0u8; len];
+                            match dev.read_at(&mut buf, offset) {
+                                Ok(()) => done(Ok(&buf)),
+                                Err(e) => done(Err(e)),
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Self { inner, jobs: std::sync::Mutex::new(tx), in_flight, max_in_flight: AtomicUsize::new(0) }
+    }
+
+    fn queue(&self, job: Job) {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        self.jobs.lock().expect("job queue").send(job).expect("completion thread alive");
+    }
+}
+
+impl BlockDevice for DeferredDevice {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn submit_write(&self, data: &[u8], offset: u64, done: wasmcsi_frontend::WriteDone) {
+        self.queue(Job::Write(data.to_vec(), offset, done));
+    }
+    fn submit_read(&self, offset: u64, len: usize, done: wasmcsi_frontend::ReadDone) {
+        self.queue(Job::Read(len, offset, done));
+    }
+}
+
+#[test]
+fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fuse_threads() {
+    require!("losetup", "blkdiscard");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let deferred = Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("b.img"), SIZE).expect("file")));
+    let dev: Arc<dyn BlockDevice> = deferred.clone();
+    // Two FUSE threads against 16 submitters: only answering out of line serves more than two.
+    let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "deferred").expect("attach");
+    let disk = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(attached.device())
+        .expect("open O_DIRECT");
+    let all = scrambled(BLOCKS);
+    par_blocks(&all, |buf, idx| {
+        make_block(idx, 1, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 1");
+    });
+    let second: Vec<u64> = all.iter().copied().filter(|&i| generation_after_passes(i) == 2).collect();
+    par_blocks(&second, |buf, idx| {
+        make_block(idx, 2, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 2");
+    });
+    discard_and_sync(attached.device(), &disk);
+    let bad = AtomicU64::new(0);
+    par_blocks(&all, |buf, idx| {
+        disk.read_exact_at(buf.get(), idx * BLOCK as u64).expect("read");
+        if let Some(what) = check_block(idx, generation_after_passes(idx), buf.get())
+            && bad.fetch_add(1, Ordering::Relaxed) < 10
+        {
+            eprintln!("via loop: {what}");
+        }
+    });
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "mismatching blocks read through the loop device");
+    let max_in_flight = deferred.max_in_flight.load(Ordering::SeqCst);
+    eprintln!("up to {max_in_flight} requests in flight at the device with 2 FUSE threads");
+    assert!(max_in_flight > 2, "the frontend waited for each request on its own thread");
+    drop(disk);
+    attached.detach().expect("detach");
+    drop(attached);
+    drop(dev);
+    assert_clean(&runtime, &(deferred as Arc<dyn BlockDevice>));
 }
