@@ -19,7 +19,8 @@
 //!
 //! Knobs (environment): `BLOCK_BENCH_SECS` per job (default 5), `BLOCK_BENCH_MIB` working set
 //! (default 256), `BLOCK_BENCH_REBUILD_MIB` rebuild volume (default 1024), `BLOCK_BENCH_DIR`
-//! (default: a temporary directory under /var/tmp, on disk, not tmpfs). The FUSE rows need root
+//! (default: a temporary directory under /var/tmp, on disk, not tmpfs), `BLOCK_BENCH_FUSE_THREADS`
+//! (the frontend's default unless set). The FUSE rows need root
 //! and /dev/fuse and are skipped otherwise. Everything is torn down by drop guards, on panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "benchmark harness")]
 
@@ -28,65 +29,18 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use wasmcsi_benchkit::fio::{self, MIB, Res, Rw, SHAPES, Shape};
+use wasmcsi_benchkit::{cpu, knob, knob_f64};
 use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume};
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::{Attached, BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
-const MIB: u64 = 1 << 20;
 const REGION: u64 = MIB;
-
-// ----- job shapes and results -----------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rw {
-    RandWrite,
-    RandRead,
-    SeqWrite,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    name: &'static str,
-    rw: Rw,
-    bs: u64,
-    qd: usize,
-}
-
-const SHAPES: [Shape; 4] = [
-    Shape { name: "4k randwrite QD1", rw: Rw::RandWrite, bs: 4096, qd: 1 },
-    Shape { name: "4k randwrite QD32", rw: Rw::RandWrite, bs: 4096, qd: 32 },
-    Shape { name: "4k randread QD32", rw: Rw::RandRead, bs: 4096, qd: 32 },
-    Shape { name: "1M seq write QD4", rw: Rw::SeqWrite, bs: MIB, qd: 4 },
-];
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Res {
-    iops: f64,
-    bytes_per_sec: f64,
-    /// Mean completion latency, µs.
-    lat_us: f64,
-}
-
-impl Res {
-    /// The number the table shows: IOPS for 4k jobs, MB/s for 1M jobs.
-    fn headline(&self, shape: &Shape) -> f64 {
-        if shape.bs >= MIB { self.bytes_per_sec / 1e6 } else { self.iops }
-    }
-}
-
-fn fmt_headline(r: Option<&Res>, shape: &Shape) -> String {
-    match r {
-        None => "-".into(),
-        Some(r) if shape.bs >= MIB => format!("{:.0} MB/s", r.headline(shape)),
-        Some(r) => format!("{:.0}", r.headline(shape)),
-    }
-}
 
 // ----- the job runner ---------------------------------------------------------------------------
 
@@ -158,6 +112,15 @@ fn xorshift(state: &mut u64) -> u64 {
 /// Runs `shape` on `target` over `[0, ws)` for `secs`: `qd` threads each issuing one blocking
 /// request at a time (random aligned offsets, or one shared sequential cursor).
 fn run_job(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
+    let (mut res, cpu_us) = cpu::measure(|| {
+        let res = run_threads(target, shape, ws, secs);
+        (res, res.iops)
+    });
+    res.cpu_us = cpu_us;
+    res
+}
+
+fn run_threads(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
     let blocks = ws / shape.bs;
     let cursor = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -196,6 +159,7 @@ fn run_job(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
         iops: ops as f64 / elapsed,
         bytes_per_sec: (ops * shape.bs) as f64 / elapsed,
         lat_us: busy.as_secs_f64() * 1e6 / ops.max(1) as f64,
+        cpu_us: 0.0,
     }
 }
 
@@ -206,39 +170,6 @@ fn prefill(target: &dyn Target, ws: u64) {
         target.write(buf.get(), i * MIB);
     }
 }
-
-// ----- fio -------------------------------------------------------------------------------------
-
-fn fio(filename: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {
-    let rw = match shape.rw {
-        Rw::RandWrite => "randwrite",
-        Rw::RandRead => "randread",
-        Rw::SeqWrite => "write",
-    };
-    let out = Command::new("fio")
-        .arg("--name=job")
-        .arg(format!("--filename={}", filename.display()))
-        .args(["--direct=1", "--ioengine=libaio", "--time_based", "--ramp_time=1", "--norandommap"])
-        .args(["--randrepeat=0", "--group_reporting", "--output-format=json", "--allow_file_create=0"])
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={}", shape.bs))
-        .arg(format!("--iodepth={}", shape.qd))
-        .arg(format!("--size={ws}"))
-        .arg(format!("--runtime={}", secs.ceil() as u64))
-        .output()
-        .expect("running fio (scripts/setup installs it)");
-    assert!(out.status.success(), "fio on {} failed: {}", filename.display(), String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio json");
-    let side = if shape.rw == Rw::RandRead { "read" } else { "write" };
-    let j = &json["jobs"][0][side];
-    Res {
-        iops: j["iops"].as_f64().unwrap_or(0.0),
-        bytes_per_sec: j["bw_bytes"].as_f64().unwrap_or(0.0),
-        lat_us: j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3,
-    }
-}
-
-// ----- replicas and the engine ------------------------------------------------------------------
 
 /// Two replica servers on their own runtime and an engine over them; dropping it stops the
 /// engine, then the servers.
@@ -382,7 +313,11 @@ fn fuse_skip_reason() -> Option<&'static str> {
 }
 
 fn attach(dev: Arc<dyn BlockDevice>, runtime_dir: &Path, name: &str) -> Attached {
-    FuseLoopFrontend::new(runtime_dir).attach(dev, name).expect("FUSE + loop attach")
+    let mut frontend = FuseLoopFrontend::new(runtime_dir);
+    if let Ok(threads) = std::env::var("BLOCK_BENCH_FUSE_THREADS") {
+        frontend = frontend.with_threads(threads.parse().expect("BLOCK_BENCH_FUSE_THREADS: a number"));
+    }
+    frontend.attach(dev, name).expect("FUSE + loop attach")
 }
 
 // ----- rebuilds ---------------------------------------------------------------------------------
@@ -470,10 +405,6 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
 
 // ----- main -------------------------------------------------------------------------------------
 
-fn env_num(name: &str, default: f64) -> f64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 struct Goal {
     what: String,
     target: String,
@@ -483,9 +414,9 @@ struct Goal {
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing else to parse.
-    let secs = env_num("BLOCK_BENCH_SECS", 5.0);
-    let ws = env_num("BLOCK_BENCH_MIB", 256.0) as u64 * MIB;
-    let rebuild_size = env_num("BLOCK_BENCH_REBUILD_MIB", 1024.0) as u64 * MIB;
+    let secs = knob_f64("BLOCK_BENCH_SECS", 5.0);
+    let ws = knob("BLOCK_BENCH_MIB", 256) * MIB;
+    let rebuild_size = knob("BLOCK_BENCH_REBUILD_MIB", 1024) * MIB;
     let base = std::env::var_os("BLOCK_BENCH_DIR").map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
     let tmp = tempfile::Builder::new().prefix("wasmcsi-block-bench.").tempdir_in(&base).expect("bench dir");
     let root = tmp.path();
@@ -506,7 +437,7 @@ fn main() {
     let mut run_raw = Vec::new();
     for shape in &SHAPES {
         eprintln!("raw file: {}", shape.name);
-        fio_raw.push(fio(&raw_path, shape, ws, secs));
+        fio_raw.push(fio::run(&raw_path, shape, ws, secs));
         run_raw.push(run_job(&raw, shape, ws, secs));
     }
     drop(raw);
@@ -518,7 +449,7 @@ fn main() {
         let mut att = attach(dev, &runtime_dir, "bench-file");
         for shape in &SHAPES {
             eprintln!("FUSE file: {}", shape.name);
-            fio_fuse_file.push(fio(att.device(), shape, ws, secs));
+            fio_fuse_file.push(fio::run(att.device(), shape, ws, secs));
         }
         att.detach().expect("detach the FUSE file");
     }
@@ -546,7 +477,7 @@ fn main() {
         let mut att = attach(dev, &runtime_dir, "bench-engine");
         for shape in &SHAPES {
             eprintln!("FUSE engine: {}", shape.name);
-            fio_fuse_engine.push(fio(att.device(), shape, ws, secs));
+            fio_fuse_engine.push(fio::run(att.device(), shape, ws, secs));
         }
         att.detach().expect("detach the FUSE engine");
     }
@@ -577,12 +508,12 @@ fn main() {
         println!(
             "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7}",
             shape.name,
-            fmt_headline(fio_raw.get(i), shape),
-            fmt_headline(run_raw.get(i), shape),
-            fmt_headline(run_engine.get(i), shape),
+            Res::fmt_headline(fio_raw.get(i), shape),
+            Res::fmt_headline(run_raw.get(i), shape),
+            Res::fmt_headline(run_engine.get(i), shape),
             ratio,
-            fmt_headline(fio_fuse_file.get(i), shape),
-            fmt_headline(fio_fuse_engine.get(i), shape),
+            Res::fmt_headline(fio_fuse_file.get(i), shape),
+            Res::fmt_headline(fio_fuse_engine.get(i), shape),
             dc
         );
     }
@@ -597,6 +528,30 @@ fn main() {
         lat(fio_fuse_file.first()),
         lat(fio_fuse_engine.first())
     );
+    // Where the throughput goes when every part shares the same cores (fio, loop, FUSE, the
+    // engine and both replicas): (d) costs (c) plus the replication, so once both are CPU-bound
+    // d/c cannot exceed cpu(c)/cpu(d), shown in the last column.
+    let cpu = |r: Option<&Res>| r.map_or("-".into(), |r| format!("{:.1}", r.cpu_us));
+    println!(
+        "CPU µs per I/O, whole machine; last column: cpu(c)/cpu(d), the most d/c can reach where both are CPU-bound (QD32)"
+    );
+    for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.bs < MIB) {
+        let bound = match (fio_fuse_file.get(i), fio_fuse_engine.get(i)) {
+            (Some(c), Some(d)) => format!("{:.2}x", c.cpu_us / d.cpu_us),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
+            shape.name,
+            cpu(fio_raw.get(i)),
+            cpu(run_raw.get(i)),
+            cpu(run_engine.get(i)),
+            "",
+            cpu(fio_fuse_file.get(i)),
+            cpu(fio_fuse_engine.get(i)),
+            bound
+        );
+    }
     let mibs = |d: Duration| rb.size as f64 / MIB as f64 / d.as_secs_f64();
     println!(
         "rebuild of {} MiB: raw copy {:.2} s ({:.0} MiB/s); full rebuild {:.2} s ({:.0} MiB/s); delta ({} of {} regions) {:.3} s",

@@ -19,24 +19,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use wasmcsi::host::{Host, HostOptions, connect};
+use wasmcsi_benchkit::{knob, ms, pct};
 use wasmcsi_nfs::testing::{Ganesha, SHARE};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::config::HostConfig;
 
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn pct(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 fn request(name: &str, params: &HashMap<String, String>) -> csi::CreateVolumeRequest {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};

@@ -24,6 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wasmcsi::host::connect;
+use wasmcsi_benchkit::fio::{self, MIB, Res, SHAPES};
+use wasmcsi_benchkit::{knob, ms, pct};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph, Store};
 
@@ -36,20 +38,6 @@ type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
 const BIN: &str = env!("CARGO_BIN_EXE_wasmcsi");
 const POOL: &str = "bench";
 const USER: &str = "csi-bench";
-const MIB: u64 = 1 << 20;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn pct(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 fn capability(block: bool) -> csi::VolumeCapability {
     use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode};
@@ -100,66 +88,9 @@ async fn triple(s: &Socket, ctl: &mut Controller, name: &str) -> [Duration; 3] {
 
 // ----- fio ---------------------------------------------------------------------------------
 
-#[derive(Clone, Copy)]
-struct Shape {
-    name: &'static str,
-    rw: &'static str,
-    bs: u64,
-    qd: u32,
-}
-
-const SHAPES: [Shape; 4] = [
-    Shape { name: "4k randwrite QD1", rw: "randwrite", bs: 4096, qd: 1 },
-    Shape { name: "4k randwrite QD32", rw: "randwrite", bs: 4096, qd: 32 },
-    Shape { name: "4k randread QD32", rw: "randread", bs: 4096, qd: 32 },
-    Shape { name: "1M seq write QD4", rw: "write", bs: MIB, qd: 4 },
-];
-
-struct Res {
-    /// IOPS for 4k jobs, MB/s for 1M jobs.
-    headline: f64,
-    lat_us: f64,
-}
-
-fn fio(device: &Path, shape: &Shape, ws: u64, secs: u64) -> Res {
-    let out = Command::new("fio")
-        .arg("--name=job")
-        .arg(format!("--filename={}", device.display()))
-        .args(["--direct=1", "--ioengine=libaio", "--time_based", "--ramp_time=1", "--norandommap"])
-        .args(["--randrepeat=0", "--group_reporting", "--output-format=json"])
-        .arg(format!("--rw={}", shape.rw))
-        .arg(format!("--bs={}", shape.bs))
-        .arg(format!("--iodepth={}", shape.qd))
-        .arg(format!("--size={ws}"))
-        .arg(format!("--runtime={secs}"))
-        .output()
-        .expect("running fio (scripts/setup installs it)");
-    assert!(out.status.success(), "fio on {} failed: {}", device.display(), String::from_utf8_lossy(&out.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio json");
-    let j = &json["jobs"][0][if shape.rw == "randread" { "read" } else { "write" }];
-    let (iops, bw) = (j["iops"].as_f64().unwrap_or(0.0), j["bw_bytes"].as_f64().unwrap_or(0.0));
-    Res {
-        headline: if shape.bs >= MIB { bw / 1e6 } else { iops },
-        lat_us: j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3,
-    }
-}
-
-/// Writes the working set once, so the read job reads data (an RBD object never written
-/// reads as zeros without touching a disk).
-fn prefill(device: &Path, ws: u64) {
-    let st = Command::new("fio")
-        .arg("--name=prefill")
-        .arg(format!("--filename={}", device.display()))
-        .args(["--direct=1", "--ioengine=libaio", "--rw=write", "--bs=1M", "--iodepth=4", "--output=/dev/null"])
-        .arg(format!("--size={ws}"))
-        .status()
-        .expect("fio");
-    assert!(st.success(), "prefill of {}", device.display());
-}
-
 fn run_jobs(device: &Path, ws: u64, secs: u64) -> Vec<Res> {
-    prefill(device, ws);
-    SHAPES.iter().map(|s| fio(device, s, ws, secs)).collect()
+    fio::prefill(device, ws);
+    SHAPES.iter().map(|s| fio::run(device, s, ws, secs as f64)).collect()
 }
 
 // ----- the wasmcsi volume, by hand with the real binary --------------------------------------
@@ -410,21 +341,22 @@ async fn main() {
     println!("{:<20} {:>22} {:>22} {:>8}", "job", "Ceph RBD rbd-fuse+loop", "wasmcsi 2-rep FUSE+loop", "ratio");
     for ((shape, c), w) in SHAPES.iter().zip(&ceph_res).zip(&wasmcsi_res) {
         let unit = if shape.bs >= MIB { "MB/s" } else { "IOPS" };
+        let (c_head, w_head) = (c.headline(shape), w.headline(shape));
         println!(
             "{:<20} {:>12.0} {unit:<4} {:>4.0}µs {:>12.0} {unit:<4} {:>4.0}µs {:>7.2}x",
             shape.name,
-            c.headline,
+            c_head,
             c.lat_us,
-            w.headline,
+            w_head,
             w.lat_us,
-            w.headline / c.headline.max(f64::MIN_POSITIVE)
+            w_head / c_head.max(f64::MIN_POSITIVE)
         );
     }
     println!(
         "note: the Ceph read row is this node's page cache: the rbd executor's loop device does buffered I/O on \
          rbd-fuse's image file, which the kernel caches; wasmcsi's FUSE file is direct, every read reaches a replica"
     );
-    let qd32 = wasmcsi_res[1].headline / ceph_res[1].headline.max(f64::MIN_POSITIVE);
+    let qd32 = wasmcsi_res[1].headline(&SHAPES[1]) / ceph_res[1].headline(&SHAPES[1]).max(f64::MIN_POSITIVE);
     println!(
         "goal: wasmcsi ≥ 3× Ceph on 4k randwrite QD32: {:.2}× — {}",
         qd32,
