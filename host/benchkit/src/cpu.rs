@@ -2,6 +2,8 @@
 //! the kernel's loop and FUSE threads, the engine, the replicas) shares the same cores, so the
 //! sum of their costs, not any one of them, sets the throughput.
 
+use std::collections::BTreeMap;
+
 /// Busy and total jiffies of all CPUs so far (`/proc/stat`; zeros where it cannot be read).
 fn jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -24,6 +26,41 @@ pub fn measure<T>(job: impl FnOnce() -> (T, f64)) -> (T, f64) {
     (res, share * cpus * 1e6 / iops.max(1.0))
 }
 
+/// `/proc` times are in USER_HZ ticks, which Linux fixes at 100 per second for user space.
+const TICK_US: f64 = 10_000.0;
+
+/// CPU time of this process's live threads so far, µs, by thread id, with each thread's name
+/// group: its name up to the first `-` or digit, so a pool's threads (`fuser-3`, `fuser-12`)
+/// count together.
+pub fn threads() -> BTreeMap<u32, (String, f64)> {
+    let mut threads = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return threads };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // "tid (name) state ppid ...": the name may hold spaces, the fields after it do not.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = &stat[open + 1..close];
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat(5), 12th and 13th after the name.
+        let ticks: u64 = fields.iter().skip(11).take(2).filter_map(|f| f.parse::<u64>().ok()).sum();
+        let group = name.split(|c: char| c == '-' || c.is_ascii_digit()).next().unwrap_or(name);
+        threads.insert(tid, (group.to_owned(), ticks as f64 * TICK_US));
+    }
+    threads
+}
+
+/// What each thread group spent between two [`threads`] snapshots, µs. A thread that ended in
+/// between is left out (its time went with it); one that started counts from zero.
+pub fn spent(before: &BTreeMap<u32, (String, f64)>, after: &BTreeMap<u32, (String, f64)>) -> BTreeMap<String, f64> {
+    let mut groups = BTreeMap::new();
+    for (tid, (group, us)) in after {
+        let was = before.get(tid).filter(|(g, _)| g == group).map_or(0.0, |(_, us)| *us);
+        *groups.entry(group.clone()).or_insert(0.0) += us - was;
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -40,5 +77,25 @@ mod tests {
         assert!(spins > 0);
         // One core busy for the whole run: about 1e5 µs per op (1 s / 10); allow wide noise.
         assert!(per_op > 2e4, "{per_op}");
+    }
+
+    #[test]
+    fn a_named_thread_is_charged_to_its_group() {
+        let before = super::threads();
+        let spinner = std::thread::Builder::new()
+            .name("spinner-7".into())
+            .spawn(|| {
+                let t = std::time::Instant::now();
+                let (start, mut seen) = (super::threads(), 0.0);
+                // Spin until the kernel has charged this thread at least 50 ms.
+                while seen < 50_000.0 && t.elapsed() < std::time::Duration::from_secs(10) {
+                    seen = super::spent(&start, &super::threads()).get("spinner").copied().unwrap_or(0.0);
+                }
+                seen
+            })
+            .expect("spawn");
+        let seen = spinner.join().expect("spinner");
+        assert!(seen >= 50_000.0, "spinner charged {seen} µs");
+        assert!(before.values().all(|(group, _)| group != "spinner"));
     }
 }

@@ -163,6 +163,23 @@ fn run_threads(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
     }
 }
 
+/// fio on `path`, and the CPU µs per I/O this process's thread groups spent meanwhile (those
+/// above 0.1 µs), to show where (c)'s and (d)'s costs differ.
+fn fio_split(path: &Path, shape: &Shape, ws: u64, secs: f64) -> (Res, Vec<(String, f64)>) {
+    let before = cpu::threads();
+    let started = Instant::now();
+    let res = fio::run(path, shape, ws, secs);
+    // The same span as the whole-machine figure: fio's ramp included, its I/Os counted at the
+    // measured rate.
+    let ops = (res.iops * started.elapsed().as_secs_f64()).max(1.0);
+    let split = cpu::spent(&before, &cpu::threads())
+        .into_iter()
+        .map(|(group, us)| (group, us / ops))
+        .filter(|(_, us)| *us >= 0.1)
+        .collect();
+    (res, split)
+}
+
 /// Writes the whole working set once (1 MiB pieces), so reads hit data, not holes.
 fn prefill(target: &dyn Target, ws: u64) {
     let buf = Aligned::new(MIB as usize, 0xc3);
@@ -444,12 +461,15 @@ fn main() {
 
     // (c) the same plain file under FUSE + loop.
     let mut fio_fuse_file = Vec::new();
+    let mut split_c = Vec::new();
     if skip_fuse.is_none() {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&raw_path).unwrap());
         let mut att = attach(dev, &runtime_dir, "bench-file");
         for shape in &SHAPES {
             eprintln!("FUSE file: {}", shape.name);
-            fio_fuse_file.push(fio::run(att.device(), shape, ws, secs));
+            let (res, split) = fio_split(att.device(), shape, ws, secs);
+            fio_fuse_file.push(res);
+            split_c.push(split);
         }
         att.detach().expect("detach the FUSE file");
     }
@@ -472,12 +492,15 @@ fn main() {
         run_engine.push(run_job(&Device(vol), shape, ws, secs));
     }
     let mut fio_fuse_engine = Vec::new();
+    let mut split_d = Vec::new();
     if skip_fuse.is_none() {
         let dev: Arc<dyn BlockDevice> = cluster.volume.clone();
         let mut att = attach(dev, &runtime_dir, "bench-engine");
         for shape in &SHAPES {
             eprintln!("FUSE engine: {}", shape.name);
-            fio_fuse_engine.push(fio::run(att.device(), shape, ws, secs));
+            let (res, split) = fio_split(att.device(), shape, ws, secs);
+            fio_fuse_engine.push(res);
+            split_d.push(split);
         }
         att.detach().expect("detach the FUSE engine");
     }
@@ -551,6 +574,22 @@ fn main() {
             cpu(fio_fuse_engine.get(i)),
             bound
         );
+    }
+    for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.qd > 1 && s.bs < MIB) {
+        for (col, res, split) in
+            [("(c)", fio_fuse_file.get(i), split_c.get(i)), ("(d)", fio_fuse_engine.get(i), split_d.get(i))]
+        {
+            let (Some(res), Some(split)) = (res, split) else { continue };
+            let ours: f64 = split.iter().map(|(_, us)| us).sum();
+            let parts: Vec<String> = split.iter().map(|(g, us)| format!("{g} {us:.1}")).collect();
+            println!(
+                "  {col} {}: {:.1} = {} + outside this process (fio, loop, softirq) {:.1}",
+                shape.name,
+                res.cpu_us,
+                parts.join(" + "),
+                res.cpu_us - ours
+            );
+        }
     }
     let mibs = |d: Duration| rb.size as f64 / MIB as f64 / d.as_secs_f64();
     println!(
