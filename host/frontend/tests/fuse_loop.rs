@@ -191,6 +191,46 @@ impl BlockDevice for CountingDevice {
     }
 }
 
+fn open_direct(device: &Path) -> std::fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(device)
+        .expect("open O_DIRECT")
+}
+
+/// Pass 1 writes every block, pass 2 overwrites about half (a stale block shows as gen 1), 16 at
+/// a time in a scrambled order; returns how many blocks were written.
+fn write_passes(disk: &std::fs::File) -> u64 {
+    let all = scrambled(BLOCKS);
+    par_blocks(&all, |buf, idx| {
+        make_block(idx, 1, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 1");
+    });
+    let second: Vec<u64> = all.iter().copied().filter(|&i| generation_after_passes(i) == 2).collect();
+    par_blocks(&second, |buf, idx| {
+        make_block(idx, 2, buf.get());
+        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 2");
+    });
+    BLOCKS + second.len() as u64
+}
+
+/// Reads every block back, 16 at a time, and checks it holds what the passes and the discard
+/// left there.
+fn verify_via_loop(disk: &std::fs::File) {
+    let bad = AtomicU64::new(0);
+    par_blocks(&scrambled(BLOCKS), |buf, idx| {
+        disk.read_exact_at(buf.get(), idx * BLOCK as u64).expect("read");
+        if let Some(what) = check_block(idx, generation_after_passes(idx), buf.get())
+            && bad.fetch_add(1, Ordering::Relaxed) < 10
+        {
+            eprintln!("via loop: {what}");
+        }
+    });
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "mismatching blocks read through the loop device");
+}
+
 /// Discards blocks 1024..2048 (see [`generation_after_passes`]), then fsyncs the device.
 fn discard_and_sync(device: &Path, disk: &std::fs::File) {
     // Discard reaches the device as a punched hole and reads back as zeros.
@@ -224,25 +264,9 @@ fn odirect_qd16_on_the_loop_device_verifies_every_block() {
     let dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio")).expect("sysfs dio");
     assert_eq!(dio.trim(), "1", "the loop device should run with direct I/O");
 
-    let disk = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-        .open(&device)
-        .expect("open O_DIRECT");
-    let all = scrambled(BLOCKS);
+    let disk = open_direct(&device);
     let started = std::time::Instant::now();
-    // Pass 1 writes every block, pass 2 overwrites about half: a stale block shows as gen 1.
-    par_blocks(&all, |buf, idx| {
-        make_block(idx, 1, buf.get());
-        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 1");
-    });
-    let second: Vec<u64> = all.iter().copied().filter(|&i| generation_after_passes(i) == 2).collect();
-    par_blocks(&second, |buf, idx| {
-        make_block(idx, 2, buf.get());
-        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 2");
-    });
-    let written = BLOCKS + second.len() as u64;
+    let written = write_passes(&disk);
     let max_in_flight = counting.max_in_flight.load(Ordering::SeqCst);
     eprintln!(
         "{written} 4k O_DIRECT writes at QD16 in {:.2?} ({:.0} IOPS), up to {max_in_flight} in flight at the device",
@@ -251,17 +275,7 @@ fn odirect_qd16_on_the_loop_device_verifies_every_block() {
     );
     assert!(max_in_flight > 1, "writes reached the device one at a time");
     discard_and_sync(&device, &disk);
-
-    let bad = AtomicU64::new(0);
-    par_blocks(&all, |buf, idx| {
-        disk.read_exact_at(buf.get(), idx * BLOCK as u64).expect("read");
-        if let Some(what) = check_block(idx, generation_after_passes(idx), buf.get())
-            && bad.fetch_add(1, Ordering::Relaxed) < 10
-        {
-            eprintln!("via loop: {what}");
-        }
-    });
-    assert_eq!(bad.load(Ordering::Relaxed), 0, "mismatching blocks read through the loop device");
+    verify_via_loop(&disk);
     drop(disk);
 
     attached.detach().expect("detach");
@@ -598,33 +612,10 @@ fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fu
     let dev: Arc<dyn BlockDevice> = deferred.clone();
     // Two FUSE threads against 16 submitters: only answering out of line serves more than two.
     let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "deferred").expect("attach");
-    let disk = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-        .open(attached.device())
-        .expect("open O_DIRECT");
-    let all = scrambled(BLOCKS);
-    par_blocks(&all, |buf, idx| {
-        make_block(idx, 1, buf.get());
-        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 1");
-    });
-    let second: Vec<u64> = all.iter().copied().filter(|&i| generation_after_passes(i) == 2).collect();
-    par_blocks(&second, |buf, idx| {
-        make_block(idx, 2, buf.get());
-        disk.write_all_at(buf.get(), idx * BLOCK as u64).expect("write gen 2");
-    });
+    let disk = open_direct(attached.device());
+    write_passes(&disk);
     discard_and_sync(attached.device(), &disk);
-    let bad = AtomicU64::new(0);
-    par_blocks(&all, |buf, idx| {
-        disk.read_exact_at(buf.get(), idx * BLOCK as u64).expect("read");
-        if let Some(what) = check_block(idx, generation_after_passes(idx), buf.get())
-            && bad.fetch_add(1, Ordering::Relaxed) < 10
-        {
-            eprintln!("via loop: {what}");
-        }
-    });
-    assert_eq!(bad.load(Ordering::Relaxed), 0, "mismatching blocks read through the loop device");
+    verify_via_loop(&disk);
     let max_in_flight = deferred.max_in_flight.load(Ordering::SeqCst);
     eprintln!("up to {max_in_flight} requests in flight at the device with 2 FUSE threads");
     assert!(max_in_flight > 2, "the frontend waited for each request on its own thread");
