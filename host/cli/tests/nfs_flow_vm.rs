@@ -17,7 +17,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use tonic::Code;
-use wasmcsi::host::{Host, HostOptions};
 use wasmcsi_nfs::testing::{Ganesha, SHARE};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_vmtest::guest::sh;
@@ -116,29 +115,13 @@ fn nfs_volume_lifecycle_through_the_csi_socket_with_kernel_mounts() {
 async fn flow(scratch: &Path) {
     let g = Ganesha::start().expect("ganesha");
     let dir = scratch.join("host");
-    let backends = dir.join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join("nfs.wasm"), wasmcsi_artifacts::NFS).unwrap();
     let config = format!(
         "[runtime]\nimport_timeout_ms = 60000\n\
          [backends.nfs]\ncall_deadline_ms = 120000\n\
          [backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {SHARE:?} }}]\n",
         g.server()
     );
-    let host = Host::start(HostOptions {
-        driver_name: "nfs.wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: "vm-node".into(),
-        socket: dir.join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
-        backends_dir: Some(backends),
-        state_dir: dir.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-    })
-    .await
-    .expect("host");
-    assert!(host.registry.get("nfs").is_some(), "the nfs component loads");
+    let host = support::host_with("nfs", wasmcsi_artifacts::NFS, "nfs.wasmcsi.io", "vm-node", &config, &dir).await;
     let channel = wasmcsi::host::connect(&host.socket).await.unwrap();
     let (mut ctl, mut node): (Controller, Node) =
         (csi::controller_client::ControllerClient::new(channel.clone()), csi::node_client::NodeClient::new(channel));
