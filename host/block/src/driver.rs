@@ -750,6 +750,9 @@ async fn run(
     mut stop: mpsc::UnboundedReceiver<()>,
     mut events: mpsc::UnboundedReceiver<ConnEvent>,
 ) {
+    // Also when the runtime drops this task unfinished (it shut down under a live handle): the
+    // handles must see the driver gone rather than wait for answers nobody will read.
+    let _stopped = StopOnDrop(shared.clone());
     let tick_every = shared.with_driver(|d| {
         for r in 0..d.slots.len() {
             d.spawn_connect(r, Duration::ZERO);
@@ -775,20 +778,28 @@ async fn run(
             _ = tick.tick() => shared.with_driver(|d| d.feed(Event::Tick)),
         }
     }
-    shared.with_driver(|d| {
-        d.stopped = true;
-        d.send_out();
-        for slot in &mut d.slots {
-            slot.writer = None;
-            if let Some(t) = slot.task.take() {
-                t.abort();
+}
+
+/// Stops the driver when the task serving it ends, however it ends.
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.with_driver(|d| {
+            d.stopped = true;
+            d.send_out();
+            for slot in &mut d.slots {
+                slot.writer = None;
+                if let Some(t) = slot.task.take() {
+                    t.abort();
+                }
             }
-        }
-        // Every outstanding request fails: a blocked caller would see its channel close, but a
-        // completion must be called.
-        let waiting: Vec<_> = d.waiting.drain().map(|(_, tx)| (tx, Err(stopped()))).collect();
-        d.done.extend(waiting);
-    });
+            // Every outstanding request fails: a blocked caller would see its channel close,
+            // but a completion must be called.
+            let waiting: Vec<_> = d.waiting.drain().map(|(_, tx)| (tx, Err(stopped()))).collect();
+            d.done.extend(waiting);
+        });
+    }
 }
 
 fn to_io_error(e: IoError) -> io::Error {

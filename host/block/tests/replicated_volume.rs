@@ -237,6 +237,41 @@ fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_onc
 }
 
 #[test]
+fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
+    let cluster = Cluster::new(2);
+    let engine_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let engine = EngineConfig {
+        volume_id: VOLUME.into(),
+        size: SIZE,
+        replicas: vec![ReplicaConfig { local: false }; 2],
+        region_size: 1 << 20,
+        request_timeout: 5_000,
+        attach_timeout: 5_000,
+        rebuild_parallelism: 4,
+    };
+    let vol = Arc::new(
+        ReplicatedVolume::start(
+            DriverConfig::new(engine, cluster.addrs.clone(), cluster.state.path()),
+            engine_rt.handle(),
+        )
+        .unwrap(),
+    );
+    assert!(vol.wait_for(Duration::from_secs(10), |s| s.attached && s.healthy == 2), "{:?}", vol.status());
+    vol.write_at(&[7; 4096], 0).unwrap();
+    drop(engine_rt);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let v = vol.clone();
+    std::thread::spawn(move || drop(tx.send(v.write_at(&[8; 4096], 4096))));
+    let blocking = rx.recv_timeout(Duration::from_secs(10)).expect("a blocking write answered");
+    assert!(blocking.is_err(), "a write acknowledged by a driver that is gone");
+    let (tx, rx) = std::sync::mpsc::channel();
+    vol.submit_write(&[9; 4096], 8192, Box::new(move |r| drop(tx.send(r))));
+    let completed = rx.recv_timeout(Duration::from_secs(10)).expect("a completion called");
+    assert!(completed.is_err(), "a write acknowledged by a driver that is gone");
+}
+
+#[test]
 fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt() {
     let mut cluster = Cluster::new(2);
     let vol = Arc::new(cluster.volume());
