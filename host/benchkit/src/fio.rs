@@ -54,6 +54,16 @@ impl Res {
         if shape.bs >= MIB { self.bytes_per_sec / 1e6 } else { self.iops }
     }
 
+    /// Runs `job` and returns its result with the machine's CPU per I/O meanwhile filled in.
+    pub fn measured(job: impl FnOnce() -> Res) -> Res {
+        let (mut res, cpu_us) = crate::cpu::measure(|| {
+            let res = job();
+            (res, res.iops)
+        });
+        res.cpu_us = cpu_us;
+        res
+    }
+
     /// [`Self::headline`] formatted with its unit ("-" for no result).
     pub fn fmt_headline(r: Option<&Res>, shape: &Shape) -> String {
         match r {
@@ -67,12 +77,7 @@ impl Res {
 /// Runs `shape` on `target` (which must exist) over its first `ws` bytes for `secs` seconds
 /// after a one-second ramp, and measures the machine's CPU per I/O meanwhile.
 pub fn run(target: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {
-    let (mut res, cpu_us) = crate::cpu::measure(|| {
-        let res = run_fio(target, shape, ws, secs);
-        (res, res.iops)
-    });
-    res.cpu_us = cpu_us;
-    res
+    Res::measured(|| run_fio(target, shape, ws, secs))
 }
 
 fn run_fio(target: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {

@@ -112,12 +112,7 @@ fn xorshift(state: &mut u64) -> u64 {
 /// Runs `shape` on `target` over `[0, ws)` for `secs`: `qd` threads each issuing one blocking
 /// request at a time (random aligned offsets, or one shared sequential cursor).
 fn run_job(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {
-    let (mut res, cpu_us) = cpu::measure(|| {
-        let res = run_threads(target, shape, ws, secs);
-        (res, res.iops)
-    });
-    res.cpu_us = cpu_us;
-    res
+    Res::measured(|| run_threads(target, shape, ws, secs))
 }
 
 fn run_threads(target: &dyn Target, shape: &Shape, ws: u64, secs: f64) -> Res {

@@ -258,7 +258,7 @@ enum Request {
 }
 
 /// Where a request's result goes: a thread blocked on it, or a completion the frontend gave
-/// (run on the driver task, so it must not block).
+/// (run on whichever thread releases the driver after the answer, so it must not block).
 enum ReplyTx {
     Wait(oneshot::Sender<io::Result<ClientReply>>),
     Call(Box<dyn FnOnce(io::Result<ClientReply>) + Send>),
@@ -1022,10 +1022,11 @@ impl ReplicatedVolume {
         let _ = self.stop.send(());
     }
 
-    fn submit(&self, request: Request) -> io::Result<oneshot::Receiver<io::Result<ClientReply>>> {
+    /// Submits `request`; the answer arrives on the receiver (an error once the driver stopped).
+    fn submit(&self, request: Request) -> oneshot::Receiver<io::Result<ClientReply>> {
         let (tx, rx) = oneshot::channel();
         self.shared.submit(request, ReplyTx::Wait(tx));
-        Ok(rx)
+        rx
     }
 
     /// Submits `request` with a completion, which runs on whichever thread sees the answer (this
@@ -1055,7 +1056,7 @@ impl ReplicatedVolume {
     /// Grows the volume to `new_size` bytes on every replica, online. Smaller than the current
     /// size is an error, the same size succeeds.
     pub fn resize(&self, new_size: u64) -> io::Result<()> {
-        match Self::wait(self.submit(Request::Resize { size: new_size })?)? {
+        match Self::wait(self.submit(Request::Resize { size: new_size }))? {
             ClientReply::Resized => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1064,7 +1065,7 @@ impl ReplicatedVolume {
     /// Takes a crash-consistent snapshot `name` on every replica; idempotent for an existing
     /// name. Needs every replica healthy: fails with `ErrorKind::ResourceBusy` while degraded.
     pub fn snapshot(&self, name: &str) -> io::Result<()> {
-        match Self::wait(self.submit(Request::Snapshot { name: name.to_owned() })?)? {
+        match Self::wait(self.submit(Request::Snapshot { name: name.to_owned() }))? {
             ClientReply::SnapshotTaken => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1073,7 +1074,7 @@ impl ReplicatedVolume {
     /// Deletes snapshot `name` on every replica; a name that does not exist succeeds. Needs
     /// every replica healthy, like [`Self::snapshot`].
     pub fn delete_snapshot(&self, name: &str) -> io::Result<()> {
-        match Self::wait(self.submit(Request::DeleteSnapshot { name: name.to_owned() })?)? {
+        match Self::wait(self.submit(Request::DeleteSnapshot { name: name.to_owned() }))? {
             ClientReply::SnapshotDeleted => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1129,7 +1130,7 @@ impl BlockDevice for ReplicatedVolume {
         let mut pending = Vec::new();
         for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
             let at = offset + i as u64 * MAX_IO;
-            pending.push(self.submit(Request::Read { offset: at, len: chunk.len() as u64 })?);
+            pending.push(self.submit(Request::Read { offset: at, len: chunk.len() as u64 }));
         }
         for (chunk, rx) in buf.chunks_mut(MAX_IO as usize).zip(pending) {
             match Self::wait(rx)? {
@@ -1146,7 +1147,7 @@ impl BlockDevice for ReplicatedVolume {
         for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
             let at = offset + i as u64 * MAX_IO;
             // The one copy of the payload: from here on every replica's frame shares it.
-            pending.push(self.submit(Request::Write { offset: at, data: Bytes::copy_from_slice(chunk) })?);
+            pending.push(self.submit(Request::Write { offset: at, data: Bytes::copy_from_slice(chunk) }));
         }
         Self::wait_all_written(pending)
     }
@@ -1192,7 +1193,7 @@ impl BlockDevice for ReplicatedVolume {
     }
 
     fn flush(&self) -> io::Result<()> {
-        match Self::wait(self.submit(Request::Flush)?)? {
+        match Self::wait(self.submit(Request::Flush))? {
             ClientReply::Flushed => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1207,7 +1208,7 @@ impl BlockDevice for ReplicatedVolume {
             while at < end && window.len() < DISCARD_WINDOW {
                 // Pieces of at most MAX_UNMAP, so one large discard never locks the whole volume.
                 let n = MAX_UNMAP.min(end - at);
-                window.push(self.submit(Request::Unmap { offset: at, len: n })?);
+                window.push(self.submit(Request::Unmap { offset: at, len: n }));
                 at += n;
             }
             Self::wait_all_written(window)?;

@@ -39,16 +39,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_wasmcsi");
 const POOL: &str = "bench";
 const USER: &str = "csi-bench";
 
+/// A raw block volume, or an ext4 mount.
 fn capability(block: bool) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(if block {
-            AccessType::Block(BlockVolume {})
-        } else {
-            AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })
-        }),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
+    support::single_node_writer(if block { None } else { Some("ext4") })
 }
 
 struct Socket {

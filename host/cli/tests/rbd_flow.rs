@@ -32,6 +32,10 @@ use wasmcsi_rbd::testing::{CLUSTER, Ceph};
 mod support;
 use support::{from_snapshot, from_volume};
 
+fn mount_xfs() -> csi::VolumeCapability {
+    support::single_node_writer(Some("xfs"))
+}
+
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
 type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
 
@@ -40,14 +44,6 @@ const USER: &str = "csi-flow";
 const MIB: i64 = 1 << 20;
 /// mkfs.xfs refuses filesystems under 300 MB.
 const SIZE: i64 = 320 * MIB;
-
-fn mount_cap() -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 struct Flow {
     ctl: Controller,
@@ -96,7 +92,7 @@ impl Flow {
         csi::CreateVolumeRequest {
             name: name.into(),
             capacity_range: Some(csi::CapacityRange { required_bytes: size, limit_bytes: 0 }),
-            volume_capabilities: vec![mount_cap()],
+            volume_capabilities: vec![mount_xfs()],
             parameters: self.params.clone(),
             secrets: self.secrets.clone(),
             volume_content_source: source,
@@ -128,7 +124,7 @@ impl Flow {
         let stage = csi::NodeStageVolumeRequest {
             volume_id: v.volume_id.clone(),
             staging_target_path: staging.to_string_lossy().into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_xfs()),
             volume_context: v.volume_context.clone(),
             secrets: self.secrets.clone(),
             ..Default::default()
@@ -143,7 +139,7 @@ impl Flow {
             volume_id: v.volume_id.clone(),
             staging_target_path: staging.to_string_lossy().into(),
             target_path: target.to_string_lossy().into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_xfs()),
             volume_context: v.volume_context.clone(),
             ..Default::default()
         };
@@ -370,7 +366,7 @@ async fn flow(ceph: &Ceph, device_prefix: &'static str) {
     let expand = csi::ControllerExpandVolumeRequest {
         volume_id: v.volume_id.clone(),
         capacity_range: Some(csi::CapacityRange { required_bytes: 2 * SIZE, limit_bytes: 0 }),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_xfs()),
         secrets: f.secrets.clone(),
     };
     let grown = at_once(3, "expand", || {
@@ -385,7 +381,7 @@ async fn flow(ceph: &Ceph, device_prefix: &'static str) {
         volume_path: t1.to_string_lossy().into(),
         capacity_range: Some(csi::CapacityRange { required_bytes: 2 * SIZE, limit_bytes: 0 }),
         staging_target_path: s1.to_string_lossy().into(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_xfs()),
         ..Default::default()
     };
     at_once(2, "node expand", || {

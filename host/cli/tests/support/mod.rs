@@ -11,6 +11,18 @@ use wasmcsi::host::{Host, HostOptions};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph};
 
+/// Single-node-writer access: a raw block volume (`fs_type` None) or a filesystem mount.
+pub fn single_node_writer(fs_type: Option<&str>) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(match fs_type {
+            None => AccessType::Block(BlockVolume {}),
+            Some(fs) => AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() }),
+        }),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
 pub fn from_snapshot(id: &str) -> csi::VolumeContentSource {
     use csi::volume_content_source::{SnapshotSource, Type};
     csi::VolumeContentSource { r#type: Some(Type::Snapshot(SnapshotSource { snapshot_id: id.into() })) }
