@@ -11,7 +11,11 @@
 //! - **(c) FUSE file**: a plain file ([`FileDevice`]) exposed by the FUSE + loop frontend, fio
 //!   on the loop device. `FileDevice` does buffered `pread`/`pwrite` (page cache, `fdatasync` on
 //!   flush), like the replicas' stores and unlike the raw rows' `O_DIRECT`: (d)/(c) compares
-//!   like with like behind the frontend, and (c) can beat the raw rows; **(d) FUSE engine**: the same 2-replica volume under FUSE + loop.
+//!   like with like behind the frontend, and (c) can beat the raw rows;
+//! - **(d) FUSE engine**: the same 2-replica volume under FUSE + loop, both replicas over TCP;
+//! - **(e) FUSE engine, local replica in-process**: as (d), but replica 0 is on this process's
+//!   own node and reached in-process (the layout of a node plugin that serves its local replica
+//!   and runs the engine), replica 1 over TCP.
 //!
 //! Then rebuilds on a separate volume: a full rebuild of a fresh replica against a plain copy of
 //! a same-size file, and a delta rebuild of a replica that missed 1% of the volume against that
@@ -35,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use wasmcsi_benchkit::fio::{self, MIB, Res, Rw, SHAPES, Shape};
 use wasmcsi_benchkit::{cpu, knob, knob_f64};
-use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume};
+use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume};
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::{Attached, BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
@@ -218,8 +222,9 @@ fn engine_config(id: &str, size: u64) -> EngineConfig {
 
 impl Cluster {
     /// Serves the node roots in `nodes` (each holding a replica of `id`) and starts an engine
-    /// (state in `state`).
-    fn start(id: &str, size: u64, nodes: Vec<PathBuf>, state: &Path) -> Self {
+    /// (state in `state`); with `in_process`, the engine reaches replica 0 (the local one)
+    /// through its node instead of its server.
+    fn start(id: &str, size: u64, nodes: Vec<PathBuf>, state: &Path, in_process: bool) -> Self {
         let server_rt = runtime("replica");
         let servers: Vec<_> = nodes
             .iter()
@@ -231,6 +236,10 @@ impl Cluster {
         // A restarted replica is found within a few ms, so rebuild timings are not backoff.
         cfg.backoff_min = Duration::from_millis(5);
         cfg.backoff_max = Duration::from_millis(20);
+        if in_process {
+            let node = servers[0].as_ref().unwrap().node().clone();
+            cfg.in_process = Some(InProcessNode { addr: addrs[0], node });
+        }
         let volume = Arc::new(ReplicatedVolume::start(cfg, engine_rt.handle()).expect("engine"));
         Self { volume, servers, nodes, addrs, server_rt, _engine_rt: engine_rt }
     }
@@ -392,7 +401,7 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
     }
     let state = root.join("rebuild-engine");
     let t = Instant::now();
-    let mut cluster = Cluster::start(id, size, nodes, &state);
+    let mut cluster = Cluster::start(id, size, nodes, &state, false);
     cluster.wait_healthy(2, 1);
     let full = t.elapsed();
 
@@ -472,7 +481,7 @@ fn main() {
 
     // The engine: runner on the volume, then (d) the same volume under FUSE + loop.
     let id = "bench-io";
-    let cluster = Cluster::start(id, ws, create_replicas(root, id, ws), &root.join("io-engine"));
+    let cluster = Cluster::start(id, ws, create_replicas(root, id, ws), &root.join("io-engine"), false);
     cluster.wait_healthy(2, 0);
     let vol: &dyn BlockDevice = cluster.volume.as_ref();
     prefill(&Device(vol), ws);
@@ -501,6 +510,26 @@ fn main() {
     }
     drop(cluster);
 
+    // (e) a volume whose local replica is reached in-process, under FUSE + loop.
+    let mut fio_fuse_local = Vec::new();
+    let mut split_e = Vec::new();
+    if skip_fuse.is_none() {
+        let id = "bench-io-local";
+        let cluster = Cluster::start(id, ws, create_replicas(root, id, ws), &root.join("io-local"), true);
+        cluster.wait_healthy(2, 0);
+        prefill(&Device(cluster.volume.as_ref()), ws);
+        cluster.volume.flush().unwrap();
+        let dev: Arc<dyn BlockDevice> = cluster.volume.clone();
+        let mut att = attach(dev, &runtime_dir, "bench-local");
+        for shape in &SHAPES {
+            eprintln!("FUSE engine, local replica in-process: {}", shape.name);
+            let (res, split) = fio_split(att.device(), shape, ws, secs);
+            fio_fuse_local.push(res);
+            split_e.push(split);
+        }
+        att.detach().expect("detach the FUSE engine with an in-process replica");
+    }
+
     eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
     let rb = bench_rebuilds(root, rebuild_size);
 
@@ -513,18 +542,19 @@ fn main() {
     println!(
         "raw = O_DIRECT file; (c) = the same file through FileDevice, buffered (page cache) like the replicas' stores"
     );
+    println!("(d) = both replicas over loopback TCP; (e) = replica 0 in-process, replica 1 over TCP");
     println!(
-        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
-        "job", "raw fio", "raw runner", "engine", "eng/raw", "(c) FUSE", "(d) F+eng", "d/c"
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7}",
+        "job", "raw fio", "raw runner", "engine", "eng/raw", "(c) FUSE", "(d) F+eng", "d/c", "(e) F+eng+L", "e/c"
     );
+    let over = |x: Option<&Res>, c: Option<&Res>, shape: &Shape| match (x, c) {
+        (Some(x), Some(c)) => format!("{:.2}x", x.headline(shape) / c.headline(shape)),
+        _ => "-".into(),
+    };
     for (i, shape) in SHAPES.iter().enumerate() {
         let ratio = run_engine[i].headline(shape) / run_raw[i].headline(shape);
-        let dc = match (fio_fuse_engine.get(i), fio_fuse_file.get(i)) {
-            (Some(d), Some(c)) => format!("{:.2}x", d.headline(shape) / c.headline(shape)),
-            _ => "-".into(),
-        };
         println!(
-            "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7}",
+            "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7} {:>11} {:>7}",
             shape.name,
             Res::fmt_headline(fio_raw.get(i), shape),
             Res::fmt_headline(run_raw.get(i), shape),
@@ -532,34 +562,38 @@ fn main() {
             ratio,
             Res::fmt_headline(fio_fuse_file.get(i), shape),
             Res::fmt_headline(fio_fuse_engine.get(i), shape),
-            dc
+            over(fio_fuse_engine.get(i), fio_fuse_file.get(i), shape),
+            Res::fmt_headline(fio_fuse_local.get(i), shape),
+            over(fio_fuse_local.get(i), fio_fuse_file.get(i), shape),
         );
     }
     let lat = |r: Option<&Res>| r.map_or("-".into(), |r| format!("{:.1} µs", r.lat_us));
     println!(
-        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11}",
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11}",
         "QD1 write lat",
         lat(fio_raw.first()),
         lat(run_raw.first()),
         lat(run_engine.first()),
         "",
         lat(fio_fuse_file.first()),
-        lat(fio_fuse_engine.first())
+        lat(fio_fuse_engine.first()),
+        "",
+        lat(fio_fuse_local.first())
     );
     // Where the throughput goes when every part shares the same cores (fio, loop, FUSE, the
     // engine and both replicas): (d) costs (c) plus the replication, so once both are CPU-bound
     // d/c cannot exceed cpu(c)/cpu(d), shown in the last column.
     let cpu = |r: Option<&Res>| r.map_or("-".into(), |r| format!("{:.1}", r.cpu_us));
     println!(
-        "CPU µs per I/O, whole machine; last column: cpu(c)/cpu(d), the most d/c can reach where both are CPU-bound (QD32)"
+        "CPU µs per I/O, whole machine; after (d) and (e): cpu(c)/cpu(d) and cpu(c)/cpu(e), the most d/c and e/c can reach where both are CPU-bound (QD32)"
     );
+    let bound = |c: Option<&Res>, x: Option<&Res>| match (c, x) {
+        (Some(c), Some(x)) => format!("{:.2}x", c.cpu_us / x.cpu_us),
+        _ => "-".into(),
+    };
     for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.bs < MIB) {
-        let bound = match (fio_fuse_file.get(i), fio_fuse_engine.get(i)) {
-            (Some(c), Some(d)) => format!("{:.2}x", c.cpu_us / d.cpu_us),
-            _ => "-".into(),
-        };
         println!(
-            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7}",
             shape.name,
             cpu(fio_raw.get(i)),
             cpu(run_raw.get(i)),
@@ -567,13 +601,17 @@ fn main() {
             "",
             cpu(fio_fuse_file.get(i)),
             cpu(fio_fuse_engine.get(i)),
-            bound
+            bound(fio_fuse_file.get(i), fio_fuse_engine.get(i)),
+            cpu(fio_fuse_local.get(i)),
+            bound(fio_fuse_file.get(i), fio_fuse_local.get(i)),
         );
     }
     for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.qd > 1 && s.bs < MIB) {
-        for (col, res, split) in
-            [("(c)", fio_fuse_file.get(i), split_c.get(i)), ("(d)", fio_fuse_engine.get(i), split_d.get(i))]
-        {
+        for (col, res, split) in [
+            ("(c)", fio_fuse_file.get(i), split_c.get(i)),
+            ("(d)", fio_fuse_engine.get(i), split_d.get(i)),
+            ("(e)", fio_fuse_local.get(i), split_e.get(i)),
+        ] {
             let (Some(res), Some(split)) = (res, split) else { continue };
             let ours: f64 = split.iter().map(|(_, us)| us).sum();
             let parts: Vec<String> = split.iter().map(|(g, us)| format!("{g} {us:.1}")).collect();
@@ -625,13 +663,15 @@ fn main() {
     });
     if skip_fuse.is_none() {
         for (i, shape) in SHAPES.iter().enumerate() {
-            let r = fio_fuse_engine[i].headline(shape) / fio_fuse_file[i].headline(shape);
-            goals.push(Goal {
-                what: format!("(d)/(c) {}", shape.name),
-                target: ">= 0.80x".into(),
-                got: format!("{r:.2}x"),
-                met: r >= 0.8,
-            });
+            for (name, x) in [("(d)", &fio_fuse_engine[i]), ("(e)", &fio_fuse_local[i])] {
+                let r = x.headline(shape) / fio_fuse_file[i].headline(shape);
+                goals.push(Goal {
+                    what: format!("{name}/(c) {}", shape.name),
+                    target: ">= 0.80x".into(),
+                    got: format!("{r:.2}x"),
+                    met: r >= 0.8,
+                });
+            }
         }
     }
     let delta_share = rb.delta.as_secs_f64() / rb.full.as_secs_f64();

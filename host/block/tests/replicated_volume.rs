@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
-use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume, STATE_FILE, load_state};
+use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume, STATE_FILE, load_state};
 use wasmcsi_block::replica::store::DATA_FILE;
-use wasmcsi_block::replica::{ReplicaServer, ReplicaStore};
+use wasmcsi_block::replica::{ReplicaNode, ReplicaServer, ReplicaStore};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::BlockDevice;
 
@@ -32,6 +32,9 @@ struct Cluster {
     servers: Vec<Option<ReplicaServer>>,
     addrs: Vec<SocketAddr>,
     state: tempfile::TempDir,
+    /// Replica 0's node when the engine reaches it in-process (its TCP server is shut down, so
+    /// nothing can reach it another way).
+    in_process: Option<Arc<ReplicaNode>>,
 }
 
 impl Cluster {
@@ -47,23 +50,60 @@ impl Cluster {
             })
             .collect::<Vec<_>>();
         let addrs = servers.iter().map(|s| s.as_ref().map(ReplicaServer::local_addr).unwrap()).collect();
-        Self { rt, _dirs: dirs, node_roots, servers, addrs, state: tempfile::tempdir().unwrap() }
+        Self { rt, _dirs: dirs, node_roots, servers, addrs, state: tempfile::tempdir().unwrap(), in_process: None }
     }
 
-    fn volume(&self) -> ReplicatedVolume {
+    /// Like [`Cluster::new`], with replica 0 on this process's own node: the engine runs its
+    /// requests in-process. Its TCP server is shut down first, so the volume can only be whole if
+    /// the in-process link works.
+    fn with_in_process_replica(replicas: usize) -> Self {
+        let mut c = Self::new(replicas);
+        let server = c.servers[0].take().unwrap();
+        c.in_process = Some(server.node().clone());
+        c.rt.block_on(server.shutdown()).unwrap();
+        c
+    }
+
+    /// Replica 0 is the local one (reads go there) exactly when it is in-process.
+    fn driver_config(&self) -> DriverConfig {
         let engine = EngineConfig {
             volume_id: VOLUME.into(),
             size: SIZE,
-            replicas: self.servers.iter().map(|_| ReplicaConfig { local: false }).collect(),
+            replicas: (0..self.addrs.len())
+                .map(|i| ReplicaConfig { local: i == 0 && self.in_process.is_some() })
+                .collect(),
             region_size: 1 << 20,
             request_timeout: 5_000,
             attach_timeout: 5_000,
             rebuild_parallelism: 4,
         };
-        let addrs = self.servers.iter().map(|s| s.as_ref().unwrap().local_addr()).collect();
-        let vol =
-            ReplicatedVolume::start(DriverConfig::new(engine, addrs, self.state.path()), self.rt.handle()).unwrap();
-        let n = self.servers.len();
+        let mut cfg = DriverConfig::new(engine, self.addrs.clone(), self.state.path());
+        cfg.in_process = self.in_process.clone().map(|node| InProcessNode { addr: self.addrs[0], node });
+        cfg
+    }
+
+    /// The node holding replica `i`, in this process either way.
+    fn node(&self, i: usize) -> &Arc<ReplicaNode> {
+        match (i, &self.in_process) {
+            (0, Some(node)) => node,
+            _ => self.servers[i].as_ref().unwrap().node(),
+        }
+    }
+
+    /// Waits until no engine session is open on any replica (a stopped driver's links and
+    /// connections end in the background), then returns each replica's dirty flag.
+    fn dirty_after_sessions_ended(&self) -> Vec<bool> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while (0..self.addrs.len()).any(|i| self.node(i).replica(VOLUME).unwrap().open_sessions() > 0) {
+            assert!(std::time::Instant::now() < deadline, "engine sessions still open 10 s after shutdown");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (0..self.addrs.len()).map(|i| self.node(i).store(VOLUME).unwrap().header().dirty).collect()
+    }
+
+    fn volume(&self) -> ReplicatedVolume {
+        let vol = ReplicatedVolume::start(self.driver_config(), self.rt.handle()).unwrap();
+        let n = self.addrs.len();
         assert!(vol.wait_for(Duration::from_secs(10), |s| s.attached && s.healthy == n), "{:?}", vol.status());
         vol
     }
@@ -155,7 +195,17 @@ fn run_workload(vol: &Arc<ReplicatedVolume>, ops: u64, progress: &Arc<AtomicU64>
 
 #[test]
 fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical() {
-    let cluster = Cluster::new(2);
+    check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(Cluster::new(2));
+}
+
+#[test]
+fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical_with_an_in_process_replica() {
+    check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(
+        Cluster::with_in_process_replica(2),
+    );
+}
+
+fn check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(cluster: Cluster) {
     let vol = Arc::new(cluster.volume());
     let models = run_workload(&vol, 400, &Arc::new(AtomicU64::new(0)));
     vol.flush().unwrap();
@@ -181,6 +231,8 @@ fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical()
     let status = vol.status();
     assert_eq!(status.healthy, 2, "{status:?}");
     vol.shutdown();
+    // The session ended with a flush: every replica is marked clean again.
+    assert_eq!(cluster.dirty_after_sessions_ended(), [false, false]);
     let (a, b) = (cluster.data(0), cluster.data(1));
     assert_eq!(a.len(), b.len());
     assert!(a == b, "replica data files differ");
@@ -191,8 +243,48 @@ fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical()
 }
 
 #[test]
+fn a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty() {
+    check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(Cluster::new(2));
+}
+
+#[test]
+fn a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty_with_an_in_process_replica() {
+    check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(Cluster::with_in_process_replica(2));
+}
+
+fn check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(cluster: Cluster) {
+    let vol = cluster.volume();
+    vol.write_at(&[3; 4096], 0).unwrap();
+    vol.flush().unwrap();
+    vol.write_at(&[4; 4096], 4096).unwrap();
+    vol.shutdown();
+    // The next engine must learn that the replicas may disagree about block 1.
+    assert_eq!(cluster.dirty_after_sessions_ended(), [true, true]);
+    drop(vol);
+    let vol = cluster.volume();
+    vol.flush().unwrap();
+    vol.shutdown();
+    assert_eq!(cluster.dirty_after_sessions_ended(), [false, false]);
+}
+
+#[test]
 fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped() {
-    let cluster = Cluster::new(2);
+    check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
+        Cluster::new(2),
+    );
+}
+
+#[test]
+fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped_with_an_in_process_replica()
+ {
+    check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
+        Cluster::with_in_process_replica(2),
+    );
+}
+
+fn check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
+    cluster: Cluster,
+) {
     let vol = cluster.volume();
     let (tx, rx) = std::sync::mpsc::channel::<(u64, std::io::Result<u32>)>();
     // One thread keeps 256 writes in flight: no request waits for the one before it.
@@ -273,7 +365,22 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
 
 #[test]
 fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt() {
-    let mut cluster = Cluster::new(2);
+    check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
+        Cluster::new(2),
+    );
+}
+
+#[test]
+fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt_with_an_in_process_replica()
+ {
+    check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
+        Cluster::with_in_process_replica(2),
+    );
+}
+
+fn check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
+    mut cluster: Cluster,
+) {
     let vol = Arc::new(cluster.volume());
     let progress = Arc::new(AtomicU64::new(0));
     let workload = {
@@ -281,6 +388,11 @@ fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_b
         std::thread::spawn(move || run_workload(&vol, 600, &progress))
     };
     while progress.load(Ordering::Relaxed) < THREADS * 150 {
+        // A worker that failed stops counting: report its panic instead of waiting forever.
+        if workload.is_finished() {
+            workload.join().unwrap();
+            panic!("the workload ended before replica 1 was stopped");
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
     cluster.stop_replica(1);
@@ -313,7 +425,15 @@ fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_b
 
 #[test]
 fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt() {
-    let mut cluster = Cluster::new(2);
+    check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(Cluster::new(2));
+}
+
+#[test]
+fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt_with_an_in_process_replica() {
+    check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(Cluster::with_in_process_replica(2));
+}
+
+fn check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(mut cluster: Cluster) {
     let vol = cluster.volume();
     let mut data = vec![0u8; 6 << 20];
     Rng::new(5).fill(&mut data);
@@ -351,7 +471,15 @@ fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt() {
 
 #[test]
 fn online_resize_grows_every_replica_and_the_volume_size_follows() {
-    let cluster = Cluster::new(2);
+    check_online_resize_grows_every_replica_and_the_volume_size_follows(Cluster::new(2));
+}
+
+#[test]
+fn online_resize_grows_every_replica_and_the_volume_size_follows_with_an_in_process_replica() {
+    check_online_resize_grows_every_replica_and_the_volume_size_follows(Cluster::with_in_process_replica(2));
+}
+
+fn check_online_resize_grows_every_replica_and_the_volume_size_follows(cluster: Cluster) {
     let vol = cluster.volume();
     assert_eq!(vol.size(), SIZE);
     assert!(vol.resize(SIZE - 1).is_err(), "volumes never shrink");
@@ -376,7 +504,17 @@ fn online_resize_grows_every_replica_and_the_volume_size_follows() {
 
 #[test]
 fn snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded() {
-    let mut cluster = Cluster::new(2);
+    check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(Cluster::new(2));
+}
+
+#[test]
+fn snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded_with_an_in_process_replica() {
+    check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(
+        Cluster::with_in_process_replica(2),
+    );
+}
+
+fn check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(mut cluster: Cluster) {
     let vol = cluster.volume();
     vol.write_at(&[1; 4096], 0).unwrap();
     vol.snapshot("first").unwrap();

@@ -11,6 +11,7 @@ mod header_file;
 mod layers;
 pub mod node;
 pub mod server;
+pub(crate) mod session;
 pub mod store;
 
 pub use block_map::BLOCK;

@@ -118,6 +118,11 @@ impl Replica {
     pub fn store(&self) -> &Arc<ReplicaStore> {
         &self.store
     }
+
+    /// Engine sessions open on this replica now (over TCP or in-process).
+    pub fn open_sessions(&self) -> usize {
+        lock(&self.sessions).open
+    }
 }
 
 #[derive(Debug)]

@@ -38,11 +38,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::node::{NodeError, Replica, ReplicaNode};
-use super::store::{StoreError, lock};
-use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, DecodeError, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader, Status,
-    encode_with_limit,
-};
+use super::session::{self, Placement};
+use super::store::StoreError;
+use crate::protocol::{DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, Status, encode_with_limit};
 
 /// Per-connection limits.
 #[derive(Debug, Clone)]
@@ -239,7 +237,16 @@ async fn serve_connection(
             return Err(ConnError::Unexpected("first frame is neither Hello nor a control request"));
         }
     };
-    let (replica, status, header) = hello(shared, volume_id, protocol_version).await;
+    let node = shared.node.clone();
+    let opened = tokio::task::spawn_blocking(move || session::open(&node, volume_id, protocol_version)).await;
+    let (replica, status, header) = match opened {
+        Ok(opened) => opened,
+        Err(e) => {
+            tracing::error!(error = %e, "replica hello panicked");
+            writer.abort();
+            return Err(ConnError::Unexpected("hello failed"));
+        }
+    };
     // The reply carries the header as it was before this session marked it dirty, so the engine
     // sees whether the previous one ended cleanly.
     let _ = tx.send(Frame { request_id, message: Message::HelloReply { status, header } }).await;
@@ -275,58 +282,11 @@ async fn serve_connection(
     Ok(())
 }
 
-/// Answers `Hello`: the replica for the session (with the session counted and the replica marked
-/// dirty), or why not.
-#[tracing::instrument(name = "replica.hello", skip_all, fields(replica.volume = %volume_id))]
-async fn hello(
-    shared: &Arc<Shared>,
-    volume_id: String,
-    protocol_version: u16,
-) -> (Option<Arc<Replica>>, Status, ReplicaHeader) {
-    let refused = |status, volume_id| {
-        let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
-        (None, status, header)
-    };
-    if protocol_version != PROTOCOL_VERSION {
-        return refused(Status::UnsupportedVersion, volume_id);
-    }
-    let replica = match shared.node.open_session(&volume_id) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::info!(error = %e, "replica hello refused");
-            return refused(e.status(), volume_id);
-        }
-    };
-    let header = replica.store.header();
-    let store = replica.store.clone();
-    let marked = tokio::task::spawn_blocking(move || store.set_dirty(true)).await;
-    if !matches!(marked, Ok(Ok(()))) {
-        tracing::warn!(result = ?marked, "replica could not mark itself dirty");
-        end_session(&replica, false).await;
-        return refused(Status::IoError, volume_id);
-    }
-    tracing::debug!("replica session opened");
-    (Some(replica), Status::Ok, header)
-}
-
-/// Ends one engine session; the last one to leave clears the dirty flag if every session that
-/// overlapped it ended cleanly.
+/// Ends one engine session (see [`session::end`]) on the blocking pool: it may fsync.
 async fn end_session(replica: &Arc<Replica>, clean: bool) {
-    let last_clean = {
-        let mut s = lock(&replica.sessions);
-        s.unclean |= !clean;
-        s.open -= 1;
-        s.open == 0 && !s.unclean
-    };
-    if last_clean {
-        let store = replica.store.clone();
-        let cleared = tokio::task::spawn_blocking(move || store.flush().and_then(|()| store.set_dirty(false))).await;
-        if !matches!(cleared, Ok(Ok(()))) {
-            tracing::warn!(
-                replica.volume = %replica.volume_id,
-                "replica could not clear its dirty flag after a clean close"
-            );
-        }
+    let replica = replica.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || session::end(&replica, clean)).await {
+        tracing::error!(error = %e, "ending a replica session panicked");
     }
 }
 
@@ -432,8 +392,6 @@ async fn drain(
     }
 }
 
-/// Requests of at most this many payload bytes are small: see [`dispatch`].
-const SMALL_REQUEST: usize = 64 * 1024;
 /// Small reads run back to back on one blocking thread, this many per thread.
 const SMALL_PER_TASK: usize = 8;
 /// Most requests taken off the socket before they are dispatched.
@@ -484,7 +442,7 @@ async fn serve_requests(
         let mut batch = Vec::new();
         let mut failure = None;
         while let Some((frame, permit)) = next.take() {
-            let Some(mutation) = classify(&frame.message) else {
+            let Some(mutation) = session::classify(&frame.message) else {
                 failure = Some(ConnError::Unexpected("not a request after Hello"));
                 break;
             };
@@ -510,37 +468,6 @@ async fn serve_requests(
     }
 }
 
-/// Whether a request changes what the replica stores (`None`: not a request at all).
-fn classify(m: &Message) -> Option<bool> {
-    match m {
-        // Everything that changes what the replica stores: a final flush with one of these in
-        // flight does not cover it, so the session did not end cleanly.
-        Message::Write { .. }
-        | Message::Unmap { .. }
-        | Message::Snapshot { .. }
-        | Message::Resize { .. }
-        | Message::DeleteSnapshot { .. }
-        | Message::Revert { .. }
-        | Message::Reinitialize { .. } => Some(true),
-        Message::Read { .. }
-        | Message::Flush
-        | Message::SetRevision { .. }
-        | Message::ListExtents { .. }
-        | Message::ReadExtent { .. }
-        | Message::ReadSnapshot { .. }
-        | Message::ListSnapshotExtents { .. } => Some(false),
-        Message::Hello { .. }
-        | Message::HelloReply { .. }
-        | Message::ReadReply { .. }
-        | Message::Reply { .. }
-        | Message::ExtentMap { .. }
-        | Message::CreateReplica { .. }
-        | Message::DeleteReplica { .. }
-        | Message::NodeInfo
-        | Message::NodeInfoReply { .. } => None,
-    }
-}
-
 /// Runs a batch of admitted requests: small writes right here on the connection task (a
 /// buffered 4 KiB write costs a few microseconds; a hop to the blocking pool and back costs two
 /// thread wakeups), and so are small reads the page cache holds (tried without waiting for the
@@ -560,18 +487,11 @@ async fn dispatch(
     let mut cached = Vec::new();
     let mut tasks: Vec<Vec<Admitted>> = Vec::new();
     for a in batch {
-        match &a.frame.message {
-            Message::Write { data, .. } if data.len() <= SMALL_REQUEST => inline.push(a),
-            Message::Read { offset, len } if *len as usize <= SMALL_REQUEST => {
-                // A read the page cache holds costs a copy: answer it here. Only one that would
-                // wait for the disk goes to the blocking pool (a hop there and back costs two
-                // thread wakeups, more than the read).
-                match replica.store.read_cached(*offset, *len) {
-                    Some(data) => cached.push((a, data)),
-                    None => reads.push(a),
-                }
-            }
-            _ => tasks.push(vec![a]),
+        match session::place(replica, &a.frame.message) {
+            Placement::Inline => inline.push(a),
+            Placement::Answered(message) => cached.push((a, message)),
+            Placement::SmallRead => reads.push(a),
+            Placement::Blocking => tasks.push(vec![a]),
         }
     }
     let mut reads = reads.into_iter().peekable();
@@ -583,7 +503,7 @@ async fn dispatch(
         let (replica, tx, inflight) = (replica.clone(), tx.clone(), inflight.clone());
         tokio::task::spawn_blocking(move || {
             for Admitted { frame, mutation, permit } in task {
-                let message = execute(&replica, frame.message, max_payload);
+                let message = session::execute(&replica, frame.message, max_payload);
                 if mutation {
                     inflight.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -593,146 +513,19 @@ async fn dispatch(
             }
         });
     }
-    for (Admitted { frame, mutation, permit }, data) in cached {
+    for (Admitted { frame, mutation, permit }, message) in cached {
         debug_assert!(!mutation, "a read is not a mutation");
-        let message = Message::ReadReply { status: Status::Ok, data };
         let _ = tx.send(Frame { request_id: frame.request_id, message }).await;
         drop(permit);
     }
     for Admitted { frame, mutation, permit } in inline {
-        let message = execute(replica, frame.message, max_payload);
+        let message = session::execute(replica, frame.message, max_payload);
         if mutation {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }
         let _ = tx.send(Frame { request_id: frame.request_id, message }).await;
         drop(permit);
     }
-}
-
-/// Runs one request against the session's replica and builds its reply.
-fn execute(replica: &Replica, request: Message, max_payload: usize) -> Message {
-    let store = &replica.store;
-    // A ReadReply is a status and the data; a longer read cannot be answered in one frame.
-    let max_read = max_payload.saturating_sub(2) as u64;
-    let reply = |r: Result<(), StoreError>| Message::Reply { status: status_of(r) };
-    match request {
-        Message::Read { len, .. } | Message::ReadExtent { len, .. } | Message::ReadSnapshot { len, .. }
-            if u64::from(len) > max_read =>
-        {
-            Message::ReadReply { status: Status::Invalid, data: Vec::new() }
-        }
-        Message::Read { offset, len } => read_reply(store.read(offset, len)),
-        Message::ReadExtent { offset, len, revision } => read_reply(store.read_extent(offset, len, revision)),
-        Message::Write { offset, revision, data } => reply(store.write(offset, &data, revision)),
-        Message::Flush => reply(store.flush()),
-        Message::Unmap { offset, len, revision } => reply(store.unmap(offset, len, revision)),
-        Message::SetRevision { revision } => reply(store.set_revision(revision).map(|_| ())),
-        Message::ListExtents { offset, len } => extent_map(store.list_extents(offset, len), max_payload),
-        Message::Snapshot { name, revision } => {
-            let _span = tracing::info_span!(
-                "replica.snapshot",
-                replica.volume = %replica.volume_id,
-                snapshot = %name,
-                revision,
-            )
-            .entered();
-            reply(store.snapshot(&name, revision))
-        }
-        Message::DeleteSnapshot { name, revision } => {
-            let _span = tracing::info_span!(
-                "replica.delete_snapshot",
-                replica.volume = %replica.volume_id,
-                snapshot = %name,
-                revision,
-            )
-            .entered();
-            reply(store.delete_snapshot(&name, revision))
-        }
-        Message::Revert { name, revision } => {
-            let _span = tracing::info_span!(
-                "replica.revert",
-                replica.volume = %replica.volume_id,
-                snapshot = %name,
-                revision,
-            )
-            .entered();
-            revert(replica, &name, revision)
-        }
-        Message::Resize { size, revision } => {
-            let _span =
-                tracing::info_span!("replica.resize", replica.volume = %replica.volume_id, size, revision).entered();
-            reply(store.resize(size, revision))
-        }
-        Message::Reinitialize { revision } => {
-            let _span =
-                tracing::info_span!("replica.reinitialize", replica.volume = %replica.volume_id, revision).entered();
-            reply(store.reinitialize(revision))
-        }
-        Message::ReadSnapshot { name, offset, len } => read_reply(store.read_snapshot(&name, offset, len)),
-        Message::ListSnapshotExtents { name, offset, len } => {
-            extent_map(store.list_snapshot_extents(&name, offset, len), max_payload)
-        }
-        // serve_requests only passes requests.
-        other => {
-            tracing::error!(message = ?other, "replica asked to execute a non-request");
-            Message::Reply { status: Status::Invalid }
-        }
-    }
-}
-
-/// Reverts only while the requesting session is the replica's only one, and keeps new sessions
-/// out until it is done: another engine would see the volume change under it.
-fn revert(replica: &Replica, name: &str, revision: u64) -> Message {
-    {
-        let mut s = lock(&replica.sessions);
-        if s.open > 1 || s.exclusive {
-            tracing::info!(sessions = s.open, "revert refused: the replica is open elsewhere");
-            return Message::Reply { status: Status::Busy };
-        }
-        s.exclusive = true;
-    }
-    let result = replica.store.revert(name, revision);
-    lock(&replica.sessions).exclusive = false;
-    Message::Reply { status: status_of(result) }
-}
-
-fn extent_map(r: Result<Vec<Extent>, StoreError>, max_payload: usize) -> Message {
-    match r {
-        // Status (2) + count (4) + 17 bytes per extent must fit one frame; the engine asks for
-        // smaller ranges instead of getting a silently truncated map.
-        Ok(extents) if 6 + extents.len().saturating_mul(17) > max_payload => {
-            Message::ExtentMap { status: Status::Invalid, extents: Vec::new() }
-        }
-        Ok(extents) => Message::ExtentMap { status: Status::Ok, extents },
-        Err(e) => Message::ExtentMap { status: failed(&e), extents: Vec::new() },
-    }
-}
-
-fn read_reply(r: Result<Vec<u8>, StoreError>) -> Message {
-    match r {
-        Ok(data) => Message::ReadReply { status: Status::Ok, data },
-        Err(e) => Message::ReadReply { status: failed(&e), data: Vec::new() },
-    }
-}
-
-fn status_of(r: Result<(), StoreError>) -> Status {
-    match r {
-        Ok(()) => Status::Ok,
-        Err(e) => failed(&e),
-    }
-}
-
-/// Logs a failed request once, where it becomes a status.
-fn failed(e: &StoreError) -> Status {
-    let status = e.status();
-    match status {
-        // Expected answers to a confused, fenced or retrying engine, not replica failures.
-        Status::StaleRevision | Status::OutOfRange | Status::NotFound | Status::AlreadyExists => {
-            tracing::debug!(error = %e, "replica refused request")
-        }
-        _ => tracing::warn!(error = %e, "replica request failed"),
-    }
-    status
 }
 
 /// Writes replies in the order they complete, coalescing whatever is queued into one write;

@@ -18,6 +18,10 @@
 //! made from plain threads (FUSE workers), never from inside the tokio runtime: `blocking_recv`
 //! panics there.
 //!
+//! A replica on this process's own node ([`DriverConfig::in_process`]) is reached without a
+//! socket: its frames run against the node directly (see [`local`]), under the same session
+//! rules as the server's.
+//!
 //! Connections carry a generation number: every event a connection task reports is tagged with
 //! it, and the driver drops events of connections it has already given up on, like bytes of a
 //! closed socket. The engine therefore never hears of a stale connection.
@@ -43,6 +47,11 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use wasmcsi_frontend::{BlockDevice, ReadDone, WriteDone};
+
+mod local;
+
+pub use local::InProcessNode;
+use local::{LocalJob, LocalLink, Taken};
 
 use crate::dirty::DirtyMap;
 use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
@@ -79,6 +88,10 @@ pub struct DriverConfig {
     /// reset once the replica is healthy again.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// This process's own replica node, if it has one: a replica at its address is reached
+    /// in-process instead of over TCP (see [`InProcessNode`]). Mark that replica `local` in
+    /// `engine.replicas` too, so reads go to it.
+    pub in_process: Option<InProcessNode>,
 }
 
 impl DriverConfig {
@@ -92,6 +105,7 @@ impl DriverConfig {
             connect_timeout: Duration::from_secs(3),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(5),
+            in_process: None,
         }
     }
 }
@@ -283,8 +297,14 @@ impl ReplyTx {
 /// requests per lock and per socket write while the others go back to their work.
 struct Shared {
     driver: Mutex<Driver>,
-    /// Requests not fed to the engine yet.
-    queued: Mutex<Vec<(Request, ReplyTx)>>,
+    /// Requests and in-process replies not fed to the engine yet.
+    queued: Mutex<Vec<Queued>>,
+}
+
+enum Queued {
+    Request(Request, ReplyTx),
+    /// What an in-process replica answered (see [`local`]).
+    Answer(ConnEvent),
 }
 
 /// A panic while a lock was held is a bug already reported; the state is still the best there
@@ -295,7 +315,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn submit(&self, request: Request, reply: ReplyTx) {
-        lock(&self.queued).push((request, reply));
+        lock(&self.queued).push(Queued::Request(request, reply));
         self.drive_if_free();
     }
 
@@ -320,17 +340,28 @@ impl Shared {
     }
 
     /// Runs `f`, then a batch of queued requests, sends the frames they produced, lets go of the
-    /// driver and completes what was answered (a completion may write to a FUSE device, or
-    /// call back in).
+    /// driver, runs what in-process replicas got (queueing their replies) and completes what was
+    /// answered (a completion may write to a FUSE device, or call back in).
     fn drive<T>(&self, mut d: MutexGuard<'_, Driver>, f: impl FnOnce(&mut Driver) -> T) -> T {
         let value = f(&mut d);
         let batch = std::mem::take(&mut *lock(&self.queued));
-        for (request, reply) in batch {
-            d.on_request(request, reply);
+        for queued in batch {
+            match queued {
+                Queued::Request(request, reply) => d.on_request(request, reply),
+                Queued::Answer(event) => d.on_conn_event(event),
+            }
         }
         d.send_out();
         let done = std::mem::take(&mut d.done);
+        let jobs = std::mem::take(&mut d.local_jobs);
+        let route = (!jobs.is_empty()).then(|| (d.events.clone(), d.runtime.clone()));
         drop(d);
+        if let Some((events, runtime)) = route {
+            let answers: Vec<Queued> =
+                jobs.into_iter().filter_map(|job| job.run(&events, &runtime)).map(Queued::Answer).collect();
+            // The caller's `drive_if_free` (or the thread holding the driver now) feeds them.
+            lock(&self.queued).extend(answers);
+        }
         for (tx, result) in done {
             tx.send(result);
         }
@@ -443,12 +474,19 @@ impl Outbox {
     }
 }
 
-/// What a connection task reports, tagged with the connection's generation.
+/// How the driver reaches one replica.
+enum Link {
+    Tcp(Conn),
+    Local(LocalLink),
+}
+
+/// What a connection task (or an in-process request) reports, tagged with the connection's
+/// generation.
 enum ConnEvent {
     Connected {
         replica: ReplicaId,
         generation: u64,
-        writer: Conn,
+        link: Link,
     },
     ConnectFailed {
         replica: ReplicaId,
@@ -472,11 +510,13 @@ struct Slot {
     addr: SocketAddr,
     /// Generation of the current connection attempt; events of older ones are ignored.
     generation: u64,
-    /// Set while connected: the connection's write side.
-    writer: Option<Conn>,
+    /// Set while connected: the connection's write side, or the in-process link.
+    link: Option<Link>,
     /// Frames encoded for this replica during the current driver iteration, sent at its end
     /// (one write for everything a burst of requests produced).
     out: Outbox,
+    /// Frames for an in-process replica during the current driver iteration, run at its end.
+    local_out: Vec<Frame>,
     /// Connect-and-read task of the current generation.
     task: Option<JoinHandle<()>>,
     backoff: Duration,
@@ -490,6 +530,8 @@ struct Driver {
     waiting: HashMap<ClientId, ReplyTx>,
     /// Answers produced while the lock was held, completed by whoever holds it once released.
     done: Vec<(ReplyTx, io::Result<ClientReply>)>,
+    /// Requests for in-process replicas, run by whoever holds the lock once released.
+    local_jobs: Vec<LocalJob>,
     /// Set once the driver task ended: later requests fail at once.
     stopped: bool,
     runtime: tokio::runtime::Handle,
@@ -566,12 +608,12 @@ impl Driver {
 
     fn on_conn_event(&mut self, event: ConnEvent) {
         match event {
-            ConnEvent::Connected { replica, generation, writer } => {
+            ConnEvent::Connected { replica, generation, link } => {
                 if self.slots[replica].generation != generation {
                     return;
                 }
                 tracing::debug!(replica, addr = %self.slots[replica].addr, "replica connected");
-                self.slots[replica].writer = Some(writer);
+                self.slots[replica].link = Some(link);
                 self.feed(Event::ReplicaConnected(replica));
             }
             ConnEvent::ConnectFailed { replica, generation, error } => {
@@ -586,14 +628,14 @@ impl Driver {
                 for frame in frames {
                     // Re-checked per frame: one of them may make the engine drop the replica.
                     let slot = &self.slots[replica];
-                    if slot.generation == generation && slot.writer.is_some() {
+                    if slot.generation == generation && slot.link.is_some() {
                         self.feed(Event::Received(replica, frame));
                     }
                 }
             }
             ConnEvent::Closed { replica, generation, error } => {
                 let slot = &self.slots[replica];
-                if slot.generation != generation || slot.writer.is_none() {
+                if slot.generation != generation || slot.link.is_none() {
                     return;
                 }
                 tracing::warn!(replica, addr = %slot.addr, %error, "replica connection lost");
@@ -629,7 +671,7 @@ impl Driver {
             attached: self.engine.is_attached(),
             revision: self.engine.revision(),
             healthy: self.engine.healthy_count(),
-            connected: self.slots.iter().filter(|s| s.writer.is_some()).count(),
+            connected: self.slots.iter().filter(|s| s.link.is_some()).count(),
             rebuilds_finished: self.rebuilds_finished,
             size: self.engine.size(),
             rebuild: self.engine.rebuild_status(),
@@ -651,11 +693,14 @@ impl Driver {
                 // No connection: the frame is lost like on a dead socket; the engine hears of
                 // the disconnect (or times the request out) and resolves it.
                 let slot = &mut self.slots[replica];
-                if slot.writer.is_none() {
-                    return;
-                }
-                if let Err(e) = slot.out.push(&frame, &mut self.payload_crc) {
-                    tracing::error!(replica, error = %e, "engine produced an unencodable frame");
+                match &slot.link {
+                    None => {}
+                    Some(Link::Local(_)) => slot.local_out.push(frame),
+                    Some(Link::Tcp(_)) => {
+                        if let Err(e) = slot.out.push(&frame, &mut self.payload_crc) {
+                            tracing::error!(replica, error = %e, "engine produced an unencodable frame");
+                        }
+                    }
                 }
             }
             Action::Reply { client, result } => {
@@ -668,7 +713,7 @@ impl Driver {
             }
             Action::ReplicaFailed { replica, reason } => {
                 tracing::warn!(replica, addr = %self.slots[replica].addr, %reason, "replica failed");
-                if self.slots[replica].writer.is_some() || self.slots[replica].task.is_some() {
+                if self.slots[replica].link.is_some() || self.slots[replica].task.is_some() {
                     self.drop_connection(replica);
                 }
             }
@@ -705,22 +750,65 @@ impl Driver {
     fn close(&mut self, replica: ReplicaId) {
         let slot = &mut self.slots[replica];
         slot.out.clear();
-        if let Some(conn) = slot.writer.take() {
-            conn.reset();
+        slot.local_out.clear();
+        match slot.link.take() {
+            Some(Link::Tcp(conn)) => conn.reset(),
+            Some(Link::Local(link)) => link.reset(),
+            None => {}
         }
         if let Some(t) = slot.task.take() {
             t.abort();
         }
     }
 
-    /// Sends every replica the frames this iteration produced for it.
+    /// Sends every replica the frames this iteration produced for it (in-process ones: see
+    /// [`Self::take_local`]). What an in-process `Hello` reply produces goes out too.
     fn send_out(&mut self) {
-        for slot in &mut self.slots {
-            match &slot.writer {
-                Some(conn) => conn.send(&mut slot.out),
-                None => slot.out.clear(),
+        loop {
+            for slot in &mut self.slots {
+                match &slot.link {
+                    Some(Link::Tcp(conn)) => conn.send(&mut slot.out),
+                    _ => slot.out.clear(),
+                }
+            }
+            if !self.take_local() {
+                return;
             }
         }
+    }
+
+    /// Takes the frames queued for in-process replicas: requests become jobs run once the
+    /// driver is released, what is answered at once is fed to the engine; false if nothing was.
+    fn take_local(&mut self) -> bool {
+        let mut answered = Vec::new();
+        for (replica, slot) in self.slots.iter_mut().enumerate() {
+            if slot.local_out.is_empty() {
+                continue;
+            }
+            let frames = std::mem::take(&mut slot.local_out);
+            let Some(Link::Local(link)) = &mut slot.link else { continue };
+            let mut replies = Vec::new();
+            for frame in frames {
+                match link.take(frame, replica, slot.generation) {
+                    Ok(Taken::Answered(reply)) => replies.push(reply),
+                    Ok(Taken::Job(job)) => self.local_jobs.push(job),
+                    Err(error) => {
+                        // Like a protocol error on a socket: the link ends, the engine hears of it.
+                        let error = format!("in-process replica: {error}");
+                        let _ = self.events.send(ConnEvent::Closed { replica, generation: slot.generation, error });
+                        break;
+                    }
+                }
+            }
+            if !replies.is_empty() {
+                answered.push(ConnEvent::Received { replica, generation: slot.generation, frames: replies });
+            }
+        }
+        let ran = !answered.is_empty();
+        for event in answered {
+            self.on_conn_event(event);
+        }
+        ran
     }
 
     fn reconnect_later(&mut self, replica: ReplicaId) {
@@ -732,6 +820,15 @@ impl Driver {
     fn spawn_connect(&mut self, replica: ReplicaId, delay: Duration) {
         let slot = &mut self.slots[replica];
         slot.generation += 1;
+        if let Some(local) = self.cfg.in_process.as_ref().filter(|l| l.addr == slot.addr) {
+            let (node, events, generation) = (local.node.clone(), self.events.clone(), slot.generation);
+            slot.task = Some(self.runtime.spawn(async move {
+                tokio::time::sleep(delay).await;
+                let link = Link::Local(LocalLink::new(node));
+                let _ = events.send(ConnEvent::Connected { replica, generation, link });
+            }));
+            return;
+        }
         let task = self.runtime.spawn(connection(
             replica,
             slot.generation,
@@ -789,7 +886,7 @@ impl Drop for StopOnDrop {
             d.stopped = true;
             d.send_out();
             for slot in &mut d.slots {
-                slot.writer = None;
+                slot.link = None;
                 if let Some(t) = slot.task.take() {
                     t.abort();
                 }
@@ -843,11 +940,9 @@ async fn connection(
     let (queue, queued) = mpsc::unbounded_channel();
     let pending = Arc::new(AtomicUsize::new(0));
     let task = tokio::spawn(write_loop(wr.clone(), queued, pending.clone(), replica, generation, events.clone()));
-    let writer = Conn { wr, queue, pending, task };
-    if let Err(mpsc::error::SendError(ConnEvent::Connected { writer, .. })) =
-        events.send(ConnEvent::Connected { replica, generation, writer })
-    {
-        writer.task.abort();
+    let link = Link::Tcp(Conn { wr, queue, pending, task });
+    // On failure the driver is gone; dropping the link's queue ends its writer task.
+    if events.send(ConnEvent::Connected { replica, generation, link }).is_err() {
         return;
     }
     let mut decoder = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
@@ -970,8 +1065,9 @@ impl ReplicatedVolume {
             .map(|addr| Slot {
                 addr: *addr,
                 generation: 0,
-                writer: None,
+                link: None,
                 out: Outbox::default(),
+                local_out: Vec::new(),
                 task: None,
                 backoff: cfg.backoff_min,
             })
@@ -983,6 +1079,7 @@ impl ReplicatedVolume {
             slots,
             waiting: HashMap::new(),
             done: Vec::new(),
+            local_jobs: Vec::new(),
             stopped: false,
             runtime: runtime.clone(),
             next_client: 1,
