@@ -42,6 +42,8 @@ pub enum NodeError {
     Io { op: &'static str, path: PathBuf, source: std::io::Error },
     #[error("{0} holds a replica itself; the node server needs the directory above replica directories")]
     NotARoot(PathBuf),
+    #[error("{0} is already open by another replica node (this process or another): one root, one server")]
+    InUse(PathBuf),
 }
 
 impl NodeError {
@@ -52,7 +54,7 @@ impl NodeError {
             Self::InvalidId(_) => Status::Invalid,
             Self::NotFound(_) => Status::NotFound,
             Self::AlreadyExists { .. } => Status::AlreadyExists,
-            Self::Busy(_) => Status::Busy,
+            Self::Busy(_) | Self::InUse(_) => Status::Busy,
             Self::Broken { .. } | Self::Io { .. } | Self::NotARoot(_) => Status::IoError,
         }
     }
@@ -146,6 +148,10 @@ pub struct NodeReport {
 pub struct ReplicaNode {
     root: PathBuf,
     replicas: Mutex<BTreeMap<String, Entry>>,
+    /// The root directory, held with an exclusive `flock` for as long as the node is open: two
+    /// nodes on one root would each keep their own headers and block maps of the same files, and
+    /// a snapshot or resize by one would be undone by the other.
+    _lock: std::fs::File,
 }
 
 impl ReplicaNode {
@@ -155,6 +161,12 @@ impl ReplicaNode {
         std::fs::create_dir_all(root).map_err(io("create directory", root))?;
         if root.join(HEADER_FILE).exists() {
             return Err(NodeError::NotARoot(root.to_path_buf()));
+        }
+        let lock = std::fs::File::open(root).map_err(io("open", root))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(NodeError::InUse(root.to_path_buf())),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io("lock", root)(e)),
         }
         let mut replicas = BTreeMap::new();
         for entry in std::fs::read_dir(root).map_err(io("list", root))? {
@@ -197,7 +209,7 @@ impl ReplicaNode {
             };
             replicas.insert(volume_id, entry);
         }
-        Ok(Self { root: root.to_path_buf(), replicas: Mutex::new(replicas) })
+        Ok(Self { root: root.to_path_buf(), replicas: Mutex::new(replicas), _lock: lock })
     }
 
     pub fn root(&self) -> &Path {
@@ -353,5 +365,22 @@ mod tests {
         assert!(replica_dir_name(&"x".repeat(201)).is_err());
         assert!(replica_dir_name(&"/".repeat(101)).is_err());
         assert_eq!(replica_dir_name(&"x".repeat(200)).expect("plain").len(), 200);
+    }
+
+    #[test]
+    fn a_root_is_open_by_one_node_at_a_time_and_free_again_once_it_closes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = ReplicaNode::open(dir.path()).expect("first open");
+        node.create_replica("vol-1", 1 << 20).expect("create");
+        // Another open file description, as another process would have: refused, nothing touched.
+        let second = ReplicaNode::open(dir.path()).expect_err("a second node on the same root");
+        assert!(matches!(second, NodeError::InUse(_)), "{second}");
+        assert_eq!(second.status(), Status::Busy);
+        assert!(node.store("vol-1").is_some());
+        drop(node);
+        let again = ReplicaNode::open(dir.path()).expect("open after the first closed");
+        assert!(again.store("vol-1").is_some());
+        // The lock leaves nothing in the root beside the replicas.
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 1);
     }
 }
