@@ -42,7 +42,7 @@ use wasmcsi_benchkit::{cpu, knob, knob_f64};
 use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume};
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
-use wasmcsi_frontend::{Attached, BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
+use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 const REGION: u64 = MIB;
 
@@ -333,12 +333,29 @@ fn fuse_skip_reason() -> Option<&'static str> {
     }
 }
 
-fn attach(dev: Arc<dyn BlockDevice>, runtime_dir: &Path, name: &str) -> Attached {
+/// Exposes `dev` through FUSE + loop as `name`, runs every job shape with fio on the loop device
+/// (with the CPU split of each), and detaches.
+fn fio_under_fuse(
+    dev: Arc<dyn BlockDevice>,
+    runtime_dir: &Path,
+    name: &str,
+    ws: u64,
+    secs: f64,
+) -> (Vec<Res>, Vec<Vec<(String, f64)>>) {
     let mut frontend = FuseLoopFrontend::new(runtime_dir);
     if let Ok(threads) = std::env::var("BLOCK_BENCH_FUSE_THREADS") {
         frontend = frontend.with_threads(threads.parse().expect("BLOCK_BENCH_FUSE_THREADS: a number"));
     }
-    frontend.attach(dev, name).expect("FUSE + loop attach")
+    let mut att = frontend.attach(dev, name).expect("FUSE + loop attach");
+    let (mut results, mut splits) = (Vec::new(), Vec::new());
+    for shape in &SHAPES {
+        eprintln!("{name}: {}", shape.name);
+        let (res, split) = fio_split(att.device(), shape, ws, secs);
+        results.push(res);
+        splits.push(split);
+    }
+    att.detach().unwrap_or_else(|e| panic!("detach {name}: {e}"));
+    (results, splits)
 }
 
 // ----- rebuilds ---------------------------------------------------------------------------------
@@ -464,19 +481,12 @@ fn main() {
     drop(raw);
 
     // (c) the same plain file under FUSE + loop.
-    let mut fio_fuse_file = Vec::new();
-    let mut split_c = Vec::new();
-    if skip_fuse.is_none() {
+    let (fio_fuse_file, split_c) = if skip_fuse.is_none() {
         let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&raw_path).unwrap());
-        let mut att = attach(dev, &runtime_dir, "bench-file");
-        for shape in &SHAPES {
-            eprintln!("FUSE file: {}", shape.name);
-            let (res, split) = fio_split(att.device(), shape, ws, secs);
-            fio_fuse_file.push(res);
-            split_c.push(split);
-        }
-        att.detach().expect("detach the FUSE file");
-    }
+        fio_under_fuse(dev, &runtime_dir, "bench-file", ws, secs)
+    } else {
+        Default::default()
+    };
     std::fs::remove_file(&raw_path).unwrap();
 
     // The engine: runner on the volume, then (d) the same volume under FUSE + loop.
@@ -495,40 +505,24 @@ fn main() {
         eprintln!("engine: {}", shape.name);
         run_engine.push(run_job(&Device(vol), shape, ws, secs));
     }
-    let mut fio_fuse_engine = Vec::new();
-    let mut split_d = Vec::new();
-    if skip_fuse.is_none() {
-        let dev: Arc<dyn BlockDevice> = cluster.volume.clone();
-        let mut att = attach(dev, &runtime_dir, "bench-engine");
-        for shape in &SHAPES {
-            eprintln!("FUSE engine: {}", shape.name);
-            let (res, split) = fio_split(att.device(), shape, ws, secs);
-            fio_fuse_engine.push(res);
-            split_d.push(split);
-        }
-        att.detach().expect("detach the FUSE engine");
-    }
+    let (fio_fuse_engine, split_d) = if skip_fuse.is_none() {
+        fio_under_fuse(cluster.volume.clone(), &runtime_dir, "bench-engine", ws, secs)
+    } else {
+        Default::default()
+    };
     drop(cluster);
 
     // (e) a volume whose local replica is reached in-process, under FUSE + loop.
-    let mut fio_fuse_local = Vec::new();
-    let mut split_e = Vec::new();
-    if skip_fuse.is_none() {
+    let (fio_fuse_local, split_e) = if skip_fuse.is_none() {
         let id = "bench-io-local";
         let cluster = Cluster::start(id, ws, create_replicas(root, id, ws), &root.join("io-local"), true);
         cluster.wait_healthy(2, 0);
         prefill(&Device(cluster.volume.as_ref()), ws);
         cluster.volume.flush().unwrap();
-        let dev: Arc<dyn BlockDevice> = cluster.volume.clone();
-        let mut att = attach(dev, &runtime_dir, "bench-local");
-        for shape in &SHAPES {
-            eprintln!("FUSE engine, local replica in-process: {}", shape.name);
-            let (res, split) = fio_split(att.device(), shape, ws, secs);
-            fio_fuse_local.push(res);
-            split_e.push(split);
-        }
-        att.detach().expect("detach the FUSE engine with an in-process replica");
-    }
+        fio_under_fuse(cluster.volume.clone(), &runtime_dir, "bench-local", ws, secs)
+    } else {
+        Default::default()
+    };
 
     eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
     let rb = bench_rebuilds(root, rebuild_size);

@@ -124,6 +124,35 @@ impl Cluster {
     }
 }
 
+/// Each check runs twice, as `<check>::over_tcp` (every replica behind its TCP server) and
+/// `<check>::with_an_in_process_replica` (replica 0 reached through its node, see
+/// [`Cluster::with_in_process_replica`]): the two links must keep the same rules.
+macro_rules! over_tcp_and_in_process {
+    ($($check:ident),* $(,)?) => {$(
+        mod $check {
+            #[test]
+            fn over_tcp() {
+                super::$check(super::Cluster::new(2));
+            }
+
+            #[test]
+            fn with_an_in_process_replica() {
+                super::$check(super::Cluster::with_in_process_replica(2));
+            }
+        }
+    )*};
+}
+
+over_tcp_and_in_process!(
+    eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical,
+    a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty,
+    requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped,
+    losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt,
+    discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt,
+    online_resize_grows_every_replica_and_the_volume_size_follows,
+    snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded,
+);
+
 /// xorshift64*: reproducible per-thread randomness without a dependency.
 struct Rng(u64);
 
@@ -193,19 +222,7 @@ fn run_workload(vol: &Arc<ReplicatedVolume>, ops: u64, progress: &Arc<AtomicU64>
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-#[test]
-fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical() {
-    check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(Cluster::new(2));
-}
-
-#[test]
-fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical_with_an_in_process_replica() {
-    check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(
-        Cluster::with_in_process_replica(2),
-    );
-}
-
-fn check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(cluster: Cluster) {
+fn eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical(cluster: Cluster) {
     let vol = Arc::new(cluster.volume());
     let models = run_workload(&vol, 400, &Arc::new(AtomicU64::new(0)));
     vol.flush().unwrap();
@@ -242,17 +259,7 @@ fn check_eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_ident
     assert!(cluster.state.path().join(STATE_FILE).exists());
 }
 
-#[test]
-fn a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty() {
-    check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(Cluster::new(2));
-}
-
-#[test]
-fn a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty_with_an_in_process_replica() {
-    check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(Cluster::with_in_process_replica(2));
-}
-
-fn check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(cluster: Cluster) {
+fn a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(cluster: Cluster) {
     let vol = cluster.volume();
     vol.write_at(&[3; 4096], 0).unwrap();
     vol.flush().unwrap();
@@ -267,24 +274,7 @@ fn check_a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty(
     assert_eq!(cluster.dirty_after_sessions_ended(), [false, false]);
 }
 
-#[test]
-fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped() {
-    check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
-        Cluster::new(2),
-    );
-}
-
-#[test]
-fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped_with_an_in_process_replica()
- {
-    check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
-        Cluster::with_in_process_replica(2),
-    );
-}
-
-fn check_requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(
-    cluster: Cluster,
-) {
+fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped(cluster: Cluster) {
     let vol = cluster.volume();
     let (tx, rx) = std::sync::mpsc::channel::<(u64, std::io::Result<u32>)>();
     // One thread keeps 256 writes in flight: no request waits for the one before it.
@@ -363,22 +353,7 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
     assert!(completed.is_err(), "a write acknowledged by a driver that is gone");
 }
 
-#[test]
-fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt() {
-    check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
-        Cluster::new(2),
-    );
-}
-
-#[test]
-fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt_with_an_in_process_replica()
- {
-    check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
-        Cluster::with_in_process_replica(2),
-    );
-}
-
-fn check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
+fn losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt(
     mut cluster: Cluster,
 ) {
     let vol = Arc::new(cluster.volume());
@@ -423,17 +398,7 @@ fn check_losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_r
     assert!(cluster.data(0) == cluster.data(1), "replica data files differ after the rebuild");
 }
 
-#[test]
-fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt() {
-    check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(Cluster::new(2));
-}
-
-#[test]
-fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt_with_an_in_process_replica() {
-    check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(Cluster::with_in_process_replica(2));
-}
-
-fn check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(mut cluster: Cluster) {
+fn discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(mut cluster: Cluster) {
     let vol = cluster.volume();
     let mut data = vec![0u8; 6 << 20];
     Rng::new(5).fill(&mut data);
@@ -469,17 +434,7 @@ fn check_discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt(mut clu
     assert!(state.missing.is_empty(), "{state:?}");
 }
 
-#[test]
-fn online_resize_grows_every_replica_and_the_volume_size_follows() {
-    check_online_resize_grows_every_replica_and_the_volume_size_follows(Cluster::new(2));
-}
-
-#[test]
-fn online_resize_grows_every_replica_and_the_volume_size_follows_with_an_in_process_replica() {
-    check_online_resize_grows_every_replica_and_the_volume_size_follows(Cluster::with_in_process_replica(2));
-}
-
-fn check_online_resize_grows_every_replica_and_the_volume_size_follows(cluster: Cluster) {
+fn online_resize_grows_every_replica_and_the_volume_size_follows(cluster: Cluster) {
     let vol = cluster.volume();
     assert_eq!(vol.size(), SIZE);
     assert!(vol.resize(SIZE - 1).is_err(), "volumes never shrink");
@@ -502,19 +457,7 @@ fn check_online_resize_grows_every_replica_and_the_volume_size_follows(cluster: 
     assert_eq!(vol.size(), 2 * SIZE);
 }
 
-#[test]
-fn snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded() {
-    check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(Cluster::new(2));
-}
-
-#[test]
-fn snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded_with_an_in_process_replica() {
-    check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(
-        Cluster::with_in_process_replica(2),
-    );
-}
-
-fn check_snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(mut cluster: Cluster) {
+fn snapshots_are_taken_listed_and_deleted_on_every_replica_and_refused_while_degraded(mut cluster: Cluster) {
     let vol = cluster.volume();
     vol.write_at(&[1; 4096], 0).unwrap();
     vol.snapshot("first").unwrap();

@@ -131,7 +131,7 @@ pub struct VolumeStatus {
     pub revision: u64,
     /// Replicas that serve reads and count for acknowledgments.
     pub healthy: usize,
-    /// Replicas with an open TCP connection (healthy or not).
+    /// Replicas with an open connection, TCP or in-process (healthy or not).
     pub connected: usize,
     pub rebuilds_finished: u64,
     /// The volume's size in bytes (grows with online expansion).
