@@ -217,6 +217,7 @@ fn engine_config(id: &str, size: u64) -> EngineConfig {
         request_timeout: 5_000,
         attach_timeout: 10_000,
         rebuild_parallelism: 4,
+        epoch: 0,
     }
 }
 

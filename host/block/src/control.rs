@@ -22,9 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader, ReplicaSummary,
-    SnapshotInfo, Status, encode,
+    DEFAULT_MAX_PAYLOAD, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader,
+    ReplicaSummary, SnapshotInfo, Status, encode,
 };
+use crate::replica::NodeIdentity;
 
 /// Bytes moved per request when copying a volume (clone): one frame each way.
 pub const COPY_CHUNK: u64 = 1 << 20;
@@ -180,6 +181,54 @@ impl NodeClient {
             _ => Err(ControlError::Protocol { addr: self.addr, what: "NodeInfo" }),
         }
     }
+
+    /// Who the server is (its node name and labels).
+    pub async fn identify(&self) -> Result<NodeIdentity, ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        match c.call("Identify", Message::Identify).await? {
+            Message::Identity { status: Status::Ok, node, labels } => Ok(NodeIdentity { node, labels }),
+            Message::Identity { status, .. } => Err(ControlError::Refused { addr: self.addr, what: "Identify", status }),
+            _ => Err(ControlError::Protocol { addr: self.addr, what: "Identify" }),
+        }
+    }
+
+    /// The header and volume record of the replica of `volume_id` on this server, without
+    /// opening a session (the dirty flag and sessions stay as they are).
+    pub async fn describe(&self, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned() }).await? {
+            Message::Description { status: Status::Ok, header, record } => Ok((header, record)),
+            Message::Description { status, .. } => {
+                Err(ControlError::Refused { addr: self.addr, what: "Describe", status })
+            }
+            _ => Err(ControlError::Protocol { addr: self.addr, what: "Describe" }),
+        }
+    }
+
+    /// Replaces the record of the replica of `volume_id` if `record` is newer; refused with
+    /// `StaleRevision` when the replica holds a newer (or conflicting) one.
+    pub async fn set_record(&self, volume_id: &str, record: &RecordInfo) -> Result<(), ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let message = Message::SetRecord {
+            volume_id: volume_id.to_owned(),
+            version: record.version,
+            epoch: record.epoch,
+            data: record.data.clone(),
+        };
+        c.reply("SetRecord", message, &[]).await
+    }
+
+    /// A request for the engine of `volume_id` running in the server's process.
+    pub async fn engine_call(&self, volume_id: &str, request: Vec<u8>) -> Result<Vec<u8>, ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        match c.call("EngineCall", Message::EngineCall { volume_id: volume_id.to_owned(), request }).await? {
+            Message::EngineReply { status: Status::Ok, reply } => Ok(reply),
+            Message::EngineReply { status, .. } => {
+                Err(ControlError::Refused { addr: self.addr, what: "EngineCall", status })
+            }
+            _ => Err(ControlError::Protocol { addr: self.addr, what: "EngineCall" }),
+        }
+    }
 }
 
 /// A session on one replica (after `Hello`), for offline operations and copies. Close it with
@@ -193,13 +242,33 @@ impl ReplicaSession {
     /// Connects and says `Hello`; the header is the replica's as it was before this session
     /// (`dirty` set means the previous session did not end cleanly).
     pub async fn open(addr: SocketAddr, volume_id: &str, timeout: Duration) -> Result<Self, ControlError> {
+        Self::open_claimed(addr, volume_id, timeout, 0).await
+    }
+
+    /// Like [`ReplicaSession::open`], then claims `epoch` (unless 0) as an engine would: the
+    /// session is refused (`Fenced`) when the volume was given to a newer epoch.
+    pub async fn open_claimed(
+        addr: SocketAddr,
+        volume_id: &str,
+        timeout: Duration,
+        epoch: u64,
+    ) -> Result<Self, ControlError> {
         let mut conn = Conn::connect(addr, timeout).await?;
         let hello = Message::Hello { volume_id: volume_id.to_owned(), protocol_version: PROTOCOL_VERSION, revision: 0 };
-        match conn.call("Hello", hello).await? {
-            Message::HelloReply { status: Status::Ok, header } => Ok(Self { conn, header }),
-            Message::HelloReply { status, .. } => Err(ControlError::Refused { addr, what: "Hello", status }),
-            _ => Err(ControlError::Protocol { addr, what: "Hello" }),
+        let header = match conn.call("Hello", hello).await? {
+            Message::HelloReply { status: Status::Ok, header } => header,
+            Message::HelloReply { status, .. } => return Err(ControlError::Refused { addr, what: "Hello", status }),
+            _ => return Err(ControlError::Protocol { addr, what: "Hello" }),
+        };
+        let mut session = Self { conn, header };
+        if epoch > 0
+            && let Err(e) = session.conn.reply("Claim", Message::Claim { epoch }, &[]).await
+        {
+            // Ends the session cleanly: nothing was written.
+            let _ = session.close().await;
+            return Err(e);
         }
+        Ok(session)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -225,6 +294,13 @@ impl ReplicaSession {
         self.conn.reply("Revert", message, &[]).await
     }
 
+    /// Records `revision` in the replica's header (it only grows).
+    pub async fn set_revision(&mut self, revision: u64) -> Result<(), ControlError> {
+        self.conn.reply("SetRevision", Message::SetRevision { revision }, &[]).await?;
+        self.header.revision = self.header.revision.max(revision);
+        Ok(())
+    }
+
     pub async fn resize(&mut self, size: u64) -> Result<(), ControlError> {
         self.conn.reply("Resize", Message::Resize { size, revision: self.header.revision }, &[]).await
     }
@@ -237,6 +313,17 @@ impl ReplicaSession {
 
     pub async fn flush(&mut self) -> Result<(), ControlError> {
         self.conn.reply("Flush", Message::Flush, &[]).await
+    }
+
+    /// Reads the live volume; exactly `len` bytes.
+    pub async fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, ControlError> {
+        let addr = self.conn.addr;
+        match self.conn.call("Read", Message::Read { offset, len }).await? {
+            Message::ReadReply { status: Status::Ok, data } if data.len() == len as usize => Ok(data),
+            Message::ReadReply { status: Status::Ok, .. } => Err(ControlError::Protocol { addr, what: "Read" }),
+            Message::ReadReply { status, .. } => Err(ControlError::Refused { addr, what: "Read", status }),
+            _ => Err(ControlError::Protocol { addr, what: "Read" }),
+        }
     }
 
     /// Reads the volume as of a snapshot; exactly `len` bytes.
@@ -292,11 +379,20 @@ pub struct ReplicaSet {
     pub volume_id: String,
     pub nodes: Vec<SocketAddr>,
     pub timeout: Duration,
+    /// Claimed by every session (see [`ReplicaSession::open_claimed`]); 0 for a set without a
+    /// record.
+    pub epoch: u64,
 }
 
 impl ReplicaSet {
     pub fn new(volume_id: impl Into<String>, nodes: Vec<SocketAddr>, timeout: Duration) -> Self {
-        Self { volume_id: volume_id.into(), nodes, timeout }
+        Self { volume_id: volume_id.into(), nodes, timeout, epoch: 0 }
+    }
+
+    /// The same set, its sessions claiming `epoch`.
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
     }
 
     fn check(&self) -> Result<(), ControlError> {
@@ -344,7 +440,14 @@ impl ReplicaSet {
         self.check()?;
         let mut sessions = Vec::with_capacity(self.nodes.len());
         for addr in &self.nodes {
-            sessions.push(ReplicaSession::open(*addr, &self.volume_id, self.timeout).await?);
+            match ReplicaSession::open_claimed(*addr, &self.volume_id, self.timeout, self.epoch).await {
+                Ok(s) => sessions.push(s),
+                Err(e) => {
+                    // Sessions already open end cleanly rather than leaving replicas dirty.
+                    let _ = close_all(sessions).await;
+                    return Err(e);
+                }
+            }
         }
         let first = sessions[0].header().clone();
         for s in &sessions {
@@ -416,6 +519,17 @@ impl ReplicaSet {
         close_all(sessions).await.and(result)
     }
 
+    /// Moves every replica to `revision` (it only grows): the others of the volume's members,
+    /// left out of a change made on these, are then behind and get it by a rebuild.
+    pub async fn set_revision(&self, revision: u64) -> Result<(), ControlError> {
+        let mut sessions = self.open().await?;
+        let mut result = Ok(());
+        for s in &mut sessions {
+            result = result.and(s.set_revision(revision).await);
+        }
+        close_all(sessions).await.and(result)
+    }
+
     pub async fn expand(&self, size: u64) -> Result<(), ControlError> {
         let mut sessions = self.open().await?;
         let current = sessions[0].header().size;
@@ -443,7 +557,8 @@ impl ReplicaSet {
     ) -> Result<(), ControlError> {
         self.check()?;
         source.check()?;
-        let mut src = ReplicaSession::open(source.nodes[0], &source.volume_id, source.timeout).await?;
+        let mut src =
+            ReplicaSession::open_claimed(source.nodes[0], &source.volume_id, source.timeout, source.epoch).await?;
         let size = src.header().size;
         if !src.header().snapshots.iter().any(|s| s.name == snapshot) {
             let _ = src.close().await;

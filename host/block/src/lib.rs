@@ -10,6 +10,7 @@
 //! deletes, reverts and clones replica sets and lists nodes. Not done: reconciling replicas
 //! after an *engine* crash left unacknowledged writes on some of them (the header's dirty flag).
 
+pub mod catalog;
 pub mod control;
 pub mod dirty;
 pub mod driver;

@@ -47,6 +47,9 @@ pub enum Status {
     AlreadyExists = 8,
     /// Refused while an engine has the replica open (e.g. deleting or reverting it).
     Busy = 9,
+    /// The session's claim is older than the replica's epoch: another engine was given the
+    /// volume (see `Claim`). The engine that gets this must stop serving the volume.
+    Fenced = 10,
 }
 
 impl Status {
@@ -62,6 +65,7 @@ impl Status {
             7 => Self::NotFound,
             8 => Self::AlreadyExists,
             9 => Self::Busy,
+            10 => Self::Fenced,
             _ => return None,
         })
     }
@@ -98,6 +102,22 @@ pub struct ReplicaHeader {
     /// Set while an engine has the replica open; still set after a crash (unclean shutdown).
     pub dirty: bool,
 }
+
+/// A replica's volume record as `Description` carries it: bytes the replica stores for the
+/// control plane without reading them (who the members are, which node may attach), with the
+/// version that orders updates and the epoch that fences engines (see `SetRecord`, `Claim`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordInfo {
+    /// 0 and empty data: the replica has no record (made by hand, `wasmcsi volume create`).
+    pub version: u64,
+    pub epoch: u64,
+    pub data: Vec<u8>,
+}
+
+/// Longest record a replica stores: a record names members and small metadata, never data.
+pub const MAX_RECORD_LEN: usize = 64 * 1024;
+/// Most labels an `Identity` carries.
+pub const MAX_LABELS: usize = 64;
 
 /// State of one extent in an `ExtentMap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,6 +262,54 @@ pub enum Message {
         available: u64,
         replicas: Vec<ReplicaSummary>,
     },
+    /// In a session, after `Hello`: the engine's epoch, from the volume's record. `Ok` when it
+    /// is at least the replica's (a higher one is stored durably first), `Fenced` when lower.
+    /// From then on every mutating request of a session whose epoch is below the replica's is
+    /// refused `Fenced`; a session that never claims has epoch 0.
+    Claim {
+        epoch: u64,
+    },
+    /// Control: the replica's header and volume record, without opening a session; answered
+    /// by `Description` (`NotFound` without a replica; a replica without a record answers `Ok`
+    /// with record version 0).
+    Describe {
+        volume_id: String,
+    },
+    Description {
+        status: Status,
+        header: ReplicaHeader,
+        record: RecordInfo,
+    },
+    /// Control: replace the volume record (durably) if `version` is newer than the stored one
+    /// and `epoch` is not older; the same version with the same epoch and data is `Ok` (a
+    /// retry), anything else older or conflicting `StaleRevision`. Raising the epoch fences
+    /// every session that claimed a lower one. `Invalid` above [`MAX_RECORD_LEN`].
+    SetRecord {
+        volume_id: String,
+        version: u64,
+        epoch: u64,
+        data: Vec<u8>,
+    },
+    /// Control: who this server is; answered by `Identity`.
+    Identify,
+    Identity {
+        status: Status,
+        /// the node's name (its CSI node id), empty when the server was given none
+        node: String,
+        /// the node's labels (topology and operator-given), at most [`MAX_LABELS`]
+        labels: Vec<(String, String)>,
+    },
+    /// Control: a request for the engine of `volume_id` running in this server's process
+    /// (snapshot, expand, replace a replica, status), encoded by the engine's control surface;
+    /// answered by `EngineReply` (`NotFound` when no engine of that volume runs here).
+    EngineCall {
+        volume_id: String,
+        request: Vec<u8>,
+    },
+    EngineReply {
+        status: Status,
+        reply: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -270,6 +338,14 @@ impl Message {
             Self::NodeInfo => 21,
             Self::NodeInfoReply { .. } => 22,
             Self::Reinitialize { .. } => 23,
+            Self::Claim { .. } => 24,
+            Self::Describe { .. } => 25,
+            Self::Description { .. } => 26,
+            Self::SetRecord { .. } => 27,
+            Self::Identify => 28,
+            Self::Identity { .. } => 29,
+            Self::EngineCall { .. } => 30,
+            Self::EngineReply { .. } => 31,
         }
     }
 }
@@ -433,6 +509,22 @@ fn put_name(out: &mut Vec<u8>, s: &str) -> Result<(), EncodeError> {
     Ok(())
 }
 
+fn put_header(out: &mut Vec<u8>, header: &ReplicaHeader) -> Result<(), EncodeError> {
+    put_name(out, &header.volume_id)?;
+    out.extend_from_slice(&header.size.to_le_bytes());
+    out.extend_from_slice(&header.revision.to_le_bytes());
+    out.push(u8::from(header.dirty));
+    let count =
+        u16::try_from(header.snapshots.len()).map_err(|_| EncodeError::TooManyEntries { count: header.snapshots.len() })?;
+    out.extend_from_slice(&count.to_le_bytes());
+    for s in &header.snapshots {
+        put_name(out, &s.name)?;
+        out.extend_from_slice(&s.revision.to_le_bytes());
+        out.extend_from_slice(&s.created_ns.to_le_bytes());
+    }
+    Ok(())
+}
+
 fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     match m {
         Message::Hello { volume_id, protocol_version, revision } => {
@@ -442,18 +534,7 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         }
         Message::HelloReply { status, header } => {
             out.extend_from_slice(&(*status as u16).to_le_bytes());
-            put_name(out, &header.volume_id)?;
-            out.extend_from_slice(&header.size.to_le_bytes());
-            out.extend_from_slice(&header.revision.to_le_bytes());
-            out.push(u8::from(header.dirty));
-            let count = u16::try_from(header.snapshots.len())
-                .map_err(|_| EncodeError::TooManyEntries { count: header.snapshots.len() })?;
-            out.extend_from_slice(&count.to_le_bytes());
-            for s in &header.snapshots {
-                put_name(out, &s.name)?;
-                out.extend_from_slice(&s.revision.to_le_bytes());
-                out.extend_from_slice(&s.created_ns.to_le_bytes());
-            }
+            put_header(out, header)?;
         }
         Message::Read { offset, len } => {
             out.extend_from_slice(&offset.to_le_bytes());
@@ -539,6 +620,43 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 out.push(u8::from(r.dirty));
                 out.extend_from_slice(&r.allocated.to_le_bytes());
             }
+        }
+        Message::Claim { epoch } => out.extend_from_slice(&epoch.to_le_bytes()),
+        Message::Describe { volume_id } => put_name(out, volume_id)?,
+        Message::Description { status, header, record } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            put_header(out, header)?;
+            out.extend_from_slice(&record.version.to_le_bytes());
+            out.extend_from_slice(&record.epoch.to_le_bytes());
+            out.extend_from_slice(&record.data);
+        }
+        Message::SetRecord { volume_id, version, epoch, data } => {
+            put_name(out, volume_id)?;
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&epoch.to_le_bytes());
+            out.extend_from_slice(data);
+        }
+        Message::Identify => {}
+        Message::Identity { status, node, labels } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            put_name(out, node)?;
+            if labels.len() > MAX_LABELS {
+                return Err(EncodeError::TooManyEntries { count: labels.len() });
+            }
+            // MAX_LABELS < u16::MAX, checked above.
+            out.extend_from_slice(&(labels.len() as u16).to_le_bytes());
+            for (k, v) in labels {
+                put_name(out, k)?;
+                put_name(out, v)?;
+            }
+        }
+        Message::EngineCall { volume_id, request } => {
+            put_name(out, volume_id)?;
+            out.extend_from_slice(request);
+        }
+        Message::EngineReply { status, reply } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            out.extend_from_slice(reply);
         }
     }
     Ok(())
@@ -673,6 +791,22 @@ impl<'a> Reader<'a> {
             None => Bytes::copy_from_slice(rest),
         }
     }
+    fn header(&mut self) -> Result<ReplicaHeader, DecodeError> {
+        let volume_id = self.name()?;
+        let size = self.u64()?;
+        let revision = self.u64()?;
+        let dirty = self.flag()?;
+        let count = self.u16()? as usize;
+        // Each entry is at least 18 bytes, so the count cannot ask for more than is there.
+        if count * 18 > self.buf.len() {
+            return Err(self.malformed("snapshot count exceeds payload"));
+        }
+        let mut snapshots = Vec::with_capacity(count);
+        for _ in 0..count {
+            snapshots.push(SnapshotInfo { name: self.name()?, revision: self.u64()?, created_ns: self.u64()? });
+        }
+        Ok(ReplicaHeader { volume_id, size, revision, snapshots, dirty })
+    }
     fn finish(self) -> Result<(), DecodeError> {
         if self.buf.is_empty() { Ok(()) } else { Err(self.malformed("trailing bytes")) }
     }
@@ -683,23 +817,7 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
     let mut r = Reader { buf: payload, kind, origin };
     let m = match kind {
         1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()? },
-        2 => {
-            let status = r.status()?;
-            let volume_id = r.name()?;
-            let size = r.u64()?;
-            let revision = r.u64()?;
-            let dirty = r.flag()?;
-            let count = r.u16()? as usize;
-            // Each entry is at least 18 bytes, so the count cannot ask for more than is there.
-            if count * 18 > r.buf.len() {
-                return Err(r.malformed("snapshot count exceeds payload"));
-            }
-            let mut snapshots = Vec::with_capacity(count);
-            for _ in 0..count {
-                snapshots.push(SnapshotInfo { name: r.name()?, revision: r.u64()?, created_ns: r.u64()? });
-            }
-            Message::HelloReply { status, header: ReplicaHeader { volume_id, size, revision, snapshots, dirty } }
-        }
+        2 => Message::HelloReply { status: r.status()?, header: r.header()? },
         3 => Message::Read { offset: r.u64()?, len: r.u32()? },
         4 => Message::ReadReply { status: r.status()?, data: r.rest() },
         5 => Message::Write { offset: r.u64()?, revision: r.u64()?, data: r.rest_shared() },
@@ -759,6 +877,42 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
             }
             Message::NodeInfoReply { status, capacity, available, replicas }
         }
+        24 => Message::Claim { epoch: r.u64()? },
+        25 => Message::Describe { volume_id: r.name()? },
+        26 => {
+            let status = r.status()?;
+            let header = r.header()?;
+            let record = RecordInfo { version: r.u64()?, epoch: r.u64()?, data: r.rest() };
+            if record.data.len() > MAX_RECORD_LEN {
+                return Err(r.malformed("record too long"));
+            }
+            Message::Description { status, header, record }
+        }
+        27 => {
+            let m = Message::SetRecord { volume_id: r.name()?, version: r.u64()?, epoch: r.u64()?, data: r.rest() };
+            if let Message::SetRecord { data, .. } = &m
+                && data.len() > MAX_RECORD_LEN
+            {
+                return Err(DecodeError::Malformed { kind, what: "record too long" });
+            }
+            m
+        }
+        28 => Message::Identify,
+        29 => {
+            let status = r.status()?;
+            let node = r.name()?;
+            let count = r.u16()? as usize;
+            if count > MAX_LABELS {
+                return Err(r.malformed("too many labels"));
+            }
+            let mut labels = Vec::with_capacity(count);
+            for _ in 0..count {
+                labels.push((r.name()?, r.name()?));
+            }
+            Message::Identity { status, node, labels }
+        }
+        30 => Message::EngineCall { volume_id: r.name()?, request: r.rest() },
+        31 => Message::EngineReply { status: r.status()?, reply: r.rest() },
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -865,8 +1019,8 @@ pub(crate) mod tests {
             let n = rng.below(300) as usize;
             (0..n).map(|_| rng.next() as u8).collect()
         };
-        let status = |rng: &mut Rng| Status::from_wire(rng.below(10) as u16).unwrap_or(Status::Ok);
-        match rng.below(23) {
+        let status = |rng: &mut Rng| Status::from_wire(rng.below(11) as u16).unwrap_or(Status::Ok);
+        match rng.below(31) {
             0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
             1 => Message::HelloReply {
                 status: status(rng),
@@ -909,6 +1063,30 @@ pub(crate) mod tests {
             19 => Message::DeleteReplica { volume_id: name(rng) },
             20 => Message::NodeInfo,
             21 => Message::Reinitialize { revision: rng.next() },
+            22 => Message::Claim { epoch: rng.next() },
+            23 => Message::Describe { volume_id: name(rng) },
+            24 => Message::Description {
+                status: status(rng),
+                header: ReplicaHeader {
+                    volume_id: name(rng),
+                    size: rng.next(),
+                    revision: rng.next(),
+                    snapshots: (0..rng.below(3))
+                        .map(|_| SnapshotInfo { name: name(rng), revision: rng.next(), created_ns: rng.next() })
+                        .collect(),
+                    dirty: rng.below(2) == 1,
+                },
+                record: RecordInfo { version: rng.next(), epoch: rng.next(), data: data(rng) },
+            },
+            25 => Message::SetRecord { volume_id: name(rng), version: rng.next(), epoch: rng.next(), data: data(rng) },
+            26 => Message::Identify,
+            27 => Message::Identity {
+                status: status(rng),
+                node: name(rng),
+                labels: (0..rng.below(4)).map(|_| (name(rng), name(rng))).collect(),
+            },
+            28 => Message::EngineCall { volume_id: name(rng), request: data(rng) },
+            29 => Message::EngineReply { status: status(rng), reply: data(rng) },
             _ => Message::NodeInfoReply {
                 status: status(rng),
                 capacity: rng.next(),
@@ -942,7 +1120,7 @@ pub(crate) mod tests {
             let bytes = encoded(&frame);
             assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
         }
-        assert_eq!(kinds.len(), 23, "the generator covers every kind");
+        assert_eq!(kinds.len(), 31, "the generator covers every kind");
     }
 
     #[test]

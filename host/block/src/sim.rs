@@ -283,6 +283,7 @@ impl World {
             request_timeout: TIMEOUT,
             attach_timeout: 100,
             rebuild_parallelism: 2,
+            epoch: 0,
         }
     }
 

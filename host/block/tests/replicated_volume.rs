@@ -76,6 +76,7 @@ impl Cluster {
             request_timeout: 5_000,
             attach_timeout: 5_000,
             rebuild_parallelism: 4,
+            epoch: 0,
         };
         let mut cfg = DriverConfig::new(engine, self.addrs.clone(), self.state.path());
         cfg.in_process = self.in_process.clone().map(|node| InProcessNode { addr: self.addrs[0], node });
@@ -330,6 +331,7 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
         request_timeout: 5_000,
         attach_timeout: 5_000,
         rebuild_parallelism: 4,
+        epoch: 0,
     };
     let vol = Arc::new(
         ReplicatedVolume::start(

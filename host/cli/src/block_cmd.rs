@@ -533,6 +533,7 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
         request_timeout: 5_000,
         attach_timeout: 10_000,
         rebuild_parallelism: 4,
+        epoch: 0,
     };
     let vol = Arc::new(
         ReplicatedVolume::start(

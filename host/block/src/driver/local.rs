@@ -43,6 +43,8 @@ pub(super) struct LocalLink {
 /// running on the blocking pool let go of it.
 struct LocalSession {
     replica: Arc<Replica>,
+    /// The session's claimed epoch (the fence), as the server keeps it per connection.
+    rules: session::Session,
     /// Mutations still running on the blocking pool: a flush does not cover them.
     mutations: AtomicUsize,
     /// Whether the session, if it ended now, ended cleanly: its last request was a flush with no
@@ -87,11 +89,11 @@ impl LocalJob {
         let request_id = frame.request_id;
         let message = match session::place(&s.replica, &frame.message) {
             Placement::Answered(message) => message,
-            Placement::Inline => session::execute(&s.replica, frame.message, DEFAULT_MAX_PAYLOAD),
+            Placement::Inline => session::execute(&s.replica, &s.rules, frame.message, DEFAULT_MAX_PAYLOAD),
             Placement::SmallRead | Placement::Blocking => {
                 let events = events.clone();
                 runtime.spawn_blocking(move || {
-                    let message = session::execute(&s.replica, frame.message, DEFAULT_MAX_PAYLOAD);
+                    let message = session::execute(&s.replica, &s.rules, frame.message, DEFAULT_MAX_PAYLOAD);
                     s.finished(mutation);
                     // The driver drops it if the link is gone by now, like bytes of a closed
                     // socket.
@@ -129,7 +131,12 @@ impl LocalLink {
             }
             let (replica, status, header) = session::open(&self.node, volume_id, protocol_version);
             self.session = replica.map(|replica| {
-                Arc::new(LocalSession { replica, mutations: AtomicUsize::new(0), clean: AtomicBool::new(false) })
+                Arc::new(LocalSession {
+                    replica,
+                    rules: session::Session::default(),
+                    mutations: AtomicUsize::new(0),
+                    clean: AtomicBool::new(false),
+                })
             });
             return Ok(Taken::Answered(Frame { request_id, message: Message::HelloReply { status, header } }));
         }

@@ -140,6 +140,8 @@ pub struct VolumeStatus {
     pub rebuild: Option<RebuildStatus>,
     /// The volume's snapshots, oldest first.
     pub snapshots: Vec<SnapshotInfo>,
+    /// Another engine was given the volume; every request fails from now on.
+    pub fenced: bool,
 }
 
 // ----- persisted state ------------------------------------------------------------------------
@@ -676,6 +678,7 @@ impl Driver {
             size: self.engine.size(),
             rebuild: self.engine.rebuild_status(),
             snapshots: self.engine.snapshots().to_vec(),
+            fenced: self.engine.is_fenced(),
         };
         self.status.send_if_modified(|old| {
             let changed = *old != status;
@@ -812,6 +815,10 @@ impl Driver {
     }
 
     fn reconnect_later(&mut self, replica: ReplicaId) {
+        if self.engine.is_fenced() {
+            // Nothing a replica says can change that: stay disconnected.
+            return;
+        }
         let delay = self.slots[replica].backoff;
         self.slots[replica].backoff = (delay * 2).clamp(self.cfg.backoff_min, self.cfg.backoff_max);
         self.spawn_connect(replica, delay);
@@ -908,6 +915,8 @@ fn to_io_error(e: IoError) -> io::Error {
         // Retryable once the volume is whole again.
         IoError::Degraded { .. } => io::ErrorKind::ResourceBusy,
         IoError::NoHealthyReplica { .. } => io::ErrorKind::Other,
+        // Final: the kernel sees EIO, the volume lives on with another engine.
+        IoError::Fenced { .. } => io::ErrorKind::PermissionDenied,
     };
     io::Error::new(kind, e)
 }

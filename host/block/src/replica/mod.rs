@@ -10,13 +10,14 @@ pub mod chain;
 mod header_file;
 mod layers;
 pub mod node;
+mod record;
 pub mod server;
 pub(crate) mod session;
 pub mod store;
 
 pub use block_map::BLOCK;
 pub use node::{NodeError, NodeReport, Replica, ReplicaNode, replica_dir_name};
-pub use server::{ReplicaServer, ServerConfig, ServerError};
+pub use server::{EngineCalls, NodeIdentity, ReplicaServer, ServerConfig, ServerError};
 pub use store::{ReplicaStore, StoreError};
 
 #[cfg(test)]

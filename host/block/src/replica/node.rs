@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 use super::header_file::{self, HEADER_FILE};
+use super::record::{RecordCell, RecordRefusal};
 use super::store::{ReplicaStore, StoreError, lock};
-use crate::protocol::{ReplicaSummary, Status};
+use crate::protocol::{RecordInfo, ReplicaHeader, ReplicaSummary, Status};
 
 const MAX_PLAIN_ID: usize = 200;
 const MAX_HEX_ID: usize = 100;
@@ -44,6 +45,10 @@ pub enum NodeError {
     NotARoot(PathBuf),
     #[error("{0} is already open by another replica node (this process or another): one root, one server")]
     InUse(PathBuf),
+    #[error("record of volume {0:?} is older than or conflicts with the one the replica holds")]
+    StaleRecord(String),
+    #[error("record of volume {0:?} is invalid (version 0, or too long)")]
+    InvalidRecord(String),
 }
 
 impl NodeError {
@@ -51,7 +56,8 @@ impl NodeError {
     pub fn status(&self) -> Status {
         match self {
             Self::Store { source, .. } => source.status(),
-            Self::InvalidId(_) => Status::Invalid,
+            Self::InvalidId(_) | Self::InvalidRecord(_) => Status::Invalid,
+            Self::StaleRecord(_) => Status::StaleRevision,
             Self::NotFound(_) => Status::NotFound,
             Self::AlreadyExists { .. } => Status::AlreadyExists,
             Self::Busy(_) | Self::InUse(_) => Status::Busy,
@@ -114,11 +120,22 @@ pub struct Replica {
     pub(crate) volume_id: String,
     pub(crate) store: Arc<ReplicaStore>,
     pub(crate) sessions: Mutex<Sessions>,
+    /// The volume record and the epoch fence (see `record`).
+    pub(crate) record: RecordCell,
 }
 
 impl Replica {
+    fn new(volume_id: &str, store: Arc<ReplicaStore>, record: RecordCell) -> Self {
+        Self { volume_id: volume_id.to_owned(), store, sessions: Mutex::default(), record }
+    }
+
     pub fn store(&self) -> &Arc<ReplicaStore> {
         &self.store
+    }
+
+    /// The volume record this replica holds (version 0 when none).
+    pub fn record(&self) -> RecordInfo {
+        self.record.get()
     }
 
     /// Engine sessions open on this replica now (over TCP or in-process).
@@ -194,14 +211,10 @@ impl ReplicaNode {
                 if found != volume_id {
                     return Err(StoreError::Invalid(format!("header is for volume {found:?}")));
                 }
-                Ok(store)
+                Ok((store, RecordCell::load(&path)?))
             });
             let entry = match opened {
-                Ok(store) => Entry::Open(Arc::new(Replica {
-                    volume_id: volume_id.clone(),
-                    store: Arc::new(store),
-                    sessions: Mutex::default(),
-                })),
+                Ok((store, record)) => Entry::Open(Arc::new(Replica::new(&volume_id, Arc::new(store), record))),
                 Err(e) => {
                     tracing::error!(replica.volume = %volume_id, error = %e, "replica does not open; not serving it");
                     Entry::Broken(e.to_string())
@@ -256,7 +269,11 @@ impl ReplicaNode {
         let store = ReplicaStore::create(&dir, volume_id, size)
             .map_err(|source| NodeError::Store { volume_id: volume_id.to_owned(), source })?;
         let store = Arc::new(store);
-        let replica = Replica { volume_id: volume_id.to_owned(), store: store.clone(), sessions: Mutex::default() };
+        // A directory reused after a create that crashed before its header commit may still
+        // hold a record file: never, since records are written after the replica exists, but
+        // a fresh replica must not inherit one either way.
+        let _ = std::fs::remove_file(dir.join(super::record::RECORD_FILE));
+        let replica = Replica::new(volume_id, store.clone(), RecordCell::default());
         replicas.insert(volume_id.to_owned(), Entry::Open(Arc::new(replica)));
         tracing::info!(replica.volume = volume_id, size, "replica created");
         Ok(store)
@@ -304,6 +321,30 @@ impl ReplicaNode {
                 s.open += 1;
                 Ok(r.clone())
             }
+        }
+    }
+
+    /// The header and record of `volume_id`'s replica.
+    pub fn describe(&self, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), NodeError> {
+        self.open_replica(volume_id).map(|r| (r.store.header(), r.record()))
+    }
+
+    /// Replaces the record of `volume_id`'s replica if `record` is newer (see `record`).
+    pub fn set_record(&self, volume_id: &str, record: RecordInfo) -> Result<(), NodeError> {
+        let replica = self.open_replica(volume_id)?;
+        match replica.record.set(replica.store.dir(), record) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(RecordRefusal::Stale)) => Err(NodeError::StaleRecord(volume_id.to_owned())),
+            Ok(Err(RecordRefusal::Invalid)) => Err(NodeError::InvalidRecord(volume_id.to_owned())),
+            Err(source) => Err(NodeError::Store { volume_id: volume_id.to_owned(), source }),
+        }
+    }
+
+    fn open_replica(&self, volume_id: &str) -> Result<Arc<Replica>, NodeError> {
+        match lock(&self.replicas).get(volume_id) {
+            None => Err(NodeError::NotFound(volume_id.to_owned())),
+            Some(Entry::Broken(what)) => Err(NodeError::Broken { volume_id: volume_id.to_owned(), what: what.clone() }),
+            Some(Entry::Open(r)) => Ok(r.clone()),
         }
     }
 

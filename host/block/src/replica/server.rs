@@ -7,9 +7,10 @@
 //! leave in completion order, matched by request id. The protocol lets a replica do
 //! that because the engine never has overlapping writes in flight on one connection; `Flush`
 //! covers every write *acknowledged* before it arrived, and a write is only acknowledged after its
-//! `pwrite` returned, so a flush needs no barrier. A control connection starts with
-//! `CreateReplica`, `DeleteReplica` or `NodeInfo` instead and may send only those, answered one
-//! at a time.
+//! `pwrite` returned, so a flush needs no barrier. A control connection starts with a control
+//! request instead (`CreateReplica`, `DeleteReplica`, `NodeInfo`, `Describe`, `SetRecord`,
+//! `Identify`, `EngineCall`) and may send only those, answered one at a time. `EngineCall`s go to
+//! the engines running in this server's process ([`EngineCalls`]), when it was given them.
 //!
 //! Backpressure: at most [`ServerConfig::max_in_flight`] requests per connection are executing or
 //! waiting for their reply to be written; beyond that the server stops reading the socket, so a
@@ -24,8 +25,10 @@
 //! after the last flush, a protocol error) leaves it set so the next engine knows this replica may
 //! disagree with its peers.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -40,9 +43,27 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::node::{NodeError, Replica, ReplicaNode};
 use super::session::{self, Placement};
 use super::store::StoreError;
-use crate::protocol::{DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, Status, encode_with_limit};
+use crate::protocol::{
+    DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
+    encode_with_limit,
+};
 
-/// Per-connection limits.
+/// Who a replica server is, as `Identify` answers: the node's name and labels, which placement
+/// and topology use (addresses change, names do not).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub node: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// The engines running in the replica server's process, which `EngineCall` requests reach (the
+/// node plugin's attached volumes). A request and its reply are the engine control surface's
+/// encoding; `Err(NotFound)` when no engine of the volume runs here.
+pub trait EngineCalls: Send + Sync + 'static {
+    fn call(&self, volume_id: String, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, Status>> + Send>>;
+}
+
+/// Per-connection limits, and who the server is.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Requests of one connection executing or waiting to be answered before the server stops
@@ -53,11 +74,18 @@ pub struct ServerConfig {
     /// On shutdown, how long a connection may take to deliver replies to requests it already
     /// read; a peer that stopped reading must not hold the shutdown forever.
     pub shutdown_grace: Duration,
+    /// What `Identify` answers.
+    pub identity: NodeIdentity,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { max_in_flight: 64, max_payload: DEFAULT_MAX_PAYLOAD, shutdown_grace: Duration::from_secs(5) }
+        Self {
+            max_in_flight: 64,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            shutdown_grace: Duration::from_secs(5),
+            identity: NodeIdentity::default(),
+        }
     }
 }
 
@@ -95,10 +123,10 @@ pub struct ReplicaServer {
 }
 
 /// Shared by the accept loop and every connection.
-#[derive(Debug)]
 struct Shared {
     node: Arc<ReplicaNode>,
     config: ServerConfig,
+    engines: Option<Arc<dyn EngineCalls>>,
 }
 
 impl ReplicaServer {
@@ -116,10 +144,20 @@ impl ReplicaServer {
         node: Arc<ReplicaNode>,
         config: ServerConfig,
     ) -> Result<Self, ServerError> {
+        Self::serve_with_engines(addr, node, config, None).await
+    }
+
+    /// Like [`ReplicaServer::serve`], and `EngineCall`s reach `engines`.
+    pub async fn serve_with_engines(
+        addr: impl ToSocketAddrs,
+        node: Arc<ReplicaNode>,
+        config: ServerConfig,
+        engines: Option<Arc<dyn EngineCalls>>,
+    ) -> Result<Self, ServerError> {
         let listener = TcpListener::bind(addr).await.map_err(ServerError::Bind)?;
         let local_addr = listener.local_addr().map_err(ServerError::Bind)?;
         let (shutdown, rx) = watch::channel(false);
-        let shared = Arc::new(Shared { node: node.clone(), config });
+        let shared = Arc::new(Shared { node: node.clone(), config, engines });
         let task = tokio::spawn(accept_loop(listener, shared, rx));
         tracing::info!(replica.addr = %local_addr, replica.root = %node.root().display(), "replica node serving");
         Ok(Self { local_addr, node, shutdown, task })
@@ -226,7 +264,7 @@ async fn serve_connection(
     let Some(first) = reader.next().await? else { return Ok(()) };
     let (request_id, volume_id, protocol_version) = match first.message {
         Message::Hello { volume_id, protocol_version, .. } => (first.request_id, volume_id, protocol_version),
-        Message::CreateReplica { .. } | Message::DeleteReplica { .. } | Message::NodeInfo => {
+        ref m if is_control(m) => {
             let result = serve_control(first, &mut reader, shared, &tx).await;
             drop(tx);
             let _ = writer.await;
@@ -301,22 +339,55 @@ async fn serve_control(
     while let Some(frame) = next.take() {
         let node = shared.node.clone();
         let request_id = frame.request_id;
-        let message =
-            tokio::task::spawn_blocking(move || execute_control(&node, frame.message)).await.unwrap_or_else(|e| {
+        let message = match frame.message {
+            Message::EngineCall { volume_id, request } => engine_call(shared, volume_id, request).await,
+            Message::Identify => Message::Identity {
+                status: Status::Ok,
+                node: shared.config.identity.node.clone(),
+                labels: shared.config.identity.labels.clone(),
+            },
+            message => tokio::task::spawn_blocking(move || execute_control(&node, message)).await.unwrap_or_else(|e| {
                 tracing::error!(error = %e, "replica control request panicked");
                 Message::Reply { status: Status::IoError }
-            });
+            }),
+        };
         if tx.send(Frame { request_id, message }).await.is_err() {
             return Ok(());
         }
         next = reader.next().await?;
         if let Some(f) = &next
-            && !matches!(f.message, Message::CreateReplica { .. } | Message::DeleteReplica { .. } | Message::NodeInfo)
+            && !is_control(&f.message)
         {
             return Err(ConnError::Unexpected("a control connection sent a non-control request"));
         }
     }
     Ok(())
+}
+
+/// Whether a message is a control request (see the module docs).
+fn is_control(m: &Message) -> bool {
+    matches!(
+        m,
+        Message::CreateReplica { .. }
+            | Message::DeleteReplica { .. }
+            | Message::NodeInfo
+            | Message::Describe { .. }
+            | Message::SetRecord { .. }
+            | Message::Identify
+            | Message::EngineCall { .. }
+    )
+}
+
+/// Answers an `EngineCall` from the engines of this process.
+async fn engine_call(shared: &Shared, volume_id: String, request: Vec<u8>) -> Message {
+    let result = match &shared.engines {
+        Some(engines) => engines.call(volume_id, request).await,
+        None => Err(Status::NotFound),
+    };
+    match result {
+        Ok(reply) => Message::EngineReply { status: Status::Ok, reply },
+        Err(status) => Message::EngineReply { status, reply: Vec::new() },
+    }
 }
 
 /// Runs one control request against the node and builds its reply.
@@ -327,7 +398,7 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
             Err(e) => {
                 let status = e.status();
                 match status {
-                    Status::NotFound | Status::AlreadyExists | Status::Busy | Status::Invalid => {
+                    Status::NotFound | Status::AlreadyExists | Status::Busy | Status::Invalid | Status::StaleRevision => {
                         tracing::info!(replica.volume = volume_id, error = %e, "replica {what} refused")
                     }
                     _ => tracing::warn!(replica.volume = volume_id, error = %e, "replica {what} failed"),
@@ -367,6 +438,20 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
                 Message::NodeInfoReply { status: e.status(), capacity: 0, available: 0, replicas: Vec::new() }
             }
         },
+        Message::Describe { volume_id } => match node.describe(&volume_id) {
+            Ok((header, record)) => Message::Description { status: Status::Ok, header, record },
+            Err(e) => {
+                if e.status() != Status::NotFound {
+                    tracing::warn!(replica.volume = %volume_id, error = %e, "replica describe failed");
+                }
+                let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
+                Message::Description { status: e.status(), header, record: RecordInfo::default() }
+            }
+        },
+        Message::SetRecord { volume_id, version, epoch, data } => {
+            let _span = tracing::info_span!("replica.set_record", replica.volume = %volume_id, version, epoch).entered();
+            reply(node.set_record(&volume_id, RecordInfo { version, epoch, data }), "record update", &volume_id)
+        }
         _ => Message::Reply { status: Status::Invalid },
     }
 }
@@ -418,6 +503,7 @@ async fn serve_requests(
 ) -> Result<bool, ConnError> {
     let max = shared.config.max_in_flight.max(1);
     let permits = Arc::new(Semaphore::new(max));
+    let rules = Arc::new(session::Session::default());
     let mutations_in_flight = Arc::new(AtomicUsize::new(0));
     let mut clean = false;
     let max_payload = shared.config.max_payload;
@@ -461,7 +547,7 @@ async fn serve_requests(
                 Err(e) => failure = Some(e),
             }
         }
-        dispatch(batch, replica, tx, &mutations_in_flight, max_payload).await;
+        dispatch(batch, replica, &rules, tx, &mutations_in_flight, max_payload).await;
         if let Some(e) = failure {
             break Err(e);
         }
@@ -478,6 +564,7 @@ async fn serve_requests(
 async fn dispatch(
     batch: Vec<Admitted>,
     replica: &Arc<Replica>,
+    rules: &Arc<session::Session>,
     tx: &mpsc::Sender<Frame>,
     inflight: &Arc<AtomicUsize>,
     max_payload: usize,
@@ -500,10 +587,10 @@ async fn dispatch(
     }
     // The pool starts on its share first, so disk reads overlap with the inline writes.
     for task in tasks {
-        let (replica, tx, inflight) = (replica.clone(), tx.clone(), inflight.clone());
+        let (replica, rules, tx, inflight) = (replica.clone(), rules.clone(), tx.clone(), inflight.clone());
         tokio::task::spawn_blocking(move || {
             for Admitted { frame, mutation, permit } in task {
-                let message = session::execute(&replica, frame.message, max_payload);
+                let message = session::execute(&replica, &rules, frame.message, max_payload);
                 if mutation {
                     inflight.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -519,7 +606,7 @@ async fn dispatch(
         drop(permit);
     }
     for Admitted { frame, mutation, permit } in inline {
-        let message = session::execute(replica, frame.message, max_payload);
+        let message = session::execute(replica, rules, frame.message, max_payload);
         if mutation {
             inflight.fetch_sub(1, Ordering::SeqCst);
         }

@@ -5,17 +5,30 @@
 //! dirty flag only if every session that overlapped it ended cleanly (see the server's module
 //! docs for what clean means).
 //!
+//! A session also carries the epoch it claimed (`Claim`, see `record`): every request that
+//! changes the replica passes the record's fence gate with it, so an engine that was fenced by a
+//! newer epoch cannot change anything, whichever way it reaches the replica.
+//!
 //! Everything here blocks (fsync, positional I/O); async callers run it on the blocking pool.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::node::{Replica, ReplicaNode};
+use super::record::ClaimError;
 use super::store::{StoreError, lock};
 use crate::protocol::{Extent, Message, PROTOCOL_VERSION, ReplicaHeader, Status};
 
 /// Requests of at most this many payload bytes are small: a buffered write or a cached read of
 /// this size costs microseconds, less than a hop to the blocking pool and back.
 pub(crate) const SMALL_REQUEST: usize = 64 * 1024;
+
+/// What one engine session carries between its requests.
+#[derive(Debug, Default)]
+pub(crate) struct Session {
+    /// The epoch the session claimed; 0 until it claims.
+    epoch: AtomicU64,
+}
 
 /// Where a request should run.
 pub(crate) enum Placement {
@@ -121,12 +134,65 @@ pub(crate) fn classify(m: &Message) -> Option<bool> {
         | Message::CreateReplica { .. }
         | Message::DeleteReplica { .. }
         | Message::NodeInfo
-        | Message::NodeInfoReply { .. } => None,
+        | Message::NodeInfoReply { .. }
+        | Message::Describe { .. }
+        | Message::Description { .. }
+        | Message::SetRecord { .. }
+        | Message::Identify
+        | Message::Identity { .. }
+        | Message::EngineCall { .. }
+        | Message::EngineReply { .. } => None,
+        // Stores an epoch, never data: a final flush after it still ends the session cleanly.
+        Message::Claim { .. } => Some(false),
     }
 }
 
-/// Runs one request against the session's replica and builds its reply.
-pub(crate) fn execute(replica: &Replica, request: Message, max_payload: usize) -> Message {
+/// Whether a request must pass the epoch fence: everything that changes the replica's data,
+/// chain, size or revision.
+fn fenced(m: &Message) -> bool {
+    matches!(
+        m,
+        Message::Write { .. }
+            | Message::Unmap { .. }
+            | Message::Snapshot { .. }
+            | Message::Resize { .. }
+            | Message::DeleteSnapshot { .. }
+            | Message::Revert { .. }
+            | Message::Reinitialize { .. }
+            | Message::SetRevision { .. }
+    )
+}
+
+/// Runs one request of `session` against its replica and builds its reply: a claim, or any
+/// other request behind the epoch fence.
+pub(crate) fn execute(replica: &Replica, session: &Session, request: Message, max_payload: usize) -> Message {
+    if let Message::Claim { epoch } = request {
+        let status = match replica.record.claim(replica.store.dir(), epoch) {
+            Ok(()) => {
+                session.epoch.store(epoch, Ordering::SeqCst);
+                Status::Ok
+            }
+            Err(ClaimError::Fenced) => {
+                tracing::info!(replica.volume = %replica.volume_id, epoch, "claim refused: a newer epoch holds the volume");
+                Status::Fenced
+            }
+            Err(ClaimError::Store(e)) => failed(&e),
+        };
+        return Message::Reply { status };
+    }
+    if !fenced(&request) {
+        return execute_admitted(replica, request, max_payload);
+    }
+    let epoch = session.epoch.load(Ordering::SeqCst);
+    let Some(_gate) = replica.record.admit(epoch) else {
+        tracing::debug!(replica.volume = %replica.volume_id, epoch, "request of a fenced session refused");
+        return Message::Reply { status: Status::Fenced };
+    };
+    execute_admitted(replica, request, max_payload)
+}
+
+/// Runs one request that passed the fence against the session's replica and builds its reply.
+fn execute_admitted(replica: &Replica, request: Message, max_payload: usize) -> Message {
     let store = &replica.store;
     // A ReadReply is a status and the data; a longer read cannot be answered in one frame.
     let max_read = max_payload.saturating_sub(2) as u64;

@@ -57,6 +57,15 @@
 //! it for a further flush interval), or the whole volume when the map is unknown (lost or old
 //! state file). Until then reads come from the source only; the volume is as available as it.
 //!
+//! Fencing: an engine given an epoch (`EngineConfig::epoch`, from the volume's record) claims it
+//! on every replica right after `Hello` and counts a replica as attached only once the claim
+//! succeeded. A replica that answers `Fenced` (to the claim or to any request) says another
+//! engine was given the volume: this engine is then *fenced* for good — every replica is
+//! dropped, every request in flight, queued or new fails with [`IoError::Fenced`], and the driver
+//! stops reconnecting. Continuing with the replicas that did not answer so (e.g. the local one,
+//! cut off from the controller with this node) would let the workload write where the new
+//! engine will never read.
+//!
 //! Not yet handled: the loss of unflushed data on a replica that crashes together with the engine.
 
 mod rebuild;
@@ -113,6 +122,9 @@ pub struct EngineConfig {
     pub attach_timeout: Millis,
     /// Rebuild copies in flight at once: rebuild speed against client latency.
     pub rebuild_parallelism: usize,
+    /// The epoch to claim on every replica after `Hello` (see the module docs); 0 claims
+    /// nothing (a volume without a record, driven by hand).
+    pub epoch: u64,
 }
 
 /// What the engine needs to survive its own crash: the volume's size and, for every replica
@@ -208,6 +220,9 @@ pub enum IoError {
     Shrink { volume_id: String, size: u64, requested: u64 },
     #[error("snapshot name of {len} bytes is empty or longer than {MAX_NAME_LEN}")]
     BadSnapshotName { len: usize },
+    /// Another engine was given the volume (a newer epoch on a replica); final.
+    #[error("volume {volume_id} was given to another engine; this one is fenced")]
+    Fenced { volume_id: String },
 }
 
 /// Why a replica was dropped from the set.
@@ -229,6 +244,8 @@ pub enum FailReason {
     Protocol(&'static str),
     #[error("replaced by a new replica")]
     Replaced,
+    #[error("the engine is fenced: another engine was given the volume")]
+    Fenced,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +343,8 @@ enum Fanout {
 #[derive(Debug)]
 enum Op {
     Hello,
+    /// `Claim` sent after a successful `Hello`, whose header waits for the claim's answer.
+    Claim(ReplicaHeader),
     Read { client: ClientId, offset: u64, len: u64 },
     Fanout { client: Option<ClientId>, kind: Fanout, waiting: BTreeSet<ReplicaId>, acked: BTreeSet<ReplicaId> },
     Rebuild(RebuildOp),
@@ -397,6 +416,8 @@ pub struct Engine {
     promote: Option<ReplicaId>,
     rebuild: Option<Rebuild>,
     round_robin: usize,
+    /// A replica answered `Fenced`: final (see the module docs).
+    fenced: bool,
     actions: Vec<Action>,
 }
 
@@ -458,6 +479,7 @@ impl Engine {
             promote: None,
             rebuild: None,
             round_robin: 0,
+            fenced: false,
             actions: Vec::new(),
         }
     }
@@ -473,6 +495,11 @@ impl Engine {
 
     pub fn is_attached(&self) -> bool {
         self.attached
+    }
+
+    /// Another engine was given the volume: nothing this engine does will succeed again.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
     }
 
     pub fn is_healthy(&self, replica: ReplicaId) -> bool {
@@ -569,6 +596,9 @@ impl Engine {
     }
 
     fn volume_error(&self) -> IoError {
+        if self.fenced {
+            return IoError::Fenced { volume_id: self.cfg.volume_id.clone() };
+        }
         IoError::NoHealthyReplica { volume_id: self.cfg.volume_id.clone() }
     }
 
@@ -641,6 +671,11 @@ impl Engine {
     }
 
     fn on_connected(&mut self, r: ReplicaId) {
+        if self.fenced {
+            // The driver raced the fence; this engine never talks to a replica again.
+            self.actions.push(Action::ReplicaFailed { replica: r, reason: FailReason::Fenced });
+            return;
+        }
         if self.replicas[r] != ReplicaState::Down {
             // The driver saw a new connection before reporting the old one gone.
             self.fail(r, FailReason::Disconnected);
@@ -667,7 +702,12 @@ impl Engine {
         self.pending.remove(&frame.request_id);
         let Some(op) = self.ops.remove(&op_id) else { return };
         let op_and_reason = match (op, frame.message) {
+            (Op::Hello, Message::HelloReply { status: Status::Ok, header }) if self.cfg.epoch > 0 => {
+                self.ops.insert(op_id, Op::Claim(header));
+                return self.send(r, op_id, Message::Claim { epoch: self.cfg.epoch });
+            }
             (Op::Hello, Message::HelloReply { status: Status::Ok, header }) => return self.on_hello(r, header),
+            (Op::Claim(header), Message::Reply { status: Status::Ok }) => return self.on_hello(r, header),
             (Op::Read { client, len, .. }, Message::ReadReply { status: Status::Ok, data })
                 if data.len() as u64 == len =>
             {
@@ -692,7 +732,25 @@ impl Engine {
         let (op, reason) = op_and_reason;
         self.ops.insert(op_id, op);
         self.pending.insert(frame.request_id, Pending { replica: r, op: op_id, deadline: self.now });
+        if reason == (FailReason::ErrorReply { status: Status::Fenced }) {
+            return self.fence();
+        }
         self.fail(r, reason);
+    }
+
+    /// A replica said another engine holds the volume: drop every replica and fail everything
+    /// (see the module docs).
+    fn fence(&mut self) {
+        if !self.fenced {
+            tracing::error!(volume = %self.cfg.volume_id, "fenced: another engine was given the volume; failing all I/O");
+        }
+        self.fenced = true;
+        self.abort_rebuild();
+        for r in 0..self.replicas.len() {
+            self.fail(r, FailReason::Fenced);
+        }
+        // Not attached yet: nothing else would ever answer what waits.
+        self.attached = true;
     }
 
     fn on_hello(&mut self, r: ReplicaId, header: ReplicaHeader) {
@@ -910,7 +968,7 @@ impl Engine {
         for (request_id, op_id) in mine {
             self.pending.remove(&request_id);
             match self.ops.get_mut(&op_id) {
-                Some(Op::Hello) => {
+                Some(Op::Hello | Op::Claim(_)) => {
                     self.ops.remove(&op_id);
                 }
                 Some(Op::Read { .. }) => {
@@ -1074,6 +1132,15 @@ impl Engine {
     /// Starts whatever can start: a pending revision sync, queued client requests whose range
     /// is free, and the rebuild's next steps.
     fn pump(&mut self) {
+        if self.fenced {
+            while let Some((id, op)) = self.queue.pop_front() {
+                self.unlock(id);
+                if let Op::Read { client, .. } | Op::Fanout { client: Some(client), .. } = op {
+                    self.reply(client, Err(self.volume_error()));
+                }
+            }
+            return;
+        }
         if !self.attached {
             return;
         }

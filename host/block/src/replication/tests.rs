@@ -13,6 +13,7 @@ fn config(locals: &[bool]) -> EngineConfig {
         request_timeout: 100,
         attach_timeout: 1000,
         rebuild_parallelism: 4,
+        epoch: 0,
     }
 }
 
@@ -252,4 +253,60 @@ fn intent_map_persists_per_random_write_workload() {
     println!("persists per 10k random 4k writes, flush every 100: over 1 GiB {whole}, over a 64 MiB hot set {hot}");
     // About one persist per region first touched, plus one per linger interval and region.
     assert!(whole < 2_000 && hot < 200, "{whole} {hot}");
+}
+
+/// Connects replica `r` of an engine with an epoch: `Hello`, then the claim it sends.
+fn hello_and_claim(e: &mut Engine, r: ReplicaId, revision: u64) -> (u64, Vec<Action>) {
+    let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
+    let reply = Message::HelloReply { status: Status::Ok, header: header(revision) };
+    let claim = sends(&e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply })));
+    assert_eq!(claim.len(), 1);
+    assert_eq!(claim[0].1.message, Message::Claim { epoch: 7 }, "the claim follows Hello at once");
+    (claim[0].1.request_id, claim.iter().map(|(r, f)| Action::Send { replica: *r, frame: f.clone() }).collect())
+}
+
+#[test]
+fn an_engine_with_an_epoch_attaches_a_replica_only_after_its_claim_succeeded() {
+    let mut e = Engine::new(EngineConfig { epoch: 7, ..config(&[false, false]) }, None, 0);
+    let (claim0, _) = hello_and_claim(&mut e, 0, 3);
+    assert!(!e.is_attached());
+    e.handle(0, Event::Received(0, ok(claim0)));
+    assert!(!e.is_attached(), "waits for the other replica's claim");
+    let (claim1, _) = hello_and_claim(&mut e, 1, 3);
+    e.handle(0, Event::Received(1, ok(claim1)));
+    assert!(e.is_attached() && e.healthy_count() == 2 && !e.is_fenced());
+}
+
+#[test]
+fn a_fenced_claim_fences_the_whole_engine_and_every_request_fails() {
+    let mut e = Engine::new(EngineConfig { epoch: 7, ..config(&[true, false]) }, None, 0);
+    let (claim0, _) = hello_and_claim(&mut e, 0, 3);
+    e.handle(0, Event::Received(0, ok(claim0)));
+    let (claim1, _) = hello_and_claim(&mut e, 1, 3);
+    let fenced = Frame { request_id: claim1, message: Message::Reply { status: Status::Fenced } };
+    let out = e.handle(1, Event::Received(1, fenced));
+    assert!(e.is_fenced());
+    assert!(out.iter().any(|a| matches!(a, Action::ReplicaFailed { replica: 0, reason: FailReason::Fenced })));
+    assert_eq!(e.healthy_count(), 0, "not even the replica whose claim succeeded serves");
+    let write = e.handle(2, Event::ClientWrite { client: 4, offset: 0, data: vec![0; 4].into() });
+    assert!(matches!(&write[..], [Action::Reply { client: 4, result: Err(IoError::Fenced { .. }) }]), "{write:?}");
+    let read = e.handle(3, Event::ClientRead { client: 5, offset: 0, len: 4 });
+    assert!(matches!(&read[..], [Action::Reply { client: 5, result: Err(IoError::Fenced { .. }) }]), "{read:?}");
+    let again = e.handle(4, Event::ReplicaConnected(1));
+    assert!(sends(&again).is_empty(), "a fenced engine never says Hello again");
+}
+
+#[test]
+fn a_write_refused_as_fenced_fails_it_and_everything_after_it() {
+    let (mut e, _) = attached(&[true, false], &[3, 3]);
+    let out = sends(&e.handle(1, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 512].into() }));
+    // The local replica took it; the remote one says another engine holds the volume.
+    assert!(e.handle(2, Event::Received(out[0].0, ok(out[0].1.request_id))).is_empty());
+    let refused = Frame { request_id: out[1].1.request_id, message: Message::Reply { status: Status::Fenced } };
+    let actions = e.handle(3, Event::Received(out[1].0, refused));
+    let reply = actions.iter().find_map(|a| if let Action::Reply { client: 1, result } = a { Some(result) } else { None });
+    assert!(matches!(reply, Some(Err(IoError::Fenced { .. }))), "{actions:?}");
+    assert!(e.is_fenced() && e.healthy_count() == 0);
+    let later = e.handle(4, Event::ClientFlush { client: 2 });
+    assert!(matches!(&later[..], [Action::Reply { client: 2, result: Err(IoError::Fenced { .. }) }]), "{later:?}");
 }

@@ -1,0 +1,68 @@
+//! What the control plane asks the engine of an attached volume, wherever it runs: the request
+//! travels as an `EngineCall` to the replica server of the node that owns the volume, whose
+//! process runs the engine (the node plugin), and is answered there by the engine's control
+//! surface. JSON: low rate, and a new request is an addition.
+
+use serde::{Deserialize, Serialize};
+
+/// One request to an attached volume's engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum EngineRequest {
+    Status,
+    Snapshot { name: String },
+    DeleteSnapshot { name: String },
+    Expand { size: u64 },
+    /// The replica at `index` now lives on the (empty) replica server at `addr`.
+    ReplaceReplica { index: usize, addr: std::net::SocketAddr },
+}
+
+/// The engine's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineReply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The engine asks to be asked again later (a snapshot while a replica rebuilds).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<EngineStatus>,
+}
+
+/// An attached volume as its engine sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStatus {
+    pub attached: bool,
+    pub fenced: bool,
+    pub size: u64,
+    pub revision: u64,
+    /// One entry per replica, in the engine's order (the record's member order).
+    pub replicas: Vec<EngineReplica>,
+}
+
+/// One replica as the engine sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineReplica {
+    /// `healthy`, `rebuilding`, `stale` or `down`.
+    pub state: String,
+    /// When the engine last saw it stop being healthy, ns since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_since_ns: Option<u64>,
+    #[serde(default)]
+    pub rebuilt: u64,
+    #[serde(default)]
+    pub rebuild_total: u64,
+}
+
+impl EngineReply {
+    pub fn ok() -> Self {
+        Self { ok: true, ..Self::default() }
+    }
+    pub fn error(e: impl std::fmt::Display) -> Self {
+        Self { ok: false, error: Some(e.to_string()), ..Self::default() }
+    }
+    pub fn retry(e: impl std::fmt::Display) -> Self {
+        Self { retry: true, ..Self::error(e) }
+    }
+}

@@ -1,0 +1,228 @@
+//! The catalog against real replica servers on loopback, each with a node name and labels: the
+//! truth read back from the replicas' records (a fresh catalog finds everything), idempotent
+//! creates, publishing and its epoch fence on a live session, offline snapshots and expansion,
+//! replacement, clones filled in the background, deletes and leftovers.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmcsi_block::catalog::{Catalog, CatalogError, MemberState, NodeSources};
+use wasmcsi_block::control::{ControlError, ReplicaSession, ReplicaSet};
+use wasmcsi_block::protocol::Status;
+use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig};
+
+const MIB: u64 = 1 << 20;
+const T: Duration = Duration::from_secs(5);
+
+struct Cluster {
+    servers: Vec<Option<ReplicaServer>>,
+    dirs: Vec<tempfile::TempDir>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Self {
+        let mut c = Self { servers: Vec::new(), dirs: Vec::new(), addrs: Vec::new() };
+        for i in 0..n {
+            let dir = tempfile::tempdir().unwrap();
+            let server = serve(dir.path(), i, "127.0.0.1:0").await;
+            c.addrs.push(server.local_addr());
+            c.servers.push(Some(server));
+            c.dirs.push(dir);
+        }
+        c
+    }
+
+    fn catalog(&self) -> Catalog {
+        let sources = NodeSources { nodes: self.addrs.iter().map(ToString::to_string).collect(), ..Default::default() };
+        Catalog::new(sources, T)
+    }
+
+    async fn stop(&mut self, i: usize) {
+        self.servers[i].take().unwrap().shutdown().await.unwrap();
+    }
+
+    async fn restart(&mut self, i: usize) {
+        self.servers[i] = Some(serve(self.dirs[i].path(), i, &self.addrs[i].to_string()).await);
+    }
+}
+
+async fn serve(root: &std::path::Path, i: usize, addr: &str) -> ReplicaServer {
+    let node = Arc::new(ReplicaNode::open(root).unwrap());
+    let identity = NodeIdentity { node: format!("n{i}"), labels: vec![("zone".into(), format!("z{}", i % 2))] };
+    ReplicaServer::serve(addr, node, ServerConfig { identity, ..ServerConfig::default() }).await.unwrap()
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(ToString::to_string).collect()
+}
+
+fn meta(k: &str, v: &str) -> BTreeMap<String, String> {
+    [(k.to_owned(), v.to_owned())].into()
+}
+
+#[tokio::test]
+async fn discovery_names_every_node_with_its_labels_and_skips_the_dead() {
+    let mut c = Cluster::start(3).await;
+    let d = c.catalog().discover().await;
+    assert_eq!(d.nodes.keys().cloned().collect::<Vec<_>>(), names(&["n0", "n1", "n2"]));
+    assert_eq!(d.nodes["n1"].labels, vec![("zone".to_owned(), "z1".to_owned())]);
+    c.stop(2).await;
+    let d = c.catalog().discover().await;
+    assert_eq!(d.nodes.len(), 2);
+    assert_eq!(d.unreachable.len(), 1, "{:?}", d.unreachable);
+}
+
+#[tokio::test]
+async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
+    let c = Cluster::start(3).await;
+    let created = c.catalog().create("vol-a", 4 * MIB, &names(&["n0", "n2"]), None, meta("csi.name", "pvc-ä")).await.unwrap();
+    assert_eq!(created.size, 4 * MIB);
+    assert!(created.members.iter().all(|m| m.state == MemberState::Healthy), "{:?}", created.members);
+    // Another catalog (a controller restarted elsewhere) reads the same truth from the nodes.
+    let fresh = c.catalog();
+    let found = fresh.get("vol-a").await.unwrap().expect("found");
+    assert_eq!(found.record.members, names(&["n0", "n2"]));
+    assert_eq!(found.record.metadata["csi.name"], "pvc-ä");
+    let again = fresh.create("vol-a", 4 * MIB, &names(&["n0", "n2"]), None, meta("csi.name", "pvc-ä")).await.unwrap();
+    assert_eq!(again.version, found.version, "a retry changes nothing");
+    let other_nodes = fresh.create("vol-a", 4 * MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await;
+    assert!(matches!(other_nodes, Err(CatalogError::AlreadyExists(_))), "{other_nodes:?}");
+    let bigger = fresh.create("vol-a", 8 * MIB, &names(&["n0", "n2"]), None, BTreeMap::new()).await;
+    assert!(matches!(bigger, Err(CatalogError::AlreadyExists(_))), "{bigger:?}");
+    assert!(matches!(fresh.create("x", 4097, &names(&["n0"]), None, BTreeMap::new()).await, Err(CatalogError::Invalid(_))));
+    assert!(matches!(fresh.create("x", 4096, &names(&["n0", "n0"]), None, BTreeMap::new()).await, Err(CatalogError::Invalid(_))));
+    let unknown = fresh.create("x", 4096, &names(&["n9"]), None, BTreeMap::new()).await;
+    assert!(matches!(unknown, Err(CatalogError::Unavailable(_))), "{unknown:?}");
+    let listed: Vec<String> = fresh.list(None, 10).await.unwrap().into_iter().map(|v| v.id).collect();
+    assert_eq!(listed, names(&["vol-a"]), "nothing was created by the refused calls");
+}
+
+#[tokio::test]
+async fn publishing_fences_a_session_that_claimed_the_older_epoch() {
+    let c = Cluster::start(2).await;
+    let cat = c.catalog();
+    cat.create("vol-f", MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    cat.claim("vol-f", "n0").await.unwrap();
+    cat.claim("vol-f", "n0").await.expect("the same node again is a retry");
+    let busy = cat.claim("vol-f", "n1").await;
+    assert!(matches!(&busy, Err(CatalogError::FailedPrecondition(m)) if m.contains("n0")), "{busy:?}");
+    let info = cat.attach_info("vol-f", "n0").await.unwrap();
+    assert!(matches!(cat.attach_info("vol-f", "n1").await, Err(CatalogError::FailedPrecondition(_))));
+    // An engine on n0 claims the epoch it was given and writes.
+    let mut old = ReplicaSession::open_claimed(c.addrs[1], "vol-f", T, info.epoch).await.unwrap();
+    old.write(0, vec![7; 4096]).await.unwrap();
+    // The CO declares n0 gone and moves the volume.
+    cat.release("vol-f", "n0").await.unwrap();
+    cat.claim("vol-f", "n1").await.unwrap();
+    let late = old.write(0, vec![9; 4096]).await;
+    assert!(matches!(late, Err(ControlError::Refused { status: Status::Fenced, .. })), "{late:?}");
+    let stale = ReplicaSession::open_claimed(c.addrs[0], "vol-f", T, info.epoch).await;
+    assert!(matches!(stale, Err(ControlError::Refused { status: Status::Fenced, .. })), "a new session with the old epoch");
+    let new = cat.attach_info("vol-f", "n1").await.unwrap();
+    assert!(new.epoch > info.epoch);
+    let mut s = ReplicaSession::open_claimed(c.addrs[1], "vol-f", T, new.epoch).await.unwrap();
+    assert_eq!(s.read(0, 4096).await.unwrap(), vec![7; 4096], "the fenced write never landed");
+    s.close().await.unwrap();
+    let _ = old.close().await;
+    cat.release("vol-f", "n0").await.expect("releasing a node that does not hold it is a no-op");
+    assert!(matches!(cat.delete("vol-f").await, Err(CatalogError::FailedPrecondition(_))), "published");
+    cat.release("vol-f", "n1").await.unwrap();
+    cat.delete("vol-f").await.unwrap();
+    assert!(cat.get("vol-f").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn snapshots_expansion_and_replacement_of_a_detached_set() {
+    let c = Cluster::start(3).await;
+    let cat = c.catalog();
+    cat.create("vol-s", 2 * MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    let set = ReplicaSet::new("vol-s", vec![c.addrs[0], c.addrs[1]], T);
+    let mut sessions = set.open().await.unwrap();
+    for s in &mut sessions {
+        s.write(MIB, vec![3; 4096]).await.unwrap();
+    }
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+    let snap = cat.snapshot("vol-s", "before").await.unwrap();
+    assert_eq!(snap.name, "before");
+    assert_eq!(cat.snapshot("vol-s", "before").await.unwrap(), snap, "the same name again");
+    let grown = cat.expand("vol-s", 4 * MIB).await.unwrap();
+    assert_eq!(grown.size, 4 * MIB);
+    assert!(matches!(cat.expand("vol-s", MIB).await, Err(CatalogError::OutOfRange(_))));
+    let moved = cat.replace("vol-s", "n1", "n2").await.unwrap();
+    assert_eq!(moved.record.members, names(&["n0", "n2"]));
+    let states: Vec<MemberState> = moved.members.iter().map(|m| m.state).collect();
+    assert_eq!(states, vec![MemberState::Healthy, MemberState::Stale], "the new replica waits for its rebuild");
+    assert!(moved.members[1].down_since_ns.is_some());
+    assert!(cat.replace("vol-s", "n1", "n2").await.is_ok(), "a retry after it went through");
+    let snaps = cat.list_snapshots(Some("vol-s")).await.unwrap();
+    assert_eq!(snaps.len(), 1);
+    cat.delete_snapshot("vol-s", "before").await.unwrap();
+    cat.delete_snapshot("vol-s", "before").await.expect("absent is done");
+    cat.delete("vol-s").await.unwrap();
+    let d = cat.discover().await;
+    assert!(d.nodes.values().all(|n| n.replicas.is_empty()), "no replica left anywhere");
+}
+
+#[tokio::test]
+async fn a_node_down_during_a_replacement_keeps_a_leftover_that_is_collected_when_it_returns() {
+    let mut c = Cluster::start(3).await;
+    let cat = c.catalog();
+    cat.create("vol-l", MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    c.stop(1).await;
+    let view = cat.get("vol-l").await.unwrap().unwrap();
+    assert_eq!(view.members[1].state, MemberState::Unreachable);
+    let since = view.members[1].down_since_ns.expect("down since");
+    assert_eq!(cat.get("vol-l").await.unwrap().unwrap().members[1].down_since_ns, Some(since), "the clock keeps");
+    cat.replace("vol-l", "n1", "n2").await.unwrap();
+    c.restart(1).await;
+    let view = cat.get("vol-l").await.unwrap().unwrap();
+    assert_eq!(view.leftovers, names(&["n1"]));
+    assert_eq!(cat.collect("vol-l").await.unwrap(), 1);
+    assert!(cat.get("vol-l").await.unwrap().unwrap().leftovers.is_empty());
+    // A delete while a member's node is down finishes when it answers again.
+    c.stop(2).await;
+    let partial = cat.delete("vol-l").await;
+    assert!(matches!(partial, Err(CatalogError::Unavailable(_))), "{partial:?}");
+    assert!(cat.get("vol-l").await.unwrap().is_none(), "gone for everyone at once");
+    c.restart(2).await;
+    cat.delete("vol-l").await.unwrap();
+    assert!(cat.discover().await.nodes.values().all(|n| n.replicas.is_empty()));
+}
+
+#[tokio::test]
+async fn a_clone_is_filled_in_the_background_and_reports_its_progress() {
+    let c = Cluster::start(2).await;
+    let cat = c.catalog();
+    cat.create("src", 8 * MIB, &names(&["n0"]), None, BTreeMap::new()).await.unwrap();
+    let set = ReplicaSet::new("src", vec![c.addrs[0]], T);
+    let mut s = set.open().await.unwrap().pop().unwrap();
+    for i in 0..8u64 {
+        s.write(i * MIB, vec![i as u8 + 1; MIB as usize]).await.unwrap();
+    }
+    s.close().await.unwrap();
+    let first = cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
+    assert!(first.record.fill.is_some());
+    assert!(matches!(cat.claim("copy", "n1").await, Err(CatalogError::FailedPrecondition(_))), "not before it is whole");
+    let mut view = first;
+    for _ in 0..200 {
+        if view.filling.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        view = cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
+    }
+    assert!(view.filling.is_none(), "filled: {view:?}");
+    let src = cat.get("src").await.unwrap().unwrap();
+    assert!(src.snapshots.is_empty(), "the temporary snapshot of the source is gone");
+    let mut r = ReplicaSession::open(c.addrs[1], "copy", T).await.unwrap();
+    for i in 0..8u64 {
+        assert_eq!(r.read(i * MIB, 4096).await.unwrap(), vec![i as u8 + 1; 4096]);
+    }
+    r.close().await.unwrap();
+}
