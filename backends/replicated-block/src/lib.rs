@@ -5,3 +5,5 @@
 //! Not written yet: the engine itself is its own issue ("The replicated block data path"),
 //! and this component follows it. Until then the host refuses to link `block`, and this crate
 //! builds no component.
+
+pub mod policy;

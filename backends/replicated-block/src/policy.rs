@@ -1,0 +1,565 @@
+//! The pure policy of the replicated-block backend: StorageClass parameters, sizes, volume and
+//! snapshot ids derived from CSI names, replica placement (selector, spreading, most free space
+//! first), the capacity a new volume can still get, the volume condition, and when a lost
+//! replica is replaced. No I/O here; everything is unit-tested natively.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+/// A policy failure; the caller decides which WIT error case it becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
+/// CSI's limit on an id is 128 bytes; the host prefixes `BACKEND:` and allows a backend 95.
+pub const MAX_ID: usize = 95;
+/// Hex digits of a name hash in ids (64 bits).
+pub const HASH_HEX: usize = 16;
+/// Readable part of a volume id (from the CSI name), so `pvc-…` stays visible on the nodes.
+const READABLE: usize = 40;
+/// Default size when the request names none.
+pub const DEFAULT_BYTES: u64 = 1 << 30;
+/// Sizes are whole MiB: the engine's regions are 1 MiB, and it keeps the arithmetic simple.
+pub const SIZE_UNIT: u64 = 1 << 20;
+/// Default and largest `numberOfReplicas`.
+pub const DEFAULT_REPLICAS: u32 = 3;
+pub const MAX_REPLICAS: u32 = 16;
+/// Default `staleReplicaTimeout` (Longhorn's StorageClass example uses 30 minutes too).
+pub const DEFAULT_STALE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Shortest `staleReplicaTimeout`: below it a node reboot would cost a full rebuild.
+pub const MIN_STALE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The filesystem of a mount volume whose capability names none.
+pub const DEFAULT_FS: &str = "ext4";
+/// The filesystems the node side can make and grow.
+pub const FILESYSTEMS: &[&str] = &["ext4", "xfs"];
+
+/// Snapshot names in the engine's chain: `csi-snap-HASH` (hash of the CSI snapshot name).
+pub const SNAP_PREFIX: &str = "csi-snap-";
+
+/// Metadata keys kept with every replica set this backend makes.
+pub const META_NAME: &str = "csi.name";
+pub const META_REPLICAS: &str = "numberOfReplicas";
+pub const META_SELECTOR: &str = "replicaNodeSelector";
+pub const META_SPREAD: &str = "replicaSpreadKey";
+pub const META_STALE: &str = "staleReplicaTimeoutSeconds";
+pub const META_FS: &str = "fsType";
+/// Set when DeleteVolume found snapshots: the volume is gone for CSI, its replicas stay until
+/// the last snapshot is deleted (CSI snapshots outlive their source).
+pub const META_DELETED: &str = "deleted";
+
+/// The StorageClass parameters this backend takes.
+pub const PARAMETERS: &[&str] =
+    &["numberOfReplicas", "replicaNodeSelector", "replicaSpreadKey", "staleReplicaTimeout", "fsType"];
+
+/// A volume's placement and healing policy, from its StorageClass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub replicas: u32,
+    /// Labels every replica node must carry: `key=value`, or `key` for any value.
+    pub selector: Vec<(String, Option<String>)>,
+    /// Replicas go to distinct values of this node label when the nodes allow it.
+    pub spread_key: Option<String>,
+    pub stale_timeout: Duration,
+    /// Filesystem for mount volumes whose capability names none.
+    pub fs_type: String,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            replicas: DEFAULT_REPLICAS,
+            selector: Vec::new(),
+            spread_key: None,
+            stale_timeout: DEFAULT_STALE_TIMEOUT,
+            fs_type: DEFAULT_FS.into(),
+        }
+    }
+}
+
+/// Checks every StorageClass parameter before anything is created; unknown ones are refused
+/// (a typo must not silently give three replicas instead of two). The host's and Kubernetes'
+/// own keys (`csi.storage.k8s.io/*`) pass.
+pub fn parse_parameters(params: &[(String, String)]) -> Result<Policy, Invalid> {
+    let mut p = Policy::default();
+    for (k, v) in params {
+        match k.as_str() {
+            "numberOfReplicas" => {
+                p.replicas = v
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_REPLICAS).contains(n))
+                    .ok_or_else(|| invalid(format!("numberOfReplicas {v:?} is not a number from 1 to {MAX_REPLICAS}")))?;
+            }
+            "replicaNodeSelector" => p.selector = parse_selector(v)?,
+            "replicaSpreadKey" => {
+                let key = v.trim();
+                if !key.is_empty() {
+                    check_label_key(key).map_err(|e| invalid(format!("replicaSpreadKey: {e}")))?;
+                    p.spread_key = Some(key.to_owned());
+                }
+            }
+            "staleReplicaTimeout" => p.stale_timeout = parse_duration(v)?,
+            "fsType" | "csi.storage.k8s.io/fstype" => {
+                let fs = v.trim();
+                if !fs.is_empty() {
+                    if !FILESYSTEMS.contains(&fs) {
+                        return Err(invalid(format!("{k} {fs:?} is not one of {FILESYSTEMS:?}")));
+                    }
+                    p.fs_type = fs.to_owned();
+                }
+            }
+            other if other.starts_with("csi.storage.k8s.io/") => {}
+            other => {
+                return Err(invalid(format!("unknown parameter {other:?} (this backend takes {PARAMETERS:?})")));
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// `key=value,key2,key3=value` (every label must match).
+fn parse_selector(s: &str) -> Result<Vec<(String, Option<String>)>, Invalid> {
+    let mut out = Vec::new();
+    for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let (k, v) = match term.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim().to_owned())),
+            None => (term, None),
+        };
+        check_label_key(k).map_err(|e| invalid(format!("replicaNodeSelector {s:?}: {e}")))?;
+        out.push((k.to_owned(), v));
+    }
+    Ok(out)
+}
+
+/// A Kubernetes label key: optional `prefix/` (a DNS subdomain) and a name of at most 63
+/// characters of `[A-Za-z0-9._-]`, starting and ending alphanumeric.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {
+        if prefix.is_empty() || prefix.len() > 253 {
+            return "";
+        }
+        name
+    });
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok { Ok(()) } else { Err(format!("{key:?} is not a label key")) }
+}
+
+/// Minutes as a bare number (Longhorn's unit), or a number with `s`, `m`, `h`.
+pub fn parse_duration(v: &str) -> Result<Duration, Invalid> {
+    let v = v.trim();
+    let bad = || invalid(format!("staleReplicaTimeout {v:?} is not a duration (minutes, or 90s, 30m, 2h)"));
+    let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "m"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        _ => None,
+    }
+    .ok_or_else(bad)?;
+    let d = Duration::from_secs(secs);
+    if d < MIN_STALE_TIMEOUT {
+        return Err(invalid(format!("staleReplicaTimeout {v:?} is below the minimum of {MIN_STALE_TIMEOUT:?}")));
+    }
+    Ok(d)
+}
+
+/// The policy as kept in a set's metadata, and back.
+pub fn policy_metadata(name: &str, p: &Policy) -> Vec<(String, String)> {
+    let selector: Vec<String> =
+        p.selector.iter().map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}={v}"))).collect();
+    let mut m = vec![
+        (META_NAME.to_owned(), name.to_owned()),
+        (META_REPLICAS.to_owned(), p.replicas.to_string()),
+        (META_STALE.to_owned(), p.stale_timeout.as_secs().to_string()),
+        (META_FS.to_owned(), p.fs_type.clone()),
+    ];
+    if !selector.is_empty() {
+        m.push((META_SELECTOR.to_owned(), selector.join(",")));
+    }
+    if let Some(k) = &p.spread_key {
+        m.push((META_SPREAD.to_owned(), k.clone()));
+    }
+    m
+}
+
+/// Reads back what [`policy_metadata`] stored; a missing or damaged key takes its default, so
+/// a set is always healable.
+pub fn policy_from_metadata(m: &BTreeMap<String, String>) -> Policy {
+    let d = Policy::default();
+    Policy {
+        replicas: m.get(META_REPLICAS).and_then(|v| v.parse().ok()).unwrap_or(d.replicas),
+        selector: m.get(META_SELECTOR).and_then(|v| parse_selector(v).ok()).unwrap_or_default(),
+        spread_key: m.get(META_SPREAD).cloned(),
+        stale_timeout: m
+            .get(META_STALE)
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(d.stale_timeout),
+        fs_type: m.get(META_FS).cloned().unwrap_or(d.fs_type),
+    }
+}
+
+/// The size to create for a CSI capacity range: `required` rounded up to whole MiB (the
+/// default when unset), refused when that exceeds `limit`.
+pub fn size_for(required: u64, limit: u64) -> Result<u64, Invalid> {
+    let want = if required == 0 { DEFAULT_BYTES.min(if limit == 0 { u64::MAX } else { limit }) } else { required };
+    let rounded = want
+        .checked_next_multiple_of(SIZE_UNIT)
+        .ok_or_else(|| invalid(format!("size {want} cannot be rounded to whole MiB")))?;
+    if limit != 0 && rounded > limit {
+        return Err(invalid(format!(
+            "required {required} bytes rounds up to {rounded} (whole MiB), above the limit of {limit}"
+        )));
+    }
+    Ok(rounded.max(SIZE_UNIT))
+}
+
+/// Hex of the first 64 bits of sha256(`s`).
+pub fn name_hash(s: &str) -> String {
+    let digest = Sha256::digest(s.as_bytes());
+    digest.iter().take(HASH_HEX / 2).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The volume id of a CSI name: a readable part (lowercase letters, digits and `-` of the
+/// name, at most 40) and the name's hash. Never contains `.` (it separates snapshot ids), at
+/// most 57 bytes, so every snapshot id of it fits [`MAX_ID`].
+pub fn volume_id(name: &str) -> String {
+    let readable: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .take(READABLE)
+        .collect();
+    let readable = readable.trim_matches('-');
+    if readable.is_empty() { format!("v-{}", name_hash(name)) } else { format!("{readable}-{}", name_hash(name)) }
+}
+
+/// Whether `id` has the form [`volume_id`] gives (a backend must answer NOT_FOUND, never touch
+/// anything, for an id it did not make).
+pub fn is_volume_id(id: &str) -> bool {
+    let Some((readable, hash)) = id.rsplit_once('-') else { return false };
+    !readable.is_empty()
+        && readable.len() <= READABLE
+        && readable.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && hash.len() == HASH_HEX
+        && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The engine snapshot name of a CSI snapshot name.
+pub fn snapshot_name(csi_name: &str) -> String {
+    format!("{SNAP_PREFIX}{}", name_hash(csi_name))
+}
+
+/// `VOLUME.HASH`: the snapshot id of `snapshot` (an engine name made by [`snapshot_name`]).
+pub fn snapshot_id(volume_id: &str, snapshot: &str) -> Option<String> {
+    let hash = snapshot.strip_prefix(SNAP_PREFIX)?;
+    Some(format!("{volume_id}.{hash}"))
+}
+
+/// The volume id and engine snapshot name a snapshot id names.
+pub fn parse_snapshot_id(id: &str) -> Option<(String, String)> {
+    let (volume, hash) = id.split_once('.')?;
+    let ok = is_volume_id(volume) && hash.len() == HASH_HEX && hash.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then(|| (volume.to_owned(), format!("{SNAP_PREFIX}{hash}")))
+}
+
+/// A replica node as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub name: String,
+    pub free: u64,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Candidate {
+    fn matches(&self, selector: &[(String, Option<String>)]) -> bool {
+        selector.iter().all(|(k, v)| match (self.labels.get(k), v) {
+            (Some(_), None) => true,
+            (Some(have), Some(want)) => have == want,
+            (None, _) => false,
+        })
+    }
+}
+
+/// Chooses `count` distinct nodes: eligible by the selector and free space, most free space
+/// first, on distinct values of the spread key while any are left. `taken` are nodes already
+/// holding a replica (and the spread values they use).
+pub fn place(
+    nodes: &[Candidate],
+    policy: &Policy,
+    size: u64,
+    count: usize,
+    taken: &[Candidate],
+) -> Result<Vec<String>, Invalid> {
+    let used: BTreeSet<&str> = taken.iter().map(|t| t.name.as_str()).collect();
+    let mut eligible: Vec<&Candidate> = nodes
+        .iter()
+        .filter(|n| !used.contains(n.name.as_str()) && n.matches(&policy.selector) && n.free >= size)
+        .collect();
+    if eligible.len() < count {
+        let selector = if policy.selector.is_empty() { String::new() } else { " matching replicaNodeSelector".into() };
+        return Err(invalid(format!(
+            "numberOfReplicas needs {count} more node(s){selector} with {size} bytes free; {} eligible of {} found",
+            eligible.len(),
+            nodes.len()
+        )));
+    }
+    eligible.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.name.cmp(&b.name)));
+    let spread_of = |c: &Candidate| policy.spread_key.as_ref().and_then(|k| c.labels.get(k).cloned());
+    let mut spread: BTreeSet<String> = taken.iter().filter_map(spread_of).collect();
+    let mut chosen: Vec<String> = Vec::new();
+    // First pass: a new spread value each; second pass: whoever is left, most free first.
+    for c in &eligible {
+        if chosen.len() == count {
+            break;
+        }
+        match spread_of(c) {
+            Some(v) if spread.contains(&v) => continue,
+            Some(v) => {
+                spread.insert(v);
+            }
+            None if policy.spread_key.is_some() => continue,
+            None => {}
+        }
+        chosen.push(c.name.clone());
+    }
+    for c in &eligible {
+        if chosen.len() == count {
+            break;
+        }
+        if !chosen.contains(&c.name) {
+            chosen.push(c.name.clone());
+        }
+    }
+    Ok(chosen)
+}
+
+/// What a new volume of `policy` can still get: every replica needs a node of its own with the
+/// space, so it is the free space of the `replicas`-th best eligible node (0 with too few).
+pub fn capacity(nodes: &[Candidate], policy: &Policy) -> u64 {
+    let mut free: Vec<u64> = nodes.iter().filter(|n| n.matches(&policy.selector)).map(|n| n.free).collect();
+    free.sort_unstable_by(|a, b| b.cmp(a));
+    let n = policy.replicas as usize;
+    if free.len() < n { 0 } else { free[n - 1] / SIZE_UNIT * SIZE_UNIT }
+}
+
+/// One replica of a set as the condition and healing see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub node: String,
+    pub state: ReplicaHealth,
+    /// When it stopped being healthy, seconds since the Unix epoch.
+    pub down_since: Option<u64>,
+    pub rebuilt: u64,
+    pub rebuild_total: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaHealth {
+    Healthy,
+    Rebuilding,
+    Stale,
+    Unreachable,
+}
+
+/// The volume condition: abnormal unless every wanted replica is healthy; the message says how
+/// many are, and how far a rebuild is.
+pub fn condition(replicas: &[ReplicaView], wanted: u32) -> (bool, String) {
+    let healthy = replicas.iter().filter(|r| r.state == ReplicaHealth::Healthy).count();
+    let mut parts = vec![format!("{healthy}/{wanted} replicas healthy")];
+    for r in replicas {
+        match r.state {
+            ReplicaHealth::Healthy => {}
+            ReplicaHealth::Rebuilding => {
+                let pct = (r.rebuilt.min(r.rebuild_total) * 100).checked_div(r.rebuild_total).unwrap_or(0);
+                parts.push(format!("{} rebuilding {pct}%", r.node));
+            }
+            ReplicaHealth::Stale => parts.push(format!("{} waits for a rebuild", r.node)),
+            ReplicaHealth::Unreachable => parts.push(format!("{} unreachable", r.node)),
+        }
+    }
+    let abnormal = healthy < wanted as usize;
+    let message = if abnormal { format!("degraded: {}", parts.join(", ")) } else { parts.join(", ") };
+    (abnormal, message)
+}
+
+/// Replicas whose node has been unreachable for longer than the policy waits, at `now`
+/// (seconds since the Unix epoch): these are replaced; a replica that comes back in time is
+/// only rebuilt (a delta).
+pub fn overdue(replicas: &[ReplicaView], policy: &Policy, now: u64) -> Vec<String> {
+    replicas
+        .iter()
+        .filter(|r| r.state == ReplicaHealth::Unreachable)
+        .filter(|r| r.down_since.is_some_and(|t| now.saturating_sub(t) >= policy.stale_timeout.as_secs()))
+        .map(|r| r.node.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(k: &str, v: &str) -> (String, String) {
+        (k.to_owned(), v.to_owned())
+    }
+
+    fn node(name: &str, free_gib: u64, labels: &[(&str, &str)]) -> Candidate {
+        Candidate {
+            name: name.into(),
+            free: free_gib << 30,
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_and_named() {
+        let ok = parse_parameters(&[
+            p("numberOfReplicas", "2"),
+            p("replicaNodeSelector", "storage=ssd, wasmcsi.io/replicas"),
+            p("replicaSpreadKey", "topology.kubernetes.io/zone"),
+            p("staleReplicaTimeout", "90s"),
+            p("csi.storage.k8s.io/fstype", "xfs"),
+            p("csi.storage.k8s.io/pvc/name", "data"),
+        ])
+        .expect("valid");
+        assert_eq!(ok.replicas, 2);
+        assert_eq!(ok.selector, vec![("storage".into(), Some("ssd".into())), ("wasmcsi.io/replicas".into(), None)]);
+        assert_eq!(ok.spread_key.as_deref(), Some("topology.kubernetes.io/zone"));
+        assert_eq!(ok.stale_timeout, Duration::from_secs(90));
+        assert_eq!(ok.fs_type, "xfs");
+        assert_eq!(parse_parameters(&[]).expect("defaults"), Policy::default());
+        for (k, v) in [
+            ("numberOfReplicas", "0"),
+            ("numberOfReplicas", "99"),
+            ("numberOfReplicas", "x"),
+            ("replicaNodeSelector", "-bad=1"),
+            ("replicaSpreadKey", "a b"),
+            ("staleReplicaTimeout", "1s"),
+            ("staleReplicaTimeout", "soon"),
+            ("fsType", "ntfs"),
+            ("numberOfReplica", "2"),
+        ] {
+            let e = parse_parameters(&[p(k, v)]).expect_err(&format!("{k}={v} must be refused"));
+            assert!(e.0.contains(k) || e.0.contains(&k[..k.len() - 1]), "{k}={v}: {}", e.0);
+        }
+        assert_eq!(parse_duration("30").expect("minutes"), Duration::from_secs(1800));
+        assert_eq!(parse_duration("2h").expect("hours"), Duration::from_secs(7200));
+    }
+
+    #[test]
+    fn the_policy_survives_its_metadata_round_trip() {
+        let policy = parse_parameters(&[
+            p("numberOfReplicas", "2"),
+            p("replicaNodeSelector", "a=b,c"),
+            p("replicaSpreadKey", "zone"),
+            p("staleReplicaTimeout", "45s"),
+        ])
+        .expect("valid");
+        let m: BTreeMap<String, String> = policy_metadata("pvc-1", &policy).into_iter().collect();
+        assert_eq!(m[META_NAME], "pvc-1");
+        assert_eq!(policy_from_metadata(&m), policy);
+        assert_eq!(policy_from_metadata(&BTreeMap::new()), Policy::default(), "a damaged record heals with defaults");
+    }
+
+    #[test]
+    fn sizes_round_to_whole_mib_within_the_limit() {
+        assert_eq!(size_for(0, 0), Ok(DEFAULT_BYTES));
+        assert_eq!(size_for(1, 0), Ok(SIZE_UNIT));
+        assert_eq!(size_for(SIZE_UNIT + 1, 0), Ok(2 * SIZE_UNIT));
+        assert_eq!(size_for(0, 10 * SIZE_UNIT), Ok(10 * SIZE_UNIT));
+        assert!(size_for(SIZE_UNIT + 1, SIZE_UNIT + 100).is_err());
+        assert!(size_for(u64::MAX, 0).is_err());
+    }
+
+    #[test]
+    fn ids_are_deterministic_bounded_and_parse_back() {
+        let names = ["pvc-0a1b2c3d-aaaa-bbbb-cccc-0123456789ab", "Ünïcödé name/with:stuff", "", "a", &"x".repeat(128)];
+        let mut seen = BTreeSet::new();
+        for n in names {
+            let id = volume_id(n);
+            assert_eq!(id, volume_id(n));
+            assert!(id.len() <= MAX_ID - 1 - HASH_HEX, "{id}");
+            assert!(!id.contains('.') && is_volume_id(&id), "{id}");
+            assert!(seen.insert(id.clone()));
+            let snap = snapshot_name("snapshot-1");
+            let sid = snapshot_id(&id, &snap).expect("ours");
+            assert!(sid.len() <= MAX_ID, "{sid}");
+            assert_eq!(parse_snapshot_id(&sid), Some((id, snap)));
+        }
+        assert!(volume_id("pvc-1").starts_with("pvc-1-"));
+        for bad in ["", "x", "nope.1234", "UPPER-0123456789abcdef", "a-0123", "../etc-0123456789abcdef"] {
+            assert!(!is_volume_id(bad) && parse_snapshot_id(bad).is_none(), "{bad}");
+        }
+        assert_eq!(snapshot_id("v-0123456789abcdef", "not-ours"), None);
+    }
+
+    #[test]
+    fn placement_takes_distinct_nodes_most_free_first_and_spreads_when_it_can() {
+        let nodes = [
+            node("a", 10, &[("zone", "1")]),
+            node("b", 50, &[("zone", "1")]),
+            node("c", 20, &[("zone", "2")]),
+            node("d", 30, &[("zone", "2"), ("ssd", "yes")]),
+            node("e", 5, &[("zone", "3")]),
+        ];
+        let plain = Policy::default();
+        assert_eq!(place(&nodes, &plain, 1 << 30, 3, &[]).expect("placed"), ["b", "d", "c"]);
+        let spread = Policy { spread_key: Some("zone".into()), ..Policy::default() };
+        assert_eq!(place(&nodes, &spread, 1 << 30, 3, &[]).expect("placed"), ["b", "d", "e"]);
+        // More replicas than zones: spread first, then the most free.
+        assert_eq!(place(&nodes, &spread, 1 << 30, 4, &[]).expect("placed"), ["b", "d", "e", "c"]);
+        // Too big for e: the third zone has no room, the spread gives way.
+        assert_eq!(place(&nodes, &spread, 8 << 30, 3, &[]).expect("placed"), ["b", "d", "c"]);
+        let ssd = Policy { selector: vec![("ssd".into(), Some("yes".into()))], ..Policy::default() };
+        let e = place(&nodes, &ssd, 1 << 30, 2, &[]).expect_err("one ssd node");
+        assert!(e.0.contains("replicaNodeSelector") && e.0.contains("1 eligible of 5"), "{}", e.0);
+        // A replacement avoids the nodes and spread values the set already uses.
+        let taken = [nodes[1].clone(), nodes[3].clone()];
+        assert_eq!(place(&nodes, &spread, 1 << 30, 1, &taken).expect("placed"), ["e"]);
+    }
+
+    #[test]
+    fn capacity_is_what_the_last_of_n_replicas_can_get() {
+        let nodes = [node("a", 10, &[]), node("b", 50, &[]), node("c", 20, &[])];
+        assert_eq!(capacity(&nodes, &Policy::default()), 10 << 30);
+        assert_eq!(capacity(&nodes, &Policy { replicas: 2, ..Policy::default() }), 20 << 30);
+        assert_eq!(capacity(&nodes, &Policy { replicas: 4, ..Policy::default() }), 0);
+    }
+
+    #[test]
+    fn condition_and_replacement_follow_the_replicas() {
+        let r = |node: &str, state, down_since| ReplicaView {
+            node: node.into(),
+            state,
+            down_since,
+            rebuilt: 30,
+            rebuild_total: 120,
+        };
+        let all = [r("a", ReplicaHealth::Healthy, None), r("b", ReplicaHealth::Healthy, None)];
+        assert_eq!(condition(&all, 2), (false, "2/2 replicas healthy".into()));
+        let degraded = [
+            r("a", ReplicaHealth::Healthy, None),
+            r("b", ReplicaHealth::Rebuilding, Some(100)),
+            r("c", ReplicaHealth::Unreachable, Some(100)),
+        ];
+        let (abnormal, message) = condition(&degraded, 3);
+        assert!(abnormal);
+        assert_eq!(message, "degraded: 1/3 replicas healthy, b rebuilding 25%, c unreachable");
+        let policy = Policy { stale_timeout: Duration::from_secs(60), ..Policy::default() };
+        assert!(overdue(&degraded, &policy, 159).is_empty(), "not yet");
+        assert_eq!(overdue(&degraded, &policy, 160), ["c"], "only the unreachable one, once its time is up");
+    }
+}
