@@ -129,7 +129,8 @@ pub struct SetView {
 pub struct AttachInfo {
     pub size: u64,
     pub epoch: u64,
-    /// Each member's name and, when it answered, its address (engine replica order).
+    /// Each member's name and address: where it answers now, else where it last answered (engine
+    /// replica order). `None` only for a member that never answered since the record existed.
     pub members: Vec<(String, Option<SocketAddr>)>,
 }
 
@@ -405,6 +406,19 @@ impl Catalog {
         }
     }
 
+    /// The record as version `info.version + 1` at `epoch`, with the members' addresses as
+    /// discovery found them now (kept as they were for members it did not find).
+    fn next_seen(d: &Discovery, info: &RecordInfo, record: &VolumeRecord, epoch: u64) -> Result<RecordInfo> {
+        let mut record = record.clone();
+        record.addresses.retain(|node, _| record.members.contains(node));
+        for m in &record.members {
+            if let Some(n) = d.node(m) {
+                record.addresses.insert(m.clone(), n.addr);
+            }
+        }
+        Self::next(info, &record, epoch)
+    }
+
     fn next(info: &RecordInfo, record: &VolumeRecord, epoch: u64) -> Result<RecordInfo> {
         let data = record.encode().map_err(|e| CatalogError::Invalid(e.to_string()))?;
         Ok(RecordInfo { version: info.version + 1, epoch, data })
@@ -488,6 +502,7 @@ impl Catalog {
                 }
                 let record = VolumeRecord {
                     members: nodes.to_vec(),
+                    addresses: nodes.iter().filter_map(|m| d.node(m).map(|n| (m.clone(), n.addr))).collect(),
                     owner: None,
                     metadata,
                     created_ns: now_ns(),
@@ -659,7 +674,7 @@ impl Catalog {
             None => {}
         }
         let claimed = VolumeRecord { owner: Some(node.to_owned()), ..record };
-        let next = Self::next(&info, &claimed, info.epoch + 1)?;
+        let next = Self::next_seen(&d, &info, &claimed, info.epoch + 1)?;
         let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
         self.write_record(&d, id, &next, &targets).await.map(|_| ())
     }
@@ -714,7 +729,11 @@ impl Catalog {
             .map(|h| h.header.size)
             .max()
             .unwrap_or(0);
-        let members = record.members.iter().map(|m| (m.clone(), d.node(m).map(|n| n.addr))).collect();
+        let members = record
+            .members
+            .iter()
+            .map(|m| (m.clone(), d.node(m).map(|n| n.addr).or_else(|| record.addresses.get(m).copied())))
+            .collect();
         Ok(AttachInfo { size, epoch: info.epoch, members })
     }
 
@@ -974,7 +993,7 @@ impl Catalog {
         self.client(target.addr).create_replica(id, size).await?;
         let mut moved = record.clone();
         moved.members[index] = with.to_owned();
-        let next = Self::next(&info, &moved, info.epoch)?;
+        let next = Self::next_seen(&d, &info, &moved, info.epoch)?;
         let mut targets = vec![with.to_owned()];
         targets.extend(moved.members.iter().filter(|m| m.as_str() != with).cloned());
         self.write_record(&d, id, &next, &targets).await?;

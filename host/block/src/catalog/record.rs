@@ -14,6 +14,10 @@ use crate::protocol::MAX_RECORD_LEN;
 pub struct VolumeRecord {
     /// Node names holding the replicas, in the engine's replica order.
     pub members: Vec<String>,
+    /// The last address each member's replica server answered at: an engine keeps trying it
+    /// while discovery cannot find the node (it may come back, and is then delta-rebuilt).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub addresses: BTreeMap<String, std::net::SocketAddr>,
     /// The node allowed to run the volume's engine (ControllerPublishVolume); `None` while no
     /// node is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +80,7 @@ mod tests {
     fn a_record_round_trips_and_old_fields_default() {
         let r = VolumeRecord {
             members: vec!["n1".into(), "n2".into()],
+            addresses: [("n1".to_string(), "10.0.0.1:9501".parse().expect("addr"))].into(),
             owner: Some("n1".into()),
             metadata: [("csi.name".to_string(), "pvc-ü".to_string())].into(),
             created_ns: 7,
