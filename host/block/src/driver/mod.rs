@@ -57,7 +57,7 @@ use crate::dirty::DirtyMap;
 use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
 use crate::replication::{
     Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, MAX_UNMAP, Millis, PersistedState,
-    RebuildStatus, ReplicaId,
+    RebuildStatus, ReplicaHealth, ReplicaId,
 };
 
 /// Name of the engine's state file inside [`DriverConfig::state_dir`].
@@ -142,6 +142,9 @@ pub struct VolumeStatus {
     pub snapshots: Vec<SnapshotInfo>,
     /// Another engine was given the volume; every request fails from now on.
     pub fenced: bool,
+    /// Every replica's part and, for one that is not healthy, since when (wall clock): the
+    /// control plane replaces a replica lost for too long.
+    pub replicas: Vec<(ReplicaHealth, Option<SystemTime>)>,
 }
 
 // ----- persisted state ------------------------------------------------------------------------
@@ -543,6 +546,8 @@ struct Driver {
     /// Shared with the handles: the engine's size, updated before any reply of a batch.
     size: Arc<AtomicU64>,
     rebuilds_finished: u64,
+    /// Since when each replica is not healthy (see [`VolumeStatus::replicas`]).
+    down_since: Vec<Option<SystemTime>>,
     /// Checksum of the last large write payload encoded, shared by the replicas' frames.
     payload_crc: PayloadCrc,
     /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
@@ -669,7 +674,16 @@ impl Driver {
                 self.slots[r].backoff = self.cfg.backoff_min;
             }
         }
+        let health = self.engine.replica_health();
+        self.down_since.resize(health.len(), None);
+        for (since, h) in self.down_since.iter_mut().zip(&health) {
+            match h {
+                ReplicaHealth::Healthy => *since = None,
+                _ => *since = since.or_else(|| Some(SystemTime::now())),
+            }
+        }
         let status = VolumeStatus {
+            replicas: health.into_iter().zip(self.down_since.iter().copied()).collect(),
             attached: self.engine.is_attached(),
             revision: self.engine.revision(),
             healthy: self.engine.healthy_count(),
@@ -1096,6 +1110,7 @@ impl ReplicatedVolume {
             status: status_tx,
             size: size.clone(),
             rebuilds_finished: 0,
+            down_since: Vec::new(),
             payload_crc: PayloadCrc::default(),
             poisoned: None,
         };

@@ -248,6 +248,19 @@ pub enum FailReason {
     Fenced,
 }
 
+/// One replica's part in the volume, as operators and the control plane see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaHealth {
+    /// In sync: serves reads and counts for acknowledgments.
+    Healthy,
+    /// The target of the running rebuild.
+    Rebuilding,
+    /// Connected but behind, waiting for its rebuild.
+    Stale,
+    /// Not connected (or still saying hello).
+    Down,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RebuildKind {
     /// The target's snapshot chain equals the source's: copies only the regions it lacks.
@@ -500,6 +513,19 @@ impl Engine {
     /// Another engine was given the volume: nothing this engine does will succeed again.
     pub fn is_fenced(&self) -> bool {
         self.fenced
+    }
+
+    /// Every replica's part, in configuration order.
+    pub fn replica_health(&self) -> Vec<ReplicaHealth> {
+        self.replicas
+            .iter()
+            .map(|s| match s {
+                ReplicaState::Healthy => ReplicaHealth::Healthy,
+                ReplicaState::Seeding | ReplicaState::Rebuilding => ReplicaHealth::Rebuilding,
+                ReplicaState::Stale | ReplicaState::Attached(_) => ReplicaHealth::Stale,
+                ReplicaState::Down | ReplicaState::Handshaking => ReplicaHealth::Down,
+            })
+            .collect()
     }
 
     pub fn is_healthy(&self, replica: ReplicaId) -> bool {
