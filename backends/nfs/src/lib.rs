@@ -610,4 +610,12 @@ impl Guest for Nfs {
     fn attach_plan(id: String, context: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
         attach_plan(&imports::Imports, &id, &context, &cap)
     }
+    fn get_snapshot(id: String) -> Result<Snapshot, Error> {
+        let page = Self::list_snapshots(Some(id.clone()), None, 1, String::new())?;
+        page.entries.into_iter().next().ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
+    }
+    fn reconcile_volume(_: String) -> Result<(), Error> {
+        // Nothing to repair: the backend does not advertise self-healing.
+        Ok(())
+    }
 }

@@ -262,4 +262,12 @@ impl Guest for HostPath {
         let (capacity_bytes, _) = read_meta(&root, &format!("meta/{name}"))?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
         Ok(Attachment::Bind(BindPlan { root, path: format!("volumes/{name}"), capacity_bytes }))
     }
+    fn get_snapshot(id: String) -> Result<Snapshot, Error> {
+        let page = Self::list_snapshots(Some(id.clone()), None, 1, String::new())?;
+        page.entries.into_iter().next().ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
+    }
+    fn reconcile_volume(_: String) -> Result<(), Error> {
+        // Nothing to repair: the backend does not advertise self-healing.
+        Ok(())
+    }
 }

@@ -17,7 +17,7 @@ fn check_passes_the_hostpath_example_and_names_what_it_needs() {
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("wasmcsi:backend/dir"), "{out}");
     assert!(out.contains("grants needed: dir"), "{out}");
-    assert!(out.contains("wasmcsi:backend/driver@0.1.0"), "exports listed: {out}");
+    assert!(out.contains("wasmcsi:backend/driver@0.2.0"), "exports listed: {out}");
     assert!(out.lines().any(|l| l.ends_with(" 0 failed, 0 skipped") || l.contains(" 0 failed")), "{out}");
 }
 

@@ -1,6 +1,9 @@
 //! CSI Controller: validates each request as the spec asks, routes it to the backend that
 //! owns it, and checks the backend's answer before it reaches Kubernetes. ControllerPublish
-//! and ControllerModifyVolume are not offered (no attach step; no mutable parameters).
+//! gives a replicated block volume to one node (the host's own mechanism: it raises the
+//! volume's epoch on its replicas, see `docs/replicated-block.md`); for every other attachment
+//! kind it checks the volume exists and answers with an empty publish context.
+//! ControllerModifyVolume is not offered (no mutable parameters).
 use crate::convert::{self, bytes};
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
 use crate::error::{CsiError, CsiResult};
@@ -17,8 +20,6 @@ use wasmcsi_runtime::{Backend, secret_refs};
 pub struct ControllerService(pub Arc<Driver>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
-
-const NO_CONTROLLER_ATTACH: &str = "no controller attach step (PUBLISH_UNPUBLISH_VOLUME is not offered)";
 
 fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
     if backend.has_feature(feature) {
@@ -51,6 +52,25 @@ fn content_source(d: &Driver, backend: &Backend, src: &csi::VolumeContentSource)
         need(backend, Feature::CloneVolume, "cloning volumes")?;
         Ok(wit::ContentSource::Volume(oid.local))
     }
+}
+
+/// The capability to ask for a plan with when the CO sent none (unpublish).
+fn plain_mount() -> wit::VolumeCapability {
+    use wasmcsi_runtime::bindings::types as wt;
+    wit::VolumeCapability {
+        access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+        access_mode: wt::AccessMode::SingleNodeWriter,
+    }
+}
+
+/// The replica sets a backend that planned a replicated block attachment may reach.
+fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalog> {
+    backend.block_catalog().ok_or_else(|| {
+        CsiError::FailedPrecondition(format!(
+            "backend {} planned a replicated-block attachment but has no block grant ([backends.{}.grants.block])",
+            backend.name, backend.name
+        ))
+    })
 }
 
 fn now_secs() -> u64 {
@@ -392,6 +412,64 @@ impl ControllerService {
         })
     }
 
+    /// The volume's attachment plan, asked of its backend; `None` for an id that cannot be
+    /// ours (a malformed id, or one its backend does not know).
+    async fn plan_of(
+        &self,
+        id: &str,
+        context: &std::collections::HashMap<String, String>,
+        cap: wit::VolumeCapability,
+    ) -> CsiResult<Option<(Arc<Backend>, wit::Attachment)>> {
+        let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(None) };
+        let mut context = context.clone();
+        context.remove(DIGEST_CONTEXT_KEY);
+        match backend.attach_plan(oid.local, convert::pairs(&context), cap).await {
+            Ok(plan) => Ok(Some((backend, plan))),
+            Err(wasmcsi_runtime::CallError::Backend { error: wasmcsi_runtime::WitError::NotFound(_), .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn publish(
+        &self,
+        req: csi::ControllerPublishVolumeRequest,
+    ) -> CsiResult<csi::ControllerPublishVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let node = required(&req.node_id, "node_id")?;
+        let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        let (backend, plan) = self
+            .plan_of(id, &req.volume_context, cap)
+            .await?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        if let wit::Attachment::ReplicatedBlock(p) = plan {
+            let catalog = block_catalog(&backend)?;
+            catalog.claim(&p.volume_id, node).await?;
+            tracing::info!(volume.id = %id, node, "replicated volume published");
+        }
+        Ok(csi::ControllerPublishVolumeResponse { publish_context: Default::default() })
+    }
+
+    async fn unpublish(
+        &self,
+        req: csi::ControllerUnpublishVolumeRequest,
+    ) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        let _guard = self.0.inflight.try_start(id.to_string())?;
+        // A volume that is gone is unpublished everywhere.
+        let Some((backend, plan)) = self.plan_of(id, &Default::default(), plain_mount()).await? else {
+            return Ok(csi::ControllerUnpublishVolumeResponse {});
+        };
+        if let wit::Attachment::ReplicatedBlock(p) = plan {
+            let catalog = block_catalog(&backend)?;
+            // An empty node id means every node (the spec's unpublish from all).
+            let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
+            catalog.release(&p.volume_id, node).await?;
+            tracing::info!(volume.id = %id, node = ?node, "replicated volume unpublished");
+        }
+        Ok(csi::ControllerUnpublishVolumeResponse {})
+    }
+
     async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let (backend, oid) =
@@ -415,6 +493,7 @@ pub fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
     use csi::controller_service_capability::{Rpc, Type, rpc::Type as R};
     [
         R::CreateDeleteVolume,
+        R::PublishUnpublishVolume,
         R::CreateDeleteSnapshot,
         R::ListSnapshots,
         R::CloneVolume,
@@ -440,23 +519,19 @@ impl Controller for ControllerService {
     async fn delete_volume(&self, r: tonic::Request<csi::DeleteVolumeRequest>) -> Reply<csi::DeleteVolumeResponse> {
         self.0.observe("DeleteVolume", Self::delete_volume(self, r.into_inner())).await
     }
-    #[tracing::instrument(name = "csi.controller_publish_volume", skip_all)]
+    #[tracing::instrument(name = "csi.controller_publish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id, node.id = %r.get_ref().node_id))]
     async fn controller_publish_volume(
         &self,
-        _: tonic::Request<csi::ControllerPublishVolumeRequest>,
+        r: tonic::Request<csi::ControllerPublishVolumeRequest>,
     ) -> Reply<csi::ControllerPublishVolumeResponse> {
-        self.0
-            .observe("ControllerPublishVolume", async { Err(CsiError::Unimplemented(NO_CONTROLLER_ATTACH.into())) })
-            .await
+        self.0.observe("ControllerPublishVolume", self.publish(r.into_inner())).await
     }
-    #[tracing::instrument(name = "csi.controller_unpublish_volume", skip_all)]
+    #[tracing::instrument(name = "csi.controller_unpublish_volume", skip_all, fields(volume.id = %r.get_ref().volume_id, node.id = %r.get_ref().node_id))]
     async fn controller_unpublish_volume(
         &self,
-        _: tonic::Request<csi::ControllerUnpublishVolumeRequest>,
+        r: tonic::Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
-        self.0
-            .observe("ControllerUnpublishVolume", async { Err(CsiError::Unimplemented(NO_CONTROLLER_ATTACH.into())) })
-            .await
+        self.0.observe("ControllerUnpublishVolume", self.unpublish(r.into_inner())).await
     }
     #[tracing::instrument(name = "csi.validate_volume_capabilities", skip_all, fields(volume.id = %r.get_ref().volume_id))]
     async fn validate_volume_capabilities(

@@ -35,6 +35,9 @@ pub enum CsiError {
     /// A storage server the node needs (an NFS server on mount) did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// The replicated block control plane (publishing, attaching a replicated volume).
+    #[error(transparent)]
+    Block(#[from] wasmcsi_block::catalog::CatalogError),
 }
 
 impl CsiError {
@@ -49,6 +52,20 @@ impl CsiError {
             Self::InProgress(_) | Self::InvalidToken(_) => Code::Aborted,
             Self::Unimplemented(_) => Code::Unimplemented,
             Self::Internal(_) | Self::Mount(_) => Code::Internal,
+            Self::Block(e) => {
+                use wasmcsi_block::catalog::CatalogError as B;
+                match e {
+                    B::Invalid(_) => Code::InvalidArgument,
+                    B::NotFound(_) => Code::NotFound,
+                    B::AlreadyExists(_) => Code::AlreadyExists,
+                    B::FailedPrecondition(_) => Code::FailedPrecondition,
+                    B::OutOfRange(_) => Code::OutOfRange,
+                    B::ResourceExhausted(_) => Code::ResourceExhausted,
+                    B::Unavailable(_) => Code::Unavailable,
+                    B::NotGranted(_) => Code::FailedPrecondition,
+                    B::Internal(_) => Code::Internal,
+                }
+            }
             Self::Call(CallError::Backend { error, .. }) => match error {
                 WitError::InvalidArgument(_) => Code::InvalidArgument,
                 WitError::NotFound(_) => Code::NotFound,

@@ -128,6 +128,12 @@ impl Backend {
         CallError::BadOutput { backend: self.name.clone(), op, message }
     }
 
+    /// The replica sets this backend's `block` grant reaches (the host's own control plane
+    /// uses it too: publishing a replicated volume, the node's attach).
+    pub fn block_catalog(&self) -> Option<&wasmcsi_block::catalog::Catalog> {
+        self.caps.block.as_ref()
+    }
+
     pub fn has_feature(&self, f: driver::Feature) -> bool {
         self.info.features.contains(&f)
     }
@@ -443,6 +449,24 @@ impl Backend {
         }
         self.call("get_capacity", vec![], move |g, s| {
             Box::pin(async move { g.call_get_capacity(s, &caps, &params, topology.as_ref()).await })
+        })
+        .await
+    }
+    pub async fn get_snapshot(self: &Arc<Self>, id: String) -> Result<driver::Snapshot, CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.get_snapshot;
+            return self.call_native("get_snapshot", move || f(id)).await;
+        }
+        self.call("get_snapshot", vec![], move |g, s| Box::pin(async move { g.call_get_snapshot(s, &id).await }))
+            .await
+    }
+    pub async fn reconcile_volume(self: &Arc<Self>, id: String) -> Result<(), CallError> {
+        if let Kind::Native(n) = &self.kind {
+            let f = n.reconcile_volume;
+            return self.call_native("reconcile_volume", move || f(id)).await;
+        }
+        self.call("reconcile_volume", vec![], move |g, s| {
+            Box::pin(async move { g.call_reconcile_volume(s, &id).await })
         })
         .await
     }

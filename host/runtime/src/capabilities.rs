@@ -106,10 +106,10 @@ impl ImportSummary {
                     "import {import} is not granted (add [backends.NAME.grants] rbd = [{{ cluster = \"NAME\", pools = [\"POOL\"] }}])"
                 )),
                 Capability::Rbd => {}
-                Capability::Block => out.push(format!(
-                    "import {import} cannot be linked: this host build has no {} provider yet",
-                    c.name()
+                Capability::Block if grants.block.as_ref().is_none_or(|b| b.is_empty()) => out.push(format!(
+                    "import {import} is not granted (add [backends.NAME.grants.block] nodes = [\"HOST:9501\"] or services = [\"NAME:9501\"])"
                 )),
+                Capability::Block => {}
             }
         }
         out
@@ -125,6 +125,8 @@ pub struct Capabilities {
     pub nfs: Option<wasmcsi_nfs::NfsClient>,
     /// The librbd client scoped to the granted clusters and pools; `None` without an rbd grant.
     pub rbd: Option<Arc<crate::host::rbd::RbdProvider>>,
+    /// The replica sets on the granted replica nodes; `None` without a block grant.
+    pub block: Option<wasmcsi_block::catalog::Catalog>,
     pub import_timeout: Duration,
 }
 
@@ -170,8 +172,10 @@ mod tests {
         let mut g = Grants::default();
         g.nfs.push(crate::config::NfsGrant { server: "10.0.0.1".into(), share: "/export".into() });
         assert!(s.violations(&g).is_empty());
-        let block = ImportSummary::classify(["wasmcsi:backend/block@0.1.0"]);
-        assert!(block.violations(&g)[0].contains("no block provider"), "block has no provider yet");
+        let block = ImportSummary::classify(["wasmcsi:backend/block@0.2.0"]);
+        assert!(block.violations(&g)[0].contains("not granted"), "{:?}", block.violations(&g));
+        g.block = Some(wasmcsi_block::catalog::NodeSources { nodes: vec!["10.0.0.1:9501".into()], ..Default::default() });
+        assert!(block.violations(&g).is_empty());
     }
 
     #[test]

@@ -106,8 +106,9 @@ pub struct Grants {
     /// `nfs`: the servers/exports the userspace NFS client may reach.
     #[serde(default)]
     pub nfs: Vec<NfsGrant>,
-    /// `block`: the nodes of the replicated block engine this backend may place on.
-    pub block: Option<BlockGrant>,
+    /// `block`: where the replica nodes this backend may place on are found (addresses, a file
+    /// of addresses re-read every time, DNS names such as a headless Service).
+    pub block: Option<wasmcsi_block::catalog::NodeSources>,
     /// `rbd`: per cluster, the pools this backend may use.
     #[serde(default)]
     pub rbd: Vec<RbdGrant>,
@@ -118,13 +119,6 @@ pub struct Grants {
 pub struct NfsGrant {
     pub server: String,
     pub share: String,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct BlockGrant {
-    /// node names, or `"*"` for every node
-    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

@@ -165,6 +165,8 @@ pub trait Guest {
         volume_context: Vec<Pair>,
         capability: VolumeCapability,
     ) -> Result<Attachment, Error>;
+    fn get_snapshot(snapshot_id: String) -> Result<Snapshot, Error>;
+    fn reconcile_volume(volume_id: String) -> Result<(), Error>;
 }
 
 /// A native guest's exports as plain function pointers (what a `Backend` holds).
@@ -185,6 +187,8 @@ pub struct NativeDriver {
     pub(crate) list_snapshots: fn(Option<String>, Option<String>, u32, String) -> Result<SnapshotPage, Error>,
     pub(crate) get_capacity: fn(Vec<VolumeCapability>, Vec<Pair>, Option<Topology>) -> Result<Capacity, Error>,
     pub(crate) attach_plan: fn(String, Vec<Pair>, VolumeCapability) -> Result<Attachment, Error>,
+    pub(crate) get_snapshot: fn(String) -> Result<Snapshot, Error>,
+    pub(crate) reconcile_volume: fn(String) -> Result<(), Error>,
 }
 
 impl NativeDriver {
@@ -202,6 +206,8 @@ impl NativeDriver {
             list_snapshots: G::list_snapshots,
             get_capacity: G::get_capacity,
             attach_plan: G::attach_plan,
+            get_snapshot: G::get_snapshot,
+            reconcile_volume: G::reconcile_volume,
         }
     }
 }

@@ -218,6 +218,10 @@ impl Runtime {
                     limits.import_timeout(),
                 )
                 .map(Arc::new),
+                block: grants
+                    .block
+                    .filter(|b| !b.is_empty())
+                    .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
                 dir_roots: grants.dir,
                 import_timeout: limits.import_timeout(),
             }),

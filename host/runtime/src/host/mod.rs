@@ -1,5 +1,6 @@
 //! The host side of each WIT import, one module per capability. Every function is bounded
 //! (see `capabilities::bounded`), traced, and reports failures as WIT `error` values.
+pub mod block;
 pub mod dir;
 pub mod kv;
 pub mod log;

@@ -162,6 +162,7 @@ mod tests {
             dir_roots: Default::default(),
             nfs: client,
             rbd: None,
+            block: None,
             import_timeout: timeout,
         };
         CallState::new(Arc::new(caps), 64 << 20, Vec::new())

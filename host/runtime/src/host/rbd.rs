@@ -462,6 +462,7 @@ mod tests {
             dir_roots: Default::default(),
             nfs: None,
             rbd: rbd.map(Arc::new),
+            block: None,
             import_timeout: Duration::from_secs(1),
         };
         let secrets = secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
