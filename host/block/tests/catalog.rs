@@ -116,7 +116,7 @@ async fn publishing_fences_a_session_that_claimed_the_older_epoch() {
     let mut old = ReplicaSession::open_claimed(c.addrs[1], "vol-f", T, info.epoch).await.unwrap();
     old.write(0, vec![7; 4096]).await.unwrap();
     // The CO declares n0 gone and moves the volume.
-    cat.release("vol-f", "n0").await.unwrap();
+    cat.release("vol-f", Some("n0")).await.unwrap();
     cat.claim("vol-f", "n1").await.unwrap();
     let late = old.write(0, vec![9; 4096]).await;
     assert!(matches!(late, Err(ControlError::Refused { status: Status::Fenced, .. })), "{late:?}");
@@ -128,9 +128,9 @@ async fn publishing_fences_a_session_that_claimed_the_older_epoch() {
     assert_eq!(s.read(0, 4096).await.unwrap(), vec![7; 4096], "the fenced write never landed");
     s.close().await.unwrap();
     let _ = old.close().await;
-    cat.release("vol-f", "n0").await.expect("releasing a node that does not hold it is a no-op");
+    cat.release("vol-f", Some("n0")).await.expect("releasing a node that does not hold it is a no-op");
     assert!(matches!(cat.delete("vol-f").await, Err(CatalogError::FailedPrecondition(_))), "published");
-    cat.release("vol-f", "n1").await.unwrap();
+    cat.release("vol-f", None).await.unwrap();
     cat.delete("vol-f").await.unwrap();
     assert!(cat.get("vol-f").await.unwrap().is_none());
 }

@@ -683,12 +683,13 @@ impl Catalog {
     /// another owner: nothing to do). Raises the epoch: an engine still running there (a node the
     /// CO declared gone) is fenced by every replica that answers now, and by the others as soon
     /// as the next engine claims them.
+    /// `node` `None` releases whichever node holds it (CSI's unpublish from every node).
     #[tracing::instrument(name = "catalog.release", skip(self))]
-    pub async fn release(&self, id: &str, node: &str) -> Result<()> {
+    pub async fn release(&self, id: &str, node: Option<&str>) -> Result<()> {
         let d = self.discover().await;
         let holders = self.holders(&d, id).await;
         let Some((info, record)) = Self::newest(&holders)? else { return Ok(()) };
-        if record.owner.as_deref() != Some(node) {
+        if record.owner.is_none() || node.is_some_and(|n| record.owner.as_deref() != Some(n)) {
             return Ok(());
         }
         let released = VolumeRecord { owner: None, ..record };
