@@ -11,6 +11,7 @@ pub mod guard;
 pub mod identity;
 pub mod ids;
 pub mod node;
+pub mod reconcile;
 pub mod server;
 
 pub use driver::{Driver, Mode};
