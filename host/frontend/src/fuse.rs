@@ -257,6 +257,51 @@ impl Frontend for FuseLoopFrontend {
 
 /// The FUSE connection's number in `/sys/fs/fuse/connections`: the kernel's encoding of the
 /// mount's anonymous device number.
+/// Tears down what an attach of `name` under `runtime_dir` left when its process died (killed,
+/// OOM, a crash): every FUSE mount point `fuse-NAME.*` there, whose server is gone, and the loop
+/// devices on its volume file. Whatever is mounted from those loop devices (a staged filesystem)
+/// is the caller's to unmount first; a loop device still in use is refused and left alone.
+/// Returns how many mount points it removed. Mount points of this process are never touched:
+/// their server is alive.
+pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
+    let entries = match std::fs::read_dir(runtime_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(FrontendError::io(format!("listing {}", runtime_dir.display()), e)),
+    };
+    let prefix = format!("fuse-{name}.");
+    let ours = format!("fuse-{name}.{}.", std::process::id());
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| FrontendError::io(format!("listing {}", runtime_dir.display()), e))?;
+        let file_name = entry.file_name();
+        let Some(dir) = file_name.to_str() else { continue };
+        // `fuse-NAME.PID.SEQ`: the rest after the prefix must be two numbers, so `fuse-a.` never
+        // matches the mounts of a volume named `a.b`.
+        let Some(rest) = dir.strip_prefix(&prefix) else { continue };
+        if dir.starts_with(&ours) || !rest.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let mnt = entry.path();
+        let connection = fuse_connection(&mnt);
+        loop_dev::detach_all_of(&mnt.join(VOLUME_FILE), PATIENCE)?;
+        if crate::mkfs::is_mount_point(&mnt).unwrap_or(true) {
+            // The server is gone: the mount answers ENOTCONN; unmount it, lazily if it must.
+            if umount_retrying(&mnt, PATIENCE).is_err() {
+                nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH)
+                    .map_err(|e| FrontendError::io(format!("lazy unmount of {}", mnt.display()), e.into()))?;
+            }
+            if let Some(id) = connection {
+                abort_fuse_connection(id);
+            }
+        }
+        std::fs::remove_dir(&mnt).map_err(|e| FrontendError::io(format!("removing {}", mnt.display()), e))?;
+        tracing::info!(mount = %mnt.display(), "reclaimed the FUSE mount and loop devices of a dead attach");
+        removed += 1;
+    }
+    Ok(removed)
+}
+
 fn fuse_connection(mnt: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(mnt).ok()?.dev();
