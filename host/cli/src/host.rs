@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use wasmcsi_csi::node::bind::KernelMounts;
+use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::{Driver, Mode};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::engine::EngineSettings;

@@ -3,7 +3,7 @@
 use crate::error::{CsiError, CsiResult};
 use crate::guard::InFlight;
 use crate::ids::ObjectId;
-use crate::node::bind::MountSystem;
+use crate::node::mounts::MountSystem;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::NodeService;
-use wasmcsi_csi::node::bind::KernelMounts;
+use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::rbd::RbdNode;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;

@@ -1,9 +1,9 @@
 //! CSI Node: carries out a backend's attachment plan on this node. Each handler reads the
-//! mount table, plans (pure, in `bind` and `nfs`), then executes, so a repeated call finds the
-//! work done and does nothing. Executors: `bind` (directory volumes) and `nfs` (kernel NFS
+//! mount table, plans (pure, in `mounts` and `nfs`), then executes, so a repeated call finds the
+//! work done and does nothing. Executors: `mounts` (bind mounts of directory volumes) and `nfs` (kernel NFS
 //! mounts under deadlines) and `rbd` (rbd-fuse + loop device, fenced against a second node);
 //! the replicated block executor arrives with its backend.
-pub mod bind;
+pub mod mounts;
 pub mod bounded;
 pub mod mountinfo;
 pub mod nfs;
@@ -12,7 +12,7 @@ pub mod rbd;
 use crate::convert;
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
 use crate::error::{CsiError, CsiResult};
-use bind::{MountSystem, SourceIdentity};
+use mounts::{MountSystem, SourceIdentity};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
@@ -37,19 +37,19 @@ fn mount_err(e: impl std::fmt::Display) -> CsiError {
 /// Bind `source` onto `target` (read-only if asked), unless that is already so.
 fn ensure_bind(sys: &dyn MountSystem, source: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
     let mounts = mountinfo::read_current().map_err(mount_err)?;
-    let source_id = bind::identify(source).map_err(|e| CsiError::NotFound(format!("{}: {e}", source.display())))?;
+    let source_id = mounts::identify(source).map_err(|e| CsiError::NotFound(format!("{}: {e}", source.display())))?;
     let target_exists = target.exists();
     let mounted = !mountinfo::mounts_at(&mounts, target).is_empty();
-    let target_id: Option<SourceIdentity> = if mounted { bind::identify(target).ok() } else { None };
-    let plan = bind::plan_bind(&mounts, source, &source_id, target, target_id, target_exists, read_only)
+    let target_id: Option<SourceIdentity> = if mounted { mounts::identify(target).ok() } else { None };
+    let plan = mounts::plan_bind(&mounts, source, &source_id, target, target_id, target_exists, read_only)
         .map_err(|e| CsiError::AlreadyExists(e.to_string()))?;
-    bind::execute(sys, &plan).map_err(mount_err)
+    mounts::execute(sys, &plan).map_err(mount_err)
 }
 
 fn ensure_unmounted(sys: &dyn MountSystem, target: &Path, remove_dir: bool) -> CsiResult<()> {
     let mounts = mountinfo::read_current().map_err(mount_err)?;
-    let plan = bind::plan_unmount(&mounts, target, target.exists(), remove_dir);
-    bind::execute(sys, &plan).map_err(mount_err)
+    let plan = mounts::plan_unmount(&mounts, target, target.exists(), remove_dir);
+    mounts::execute(sys, &plan).map_err(mount_err)
 }
 
 /// The capability to ask for a plan with when the CO sent none (stats, expand).
@@ -271,7 +271,7 @@ impl NodeService {
         }
         let Attachment::Bind(p) = plan else { return Err(unsupported(&plan)) };
         let walk = path.clone();
-        let (used, inodes_used) = blocking(move || bind::directory_usage(&walk).map_err(mount_err)).await?;
+        let (used, inodes_used) = blocking(move || mounts::directory_usage(&walk).map_err(mount_err)).await?;
         let fs = nix::sys::statvfs::statvfs(&path).map_err(mount_err)?;
         let mounted = blocking(move || {
             Ok(!mountinfo::mounts_at(&mountinfo::read_current().map_err(mount_err)?, &path).is_empty())
@@ -436,7 +436,7 @@ async fn fs_stats(
     };
     let Some(capacity) = capacity else { return Ok(whole_fs(problem)) };
     let walk = path.clone();
-    let used = match blocking(move || Ok(bounded::bounded(WALK, move || bind::directory_usage(&walk)))).await? {
+    let used = match blocking(move || Ok(bounded::bounded(WALK, move || mounts::directory_usage(&walk)))).await? {
         Some(Ok((bytes, _))) => bytes,
         Some(Err(e)) => return Err(mount_err(format!("walking {}: {e}", path.display()))),
         // A tree too big to walk in time: the filesystem's numbers are the best there is.

@@ -1,17 +1,18 @@
-//! Bind-mount attachments for directory volumes (the hostpath-style backend): NodeStageVolume
-//! binds the volume directory onto the staging path, NodePublishVolume binds the staging path
-//! onto the target path, read-only when asked, and the unstage/unpublish calls undo that.
+//! The mount work every attachment kind shares: binding a source onto a target (a directory
+//! volume onto its staging path, a staging path onto a pod's target path, a staged device node
+//! onto a raw-block target file), read-only when asked, and unmounting what is stacked at a path.
 //!
 //! Idempotency is computed, then executed: the caller reads state (the mount table, the
 //! [`SourceIdentity`] of source and target), a pure planner (`plan_bind`, `plan_unmount`) turns it
 //! into a list of [`MountAction`]s (empty when the node is already in the asked-for state), and
 //! [`execute`] runs the list through a [`MountSystem`], rolling back what it mounted if a step
-//! fails. This module also measures directory volumes for NodeGetVolumeStats
+//! fails. This module also measures directory trees for NodeGetVolumeStats
 //! ([`directory_usage`]).
 //!
 //! It does not own volume ids, per-volume locking, CSI error codes or the choice of paths: the
-//! node service does. Nor does it parse the mount table (`node::mountinfo` does). The executor
-//! blocks (syscalls, short sleeps while an unmount is busy): call it from a blocking task.
+//! node service and its attachers do. Nor does it parse the mount table (`node::mountinfo` does).
+//! The executor blocks (syscalls, short sleeps while an unmount is busy): call it from a blocking
+//! task.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -296,8 +297,9 @@ fn remount_bind_read_only(path: &Path) -> io::Result<()> {
 /// detach (MNT_DETACH) removes the mount from the namespace at once so the call can succeed and
 /// the pod can terminate, instead of kubelet retrying forever. That is safe here because a bind
 /// mount has no device of its own to flush or release: the remaining holders keep writing into
-/// the volume directory and the kernel drops the mount when they let go. It is not safe for
-/// block-device attachments, which is why this fallback lives in the bind executor only.
+/// the volume directory and the kernel drops the mount when they let go. It is not safe for a
+/// filesystem on a block device, which is why the attachers of block-backed kinds (rbd) unmount
+/// their filesystems their own way and leave only bind mounts to this executor.
 fn unmount(path: &Path) -> io::Result<()> {
     for attempt in 1..=BUSY_UNMOUNT_ATTEMPTS {
         match nix::mount::umount2(path, MntFlags::empty()) {
