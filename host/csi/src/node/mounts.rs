@@ -6,18 +6,16 @@
 //! [`SourceIdentity`] of source and target), a pure planner (`plan_bind`, `plan_unmount`) turns it
 //! into a list of [`MountAction`]s (empty when the node is already in the asked-for state), and
 //! [`execute`] runs the list through a [`MountSystem`], rolling back what it mounted if a step
-//! fails. This module also measures directory trees for NodeGetVolumeStats
-//! ([`directory_usage`]).
+//! fails.
 //!
 //! It does not own volume ids, per-volume locking, CSI error codes or the choice of paths: the
 //! node service and its attachers do. Nor does it parse the mount table (`node::mountinfo` does).
 //! The executor blocks (syscalls, short sleeps while an unmount is busy): call it from a blocking
 //! task.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -355,48 +353,10 @@ fn roll_back(sys: &dyn MountSystem, undo: &[MountAction], failed: MountError) ->
     }
 }
 
-/// Apparent size in bytes and number of inodes of the tree under `path` (included), like
-/// `du --apparent-size -x`: symlinks are counted, not followed; hard links count once; other
-/// filesystems mounted inside are skipped. A bind mount from the same filesystem shares the
-/// device number and is therefore walked. Entries vanishing during the walk are ignored.
-pub fn directory_usage(path: &Path) -> io::Result<(u64, u64)> {
-    let root = std::fs::metadata(path)?;
-    let device = root.dev();
-    let mut bytes = root.size();
-    let mut inodes = 1u64;
-    let mut linked = HashSet::new();
-    let mut pending = vec![path.to_path_buf()];
-
-    while let Some(dir) = pending.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound && dir != path => continue,
-            other => other?,
-        };
-        for entry in entries {
-            let metadata = match entry.and_then(|e| Ok((e.path(), e.metadata()?))) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                other => other?,
-            };
-            let (entry_path, metadata) = metadata;
-            if metadata.dev() != device {
-                continue;
-            }
-            if metadata.nlink() > 1 && !metadata.is_dir() && !linked.insert(metadata.ino()) {
-                continue;
-            }
-            bytes = bytes.saturating_add(metadata.size());
-            inodes += 1;
-            if metadata.is_dir() {
-                pending.push(entry_path);
-            }
-        }
-    }
-    Ok((bytes, inodes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::sandbox::Sandbox;
     use std::sync::Mutex;
 
     const KUBELET_NODE: &str = include_str!("../../tests/fixtures/mountinfo/kubelet-node.txt");
@@ -710,92 +670,7 @@ mod tests {
         assert_eq!(sys.applied(), plan);
     }
 
-    // ---- directory_usage, unprivileged --------------------------------------------------------
-
-    #[test]
-    #[allow(clippy::unwrap_used, reason = "test setup on a fresh tempdir")]
-    fn directory_usage_sums_apparent_sizes_without_following_symlinks() {
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("big"), vec![0u8; 10_000]).unwrap();
-
-        let volume = tempfile::tempdir().unwrap();
-        let root = volume.path();
-        std::fs::write(root.join("a"), [1u8; 100]).unwrap();
-        std::fs::create_dir(root.join("sub")).unwrap();
-        std::fs::write(root.join("sub/b"), [2u8; 200]).unwrap();
-        std::fs::hard_link(root.join("a"), root.join("sub/a-again")).unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
-
-        let size = |p: &Path| std::fs::symlink_metadata(p).unwrap().size();
-        let expected_bytes = size(root) + 100 + size(&root.join("sub")) + 200 + size(&root.join("escape"));
-        // root, a, sub, sub/b, escape; the hard link is the same inode as a.
-        assert_eq!(directory_usage(root).unwrap(), (expected_bytes, 5));
-    }
-
-    #[test]
-    fn directory_usage_fails_on_a_missing_directory() {
-        let err = directory_usage(Path::new("/nonexistent/wasmcsi/volume"));
-        assert!(matches!(&err, Err(e) if e.kind() == io::ErrorKind::NotFound), "{err:?}");
-    }
-
     // ---- the real kernel ----------------------------------------------------------------------
-
-    /// A temporary directory for real mounts. Dropping it lazily unmounts everything mounted
-    /// under it before the directory is deleted (deleting through a live bind mount would
-    /// delete the source's files), also when a test panics half-way.
-    struct Sandbox {
-        root: PathBuf,
-        _dir: tempfile::TempDir,
-    }
-
-    impl Sandbox {
-        /// `None`, after saying why, when this process may not mount.
-        fn new(test: &str) -> Option<Self> {
-            if !nix::unistd::geteuid().is_root() {
-                eprintln!("skipping {test}: mounting needs root");
-                return None;
-            }
-            let dir = tempfile::tempdir().expect("create sandbox directory");
-            // The mount table spells paths without symlinks.
-            let root = dir.path().canonicalize().expect("canonicalize sandbox directory");
-            Some(Self { root, _dir: dir })
-        }
-
-        fn dir(&self, name: &str) -> PathBuf {
-            let path = self.root.join(name);
-            std::fs::create_dir_all(&path).expect("create sandbox subdirectory");
-            path
-        }
-
-        fn mounts_at(&self, target: &Path) -> Vec<MountEntry> {
-            let table = mountinfo::read_current().expect("read mount table");
-            mountinfo::mounts_at(&table, target).into_iter().cloned().collect()
-        }
-
-        fn mount_tmpfs(&self, target: &Path, flags: MsFlags) {
-            nix::mount::mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some("size=1m")).expect("mount tmpfs");
-        }
-    }
-
-    impl Drop for Sandbox {
-        fn drop(&mut self) {
-            // Bounded: a detach that keeps failing must not hang the test run.
-            for _ in 0..16 {
-                let Ok(table) = mountinfo::read_current() else {
-                    return;
-                };
-                let mut inside: Vec<&MountEntry> =
-                    table.iter().filter(|e| e.mount_point.starts_with(&self.root)).collect();
-                if inside.is_empty() {
-                    return;
-                }
-                inside.sort_by_key(|e| std::cmp::Reverse(e.mount_id));
-                for entry in inside {
-                    let _ = nix::mount::umount2(&entry.mount_point, MntFlags::MNT_DETACH);
-                }
-            }
-        }
-    }
 
     fn plan_bind_now(source: &Path, target: &Path, read_only: bool) -> Vec<MountAction> {
         let table = mountinfo::read_current().expect("read mount table");
@@ -1011,27 +886,5 @@ mod tests {
         for flag in ["ro", "nosuid", "nodev", "noexec"] {
             assert!(options.iter().any(|o| o == flag), "{flag} missing: {options:?}");
         }
-    }
-
-    #[test]
-    #[allow(clippy::unwrap_used, reason = "test setup in a fresh sandbox")]
-    fn directory_usage_does_not_cross_into_other_mounts() {
-        let Some(sandbox) = Sandbox::new("directory_usage_does_not_cross_into_other_mounts") else {
-            return;
-        };
-        let volume = sandbox.dir("volume");
-        std::fs::write(volume.join("a"), [1u8; 100]).unwrap();
-        let inner = sandbox.dir("volume/inner");
-        let before = directory_usage(&volume).unwrap();
-
-        sandbox.mount_tmpfs(&inner, MsFlags::empty());
-        std::fs::write(inner.join("big"), vec![0u8; 50_000]).unwrap();
-        let after = directory_usage(&volume).unwrap();
-        // The mount point is reached through the tmpfs root, so it drops out of the count.
-        let inner_dir = std::fs::symlink_metadata(volume.join("inner")).unwrap();
-        assert_eq!(before.1, 3);
-        assert_eq!(after.1, 2);
-        assert!(after.0 < before.0 + inner_dir.size(), "{before:?} -> {after:?}");
-        assert!(after.0 < 50_000, "{after:?}");
     }
 }
