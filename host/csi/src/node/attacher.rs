@@ -194,7 +194,7 @@ impl Attachers {
         let NodeSetup { node_id, state_dir, config, mounts } = setup;
         Self {
             bind: BindAttacher::new(config.clone(), mounts.clone()),
-            nfs: NfsAttacher::new(mounts.clone()),
+            nfs: NfsAttacher::new(config.clone(), mounts.clone()),
             rbd: RbdAttacher::new(node_id, &state_dir, config, mounts.clone()),
             mounts,
         }

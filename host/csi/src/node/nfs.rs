@@ -1,5 +1,6 @@
 //! The nfs attacher: NodeStage mounts `server:/share/path` on the staging path with the kernel
-//! NFS client and the StorageClass's mount options; NodePublish then bind-mounts the staging path like any other volume.
+//! NFS client and the StorageClass's mount options, once the export is found granted to the
+//! backend on this node; NodePublish then bind-mounts the staging path like any other volume.
 //! Planning is pure (what is mounted where, what to do about it); the mount and unmount run
 //! `mount(8)` / umount2(2) under deadlines, because an NFS server that died can block either in
 //! the kernel for minutes: a mount that does not finish in time is killed and reported
@@ -14,10 +15,12 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
 use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::config::NfsGrant;
 use wasmcsi_runtime::driver as wit;
 
 use super::attacher::{
-    Attacher, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_unmounted, mount_err, publish_staged,
+    Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_unmounted, mount_err,
+    publish_staged,
 };
 use super::bounded::bounded;
 use super::mountinfo::{self, MountEntry};
@@ -26,13 +29,41 @@ use super::usage;
 use crate::error::{CsiError, CsiResult};
 
 pub struct NfsAttacher {
+    config: Arc<dyn ConfigSource>,
     mounts: Arc<dyn MountSystem>,
 }
 
 impl NfsAttacher {
-    pub fn new(mounts: Arc<dyn MountSystem>) -> Self {
-        Self { mounts }
+    pub fn new(config: Arc<dyn ConfigSource>, mounts: Arc<dyn MountSystem>) -> Self {
+        Self { config, mounts }
     }
+
+    /// The plan's export must be one the operator granted to `backend` (the same grant its
+    /// `nfs` import is scoped by): a backend must not make the node mount a server it was not
+    /// given.
+    fn check_granted(&self, backend: &str, plan: &wit::NfsPlan) -> CsiResult<()> {
+        let grants = self.config.grants_for(backend).nfs;
+        if grants.iter().any(|g| is_export(g, &plan.server, &plan.share)) {
+            return Ok(());
+        }
+        Err(CsiError::FailedPrecondition(format!(
+            "nfs export {}:{} is not granted to backend {backend} on this node ([backends.{backend}.grants] nfs)",
+            plan.server, plan.share
+        )))
+    }
+}
+
+/// Whether `grant` is the export `server:share`; `/export/` and `/export` are one export, as
+/// for the `nfs` import.
+fn is_export(grant: &NfsGrant, server: &str, share: &str) -> bool {
+    let trim = |s: &str| -> String {
+        let mut s = s.to_owned();
+        while s.len() > 1 && s.ends_with('/') {
+            s.pop();
+        }
+        s
+    };
+    grant.server == server && trim(&grant.share) == trim(share)
 }
 
 #[tonic::async_trait]
@@ -41,6 +72,7 @@ impl Attacher for NfsAttacher {
 
     async fn stage(&self, call: &Stage<'_>, plan: &wit::NfsPlan) -> CsiResult<()> {
         let backend = &call.volume.backend.name;
+        self.check_granted(backend, plan)?;
         let invalid = |e: String| CsiError::Internal(format!("backend {backend} planned {e}"));
         let source = source_spec(&plan.server, &plan.share, &plan.path).map_err(invalid)?;
         let options = mount_options(&plan.mount_options, false).map_err(invalid)?;
@@ -308,6 +340,41 @@ mod tests {
         assert!(matches!(plan_stage(&[other], t, "s:/e/v"), StagePlan::Conflict(_)));
         let ext4 = entry("/var/lib/kubelet/staging/pv1", "ext4", "/dev/loop0");
         assert!(matches!(plan_stage(&[ext4], t, "s:/e/v"), StagePlan::Conflict(_)));
+    }
+
+    #[test]
+    fn an_export_is_granted_only_as_configured() {
+        let grant = NfsGrant { server: "10.0.0.5".into(), share: "/export/".into() };
+        assert!(is_export(&grant, "10.0.0.5", "/export"));
+        assert!(is_export(&grant, "10.0.0.5", "/export//"));
+        assert!(!is_export(&grant, "10.0.0.6", "/export"));
+        assert!(!is_export(&grant, "10.0.0.5", "/export/k8s"), "a subdirectory is another export");
+        assert!(!is_export(&grant, "10.0.0.5", "/"));
+    }
+
+    #[test]
+    fn a_plan_outside_the_grants_is_refused_naming_the_export() {
+        let config = wasmcsi_runtime::config::HostConfig::parse(
+            "[backends.nfs.grants]\nnfs = [{ server = \"10.0.0.5\", share = \"/export\" }]\n",
+            Path::new("test"),
+        )
+        .expect("config");
+        let attacher = NfsAttacher::new(Arc::new(config), Arc::new(super::super::mounts::KernelMounts));
+        let plan = |server: &str, share: &str| wit::NfsPlan {
+            server: server.into(),
+            share: share.into(),
+            path: "pvc-1".into(),
+            mount_options: vec![],
+        };
+        assert!(attacher.check_granted("nfs", &plan("10.0.0.5", "/export/")).is_ok());
+        let refused = attacher.check_granted("nfs", &plan("evil.example", "/export"));
+        assert!(
+            matches!(&refused, Err(CsiError::FailedPrecondition(m))
+                if m.contains("nfs export evil.example:/export is not granted to backend nfs")),
+            "{refused:?}"
+        );
+        let other_backend = attacher.check_granted("hostpath", &plan("10.0.0.5", "/export"));
+        assert!(matches!(other_backend, Err(CsiError::FailedPrecondition(_))), "grants are per backend");
     }
 
     #[test]
