@@ -1,17 +1,19 @@
 //! CSI Node: carries out a backend's attachment plan on this node. [`NodeService`] only routes:
-//! it validates the request, takes the volume's in-flight guard, asks the owning backend for
-//! the plan, and hands the plan to the attacher of its kind (`attacher`: the trait, and the one
-//! function that picks the attacher). Each kind lives in its own file — `bind` (directory
-//! volumes), `nfs` (kernel NFS mounts under deadlines), `rbd` (krbd, or rbd-fuse + loop, fenced
-//! against a second node) — on the mount work they share (`mounts`, `mountinfo`) and the usage
-//! measurements (`usage`). Every attacher reads the node's state, plans, then executes, so a
-//! repeated call finds the work done and does nothing.
+//! it validates the request (the paths it names through `paths`: absolute, spelled as the mount
+//! table spells them, never a symlink target), takes the volume's in-flight guard, asks the
+//! owning backend for the plan, and hands the plan to the attacher of its kind (`attacher`: the
+//! trait, and the one function that picks the attacher). Each kind lives in its own file —
+//! `bind` (directory volumes), `nfs` (kernel NFS mounts under deadlines), `rbd` (krbd, or
+//! rbd-fuse + loop, fenced against a second node) — on the mount work they share (`mounts`,
+//! `mountinfo`) and the usage measurements (`usage`). Every attacher reads the node's state,
+//! plans, then executes, so a repeated call finds the work done and does nothing.
 pub mod attacher;
 pub mod bind;
 pub mod bounded;
 pub mod mountinfo;
 pub mod mounts;
 pub mod nfs;
+pub mod paths;
 pub mod rbd;
 #[cfg(test)]
 mod sandbox;
@@ -22,7 +24,7 @@ pub use attacher::{Attachers, ConfigSource, NodeSetup};
 use crate::convert;
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
 use crate::error::{CsiError, CsiResult};
-use attacher::{Expand, Publish, Stage, Stats, Volume, is_read_only_mode};
+use attacher::{Expand, Publish, Stage, Stats, Volume, blocking, is_read_only_mode};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,6 +54,27 @@ struct Planned {
     plan: Attachment,
 }
 
+/// A staging path as given: it must be absolute.
+fn staging_path(raw: &str) -> CsiResult<PathBuf> {
+    let path = PathBuf::from(required(raw, "staging_target_path")?);
+    paths::absolute("staging_target_path", &path)?;
+    Ok(path)
+}
+
+/// The volume path of NodeGetVolumeStats and NodeExpandVolume, resolved ([`paths::resolve`]);
+/// NOT_FOUND when nothing is there.
+async fn volume_path(raw: &str) -> CsiResult<PathBuf> {
+    let path = PathBuf::from(required(raw, "volume_path")?);
+    blocking(move || {
+        let path = paths::resolve("volume_path", &path)?;
+        if !path.exists() {
+            return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
+        }
+        Ok(path)
+    })
+    .await
+}
+
 impl NodeService {
     fn attachers(&self) -> &Attachers {
         &self.0.attachers
@@ -76,7 +99,7 @@ impl NodeService {
 
     async fn stage(&self, req: csi::NodeStageVolumeRequest) -> CsiResult<csi::NodeStageVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let staging = staging_path(&req.staging_target_path)?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let Planned { backend, local_id, plan } = self.plan(id, &req.volume_context, cap.clone()).await?;
@@ -93,7 +116,7 @@ impl NodeService {
 
     async fn unstage(&self, req: csi::NodeUnstageVolumeRequest) -> CsiResult<csi::NodeUnstageVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let staging = staging_path(&req.staging_target_path)?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
         // No plan: the backend may be gone by now, and the node's state says what is staged.
         self.attachers().unstage(id, &staging).await?;
@@ -103,8 +126,9 @@ impl NodeService {
     async fn publish(&self, req: csi::NodePublishVolumeRequest) -> CsiResult<csi::NodePublishVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
-        let staging = PathBuf::from(required(&req.staging_target_path, "staging_target_path")?);
+        let staging = staging_path(&req.staging_target_path)?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        let target = blocking(move || paths::resolve("target_path", &target)).await?;
         let read_only = req.readonly || is_read_only_mode(&cap);
         let _guard = self.0.inflight.try_start(id.to_string())?;
         // The backend says whether the volume exists (NOT_FOUND) before the mount table is
@@ -125,6 +149,7 @@ impl NodeService {
     async fn unpublish(&self, req: csi::NodeUnpublishVolumeRequest) -> CsiResult<csi::NodeUnpublishVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
+        let target = blocking(move || paths::spell("target_path", &target)).await?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
         self.attachers().unpublish(&target).await?;
         Ok(csi::NodeUnpublishVolumeResponse {})
@@ -132,10 +157,7 @@ impl NodeService {
 
     async fn stats(&self, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
-        if !path.exists() {
-            return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
-        }
+        let path = volume_path(&req.volume_path).await?;
         let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), plain_mount()).await?;
         let call = Stats { volume: Volume { id, local_id: &local_id, backend: &backend }, path: &path };
         self.attachers().route(plan)?.stats(&call).await
@@ -143,12 +165,10 @@ impl NodeService {
 
     async fn expand(&self, req: csi::NodeExpandVolumeRequest) -> CsiResult<csi::NodeExpandVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
+        required(&req.volume_path, "volume_path")?;
         let range = convert::capacity(req.capacity_range.as_ref())?;
         let cap = req.volume_capability.as_ref().map(convert::capability).transpose()?.unwrap_or_else(plain_mount);
-        if !path.exists() {
-            return Err(CsiError::NotFound(format!("volume path {} does not exist", path.display())));
-        }
+        let path = volume_path(&req.volume_path).await?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), cap).await?;
         let call = Expand {
