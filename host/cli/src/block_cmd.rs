@@ -1,24 +1,20 @@
 //! `wasmcsi replica …` and `wasmcsi volume …`: the replicated block data path by hand. A replica
 //! server per node (`replica serve`, `replica nodes`); volumes created, deleted, reverted,
 //! cloned and (when detached) snapshotted or expanded through the servers' control requests
-//! (`wasmcsi_block::control`); and an engine attached to the kernel through FUSE + loop
-//! (`volume attach`) that stays in the foreground and serves the same operations online on its
-//! control socket (`block_ctl`).
+//! (`wasmcsi_block::control`); and a volume attached to the kernel (`volume attach`, through
+//! `wasmcsi_block::attach`: engine + FUSE + loop) that stays in the foreground and serves the same
+//! operations online on its control socket (`block_ctl`).
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use wasmcsi_block::attach::{AttachConfig, AttachError, AttachedVolume};
 use wasmcsi_block::control::{self, NodeClient, ReplicaSet};
-use wasmcsi_block::driver::{DriverConfig, ReplicatedVolume, VolumeStatus};
 use wasmcsi_block::replica::ReplicaServer;
-use wasmcsi_frontend::BlockDevice;
 
 use crate::block_ctl as ctl;
-use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
-use wasmcsi_frontend::{Frontend, FuseLoopFrontend};
 
 /// Replica servers: the per-node storage of replicated volumes.
 #[derive(Subcommand)]
@@ -337,7 +333,7 @@ pub async fn volume(cmd: VolumeCommand) -> anyhow::Result<()> {
         VolumeCommand::Status(a) => {
             let reply = online_only(&a, &ctl::Request::Status).await?;
             let s = reply.status.context("the attached volume sent no status")?;
-            println!("{}  {} bytes  {}", s.device, s.size, describe_view(&s));
+            println!("{}  {} bytes  {}", s.device.display(), s.size, s);
             if let Some(r) = &s.rebuild {
                 println!("rebuilding replica {} ({}): {}/{} bytes", r.replica, r.kind, r.done, r.total);
             }
@@ -480,14 +476,14 @@ async fn rebuild(a: RebuildArgs) -> anyhow::Result<()> {
             if drew {
                 eprintln!();
             }
-            println!("{}: {}", a.online.volume_id, describe_view(&s));
+            println!("{}: {}", a.online.volume_id, s);
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
             if drew {
                 eprintln!();
             }
-            bail!("still rebuilding after {}s: {}", a.wait_secs, describe_view(&s));
+            bail!("still rebuilding after {}s: {}", a.wait_secs, s);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -505,57 +501,24 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
     {
         bail!("--local {l} is out of range: there are {n} replicas (indices 0..{n})");
     }
-    // The replicas know the size (it changes with online expansion); ask their servers.
-    let mut size = None;
-    for info in control::list_nodes(&a.replicas, a.timeout.get()).await.into_iter().flatten() {
-        if let Some(r) = info.replicas.iter().find(|r| r.volume_id == a.volume_id) {
-            size = size.max(Some(r.size));
-        }
-    }
-    let Some(size) = size else {
-        bail!(
-            "no replica server of {:?} holds volume {} (create it with `wasmcsi volume create`)",
-            a.replicas,
-            a.volume_id
-        );
-    };
     std::fs::create_dir_all(&a.runtime_dir).with_context(|| format!("creating {}", a.runtime_dir.display()))?;
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel(16);
     let socket = ctl::socket_path(&a.runtime_dir, &a.volume_id);
     let ctl_task = ctl::serve(socket.clone(), ctl_tx).await?;
     let _socket_guard = RemoveOnDrop(socket);
 
-    let engine = EngineConfig {
-        volume_id: a.volume_id.clone(),
-        size,
-        replicas: (0..n).map(|i| ReplicaConfig { local: a.local == Some(i) }).collect(),
-        region_size: 1 << 20,
-        request_timeout: 5_000,
-        attach_timeout: 10_000,
-        rebuild_parallelism: 4,
-        epoch: 0,
+    let mut config = AttachConfig::new(a.volume_id.clone(), a.replicas.clone(), &a.state_dir, &a.runtime_dir);
+    config.local = a.local;
+    config.request_timeout = a.timeout.get();
+    let vol = match AttachedVolume::start(config).await {
+        Ok(vol) => vol,
+        Err(e @ AttachError::NoReplica { .. }) => bail!("{e} (create it with `wasmcsi volume create`)"),
+        Err(e) => return Err(e.into()),
     };
-    let vol = Arc::new(
-        ReplicatedVolume::start(
-            DriverConfig::new(engine, a.replicas.clone(), &a.state_dir),
-            &tokio::runtime::Handle::current(),
-        )
-        .context("starting the engine")?,
-    );
-    // The engine and the frontend block; this runtime is multi-threaded, so block in place.
-    let attached_ok =
-        tokio::task::block_in_place(|| vol.wait_for(Duration::from_secs(30), |s| s.attached && s.healthy >= 1));
-    if !attached_ok {
-        vol.shutdown();
-        bail!("the engine did not attach to any replica within 30s: {}", describe(&vol.status(), n));
-    }
-    let dev = vol.clone();
-    let mut attached = tokio::task::block_in_place(|| FuseLoopFrontend::new(&a.runtime_dir).attach(dev, &a.volume_id))
-        .context("attaching the volume through FUSE + loop")?;
-    let device = attached.device().to_path_buf();
+    let device = vol.device().to_path_buf();
     println!("{}", device.display());
     let mut last = vol.status();
-    println!("replicas: {}", describe(&last, n));
+    println!("replicas: {last}");
 
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -568,28 +531,23 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
             Some((request, reply)) = ctl_rx.recv() => match request {
                 ctl::Request::Detach => (true, Some(reply)),
                 request => {
-                    let answer = tokio::task::block_in_place(|| online_request(&vol, &attached, request));
-                    let _ = reply.send(answer);
+                    let _ = reply.send(online_request(&vol, request).await);
                     (false, None)
                 }
             },
         };
         let s = vol.status();
         if s.healthy != last.healthy || s.rebuilds_finished != last.rebuilds_finished {
-            println!("replicas: {}", describe(&s, n));
+            println!("replicas: {s}");
             last = s;
         }
         if !detach {
             continue;
         }
-        match tokio::task::block_in_place(|| attached.detach()) {
-            Ok(()) => {
-                if let Some(reply) = reply_to {
-                    let _ = reply.send(ctl::Reply::ok());
-                }
-                break;
-            }
-            Err(e @ wasmcsi_frontend::FrontendError::InUse { .. }) => {
+        // Detached in order: loop device, FUSE server, then the engine flushes and stops.
+        match vol.stop().await {
+            Ok(()) => {}
+            Err(AttachError::InUse(e)) => {
                 eprintln!(
                     "wasmcsi: refusing to detach {}: {e}; the volume stays attached, interrupt again after unmounting",
                     device.display()
@@ -597,30 +555,28 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
                 if let Some(reply) = reply_to {
                     let _ = reply.send(ctl::Reply::error(format!("refusing to detach: {e}")));
                 }
+                continue;
             }
+            // Torn down all the same; the replicas resync what was in flight at the next attach.
+            Err(e @ AttachError::Flush { .. }) => eprintln!("wasmcsi: {e}"),
             Err(e) => return Err(anyhow::Error::new(e).context(format!("detaching {}", device.display()))),
         }
+        if let Some(reply) = reply_to {
+            let _ = reply.send(ctl::Reply::ok());
+        }
+        break;
     }
     ctl_task.abort();
-    drop(attached);
-    // Written data reaches every replica's disk before the engine lets go, so the replicas'
-    // dirty flags clear and the next attach starts clean.
-    if let Err(e) = tokio::task::block_in_place(|| vol.flush()) {
-        eprintln!("wasmcsi: final flush failed: {e}");
-    }
-    vol.shutdown();
     println!("detached {}", device.display());
     Ok(())
 }
 
 /// Answers a control request of an attached volume (never Detach, which the loop handles).
-fn online_request(vol: &ReplicatedVolume, attached: &wasmcsi_frontend::Attached, request: ctl::Request) -> ctl::Reply {
-    let result: Result<ctl::Reply, String> = match request {
-        ctl::Request::Status => Ok(ctl::Reply { status: Some(status_view(vol, attached)), ..ctl::Reply::ok() }),
-        ctl::Request::Snapshot { name } => vol.snapshot(&name).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string()),
-        ctl::Request::DeleteSnapshot { name } => {
-            vol.delete_snapshot(&name).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string())
-        }
+async fn online_request(vol: &AttachedVolume, request: ctl::Request) -> ctl::Reply {
+    let result: Result<ctl::Reply, AttachError> = match request {
+        ctl::Request::Status => Ok(ctl::Reply { status: Some(vol.status()), ..ctl::Reply::ok() }),
+        ctl::Request::Snapshot { name } => vol.snapshot(&name).await.map(|()| ctl::Reply::ok()),
+        ctl::Request::DeleteSnapshot { name } => vol.delete_snapshot(&name).await.map(|()| ctl::Reply::ok()),
         ctl::Request::Snapshots => Ok(ctl::Reply {
             snapshots: vol
                 .snapshots()
@@ -629,35 +585,23 @@ fn online_request(vol: &ReplicatedVolume, attached: &wasmcsi_frontend::Attached,
                 .collect(),
             ..ctl::Reply::ok()
         }),
-        ctl::Request::Expand { size } => vol
-            .resize(size)
-            .map_err(|e| e.to_string())
-            .and_then(|()| attached.refresh_size().map_err(|e| format!("the volume grew, but the device did not: {e}")))
-            .map(|size| ctl::Reply { size: Some(size), ..ctl::Reply::ok() }),
-        ctl::Request::ReplaceReplica { index, addr } => {
-            vol.replace_replica(index, addr).map(|()| ctl::Reply::ok()).map_err(|e| e.to_string())
+        ctl::Request::Expand { size } => {
+            vol.expand(size).await.map(|size| ctl::Reply { size: Some(size), ..ctl::Reply::ok() })
         }
-        ctl::Request::Detach => Err("detach is handled by the attach loop".into()),
+        ctl::Request::ReplaceReplica { index, addr } => {
+            vol.replace_replica(index, addr).await.map(|()| ctl::Reply::ok())
+        }
+        ctl::Request::Detach => return ctl::Reply::error("detach is handled by the attach loop"),
     };
-    result.unwrap_or_else(ctl::Reply::error)
+    result.unwrap_or_else(|e| ctl::Reply::error(online_error(e)))
 }
 
-fn status_view(vol: &ReplicatedVolume, attached: &wasmcsi_frontend::Attached) -> ctl::StatusView {
-    let s = vol.status();
-    ctl::StatusView {
-        device: attached.device().display().to_string(),
-        size: vol.size(),
-        replicas: vol.replica_count(),
-        healthy: s.healthy,
-        connected: s.connected,
-        revision: s.revision,
-        rebuilds_finished: s.rebuilds_finished,
-        rebuild: s.rebuild.as_ref().map(|r| ctl::RebuildView {
-            replica: r.replica,
-            kind: format!("{:?} ({:?})", r.kind, r.phase).to_lowercase(),
-            done: r.done.saturating_mul(r.region_size),
-            total: r.total.saturating_mul(r.region_size),
-        }),
+/// What the control socket answers for a failed operation: the engine's or frontend's own
+/// words, as before the attach moved into `wasmcsi_block::attach`.
+fn online_error(e: AttachError) -> String {
+    match e {
+        AttachError::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -667,29 +611,6 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-fn describe_view(s: &ctl::StatusView) -> String {
-    format!(
-        "{}/{} healthy, {} connected, {} rebuilds finished, revision {}{}",
-        s.healthy,
-        s.replicas,
-        s.connected,
-        s.rebuilds_finished,
-        s.revision,
-        if s.healthy < s.replicas { " (degraded)" } else { "" }
-    )
-}
-
-fn describe(s: &VolumeStatus, replicas: usize) -> String {
-    format!(
-        "{}/{replicas} healthy, {} connected, {} rebuilds finished, revision {}{}",
-        s.healthy,
-        s.connected,
-        s.rebuilds_finished,
-        s.revision,
-        if s.healthy < replicas { " (degraded)" } else { "" }
-    )
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -2,7 +2,8 @@
 //! `RUNTIME_DIR/VOLUME_ID.ctl`, and the other `wasmcsi volume …` commands talk to it while the
 //! volume is attached, so online operations (snapshot, expand, replica replacement, detach) are
 //! ordered with client I/O by the engine that owns the replicas. One JSON request per line, one
-//! JSON reply per line; the socket is root-only (mode 0600), like the device it controls.
+//! JSON reply per line; the socket is root-only (mode 0600), like the device it controls. The
+//! status it sends is the attached volume's own view (`wasmcsi_block::attach::AttachStatus`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
+use wasmcsi_block::attach::AttachStatus;
 
 /// Where the control socket of `volume_id` lives.
 pub fn socket_path(runtime_dir: &Path, volume_id: &str) -> PathBuf {
@@ -35,7 +37,7 @@ pub struct Reply {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<StatusView>,
+    pub status: Option<AttachStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,29 +51,6 @@ impl Reply {
     pub fn error(e: impl std::fmt::Display) -> Self {
         Self { ok: false, error: Some(e.to_string()), ..Self::default() }
     }
-}
-
-/// The attached volume's state as the CLI shows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatusView {
-    pub device: String,
-    pub size: u64,
-    pub replicas: usize,
-    pub healthy: usize,
-    pub connected: usize,
-    pub revision: u64,
-    pub rebuilds_finished: u64,
-    /// The rebuild in progress: target replica index, kind, bytes done and total.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rebuild: Option<RebuildView>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RebuildView {
-    pub replica: usize,
-    pub kind: String,
-    pub done: u64,
-    pub total: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use wasmcsi_csi::node::bind::KernelMounts;
+use wasmcsi_csi::node::mounts::KernelMounts;
+use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_csi::{Driver, Mode};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::engine::EngineSettings;
@@ -59,8 +60,12 @@ impl Host {
             node_id: opts.node_id.clone(),
             registry: registry.clone(),
             inflight: Default::default(),
-            mounts: Arc::new(KernelMounts),
-            rbd: Arc::new(wasmcsi_csi::node::rbd::RbdNode::new(opts.state_dir.join("node"))),
+            attachers: Attachers::new(NodeSetup {
+                node_id: opts.node_id.clone(),
+                state_dir: opts.state_dir.join("node"),
+                config: Arc::new(opts.config.clone()),
+                mounts: Arc::new(KernelMounts),
+            }),
         });
         let metrics_addr = match opts.metrics_addr {
             Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone()).await?),

@@ -3,7 +3,7 @@
 use crate::error::{CsiError, CsiResult};
 use crate::guard::InFlight;
 use crate::ids::ObjectId;
-use crate::node::bind::MountSystem;
+use crate::node::Attachers;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -42,9 +42,8 @@ pub struct Driver {
     pub node_id: String,
     pub registry: Arc<Registry>,
     pub inflight: InFlight,
-    pub mounts: Arc<dyn MountSystem>,
-    /// The node's rbd executor (its state directory, its cluster connections).
-    pub rbd: Arc<crate::node::rbd::RbdNode>,
+    /// What carries out attachment plans on this node, one attacher per kind.
+    pub attachers: Attachers,
 }
 
 impl Driver {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::NodeService;
-use wasmcsi_csi::node::bind::KernelMounts;
-use wasmcsi_csi::node::rbd::RbdNode;
+use wasmcsi_csi::node::mounts::KernelMounts;
+use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph};
@@ -175,10 +175,19 @@ fn node(f: &Fixture, id: &str) -> TestNode {
         node_id: id.into(),
         registry: f.registry.clone(),
         inflight: Default::default(),
-        mounts: Arc::new(KernelMounts),
-        rbd: Arc::new(RbdNode::new(&state)),
+        attachers: attachers(f, id, &state),
     };
     TestNode { id: id.into(), svc: NodeService(Arc::new(driver)), state, kubelet: root.join("kubelet"), _dir: dir }
+}
+
+/// The attachers of a node with this id and state directory, granted what the registry's backends are.
+fn attachers(f: &Fixture, id: &str, state: &Path) -> Attachers {
+    Attachers::new(NodeSetup {
+        node_id: id.into(),
+        state_dir: state.to_owned(),
+        config: Arc::new(f.registry.runtime().config.clone()),
+        mounts: Arc::new(KernelMounts),
+    })
 }
 
 fn mount_cap(fs_type: &str) -> csi::VolumeCapability {
@@ -502,8 +511,7 @@ fn node_with_state(f: &Fixture, other: &TestNode) -> NodeService {
         node_id: other.id.clone(),
         registry: f.registry.clone(),
         inflight: Default::default(),
-        mounts: Arc::new(KernelMounts),
-        rbd: Arc::new(RbdNode::new(&other.state)),
+        attachers: attachers(f, &other.id, &other.state),
     }))
 }
 

@@ -1,6 +1,6 @@
 //! The node's view of the mount table: parsing `/proc/self/mountinfo` (proc(5)) into
 //! [`MountEntry`] values and looking entries up by mount point. It owns the format only: it does
-//! not decide what a mount means for a volume (that is the planners' job, e.g. `node::bind`) and
+//! not decide what a mount means for a volume (that is the planners' job, e.g. `node::mounts`) and
 //! it never changes the mount table.
 //!
 //! Paths are kept as raw bytes from the kernel, so a mount point that is not UTF-8 still compares

@@ -1,20 +1,135 @@
-//! The NFS executor: NodeStage mounts `server:/share/path` on the staging path with the kernel
-//! NFS client and the StorageClass's mount options; NodePublish then bind-mounts the staging
-//! path like any other volume. Planning is pure (what is mounted where, what to do about it);
-//! the mount and unmount run `mount(8)` / umount2(2) under deadlines, because an NFS server that
-//! died can block either in the kernel for minutes: a mount that does not finish in time is
-//! killed and reported UNAVAILABLE, and an unmount that does not finish falls back to a forced,
-//! then a lazy (detached) unmount, so kubelet can tear the pod down and the node is not wedged.
+//! The nfs attacher: NodeStage mounts `server:/share/path` on the staging path with the kernel
+//! NFS client and the StorageClass's mount options, once the export is found granted to the
+//! backend on this node; NodePublish then bind-mounts the staging path like any other volume.
+//! Planning is pure (what is mounted where, what to do about it); the mount and unmount run
+//! `mount(8)` / umount2(2) under deadlines, because an NFS server that died can block either in
+//! the kernel for minutes: a mount that does not finish in time is killed and reported
+//! UNAVAILABLE, and an unmount that does not finish falls back to a forced, then a lazy
+//! (detached) unmount, so kubelet can tear the pod down and the node is not wedged.
 
-use super::bounded::bounded;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::mount::MntFlags;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::config::NfsGrant;
+use wasmcsi_runtime::driver as wit;
 
-use super::mountinfo::MountEntry;
+use super::attacher::{
+    Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_unmounted, mount_err,
+    publish_staged,
+};
+use super::bounded::bounded;
+use super::mountinfo::{self, MountEntry};
+use super::mounts::MountSystem;
+use super::usage;
+use crate::error::{CsiError, CsiResult};
+
+pub struct NfsAttacher {
+    config: Arc<dyn ConfigSource>,
+    mounts: Arc<dyn MountSystem>,
+}
+
+impl NfsAttacher {
+    pub fn new(config: Arc<dyn ConfigSource>, mounts: Arc<dyn MountSystem>) -> Self {
+        Self { config, mounts }
+    }
+
+    /// The plan's export must be one the operator granted to `backend` (the same grant its
+    /// `nfs` import is scoped by): a backend must not make the node mount a server it was not
+    /// given.
+    fn check_granted(&self, backend: &str, plan: &wit::NfsPlan) -> CsiResult<()> {
+        let grants = self.config.grants_for(backend).nfs;
+        if grants.iter().any(|g| is_export(g, &plan.server, &plan.share)) {
+            return Ok(());
+        }
+        Err(CsiError::FailedPrecondition(format!(
+            "nfs export {}:{} is not granted to backend {backend} on this node ([backends.{backend}.grants] nfs)",
+            plan.server, plan.share
+        )))
+    }
+}
+
+/// Whether `grant` is the export `server:share`; `/export/` and `/export` are one export, as
+/// for the `nfs` import.
+fn is_export(grant: &NfsGrant, server: &str, share: &str) -> bool {
+    let trim = |s: &str| -> String {
+        let mut s = s.to_owned();
+        while s.len() > 1 && s.ends_with('/') {
+            s.pop();
+        }
+        s
+    };
+    grant.server == server && trim(&grant.share) == trim(share)
+}
+
+#[tonic::async_trait]
+impl Attacher for NfsAttacher {
+    type Plan = wit::NfsPlan;
+
+    async fn stage(&self, call: &Stage<'_>, plan: &wit::NfsPlan) -> CsiResult<()> {
+        let backend = &call.volume.backend.name;
+        self.check_granted(backend, plan)?;
+        let invalid = |e: String| CsiError::Internal(format!("backend {backend} planned {e}"));
+        let source = source_spec(&plan.server, &plan.share, &plan.path).map_err(invalid)?;
+        let options = mount_options(&plan.mount_options, false).map_err(invalid)?;
+        let staging = call.staging.to_owned();
+        blocking(move || {
+            let mounts = mountinfo::read_current().map_err(mount_err)?;
+            match plan_stage(&mounts, &staging, &source) {
+                StagePlan::Done => Ok(()),
+                StagePlan::Conflict(why) => Err(CsiError::AlreadyExists(why)),
+                StagePlan::Mount => mount_nfs(&source, &staging, &options, NFS_DEADLINE).map_err(CsiError::Unavailable),
+            }
+        })
+        .await
+    }
+
+    /// An NFS share on top of the staging path is this kind's. A mount whose server died can
+    /// block umount in the kernel: it goes first, bounded, with forced and lazy fallbacks; then
+    /// whatever was stacked under it goes through the planned unmount.
+    async fn unstage(&self, _volume_id: &str, staging: &Path) -> CsiResult<Unstaged> {
+        let (sys, staging) = (self.mounts.clone(), staging.to_owned());
+        blocking(move || {
+            let mounts = mountinfo::read_current().map_err(mount_err)?;
+            let top = mounts.iter().rev().find(|m| m.mount_point == staging);
+            if !top.is_some_and(|m| m.fs_type.starts_with("nfs")) {
+                return Ok(Unstaged::NotMine);
+            }
+            let how = unmount_bounded(&staging, NFS_DEADLINE).map_err(mount_err)?;
+            tracing::info!(path = %staging.display(), ?how, "NFS share unmounted");
+            ensure_unmounted(sys.as_ref(), &staging, false)?;
+            Ok(Unstaged::Done)
+        })
+        .await
+    }
+
+    async fn publish(&self, call: &Publish<'_>, _plan: &wit::NfsPlan) -> CsiResult<()> {
+        publish_staged(&self.mounts, call).await
+    }
+
+    /// The share's numbers, with the used bytes measured against the size the backend recorded
+    /// for the volume (when it still answers for it).
+    async fn stats(&self, call: &Stats<'_>, _plan: &wit::NfsPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+        let capacity = match call.volume.backend.get_volume(call.volume.local_id.to_owned()).await {
+            Ok(status) => Some(status.volume.capacity_bytes),
+            Err(e) => {
+                tracing::debug!(volume = call.volume.id, error = %e, "no capacity record for NFS stats");
+                None
+            }
+        };
+        usage::fs_stats(call.path.to_owned(), "the NFS server of the volume does not answer", None, capacity).await
+    }
+
+    /// The share has no filesystem of its own on the node: the controller recorded the new
+    /// size with the volume.
+    async fn expand(&self, call: &Expand<'_>, _plan: &wit::NfsPlan) -> CsiResult<u64> {
+        Ok(call.required_bytes)
+    }
+}
 
 /// How long a mount or an unmount of an NFS share may take before the fallbacks.
 pub const NFS_DEADLINE: Duration = Duration::from_secs(30);
@@ -137,8 +252,8 @@ pub fn unmount_bounded(target: &Path, deadline: Duration) -> Result<Unmounted, S
     // The mount table decides what "not mounted" means, not the errno: EINVAL from umount2 can
     // also come from a mount the kernel is still tearing down.
     let mounted = || {
-        super::mountinfo::read_current()
-            .map(|m| !super::mountinfo::mounts_at(&m, target).is_empty())
+        mountinfo::read_current()
+            .map(|m| !mountinfo::mounts_at(&m, target).is_empty())
             .map_err(|e| format!("reading the mount table: {e}"))
     };
     if !mounted()? {
@@ -225,6 +340,41 @@ mod tests {
         assert!(matches!(plan_stage(&[other], t, "s:/e/v"), StagePlan::Conflict(_)));
         let ext4 = entry("/var/lib/kubelet/staging/pv1", "ext4", "/dev/loop0");
         assert!(matches!(plan_stage(&[ext4], t, "s:/e/v"), StagePlan::Conflict(_)));
+    }
+
+    #[test]
+    fn an_export_is_granted_only_as_configured() {
+        let grant = NfsGrant { server: "10.0.0.5".into(), share: "/export/".into() };
+        assert!(is_export(&grant, "10.0.0.5", "/export"));
+        assert!(is_export(&grant, "10.0.0.5", "/export//"));
+        assert!(!is_export(&grant, "10.0.0.6", "/export"));
+        assert!(!is_export(&grant, "10.0.0.5", "/export/k8s"), "a subdirectory is another export");
+        assert!(!is_export(&grant, "10.0.0.5", "/"));
+    }
+
+    #[test]
+    fn a_plan_outside_the_grants_is_refused_naming_the_export() {
+        let config = wasmcsi_runtime::config::HostConfig::parse(
+            "[backends.nfs.grants]\nnfs = [{ server = \"10.0.0.5\", share = \"/export\" }]\n",
+            Path::new("test"),
+        )
+        .expect("config");
+        let attacher = NfsAttacher::new(Arc::new(config), Arc::new(super::super::mounts::KernelMounts));
+        let plan = |server: &str, share: &str| wit::NfsPlan {
+            server: server.into(),
+            share: share.into(),
+            path: "pvc-1".into(),
+            mount_options: vec![],
+        };
+        assert!(attacher.check_granted("nfs", &plan("10.0.0.5", "/export/")).is_ok());
+        let refused = attacher.check_granted("nfs", &plan("evil.example", "/export"));
+        assert!(
+            matches!(&refused, Err(CsiError::FailedPrecondition(m))
+                if m.contains("nfs export evil.example:/export is not granted to backend nfs")),
+            "{refused:?}"
+        );
+        let other_backend = attacher.check_granted("hostpath", &plan("10.0.0.5", "/export"));
+        assert!(matches!(other_backend, Err(CsiError::FailedPrecondition(_))), "grants are per backend");
     }
 
     #[test]

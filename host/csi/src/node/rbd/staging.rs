@@ -1,7 +1,8 @@
-//! The RBD executor for kernels without krbd or rbd-nbd: NodeStage runs one `rbd-fuse` for
-//! exactly the planned image, puts a loop device on the image file, and then either formats
-//! (only when blank) and mounts it at the staging path, or — for `volumeMode: Block` — keeps
-//! the loop device as the staged device that NodePublish bind-mounts onto the target file.
+//! The staging of RBD images on this node ([`RbdNode`]), the bulk of the rbd attacher: NodeStage
+//! maps exactly the planned image — with the kernel (krbd) where it maps RBD, else with one
+//! `rbd-fuse` and a loop device on the image file — and then either formats (only when blank)
+//! and mounts it at the staging path, or — for `volumeMode: Block` — keeps the device as the
+//! staged device that NodePublish bind-mounts onto the target file.
 //!
 //! **State.** Each staged volume owns a directory `<state>/rbd/<volume id>/` (0700): rbd-fuse's
 //! mount point and private directory (conf, keyring, log), `state.json` (what is attached:
@@ -39,8 +40,8 @@ use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
 use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
 use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 
-use super::{bounded, mountinfo};
 use crate::error::{CsiError, CsiResult};
+use crate::node::{bounded, mountinfo};
 
 const STATE_FILE: &str = "state.json";
 const CREDENTIALS_FILE: &str = "credentials";
@@ -122,33 +123,6 @@ impl std::fmt::Debug for RbdNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RbdNode").field("state_dir", &self.state_dir).finish_non_exhaustive()
     }
-}
-
-/// The secret keys a plan names, resolved against NodeStageVolume's secrets: the ref whose key
-/// ends in `ID` is the cephx user, the one ending in `Key` its key (ceph-csi's `userID` /
-/// `userKey`, or `adminID` / `adminKey`). The guest never sees NodeStage's secrets (its plan is
-/// computed without them), so the refs are matched by key, not by handle. Values never appear
-/// in errors.
-pub fn resolve_credentials(
-    refs: &[wasmcsi_runtime::driver::SecretRef],
-    secrets: &HashMap<String, String>,
-) -> CsiResult<RbdCredentials> {
-    let pick = |suffix: &str| -> CsiResult<&str> {
-        let mut named = refs.iter().filter(|r| r.key.ends_with(suffix));
-        let (Some(r), None) = (named.next(), named.next()) else {
-            return Err(CsiError::Internal(format!(
-                "the rbd plan must name exactly one secret key ending in {suffix:?}; it names {:?}",
-                refs.iter().map(|r| r.key.as_str()).collect::<Vec<_>>()
-            )));
-        };
-        secrets
-            .get(&r.key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| CsiError::Invalid(format!("NodeStageVolume secrets lack {:?}", r.key)))
-    };
-    let (user, key) = (pick("ID")?, pick("Key")?);
-    Ok(RbdCredentials::new(user, key))
 }
 
 /// Splits CSI mount flags into mount(2) flags and filesystem data (`discard`, `nouuid`, ...).
@@ -872,29 +846,6 @@ pub fn block_size_of(device: &Path) -> CsiResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmcsi_runtime::driver::SecretRef;
-
-    fn refs(keys: &[&str]) -> Vec<SecretRef> {
-        keys.iter().enumerate().map(|(i, k)| SecretRef { key: (*k).into(), handle: i as u32 }).collect()
-    }
-
-    #[test]
-    fn credentials_resolve_by_the_keys_the_plan_names() {
-        let secrets: HashMap<String, String> =
-            [("userID", "kube"), ("userKey", "AQB=="), ("adminID", "admin"), ("adminKey", "AQA==")]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-        let c = resolve_credentials(&refs(&["userID", "userKey"]), &secrets).expect("resolved");
-        assert_eq!((c.user.as_str(), c.key()), ("kube", "AQB=="));
-        let c = resolve_credentials(&refs(&["adminID", "adminKey"]), &secrets).expect("resolved");
-        assert_eq!(c.user, "admin");
-        let missing = resolve_credentials(&refs(&["userID", "userKey"]), &HashMap::new());
-        assert!(matches!(&missing, Err(CsiError::Invalid(m)) if m.contains("userID")), "{missing:?}");
-        assert!(matches!(resolve_credentials(&refs(&["userID"]), &secrets), Err(CsiError::Internal(_))));
-        let err = format!("{:?}", resolve_credentials(&refs(&["userID", "otherKey"]), &secrets));
-        assert!(!err.contains("AQB"), "never a key in errors: {err}");
-    }
 
     #[test]
     fn mount_flags_split_into_syscall_flags_and_data() {

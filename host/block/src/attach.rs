@@ -1,0 +1,527 @@
+//! A replicated volume attached on this node: its engine started against the volume's replicas
+//! ([`ReplicatedVolume`]) and exposed to the kernel as a block device through a frontend (FUSE +
+//! loop, the one this kernel has), with what an attached volume serves online (status,
+//! snapshots, expansion, replica replacement) and the teardown in the only safe order. The CLI's
+//! `wasmcsi volume attach` holds one in the foreground; a node plugin holds one per staged
+//! volume, for as long as it likes, and calls it from its async tasks.
+//!
+//! ```text
+//!   start:  replica servers ──size──▶ engine (ReplicatedVolume) ──▶ frontend ──▶ /dev/loopN
+//!   stop:   /dev/loopN detached ─▶ FUSE server stopped ─▶ engine flushed ─▶ engine stopped
+//! ```
+//!
+//! It formats, mounts and unmounts nothing: the filesystem on the device is the caller's, and
+//! [`AttachedVolume::stop`] refuses, leaving everything attached, while one is mounted.
+//! A start that fails half-way leaves nothing behind (the frontend undoes its own steps, the
+//! engine is stopped). What a process killed with the volume attached leaves (the loop device,
+//! the FUSE mount under the runtime directory) is not reclaimed here.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
+
+use crate::control::{self, ControlError};
+use crate::driver::{DriverConfig, DriverError, InProcessNode, ReplicatedVolume, VolumeStatus};
+use crate::protocol::SnapshotInfo;
+use crate::replication::{EngineConfig, ReplicaConfig};
+
+/// Engine settings of an attached volume.
+const REGION_SIZE: u64 = 1 << 20;
+const ENGINE_REQUEST_TIMEOUT_MS: u64 = 5_000;
+const ENGINE_ATTACH_TIMEOUT_MS: u64 = 10_000;
+const REBUILD_PARALLELISM: usize = 4;
+/// How often `start` looks at the engine's status while it attaches.
+const ATTACH_POLL: Duration = Duration::from_millis(5);
+
+/// What attaching a volume on this node takes.
+#[derive(Debug, Clone)]
+pub struct AttachConfig {
+    /// Every replica must have been created with this id.
+    pub volume_id: String,
+    /// The replica servers, one per replica, in the volume's replica order.
+    pub replicas: Vec<SocketAddr>,
+    /// Index in `replicas` of the replica on this node: preferred for reads.
+    pub local: Option<usize>,
+    /// Where the engine persists its state (revision, out-of-sync replicas, dirty maps); keep
+    /// it across attaches of the volume on this node.
+    pub state_dir: PathBuf,
+    /// Where the frontend's FUSE mount lives (created if missing).
+    pub runtime_dir: PathBuf,
+    /// Deadline of each request to a replica server while attaching (the size query).
+    pub request_timeout: Duration,
+    /// How long the engine may take to attach to a healthy replica.
+    pub attach_timeout: Duration,
+    /// This process's own replica node, reached in-process (see [`DriverConfig::in_process`]).
+    pub in_process: Option<InProcessNode>,
+    /// The epoch the engine claims on every replica (from the volume's record); 0 for a volume
+    /// driven by hand, which claims nothing.
+    pub epoch: u64,
+}
+
+impl AttachConfig {
+    /// A configuration with default timing (10 s per request, 30 s to attach), no local replica.
+    pub fn new(
+        volume_id: impl Into<String>,
+        replicas: Vec<SocketAddr>,
+        state_dir: impl Into<PathBuf>,
+        runtime_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            volume_id: volume_id.into(),
+            replicas,
+            local: None,
+            state_dir: state_dir.into(),
+            runtime_dir: runtime_dir.into(),
+            request_timeout: Duration::from_secs(10),
+            attach_timeout: Duration::from_secs(30),
+            in_process: None,
+            epoch: 0,
+        }
+    }
+}
+
+/// An attached volume's state, as shown to operators (and sent over the CLI's control socket).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachStatus {
+    /// The kernel block device, e.g. `/dev/loop3`.
+    pub device: PathBuf,
+    pub size: u64,
+    pub replicas: usize,
+    /// Replicas that serve reads and count for acknowledgments.
+    pub healthy: usize,
+    /// Replicas with an open connection (healthy or not).
+    pub connected: usize,
+    pub revision: u64,
+    pub rebuilds_finished: u64,
+    /// The rebuild in progress, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildProgress>,
+}
+
+/// A running rebuild: target replica index, kind and phase, bytes done and total.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildProgress {
+    pub replica: usize,
+    /// e.g. `delta (copying)`.
+    pub kind: String,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// `2/2 healthy, 2 connected, 1 rebuilds finished, revision 7`, and ` (degraded)` when a replica
+/// is not healthy.
+impl fmt::Display for AttachStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&summary(self.healthy, self.replicas, self.connected, self.rebuilds_finished, self.revision))
+    }
+}
+
+fn summary(healthy: usize, replicas: usize, connected: usize, rebuilds_finished: u64, revision: u64) -> String {
+    format!(
+        "{healthy}/{replicas} healthy, {connected} connected, {rebuilds_finished} rebuilds finished, revision \
+         {revision}{}",
+        if healthy < replicas { " (degraded)" } else { "" }
+    )
+}
+
+/// Why attaching, an online operation or the teardown failed. Each case names the volume.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The configuration cannot describe a volume (no replica, local index out of range).
+    #[error("volume {volume_id}: {message}")]
+    Invalid { volume_id: String, message: String },
+    /// No replica server answered with a replica of the volume.
+    #[error("no replica server of {replicas:?} holds volume {volume_id}")]
+    NoReplica { volume_id: String, replicas: Vec<SocketAddr>, errors: Vec<ControlError> },
+    /// The engine could not start (its state directory, a corrupt state file).
+    #[error("starting the engine of volume {volume_id}: {source}")]
+    Engine {
+        volume_id: String,
+        #[source]
+        source: DriverError,
+    },
+    /// The engine reached no healthy replica in time; it was stopped again.
+    #[error("the engine did not attach to any replica within {}s: {status}", timeout.as_secs())]
+    NotAttached { volume_id: String, timeout: Duration, status: String },
+    /// The frontend failed; what it did of the attach or detach is undone or still named here.
+    #[error("volume {volume_id} through FUSE + loop: {source}")]
+    Frontend {
+        volume_id: String,
+        #[source]
+        source: FrontendError,
+    },
+    /// A filesystem on the device is still mounted: nothing was torn down.
+    #[error(transparent)]
+    InUse(FrontendError),
+    /// An online operation failed in the engine.
+    #[error("{op} of volume {volume_id}: {source}")]
+    Io {
+        volume_id: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The volume grew, but the kernel device did not take on the new size.
+    #[error("the volume grew, but the device did not: {source}")]
+    DeviceSize {
+        volume_id: String,
+        #[source]
+        source: FrontendError,
+    },
+    /// The teardown finished, but the final flush failed: writes acknowledged before it are on
+    /// every replica, not necessarily on their disks; the replicas resync the regions that were
+    /// in flight at the next attach.
+    #[error("final flush of volume {volume_id} failed: {source}")]
+    Flush {
+        volume_id: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The volume was stopped.
+    #[error("volume {0} is detached")]
+    Stopped(String),
+    /// A replica refused the engine's epoch: the volume was given to another node.
+    #[error("volume {volume_id} was given to another node: its replicas refused this engine's epoch")]
+    Fenced { volume_id: String },
+    /// A blocking step's task did not finish (the runtime is shutting down).
+    #[error("volume {volume_id}: {what} task failed: {message}")]
+    Task { volume_id: String, what: &'static str, message: String },
+}
+
+/// A replicated volume attached on this node. Cheap to share: clone the `Arc` it is kept in.
+/// Its operations are `async` and run their blocking parts on the runtime's blocking pool,
+/// so they are called from async tasks (a multi-threaded runtime: the engine's driver runs on
+/// it too). Dropping it without [`Self::stop`] tears down best-effort, without the final flush,
+/// and blocks while it does.
+pub struct AttachedVolume {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    volume_id: String,
+    device: PathBuf,
+    volume: Arc<ReplicatedVolume>,
+    /// `None` once stopped.
+    frontend: Mutex<Option<Attached>>,
+}
+
+impl fmt::Debug for AttachedVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttachedVolume")
+            .field("volume_id", &self.inner.volume_id)
+            .field("device", &self.inner.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    fn frontend(&self) -> MutexGuard<'_, Option<Attached>> {
+        self.frontend.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn check_attached(&self) -> Result<(), AttachError> {
+        if self.frontend().is_none() { Err(AttachError::Stopped(self.volume_id.clone())) } else { Ok(()) }
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(io::Error) -> AttachError + '_ {
+        move |source| AttachError::Io { volume_id: self.volume_id.clone(), op, source }
+    }
+}
+
+impl AttachedVolume {
+    /// Starts the engine against the replicas, waits until it serves from a healthy replica,
+    /// and exposes it as a block device. The size comes from the replica servers (it changes
+    /// with online expansion). On any failure nothing of the attempt is left running.
+    #[tracing::instrument(name = "block.attach", skip_all, fields(volume.id = %config.volume_id))]
+    pub async fn start(config: AttachConfig) -> Result<Self, AttachError> {
+        let volume_id = config.volume_id.clone();
+        let invalid = |message: String| AttachError::Invalid { volume_id: volume_id.clone(), message };
+        let n = config.replicas.len();
+        if n == 0 {
+            return Err(invalid("a volume needs at least one replica".into()));
+        }
+        if let Some(l) = config.local
+            && l >= n
+        {
+            return Err(invalid(format!("local replica {l} is out of range: there are {n} replicas (indices 0..{n})")));
+        }
+        let size = replica_size(&config).await?;
+        std::fs::create_dir_all(&config.runtime_dir).map_err(|source| AttachError::Frontend {
+            volume_id: volume_id.clone(),
+            source: FrontendError::Io { context: format!("creating {}", config.runtime_dir.display()), source },
+        })?;
+
+        let engine = EngineConfig {
+            volume_id: volume_id.clone(),
+            size,
+            replicas: (0..n).map(|i| ReplicaConfig { local: config.local == Some(i) }).collect(),
+            region_size: REGION_SIZE,
+            request_timeout: ENGINE_REQUEST_TIMEOUT_MS,
+            attach_timeout: ENGINE_ATTACH_TIMEOUT_MS,
+            rebuild_parallelism: REBUILD_PARALLELISM,
+            epoch: config.epoch,
+        };
+        let mut driver = DriverConfig::new(engine, config.replicas.clone(), &config.state_dir);
+        driver.in_process = config.in_process.clone();
+        let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
+            .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
+        let volume = Arc::new(volume);
+
+        let deadline = Instant::now() + config.attach_timeout;
+        loop {
+            let s = volume.status();
+            if s.fenced {
+                volume.shutdown();
+                return Err(AttachError::Fenced { volume_id });
+            }
+            if s.attached && s.healthy >= 1 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                volume.shutdown();
+                return Err(AttachError::NotAttached {
+                    volume_id,
+                    timeout: config.attach_timeout,
+                    status: describe(&s, n),
+                });
+            }
+            tokio::time::sleep(ATTACH_POLL).await;
+        }
+
+        // The frontend blocks (FUSE mount, loop setup); it undoes its own steps on failure.
+        let (dev, runtime_dir, name) = (volume.clone(), config.runtime_dir.clone(), volume_id.clone());
+        let attached =
+            tokio::task::spawn_blocking(move || FuseLoopFrontend::new(&runtime_dir).attach(dev, &name)).await;
+        let attached = match attached {
+            Ok(Ok(attached)) => attached,
+            Ok(Err(source)) => {
+                volume.shutdown();
+                return Err(AttachError::Frontend { volume_id, source });
+            }
+            Err(e) => {
+                volume.shutdown();
+                return Err(AttachError::Task { volume_id, what: "frontend attach", message: e.to_string() });
+            }
+        };
+        let device = attached.device().to_path_buf();
+        tracing::debug!(device = %device.display(), size, "volume attached");
+        Ok(Self { inner: Arc::new(Inner { volume_id, device, volume, frontend: Mutex::new(Some(attached)) }) })
+    }
+
+    pub fn volume_id(&self) -> &str {
+        &self.inner.volume_id
+    }
+
+    /// The kernel block device node, e.g. `/dev/loop3`.
+    pub fn device(&self) -> &Path {
+        &self.inner.device
+    }
+
+    /// The engine's latest status (does not block).
+    pub fn status(&self) -> AttachStatus {
+        let volume = &self.inner.volume;
+        let s = volume.status();
+        AttachStatus {
+            device: self.inner.device.clone(),
+            size: volume.size(),
+            replicas: volume.replica_count(),
+            healthy: s.healthy,
+            connected: s.connected,
+            revision: s.revision,
+            rebuilds_finished: s.rebuilds_finished,
+            rebuild: s.rebuild.as_ref().map(|r| RebuildProgress {
+                replica: r.replica,
+                kind: format!("{:?} ({:?})", r.kind, r.phase).to_lowercase(),
+                done: r.done.saturating_mul(r.region_size),
+                total: r.total.saturating_mul(r.region_size),
+            }),
+        }
+    }
+
+    /// The engine's own status: every replica's health, a running rebuild, whether it is fenced.
+    pub fn engine_status(&self) -> VolumeStatus {
+        self.inner.volume.status()
+    }
+
+    /// The volume's snapshots, oldest first, as the engine last knew them.
+    pub fn snapshots(&self) -> Vec<SnapshotInfo> {
+        self.inner.volume.snapshots()
+    }
+
+    /// Takes a crash-consistent snapshot on every replica, ordered with the I/O in flight;
+    /// idempotent for an existing name. Needs every replica healthy.
+    pub async fn snapshot(&self, name: &str) -> Result<(), AttachError> {
+        let name = name.to_owned();
+        self.blocking("snapshot", move |inner| inner.volume.snapshot(&name).map_err(inner.io("snapshot"))).await
+    }
+
+    /// Deletes a snapshot on every replica; a name that does not exist succeeds.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), AttachError> {
+        let name = name.to_owned();
+        self.blocking("delete snapshot", move |inner| {
+            inner.volume.delete_snapshot(&name).map_err(inner.io("delete snapshot"))
+        })
+        .await
+    }
+
+    /// Grows the volume online to `size` bytes on every replica, then the kernel device; returns
+    /// the size the device has now. The filesystem on it is the caller's to grow.
+    pub async fn expand(&self, size: u64) -> Result<u64, AttachError> {
+        self.blocking("expand", move |inner| {
+            inner.volume.resize(size).map_err(inner.io("expand"))?;
+            let frontend = inner.frontend();
+            let attached = frontend.as_ref().ok_or_else(|| AttachError::Stopped(inner.volume_id.clone()))?;
+            attached
+                .refresh_size()
+                .map_err(|source| AttachError::DeviceSize { volume_id: inner.volume_id.clone(), source })
+        })
+        .await
+    }
+
+    /// Moves replica `index` to a new, empty replica at `addr` (created there first); it is
+    /// fully rebuilt while I/O goes on.
+    pub async fn replace_replica(&self, index: usize, addr: SocketAddr) -> Result<(), AttachError> {
+        self.blocking("replace replica", move |inner| {
+            inner.volume.replace_replica(index, addr).map_err(inner.io("replace replica"))
+        })
+        .await
+    }
+
+    /// Detaches in the only safe order: the loop device (refused with [`AttachError::InUse`],
+    /// leaving everything attached, while a filesystem on it is mounted), then the FUSE server;
+    /// then the engine flushes what was written to every replica's disk, so their dirty flags
+    /// clear and the next attach starts clean, and stops. Stopping a stopped volume succeeds.
+    /// [`AttachError::Flush`] comes after a complete teardown.
+    #[tracing::instrument(name = "block.detach", skip_all, fields(volume.id = %self.inner.volume_id))]
+    pub async fn stop(&self) -> Result<(), AttachError> {
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.volume_id, "detach", move || inner.stop()).await
+    }
+
+    /// Runs `f` on the blocking pool (the engine's calls block until the replicas answered),
+    /// unless the volume is stopped.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Inner) -> Result<T, AttachError> + Send + 'static,
+    ) -> Result<T, AttachError> {
+        self.inner.check_attached()?;
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.volume_id, what, move || f(&inner)).await
+    }
+}
+
+impl Inner {
+    fn stop(&self) -> Result<(), AttachError> {
+        let mut frontend = self.frontend();
+        let Some(attached) = frontend.as_mut() else { return Ok(()) };
+        match attached.detach() {
+            Ok(()) => {}
+            Err(e @ FrontendError::InUse { .. }) => return Err(AttachError::InUse(e)),
+            Err(source) => return Err(AttachError::Frontend { volume_id: self.volume_id.clone(), source }),
+        }
+        *frontend = None;
+        drop(frontend);
+        let flushed = self.volume.flush();
+        self.volume.shutdown();
+        tracing::debug!(device = %self.device.display(), "volume detached");
+        flushed.map_err(|source| AttachError::Flush { volume_id: self.volume_id.clone(), source })
+    }
+}
+
+impl Drop for Inner {
+    /// The last handle went without `stop`: the frontend's own drop tears it down unless a
+    /// filesystem is still mounted on the device, in which case the FUSE server keeps the
+    /// engine serving (it holds the volume) until the process ends; otherwise the engine stops.
+    fn drop(&mut self) {
+        let Some(mut attached) = self.frontend().take() else { return };
+        if attached.detach().is_ok() {
+            self.volume.shutdown();
+        }
+    }
+}
+
+async fn run_blocking<T: Send + 'static>(
+    volume_id: &str,
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, AttachError> + Send + 'static,
+) -> Result<T, AttachError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| AttachError::Task {
+        volume_id: volume_id.to_owned(),
+        what,
+        message: e.to_string(),
+    })?
+}
+
+/// The volume's size as its replicas report it: the largest, since a replica that missed an
+/// expansion is grown by the engine when it attaches.
+async fn replica_size(config: &AttachConfig) -> Result<u64, AttachError> {
+    let mut size = None;
+    let mut errors = Vec::new();
+    for info in control::list_nodes(&config.replicas, config.request_timeout).await {
+        match info {
+            Ok(info) => {
+                if let Some(r) = info.replicas.iter().find(|r| r.volume_id == config.volume_id) {
+                    size = size.max(Some(r.size));
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    size.ok_or_else(|| AttachError::NoReplica {
+        volume_id: config.volume_id.clone(),
+        replicas: config.replicas.clone(),
+        errors,
+    })
+}
+
+fn describe(s: &VolumeStatus, replicas: usize) -> String {
+    summary(s.healthy, replicas, s.connected, s.rebuilds_finished, s.revision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_says_degraded_when_a_replica_is_not_healthy() {
+        let mut s = AttachStatus { replicas: 2, healthy: 2, connected: 2, revision: 7, ..Default::default() };
+        assert_eq!(s.to_string(), "2/2 healthy, 2 connected, 0 rebuilds finished, revision 7");
+        s.healthy = 1;
+        s.rebuilds_finished = 1;
+        assert_eq!(s.to_string(), "1/2 healthy, 2 connected, 1 rebuilds finished, revision 7 (degraded)");
+    }
+
+    #[tokio::test]
+    async fn a_config_that_names_no_volume_is_refused_before_any_traffic() {
+        let dir = std::env::temp_dir();
+        let none = AttachConfig::new("pvc-1", vec![], &dir, &dir);
+        assert!(matches!(AttachedVolume::start(none).await, Err(AttachError::Invalid { .. })));
+        let addr: SocketAddr = "127.0.0.1:9".parse().expect("address");
+        let mut out_of_range = AttachConfig::new("pvc-1", vec![addr], &dir, &dir);
+        out_of_range.local = Some(1);
+        let err = AttachedVolume::start(out_of_range).await.expect_err("refused");
+        assert!(err.to_string().contains("local replica 1 is out of range"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_volume_no_server_holds_is_not_attached() {
+        // A port nothing listens on: the server does not answer, so nobody holds the volume.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = AttachConfig::new("pvc-1", vec![addr], dir.path().join("state"), dir.path().join("run"));
+        config.request_timeout = Duration::from_millis(500);
+        let err = AttachedVolume::start(config).await.expect_err("nobody holds it");
+        assert!(matches!(&err, AttachError::NoReplica { errors, .. } if errors.len() == 1), "{err:?}");
+        assert!(!dir.path().join("state").exists(), "no engine was started");
+    }
+}

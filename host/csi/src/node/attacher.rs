@@ -1,0 +1,321 @@
+//! The one trait every attachment kind implements ([`Attacher`]), the calls it serves, the
+//! steps every kind shares (publish a staged volume, unpublish a target), and the one place that
+//! picks the attacher of a plan ([`Attachers::route`]).
+//!
+//! ```text
+//!   NodeService: validate, take the volume's guard, ask the backend for its plan
+//!        │
+//!        │ Attachers::route(plan)                 NodeUnstageVolume has no plan:
+//!        ▼                                        Attachers::unstage asks each attacher
+//!   PlannedVolume: stage / publish / stats / expand   in turn whether the volume is its own
+//!        │
+//!        ├── bind.rs   directory volumes (bind mounts)
+//!        ├── nfs.rs    kernel NFS mounts
+//!        └── rbd/      RBD images (krbd, or rbd-fuse + loop)
+//! ```
+//!
+//! A plan is the backend's word, a grant the operator's: each attacher checks its plan against
+//! the backend's grants in `stage`, before anything is mounted, and refuses with
+//! FAILED_PRECONDITION naming the missing grant. Publish, stats and expand act on what stage
+//! made (the staging path, the node's state of the volume), so they check nothing more.
+//!
+//! Attachers read the operator's configuration through the [`ConfigSource`] handle they are
+//! built with, on every call, never through the runtime: a configuration reloaded while the
+//! node runs reaches attachers that already exist.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::Backend;
+use wasmcsi_runtime::bindings::types as wt;
+use wasmcsi_runtime::config::{CephCluster, Grants, HostConfig};
+use wasmcsi_runtime::driver::{self as wit, Attachment};
+
+use super::bind::BindAttacher;
+use super::mountinfo;
+use super::mounts::{self, MountSystem, SourceIdentity};
+use super::nfs::NfsAttacher;
+use super::rbd::RbdAttacher;
+use crate::error::{CsiError, CsiResult};
+
+/// What attachers read from the operator's configuration. A handle rather than a copy, so that
+/// a reloaded configuration reaches attachers built before it; [`HostConfig`] itself is the
+/// handle of a configuration that never changes.
+pub trait ConfigSource: Send + Sync {
+    /// The grants of `backend` (none when the configuration does not name it).
+    fn grants_for(&self, backend: &str) -> Grants;
+    /// A Ceph cluster by the name plans and grants use.
+    fn cluster(&self, name: &str) -> Option<CephCluster>;
+}
+
+impl ConfigSource for HostConfig {
+    fn grants_for(&self, backend: &str) -> Grants {
+        HostConfig::grants_for(self, backend)
+    }
+    fn cluster(&self, name: &str) -> Option<CephCluster> {
+        self.clusters.get(name).cloned()
+    }
+}
+
+/// The volume a call is about and the backend whose plan it carries out.
+#[derive(Clone, Copy)]
+pub struct Volume<'a> {
+    /// The CSI volume id.
+    pub id: &'a str,
+    /// The id the backend knows the volume by (the CSI id without the backend's prefix).
+    pub local_id: &'a str,
+    pub backend: &'a Arc<Backend>,
+}
+
+/// A validated NodeStageVolume.
+pub struct Stage<'a> {
+    pub volume: Volume<'a>,
+    pub staging: &'a Path,
+    pub capability: &'a wit::VolumeCapability,
+    pub secrets: &'a HashMap<String, String>,
+}
+
+/// A validated NodePublishVolume.
+pub struct Publish<'a> {
+    pub volume: Volume<'a>,
+    pub staging: &'a Path,
+    pub target: &'a Path,
+    pub capability: &'a wit::VolumeCapability,
+    /// The request's `readonly`, or a read-only access mode.
+    pub read_only: bool,
+}
+
+/// A validated NodeGetVolumeStats.
+pub struct Stats<'a> {
+    pub volume: Volume<'a>,
+    /// The volume path the CO asked about (it exists).
+    pub path: &'a Path,
+}
+
+/// A validated NodeExpandVolume.
+pub struct Expand<'a> {
+    pub volume: Volume<'a>,
+    pub path: &'a Path,
+    pub required_bytes: u64,
+}
+
+/// What [`Attacher::unstage`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unstaged {
+    /// The volume was this kind's; it is not staged any more.
+    Done,
+    /// Nothing of this kind is staged for the volume; nothing was touched.
+    NotMine,
+}
+
+/// Carries out one attachment kind's plans on this node; one implementation per kind, each in
+/// its own file. Every method is idempotent: it reads the node's state first and does only what
+/// is missing. Methods run on the async workers: blocking work goes through [`blocking`].
+#[tonic::async_trait]
+pub trait Attacher: Send + Sync + 'static {
+    /// The plan this kind carries out (its variant of [`Attachment`]).
+    type Plan: Send + Sync + 'static;
+
+    /// NodeStageVolume: check the plan against the backend's grants, then make the volume
+    /// available at the staging path (or, for a raw block volume, on this node).
+    async fn stage(&self, call: &Stage<'_>, plan: &Self::Plan) -> CsiResult<()>;
+
+    /// NodeUnstageVolume. It carries no plan, and the backend may be gone by then (its file
+    /// removed, the plugin restarted): each kind recognises its volumes from what the node
+    /// holds (its own state, the mount table), undoes the staging and says [`Unstaged::Done`],
+    /// or touches nothing and says [`Unstaged::NotMine`].
+    async fn unstage(&self, volume_id: &str, staging: &Path) -> CsiResult<Unstaged>;
+
+    /// NodePublishVolume: make the staged volume visible at the target; most kinds bind the
+    /// staging path onto it ([`publish_staged`]).
+    async fn publish(&self, call: &Publish<'_>, plan: &Self::Plan) -> CsiResult<()>;
+
+    /// NodeGetVolumeStats of a volume published or staged at `call.path`.
+    async fn stats(&self, call: &Stats<'_>, plan: &Self::Plan) -> CsiResult<csi::NodeGetVolumeStatsResponse>;
+
+    /// NodeExpandVolume: grow what the node holds of the volume (device, filesystem) to the
+    /// required size; returns the capacity the volume has now.
+    async fn expand(&self, call: &Expand<'_>, plan: &Self::Plan) -> CsiResult<u64>;
+}
+
+/// A volume's plan together with the attacher of its kind: what the node service calls.
+#[tonic::async_trait]
+pub trait PlannedVolume: Send + Sync {
+    async fn stage(&self, call: &Stage<'_>) -> CsiResult<()>;
+    async fn publish(&self, call: &Publish<'_>) -> CsiResult<()>;
+    async fn stats(&self, call: &Stats<'_>) -> CsiResult<csi::NodeGetVolumeStatsResponse>;
+    async fn expand(&self, call: &Expand<'_>) -> CsiResult<u64>;
+}
+
+struct Planned<'a, A: Attacher> {
+    attacher: &'a A,
+    plan: A::Plan,
+}
+
+#[tonic::async_trait]
+impl<A: Attacher> PlannedVolume for Planned<'_, A> {
+    async fn stage(&self, call: &Stage<'_>) -> CsiResult<()> {
+        self.attacher.stage(call, &self.plan).await
+    }
+    async fn publish(&self, call: &Publish<'_>) -> CsiResult<()> {
+        self.attacher.publish(call, &self.plan).await
+    }
+    async fn stats(&self, call: &Stats<'_>) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+        self.attacher.stats(call, &self.plan).await
+    }
+    async fn expand(&self, call: &Expand<'_>) -> CsiResult<u64> {
+        self.attacher.expand(call, &self.plan).await
+    }
+}
+
+/// What the node's attachers are built from.
+pub struct NodeSetup {
+    /// This node's id (the rbd fence's cookie).
+    pub node_id: String,
+    /// Where attachers keep what they must find again after a restart (`<dir>/rbd/<volume>`).
+    pub state_dir: PathBuf,
+    /// The operator's configuration: grants, Ceph clusters.
+    pub config: Arc<dyn ConfigSource>,
+    /// Mount syscalls: the kernel's ([`mounts::KernelMounts`]), or a fake in tests.
+    pub mounts: Arc<dyn MountSystem>,
+}
+
+/// The attacher of every kind this node carries out.
+pub struct Attachers {
+    mounts: Arc<dyn MountSystem>,
+    bind: BindAttacher,
+    nfs: NfsAttacher,
+    rbd: RbdAttacher,
+}
+
+impl Attachers {
+    pub fn new(setup: NodeSetup) -> Self {
+        let NodeSetup { node_id, state_dir, config, mounts } = setup;
+        Self {
+            bind: BindAttacher::new(config.clone(), mounts.clone()),
+            nfs: NfsAttacher::new(config.clone(), mounts.clone()),
+            rbd: RbdAttacher::new(node_id, &state_dir, config, mounts.clone()),
+            mounts,
+        }
+    }
+
+    /// The attacher of `plan`'s kind, holding the plan. The one place a plan's kind is matched:
+    /// a new kind is its file, an arm here and a line in [`Self::unstage`].
+    pub fn route(&self, plan: Attachment) -> CsiResult<Box<dyn PlannedVolume + '_>> {
+        Ok(match plan {
+            Attachment::Bind(plan) => Box::new(Planned { attacher: &self.bind, plan }),
+            Attachment::Nfs(plan) => Box::new(Planned { attacher: &self.nfs, plan }),
+            Attachment::Rbd(plan) => Box::new(Planned { attacher: &self.rbd, plan }),
+            Attachment::ReplicatedBlock(_) => return Err(no_attacher("replicated-block")),
+        })
+    }
+
+    /// NodeUnstageVolume: each attacher is asked in turn whether the volume is its own. First
+    /// the kinds that keep state per volume (they know their volumes by id, whatever the mount
+    /// table shows), then the NFS share the mount table shows at the staging path; whatever
+    /// else is mounted there (a bind of a directory volume, or anything stacked on it) is
+    /// unmounted last, by the bind attacher, which also makes an unstage of a volume that is
+    /// not staged a success.
+    pub async fn unstage(&self, volume_id: &str, staging: &Path) -> CsiResult<()> {
+        if self.rbd.unstage(volume_id, staging).await? == Unstaged::Done {
+            return Ok(());
+        }
+        if self.nfs.unstage(volume_id, staging).await? == Unstaged::Done {
+            return Ok(());
+        }
+        self.bind.unstage(volume_id, staging).await.map(drop)
+    }
+
+    /// NodeUnpublishVolume: the same for every kind, so it needs no plan. A block volume's
+    /// target is a file (with a device node bound onto it), a filesystem's a directory: each is
+    /// removed the way it was made.
+    pub async fn unpublish(&self, target: &Path) -> CsiResult<()> {
+        let sys = self.mounts.clone();
+        let target = target.to_owned();
+        blocking(move || {
+            let is_dir = std::fs::symlink_metadata(&target).map(|m| m.is_dir()).unwrap_or(true);
+            ensure_unmounted(sys.as_ref(), &target, is_dir)?;
+            if !is_dir {
+                match std::fs::remove_file(&target) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(mount_err(format!("removing {}: {e}", target.display())));
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn no_attacher(kind: &str) -> CsiError {
+    CsiError::FailedPrecondition(format!("this host has no attacher for {kind} attachments yet"))
+}
+
+// ---- steps every kind shares -------------------------------------------------------------------
+
+/// Mount-table work is blocking syscalls: keep it off the async workers.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> CsiResult<T> + Send + 'static) -> CsiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| CsiError::Internal(format!("node task failed: {e}")))?
+}
+
+pub fn mount_err(e: impl std::fmt::Display) -> CsiError {
+    CsiError::Mount(e.to_string())
+}
+
+pub fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
+    matches!(cap.access_mode, wt::AccessMode::SingleNodeReaderOnly | wt::AccessMode::MultiNodeReaderOnly)
+}
+
+/// Bind `source` onto `target` (read-only if asked), unless that is already so. Blocking.
+pub fn ensure_bind(sys: &dyn MountSystem, source: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
+    let table = mountinfo::read_current().map_err(mount_err)?;
+    let source_id = mounts::identify(source).map_err(|e| CsiError::NotFound(format!("{}: {e}", source.display())))?;
+    let target_exists = target.exists();
+    let mounted = !mountinfo::mounts_at(&table, target).is_empty();
+    let target_id: Option<SourceIdentity> = if mounted { mounts::identify(target).ok() } else { None };
+    let plan = mounts::plan_bind(&table, source, &source_id, target, target_id, target_exists, read_only)
+        .map_err(|e| CsiError::AlreadyExists(e.to_string()))?;
+    mounts::execute(sys, &plan).map_err(mount_err)
+}
+
+/// Unmount everything stacked at `target`, then remove it when `remove_dir`. Blocking.
+pub fn ensure_unmounted(sys: &dyn MountSystem, target: &Path, remove_dir: bool) -> CsiResult<()> {
+    let table = mountinfo::read_current().map_err(mount_err)?;
+    let plan = mounts::plan_unmount(&table, target, target.exists(), remove_dir);
+    mounts::execute(sys, &plan).map_err(mount_err)
+}
+
+/// NodePublishVolume of a volume staged as a filesystem: the staging path bind-mounted onto the
+/// target. FAILED_PRECONDITION when nothing is mounted at the staging path.
+pub async fn publish_staged(sys: &Arc<dyn MountSystem>, call: &Publish<'_>) -> CsiResult<()> {
+    let (sys, staging, target, read_only) =
+        (sys.clone(), call.staging.to_owned(), call.target.to_owned(), call.read_only);
+    blocking(move || {
+        let table = mountinfo::read_current().map_err(mount_err)?;
+        if mountinfo::mounts_at(&table, &staging).is_empty() {
+            return Err(CsiError::FailedPrecondition(format!("volume is not staged at {}", staging.display())));
+        }
+        ensure_bind(sys.as_ref(), &staging, &target, read_only)
+    })
+    .await
+}
+
+/// NodePublishVolume of a raw block volume: the staged device node bind-mounted onto the target,
+/// a file (created with its parent directories if missing). Blocking.
+pub fn publish_device(sys: &dyn MountSystem, device: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(mount_err)?;
+    }
+    if !target.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(target)
+            .map_err(|e| mount_err(format!("creating {}: {e}", target.display())))?;
+    }
+    ensure_bind(sys, device, target, read_only)
+}
