@@ -218,7 +218,7 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
         Err(CallError::Backend { error: WitError::NotFound(m), .. }) => panic!("ListVolumes after a kill -9: NOT_FOUND: {m}"),
         Err(e) => panic!("{e}"),
     };
-    assert!(page.entries.iter().any(|v| v.volume_id == "default.first"), "{:?}", page.entries.len());
+    assert!(page.entries.iter().any(|v| v.volume.volume_id == "default.first"), "{:?}", page.entries.len());
 }
 
 /// The host process of the test above: creates volumes until it is killed.
