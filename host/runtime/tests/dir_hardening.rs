@@ -189,7 +189,7 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
     let leftover = |meta: &Path| {
         std::fs::read_dir(meta).unwrap().filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with('.'))
     };
-    let mut kills = 0;
+    let mut kills = 0u64;
     while !leftover(&meta) {
         assert!(kills < 200, "no kill landed inside a write in {kills} tries");
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -205,7 +205,7 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
             assert!(child.try_wait().unwrap().is_none(), "the child stopped on its own");
             std::thread::sleep(Duration::from_micros(200));
         }
-        std::thread::sleep(Duration::from_micros(u64::from(kills % 7) * 300));
+        std::thread::sleep(Duration::from_micros((kills % 7) * 300));
         child.kill().unwrap();
         child.wait().unwrap();
         kills += 1;
