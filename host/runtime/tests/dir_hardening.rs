@@ -85,8 +85,13 @@ async fn a_pod_racing_symlinks_never_gets_a_host_file_into_a_snapshot_or_a_read(
             flips
         })
     };
+    // Most calls fail while entries vanish under them; go on until enough succeeded.
     let (mut snapshots, mut statuses) = (0, 0);
-    for i in 0..150 {
+    let started = Instant::now();
+    for i in 0..100_000 {
+        if (snapshots >= 50 && statuses >= 50) || started.elapsed() > Duration::from_secs(20) {
+            break;
+        }
         if b.create_snapshot(format!("s{i}"), "default.v".into(), vec![], vec![]).await.is_ok() {
             snapshots += 1;
             let f = root.join(format!("snapshots/s{i}/f"));
@@ -104,7 +109,7 @@ async fn a_pod_racing_symlinks_never_gets_a_host_file_into_a_snapshot_or_a_read(
     }
     stop.store(true, Ordering::Relaxed);
     let flips = swapper.join().unwrap();
-    assert!(flips > 100 && snapshots > 0 && statuses > 0, "{flips} flips, {snapshots} snapshots, {statuses} reads");
+    assert!(flips > 100 && snapshots >= 10 && statuses >= 10, "{flips} flips, {snapshots} snapshots, {statuses} reads");
     assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"SECRET");
 }
 
