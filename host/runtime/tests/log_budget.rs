@@ -73,6 +73,9 @@ async fn everything_a_backend_makes_the_host_log_in_one_call_fits_one_budget() {
     // The CSI layer logs a failed call once, as this line does.
     tracing::warn!("{e}");
     let written = captured.0.lock().unwrap().len() - before;
-    assert!(e.to_string().len() <= MAX_ERROR_MESSAGE + 100, "an error message of {} bytes", e.to_string().len());
-    assert!(written <= BYTES_PER_CALL + HOST_PART, "one call made the host write {written} bytes");
+    let message = e.to_string().len();
+    assert!(
+        written <= BYTES_PER_CALL + HOST_PART && message <= MAX_ERROR_MESSAGE + 100,
+        "one call made the host write {written} bytes, with an error message of {message} bytes"
+    );
 }
