@@ -269,11 +269,9 @@ mod tests {
 
     #[test]
     fn kv_quotas_default_and_override_per_backend() {
-        let cfg = HostConfig::parse(
-            "[runtime]\nkv_quota_bytes = 1000\n[backends.nfs]\nkv_quota_keys = 7\n",
-            Path::new("t"),
-        )
-        .expect("valid config");
+        let cfg =
+            HostConfig::parse("[runtime]\nkv_quota_bytes = 1000\n[backends.nfs]\nkv_quota_keys = 7\n", Path::new("t"))
+                .expect("valid config");
         let q = cfg.limits_for("nfs").kv_quota();
         assert_eq!((q.bytes, q.keys), (1000, 7));
         assert_eq!(cfg.limits_for("other").kv_quota().keys, Limits::default().kv_quota_keys);

@@ -87,7 +87,11 @@ impl Metrics {
             r.register("backend_loads", "Component versions loaded (start and hot reload)", m.reloads.clone());
             r.register("backend_rejected", "Component files rejected at load", m.rejected.clone());
             r.register("csi_requests", "CSI requests by method and gRPC code", m.rpcs.clone());
-            r.register("backend_kv_bytes", "Bytes the backend's kv namespace uses (keys + values + 64 per key)", m.kv_bytes.clone());
+            r.register(
+                "backend_kv_bytes",
+                "Bytes the backend's kv namespace uses (keys + values + 64 per key)",
+                m.kv_bytes.clone(),
+            );
             r.register("backend_kv_keys", "Keys in the backend's kv namespace", m.kv_keys.clone());
         }
         m

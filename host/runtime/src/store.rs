@@ -124,7 +124,11 @@ impl MetaStore {
     pub fn kv_usage(&self, backend: &str) -> Result<KvUsage, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(KV_USAGE).map_err(db)?;
-        Ok(t.get(backend).map_err(db)?.map(|v| v.value()).map(|(bytes, keys)| KvUsage { bytes, keys }).unwrap_or_default())
+        Ok(t.get(backend)
+            .map_err(db)?
+            .map(|v| v.value())
+            .map(|(bytes, keys)| KvUsage { bytes, keys })
+            .unwrap_or_default())
     }
 
     /// Replace `key`'s value with `new` (`None` = remove) inside `tx`, keeping `backend`'s
@@ -304,7 +308,10 @@ mod tests {
             s.kv_set("a", "k", b"v", KvQuota::UNLIMITED).expect("set");
             let rec = VolumeRecord { backend: "a".into(), digest: "d".into(), capacity_bytes: 1, created_at: 2 };
             s.record_volume("a:v", &rec).expect("record");
-            assert!(matches!(s.kv_set("a", "big", &vec![0; MAX_VALUE_BYTES + 1], KvQuota::UNLIMITED), Err(StoreError::ValueTooLarge(_))));
+            assert!(matches!(
+                s.kv_set("a", "big", &vec![0; MAX_VALUE_BYTES + 1], KvQuota::UNLIMITED),
+                Err(StoreError::ValueTooLarge(_))
+            ));
         }
         let s = MetaStore::open(&path).expect("reopen");
         assert_eq!(s.kv_get("a", "k").expect("get").as_deref(), Some(&b"v"[..]));
@@ -326,7 +333,7 @@ mod tests {
             s.kv_compare_and_swap("x", "d", None, Some(b"1"), quota),
             Err(StoreError::QuotaExceeded { .. })
         ));
-        s.kv_set("other", "d", &[0; 1000], quota).expect("quotas are per backend");
+        s.kv_set("other", "d", &[0; 100], quota).expect("quotas are per backend");
         s.kv_delete("x", "b").expect("delete");
         assert_eq!(s.kv_usage("x").expect("usage"), KvUsage { bytes: 2 * (ENTRY_OVERHEAD + 1) + 110, keys: 2 });
         s.kv_set("x", "d", &[], quota).expect("room again");

@@ -192,7 +192,10 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
     drop(rt); // the child opens the same store
     let meta = d.path().join("hostpath/meta");
     let leftover = |meta: &Path| {
-        std::fs::read_dir(meta).unwrap().filter_map(|e| e.ok()).any(|e| e.file_name().to_string_lossy().starts_with('.'))
+        std::fs::read_dir(meta)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().starts_with('.'))
     };
     let mut kills = 0u64;
     while !leftover(&meta) {
@@ -220,7 +223,9 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
     let page = b.list_volumes(0, String::new()).await;
     let page = match page {
         Ok(p) => p,
-        Err(CallError::Backend { error: WitError::NotFound(m), .. }) => panic!("ListVolumes after a kill -9: NOT_FOUND: {m}"),
+        Err(CallError::Backend { error: WitError::NotFound(m), .. }) => {
+            panic!("ListVolumes after a kill -9: NOT_FOUND: {m}")
+        }
         Err(e) => panic!("{e}"),
     };
     assert!(page.entries.iter().any(|v| v.volume.volume_id == "default.first"), "{:?}", page.entries.len());

@@ -232,7 +232,10 @@ async fn a_backend_cannot_write_past_its_kv_quota() {
     })
     .unwrap();
     let (r, took) = hostile_call(&rt, "kv-flood").await;
-    assert!(matches!(&r, Err(CallError::Backend { error: WitError::ResourceExhausted(m), .. }) if m.contains("quota")), "{r:?}");
+    assert!(
+        matches!(&r, Err(CallError::Backend { error: WitError::ResourceExhausted(m), .. }) if m.contains("quota")),
+        "{r:?}"
+    );
     assert!(took < Duration::from_secs(5), "{took:?}");
     let metrics = rt.metrics.encode();
     let used = metrics
@@ -245,5 +248,8 @@ async fn a_backend_cannot_write_past_its_kv_quota() {
     assert!(db < 16 << 20, "the store grew to {db} bytes");
     // Full for another 64 KiB value, not broken: a small write still fits in the next call.
     let (r, _) = hostile_call(&rt, "kv").await;
-    assert!(matches!(&r, Err(CallError::Backend { error: WitError::Unimplemented(m), .. }) if m == "kv works"), "{r:?}");
+    assert!(
+        matches!(&r, Err(CallError::Backend { error: WitError::Unimplemented(m), .. }) if m == "kv works"),
+        "{r:?}"
+    );
 }

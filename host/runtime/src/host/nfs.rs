@@ -167,7 +167,12 @@ mod tests {
             kv_quota: crate::store::KvQuota::UNLIMITED,
             metrics: Default::default(),
         };
-        CallState::new(Arc::new(caps), 64 << 20, Vec::new(), std::time::Instant::now() + std::time::Duration::from_secs(60))
+        CallState::new(
+            Arc::new(caps),
+            64 << 20,
+            Vec::new(),
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
     }
 
     fn wit(e: &NfsExport) -> WitExport {

@@ -468,7 +468,12 @@ mod tests {
             metrics: Default::default(),
         };
         let secrets = secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        CallState::new(Arc::new(caps), 64 << 20, secrets, std::time::Instant::now() + std::time::Duration::from_secs(60))
+        CallState::new(
+            Arc::new(caps),
+            64 << 20,
+            secrets,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
     }
 
     fn refs(keys: &[(&str, u32)]) -> Vec<SecretRef> {

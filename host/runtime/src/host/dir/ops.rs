@@ -22,7 +22,9 @@ pub fn errno(what: &str, e: Errno) -> Error {
     match e {
         Errno::NOENT | Errno::NOTDIR => Error::NotFound(msg),
         Errno::ACCESS | Errno::PERM => Error::PermissionDenied(msg),
-        Errno::LOOP => Error::PermissionDenied(format!("{what}: a symlink is on the way (symlinks are never followed)")),
+        Errno::LOOP => {
+            Error::PermissionDenied(format!("{what}: a symlink is on the way (symlinks are never followed)"))
+        }
         Errno::EXIST | Errno::NOTEMPTY => Error::AlreadyExists(msg),
         Errno::INVAL | Errno::NAMETOOLONG | Errno::ISDIR => Error::InvalidArgument(msg),
         Errno::NOSPC | Errno::DQUOT => Error::ResourceExhausted(msg),
@@ -121,7 +123,8 @@ pub fn read_dir(root: &Root, path: GuestPath<'_>) -> Result<Vec<String>, Error> 
     let what = || format!("read-dir {}", path.as_str());
     let fd = root.open_at(path, OFlags::RDONLY | OFlags::DIRECTORY).map_err(|e| errno(&what(), e))?;
     let all = tree::names(fd.as_fd()).map_err(|e| errno(&what(), e))?;
-    let (hosts, mut names): (Vec<String>, Vec<String>) = all.into_iter().partition(|n| temp::is_host_entry(n.as_bytes()));
+    let (hosts, mut names): (Vec<String>, Vec<String>) =
+        all.into_iter().partition(|n| temp::is_host_entry(n.as_bytes()));
     temp::sweep_files(fd.as_fd(), &hosts);
     names.sort();
     Ok(names)
@@ -139,7 +142,10 @@ pub fn read_file(root: &Root, path: GuestPath<'_>) -> Result<Vec<u8>, Error> {
     }
     let mut data = Vec::new();
     // One byte more than allowed tells a file that grew since the fstat.
-    std::fs::File::from(fd).take(MAX_READ + 1).read_to_end(&mut data).map_err(|e| Error::Internal(format!("{}: {e}", what())))?;
+    std::fs::File::from(fd)
+        .take(MAX_READ + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| Error::Internal(format!("{}: {e}", what())))?;
     if data.len() as u64 > MAX_READ {
         return Err(too_big());
     }
@@ -261,10 +267,14 @@ impl Copied {
             self.target.as_str(),
             RenameFlags::NOREPLACE,
         ) {
-            Err(Errno::INVAL) => match rustix::fs::statat(&self.parent, self.target.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(_) => Err(Errno::EXIST),
-                Err(_) => rustix::fs::renameat(&self.parent, self.temp.name.as_str(), &self.parent, self.target.as_str()),
-            },
+            Err(Errno::INVAL) => {
+                match rustix::fs::statat(&self.parent, self.target.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(_) => Err(Errno::EXIST),
+                    Err(_) => {
+                        rustix::fs::renameat(&self.parent, self.temp.name.as_str(), &self.parent, self.target.as_str())
+                    }
+                }
+            }
             other => other,
         };
         match placed {
@@ -322,7 +332,8 @@ pub fn copy_to_temp(
         }
         _ => return Err(Error::InvalidArgument(format!("{}: the source is not a directory or regular file", what()))),
     };
-    let copied = copied.and_then(|()| rustix::fs::syncfs(&held.fd).map_err(|e| WalkError::Io { name: target.into(), errno: e }));
+    let copied =
+        copied.and_then(|()| rustix::fs::syncfs(&held.fd).map_err(|e| WalkError::Io { name: target.into(), errno: e }));
     let copy = Copied { parent, temp: held, target: target.to_string() };
     match copied {
         Ok(()) => Ok(copy),

@@ -43,12 +43,8 @@ pub fn is_host_entry(name: &[u8]) -> bool {
 /// A fresh name for a temporary entry beside `target` (the target's name is kept for whoever
 /// looks at the directory, clipped so the whole fits in a file name).
 pub fn name(kind: Kind, target: &str) -> String {
-    let head = format!(
-        "{RESERVED_PREFIX}{}.{}.{}.",
-        kind.word(),
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    );
+    let head =
+        format!("{RESERVED_PREFIX}{}.{}.{}.", kind.word(), std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
     let mut end = target.len().min(MAX_NAME - head.len());
     while !target.is_char_boundary(end) {
         end -= 1;
@@ -79,7 +75,12 @@ pub fn create_file(dir: BorrowedFd<'_>, kind: Kind, target: &str) -> Result<Held
 pub fn create_dir(dir: BorrowedFd<'_>, kind: Kind, target: &str) -> Result<Held, Errno> {
     let name = name(kind, target);
     rustix::fs::mkdirat(dir, &name, Mode::from_raw_mode(0o700))?;
-    let fd = rustix::fs::openat(dir, &name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = rustix::fs::openat(
+        dir,
+        &name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     lock(&fd)?;
     Ok(Held { fd, name })
 }

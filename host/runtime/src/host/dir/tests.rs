@@ -190,15 +190,27 @@ fn killed_writer() {
     write_file(&root, "meta/b", &data).expect("write");
 }
 
-fn state(root: &Path, deadline: Duration, import_timeout: Duration, copies: &Arc<CopyJobs>) -> CallState {
+/// What the calls of one test share: the runtime's background copies and metadata store.
+struct Shared {
+    copies: Arc<CopyJobs>,
+    store: Arc<MetaStore>,
+}
+
+impl Shared {
+    fn new(dir: &Path) -> Self {
+        Self { copies: Arc::default(), store: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")) }
+    }
+}
+
+fn state(root: &Path, deadline: Duration, import_timeout: Duration, shared: &Shared) -> CallState {
     let caps = Capabilities {
         backend: "dir-test".into(),
-        store: Arc::new(MetaStore::open(&root.join("../meta.redb")).expect("store")),
+        store: shared.store.clone(),
         dir_roots: [("default".to_string(), root.to_path_buf())].into(),
         nfs: None,
         rbd: None,
         import_timeout,
-        copies: copies.clone(),
+        copies: shared.copies.clone(),
         kv_quota: crate::store::KvQuota::UNLIMITED,
         metrics: Default::default(),
     };
@@ -239,13 +251,13 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
             }
         })
     };
-    let copies = Arc::new(CopyJobs::default());
+    let shared = Shared::new(d.path());
     let deadline = Duration::from_millis(300);
     let mut tries = 0;
     let started = Instant::now();
     loop {
         tries += 1;
-        let mut s = state(&root, deadline, Duration::from_secs(5), &copies);
+        let mut s = state(&root, deadline, Duration::from_secs(5), &shared);
         let call = Instant::now();
         let r = s.copy_tree("default".into(), "vol".into(), "snap".into()).await;
         assert!(call.elapsed() < deadline + Duration::from_millis(50), "try {tries} took {:?}", call.elapsed());
@@ -257,7 +269,7 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
         assert!(started.elapsed() < Duration::from_secs(120), "the copy never finished");
     }
     assert!(tries > 1, "the tree must be too big for one call for this test to mean anything");
-    let mut s = state(&root, Duration::from_secs(60), Duration::from_secs(60), &copies);
+    let mut s = state(&root, Duration::from_secs(60), Duration::from_secs(60), &shared);
     let (a, b) = (
         s.usage("default".into(), "vol".into()).await.expect("usage"),
         s.usage("default".into(), "snap".into()).await.expect("usage"),
@@ -267,7 +279,7 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
 
     // usage and remove-all of a tree too big for the deadline: stopped at it, not after.
     for op in ["usage", "remove-all"] {
-        let mut s = state(&root, Duration::from_millis(150), Duration::from_secs(5), &copies);
+        let mut s = state(&root, Duration::from_millis(150), Duration::from_secs(5), &shared);
         let call = Instant::now();
         let r = match op {
             "usage" => s.usage("default".into(), "snap".into()).await.map(|_| ()),
@@ -279,7 +291,7 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
     // remove-all goes on where it stopped: retries finish it.
     let mut removed = false;
     for _ in 0..200 {
-        let mut s = state(&root, Duration::from_millis(150), Duration::from_secs(5), &copies);
+        let mut s = state(&root, Duration::from_millis(150), Duration::from_secs(5), &shared);
         if s.remove_all("default".into(), "snap".into()).await.is_ok() {
             removed = true;
             break;

@@ -90,8 +90,7 @@ fn kind(st: &Stat) -> FileType {
     FileType::from_raw_mode(st.st_mode)
 }
 
-const DIR_FLAGS: OFlags =
-    OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
 
 /// Names in the directory `dir` (without `.` and `..`), unsorted.
 pub fn names(dir: BorrowedFd<'_>) -> Result<Vec<String>, Errno> {
@@ -242,21 +241,18 @@ fn empty_dir(dir: BorrowedFd<'_>, top: BorrowedFd<'_>, depth: usize, stop: &Stop
 /// Give the copy `fd` the owner, mode and times of `src` (owner first: chown clears the
 /// set-id bits a chmod sets).
 fn finish(fd: BorrowedFd<'_>, src: &Stat, name: &CStr) -> Result<(), WalkError> {
-    rustix::fs::fchown(
-        fd,
-        Some(rustix::fs::Uid::from_raw(src.st_uid)),
-        Some(rustix::fs::Gid::from_raw(src.st_gid)),
-    )
-    .map_err(io(name))?;
+    rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(src.st_uid)), Some(rustix::fs::Gid::from_raw(src.st_gid)))
+        .map_err(io(name))?;
     rustix::fs::fchmod(fd, Mode::from_raw_mode(src.st_mode & 0o7777)).map_err(io(name))?;
     rustix::fs::futimens(fd, &times(src)).map_err(io(name))
 }
 
+#[allow(clippy::cast_possible_wrap, reason = "nanoseconds are below 10^9")]
 fn times(st: &Stat) -> Timestamps {
-    let ts = |sec: i64, nsec: u64| rustix::fs::Timespec { tv_sec: sec, tv_nsec: i64::try_from(nsec).unwrap_or(0) };
+    let ts = |tv_sec, tv_nsec| rustix::fs::Timespec { tv_sec, tv_nsec };
     Timestamps {
-        last_access: ts(st.st_atime, st.st_atime_nsec as u64),
-        last_modification: ts(st.st_mtime, st.st_mtime_nsec as u64),
+        last_access: ts(st.st_atime, st.st_atime_nsec as i64),
+        last_modification: ts(st.st_mtime, st.st_mtime_nsec as i64),
     }
 }
 
@@ -272,7 +268,14 @@ pub fn copy_dir(
 }
 
 /// Copy the open regular file `src` (already `fstat`ed as `st`) to the open file `dst`.
-pub fn copy_file(src: OwnedFd, dst: OwnedFd, st: &Stat, name: &CStr, stop: &Stop, progress: &Progress) -> Result<(), WalkError> {
+pub fn copy_file(
+    src: OwnedFd,
+    dst: OwnedFd,
+    st: &Stat,
+    name: &CStr,
+    stop: &Stop,
+    progress: &Progress,
+) -> Result<(), WalkError> {
     let (src, mut dst) = (std::fs::File::from(src), std::fs::File::from(dst));
     loop {
         stop.check()?;
@@ -317,7 +320,8 @@ fn copy_entry(
                     other => other.map_err(io(name))?,
                 }
                 let (uid, gid) = (rustix::fs::Uid::from_raw(st.st_uid), rustix::fs::Gid::from_raw(st.st_gid));
-                rustix::fs::chownat(dst_dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW).map_err(io(name))?;
+                rustix::fs::chownat(dst_dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(io(name))?;
                 rustix::fs::utimensat(dst_dir, name, &times(&st), AtFlags::SYMLINK_NOFOLLOW).map_err(io(name))?;
                 return Ok(());
             }
