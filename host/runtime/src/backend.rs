@@ -56,6 +56,40 @@ impl CallError {
     }
 }
 
+/// Longest message of a [`CallError`] (a backend's error message, a trap's text, a rejected
+/// answer's reason): what the host logs for a failed call and hands the CO, so a backend cannot
+/// flood the node's log or a CO's gRPC client through an error. Longer messages are clipped.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// `message` clipped to [`MAX_ERROR_MESSAGE`], saying so.
+fn clip_message(message: String) -> String {
+    if message.len() <= MAX_ERROR_MESSAGE {
+        return message;
+    }
+    const MARK: &str = " [clipped]";
+    let kept = crate::host::log::clip(&message, MAX_ERROR_MESSAGE - MARK.len());
+    format!("{kept}{MARK}")
+}
+
+/// A backend's WIT error with its message clipped (see [`MAX_ERROR_MESSAGE`]).
+fn clip_wit(e: WitError) -> WitError {
+    use WitError::*;
+    match e {
+        InvalidArgument(m) => InvalidArgument(clip_message(m)),
+        NotFound(m) => NotFound(clip_message(m)),
+        AlreadyExists(m) => AlreadyExists(clip_message(m)),
+        FailedPrecondition(m) => FailedPrecondition(clip_message(m)),
+        OutOfRange(m) => OutOfRange(clip_message(m)),
+        ResourceExhausted(m) => ResourceExhausted(clip_message(m)),
+        Unavailable(m) => Unavailable(clip_message(m)),
+        Aborted(m) => Aborted(clip_message(m)),
+        Unimplemented(m) => Unimplemented(clip_message(m)),
+        DeadlineExceeded(m) => DeadlineExceeded(clip_message(m)),
+        PermissionDenied(m) => PermissionDenied(clip_message(m)),
+        Internal(m) => Internal(clip_message(m)),
+    }
+}
+
 /// The case name and message of a WIT error.
 pub fn describe(e: &WitError) -> (&'static str, &str) {
     match e {
@@ -124,7 +158,9 @@ impl Backend {
             .errors
             .get_or_create(&ErrorLabels { backend: self.name.clone(), op: op.into(), code: "bad-output".into() })
             .inc();
-        tracing::warn!(backend = %self.name, op, "backend answer rejected: {message}");
+        // Logged once, where the failure becomes a gRPC status.
+        let message = clip_message(message);
+        tracing::debug!(backend = %self.name, op, "backend answer rejected: {message}");
         CallError::BadOutput { backend: self.name.clone(), op, message }
     }
 
@@ -170,7 +206,7 @@ impl Backend {
         self.detached(op, async move {
             let _permit = this.permit(op, Instant::now() + this.limits.call_deadline()).await?;
             crate::capabilities::local_io(|| crate::native::with_roots(&this.caps.dir_roots, f))
-                .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error })
+                .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error: clip_wit(error) })
         })
         .await
     }
@@ -251,7 +287,8 @@ impl Backend {
         let deadline = started + deadline_len;
         let _permit = self.permit(op, deadline).await?;
 
-        let mut store = Store::new(engine, CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets));
+        let state = CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets, deadline);
+        let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         let fuel = if self.limits.fuel == 0 { u64::MAX } else { self.limits.fuel };
         store.set_fuel(fuel).map_err(|e| CallError::Trap { backend: backend(), op, message: format!("{e:#}") })?;
@@ -283,7 +320,7 @@ impl Backend {
         match outcome {
             Err(_) => Err(CallError::Timeout { backend: backend(), op, deadline: deadline_len }),
             Ok(Ok(Ok(value))) => Ok(value),
-            Ok(Ok(Err(error))) => Err(CallError::Backend { backend: backend(), op, error }),
+            Ok(Ok(Err(error))) => Err(CallError::Backend { backend: backend(), op, error: clip_wit(error) }),
             Ok(Err(e)) => Err(classify(e, limiter.hit_limit, backend(), op, &self.limits)),
         }
     }
@@ -302,10 +339,11 @@ fn classify(
         Some(Trap::Interrupt) => CallError::Timeout { backend, op, deadline: limits.call_deadline() },
         Some(Trap::OutOfFuel) => CallError::OutOfFuel { backend, op },
         Some(_) if hit_memory_limit => CallError::OutOfMemory { backend, op, limit_mib: limits.memory_limit_mib },
-        Some(_) => CallError::Trap { backend, op, message: format!("{e:#}") },
+        // A trap's text can carry names from the guest's own name section: clipped too.
+        Some(_) => CallError::Trap { backend, op, message: clip_message(format!("{e:#}")) },
         None if hit_memory_limit => CallError::OutOfMemory { backend, op, limit_mib: limits.memory_limit_mib },
         // Not a trap: lifting the guest's answer failed (bad UTF-8, bad pointers, …).
-        None => CallError::BadOutput { backend, op, message: format!("{e:#}") },
+        None => CallError::BadOutput { backend, op, message: clip_message(format!("{e:#}")) },
     }
 }
 

@@ -128,15 +128,22 @@ pub struct Capabilities {
     /// The replica sets on the granted replica nodes; `None` without a block grant.
     pub block: Option<wasmcsi_block::catalog::Catalog>,
     pub import_timeout: Duration,
+    /// `dir` copies running in the background, shared by every backend of the runtime.
+    pub copies: Arc<crate::host::dir::CopyJobs>,
+    /// How much of the store this backend's `kv` namespace may use.
+    pub kv_quota: crate::store::KvQuota,
+    /// Where capabilities report what they measure (`kv` usage).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// Run local blocking work (filesystem syscalls, a metadata-store commit) inline on the
-/// calling worker. It takes microseconds, and every alternative measured on these machines
-/// costs more than the work: a hop to the blocking pool 40-80 µs per import, `block_in_place`
-/// ~20 µs per import (CreateVolume via hostpath: 1.20x native with it, 1.07x without). The
-/// price: a syscall that hangs in the kernel (a dead disk under a dir root) holds this worker
-/// thread. Network capabilities (nfs, block, rbd) do async I/O under `import_timeout`
-/// instead, where a real timeout is possible.
+/// Run local blocking work of one entry (a file system syscall or a few, a metadata-store
+/// commit) inline on the calling worker. It takes microseconds, and every alternative measured
+/// on these machines costs more than the work: a hop to the blocking pool 40-80 µs per import,
+/// `block_in_place` ~20 µs per import (CreateVolume via hostpath: 1.20x native with it, 1.07x
+/// without). The price: a syscall that hangs in the kernel (a dead disk under a dir root) holds
+/// this worker thread. Work that grows with a tree never runs here: `dir`'s copy-tree,
+/// remove-all and usage run off the workers under a deadline (`host::dir`). Network
+/// capabilities (nfs, block, rbd) do async I/O under `import_timeout`.
 pub(crate) fn local_io<T>(work: impl FnOnce() -> T) -> T {
     work()
 }

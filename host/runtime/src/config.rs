@@ -57,6 +57,11 @@ pub struct Limits {
     pub max_concurrent_calls: u32,
     /// Optional instruction budget per call (wasmtime fuel); 0 = unlimited.
     pub fuel: u64,
+    /// Bytes the backend's `kv` namespace may hold (keys + values + 64 per key): the store is
+    /// shared with the host's own volume journal and never shrinks on disk.
+    pub kv_quota_bytes: u64,
+    /// Keys the backend's `kv` namespace may hold.
+    pub kv_quota_keys: u64,
 }
 
 impl Default for Limits {
@@ -67,6 +72,8 @@ impl Default for Limits {
             import_timeout_ms: 3_000,
             max_concurrent_calls: 16,
             fuel: 0,
+            kv_quota_bytes: 64 << 20,
+            kv_quota_keys: 100_000,
         }
     }
 }
@@ -81,6 +88,9 @@ impl Limits {
     pub fn import_timeout(&self) -> Duration {
         Duration::from_millis(self.import_timeout_ms)
     }
+    pub fn kv_quota(&self) -> crate::store::KvQuota {
+        crate::store::KvQuota { bytes: self.kv_quota_bytes, keys: self.kv_quota_keys }
+    }
 }
 
 /// Overrides of `[runtime]` for one backend, all optional.
@@ -92,6 +102,8 @@ pub struct BackendConfig {
     pub import_timeout_ms: Option<u64>,
     pub max_concurrent_calls: Option<u32>,
     pub fuel: Option<u64>,
+    pub kv_quota_bytes: Option<u64>,
+    pub kv_quota_keys: Option<u64>,
     #[serde(default)]
     pub grants: Grants,
 }
@@ -153,6 +165,7 @@ impl HostConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        Self::validate_limits("runtime", &self.runtime)?;
         for (name, b) in &self.backends {
             let invalid = |message: String| ConfigError::Invalid { backend: name.clone(), message };
             if !is_valid_name(name) {
@@ -166,13 +179,7 @@ impl HostConfig {
                     return Err(invalid(format!("dir root {root:?}: {} is not an absolute path", path.display())));
                 }
             }
-            let limits = self.limits_for(name);
-            if limits.call_deadline_ms == 0 || limits.import_timeout_ms == 0 || limits.max_concurrent_calls == 0 {
-                return Err(invalid("deadlines and max_concurrent_calls must be > 0".into()));
-            }
-            if limits.import_timeout_ms > limits.call_deadline_ms {
-                return Err(invalid("import_timeout_ms must not exceed call_deadline_ms".into()));
-            }
+            Self::validate_limits(name, &self.limits_for(name))?;
             for g in &b.grants.rbd {
                 if !self.clusters.contains_key(&g.cluster) {
                     return Err(invalid(format!(
@@ -194,6 +201,20 @@ impl HostConfig {
         Ok(())
     }
 
+    fn validate_limits(backend: &str, limits: &Limits) -> Result<(), ConfigError> {
+        let invalid = |message: &str| ConfigError::Invalid { backend: backend.into(), message: message.into() };
+        if limits.call_deadline_ms == 0 || limits.import_timeout_ms == 0 || limits.max_concurrent_calls == 0 {
+            return Err(invalid("deadlines and max_concurrent_calls must be > 0"));
+        }
+        if limits.import_timeout_ms > limits.call_deadline_ms {
+            return Err(invalid("import_timeout_ms must not exceed call_deadline_ms"));
+        }
+        if limits.kv_quota_bytes == 0 || limits.kv_quota_keys == 0 {
+            return Err(invalid("kv_quota_bytes and kv_quota_keys must be > 0"));
+        }
+        Ok(())
+    }
+
     /// Effective limits of one backend: its overrides over `[runtime]`.
     pub fn limits_for(&self, backend: &str) -> Limits {
         let base = self.runtime.clone();
@@ -204,6 +225,8 @@ impl HostConfig {
             import_timeout_ms: b.import_timeout_ms.unwrap_or(base.import_timeout_ms),
             max_concurrent_calls: b.max_concurrent_calls.unwrap_or(base.max_concurrent_calls),
             fuel: b.fuel.unwrap_or(base.fuel),
+            kv_quota_bytes: b.kv_quota_bytes.unwrap_or(base.kv_quota_bytes),
+            kv_quota_keys: b.kv_quota_keys.unwrap_or(base.kv_quota_keys),
         }
     }
 
@@ -236,5 +259,16 @@ mod tests {
         assert!(HostConfig::parse("[backends.Bad_Name]\n", Path::new("t")).is_err());
         let e = HostConfig::parse("[backends.a.grants]\ndir = { r = \"relative\" }\n", Path::new("t"));
         assert!(matches!(e, Err(ConfigError::Invalid { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn kv_quotas_default_and_override_per_backend() {
+        let cfg =
+            HostConfig::parse("[runtime]\nkv_quota_bytes = 1000\n[backends.nfs]\nkv_quota_keys = 7\n", Path::new("t"))
+                .expect("valid config");
+        let q = cfg.limits_for("nfs").kv_quota();
+        assert_eq!((q.bytes, q.keys), (1000, 7));
+        assert_eq!(cfg.limits_for("other").kv_quota().keys, Limits::default().kv_quota_keys);
+        assert!(HostConfig::parse("[runtime]\nkv_quota_keys = 0\n", Path::new("t")).is_err());
     }
 }

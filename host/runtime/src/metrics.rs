@@ -1,5 +1,5 @@
-//! Prometheus metrics: per backend calls, errors by code, latency, traps, timeouts and
-//! memory peak; and per CSI method requests by code (recorded by the CSI layer). One
+//! Prometheus metrics: per backend calls, errors by code, latency, traps, timeouts, memory
+//! peak, `kv` usage and log bytes dropped; and per CSI method requests by code (recorded by the CSI layer). One
 //! registry, encoded by the `/metrics` endpoint in the binary.
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -51,6 +51,8 @@ pub struct Metrics {
     pub reloads: Family<BackendLabels, Counter>,
     pub rejected: Family<BackendLabels, Counter>,
     pub rpcs: Family<RpcLabels, Counter>,
+    pub kv_bytes: Family<BackendLabels, Gauge<u64, AtomicU64>>,
+    pub kv_keys: Family<BackendLabels, Gauge<u64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -72,6 +74,8 @@ impl Metrics {
             reloads: Family::default(),
             rejected: Family::default(),
             rpcs: Family::default(),
+            kv_bytes: Family::default(),
+            kv_keys: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register("backend_calls", "Backend calls", m.calls.clone());
@@ -83,6 +87,12 @@ impl Metrics {
             r.register("backend_loads", "Component versions loaded (start and hot reload)", m.reloads.clone());
             r.register("backend_rejected", "Component files rejected at load", m.rejected.clone());
             r.register("csi_requests", "CSI requests by method and gRPC code", m.rpcs.clone());
+            r.register(
+                "backend_kv_bytes",
+                "Bytes the backend's kv namespace uses (keys + values + 64 per key)",
+                m.kv_bytes.clone(),
+            );
+            r.register("backend_kv_keys", "Keys in the backend's kv namespace", m.kv_keys.clone());
         }
         m
     }
@@ -90,6 +100,13 @@ impl Metrics {
     /// Record a finished CSI request.
     pub fn rpc(&self, method: &str, code: &str) {
         self.rpcs.get_or_create(&RpcLabels { method: method.into(), code: code.into() }).inc();
+    }
+
+    /// Show a backend's `kv` usage.
+    pub fn kv_usage(&self, backend: &str, usage: crate::store::KvUsage) {
+        let labels = BackendLabels { backend: backend.into() };
+        self.kv_bytes.get_or_create(&labels).set(usage.bytes);
+        self.kv_keys.get_or_create(&labels).set(usage.keys);
     }
 
     /// Prometheus text exposition.

@@ -57,47 +57,42 @@ pub mod guest_bindings {
                 use crate::bindings::types::Error;
                 pub use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Space};
                 use crate::host::dir as ops;
-                use std::path::PathBuf;
 
-                fn path(root: &str, rel: &str) -> Result<PathBuf, Error> {
-                    let base = crate::native::root(root)?;
-                    ops::resolve(&base, rel)
+                fn base(root: &str) -> Result<std::path::PathBuf, Error> {
+                    crate::native::root(root)
                 }
                 pub fn roots() -> Vec<String> {
                     crate::native::ROOTS.with(|r| r.borrow().keys().cloned().collect())
                 }
                 pub fn mkdir(root: &str, p: &str, mode: u32) -> Result<(), Error> {
-                    ops::mkdir(&path(root, p)?, mode)
+                    ops::mkdir(&base(root)?, p, mode)
                 }
                 pub fn stat(root: &str, p: &str) -> Result<Option<FileStat>, Error> {
-                    ops::stat(&path(root, p)?)
+                    ops::stat(&base(root)?, p)
                 }
                 pub fn read_dir(root: &str, p: &str) -> Result<Vec<String>, Error> {
-                    ops::read_dir(&path(root, p)?)
+                    ops::read_dir(&base(root)?, p)
                 }
                 pub fn read_file(root: &str, p: &str) -> Result<Vec<u8>, Error> {
-                    ops::read_file(&path(root, p)?)
+                    ops::read_file(&base(root)?, p)
                 }
                 pub fn write_file(root: &str, p: &str, data: &[u8]) -> Result<(), Error> {
-                    ops::write_file(&path(root, p)?, data)
+                    ops::write_file(&base(root)?, p, data)
                 }
                 pub fn copy_tree(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::copy_tree(&path(root, from)?, &path(root, to)?)
+                    ops::copy_tree(&base(root)?, from, to)
                 }
                 pub fn rename(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::rename(&path(root, from)?, &path(root, to)?)
+                    ops::rename(&base(root)?, from, to)
                 }
                 pub fn remove_all(root: &str, p: &str) -> Result<(), Error> {
-                    if p.is_empty() {
-                        return Err(Error::InvalidArgument(format!("refusing to remove dir root {root:?} itself")));
-                    }
-                    ops::remove_all(&path(root, p)?)
+                    ops::remove_all(&base(root)?, p)
                 }
                 pub fn usage(root: &str, p: &str) -> Result<u64, Error> {
-                    ops::usage(&path(root, p)?)
+                    ops::usage(&base(root)?, p)
                 }
                 pub fn fs_stats(root: &str) -> Result<Space, Error> {
-                    ops::space(&path(root, "")?)
+                    ops::space(&base(root)?)
                 }
             }
         }

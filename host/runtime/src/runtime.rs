@@ -65,6 +65,8 @@ pub struct Runtime {
     pub config: HostConfig,
     pub store: Arc<MetaStore>,
     pub metrics: Arc<Metrics>,
+    /// `dir` copies running in the background; kept here so they outlive a hot reload.
+    copies: Arc<crate::host::dir::CopyJobs>,
     cache: CompileCache,
     _ticker: EpochTicker,
 }
@@ -80,6 +82,7 @@ impl Runtime {
             config: opts.config,
             store,
             metrics: Arc::new(Metrics::new()),
+            copies: Arc::default(),
         }))
     }
 
@@ -201,6 +204,10 @@ impl Runtime {
     fn assemble(&self, name: &str, kind: Kind, info: BackendInfo, imports: ImportSummary) -> Backend {
         let limits = self.config.limits_for(name);
         let grants = self.config.grants_for(name);
+        match self.store.kv_usage(name) {
+            Ok(usage) => self.metrics.kv_usage(name, usage),
+            Err(e) => tracing::warn!(backend = name, error = %e, "cannot read kv usage"),
+        }
         Backend {
             name: name.into(),
             digest: String::new(),
@@ -224,6 +231,9 @@ impl Runtime {
                     .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
                 dir_roots: grants.dir,
                 import_timeout: limits.import_timeout(),
+                copies: self.copies.clone(),
+                kv_quota: limits.kv_quota(),
+                metrics: self.metrics.clone(),
             }),
             limits,
             cache_hit: false,

@@ -15,12 +15,19 @@ pub struct CallState {
     pub(crate) caps: Arc<Capabilities>,
     /// Secret values of this call; the guest only ever sees indexes into this list.
     pub(crate) secrets: crate::backend::Secrets,
-    /// Log lines left before the guest is muted for the rest of the call.
-    pub(crate) log_budget: u32,
+    /// What the guest may still make the host log in this call.
+    pub(crate) log_budget: crate::host::log::LogBudget,
+    /// When the call must be over: imports that can run long stop before it.
+    pub(crate) deadline: std::time::Instant,
 }
 
 impl CallState {
-    pub(crate) fn new(caps: Arc<Capabilities>, memory_limit: usize, secrets: crate::backend::Secrets) -> Self {
+    pub(crate) fn new(
+        caps: Arc<Capabilities>,
+        memory_limit: usize,
+        secrets: crate::backend::Secrets,
+        deadline: std::time::Instant,
+    ) -> Self {
         // Deny by default: no preopened directories, no env, no args, no network, no stdio
         // inheritance. Clocks and randomness stay (harmless, and std needs them).
         let wasi = WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build();
@@ -30,7 +37,8 @@ impl CallState {
             limiter: MemoryLimiter::new(memory_limit),
             caps,
             secrets,
-            log_budget: crate::host::log::LINES_PER_CALL,
+            log_budget: Default::default(),
+            deadline,
         }
     }
 

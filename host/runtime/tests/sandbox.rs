@@ -211,3 +211,45 @@ async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
     assert_eq!(registry.scan().await.removed, ["hostpath"]);
     assert!(registry.get("hostpath").is_none());
 }
+
+/// Issue 13 item 3: one backend call writing 64 KiB values in a loop stops at the backend's kv
+/// quota with RESOURCE_EXHAUSTED; the store does not grow past it, the usage shows in the
+/// metrics, and another backend's namespace is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_cannot_write_past_its_kv_quota() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join("hostile")).unwrap();
+    let text = format!(
+        "[runtime]\ncall_deadline_ms = 5000\nkv_quota_bytes = 1048576\nkv_quota_keys = 1000\n\
+         [backends.hostile.grants]\ndir = {{ default = \"{}/hostile\" }}\n",
+        d.path().display()
+    );
+    let rt = Runtime::new(RuntimeOptions {
+        config: HostConfig::parse(&text, Path::new("test")).unwrap(),
+        cache_dir: Some(d.path().join("cache")),
+        store_path: d.path().join("state/meta.redb"),
+        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+    })
+    .unwrap();
+    let (r, took) = hostile_call(&rt, "kv-flood").await;
+    assert!(
+        matches!(&r, Err(CallError::Backend { error: WitError::ResourceExhausted(m), .. }) if m.contains("quota")),
+        "{r:?}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let metrics = rt.metrics.encode();
+    let used = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("wasmcsi_backend_kv_bytes{backend=\"hostile\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no kv gauge in:\n{metrics}"));
+    assert!((1 << 20) - (65 << 10) < used && used <= 1 << 20, "{used}");
+    let db = std::fs::metadata(d.path().join("state/meta.redb")).unwrap().len();
+    assert!(db < 16 << 20, "the store grew to {db} bytes");
+    // Full for another 64 KiB value, not broken: a small write still fits in the next call.
+    let (r, _) = hostile_call(&rt, "kv").await;
+    assert!(
+        matches!(&r, Err(CallError::Backend { error: WitError::Unimplemented(m), .. }) if m == "kv works"),
+        "{r:?}"
+    );
+}

@@ -1,4 +1,5 @@
-//! `kv`: the backend's private namespace in the host's metadata store.
+//! `kv`: the backend's private namespace in the host's metadata store, within its quota
+//! (`resource-exhausted` beyond it); every write shows the new usage in the metrics.
 use crate::bindings::types::Error;
 use crate::bindings::wasmcsi::backend::kv::Host;
 use crate::capabilities::local_io;
@@ -8,7 +9,19 @@ use crate::store::StoreError;
 fn to_wit(e: StoreError) -> Error {
     match e {
         StoreError::KeyTooLarge(_) | StoreError::ValueTooLarge(_) => Error::InvalidArgument(e.to_string()),
+        StoreError::QuotaExceeded { .. } => Error::ResourceExhausted(e.to_string()),
         StoreError::Db(_) => Error::Internal(e.to_string()),
+    }
+}
+
+impl CallState {
+    /// Show the backend's usage after a write (a failed read only leaves the gauge behind).
+    fn kv_written<T>(&self, result: Result<T, StoreError>) -> Result<T, Error> {
+        let c = &self.caps;
+        if let Ok(usage) = c.store.kv_usage(&c.backend) {
+            c.metrics.kv_usage(&c.backend, usage);
+        }
+        result.map_err(to_wit)
     }
 }
 
@@ -22,13 +35,13 @@ impl Host for CallState {
     #[tracing::instrument(name = "import.kv.set", skip_all, fields(backend = %self.caps.backend))]
     async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
         let c = &self.caps;
-        local_io(|| c.store.kv_set(&c.backend, &key, &value).map_err(to_wit))
+        self.kv_written(local_io(|| c.store.kv_set(&c.backend, &key, &value, c.kv_quota)))
     }
 
     #[tracing::instrument(name = "import.kv.delete", skip_all, fields(backend = %self.caps.backend))]
     async fn delete(&mut self, key: String) -> Result<(), Error> {
         let c = &self.caps;
-        local_io(|| c.store.kv_delete(&c.backend, &key).map_err(to_wit))
+        self.kv_written(local_io(|| c.store.kv_delete(&c.backend, &key)))
     }
 
     #[tracing::instrument(name = "import.kv.compare_and_swap", skip_all, fields(backend = %self.caps.backend))]
@@ -39,7 +52,9 @@ impl Host for CallState {
         new: Option<Vec<u8>>,
     ) -> Result<bool, Error> {
         let c = &self.caps;
-        local_io(|| c.store.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref()).map_err(to_wit))
+        let swapped =
+            local_io(|| c.store.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref(), c.kv_quota));
+        self.kv_written(swapped)
     }
 
     #[tracing::instrument(name = "import.kv.list_keys", skip_all, fields(backend = %self.caps.backend))]

@@ -164,8 +164,16 @@ mod tests {
             rbd: None,
             block: None,
             import_timeout: timeout,
+            copies: Default::default(),
+            kv_quota: crate::store::KvQuota::UNLIMITED,
+            metrics: Default::default(),
         };
-        CallState::new(Arc::new(caps), 64 << 20, Vec::new())
+        CallState::new(
+            Arc::new(caps),
+            64 << 20,
+            Vec::new(),
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
     }
 
     fn wit(e: &NfsExport) -> WitExport {

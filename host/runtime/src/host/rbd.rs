@@ -464,9 +464,17 @@ mod tests {
             rbd: rbd.map(Arc::new),
             block: None,
             import_timeout: Duration::from_secs(1),
+            copies: Default::default(),
+            kv_quota: crate::store::KvQuota::UNLIMITED,
+            metrics: Default::default(),
         };
         let secrets = secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        CallState::new(Arc::new(caps), 64 << 20, secrets)
+        CallState::new(
+            Arc::new(caps),
+            64 << 20,
+            secrets,
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        )
     }
 
     fn refs(keys: &[(&str, u32)]) -> Vec<SecretRef> {

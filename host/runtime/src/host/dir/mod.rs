@@ -1,0 +1,173 @@
+//! `dir`: directory operations under the roots the operator granted a backend.
+//!
+//! The guest names a root and a relative path (`path.rs` checks it); every operation then
+//! opens what it works on beneath the root's file descriptor, following no symlink
+//! (`root.rs`), and decides on what it opened, so a pod that swaps entries of its volume
+//! meanwhile can never make the host read, copy or remove anything outside the root.
+//!
+//! Where each runs: single-entry operations (mkdir, stat, read-dir, read-file, write-file,
+//! rename, fs-stats) take microseconds and run inline (see `capabilities::local_io`).
+//! Tree-sized ones never do: `remove-all` and `usage` run on the blocking pool and stop
+//! between entries at the import's deadline (`tree.rs`; a retry of `remove-all` goes on where
+//! it stopped), and `copy-tree` runs as a background copy that a retry collects (`copies.rs`).
+//! The host's temporary entries are named and locked so a dead writer's are recognised, hidden
+//! from `read-dir` and swept (`temp.rs`).
+mod copies;
+mod ops;
+mod path;
+mod root;
+mod temp;
+mod tree;
+
+pub use copies::CopyJobs;
+pub use path::resolve;
+
+use crate::bindings::types::Error;
+use crate::bindings::wasmcsi::backend::dir::{FileStat, Host, Space};
+use crate::capabilities::local_io;
+use crate::state::CallState;
+use path::GuestPath;
+use root::Root;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tree::{Progress, Stop};
+
+/// Time a tree-sized import leaves its call to turn the answer into the guest's own.
+const ANSWER_MARGIN: Duration = Duration::from_millis(100);
+
+fn open_root(path: &Path) -> Result<Root, Error> {
+    Root::open(path).map_err(|e| ops::errno(&format!("dir root {}", path.display()), e))
+}
+
+// The same operations for callers without a call (native backends, tests): run to the end,
+// on the caller's thread.
+pub fn mkdir(root: &Path, path: &str, mode: u32) -> Result<(), Error> {
+    ops::mkdir(&open_root(root)?, GuestPath::parse(path)?, mode)
+}
+pub fn stat(root: &Path, path: &str) -> Result<Option<FileStat>, Error> {
+    ops::stat(&open_root(root)?, GuestPath::parse(path)?)
+}
+pub fn read_dir(root: &Path, path: &str) -> Result<Vec<String>, Error> {
+    ops::read_dir(&open_root(root)?, GuestPath::parse(path)?)
+}
+pub fn read_file(root: &Path, path: &str) -> Result<Vec<u8>, Error> {
+    ops::read_file(&open_root(root)?, GuestPath::parse(path)?)
+}
+pub fn write_file(root: &Path, path: &str, data: &[u8]) -> Result<(), Error> {
+    ops::write_file(&open_root(root)?, GuestPath::parse(path)?, data)
+}
+pub fn copy_tree(root: &Path, from: &str, to: &str) -> Result<(), Error> {
+    let (from, to) = (GuestPath::parse(from)?, GuestPath::parse(to)?);
+    ops::copy_to_temp(&open_root(root)?, from, to, &Stop::never(), &Progress::default())?.place()
+}
+pub fn rename(root: &Path, from: &str, to: &str) -> Result<(), Error> {
+    ops::rename(&open_root(root)?, GuestPath::parse(from)?, GuestPath::parse(to)?)
+}
+pub fn remove_all(root: &Path, path: &str) -> Result<(), Error> {
+    let p = GuestPath::parse(path)?;
+    if p.is_root() {
+        return Err(Error::InvalidArgument(format!("refusing to remove dir root {} itself", root.display())));
+    }
+    ops::remove_all(&open_root(root)?, p, &Stop::never())
+}
+pub fn usage(root: &Path, path: &str) -> Result<u64, Error> {
+    ops::usage(&open_root(root)?, GuestPath::parse(path)?, &Stop::never())
+}
+pub fn space(root: &Path) -> Result<Space, Error> {
+    ops::space(&open_root(root)?)
+}
+
+impl CallState {
+    fn root(&self, root: &str) -> Result<PathBuf, Error> {
+        self.caps.dir_roots.get(root).cloned().ok_or_else(|| {
+            Error::PermissionDenied(format!("dir root {root:?} is not granted to backend {}", self.caps.backend))
+        })
+    }
+
+    /// Run one single-entry operation inline (see `local_io` for why).
+    fn on_root<T>(&self, root: &str, f: impl FnOnce(&Path) -> Result<T, Error>) -> Result<T, Error> {
+        let base = self.root(root)?;
+        local_io(|| f(&base))
+    }
+
+    /// Until when a tree-sized import may work: its import timeout, and never so close to the
+    /// call's deadline that the guest cannot answer.
+    fn tree_deadline(&self) -> Instant {
+        let by_import = Instant::now() + self.caps.import_timeout;
+        let by_call = self.deadline.checked_sub(ANSWER_MARGIN).unwrap_or_else(Instant::now);
+        by_import.min(by_call)
+    }
+
+    /// A tree walk on the blocking pool, stopping at [`CallState::tree_deadline`]. The future
+    /// holds nothing of the call state (which is not `Sync`).
+    fn tree_op<T: Send + 'static>(
+        &self,
+        root: &str,
+        what: &'static str,
+        f: impl FnOnce(&Root, &Stop) -> Result<T, Error> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, Error>> + Send + 'static {
+        let base = self.root(root);
+        let stop = Stop::at(self.tree_deadline());
+        async move {
+            let base = base?;
+            tokio::task::spawn_blocking(move || f(&open_root(&base)?, &stop))
+                .await
+                .map_err(|e| Error::Internal(format!("{what}: the walk failed: {e}")))?
+        }
+    }
+}
+
+impl Host for CallState {
+    async fn roots(&mut self) -> Vec<String> {
+        self.caps.dir_roots.keys().cloned().collect()
+    }
+    #[tracing::instrument(name = "import.dir.mkdir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn mkdir(&mut self, root: String, path: String, mode: u32) -> Result<(), Error> {
+        self.on_root(&root, |r| mkdir(r, &path, mode))
+    }
+    #[tracing::instrument(name = "import.dir.stat", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn stat(&mut self, root: String, path: String) -> Result<Option<FileStat>, Error> {
+        self.on_root(&root, |r| stat(r, &path))
+    }
+    #[tracing::instrument(name = "import.dir.read_dir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn read_dir(&mut self, root: String, path: String) -> Result<Vec<String>, Error> {
+        self.on_root(&root, |r| read_dir(r, &path))
+    }
+    #[tracing::instrument(name = "import.dir.read_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn read_file(&mut self, root: String, path: String) -> Result<Vec<u8>, Error> {
+        self.on_root(&root, |r| read_file(r, &path))
+    }
+    #[tracing::instrument(name = "import.dir.write_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn write_file(&mut self, root: String, path: String, data: Vec<u8>) -> Result<(), Error> {
+        self.on_root(&root, |r| write_file(r, &path, &data))
+    }
+    #[tracing::instrument(name = "import.dir.copy_tree", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
+    async fn copy_tree(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
+        let base = self.root(&root)?;
+        let wait = self.tree_deadline().saturating_duration_since(Instant::now());
+        let (copies, backend) = (self.caps.copies.clone(), self.caps.backend.clone());
+        copies.copy_tree(&backend, base, &from, &to, wait).await
+    }
+    #[tracing::instrument(name = "import.dir.rename", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
+    async fn rename(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
+        self.on_root(&root, |r| rename(r, &from, &to))
+    }
+    #[tracing::instrument(name = "import.dir.remove_all", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn remove_all(&mut self, root: String, path: String) -> Result<(), Error> {
+        if path.is_empty() {
+            return Err(Error::InvalidArgument(format!("refusing to remove dir root {root:?} itself")));
+        }
+        self.tree_op(&root, "remove-all", move |r, stop| ops::remove_all(r, GuestPath::parse(&path)?, stop)).await
+    }
+    #[tracing::instrument(name = "import.dir.usage", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    async fn usage(&mut self, root: String, path: String) -> Result<u64, Error> {
+        self.tree_op(&root, "usage", move |r, stop| ops::usage(r, GuestPath::parse(&path)?, stop)).await
+    }
+    #[tracing::instrument(name = "import.dir.fs_stats", skip_all, fields(backend = %self.caps.backend, %root))]
+    async fn fs_stats(&mut self, root: String) -> Result<Space, Error> {
+        self.on_root(&root, space)
+    }
+}
+
+#[cfg(test)]
+mod tests;
