@@ -1,16 +1,23 @@
-//! Backends linked natively instead of loaded as components: the same guest source compiled
-//! for the host, against the host's own binding types. It exists to measure what the sandbox
-//! costs (the same backend, `.wasm` vs native, through the same CSI path) and to unit-test a
-//! guest's policy without compiling a component. Production loads `.wasm`; a native backend
-//! has no memory cap, deadline trap or fuel, only the import-side checks (`dir` resolution).
+//! Backends linked natively instead of loaded as components, for benchmarks and tests: a
+//! [`NativeDriver`] is a backend's exports as plain functions over the host's binding types.
+//! It exists to measure what the sandbox costs (the same backend, `.wasm` vs native, through
+//! the same CSI path) and to let host tests plug in a planner without compiling a component.
+//! Production loads `.wasm`; a native backend has no memory cap, deadline trap or fuel, only
+//! the import-side checks (`dir` resolution).
 //!
-//! A guest opts in with, in its `lib.rs`:
-//! `#[cfg(not(target_arch = "wasm32"))] use wasmcsi_runtime::native::guest_bindings as bindings;`
+//! Two ways in: [`NativeDriver::of`] a type implementing [`Guest`] (host types, for host
+//! tests), and, with the `native` feature (benches and tests only, it links the guest SDK),
+//! `NativeDriver::of_backend` a `wasmcsi_backend_sdk::Backend`: the backend's own crate,
+//! compiled for the host, with `dir` and `log` served by the host and nothing else granted.
+//! Guests not yet on the SDK still bind to [`guest_bindings`] natively.
 use crate::bindings::driver::*;
 use crate::bindings::types::Error;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+#[cfg(feature = "native")]
+mod sdk;
 
 /// The module tree `wit_bindgen::generate!` would produce for a guest, mapped onto host
 /// types, so guest source compiles unchanged for the host.
