@@ -9,7 +9,6 @@
 //! tests), and, with the `native` feature (benches and tests only, it links the guest SDK),
 //! `NativeDriver::of_backend` a `wasmcsi_backend_sdk::Backend`: the backend's own crate,
 //! compiled for the host, with `dir` and `log` served by the host and nothing else granted.
-//! Guests not yet on the SDK still bind to [`guest_bindings`] natively.
 use crate::bindings::driver::*;
 use crate::bindings::types::Error;
 use std::cell::RefCell;
@@ -19,107 +18,9 @@ use std::path::PathBuf;
 #[cfg(feature = "native")]
 mod sdk;
 
-/// The module tree `wit_bindgen::generate!` would produce for a guest, mapped onto host
-/// types, so guest source compiles unchanged for the host.
-pub mod guest_bindings {
-    pub mod exports {
-        pub mod wasmcsi {
-            pub mod backend {
-                pub mod driver {
-                    pub use crate::bindings::driver::*;
-                    pub use crate::native::Guest;
-                }
-            }
-        }
-    }
-    pub mod wasmcsi {
-        pub mod backend {
-            pub mod types {
-                pub use crate::bindings::types::*;
-            }
-            pub mod log {
-                pub use crate::bindings::wasmcsi::backend::log::Level;
-                pub fn log(level: Level, message: &str, fields: &[(String, String)]) {
-                    let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    let fields = fields.join(" ");
-                    match level {
-                        Level::Trace | Level::Debug => tracing::debug!(target: "wasmcsi::native", fields, "{message}"),
-                        Level::Info => tracing::info!(target: "wasmcsi::native", fields, "{message}"),
-                        Level::Warn | Level::Error => tracing::warn!(target: "wasmcsi::native", fields, "{message}"),
-                    }
-                }
-            }
-            /// `nfs` for native guests: its types only (natively the nfs backend's logic is
-            /// compiled and linted; it runs as a component).
-            pub mod nfs {
-                pub use crate::bindings::wasmcsi::backend::nfs::{CopyProgress, NfsExport};
-            }
-            /// `rbd` types for native guests (their driver logic runs over a `Host` trait).
-            pub mod rbd {
-                pub use crate::bindings::wasmcsi::backend::rbd::{ImageInfo, ImageSnapshot, PoolStats};
-            }
-            /// `dir` for native guests: the same checked operations the component gets,
-            /// on the roots of the backend whose call runs on this thread.
-            pub mod dir {
-                use crate::bindings::types::Error;
-                pub use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Space};
-                use crate::host::dir as ops;
-                use std::path::PathBuf;
-
-                fn path(root: &str, rel: &str) -> Result<PathBuf, Error> {
-                    let base = crate::native::root(root)?;
-                    ops::resolve(&base, rel)
-                }
-                pub fn roots() -> Vec<String> {
-                    crate::native::ROOTS.with(|r| r.borrow().keys().cloned().collect())
-                }
-                pub fn mkdir(root: &str, p: &str, mode: u32) -> Result<(), Error> {
-                    ops::mkdir(&path(root, p)?, mode)
-                }
-                pub fn stat(root: &str, p: &str) -> Result<Option<FileStat>, Error> {
-                    ops::stat(&path(root, p)?)
-                }
-                pub fn read_dir(root: &str, p: &str) -> Result<Vec<String>, Error> {
-                    ops::read_dir(&path(root, p)?)
-                }
-                pub fn read_file(root: &str, p: &str) -> Result<Vec<u8>, Error> {
-                    ops::read_file(&path(root, p)?)
-                }
-                pub fn write_file(root: &str, p: &str, data: &[u8]) -> Result<(), Error> {
-                    ops::write_file(&path(root, p)?, data)
-                }
-                pub fn copy_tree(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::copy_tree(&path(root, from)?, &path(root, to)?)
-                }
-                pub fn rename(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::rename(&path(root, from)?, &path(root, to)?)
-                }
-                pub fn remove_all(root: &str, p: &str) -> Result<(), Error> {
-                    if p.is_empty() {
-                        return Err(Error::InvalidArgument(format!("refusing to remove dir root {root:?} itself")));
-                    }
-                    ops::remove_all(&path(root, p)?)
-                }
-                pub fn usage(root: &str, p: &str) -> Result<u64, Error> {
-                    ops::usage(&path(root, p)?)
-                }
-                pub fn fs_stats(root: &str) -> Result<Space, Error> {
-                    ops::space(&path(root, "")?)
-                }
-            }
-        }
-    }
-}
-
 thread_local! {
     /// Dir roots of the native backend whose call runs on this thread.
     static ROOTS: RefCell<BTreeMap<String, PathBuf>> = const { RefCell::new(BTreeMap::new()) };
-}
-
-fn root(name: &str) -> Result<PathBuf, Error> {
-    ROOTS
-        .with(|r| r.borrow().get(name).cloned())
-        .ok_or_else(|| Error::PermissionDenied(format!("dir root {name:?} is not granted")))
 }
 
 /// Run `f` with `roots` as this thread's dir grants.
