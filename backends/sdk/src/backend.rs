@@ -29,7 +29,7 @@ pub fn unsupported<T>(op: &str) -> Result<T, Error> {
 ///         BackendInfo { name: "toy".into(), version: "0.1.0".into(), features: vec![Feature::CreateDeleteVolume], parameters: vec![] }
 ///     }
 ///     fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
-///         let bytes = Sizing::BYTES.resolve(req.capacity.required_bytes, req.capacity.limit_bytes)?;
+///         let bytes = Sizing::DEFAULT.resolve(req.capacity.required_bytes, req.capacity.limit_bytes)?;
 ///         let id = local_name(&req.name, MAX_ID_BYTES);
 ///         h.kv().set(&format!("volumes/{id}"), bytes.to_string().as_bytes())?;
 ///         h.log().info("volume created", &[("volume", &id)]);
