@@ -21,7 +21,7 @@ mod nfs;
 mod rbd;
 mod tree;
 
-pub use block::FakeBlock;
+pub use block::{FakeBlock, FakeReplicaSet};
 pub use dir::FakeDir;
 pub use kv::FakeKv;
 pub use log::{FakeLog, LogLine};
