@@ -11,6 +11,7 @@ const GUESTS: &[(&str, &str, &str)] = &[
     ("wasmcsi-backend-hostpath", "HOSTPATH", "hostpath"),
     ("wasmcsi-backend-nfs", "NFS", "nfs"),
     ("wasmcsi-backend-ceph-rbd-shim", "CEPH_RBD_SHIM", "ceph-rbd-shim"),
+    ("wasmcsi-backend-replicated-block", "REPLICATED_BLOCK", "replicated-block"),
     ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
 ];
 

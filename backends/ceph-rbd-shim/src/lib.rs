@@ -27,155 +27,20 @@
 //! `BACKEND:`. What this crate does not do: map, mkfs or mount (the node executes the `rbd`
 //! attach plan with the NodeStage secrets), or see any key.
 pub mod policy;
+#[cfg(test)]
+mod tests;
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, reason = "wit-bindgen expands to unsafe glue")]
-mod bindings {
-    wit_bindgen::generate!({ path: "../../wit", world: "backend" });
-}
-#[cfg(not(target_arch = "wasm32"))]
-use wasmcsi_runtime::native::guest_bindings as bindings;
-
-use bindings::exports::wasmcsi::backend::driver::*;
-use bindings::wasmcsi::backend::rbd::{ImageInfo, ImageSnapshot, PoolStats};
-use bindings::wasmcsi::backend::types::{AccessMode, AccessType, Pair};
 use policy::{Invalid, Params, Target};
+use wasmcsi_backend_sdk::prelude::*;
+use wasmcsi_backend_sdk::rbd::{ImageInfo, ImageSnapshot};
+use wasmcsi_backend_sdk::targets::KnownTargets;
 
-/// The backend (exported as the component's `driver` on wasm32).
+/// The backend.
 pub struct CephRbd;
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, reason = "export! expands to the unsafe canonical-ABI entry points")]
-mod export {
-    use super::CephRbd;
-    crate::bindings::export!(CephRbd with_types_in crate::bindings);
-}
-
-/// What the backend needs from the host: the `rbd` capability, `kv` and `log`. A trait so the
-/// driver logic compiles (and is linted) natively too; the component implements it with its
-/// imports. `s` are the secret-refs of the CSI call (empty where CSI passes none: the host then
-/// serves reads with the credentials it last saw accepted on that pool).
-#[allow(clippy::too_many_arguments, reason = "mirrors the WIT functions one to one")]
-pub trait Host {
-    fn create(
-        &self,
-        t: &Target,
-        name: &str,
-        size: u64,
-        features: &[String],
-        data_pool: Option<&str>,
-        metadata: &[(String, String)],
-        s: &[SecretRef],
-    ) -> Result<(), Error>;
-    fn info(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<Option<ImageInfo>, Error>;
-    fn find_by_metadata(&self, t: &Target, key: &str, value: &str, s: &[SecretRef]) -> Result<Vec<String>, Error>;
-    fn remove(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<(), Error>;
-    fn resize(&self, t: &Target, name: &str, size: u64, s: &[SecretRef]) -> Result<(), Error>;
-    fn snapshot_create(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error>;
-    fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error>;
-    fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error>;
-    fn snapshot_list(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error>;
-    fn clone_image(
-        &self,
-        t: &Target,
-        image: &str,
-        snap: &str,
-        child_pool: &str,
-        child: &str,
-        features: &[String],
-        s: &[SecretRef],
-    ) -> Result<(), Error>;
-    fn flatten(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error>;
-    fn children(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<Vec<String>, Error>;
-    fn stats(&self, t: &Target, s: &[SecretRef]) -> Result<PoolStats, Error>;
-    fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error>;
-    fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error>;
-    fn kv_delete(&self, key: &str) -> Result<(), Error>;
-    fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error>;
-    fn log(&self, message: &str, fields: &[(String, String)]);
-}
-
-#[cfg(target_arch = "wasm32")]
-mod imports {
-    use super::*;
-    use crate::bindings::wasmcsi::backend::{kv, log, rbd};
-    /// The component's imports.
-    pub struct Imports;
-    impl Host for Imports {
-        fn create(
-            &self,
-            t: &Target,
-            name: &str,
-            size: u64,
-            features: &[String],
-            data_pool: Option<&str>,
-            metadata: &[(String, String)],
-            s: &[SecretRef],
-        ) -> Result<(), Error> {
-            rbd::create(&t.cluster, &t.pool, name, size, features, data_pool, metadata, s)
-        }
-        fn info(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
-            rbd::info(&t.cluster, &t.pool, name, s)
-        }
-        fn find_by_metadata(&self, t: &Target, key: &str, value: &str, s: &[SecretRef]) -> Result<Vec<String>, Error> {
-            rbd::find_by_metadata(&t.cluster, &t.pool, key, value, s)
-        }
-        fn remove(&self, t: &Target, name: &str, s: &[SecretRef]) -> Result<(), Error> {
-            rbd::remove(&t.cluster, &t.pool, name, s)
-        }
-        fn resize(&self, t: &Target, name: &str, size: u64, s: &[SecretRef]) -> Result<(), Error> {
-            rbd::resize(&t.cluster, &t.pool, name, size, s)
-        }
-        fn snapshot_create(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
-            rbd::snapshot_create(&t.cluster, &t.pool, image, snap, s)
-        }
-        fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-            rbd::snapshot_remove(&t.cluster, &t.pool, image, snap, s)
-        }
-        fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-            rbd::snapshot_protect(&t.cluster, &t.pool, image, snap, s)
-        }
-        fn snapshot_list(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
-            rbd::snapshot_list(&t.cluster, &t.pool, image, s)
-        }
-        fn clone_image(
-            &self,
-            t: &Target,
-            image: &str,
-            snap: &str,
-            child_pool: &str,
-            child: &str,
-            features: &[String],
-            s: &[SecretRef],
-        ) -> Result<(), Error> {
-            rbd::clone(&t.cluster, &t.pool, image, snap, child_pool, child, features, s)
-        }
-        fn flatten(&self, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
-            rbd::flatten(&t.cluster, &t.pool, image, s)
-        }
-        fn children(&self, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<Vec<String>, Error> {
-            rbd::children(&t.cluster, &t.pool, image, snap, s)
-        }
-        fn stats(&self, t: &Target, s: &[SecretRef]) -> Result<PoolStats, Error> {
-            rbd::stats(&t.cluster, &t.pool, s)
-        }
-        fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
-            kv::get(key)
-        }
-        fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error> {
-            kv::set(key, value)
-        }
-        fn kv_delete(&self, key: &str) -> Result<(), Error> {
-            kv::delete(key)
-        }
-        fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error> {
-            kv::list_keys(prefix, None, 1024)
-        }
-        fn log(&self, message: &str, fields: &[(String, String)]) {
-            log::log(log::Level::Info, message, fields)
-        }
-    }
-}
+/// The pools volumes were ever created in, as `CLUSTER.POOL` (the capability does not list its
+/// grants).
+const POOLS: KnownTargets = KnownTargets::new("pools/");
 
 fn bad(e: Invalid) -> Error {
     Error::InvalidArgument(e.0)
@@ -207,27 +72,12 @@ fn require_credentials(s: &[SecretRef]) -> Result<(), Error> {
     }
     Err(Error::InvalidArgument("ceph credentials missing: secrets userID and userKey (or adminID and adminKey) are required".into()))
 }
-fn pool_key(t: &Target) -> String {
-    format!("pools/{}.{}", t.cluster, t.pool)
-}
 /// The pools volumes were ever created in.
 fn known_pools(h: &impl Host) -> Result<Vec<Target>, Error> {
-    Ok(h.kv_list("pools/")?
-        .iter()
-        .filter_map(|k| {
-            let (cluster, pool) = k.strip_prefix("pools/")?.split_once('.')?;
-            Some(Target { cluster: cluster.into(), pool: pool.into() })
-        })
-        .collect())
+    Ok(POOLS.list(h.kv())?.iter().filter_map(|k| k.split_once('.')).map(|(cluster, pool)| Target::new(cluster, pool)).collect())
 }
 fn remember_pool(h: &impl Host, t: &Target) -> Result<(), Error> {
-    if h.kv_get(&pool_key(t))?.is_none() {
-        h.kv_set(&pool_key(t), b"")?;
-    }
-    Ok(())
-}
-fn fields(kv: &[(&str, &str)]) -> Vec<(String, String)> {
-    kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    POOLS.remember(h.kv(), &format!("{}.{}", t.cluster, t.pool))
 }
 
 fn volume(t: &Target, image: &str, size: u64) -> Volume {
@@ -248,8 +98,8 @@ fn is_deleted(snaps: &[ImageSnapshot]) -> bool {
 
 /// A live volume (exists, not deleted): its info and snapshots; `None` otherwise.
 fn live(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<Option<(ImageInfo, Vec<ImageSnapshot>)>, Error> {
-    let Some(info) = h.info(t, image, s)? else { return Ok(None) };
-    let snaps = match h.snapshot_list(t, image, s) {
+    let Some(info) = h.rbd().info(t, image, s)? else { return Ok(None) };
+    let snaps = match h.rbd().snapshot_list(t, image, s) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(None),
         Err(e) => return Err(e),
@@ -275,7 +125,7 @@ fn depth(h: &impl Host, t: &Target, info: &ImageInfo, s: &[SecretRef]) -> Result
         }
         let Some((pool, image, _)) = policy::parse_parent(&p) else { break };
         let pt = Target { cluster: t.cluster.clone(), pool };
-        parent = h.info(&pt, &image, s)?.and_then(|i| i.parent);
+        parent = h.rbd().info(&pt, &image, s)?.and_then(|i| i.parent);
     }
     Ok(d)
 }
@@ -315,8 +165,8 @@ fn resolve_source(h: &impl Host, p: &Params, name: &str, src: &ContentSource, s:
         return Err(Error::InvalidArgument(format!("content source {id} is on cluster {}, not {}", target.cluster, p.target.cluster)));
     }
     let gone = || Error::NotFound(format!("content source {id} not found"));
-    let info = h.info(&target, &image, s)?.ok_or_else(gone)?;
-    let snaps = match h.snapshot_list(&target, &image, s) {
+    let info = h.rbd().info(&target, &image, s)?.ok_or_else(gone)?;
+    let snaps = match h.rbd().snapshot_list(&target, &image, s) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Err(gone()),
         Err(e) => return Err(e),
@@ -334,8 +184,8 @@ fn resolve_source(h: &impl Host, p: &Params, name: &str, src: &ContentSource, s:
     Ok(Source { target, image, snap, temporary, size, depth, lineage: meta(&info, policy::META_NAME).map(str::to_owned) })
 }
 
-/// The driver, over any [`Host`].
-pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
+/// The driver, over any [`Host`]: the [`Backend`] methods below call these.
+fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
     if req.name.is_empty() {
         return Err(Error::InvalidArgument("volume name is empty".into()));
     }
@@ -349,7 +199,7 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
         Some(src) if req.capacity.required_bytes == 0 => src.size,
         _ => req.capacity.required_bytes,
     };
-    let size = policy::capacity(required, req.capacity.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    let size = policy::SIZING.resolve(required, req.capacity.limit_bytes)?;
     if let Some(src) = &source
         && size < src.size
     {
@@ -360,13 +210,13 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
     let id = policy::encode_volume_id(t, &image);
 
     // Read state: does an earlier attempt's image exist, and is it this request's?
-    let mut existing = h.info(t, &image, s)?;
+    let mut existing = h.rbd().info(t, &image, s)?;
     if existing.is_none() {
         remember_pool(h, t)?;
         let made = match &source {
             None => {
                 let metadata = [(policy::META_NAME.to_owned(), req.name.clone()), (policy::META_OWNER.to_owned(), policy::OWNER.to_owned())];
-                h.create(t, &image, size, &p.features, p.data_pool.as_deref(), &metadata, s)
+                h.rbd().create(t, &image, size, &p.features, p.data_pool.as_deref(), &metadata, s)
             }
             Some(src) => clone_into(h, &p, src, &image, s),
         };
@@ -375,10 +225,10 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
             Ok(()) | Err(Error::AlreadyExists(_)) => {}
             Err(e) => return Err(e),
         }
-        existing = h.info(t, &image, s)?;
+        existing = h.rbd().info(t, &image, s)?;
     }
     let info = existing.ok_or_else(|| Error::Internal(format!("image {image} vanished right after its creation")))?;
-    let snaps = h.snapshot_list(t, &image, s)?;
+    let snaps = h.rbd().snapshot_list(t, &image, s)?;
     if is_deleted(&snaps) {
         return Err(Error::Aborted(format!("an earlier volume named {} is still being deleted (its snapshots keep image {image})", req.name)));
     }
@@ -388,19 +238,19 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
     let mut size_now = info.size_bytes;
     if let Some(src) = &source {
         if size_now < size {
-            h.resize(t, &image, size, s)?;
+            h.rbd().resize(t, &image, size, s)?;
             size_now = size;
         }
         let (_, flatten) = policy::clone_plan(src.depth, p.max_clone_depth);
         if flatten && info.parent.is_some() {
-            h.flatten(t, &image, s)?;
-            h.log("clone flattened", &fields(&[("volume", &id), ("maxCloneDepth", &p.max_clone_depth.to_string())]));
+            h.rbd().flatten(t, &image, s)?;
+            h.log().info("clone flattened", &[("volume", &id), ("maxCloneDepth", &p.max_clone_depth.to_string())]);
         }
         if src.temporary && (flatten || info.parent.is_none()) {
             drop_temp_snapshot(h, &src.target, &src.image, &src.snap, s)?;
         }
     }
-    h.log("volume ready", &fields(&[("volume", &id), ("bytes", &size_now.to_string())]));
+    h.log().info("volume ready", &[("volume", &id), ("bytes", &size_now.to_string())]);
     Ok(volume(t, &image, size_now))
 }
 
@@ -408,19 +258,19 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
 /// ones accept it), then grow it to `size` if the request asks for more than the source.
 fn clone_into(h: &impl Host, p: &Params, src: &Source, image: &str, s: &[SecretRef]) -> Result<(), Error> {
     if src.temporary {
-        match h.snapshot_create(&src.target, &src.image, &src.snap, s) {
+        match h.rbd().snapshot_create(&src.target, &src.image, &src.snap, s) {
             Ok(_) | Err(Error::AlreadyExists(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    h.snapshot_protect(&src.target, &src.image, &src.snap, s)?;
+    h.rbd().snapshot_protect(&src.target, &src.image, &src.snap, s)?;
     // Clones need layering whatever the StorageClass lists.
     let mut features = p.features.clone();
     if !features.iter().any(|f| f == "layering") {
         features.push("layering".into());
         features.sort();
     }
-    h.clone_image(&src.target, &src.image, &src.snap, &p.target.pool, image, &features, s)
+    h.rbd().clone_image(&src.target, &src.image, &src.snap, &p.target.pool, image, &features, s)
 }
 
 /// Whether an existing image answers this request (CSI: same name and compatible request →
@@ -454,8 +304,8 @@ fn check_same_request(name: &str, image: &str, info: &ImageInfo, source: Option<
 
 /// Remove a temporary snapshot once no clone hangs off it (absent: fine).
 fn drop_temp_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-    match h.children(t, image, snap, s) {
-        Ok(c) if c.is_empty() => match h.snapshot_remove(t, image, snap, s) {
+    match h.rbd().children(t, image, snap, s) {
+        Ok(c) if c.is_empty() => match h.rbd().snapshot_remove(t, image, snap, s) {
             Ok(()) | Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         },
@@ -466,7 +316,7 @@ fn drop_temp_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[S
 
 /// Flatten every clone of `image@snap`, so the snapshot can go without taking their data.
 fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let children = match h.children(t, image, snap, s) {
+    let children = match h.rbd().children(t, image, snap, s) {
         Ok(c) => c,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -474,8 +324,8 @@ fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[Sec
     for child in children {
         let (pool, name) = child.split_once('/').ok_or_else(|| Error::Internal(format!("child {child:?} is not pool/image")))?;
         let ct = Target { cluster: t.cluster.clone(), pool: pool.into() };
-        h.flatten(&ct, name, s)?;
-        h.log("clone flattened before its parent snapshot goes", &fields(&[("image", &child), ("parent", &format!("{}/{image}@{snap}", t.pool))]));
+        h.rbd().flatten(&ct, name, s)?;
+        h.log().info("clone flattened before its parent snapshot goes", &[("image", &child), ("parent", &format!("{}/{image}@{snap}", t.pool))]);
     }
     Ok(())
 }
@@ -484,8 +334,8 @@ fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[Sec
 /// the image, then release its parent's temporary snapshot and finish a deferred deletion of
 /// the parent that waited for it.
 fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let Some(info) = h.info(t, image, s)? else { return Ok(()) };
-    for snap in h.snapshot_list(t, image, s)? {
+    let Some(info) = h.rbd().info(t, image, s)? else { return Ok(()) };
+    for snap in h.rbd().snapshot_list(t, image, s)? {
         if snap.name.starts_with(policy::SNAP_PREFIX) {
             return Err(Error::FailedPrecondition(format!("image {image} still has snapshot {}", snap.name)));
         }
@@ -494,13 +344,13 @@ fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(
             return Err(Error::FailedPrecondition(format!("image {image} has snapshot {} this backend did not make", snap.name)));
         }
         flatten_children(h, t, image, &snap.name, s)?;
-        match h.snapshot_remove(t, image, &snap.name, s) {
+        match h.rbd().snapshot_remove(t, image, &snap.name, s) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    h.remove(t, image, s)?;
-    h.log("image removed", &fields(&[("image", &format!("{}/{image}", t.pool))]));
+    h.rbd().remove(t, image, s)?;
+    h.log().info("image removed", &[("image", &format!("{}/{image}", t.pool))]);
     if let Some((pool, pimage, psnap)) = info.parent.as_deref().and_then(policy::parse_parent) {
         let pt = Target { cluster: t.cluster.clone(), pool };
         if psnap.starts_with(policy::TEMP_PREFIX) {
@@ -513,7 +363,7 @@ fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(
 
 /// A deleted (marked) image whose last CSI snapshot is gone: remove it now.
 fn finish_deferred(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let snaps = match h.snapshot_list(t, image, s) {
+    let snaps = match h.rbd().snapshot_list(t, image, s) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -524,41 +374,35 @@ fn finish_deferred(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> R
     Ok(())
 }
 
-pub fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
+fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
     // An id this backend cannot have made names no volume: deleting it succeeds.
     let Some((t, image)) = policy::decode_volume_id(id) else { return Ok(()) };
     require_credentials(s)?;
-    if h.info(&t, &image, s)?.is_none() {
+    if h.rbd().info(&t, &image, s)?.is_none() {
         return Ok(());
     }
-    let snaps = h.snapshot_list(&t, &image, s)?;
+    let snaps = h.rbd().snapshot_list(&t, &image, s)?;
     if snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
         // CSI snapshots are independent objects: the volume goes, its data stays for them.
         if !is_deleted(&snaps) {
-            match h.snapshot_create(&t, &image, policy::DELETED_MARKER, s) {
+            match h.rbd().snapshot_create(&t, &image, policy::DELETED_MARKER, s) {
                 Ok(_) | Err(Error::AlreadyExists(_)) => {}
                 Err(e) => return Err(e),
             }
         }
-        h.log("volume deleted; image kept for its snapshots", &fields(&[("volume", id)]));
+        h.log().info("volume deleted; image kept for its snapshots", &[("volume", id)]);
         return Ok(());
     }
     finalize(h, &t, &image, s)
 }
 
-pub fn expand_volume(
-    h: &impl Host,
-    id: &str,
-    cap: &CapacityRange,
-    capability: Option<&VolumeCapability>,
-    s: &[SecretRef],
-) -> Result<Expansion, Error> {
+fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange, capability: Option<&VolumeCapability>, s: &[SecretRef]) -> Result<Expansion, Error> {
     let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
     require_credentials(s)?;
     let (info, _) = live(h, &t, &image, s)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
-    let size = policy::capacity(cap.required_bytes, cap.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    let size = policy::SIZING.resolve(cap.required_bytes, cap.limit_bytes)?;
     let now = if size > info.size_bytes {
-        h.resize(&t, &image, size, s)?;
+        h.rbd().resize(&t, &image, size, s)?;
         size
     } else {
         info.size_bytes
@@ -571,27 +415,17 @@ pub fn expand_volume(
     Ok(Expansion { capacity_bytes: now, node_expansion_required: !block })
 }
 
-pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
+fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
     let (t, image, info, _) = live_id(h, id, &[])?;
     Ok(VolumeStatus { volume: volume(&t, &image, info.size_bytes), condition: None })
 }
 
-/// Offset-token paging over a sorted list.
-fn page<T: Clone>(all: &[T], max: u32, token: &str) -> Result<(Vec<T>, String), Error> {
-    let start: usize = if token.is_empty() { 0 } else { token.parse().map_err(|_| Error::Aborted(format!("invalid starting token {token:?}")))? };
-    if start > all.len() {
-        return Err(Error::Aborted(format!("starting token {token} is past the end")));
-    }
-    let end = if max == 0 { all.len() } else { all.len().min(start + max as usize) };
-    Ok((all[start..end].to_vec(), if end < all.len() { end.to_string() } else { String::new() }))
-}
-
 /// Images of this backend in a pool (clones included: they inherit the owner key).
 fn owned_images(h: &impl Host, t: &Target) -> Result<Vec<String>, Error> {
-    h.find_by_metadata(t, policy::META_OWNER, policy::OWNER, &[])
+    h.rbd().find_by_metadata(t, policy::META_OWNER, policy::OWNER, &[])
 }
 
-pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
+fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
     let mut all = vec![];
     for t in known_pools(h)? {
         for image in owned_images(h, &t)? {
@@ -601,7 +435,7 @@ pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, 
         }
     }
     all.sort_by(|a, b| a.volume.volume_id.cmp(&b.volume.volume_id));
-    let (entries, next_token) = page(&all, max, token)?;
+    let (entries, next_token) = page(all, max, token)?;
     Ok(VolumePage { entries, next_token })
 }
 
@@ -632,7 +466,7 @@ fn check_snapshot_params(parameters: &[Pair], t: &Target) -> Result<(), Error> {
     Ok(())
 }
 
-pub fn create_snapshot(h: &impl Host, name: &str, source: &str, parameters: &[Pair], s: &[SecretRef]) -> Result<Snapshot, Error> {
+fn create_snapshot(h: &impl Host, name: &str, source: &str, parameters: &[Pair], s: &[SecretRef]) -> Result<Snapshot, Error> {
     if name.is_empty() {
         return Err(Error::InvalidArgument("snapshot name is empty".into()));
     }
@@ -666,12 +500,12 @@ fn snapshot_key(hash: &str) -> String {
 
 fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str, s: &[SecretRef]) -> Result<(), Error> {
     let key = snapshot_key(hash);
-    if let Some(prev) = h.kv_get(&key)? {
+    if let Some(prev) = h.kv().get(&key)? {
         let prev = String::from_utf8_lossy(&prev).into_owned();
         if prev != source
             && let Some((pt, pimage)) = policy::decode_volume_id(&prev)
         {
-            let taken = match h.snapshot_list(&pt, &pimage, s) {
+            let taken = match h.rbd().snapshot_list(&pt, &pimage, s) {
                 Ok(v) => v.iter().any(|x| x.name == policy::snap_name(hash)),
                 Err(Error::NotFound(_)) => false,
                 Err(e) => return Err(e),
@@ -681,17 +515,18 @@ fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str,
             }
         }
     }
-    h.kv_set(&key, source.as_bytes())
+    h.kv().set(&key, source.as_bytes())
 }
 
 fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, source: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
-    match h.snapshot_create(t, image, snap, s) {
+    match h.rbd().snapshot_create(t, image, snap, s) {
         Ok(x) => {
             remember_pool(h, t)?;
-            h.log("snapshot created", &fields(&[("volume", source), ("snapshot", snap)]));
+            h.log().info("snapshot created", &[("volume", source), ("snapshot", snap)]);
             Ok(x)
         }
         Err(Error::AlreadyExists(_)) => h
+            .rbd()
             .snapshot_list(t, image, s)?
             .into_iter()
             .find(|x| x.name == snap)
@@ -700,10 +535,10 @@ fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, sourc
     }
 }
 
-pub fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
+fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
     let Some((vid, t, image, snap)) = policy::decode_snapshot_id(id) else { return Ok(()) };
     require_credentials(s)?;
-    let snaps = match h.snapshot_list(&t, &image, s) {
+    let snaps = match h.rbd().snapshot_list(&t, &image, s) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -711,23 +546,23 @@ pub fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), E
     if snaps.iter().any(|x| x.name == snap) {
         // Volumes restored from the snapshot keep their data: they are flattened first.
         flatten_children(h, &t, &image, &snap, s)?;
-        match h.snapshot_remove(&t, &image, &snap, s) {
+        match h.rbd().snapshot_remove(&t, &image, &snap, s) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
-        h.log("snapshot deleted", &fields(&[("snapshot", id)]));
+        h.log().info("snapshot deleted", &[("snapshot", id)]);
     }
     if let Some(hash) = snap.strip_prefix(policy::SNAP_PREFIX)
-        && h.kv_get(&snapshot_key(hash))?.as_deref() == Some(vid.as_bytes())
+        && h.kv().get(&snapshot_key(hash))?.as_deref() == Some(vid.as_bytes())
     {
-        h.kv_delete(&snapshot_key(hash))?;
+        h.kv().delete(&snapshot_key(hash))?;
     }
     finish_deferred(h, &t, &image, s)
 }
 
-pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
+fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
     let snaps_of = |t: &Target, image: &str| -> Result<Vec<ImageSnapshot>, Error> {
-        match h.snapshot_list(t, image, &[]) {
+        match h.rbd().snapshot_list(t, image, &[]) {
             Ok(v) => Ok(v),
             Err(Error::NotFound(_)) => Ok(vec![]),
             Err(e) => Err(e),
@@ -752,11 +587,11 @@ pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max:
     }
     all.retain(|x| vol.is_none_or(|v| v == x.source_volume_id));
     all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
-    let (entries, next_token) = page(&all, max, token)?;
+    let (entries, next_token) = page(all, max, token)?;
     Ok(SnapshotPage { entries, next_token })
 }
 
-pub fn validate_volume_capabilities(h: &impl Host, id: &str, caps: &[VolumeCapability], parameters: &[Pair]) -> Result<Option<String>, Error> {
+fn validate_volume_capabilities(h: &impl Host, id: &str, caps: &[VolumeCapability], parameters: &[Pair]) -> Result<Option<String>, Error> {
     let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
     match live(h, &t, &image, &[]) {
         Ok(Some(_)) => {}
@@ -779,16 +614,16 @@ pub fn validate_volume_capabilities(h: &impl Host, id: &str, caps: &[VolumeCapab
     Ok(None)
 }
 
-pub fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
+fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
     let p = params(parameters)?;
-    let st = h.stats(&p.target, &[])?;
+    let st = h.rbd().stats(&p.target, &[])?;
     Ok(Capacity { available_bytes: st.available_bytes, maximum_volume_bytes: 0, minimum_volume_bytes: policy::SIZE_UNIT })
 }
 
 /// The plan is the id's parts: no cluster traffic on the node. Secrets are not in the plan
 /// (attach-plan gets none): the node maps the image with the NodeStage call's own secrets
 /// (ceph-csi's node-stage secret, `userID`/`userKey`).
-pub fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error> {
+fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error> {
     let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("{id} is not a ceph-rbd-shim volume id")))?;
     let block = matches!(cap.access_type, AccessType::Block);
     policy::check_capability(block, is_multi_writer(cap.access_mode)).map_err(|e| Error::FailedPrecondition(e.0))?;
@@ -798,72 +633,77 @@ pub fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error
     Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets }))
 }
 
-pub fn info() -> BackendInfo {
-    use Feature::*;
-    BackendInfo {
-        name: "ceph-rbd-shim".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        parameters: policy::PARAMETERS.iter().map(|p| (*p).into()).collect(),
-        features: vec![
-            CreateDeleteVolume,
-            CreateDeleteSnapshot,
-            ListSnapshots,
-            CloneVolume,
-            ExpandVolume,
-            OnlineExpansion,
-            GetCapacity,
-            ListVolumes,
-            GetVolume,
-            SingleNodeMultiWriter,
-            NodeExpansion,
-        ],
+impl Backend for CephRbd {
+    fn info() -> BackendInfo {
+        use Feature::*;
+        BackendInfo {
+            name: "ceph-rbd-shim".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            parameters: policy::PARAMETERS.iter().map(|p| (*p).into()).collect(),
+            features: vec![
+                CreateDeleteVolume,
+                CreateDeleteSnapshot,
+                ListSnapshots,
+                CloneVolume,
+                ExpandVolume,
+                OnlineExpansion,
+                GetCapacity,
+                ListVolumes,
+                GetVolume,
+                SingleNodeMultiWriter,
+                NodeExpansion,
+            ],
+        }
+    }
+    fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
+        create_volume(h, &req)
+    }
+    fn delete_volume(h: &impl Host, id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        delete_volume(h, &id, &secrets)
+    }
+    fn expand_volume(
+        h: &impl Host,
+        id: String,
+        cap: CapacityRange,
+        capability: Option<VolumeCapability>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<Expansion, Error> {
+        expand_volume(h, &id, &cap, capability.as_ref(), &secrets)
+    }
+    fn get_volume(h: &impl Host, id: String) -> Result<VolumeStatus, Error> {
+        get_volume(h, &id)
+    }
+    fn list_volumes(h: &impl Host, max: u32, token: String) -> Result<VolumePage, Error> {
+        list_volumes(h, max, &token)
+    }
+    fn validate_volume_capabilities(
+        h: &impl Host,
+        id: String,
+        _: Vec<Pair>,
+        caps: Vec<VolumeCapability>,
+        parameters: Vec<Pair>,
+    ) -> Result<Option<String>, Error> {
+        validate_volume_capabilities(h, &id, &caps, &parameters)
+    }
+    fn create_snapshot(h: &impl Host, name: String, source: String, parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<Snapshot, Error> {
+        create_snapshot(h, &name, &source, &parameters, &secrets)
+    }
+    fn delete_snapshot(h: &impl Host, id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        delete_snapshot(h, &id, &secrets)
+    }
+    fn list_snapshots(h: &impl Host, snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
+        list_snapshots(h, snap.as_deref(), vol.as_deref(), max, &token)
+    }
+    fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
+        get_capacity(h, &parameters)
+    }
+    fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+        attach_plan(&id, &cap)
+    }
+    fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
+        let page = Self::list_snapshots(h, Some(id.clone()), None, 1, String::new())?;
+        page.entries.into_iter().next().ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
     }
 }
 
-#[cfg(target_arch = "wasm32")]
-impl Guest for CephRbd {
-    fn info() -> BackendInfo {
-        info()
-    }
-    fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error> {
-        create_volume(&imports::Imports, &req)
-    }
-    fn delete_volume(id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
-        delete_volume(&imports::Imports, &id, &secrets)
-    }
-    fn expand_volume(id: String, cap: CapacityRange, capability: Option<VolumeCapability>, secrets: Vec<SecretRef>) -> Result<Expansion, Error> {
-        expand_volume(&imports::Imports, &id, &cap, capability.as_ref(), &secrets)
-    }
-    fn get_volume(id: String) -> Result<VolumeStatus, Error> {
-        get_volume(&imports::Imports, &id)
-    }
-    fn list_volumes(max: u32, token: String) -> Result<VolumePage, Error> {
-        list_volumes(&imports::Imports, max, &token)
-    }
-    fn validate_volume_capabilities(id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error> {
-        validate_volume_capabilities(&imports::Imports, &id, &caps, &parameters)
-    }
-    fn create_snapshot(name: String, source: String, parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<Snapshot, Error> {
-        create_snapshot(&imports::Imports, &name, &source, &parameters, &secrets)
-    }
-    fn delete_snapshot(id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
-        delete_snapshot(&imports::Imports, &id, &secrets)
-    }
-    fn list_snapshots(snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
-        list_snapshots(&imports::Imports, snap.as_deref(), vol.as_deref(), max, &token)
-    }
-    fn get_capacity(_: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
-        get_capacity(&imports::Imports, &parameters)
-    }
-    fn attach_plan(id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
-        attach_plan(&id, &cap)
-    }
-    fn get_snapshot(id: String) -> Result<Snapshot, Error> {
-        let page = Self::list_snapshots(Some(id.clone()), None, 1, String::new())?;
-        page.entries.into_iter().next().ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
-    }
-    fn reconcile_volume(_: String) -> Result<(), Error> {
-        // Nothing to repair: the backend does not advertise self-healing.
-        Ok(())
-    }
-}
+wasmcsi_backend_sdk::export!(CephRbd);

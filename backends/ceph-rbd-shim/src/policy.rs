@@ -2,10 +2,12 @@
 //! their dependencies, sizes, deterministic image and snapshot names, volume/snapshot ids, the
 //! image metadata this backend writes, and the access modes an RBD image can serve. No I/O
 //! here; everything is unit-tested natively.
-use sha2::{Digest, Sha256};
+use wasmcsi_backend_sdk::capacity::Sizing;
+pub use wasmcsi_backend_sdk::names::{HASH_HEX, MAX_ID_BYTES, name_hash};
+pub use wasmcsi_backend_sdk::rbd::Target;
 
-/// A policy failure: which WIT error case it becomes is decided by the caller (parameters and
-/// sizes are `invalid-argument`/`out-of-range`, ids that do not parse are `not-found`).
+/// A policy failure: which WIT error case it becomes is decided by the caller (parameters are
+/// `invalid-argument`, ids that do not parse are `not-found`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invalid(pub String);
 
@@ -13,17 +15,14 @@ fn invalid(msg: impl Into<String>) -> Invalid {
     Invalid(msg.into())
 }
 
-/// CSI's limit on an id is 128 bytes; the host prefixes `BACKEND:` and allows the backend 95.
-pub const MAX_ID: usize = 95;
-/// Hex digits of the name hash in image and snapshot names (64 bits: a collision between two
-/// request names is negligible, and is caught by the name recorded in metadata anyway).
-pub const HASH_HEX: usize = 16;
-/// A volume id leaves room for `.HASH` so that every snapshot id of it fits [`MAX_ID`] too.
-pub const MAX_VOLUME_ID: usize = MAX_ID - 1 - HASH_HEX;
+/// A volume id leaves room for `.HASH` so that every snapshot id of it fits [`MAX_ID_BYTES`] too.
+pub const MAX_VOLUME_ID: usize = MAX_ID_BYTES - 1 - HASH_HEX;
 /// Default size when the request names none (ceph-csi's default too).
 pub const DEFAULT_BYTES: u64 = 1 << 30;
 /// RBD sizes are rounded up to whole MiB (what ceph-csi does; object sizes are MiB multiples).
 pub const SIZE_UNIT: u64 = 1 << 20;
+/// How volumes are sized: the request (default [`DEFAULT_BYTES`]) in whole [`SIZE_UNIT`]s.
+pub const SIZING: Sizing = Sizing { default_bytes: DEFAULT_BYTES, unit_bytes: SIZE_UNIT };
 /// Default `imageNamePrefix` (ceph-csi's).
 pub const DEFAULT_PREFIX: &str = "csi-vol-";
 /// Default `imageFeatures`.
@@ -54,13 +53,6 @@ pub const PARAMETERS: &[&str] = &["clusterID", "pool", "dataPool", "imageFeature
 /// checking here names the parameter and creates nothing).
 const FEATURES: &[(&str, &[&str])] =
     &[("layering", &[]), ("exclusive-lock", &[]), ("object-map", &["exclusive-lock"]), ("fast-diff", &["object-map"]), ("deep-flatten", &[])];
-
-/// Where a volume lives: a configured cluster (ceph-csi's `clusterID`) and a pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub cluster: String,
-    pub pool: String,
-}
 
 /// The StorageClass parameters, parsed and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,16 +173,6 @@ impl Params {
     }
 }
 
-/// The first [`HASH_HEX`] hex digits of sha256(`name`).
-pub fn name_hash(name: &str) -> String {
-    let d = Sha256::digest(name.as_bytes());
-    let mut s = String::with_capacity(HASH_HEX);
-    for b in d.iter().take(HASH_HEX / 2) {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
 /// The image of the volume named `request_name`: deterministic, so a retry (after any crash or
 /// restart) finds the image an earlier attempt created, without state of our own.
 pub fn image_name(prefix: &str, request_name: &str) -> String {
@@ -238,26 +220,6 @@ pub fn decode_snapshot_id(id: &str) -> Option<(String, Target, String, String)> 
     }
     let (t, image) = decode_volume_id(vol)?;
     Some((vol.to_owned(), t, image, snap_name(hash)))
-}
-
-/// The size to create for a CSI capacity range: `required` (or the default) rounded up to
-/// [`SIZE_UNIT`]; within `limit` when one is set.
-pub fn capacity(required: u64, limit: u64) -> Result<u64, Invalid> {
-    if limit != 0 && required > limit {
-        return Err(invalid(format!("required {required} bytes exceeds the limit of {limit}")));
-    }
-    let want = if required == 0 { if limit != 0 { limit.min(DEFAULT_BYTES) } else { DEFAULT_BYTES } } else { required };
-    let rounded = want.div_ceil(SIZE_UNIT).checked_mul(SIZE_UNIT).ok_or_else(|| invalid(format!("{want} bytes is too large")))?;
-    if limit != 0 && rounded > limit {
-        // Round down instead when that still satisfies `required` (a limit below one unit
-        // cannot be met at all).
-        let down = limit / SIZE_UNIT * SIZE_UNIT;
-        if down >= required.max(1) && down > 0 {
-            return Ok(down);
-        }
-        return Err(invalid(format!("no whole MiB between {required} and {limit} bytes")));
-    }
-    Ok(rounded)
 }
 
 /// Whether an RBD image can serve an access mode for an access type. A filesystem on an RBD
@@ -355,12 +317,14 @@ mod tests {
         assert_eq!(image.len(), 8 + HASH_HEX);
         assert_eq!(image, image_name("csi-vol-", "pvc-0f2c4a5e-1b2c-4d3e-9f00-123456789abc"), "deterministic");
         assert_ne!(image, image_name("csi-vol-", "pvc-other"));
+        // Pinned: images made by earlier versions must keep their names.
+        assert_eq!(image_name("csi-vol-", "pvc-1"), "csi-vol-f2868e1aa7cab669");
         let id = encode_volume_id(&t, &image);
         assert!(id.len() <= MAX_VOLUME_ID, "{}", id.len());
         assert_eq!(decode_volume_id(&id), Some((t.clone(), image.clone())));
         let hash = name_hash("snapshot-1");
         let sid = encode_snapshot_id(&id, &hash);
-        assert!(sid.len() <= MAX_ID);
+        assert!(sid.len() <= MAX_ID_BYTES);
         assert_eq!(decode_snapshot_id(&sid), Some((id.clone(), t, image, format!("csi-snap-{hash}"))));
         for bad in ["", "a.b", "a.b.c.d", "A.p.i", "c.p.", "c.p.a@b", "../x"] {
             assert_eq!(decode_volume_id(bad), None, "{bad}");
@@ -371,6 +335,7 @@ mod tests {
 
     #[test]
     fn sizes_round_up_to_mib_within_limits() {
+        let capacity = |required, limit| SIZING.resolve(required, limit);
         assert_eq!(capacity(0, 0), Ok(DEFAULT_BYTES));
         assert_eq!(capacity(1, 0), Ok(SIZE_UNIT));
         assert_eq!(capacity(SIZE_UNIT + 1, 0), Ok(2 * SIZE_UNIT));

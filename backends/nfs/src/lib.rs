@@ -16,108 +16,19 @@
 //! not do: mount anything (the node executes the `nfs` attach plan) or enforce sizes (the
 //! recorded size is reported against usage as the volume condition).
 pub mod policy;
+#[cfg(test)]
+mod tests;
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, reason = "wit-bindgen expands to unsafe glue")]
-mod bindings {
-    wit_bindgen::generate!({ path: "../../wit", world: "backend" });
-}
-#[cfg(not(target_arch = "wasm32"))]
-use wasmcsi_runtime::native::guest_bindings as bindings;
+use policy::{Invalid, NfsExport, OnDelete, Params};
+use wasmcsi_backend_sdk::prelude::*;
+use wasmcsi_backend_sdk::targets::KnownTargets;
 
-use bindings::exports::wasmcsi::backend::driver::*;
-use bindings::wasmcsi::backend::dir::{FileStat, Space};
-use bindings::wasmcsi::backend::nfs::CopyProgress;
-use bindings::wasmcsi::backend::types::{AccessType, Pair, Timestamp};
-use policy::{Export, Invalid, Meta, OnDelete, Params};
-
-/// The backend (exported as the component's `driver` on wasm32).
+/// The backend.
 pub struct Nfs;
 
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code, reason = "export! expands to the unsafe canonical-ABI entry points")]
-mod export {
-    use super::Nfs;
-    crate::bindings::export!(Nfs with_types_in crate::bindings);
-}
-
-/// What the backend needs from the host: the `nfs` capability and `kv`. A trait so the driver
-/// logic compiles (and is linted) natively too; the component implements it with its imports.
-pub trait Host {
-    fn mkdir(&self, e: &Export, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), Error>;
-    fn stat(&self, e: &Export, path: &str) -> Result<Option<FileStat>, Error>;
-    fn read_dir(&self, e: &Export, path: &str) -> Result<Vec<String>, Error>;
-    fn read_file(&self, e: &Export, path: &str) -> Result<Vec<u8>, Error>;
-    fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error>;
-    fn copy_tree_background(&self, e: &Export, from: &str, to: &str) -> Result<CopyProgress, Error>;
-    fn cancel_copy(&self, e: &Export, to: &str);
-    fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error>;
-    fn remove_all(&self, e: &Export, path: &str) -> Result<(), Error>;
-    fn usage(&self, e: &Export, path: &str) -> Result<u64, Error>;
-    fn fs_stats(&self, e: &Export) -> Result<Space, Error>;
-    fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error>;
-    fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error>;
-    fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error>;
-    fn log(&self, message: &str, fields: &[(String, String)]);
-}
-
-#[cfg(target_arch = "wasm32")]
-mod imports {
-    use super::*;
-    use crate::bindings::wasmcsi::backend::{kv, log, nfs};
-    /// The component's imports.
-    pub struct Imports;
-    fn t(e: &Export) -> nfs::NfsExport {
-        nfs::NfsExport { server: e.server.clone(), share: e.share.clone() }
-    }
-    impl Host for Imports {
-        fn mkdir(&self, e: &Export, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), Error> {
-            nfs::mkdir(&t(e), path, mode, uid, gid)
-        }
-        fn stat(&self, e: &Export, path: &str) -> Result<Option<FileStat>, Error> {
-            nfs::stat(&t(e), path)
-        }
-        fn read_dir(&self, e: &Export, path: &str) -> Result<Vec<String>, Error> {
-            nfs::read_dir(&t(e), path)
-        }
-        fn read_file(&self, e: &Export, path: &str) -> Result<Vec<u8>, Error> {
-            nfs::read_file(&t(e), path)
-        }
-        fn write_file(&self, e: &Export, path: &str, data: &[u8]) -> Result<(), Error> {
-            nfs::write_file(&t(e), path, data)
-        }
-        fn copy_tree_background(&self, e: &Export, from: &str, to: &str) -> Result<CopyProgress, Error> {
-            nfs::copy_tree_background(&t(e), from, to)
-        }
-        fn cancel_copy(&self, e: &Export, to: &str) {
-            nfs::cancel_copy(&t(e), to)
-        }
-        fn rename(&self, e: &Export, from: &str, to: &str) -> Result<(), Error> {
-            nfs::rename(&t(e), from, to)
-        }
-        fn remove_all(&self, e: &Export, path: &str) -> Result<(), Error> {
-            nfs::remove_all(&t(e), path)
-        }
-        fn usage(&self, e: &Export, path: &str) -> Result<u64, Error> {
-            nfs::usage(&t(e), path)
-        }
-        fn fs_stats(&self, e: &Export) -> Result<Space, Error> {
-            nfs::fs_stats(&t(e))
-        }
-        fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
-            kv::get(key)
-        }
-        fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), Error> {
-            kv::set(key, value)
-        }
-        fn kv_list(&self, prefix: &str) -> Result<Vec<String>, Error> {
-            kv::list_keys(prefix, None, 1024)
-        }
-        fn log(&self, message: &str, fields: &[(String, String)]) {
-            log::log(log::Level::Info, message, fields)
-        }
-    }
-}
+/// The exports volumes were ever created on (the `nfs` capability does not list its grants),
+/// each keyed by the id a volume `x` on it would have (decoded with [`policy::decode_id`]).
+const EXPORTS: KnownTargets = KnownTargets::new("exports/");
 
 fn bad(e: Invalid) -> Error {
     Error::InvalidArgument(e.0)
@@ -125,6 +36,8 @@ fn bad(e: Invalid) -> Error {
 fn internal(what: &str) -> impl Fn(Invalid) -> Error + '_ {
     move |e| Error::Internal(format!("{what}: {}", e.0))
 }
+/// Sizes: the request's, 1 GiB by default; any byte count (nothing rounds a directory).
+const SIZING: Sizing = Sizing::DEFAULT;
 fn params(pairs: &[Pair]) -> Result<Params, Error> {
     Params::parse(pairs.iter().map(|p| (p.key.as_str(), p.value.as_str()))).map_err(bad)
 }
@@ -140,17 +53,14 @@ fn meta_path(sub_dir: &str) -> String {
 fn snap_dir(name: &str) -> String {
     format!("{}/{name}", policy::SNAPSHOT_DIR)
 }
-fn export_key(e: &Export) -> String {
-    format!("exports/{}", policy::encode_id(e, "x").unwrap_or_default())
-}
-/// The exports volumes were ever created on (the `nfs` capability does not list its grants).
-fn known_exports(h: &impl Host) -> Result<Vec<Export>, Error> {
-    Ok(h.kv_list("exports/")?.iter().filter_map(|k| policy::decode_id(k.strip_prefix("exports/")?)).map(|(e, _)| e).collect())
+/// The exports volumes were ever created on, decoded from their [`EXPORTS`] keys.
+fn known_exports(h: &impl Host) -> Result<Vec<NfsExport>, Error> {
+    Ok(EXPORTS.list(h.kv())?.iter().filter_map(|k| policy::decode_id(k)).map(|(e, _)| e).collect())
 }
 
 /// One volume as found on the export.
 struct Found {
-    export: Export,
+    export: NfsExport,
     name: String,
     sub_dir: String,
     meta: Meta,
@@ -158,7 +68,7 @@ struct Found {
 
 impl Found {
     fn capacity(&self) -> Result<u64, Error> {
-        self.meta.u64("capacity").map_err(internal(&self.sub_dir))
+        self.meta.u64("capacity").context(&self.sub_dir)
     }
     fn volume(&self) -> Result<Volume, Error> {
         let context = [
@@ -192,12 +102,12 @@ fn source_key(s: &Option<ContentSource>) -> String {
     }
 }
 
-fn read_meta(h: &impl Host, e: &Export, path: &str) -> Result<Option<Meta>, Error> {
-    if h.stat(e, path)?.is_none() {
+fn read_meta(h: &impl Host, e: &NfsExport, path: &str) -> Result<Option<Meta>, Error> {
+    if h.nfs().stat(e, path)?.is_none() {
         return Ok(None);
     }
-    match h.read_file(e, path) {
-        Ok(b) => Meta::decode(&b).map(Some).map_err(internal(path)),
+    match h.nfs().read_file(e, path) {
+        Ok(b) => Meta::decode(&b).map(Some).context(path),
         Err(Error::NotFound(_)) => Ok(None),
         Err(e) => Err(e),
     }
@@ -205,7 +115,7 @@ fn read_meta(h: &impl Host, e: &Export, path: &str) -> Result<Option<Meta>, Erro
 
 /// The subDir the index gives for `name` on `e`, and the metadata there (`None` when the
 /// directory or its metadata is gone, e.g. after an interrupted delete).
-fn find_index(h: &impl Host, e: &Export, name: &str) -> Result<Option<(String, Option<Meta>)>, Error> {
+fn find_index(h: &impl Host, e: &NfsExport, name: &str) -> Result<Option<(String, Option<Meta>)>, Error> {
     let Some(index) = read_meta(h, e, &index_path(name))? else { return Ok(None) };
     let sub_dir = index.get("subDir").to_string();
     policy::check_sub_dir(&sub_dir).map_err(internal(&index_path(name)))?;
@@ -214,7 +124,7 @@ fn find_index(h: &impl Host, e: &Export, name: &str) -> Result<Option<(String, O
 }
 
 /// The committed volume `name` on `e`, or `None`.
-fn find(h: &impl Host, e: &Export, name: &str) -> Result<Option<Found>, Error> {
+fn find(h: &impl Host, e: &NfsExport, name: &str) -> Result<Option<Found>, Error> {
     let Some((sub_dir, meta)) = find_index(h, e, name)? else { return Ok(None) };
     let meta = meta.ok_or_else(|| Error::Internal(format!("volume {name}: index names {sub_dir} but its metadata is missing")))?;
     Ok(Some(Found { export: e.clone(), name: name.into(), sub_dir, meta }))
@@ -231,19 +141,19 @@ fn check_caps(caps: &[VolumeCapability]) -> Result<(), Error> {
     Ok(())
 }
 
-fn snapshot(h: &impl Host, e: &Export, name: &str) -> Result<Option<Snapshot>, Error> {
+fn snapshot(h: &impl Host, e: &NfsExport, name: &str) -> Result<Option<Snapshot>, Error> {
     let path = format!("{}/meta", snap_dir(name));
     let Some(meta) = read_meta(h, e, &path)? else { return Ok(None) };
     snapshot_of(e, name, &meta).map(Some)
 }
 
-fn snapshot_of(e: &Export, name: &str, meta: &Meta) -> Result<Snapshot, Error> {
+fn snapshot_of(e: &NfsExport, name: &str, meta: &Meta) -> Result<Snapshot, Error> {
     let path = format!("{}/meta", snap_dir(name));
-    let nanos = meta.u64("createdNanos").map_err(internal(&path))?;
+    let nanos = meta.u64("createdNanos").context(&path)?;
     Ok(Snapshot {
         snapshot_id: policy::encode_id(e, name).map_err(bad)?,
         source_volume_id: meta.get("source").into(),
-        size_bytes: meta.u64("capacity").map_err(internal(&path))?,
+        size_bytes: meta.u64("capacity").context(&path)?,
         creation_time: Timestamp { seconds: (nanos / 1_000_000_000) as i64, nanos: (nanos % 1_000_000_000) as u32 },
         // Written `false` before the copy starts, `true` when it is whole.
         ready_to_use: meta.get("ready") == "true",
@@ -255,38 +165,38 @@ fn snapshot_of(e: &Export, name: &str, meta: &Meta) -> Result<Snapshot, Error> {
 /// the host's background and outlives this call: until it is done the call fails `aborted`
 /// (CSI's "an operation is pending for this volume"), and the provisioner's retry finds it
 /// further along, instead of starting over like a copy bound to one call's deadline would.
-fn copy_into_place(h: &impl Host, e: &Export, from: &str, to: &str, name: &str, meta: &Meta) -> Result<(), Error> {
+fn copy_into_place(h: &impl Host, e: &NfsExport, from: &str, to: &str, name: &str, meta: &Meta) -> Result<(), Error> {
     let staging = format!("{}/{name}", policy::STAGING_DIR);
     let (marker, data) = (format!("{staging}/source"), format!("{staging}/data"));
-    h.mkdir(e, policy::STAGING_DIR, 0o700, 0, 0)?;
-    h.mkdir(e, &staging, 0o700, 0, 0)?;
+    h.nfs().mkdir(e, policy::STAGING_DIR, 0o700, 0, 0)?;
+    h.nfs().mkdir(e, &staging, 0o700, 0, 0)?;
     // A staging copy left by an earlier request of this name from another source is not ours.
     if read_meta(h, e, &marker)?.is_some_and(|m| m.get("from") != from) {
-        h.cancel_copy(e, &data);
-        h.remove_all(e, &staging)?;
+        h.nfs().cancel_copy(e, &data);
+        h.nfs().remove_all(e, &staging)?;
     }
-    h.mkdir(e, &staging, 0o700, 0, 0)?;
+    h.nfs().mkdir(e, &staging, 0o700, 0, 0)?;
     let mut m = Meta::default();
     m.set("from", from);
-    h.write_file(e, &marker, &m.encode())?;
-    let p = h.copy_tree_background(e, from, &data)?;
+    h.nfs().write_file(e, &marker, &m.encode())?;
+    let p = h.nfs().copy_tree_background(e, from, &data)?;
     if !p.done {
         return Err(Error::Aborted(format!("volume {name}: copying {from}, {} bytes so far; retry to follow it", p.bytes)));
     }
-    h.write_file(e, &meta_path(&data), &meta.encode())?;
+    h.nfs().write_file(e, &meta_path(&data), &meta.encode())?;
     if let Some((parent, _)) = to.rsplit_once('/') {
-        h.mkdir(e, parent, 0o755, 0, 0)?;
+        h.nfs().mkdir(e, parent, 0o755, 0, 0)?;
     }
-    h.rename(e, &data, to)?;
-    h.remove_all(e, &staging)
+    h.nfs().rename(e, &data, to)?;
+    h.nfs().remove_all(e, &staging)
 }
 
-/// The driver, over any [`Host`].
-pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
+/// The driver, over any [`Host`]: the [`Backend`] methods below call these.
+fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
     policy::check_name("volume", &req.name).map_err(bad)?;
     let p = params(&req.parameters)?;
     check_caps(&req.capabilities)?;
-    let cap = policy::capacity(req.capacity.required_bytes, req.capacity.limit_bytes).map_err(|e| Error::OutOfRange(e.0))?;
+    let cap = SIZING.resolve(req.capacity.required_bytes, req.capacity.limit_bytes)?;
     let sub_dir = p.render_sub_dir(&req.name).map_err(bad)?;
     let id = policy::encode_id(&p.export, &req.name).map_err(bad)?;
     let source = source_key(&req.content_source);
@@ -312,7 +222,7 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
         .set("onDelete", p.on_delete.as_str());
     // Not committed. A directory already there is ours only if its metadata names this volume
     // (an interrupted create); anything else (another volume, a retained one) is not touched.
-    let existing = h.stat(e, &sub_dir)?;
+    let existing = h.nfs().stat(e, &sub_dir)?;
     if existing.is_some() {
         match read_meta(h, e, &meta_path(&sub_dir))? {
             Some(m) if m.get("name") == req.name => {}
@@ -325,7 +235,7 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
     }
     if existing.is_none() {
         match &req.content_source {
-            None => h.mkdir(e, &sub_dir, p.mode, p.uid, p.gid)?,
+            None => h.nfs().mkdir(e, &sub_dir, p.mode, p.uid, p.gid)?,
             Some(ContentSource::Snapshot(sid)) => {
                 let (se, sname) = policy::decode_id(sid).ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
                 if &se != e {
@@ -347,29 +257,27 @@ pub fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume,
             }
         }
     }
-    h.write_file(e, &meta_path(&sub_dir), &meta.encode())?;
-    if h.kv_get(&export_key(e))?.is_none() {
-        h.kv_set(&export_key(e), b"")?;
-    }
-    h.mkdir(e, policy::INDEX_DIR, 0o700, 0, 0)?;
+    h.nfs().write_file(e, &meta_path(&sub_dir), &meta.encode())?;
+    EXPORTS.remember(h.kv(), &policy::encode_id(e, "x").map_err(bad)?)?;
+    h.nfs().mkdir(e, policy::INDEX_DIR, 0o700, 0, 0)?;
     let mut index = Meta::default();
     index.set("subDir", &sub_dir);
-    h.write_file(e, &index_path(&req.name), &index.encode())?;
-    h.log("volume created", &[("volume".into(), id), ("bytes".into(), cap.to_string()), ("subDir".into(), sub_dir.clone())]);
+    h.nfs().write_file(e, &index_path(&req.name), &index.encode())?;
+    h.log().info("volume created", &[("volume", &id), ("bytes", &cap.to_string()), ("subDir", &sub_dir)]);
     Found { export: e.clone(), name: req.name.clone(), sub_dir, meta }.volume()
 }
 
-pub fn delete_volume(h: &impl Host, id: &str) -> Result<(), Error> {
+fn delete_volume(h: &impl Host, id: &str) -> Result<(), Error> {
     let Some((e, name)) = policy::decode_id(id) else { return Ok(()) };
     let Some((sub_dir, meta)) = find_index(h, &e, &name)? else { return Ok(()) };
     // Metadata gone: an earlier attempt already removed or moved the directory.
     let on_delete = meta.as_ref().map(|m| OnDelete::parse(m.get("onDelete")).unwrap_or(OnDelete::Delete));
     match on_delete {
         None | Some(OnDelete::Retain) => {}
-        Some(OnDelete::Delete) => h.remove_all(&e, &sub_dir)?,
+        Some(OnDelete::Delete) => h.nfs().remove_all(&e, &sub_dir)?,
         Some(OnDelete::Archive) => {
             let to = policy::archive_path(&sub_dir);
-            match h.rename(&e, &sub_dir, &to) {
+            match h.nfs().rename(&e, &sub_dir, &to) {
                 Ok(()) => {}
                 Err(Error::AlreadyExists(_)) => {
                     return Err(Error::FailedPrecondition(format!("cannot archive {sub_dir} to {to}: {to} exists")));
@@ -378,30 +286,27 @@ pub fn delete_volume(h: &impl Host, id: &str) -> Result<(), Error> {
             }
         }
     }
-    h.remove_all(&e, &index_path(&name))?;
+    h.nfs().remove_all(&e, &index_path(&name))?;
     let how = on_delete.map(OnDelete::as_str).unwrap_or("already gone");
-    h.log("volume deleted", &[("volume".into(), id.into()), ("onDelete".into(), how.into())]);
+    h.log().info("volume deleted", &[("volume", id), ("onDelete", how)]);
     Ok(())
 }
 
-pub fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange) -> Result<Expansion, Error> {
+fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange) -> Result<Expansion, Error> {
     let mut f = find_id(h, id)?;
-    if cap.limit_bytes != 0 && cap.required_bytes > cap.limit_bytes {
-        return Err(Error::OutOfRange(format!("required {} bytes exceeds the limit of {}", cap.required_bytes, cap.limit_bytes)));
-    }
     let have = f.capacity()?;
-    let new = have.max(cap.required_bytes);
+    let new = grow(have, cap)?;
     if new != have {
         f.meta.set("capacity", new);
-        h.write_file(&f.export, &meta_path(&f.sub_dir), &f.meta.encode())?;
+        h.nfs().write_file(&f.export, &meta_path(&f.sub_dir), &f.meta.encode())?;
     }
     Ok(Expansion { capacity_bytes: new, node_expansion_required: false })
 }
 
-pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
+fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
     let f = find_id(h, id)?;
     let cap = f.capacity()?;
-    let used = h.usage(&f.export, &f.sub_dir)?;
+    let used = h.nfs().usage(&f.export, &f.sub_dir)?;
     let (abnormal, message) = if used > cap { (true, format!("uses {used} bytes of {cap}")) } else { (false, "healthy".into()) };
     Ok(VolumeStatus { volume: f.volume()?, condition: Some(VolumeCondition { abnormal, message }) })
 }
@@ -409,7 +314,7 @@ pub fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
 /// A snapshot is a copy of the volume's tree, made in the host's background: the first call
 /// records it (`ready = false`) and starts the copy, every retry reports `ready_to_use = false`
 /// until the copy is whole, then marks it ready. The external-snapshotter retries exactly so.
-pub fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, Error> {
+fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, Error> {
     policy::check_name("snapshot", name).map_err(bad)?;
     let (e, _) = policy::decode_id(source).ok_or_else(|| Error::NotFound(format!("volume {source} not found")))?;
     policy::encode_id(&e, name).map_err(bad)?;
@@ -423,62 +328,52 @@ pub fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapsh
         Some(m) => m,
         None => {
             let f = find_id(h, source)?;
-            h.mkdir(&e, policy::SNAPSHOT_DIR, 0o700, 0, 0)?;
-            h.mkdir(&e, &dir, 0o700, 0, 0)?;
+            h.nfs().mkdir(&e, policy::SNAPSHOT_DIR, 0o700, 0, 0)?;
+            h.nfs().mkdir(&e, &dir, 0o700, 0, 0)?;
             // The server's clock at the cut, kept: the meta file is rewritten when ready.
-            let t = h.stat(&e, &dir)?.map(|s| s.modified).ok_or_else(|| Error::Internal(format!("{dir} vanished")))?;
+            let t = h.nfs().stat(&e, &dir)?.map(|s| s.modified).ok_or_else(|| Error::Internal(format!("{dir} vanished")))?;
             let nanos = (t.seconds.max(0) as u64) * 1_000_000_000 + u64::from(t.nanos);
             let mut m = Meta::default();
             m.set("name", name).set("source", source).set("capacity", f.capacity()?).set("createdNanos", nanos).set("ready", "false");
-            h.write_file(&e, &meta_file, &m.encode())?;
+            h.nfs().write_file(&e, &meta_file, &m.encode())?;
             m
         }
     };
     let f = find_id(h, source)?;
-    let p = h.copy_tree_background(&e, &f.sub_dir, &format!("{dir}/data"))?;
+    let p = h.nfs().copy_tree_background(&e, &f.sub_dir, &format!("{dir}/data"))?;
     if p.done {
         meta.set("ready", "true");
-        h.write_file(&e, &meta_file, &meta.encode())?;
+        h.nfs().write_file(&e, &meta_file, &meta.encode())?;
     } else {
-        h.log("snapshot copying", &[("snapshot".into(), name.into()), ("bytes".into(), p.bytes.to_string())]);
+        h.log().info("snapshot copying", &[("snapshot", name), ("bytes", &p.bytes.to_string())]);
     }
     snapshot_of(&e, name, &meta)
 }
 
-pub fn delete_snapshot(h: &impl Host, id: &str) -> Result<(), Error> {
+fn delete_snapshot(h: &impl Host, id: &str) -> Result<(), Error> {
     let Some((e, name)) = policy::decode_id(id) else { return Ok(()) };
-    h.cancel_copy(&e, &format!("{}/data", snap_dir(&name)));
+    h.nfs().cancel_copy(&e, &format!("{}/data", snap_dir(&name)));
     // meta first: a half-deleted snapshot is not listed
-    h.remove_all(&e, &format!("{}/meta", snap_dir(&name)))?;
-    h.remove_all(&e, &snap_dir(&name))
+    h.nfs().remove_all(&e, &format!("{}/meta", snap_dir(&name)))?;
+    h.nfs().remove_all(&e, &snap_dir(&name))
 }
 
-/// Offset-token paging over a sorted list.
-fn page<T: Clone>(all: &[T], max: u32, token: &str) -> Result<(Vec<T>, String), Error> {
-    let start: usize = if token.is_empty() { 0 } else { token.parse().map_err(|_| Error::Aborted(format!("invalid starting token {token:?}")))? };
-    if start > all.len() {
-        return Err(Error::Aborted(format!("starting token {token} is past the end")));
-    }
-    let end = if max == 0 { all.len() } else { all.len().min(start + max as usize) };
-    Ok((all[start..end].to_vec(), if end < all.len() { end.to_string() } else { String::new() }))
-}
-
-pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
+fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
     let mut all = vec![];
     if let Some(sid) = snap {
         if let Some((e, name)) = policy::decode_id(sid) {
             all.extend(snapshot(h, &e, &name)?);
         }
     } else {
-        let exports: Vec<Export> = match vol {
+        let exports: Vec<NfsExport> = match vol {
             Some(v) => policy::decode_id(v).map(|(e, _)| e).into_iter().collect(),
             None => known_exports(h)?,
         };
         for e in exports {
-            if h.stat(&e, policy::SNAPSHOT_DIR)?.is_none() {
+            if h.nfs().stat(&e, policy::SNAPSHOT_DIR)?.is_none() {
                 continue;
             }
-            for name in h.read_dir(&e, policy::SNAPSHOT_DIR)? {
+            for name in h.nfs().read_dir(&e, policy::SNAPSHOT_DIR)? {
                 if policy::check_name("snapshot", &name).is_ok() {
                     all.extend(snapshot(h, &e, &name)?);
                 }
@@ -487,20 +382,20 @@ pub fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max:
     }
     all.retain(|s| vol.is_none_or(|v| v == s.source_volume_id));
     all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
-    let (entries, next_token) = page(&all, max, token)?;
+    let (entries, next_token) = page(all, max, token)?;
     Ok(SnapshotPage { entries, next_token })
 }
 
 /// Every committed volume on every known export, by id. Conditions are left out: usage walks
 /// the whole tree of a volume, which GetVolume does for one volume and a listing must not do
 /// for all of them.
-pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
+fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
     let mut all = vec![];
     for e in known_exports(h)? {
-        if h.stat(&e, policy::INDEX_DIR)?.is_none() {
+        if h.nfs().stat(&e, policy::INDEX_DIR)?.is_none() {
             continue;
         }
-        for name in h.read_dir(&e, policy::INDEX_DIR)? {
+        for name in h.nfs().read_dir(&e, policy::INDEX_DIR)? {
             if policy::check_name("volume", &name).is_err() {
                 continue;
             }
@@ -511,17 +406,17 @@ pub fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, 
         }
     }
     all.sort_by(|a, b| a.volume.volume_id.cmp(&b.volume.volume_id));
-    let (entries, next_token) = page(&all, max, token)?;
+    let (entries, next_token) = page(all, max, token)?;
     Ok(VolumePage { entries, next_token })
 }
 
-pub fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
+fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
     let p = params(parameters)?;
-    let s = h.fs_stats(&p.export)?;
+    let s = h.nfs().fs_stats(&p.export)?;
     Ok(Capacity { available_bytes: s.available_bytes, maximum_volume_bytes: s.available_bytes, minimum_volume_bytes: 0 })
 }
 
-pub fn attach_plan(h: &impl Host, id: &str, context: &[Pair], cap: &VolumeCapability) -> Result<Attachment, Error> {
+fn attach_plan(h: &impl Host, id: &str, context: &[Pair], cap: &VolumeCapability) -> Result<Attachment, Error> {
     let (e, name) = policy::decode_id(id).ok_or_else(|| not_ours(id))?;
     if matches!(cap.access_type, AccessType::Block) {
         return Err(Error::FailedPrecondition("nfs volumes are directories, not block devices".into()));
@@ -552,8 +447,7 @@ pub fn attach_plan(h: &impl Host, id: &str, context: &[Pair], cap: &VolumeCapabi
     Ok(Attachment::Nfs(NfsPlan { server: e.server, share: e.share, path: sub_dir, mount_options: options }))
 }
 
-#[cfg(target_arch = "wasm32")]
-impl Guest for Nfs {
+impl Backend for Nfs {
     fn info() -> BackendInfo {
         use Feature::*;
         BackendInfo {
@@ -575,47 +469,51 @@ impl Guest for Nfs {
             ],
         }
     }
-    fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error> {
-        create_volume(&imports::Imports, &req)
+    fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
+        create_volume(h, &req)
     }
-    fn delete_volume(id: String, _: Vec<SecretRef>) -> Result<(), Error> {
-        delete_volume(&imports::Imports, &id)
+    fn delete_volume(h: &impl Host, id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+        delete_volume(h, &id)
     }
-    fn expand_volume(id: String, cap: CapacityRange, _: Option<VolumeCapability>, _: Vec<SecretRef>) -> Result<Expansion, Error> {
-        expand_volume(&imports::Imports, &id, &cap)
+    fn expand_volume(h: &impl Host, id: String, cap: CapacityRange, _: Option<VolumeCapability>, _: Vec<SecretRef>) -> Result<Expansion, Error> {
+        expand_volume(h, &id, &cap)
     }
-    fn get_volume(id: String) -> Result<VolumeStatus, Error> {
-        get_volume(&imports::Imports, &id)
+    fn get_volume(h: &impl Host, id: String) -> Result<VolumeStatus, Error> {
+        get_volume(h, &id)
     }
-    fn list_volumes(max: u32, token: String) -> Result<VolumePage, Error> {
-        list_volumes(&imports::Imports, max, &token)
+    fn list_volumes(h: &impl Host, max: u32, token: String) -> Result<VolumePage, Error> {
+        list_volumes(h, max, &token)
     }
-    fn validate_volume_capabilities(id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, parameters: Vec<Pair>) -> Result<Option<String>, Error> {
-        find_id(&imports::Imports, &id)?;
+    fn validate_volume_capabilities(
+        h: &impl Host,
+        id: String,
+        _: Vec<Pair>,
+        caps: Vec<VolumeCapability>,
+        parameters: Vec<Pair>,
+    ) -> Result<Option<String>, Error> {
+        find_id(h, &id)?;
         let params_ok = if parameters.is_empty() { Ok(()) } else { params(&parameters).map(|_| ()) };
         Ok(params_ok.and(check_caps(&caps)).err().map(|e| format!("{e:?}")))
     }
-    fn create_snapshot(name: String, source: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Result<Snapshot, Error> {
-        create_snapshot(&imports::Imports, &name, &source)
+    fn create_snapshot(h: &impl Host, name: String, source: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Result<Snapshot, Error> {
+        create_snapshot(h, &name, &source)
     }
-    fn delete_snapshot(id: String, _: Vec<SecretRef>) -> Result<(), Error> {
-        delete_snapshot(&imports::Imports, &id)
+    fn delete_snapshot(h: &impl Host, id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+        delete_snapshot(h, &id)
     }
-    fn list_snapshots(snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
-        list_snapshots(&imports::Imports, snap.as_deref(), vol.as_deref(), max, &token)
+    fn list_snapshots(h: &impl Host, snap: Option<String>, vol: Option<String>, max: u32, token: String) -> Result<SnapshotPage, Error> {
+        list_snapshots(h, snap.as_deref(), vol.as_deref(), max, &token)
     }
-    fn get_capacity(_: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
-        get_capacity(&imports::Imports, &parameters)
+    fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
+        get_capacity(h, &parameters)
     }
-    fn attach_plan(id: String, context: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
-        attach_plan(&imports::Imports, &id, &context, &cap)
+    fn attach_plan(h: &impl Host, id: String, context: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+        attach_plan(h, &id, &context, &cap)
     }
-    fn get_snapshot(id: String) -> Result<Snapshot, Error> {
-        let page = Self::list_snapshots(Some(id.clone()), None, 1, String::new())?;
+    fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
+        let page = Self::list_snapshots(h, Some(id.clone()), None, 1, String::new())?;
         page.entries.into_iter().next().ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
     }
-    fn reconcile_volume(_: String) -> Result<(), Error> {
-        // Nothing to repair: the backend does not advertise self-healing.
-        Ok(())
-    }
 }
+
+wasmcsi_backend_sdk::export!(Nfs);

@@ -1,7 +1,9 @@
 //! The pure policy of the nfs backend: StorageClass parameters, the `subDir` template, name and
-//! path checks, volume/snapshot ids and the metadata files. No I/O here; everything is
-//! unit-tested natively.
+//! path checks and volume/snapshot ids. No I/O here; everything is unit-tested natively.
+//! Sizes, metadata files and paging are the SDK's (`wasmcsi_backend_sdk::{capacity, meta, page}`).
 use std::collections::BTreeMap;
+use wasmcsi_backend_sdk::names::MAX_ID_BYTES;
+pub use wasmcsi_backend_sdk::nfs::NfsExport;
 
 /// A policy failure: which WIT error case it becomes is decided by the caller (parameters and
 /// names are `invalid-argument`, ids that do not parse are `not-found`).
@@ -12,8 +14,6 @@ fn invalid(msg: impl Into<String>) -> Invalid {
     Invalid(msg.into())
 }
 
-/// CSI's limit on an id is 128 bytes; the host prefixes `BACKEND:` and allows the backend 95.
-pub const MAX_ID: usize = 95;
 /// Longest file name NFS servers accept.
 pub const MAX_COMPONENT: usize = 255;
 /// Directory (under the share) of the per-name index: `.wasmcsi/volumes/NAME` → subDir.
@@ -24,8 +24,6 @@ pub const STAGING_DIR: &str = ".wasmcsi/staging";
 pub const SNAPSHOT_DIR: &str = ".snapshots";
 /// The volume's metadata file, inside the volume directory.
 pub const VOLUME_META: &str = ".wasmcsi-volume";
-/// Default size when the request names none.
-pub const DEFAULT_BYTES: u64 = 1 << 30;
 /// The StorageClass parameters this backend takes.
 pub const PARAMETERS: &[&str] = &["server", "share", "subDir", "mountOptions", "mountPermissions", "uid", "gid", "onDelete"];
 
@@ -60,17 +58,10 @@ impl OnDelete {
     }
 }
 
-/// One NFS export, as the host's `nfs` capability names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Export {
-    pub server: String,
-    pub share: String,
-}
-
 /// The StorageClass parameters, parsed and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Params {
-    pub export: Export,
+    pub export: NfsExport,
     /// the `subDir` template (unrendered)
     pub sub_dir: String,
     pub mount_options: Vec<String>,
@@ -156,7 +147,7 @@ impl Params {
             }
         }
         let mut p = Params {
-            export: Export { server: String::new(), share: String::new() },
+            export: NfsExport { server: String::new(), share: String::new() },
             sub_dir: "${pv.name}".into(),
             mount_options: vec![],
             mode: 0o777,
@@ -288,7 +279,7 @@ fn template_vars(t: &str) -> Result<Vec<Piece<'_>>, Invalid> {
 /// Volume and snapshot ids: `SERVER_SHARE-COMPONENTS_NAME`, `_`-separated (none of the parts
 /// contains `_`). Deterministic from the export and the name; the export is in the id because
 /// the controller keeps no state of its own.
-pub fn encode_id(e: &Export, name: &str) -> Result<String, Invalid> {
+pub fn encode_id(e: &NfsExport, name: &str) -> Result<String, Invalid> {
     let mut id = e.server.clone();
     for c in e.share.split('/').filter(|c| !c.is_empty()) {
         id.push('_');
@@ -296,16 +287,16 @@ pub fn encode_id(e: &Export, name: &str) -> Result<String, Invalid> {
     }
     id.push('_');
     id.push_str(name);
-    if id.len() > MAX_ID {
-        return Err(invalid(format!("volume id {id:?} would be {} bytes, more than {MAX_ID}: use a shorter server, share or name", id.len())));
+    if id.len() > MAX_ID_BYTES {
+        return Err(invalid(format!("volume id {id:?} would be {} bytes, more than {MAX_ID_BYTES}: use a shorter server, share or name", id.len())));
     }
     Ok(id)
 }
 
 /// The export and name of an id; `None` when it is not one of ours.
-pub fn decode_id(id: &str) -> Option<(Export, String)> {
+pub fn decode_id(id: &str) -> Option<(NfsExport, String)> {
     let parts: Vec<&str> = id.split('_').collect();
-    if parts.len() < 2 || id.len() > MAX_ID {
+    if parts.len() < 2 || id.len() > MAX_ID_BYTES {
         return None;
     }
     let (server, name) = (parts[0], parts[parts.len() - 1]);
@@ -313,47 +304,9 @@ pub fn decode_id(id: &str) -> Option<(Export, String)> {
     check_server(server).ok()?;
     check_share(&share).ok()?;
     check_name("volume", name).ok()?;
-    let export = Export { server: server.into(), share };
+    let export = NfsExport { server: server.into(), share };
     // Only the canonical spelling is ours (`h__v` would otherwise alias `h_v`).
     (encode_id(&export, name).ok()? == id).then(|| (export, name.into()))
-}
-
-/// A small `key=value` per line file; values never contain newlines.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Meta(pub BTreeMap<String, String>);
-
-impl Meta {
-    pub fn set(&mut self, k: &str, v: impl ToString) -> &mut Self {
-        self.0.insert(k.into(), v.to_string().replace('\n', " "));
-        self
-    }
-    pub fn get(&self, k: &str) -> &str {
-        self.0.get(k).map(String::as_str).unwrap_or_default()
-    }
-    pub fn u64(&self, k: &str) -> Result<u64, Invalid> {
-        self.get(k).parse().map_err(|_| invalid(format!("metadata field {k}: {:?} is not a number", self.get(k))))
-    }
-    pub fn encode(&self) -> Vec<u8> {
-        self.0.iter().map(|(k, v)| format!("{k}={v}\n")).collect::<String>().into_bytes()
-    }
-    pub fn decode(b: &[u8]) -> Result<Self, Invalid> {
-        let text = std::str::from_utf8(b).map_err(|_| invalid("metadata is not utf-8"))?;
-        let mut m = Meta::default();
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            let (k, v) = line.split_once('=').ok_or_else(|| invalid(format!("metadata line {line:?} has no '='")))?;
-            m.0.insert(k.into(), v.into());
-        }
-        Ok(m)
-    }
-}
-
-/// The capacity a request gets: `required` (default 1 GiB) within `limit`.
-pub fn capacity(required: u64, limit: u64) -> Result<u64, Invalid> {
-    let cap = if required == 0 { if limit != 0 && limit < DEFAULT_BYTES { limit } else { DEFAULT_BYTES } } else { required };
-    if limit != 0 && cap > limit {
-        return Err(invalid(format!("required {required} bytes exceeds the limit of {limit}")));
-    }
-    Ok(cap)
 }
 
 /// Where `archive` moves `sub_dir`: `archived-<last component>` beside it.
@@ -378,7 +331,7 @@ mod tests {
     #[test]
     fn defaults_apply_when_only_server_and_share_are_given() {
         let p = params(&[]).unwrap();
-        assert_eq!(p.export, Export { server: "10.0.0.1".into(), share: "/export".into() });
+        assert_eq!(p.export, NfsExport { server: "10.0.0.1".into(), share: "/export".into() });
         assert_eq!((p.mode, p.uid, p.gid, p.on_delete), (0o777, 0, 0, OnDelete::Delete));
         assert_eq!(p.render_sub_dir("pvc-1").unwrap(), "pvc-1");
     }
@@ -476,37 +429,18 @@ mod tests {
 
     #[test]
     fn ids_round_trip_and_foreign_ids_do_not_parse() {
-        let e = Export { server: "nfs.example.com".into(), share: "/srv/exports".into() };
+        let e = NfsExport { server: "nfs.example.com".into(), share: "/srv/exports".into() };
         let id = encode_id(&e, "pvc-1").unwrap();
         assert_eq!(id, "nfs.example.com_srv_exports_pvc-1");
         assert_eq!(decode_id(&id), Some((e, "pvc-1".into())));
-        let root = Export { server: "h".into(), share: "/".into() };
+        let root = NfsExport { server: "h".into(), share: "/".into() };
         assert_eq!(decode_id(&encode_id(&root, "v").unwrap()), Some((root, "v".into())));
         let long = format!("h_{}", "a".repeat(95));
         for foreign in ["", "plain", "h_..", "h_a_.x", "h__v", long.as_str()] {
             assert_eq!(decode_id(foreign), None, "{foreign:?}");
         }
-        let long = Export { server: "a".repeat(60), share: "/export".into() };
+        let long = NfsExport { server: "a".repeat(60), share: "/export".into() };
         assert!(encode_id(&long, &"n".repeat(40)).is_err());
-    }
-
-    #[test]
-    fn metadata_round_trips() {
-        let mut m = Meta::default();
-        m.set("capacity", 5u64).set("source", "").set("subdir", "a/b");
-        let back = Meta::decode(&m.encode()).unwrap();
-        assert_eq!(back, m);
-        assert_eq!(back.u64("capacity").unwrap(), 5);
-        assert!(back.u64("subdir").is_err());
-        assert!(Meta::decode(b"nonsense").is_err());
-    }
-
-    #[test]
-    fn capacity_defaults_and_limits() {
-        assert_eq!(capacity(0, 0).unwrap(), DEFAULT_BYTES);
-        assert_eq!(capacity(0, 1 << 20).unwrap(), 1 << 20);
-        assert_eq!(capacity(5, 10).unwrap(), 5);
-        assert!(capacity(11, 10).is_err());
     }
 
     #[test]

@@ -89,12 +89,10 @@ pub fn parse_parameters(params: &[(String, String)]) -> Result<Policy, Invalid> 
     for (k, v) in params {
         match k.as_str() {
             "numberOfReplicas" => {
-                p.replicas = v
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=MAX_REPLICAS).contains(n))
-                    .ok_or_else(|| invalid(format!("numberOfReplicas {v:?} is not a number from 1 to {MAX_REPLICAS}")))?;
+                p.replicas =
+                    v.trim().parse::<u32>().ok().filter(|n| (1..=MAX_REPLICAS).contains(n)).ok_or_else(|| {
+                        invalid(format!("numberOfReplicas {v:?} is not a number from 1 to {MAX_REPLICAS}"))
+                    })?;
             }
             "replicaNodeSelector" => p.selector = parse_selector(v)?,
             "replicaSpreadKey" => {

@@ -187,7 +187,9 @@ impl NodeClient {
         let mut c = Conn::connect(self.addr, self.timeout).await?;
         match c.call("Identify", Message::Identify).await? {
             Message::Identity { status: Status::Ok, node, labels } => Ok(NodeIdentity { node, labels }),
-            Message::Identity { status, .. } => Err(ControlError::Refused { addr: self.addr, what: "Identify", status }),
+            Message::Identity { status, .. } => {
+                Err(ControlError::Refused { addr: self.addr, what: "Identify", status })
+            }
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Identify" }),
         }
     }

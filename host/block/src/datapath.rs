@@ -17,7 +17,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use crate::attach::{AttachConfig, AttachError, AttachedVolume};
 use crate::catalog::AttachInfo;
-use crate::catalog::engine_call::{EngineReply, EngineReplica, EngineRequest, EngineStatus};
+use crate::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
 use crate::driver::InProcessNode;
 use crate::protocol::Status;
 use crate::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
@@ -57,7 +57,10 @@ impl Volumes {
 /// The node's data path (see the module docs).
 pub struct DataPath {
     config: DataPathConfig,
-    server: ReplicaServer,
+    /// Taken by [`DataPath::shutdown`]; the address and replicas stay readable after it.
+    server: Mutex<Option<ReplicaServer>>,
+    local_addr: SocketAddr,
+    node: Arc<ReplicaNode>,
     volumes: Arc<Volumes>,
     /// One attach or detach per volume at a time (the CSI layer's guard already ensures it; this
     /// keeps the data path safe on its own).
@@ -90,7 +93,8 @@ impl DataPath {
         let engines: Arc<dyn EngineCalls> = volumes.clone();
         let server =
             ReplicaServer::serve_with_engines(config.listen, Arc::new(node), server_config, Some(engines)).await?;
-        Ok(Self { config, server, volumes, busy: Mutex::default() })
+        let (local_addr, node) = (server.local_addr(), server.node().clone());
+        Ok(Self { config, server: Mutex::new(Some(server)), local_addr, node, volumes, busy: Mutex::default() })
     }
 
     pub fn identity(&self) -> &NodeIdentity {
@@ -99,11 +103,11 @@ impl DataPath {
 
     /// Where the replica server listens (port 0 in the configuration: the one it got).
     pub fn local_addr(&self) -> SocketAddr {
-        self.server.local_addr()
+        self.local_addr
     }
 
     pub fn replicas(&self) -> &Arc<ReplicaNode> {
-        self.server.node()
+        &self.node
     }
 
     /// The attached volume `id`, if it is attached here by this process.
@@ -113,7 +117,8 @@ impl DataPath {
 
     /// Volumes attached here now.
     pub fn attached(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect();
+        let mut ids: Vec<String> =
+            self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect();
         ids.sort();
         ids
     }
@@ -139,21 +144,21 @@ impl DataPath {
         let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
         let replicas: Vec<SocketAddr> = info.members.iter().map(|(_, a)| a.unwrap_or(unknown)).collect();
         let local = info.members.iter().position(|(name, _)| *name == self.config.identity.node);
-        let mut config = AttachConfig::new(
-            id,
-            replicas.clone(),
-            self.config.engine_root.join(crate::replica::replica_dir_name(id).map_err(|e| {
-                DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() }
-            })?),
-            &self.config.runtime_root,
-        );
+        let mut config =
+            AttachConfig::new(
+                id,
+                replicas.clone(),
+                self.config.engine_root.join(crate::replica::replica_dir_name(id).map_err(|e| {
+                    DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() }
+                })?),
+                &self.config.runtime_root,
+            );
         config.local = local;
         config.epoch = info.epoch;
         config.request_timeout = self.config.request_timeout;
         config.attach_timeout = self.config.attach_timeout;
         // The engine's own replica is served in-process: the slot whose address is ours.
-        config.in_process =
-            local.map(|l| InProcessNode { addr: replicas[l], node: self.server.node().clone() });
+        config.in_process = local.map(|l| InProcessNode { addr: replicas[l], node: self.node.clone() });
         let volume = Arc::new(AttachedVolume::start(config).await?);
         self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), volume.clone());
         Ok(volume)
@@ -173,13 +178,16 @@ impl DataPath {
     }
 
     /// Stops every engine (best effort) and the replica server.
-    pub async fn shutdown(self) -> Result<(), DataPathError> {
+    pub async fn shutdown(&self) -> Result<(), DataPathError> {
         for id in self.attached() {
             if let Err(e) = self.detach(&id).await {
                 tracing::warn!(volume.id = %id, error = %e, "volume left attached at shutdown");
             }
         }
-        self.server.shutdown().await?;
+        let server = self.server.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(server) = server {
+            server.shutdown().await?;
+        }
         Ok(())
     }
 }
@@ -221,9 +229,7 @@ pub fn engine_status(volume: &AttachedVolume) -> EngineStatus {
                         ReplicaHealth::Down => "down",
                     }
                     .to_owned(),
-                    down_since_ns: since
-                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                        .map(|d| d.as_nanos() as u64),
+                    down_since_ns: since.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as u64),
                     rebuilt,
                     rebuild_total,
                 }

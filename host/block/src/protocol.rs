@@ -514,8 +514,8 @@ fn put_header(out: &mut Vec<u8>, header: &ReplicaHeader) -> Result<(), EncodeErr
     out.extend_from_slice(&header.size.to_le_bytes());
     out.extend_from_slice(&header.revision.to_le_bytes());
     out.push(u8::from(header.dirty));
-    let count =
-        u16::try_from(header.snapshots.len()).map_err(|_| EncodeError::TooManyEntries { count: header.snapshots.len() })?;
+    let count = u16::try_from(header.snapshots.len())
+        .map_err(|_| EncodeError::TooManyEntries { count: header.snapshots.len() })?;
     out.extend_from_slice(&count.to_le_bytes());
     for s in &header.snapshots {
         put_name(out, &s.name)?;

@@ -79,7 +79,8 @@ async fn discovery_names_every_node_with_its_labels_and_skips_the_dead() {
 #[tokio::test]
 async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
     let c = Cluster::start(3).await;
-    let created = c.catalog().create("vol-a", 4 * MIB, &names(&["n0", "n2"]), None, meta("csi.name", "pvc-ä")).await.unwrap();
+    let created =
+        c.catalog().create("vol-a", 4 * MIB, &names(&["n0", "n2"]), None, meta("csi.name", "pvc-ä")).await.unwrap();
     assert_eq!(created.size, 4 * MIB);
     assert!(created.members.iter().all(|m| m.state == MemberState::Healthy), "{:?}", created.members);
     // Another catalog (a controller restarted elsewhere) reads the same truth from the nodes.
@@ -93,8 +94,14 @@ async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
     assert!(matches!(other_nodes, Err(CatalogError::AlreadyExists(_))), "{other_nodes:?}");
     let bigger = fresh.create("vol-a", 8 * MIB, &names(&["n0", "n2"]), None, BTreeMap::new()).await;
     assert!(matches!(bigger, Err(CatalogError::AlreadyExists(_))), "{bigger:?}");
-    assert!(matches!(fresh.create("x", 4097, &names(&["n0"]), None, BTreeMap::new()).await, Err(CatalogError::Invalid(_))));
-    assert!(matches!(fresh.create("x", 4096, &names(&["n0", "n0"]), None, BTreeMap::new()).await, Err(CatalogError::Invalid(_))));
+    assert!(matches!(
+        fresh.create("x", 4097, &names(&["n0"]), None, BTreeMap::new()).await,
+        Err(CatalogError::Invalid(_))
+    ));
+    assert!(matches!(
+        fresh.create("x", 4096, &names(&["n0", "n0"]), None, BTreeMap::new()).await,
+        Err(CatalogError::Invalid(_))
+    ));
     let unknown = fresh.create("x", 4096, &names(&["n9"]), None, BTreeMap::new()).await;
     assert!(matches!(unknown, Err(CatalogError::Unavailable(_))), "{unknown:?}");
     let listed: Vec<String> = fresh.list(None, 10).await.unwrap().into_iter().map(|v| v.id).collect();
@@ -121,7 +128,10 @@ async fn publishing_fences_a_session_that_claimed_the_older_epoch() {
     let late = old.write(0, vec![9; 4096]).await;
     assert!(matches!(late, Err(ControlError::Refused { status: Status::Fenced, .. })), "{late:?}");
     let stale = ReplicaSession::open_claimed(c.addrs[0], "vol-f", T, info.epoch).await;
-    assert!(matches!(stale, Err(ControlError::Refused { status: Status::Fenced, .. })), "a new session with the old epoch");
+    assert!(
+        matches!(stale, Err(ControlError::Refused { status: Status::Fenced, .. })),
+        "a new session with the old epoch"
+    );
     let new = cat.attach_info("vol-f", "n1").await.unwrap();
     assert!(new.epoch > info.epoch);
     let mut s = ReplicaSession::open_claimed(c.addrs[1], "vol-f", T, new.epoch).await.unwrap();
@@ -206,9 +216,13 @@ async fn a_clone_is_filled_in_the_background_and_reports_its_progress() {
         s.write(i * MIB, vec![i as u8 + 1; MIB as usize]).await.unwrap();
     }
     s.close().await.unwrap();
-    let first = cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
+    let first =
+        cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
     assert!(first.record.fill.is_some());
-    assert!(matches!(cat.claim("copy", "n1").await, Err(CatalogError::FailedPrecondition(_))), "not before it is whole");
+    assert!(
+        matches!(cat.claim("copy", "n1").await, Err(CatalogError::FailedPrecondition(_))),
+        "not before it is whole"
+    );
     let mut view = first;
     for _ in 0..200 {
         if view.filling.is_none() {

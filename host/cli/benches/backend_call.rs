@@ -71,6 +71,8 @@ fn options(base: &Path, backends: &Path) -> HostOptions {
         state_dir: base.join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
     }
 }
 
@@ -91,7 +93,7 @@ fn create(name: &str, backend: &str) -> csi::CreateVolumeRequest {
 /// A host on `base` with the `.wasm` backends of `backends` plus hostpath linked natively.
 async fn start(base: &Path, backends: &Path) -> Host {
     let host = Host::start(options(base, backends)).await.unwrap();
-    let native = NativeDriver::of::<wasmcsi_backend_hostpath::HostPath>();
+    let native = NativeDriver::of_backend::<wasmcsi_backend_hostpath::HostPath>();
     host.registry.insert(host.registry.runtime().load_native("hostpath-native", native).unwrap());
     host
 }

@@ -114,6 +114,8 @@ async fn main() {
         state_dir: dir.path().join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
     })
     .await
     .unwrap();

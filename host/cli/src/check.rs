@@ -117,6 +117,8 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         state_dir: scratch.path().join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
     })
     .await?;
     let Some(backend) = host.registry.get(&name) else {

@@ -1,7 +1,7 @@
 //! `wasmcsi demo`: a local host (controller + node in one process) with the bundled
 //! backends on a local socket, driving a real volume through the CSI socket end to end and
 //! saying what it did. The README's first command runs this.
-use crate::host::{Host, HostOptions, connect};
+use crate::host::{Host, HostOptions, ReplicaOptions, connect};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -28,14 +28,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let (backends, root) = (dir.join("backends"), dir.join("hostpath-root"));
     std::fs::create_dir_all(&backends)?;
     std::fs::create_dir_all(&root)?;
-    // The demo grants a dir root only: nfs needs an export granted, ceph-rbd-shim a Ceph pool,
-    // hostile is a test fixture.
+    // The demo grants a dir root to hostpath and this node's own replica server to
+    // replicated-block: nfs needs an export granted, ceph-rbd-shim a Ceph pool, hostile is a
+    // test fixture.
     let bundled = |stem: &str| !matches!(stem, "hostile" | "nfs" | "ceph-rbd-shim");
     for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| bundled(stem)) {
         std::fs::write(backends.join(format!("{stem}.wasm")), bytes)?;
     }
+    // The replica server's port is known once it listens: the grant names a file of
+    // addresses, written then (discovery re-reads it).
+    let replica_nodes = dir.join("replica-nodes");
+    std::fs::write(&replica_nodes, "")?;
     let config = wasmcsi_runtime::config::HostConfig::parse(
-        &format!("[backends.hostpath.grants]\ndir = {{ default = {:?} }}\n", root.display().to_string()),
+        &format!(
+            "[backends.hostpath.grants]\ndir = {{ default = {:?} }}\n\
+             [backends.replicated-block.grants.block]\nnodes_file = {:?}\n",
+            root.display().to_string(),
+            replica_nodes.display().to_string()
+        ),
         Path::new("demo"),
     )?;
     println!("wasmcsi demo — work dir {}", dir.display());
@@ -49,8 +59,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(2),
         metrics_addr: Some("127.0.0.1:0".parse()?),
+        replicas: Some(ReplicaOptions { listen: "127.0.0.1:0".parse()?, root: dir.join("replicas"), labels: vec![] }),
+        reconcile_interval: None,
     })
     .await?;
+    if let Some(d) = &host.datapath {
+        std::fs::write(&replica_nodes, format!("{}\n", d.local_addr()))?;
+    }
     println!(
         "host serving CSI on {} with backends {:?}; metrics on http://{}/metrics",
         host.socket.display(),
@@ -215,7 +230,96 @@ async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
         ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.clone(), ..Default::default() }).await?;
     }
     step(&mut n, "DeleteSnapshot + DeleteVolume x2 -> gone", t);
+    if root && Path::new("/dev/fuse").exists() {
+        replicated(&mut ctl, &mut node, dir, &mut n).await?;
+    } else {
+        println!("      (not root or no /dev/fuse: skipping the replicated volume, whose device is FUSE + loop)");
+    }
     let left = ctl.list_volumes(csi::ListVolumesRequest::default()).await?.into_inner().entries.len();
     anyhow::ensure!(left == 0, "{left} volumes left after delete");
+    Ok(())
+}
+
+/// The flagship: a replicated block volume (one replica: the demo is one node), given to this
+/// node by ControllerPublish, formatted and mounted by NodeStage, written, then taken apart.
+async fn replicated(
+    ctl: &mut ControllerClient<tonic::transport::Channel>,
+    node: &mut NodeClient<tonic::transport::Channel>,
+    dir: &Path,
+    n: &mut u32,
+) -> anyhow::Result<()> {
+    let cap = crate::check::mount_capability();
+    let t = Instant::now();
+    let vol = ctl
+        .create_volume(csi::CreateVolumeRequest {
+            name: "demo-replicated".into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 64 << 20, limit_bytes: 0 }),
+            volume_capabilities: vec![cap.clone()],
+            parameters: [("backend", "replicated-block"), ("numberOfReplicas", "1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .volume
+        .context("no volume")?;
+    step(n, &format!("CreateVolume demo-replicated (64 MiB, backend replicated-block) -> {}", vol.volume_id), t);
+
+    let t = Instant::now();
+    let published = ctl
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: "demo-node".into(),
+            volume_capability: Some(cap.clone()),
+            volume_context: vol.volume_context.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let staging = dir.join("staging/demo-replicated");
+    let target = dir.join("pods/pod-b/volume");
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        volume_context: vol.volume_context.clone(),
+        publish_context: published.publish_context.clone(),
+        ..Default::default()
+    })
+    .await?;
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        volume_context: vol.volume_context.clone(),
+        publish_context: published.publish_context,
+        ..Default::default()
+    })
+    .await?;
+    std::fs::write(target.join("greeting.txt"), "hello from a replicated volume\n")?;
+    step(n, "ControllerPublish + NodeStage (engine, FUSE + loop, ext4) + NodePublish; a \"pod\" wrote a file", t);
+
+    let t = Instant::now();
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await?;
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await?;
+    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "demo-node".into(),
+        ..Default::default()
+    })
+    .await?;
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id, ..Default::default() }).await?;
+    step(n, "NodeUnpublish + NodeUnstage + ControllerUnpublish + DeleteVolume -> gone", t);
     Ok(())
 }

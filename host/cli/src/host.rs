@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use wasmcsi_block::datapath::{DataPath, DataPathConfig};
+use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_csi::{Driver, Mode};
@@ -26,6 +28,22 @@ pub struct HostOptions {
     pub state_dir: PathBuf,
     pub reload_interval: Duration,
     pub metrics_addr: Option<SocketAddr>,
+    /// This node's replica server and engines (node mode); `None`: no replicated volumes here.
+    pub replicas: Option<ReplicaOptions>,
+    /// How often the controller reconciles every self-healing backend's volumes (controller
+    /// mode); `None`: never.
+    pub reconcile_interval: Option<Duration>,
+}
+
+/// A node's part of the replicated block data path.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// Where the replica server listens; other nodes' engines connect here.
+    pub listen: SocketAddr,
+    /// Every replica on this node, one directory each.
+    pub root: PathBuf,
+    /// The labels this node reports to backends (for replica selectors and spreading).
+    pub labels: Vec<(String, String)>,
 }
 
 /// A running host; dropping it (or `shutdown`) stops serving.
@@ -34,9 +52,12 @@ pub struct Host {
     pub registry: Arc<Registry>,
     pub socket: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
+    /// This node's replicas and engines, when it serves them.
+    pub datapath: Option<Arc<DataPath>>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     watcher: tokio::task::JoinHandle<()>,
+    reconciler: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Host {
@@ -52,6 +73,14 @@ impl Host {
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
+        let datapath = match (&opts.replicas, opts.mode.node()) {
+            (Some(r), true) => Some(Arc::new(start_datapath(&opts, r).await?)),
+            _ => None,
+        };
+        let reconciler = match (opts.reconcile_interval, opts.mode.controller()) {
+            (Some(every), true) => Some(tokio::spawn(wasmcsi_csi::reconcile::run(registry.clone(), every))),
+            _ => None,
+        };
 
         let driver = Arc::new(Driver {
             name: opts.driver_name.clone(),
@@ -65,6 +94,8 @@ impl Host {
                 state_dir: opts.state_dir.join("node"),
                 config: Arc::new(opts.config.clone()),
                 mounts: Arc::new(KernelMounts),
+                runtime_dir: opts.state_dir.join("run"),
+                datapath: datapath.clone(),
             }),
         });
         let metrics_addr = match opts.metrics_addr {
@@ -81,15 +112,31 @@ impl Host {
             .await
             .map_err(anyhow::Error::from)
         });
-        Ok(Self { driver, registry, socket: opts.socket, metrics_addr, stop: Some(tx), served: Some(served), watcher })
+        Ok(Self {
+            driver,
+            registry,
+            socket: opts.socket,
+            metrics_addr,
+            datapath,
+            stop: Some(tx),
+            served: Some(served),
+            watcher,
+            reconciler,
+        })
     }
 
     /// Stop serving and wait for the server to finish.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.stop.take().map(|s| s.send(()));
         self.watcher.abort();
+        if let Some(r) = self.reconciler.take() {
+            r.abort();
+        }
         if let Some(served) = self.served.take() {
             served.await.context("CSI server task")??;
+        }
+        if let Some(d) = &self.datapath {
+            d.shutdown().await.context("stopping the replica data path")?;
         }
         Ok(())
     }
@@ -107,7 +154,24 @@ impl Drop for Host {
     fn drop(&mut self) {
         self.stop.take().map(|s| s.send(()));
         self.watcher.abort();
+        if let Some(r) = self.reconciler.take() {
+            r.abort();
+        }
     }
+}
+
+/// Opens this node's replicas and starts serving them.
+async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Result<DataPath> {
+    let config = DataPathConfig {
+        identity: NodeIdentity { node: opts.node_id.clone(), labels: r.labels.clone() },
+        replica_root: r.root.clone(),
+        listen: r.listen,
+        engine_root: opts.state_dir.join("engines"),
+        runtime_root: opts.state_dir.join("run"),
+        request_timeout: Duration::from_secs(10),
+        attach_timeout: Duration::from_secs(30),
+    };
+    DataPath::start(config).await.with_context(|| format!("serving replicas from {} on {}", r.root.display(), r.listen))
 }
 
 /// A gRPC channel to a CSI socket.

@@ -110,6 +110,28 @@ struct ServeArgs {
     /// How often the backends directory is checked for new or changed components.
     #[arg(long, default_value_t = 2000)]
     reload_interval_ms: u64,
+    /// Serve this node's replicas of replicated block volumes on ADDR (node mode); other nodes'
+    /// engines connect here. Without it this node holds no replicas and stages none.
+    #[arg(long)]
+    replica_listen: Option<SocketAddr>,
+    /// Where this node's replicas live (one directory each).
+    #[arg(long, default_value = "/var/lib/wasmcsi/replicas")]
+    replica_root: PathBuf,
+    /// A label this node reports to backends (KEY=VALUE, repeatable): replica node selectors
+    /// and spreading (e.g. topology.kubernetes.io/zone=a).
+    #[arg(long = "node-label", value_parser = parse_label)]
+    node_labels: Vec<(String, String)>,
+    /// How often the controller reconciles the volumes of self-healing backends (replaces
+    /// replicas lost longer than their timeout); 0 turns it off.
+    #[arg(long, default_value_t = 30)]
+    reconcile_interval_secs: u64,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
@@ -146,6 +168,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir,
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
         metrics_addr: args.metrics_addr,
+        replicas: args.replica_listen.map(|listen| wasmcsi::host::ReplicaOptions {
+            listen,
+            root: args.replica_root,
+            labels: args.node_labels,
+        }),
+        reconcile_interval: (args.reconcile_interval_secs > 0)
+            .then(|| Duration::from_secs(args.reconcile_interval_secs)),
     })
     .await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, "serving CSI");

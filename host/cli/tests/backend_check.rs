@@ -165,3 +165,31 @@ fn check_passes_the_nfs_component_against_ganesha() {
         .collect();
     assert!(left.is_empty(), "left on the export: {left:?}");
 }
+
+/// The guest SDK declares every capability; a component must still import only those its code
+/// calls, or an operator would have to grant (and the host to link) what it never uses.
+#[test]
+fn bundled_components_import_only_the_capabilities_they_call() {
+    use wasmcsi_runtime::capabilities::Capability::{Block, Dir, Kv, Log, Nfs, Rbd};
+    use wasmcsi_runtime::{Runtime, RuntimeOptions, config::HostConfig, engine::EngineSettings};
+    let d = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(RuntimeOptions {
+        config: HostConfig::default(),
+        cache_dir: None,
+        store_path: d.path().join("inspect.redb"),
+        engine: EngineSettings { max_instances: 8, ..Default::default() },
+    })
+    .unwrap();
+    for (name, wasm, expected) in [
+        ("hostpath", wasmcsi_artifacts::HOSTPATH, vec![Log, Dir]),
+        ("nfs", wasmcsi_artifacts::NFS, vec![Log, Kv, Nfs]),
+        ("ceph-rbd-shim", wasmcsi_artifacts::CEPH_RBD_SHIM, vec![Log, Kv, Rbd]),
+        ("hostile", wasmcsi_artifacts::HOSTILE, vec![Log, Kv, Dir]),
+        ("replicated-block", wasmcsi_artifacts::REPLICATED_BLOCK, vec![Log, Block]),
+    ] {
+        let (imports, exports) = runtime.inspect(name, wasm).unwrap();
+        assert_eq!(imports.capabilities, expected, "{name}");
+        assert!(imports.unknown.is_empty(), "{name}: {:?}", imports.unknown);
+        assert_eq!(exports, ["wasmcsi:backend/driver@0.2.0"], "{name}");
+    }
+}

@@ -72,6 +72,8 @@ impl Env {
             state_dir: self.base.join("state"),
             reload_interval: Duration::from_millis(200),
             metrics_addr: None,
+            replicas: None,
+            reconcile_interval: None,
         }
     }
 

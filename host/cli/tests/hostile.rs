@@ -60,6 +60,8 @@ async fn start_host(dir: &Path, hostile_gets_dir: bool) -> Host {
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        replicas: None,
+        reconcile_interval: None,
     })
     .await
     .unwrap()

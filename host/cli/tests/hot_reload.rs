@@ -130,6 +130,8 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
         state_dir: d.path().join("state"),
         reload_interval: RELOAD_INTERVAL,
         metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
     })
     .await
     .unwrap();

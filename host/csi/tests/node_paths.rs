@@ -134,6 +134,8 @@ fn node() -> Option<TestNode> {
             state_dir: root.join("state"),
             config: Arc::new(config),
             mounts: Arc::new(KernelMounts),
+            runtime_dir: root.join("run"),
+            datapath: None,
         }),
     };
     Some(TestNode { svc: NodeService(Arc::new(driver)), root, _dir: dir })

@@ -187,6 +187,8 @@ fn attachers(f: &Fixture, id: &str, state: &Path) -> Attachers {
         state_dir: state.to_owned(),
         config: Arc::new(f.registry.runtime().config.clone()),
         mounts: Arc::new(KernelMounts),
+        runtime_dir: state.join("run"),
+        datapath: None,
     })
 }
 

@@ -495,8 +495,7 @@ impl Backend {
             let f = n.get_snapshot;
             return self.call_native("get_snapshot", move || f(id)).await;
         }
-        self.call("get_snapshot", vec![], move |g, s| Box::pin(async move { g.call_get_snapshot(s, &id).await }))
-            .await
+        self.call("get_snapshot", vec![], move |g, s| Box::pin(async move { g.call_get_snapshot(s, &id).await })).await
     }
     pub async fn reconcile_volume(self: &Arc<Self>, id: String) -> Result<(), CallError> {
         if let Kind::Native(n) = &self.kind {

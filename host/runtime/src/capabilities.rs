@@ -181,7 +181,8 @@ mod tests {
         assert!(s.violations(&g).is_empty());
         let block = ImportSummary::classify(["wasmcsi:backend/block@0.2.0"]);
         assert!(block.violations(&g)[0].contains("not granted"), "{:?}", block.violations(&g));
-        g.block = Some(wasmcsi_block::catalog::NodeSources { nodes: vec!["10.0.0.1:9501".into()], ..Default::default() });
+        g.block =
+            Some(wasmcsi_block::catalog::NodeSources { nodes: vec!["10.0.0.1:9501".into()], ..Default::default() });
         assert!(block.violations(&g).is_empty());
     }
 

@@ -1,113 +1,26 @@
-//! Backends linked natively instead of loaded as components: the same guest source compiled
-//! for the host, against the host's own binding types. It exists to measure what the sandbox
-//! costs (the same backend, `.wasm` vs native, through the same CSI path) and to unit-test a
-//! guest's policy without compiling a component. Production loads `.wasm`; a native backend
-//! has no memory cap, deadline trap or fuel, only the import-side checks (`dir` resolution).
+//! Backends linked natively instead of loaded as components, for benchmarks and tests: a
+//! [`NativeDriver`] is a backend's exports as plain functions over the host's binding types.
+//! It exists to measure what the sandbox costs (the same backend, `.wasm` vs native, through
+//! the same CSI path) and to let host tests plug in a planner without compiling a component.
+//! Production loads `.wasm`; a native backend has no memory cap, deadline trap or fuel, only
+//! the import-side checks (`dir` resolution).
 //!
-//! A guest opts in with, in its `lib.rs`:
-//! `#[cfg(not(target_arch = "wasm32"))] use wasmcsi_runtime::native::guest_bindings as bindings;`
+//! Two ways in: [`NativeDriver::of`] a type implementing [`Guest`] (host types, for host
+//! tests), and, with the `native` feature (benches and tests only, it links the guest SDK),
+//! `NativeDriver::of_backend` a `wasmcsi_backend_sdk::Backend`: the backend's own crate,
+//! compiled for the host, with `dir` and `log` served by the host and nothing else granted.
 use crate::bindings::driver::*;
 use crate::bindings::types::Error;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// The module tree `wit_bindgen::generate!` would produce for a guest, mapped onto host
-/// types, so guest source compiles unchanged for the host.
-pub mod guest_bindings {
-    pub mod exports {
-        pub mod wasmcsi {
-            pub mod backend {
-                pub mod driver {
-                    pub use crate::bindings::driver::*;
-                    pub use crate::native::Guest;
-                }
-            }
-        }
-    }
-    pub mod wasmcsi {
-        pub mod backend {
-            pub mod types {
-                pub use crate::bindings::types::*;
-            }
-            pub mod log {
-                pub use crate::bindings::wasmcsi::backend::log::Level;
-                pub fn log(level: Level, message: &str, fields: &[(String, String)]) {
-                    let fields: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    let fields = fields.join(" ");
-                    match level {
-                        Level::Trace | Level::Debug => tracing::debug!(target: "wasmcsi::native", fields, "{message}"),
-                        Level::Info => tracing::info!(target: "wasmcsi::native", fields, "{message}"),
-                        Level::Warn | Level::Error => tracing::warn!(target: "wasmcsi::native", fields, "{message}"),
-                    }
-                }
-            }
-            /// `nfs` for native guests: its types only (natively the nfs backend's logic is
-            /// compiled and linted; it runs as a component).
-            pub mod nfs {
-                pub use crate::bindings::wasmcsi::backend::nfs::{CopyProgress, NfsExport};
-            }
-            /// `rbd` types for native guests (their driver logic runs over a `Host` trait).
-            pub mod rbd {
-                pub use crate::bindings::wasmcsi::backend::rbd::{ImageInfo, ImageSnapshot, PoolStats};
-            }
-            /// `dir` for native guests: the same checked operations the component gets,
-            /// on the roots of the backend whose call runs on this thread.
-            pub mod dir {
-                use crate::bindings::types::Error;
-                pub use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Space};
-                use crate::host::dir as ops;
-
-                fn base(root: &str) -> Result<std::path::PathBuf, Error> {
-                    crate::native::root(root)
-                }
-                pub fn roots() -> Vec<String> {
-                    crate::native::ROOTS.with(|r| r.borrow().keys().cloned().collect())
-                }
-                pub fn mkdir(root: &str, p: &str, mode: u32) -> Result<(), Error> {
-                    ops::mkdir(&base(root)?, p, mode)
-                }
-                pub fn stat(root: &str, p: &str) -> Result<Option<FileStat>, Error> {
-                    ops::stat(&base(root)?, p)
-                }
-                pub fn read_dir(root: &str, p: &str) -> Result<Vec<String>, Error> {
-                    ops::read_dir(&base(root)?, p)
-                }
-                pub fn read_file(root: &str, p: &str) -> Result<Vec<u8>, Error> {
-                    ops::read_file(&base(root)?, p)
-                }
-                pub fn write_file(root: &str, p: &str, data: &[u8]) -> Result<(), Error> {
-                    ops::write_file(&base(root)?, p, data)
-                }
-                pub fn copy_tree(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::copy_tree(&base(root)?, from, to)
-                }
-                pub fn rename(root: &str, from: &str, to: &str) -> Result<(), Error> {
-                    ops::rename(&base(root)?, from, to)
-                }
-                pub fn remove_all(root: &str, p: &str) -> Result<(), Error> {
-                    ops::remove_all(&base(root)?, p)
-                }
-                pub fn usage(root: &str, p: &str) -> Result<u64, Error> {
-                    ops::usage(&base(root)?, p)
-                }
-                pub fn fs_stats(root: &str) -> Result<Space, Error> {
-                    ops::space(&base(root)?)
-                }
-            }
-        }
-    }
-}
+#[cfg(feature = "native")]
+mod sdk;
 
 thread_local! {
     /// Dir roots of the native backend whose call runs on this thread.
     static ROOTS: RefCell<BTreeMap<String, PathBuf>> = const { RefCell::new(BTreeMap::new()) };
-}
-
-fn root(name: &str) -> Result<PathBuf, Error> {
-    ROOTS
-        .with(|r| r.borrow().get(name).cloned())
-        .ok_or_else(|| Error::PermissionDenied(format!("dir root {name:?} is not granted")))
 }
 
 /// Run `f` with `roots` as this thread's dir grants.
@@ -160,8 +73,14 @@ pub trait Guest {
         volume_context: Vec<Pair>,
         capability: VolumeCapability,
     ) -> Result<Attachment, Error>;
-    fn get_snapshot(snapshot_id: String) -> Result<Snapshot, Error>;
-    fn reconcile_volume(volume_id: String) -> Result<(), Error>;
+    /// Optional (feature `get-snapshot`): unimplemented unless a guest has it.
+    fn get_snapshot(snapshot_id: String) -> Result<Snapshot, Error> {
+        Err(Error::Unimplemented(format!("get-snapshot {snapshot_id}: not supported by this backend")))
+    }
+    /// Optional (feature `self-healing`): unimplemented unless a guest has it.
+    fn reconcile_volume(volume_id: String) -> Result<(), Error> {
+        Err(Error::Unimplemented(format!("reconcile-volume {volume_id}: not supported by this backend")))
+    }
 }
 
 /// A native guest's exports as plain function pointers (what a `Backend` holds).

@@ -168,6 +168,9 @@ impl Runtime {
         if imports.capabilities.contains(&Capability::Rbd) {
             wit::rbd::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         }
+        if imports.capabilities.contains(&Capability::Block) {
+            wit::block::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        }
         let pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = BackendPre::new(pre).map_err(link)?;
 

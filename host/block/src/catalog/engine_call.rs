@@ -10,11 +10,20 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum EngineRequest {
     Status,
-    Snapshot { name: String },
-    DeleteSnapshot { name: String },
-    Expand { size: u64 },
+    Snapshot {
+        name: String,
+    },
+    DeleteSnapshot {
+        name: String,
+    },
+    Expand {
+        size: u64,
+    },
     /// The replica at `index` now lives on the (empty) replica server at `addr`.
-    ReplaceReplica { index: usize, addr: std::net::SocketAddr },
+    ReplaceReplica {
+        index: usize,
+        addr: std::net::SocketAddr,
+    },
 }
 
 /// The engine's answer.

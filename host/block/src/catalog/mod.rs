@@ -174,12 +174,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Catalog {
     /// `timeout` bounds every request to a node (the host's import timeout).
     pub fn new(sources: NodeSources, timeout: Duration) -> Self {
-        Self {
-            sources: Arc::new(sources),
-            timeout,
-            fills: Arc::default(),
-            down_since: Arc::default(),
-        }
+        Self { sources: Arc::new(sources), timeout, fills: Arc::default(), down_since: Arc::default() }
     }
 
     pub fn sources(&self) -> &NodeSources {
@@ -207,7 +202,9 @@ impl Catalog {
         while let Some(joined) = tasks.join_next().await {
             match joined {
                 Ok((node, addr, Ok((header, record)))) => out.push(Holder { node, addr, header, record }),
-                Ok((node, _, Err(e))) => tracing::debug!(%node, volume = id, error = %e, "replica did not describe itself"),
+                Ok((node, _, Err(e))) => {
+                    tracing::debug!(%node, volume = id, error = %e, "replica did not describe itself")
+                }
                 Err(e) => tracing::error!(error = %e, "describe task failed"),
             }
         }
@@ -228,7 +225,9 @@ impl Catalog {
     /// Asks the engine of the volume on `node` (the owner), if it runs.
     async fn engine(&self, d: &Discovery, node: &str, id: &str, request: &EngineRequest) -> Result<EngineReply> {
         let Some(n) = d.node(node) else {
-            return Err(CatalogError::Unavailable(format!("node {node}, which has volume {id} attached, does not answer")));
+            return Err(CatalogError::Unavailable(format!(
+                "node {node}, which has volume {id} attached, does not answer"
+            )));
         };
         let body = serde_json::to_vec(request).map_err(|e| CatalogError::Internal(e.to_string()))?;
         match self.client(n.addr).engine_call(id, body).await {
@@ -280,14 +279,9 @@ impl Catalog {
         engine: Option<EngineStatus>,
     ) -> SetView {
         let of = |node: &str| holders.iter().find(|h| h.node == node);
-        let newest_revision =
-            record.members.iter().filter_map(|m| of(m)).map(|h| h.header.revision).max().unwrap_or(0);
-        let current: Vec<&Holder> = record
-            .members
-            .iter()
-            .filter_map(|m| of(m))
-            .filter(|h| h.header.revision == newest_revision)
-            .collect();
+        let newest_revision = record.members.iter().filter_map(|m| of(m)).map(|h| h.header.revision).max().unwrap_or(0);
+        let current: Vec<&Holder> =
+            record.members.iter().filter_map(|m| of(m)).filter(|h| h.header.revision == newest_revision).collect();
         let now = now_ns();
         let mut down = lock(&self.down_since);
         let members: Vec<Member> = record
@@ -326,17 +320,14 @@ impl Catalog {
             })
             .collect();
         drop(down);
-        let size = engine
-            .as_ref()
-            .map(|e| e.size)
-            .or_else(|| current.iter().map(|h| h.header.size).max())
-            .unwrap_or(0);
+        let size = engine.as_ref().map(|e| e.size).or_else(|| current.iter().map(|h| h.header.size).max()).unwrap_or(0);
         let snapshots = current.first().map(|h| h.header.snapshots.clone()).unwrap_or_default();
         let filling = record.fill.as_ref().map(|_| {
             let f = lock(&self.fills).get(id).cloned().unwrap_or_default();
             (f.done, f.total)
         });
-        let leftovers = holders.iter().filter(|h| record.member_index(&h.node).is_none()).map(|h| h.node.clone()).collect();
+        let leftovers =
+            holders.iter().filter(|h| record.member_index(&h.node).is_none()).map(|h| h.node.clone()).collect();
         SetView {
             id: id.to_owned(),
             size,
@@ -481,7 +472,9 @@ impl Catalog {
                     Some((volume, Some(snapshot))) => {
                         let src = self.view(&d, &volume).await?;
                         if !src.as_ref().is_some_and(|v| v.snapshots.iter().any(|s| s.name == snapshot)) {
-                            return Err(CatalogError::NotFound(format!("volume {volume} has no snapshot {snapshot:?}")));
+                            return Err(CatalogError::NotFound(format!(
+                                "volume {volume} has no snapshot {snapshot:?}"
+                            )));
                         }
                         Some(FillSource { volume_id: volume, snapshot, temporary: false })
                     }
@@ -509,7 +502,11 @@ impl Catalog {
                     fill,
                     deleting: false,
                 };
-                let info = RecordInfo { version: 1, epoch: 0, data: record.encode().map_err(|e| CatalogError::Invalid(e.to_string()))? };
+                let info = RecordInfo {
+                    version: 1,
+                    epoch: 0,
+                    data: record.encode().map_err(|e| CatalogError::Invalid(e.to_string()))?,
+                };
                 (info, record)
             }
         };
@@ -563,15 +560,15 @@ impl Catalog {
             .find_map(|m| d.node(&m.node).map(|n| n.addr))
             .ok_or_else(|| CatalogError::Unavailable(format!("no healthy replica of {} answers", fill.volume_id)))?;
         let source = ReplicaSet::new(fill.volume_id.clone(), vec![src_addr], self.timeout).with_epoch(src_view.epoch);
-        let targets: Vec<SocketAddr> =
-            record.members.iter().filter_map(|m| d.node(m).map(|n| n.addr)).collect();
+        let targets: Vec<SocketAddr> = record.members.iter().filter_map(|m| d.node(m).map(|n| n.addr)).collect();
         if targets.len() != record.members.len() {
             lock(&self.fills).remove(id);
             return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its fill waits")));
         }
         let target = ReplicaSet::new(id.to_owned(), targets, self.timeout);
         let (catalog, id) = (self.clone(), id.to_owned());
-        let span = tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);
+        let span =
+            tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);
         tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let fills = catalog.fills.clone();
@@ -724,12 +721,8 @@ impl Catalog {
                 )));
             }
         }
-        let size = holders
-            .iter()
-            .filter(|h| record.member_index(&h.node).is_some())
-            .map(|h| h.header.size)
-            .max()
-            .unwrap_or(0);
+        let size =
+            holders.iter().filter(|h| record.member_index(&h.node).is_some()).map(|h| h.header.size).max().unwrap_or(0);
         let members = record
             .members
             .iter()
@@ -809,7 +802,10 @@ impl Catalog {
         let d = self.discover().await;
         let view = self.live_view(&d, id).await?;
         if size < view.size {
-            return Err(CatalogError::OutOfRange(format!("volume {id} cannot shrink from {} to {size} bytes", view.size)));
+            return Err(CatalogError::OutOfRange(format!(
+                "volume {id} cannot shrink from {} to {size} bytes",
+                view.size
+            )));
         }
         if size > view.size {
             for m in &view.members {
@@ -865,7 +861,11 @@ impl Catalog {
     }
 
     /// Runs an offline change on the current replicas, then moves them ahead if asked.
-    async fn offline<'a, F>(set: &'a ReplicaSet, raise: Option<u64>, change: impl FnOnce(&'a ReplicaSet) -> F) -> Result<()>
+    async fn offline<'a, F>(
+        set: &'a ReplicaSet,
+        raise: Option<u64>,
+        change: impl FnOnce(&'a ReplicaSet) -> F,
+    ) -> Result<()>
     where
         F: std::future::Future<Output = std::result::Result<(), ControlError>>,
     {
@@ -881,10 +881,9 @@ impl Catalog {
         match (reply.ok, reply.retry) {
             (true, _) => Ok(()),
             (false, true) => Err(CatalogError::Unavailable(reply.error.unwrap_or_default())),
-            (false, false) => Err(CatalogError::Internal(format!(
-                "engine of {id} on {owner}: {}",
-                reply.error.unwrap_or_default()
-            ))),
+            (false, false) => {
+                Err(CatalogError::Internal(format!("engine of {id} on {owner}: {}", reply.error.unwrap_or_default())))
+            }
         }
     }
 
@@ -894,10 +893,9 @@ impl Catalog {
         let d = self.discover().await;
         self.snapshot_in(&d, id, name).await?;
         let view = self.live_view(&self.discover().await, id).await?;
-        view.snapshots
-            .into_iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| CatalogError::Unavailable(format!("snapshot {name:?} of {id} is not on every replica yet; retry")))
+        view.snapshots.into_iter().find(|s| s.name == name).ok_or_else(|| {
+            CatalogError::Unavailable(format!("snapshot {name:?} of {id} is not on every replica yet; retry"))
+        })
     }
 
     async fn snapshot_in(&self, d: &Discovery, id: &str, name: &str) -> Result<()> {
@@ -983,7 +981,9 @@ impl Catalog {
             return Err(CatalogError::Invalid(format!("node {with} already holds a replica of {id}")));
         }
         let Some(target) = d.node(with) else {
-            return Err(CatalogError::NotGranted(format!("node {with} is not among the granted replica nodes that answer")));
+            return Err(CatalogError::NotGranted(format!(
+                "node {with} is not among the granted replica nodes that answer"
+            )));
         };
         let view = self.assemble(&d, id, &holders, info.clone(), record.clone(), None);
         // A leftover of an earlier membership must not pass for the new, empty replica.
@@ -1014,7 +1014,8 @@ impl Catalog {
                 .unwrap_or(0);
             for h in holders.iter().filter(|h| h.node != with && moved.member_index(&h.node).is_some()) {
                 if h.header.revision == newest {
-                    let mut s = crate::control::ReplicaSession::open_claimed(h.addr, id, self.timeout, info.epoch).await?;
+                    let mut s =
+                        crate::control::ReplicaSession::open_claimed(h.addr, id, self.timeout, info.epoch).await?;
                     let raised = s.set_revision(newest + 1).await;
                     s.close().await?;
                     raised?;

@@ -67,7 +67,11 @@ impl Discovery {
 
 /// Resolves every source to addresses (deduplicated, in order); an entry that does not resolve is
 /// reported unreachable, not fatal.
-async fn addresses(sources: &NodeSources, timeout: Duration, unreachable: &mut Vec<(String, String)>) -> Vec<SocketAddr> {
+async fn addresses(
+    sources: &NodeSources,
+    timeout: Duration,
+    unreachable: &mut Vec<(String, String)>,
+) -> Vec<SocketAddr> {
     let mut entries: Vec<String> = sources.nodes.clone();
     if let Some(path) = &sources.nodes_file {
         match tokio::fs::read_to_string(path).await {

@@ -60,7 +60,11 @@ pub struct NodeIdentity {
 /// node plugin's attached volumes). A request and its reply are the engine control surface's
 /// encoding; `Err(NotFound)` when no engine of the volume runs here.
 pub trait EngineCalls: Send + Sync + 'static {
-    fn call(&self, volume_id: String, request: Vec<u8>) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, Status>> + Send>>;
+    fn call(
+        &self,
+        volume_id: String,
+        request: Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, Status>> + Send>>;
 }
 
 /// Per-connection limits, and who the server is.
@@ -398,7 +402,11 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
             Err(e) => {
                 let status = e.status();
                 match status {
-                    Status::NotFound | Status::AlreadyExists | Status::Busy | Status::Invalid | Status::StaleRevision => {
+                    Status::NotFound
+                    | Status::AlreadyExists
+                    | Status::Busy
+                    | Status::Invalid
+                    | Status::StaleRevision => {
                         tracing::info!(replica.volume = volume_id, error = %e, "replica {what} refused")
                     }
                     _ => tracing::warn!(replica.volume = volume_id, error = %e, "replica {what} failed"),
@@ -449,7 +457,8 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
             }
         },
         Message::SetRecord { volume_id, version, epoch, data } => {
-            let _span = tracing::info_span!("replica.set_record", replica.volume = %volume_id, version, epoch).entered();
+            let _span =
+                tracing::info_span!("replica.set_record", replica.volume = %volume_id, version, epoch).entered();
             reply(node.set_record(&volume_id, RecordInfo { version, epoch, data }), "record update", &volume_id)
         }
         _ => Message::Reply { status: Status::Invalid },

@@ -358,8 +358,17 @@ enum Op {
     Hello,
     /// `Claim` sent after a successful `Hello`, whose header waits for the claim's answer.
     Claim(ReplicaHeader),
-    Read { client: ClientId, offset: u64, len: u64 },
-    Fanout { client: Option<ClientId>, kind: Fanout, waiting: BTreeSet<ReplicaId>, acked: BTreeSet<ReplicaId> },
+    Read {
+        client: ClientId,
+        offset: u64,
+        len: u64,
+    },
+    Fanout {
+        client: Option<ClientId>,
+        kind: Fanout,
+        waiting: BTreeSet<ReplicaId>,
+        acked: BTreeSet<ReplicaId>,
+    },
     Rebuild(RebuildOp),
 }
 

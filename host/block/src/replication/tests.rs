@@ -304,7 +304,8 @@ fn a_write_refused_as_fenced_fails_it_and_everything_after_it() {
     assert!(e.handle(2, Event::Received(out[0].0, ok(out[0].1.request_id))).is_empty());
     let refused = Frame { request_id: out[1].1.request_id, message: Message::Reply { status: Status::Fenced } };
     let actions = e.handle(3, Event::Received(out[1].0, refused));
-    let reply = actions.iter().find_map(|a| if let Action::Reply { client: 1, result } = a { Some(result) } else { None });
+    let reply =
+        actions.iter().find_map(|a| if let Action::Reply { client: 1, result } = a { Some(result) } else { None });
     assert!(matches!(reply, Some(Err(IoError::Fenced { .. }))), "{actions:?}");
     assert!(e.is_fenced() && e.healthy_count() == 0);
     let later = e.handle(4, Event::ClientFlush { client: 2 });

@@ -61,6 +61,8 @@ pub async fn host_with(backend: &str, wasm: &[u8], driver: &str, node_id: &str, 
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
     })
     .await
     .expect("host");

@@ -11,7 +11,8 @@
 //!        │
 //!        ├── bind.rs   directory volumes (bind mounts)
 //!        ├── nfs.rs    kernel NFS mounts
-//!        └── rbd/      RBD images (krbd, or rbd-fuse + loop)
+//!        ├── rbd/      RBD images (krbd, or rbd-fuse + loop)
+//!        └── replicated.rs  replicated block volumes (an engine in this node's data path)
 //! ```
 //!
 //! A plan is the backend's word, a grant the operator's: each attacher checks its plan against
@@ -37,6 +38,7 @@ use super::mountinfo;
 use super::mounts::{self, MountSystem, SourceIdentity};
 use super::nfs::NfsAttacher;
 use super::rbd::RbdAttacher;
+use super::replicated::ReplicatedAttacher;
 use crate::error::{CsiError, CsiResult};
 
 /// What attachers read from the operator's configuration. A handle rather than a copy, so that
@@ -179,6 +181,10 @@ pub struct NodeSetup {
     pub config: Arc<dyn ConfigSource>,
     /// Mount syscalls: the kernel's ([`mounts::KernelMounts`]), or a fake in tests.
     pub mounts: Arc<dyn MountSystem>,
+    /// Where FUSE mounts of block frontends live (the replicated volumes' devices).
+    pub runtime_dir: PathBuf,
+    /// This node's replicas and engines; `None` when the plugin serves no replicated volumes.
+    pub datapath: Option<Arc<wasmcsi_block::datapath::DataPath>>,
 }
 
 /// The attacher of every kind this node carries out.
@@ -187,14 +193,23 @@ pub struct Attachers {
     bind: BindAttacher,
     nfs: NfsAttacher,
     rbd: RbdAttacher,
+    replicated: ReplicatedAttacher,
 }
 
 impl Attachers {
     pub fn new(setup: NodeSetup) -> Self {
-        let NodeSetup { node_id, state_dir, config, mounts } = setup;
+        let NodeSetup { node_id, state_dir, config, mounts, runtime_dir, datapath } = setup;
         Self {
             bind: BindAttacher::new(config.clone(), mounts.clone()),
             nfs: NfsAttacher::new(config.clone(), mounts.clone()),
+            replicated: ReplicatedAttacher::new(
+                node_id.clone(),
+                &state_dir,
+                runtime_dir,
+                config.clone(),
+                mounts.clone(),
+                datapath,
+            ),
             rbd: RbdAttacher::new(node_id, &state_dir, config, mounts.clone()),
             mounts,
         }
@@ -207,7 +222,7 @@ impl Attachers {
             Attachment::Bind(plan) => Box::new(Planned { attacher: &self.bind, plan }),
             Attachment::Nfs(plan) => Box::new(Planned { attacher: &self.nfs, plan }),
             Attachment::Rbd(plan) => Box::new(Planned { attacher: &self.rbd, plan }),
-            Attachment::ReplicatedBlock(_) => return Err(no_attacher("replicated-block")),
+            Attachment::ReplicatedBlock(plan) => Box::new(Planned { attacher: &self.replicated, plan }),
         })
     }
 
@@ -218,6 +233,9 @@ impl Attachers {
     /// unmounted last, by the bind attacher, which also makes an unstage of a volume that is
     /// not staged a success.
     pub async fn unstage(&self, volume_id: &str, staging: &Path) -> CsiResult<()> {
+        if self.replicated.unstage(volume_id, staging).await? == Unstaged::Done {
+            return Ok(());
+        }
         if self.rbd.unstage(volume_id, staging).await? == Unstaged::Done {
             return Ok(());
         }
@@ -248,10 +266,6 @@ impl Attachers {
         })
         .await
     }
-}
-
-fn no_attacher(kind: &str) -> CsiError {
-    CsiError::FailedPrecondition(format!("this host has no attacher for {kind} attachments yet"))
 }
 
 // ---- steps every kind shares -------------------------------------------------------------------

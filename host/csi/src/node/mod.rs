@@ -10,11 +10,13 @@
 pub mod attacher;
 pub mod bind;
 pub mod bounded;
+pub mod filesystem;
 pub mod mountinfo;
 pub mod mounts;
 pub mod nfs;
 pub mod paths;
 pub mod rbd;
+pub mod replicated;
 #[cfg(test)]
 mod sandbox;
 pub mod usage;

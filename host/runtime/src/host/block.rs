@@ -139,7 +139,10 @@ impl Host for CallState {
             let d = c.discover().await;
             if d.nodes.is_empty() && !d.unreachable.is_empty() {
                 let tried: Vec<String> = d.unreachable.iter().map(|(a, why)| format!("{a}: {why}")).collect();
-                return Err(CatalogError::Unavailable(format!("no granted replica node answers ({})", tried.join("; "))));
+                return Err(CatalogError::Unavailable(format!(
+                    "no granted replica node answers ({})",
+                    tried.join("; ")
+                )));
             }
             Ok(d.nodes.values().map(node_to_wit).collect())
         })
@@ -199,9 +202,11 @@ impl Host for CallState {
 
     #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.caps.backend, %id, %node, %with))]
     async fn replace(&mut self, id: String, node: String, with: String) -> Result<ReplicaSet, Error> {
-        block_call(self.block(), "replace", |c| async move {
-            c.replace(&id, &node, &with).await.map(|v| set_to_wit(&v))
-        })
+        block_call(
+            self.block(),
+            "replace",
+            |c| async move { c.replace(&id, &node, &with).await.map(|v| set_to_wit(&v)) },
+        )
         .await
     }
 

@@ -16,7 +16,7 @@ use wasmcsi_rbd::RbdCredentials;
 use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver as wit;
 
-pub use staging::{RbdNode, RbdState, StageRequest, StagedAs, block_size_of, mount_flags};
+pub use staging::{RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, publish_device,

@@ -26,22 +26,20 @@
 //! being gone already (rbd-fuse killed, loop device autocleared, mount removed by hand).
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use nix::mount::{MntFlags, MsFlags};
 use serde::{Deserialize, Serialize};
 use wasmcsi_frontend::loop_dev::{self, LoopOptions};
-use wasmcsi_frontend::mkfs;
 use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
 use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
 use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 
 use crate::error::{CsiError, CsiResult};
-use crate::node::{bounded, mountinfo};
+use crate::node::filesystem::{self, Filesystem, write_atomically};
+use crate::node::mountinfo;
 
 const STATE_FILE: &str = "state.json";
 const CREDENTIALS_FILE: &str = "credentials";
@@ -125,41 +123,6 @@ impl std::fmt::Debug for RbdNode {
     }
 }
 
-/// Splits CSI mount flags into mount(2) flags and filesystem data (`discard`, `nouuid`, ...).
-/// Each entry may itself be comma-separated, as kubelet passes `mountOptions` through.
-pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, String)> {
-    let mut ms = MsFlags::empty();
-    let mut data: Vec<&str> = Vec::new();
-    for opt in flags.iter().flat_map(|f| f.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
-        if opt.contains(['\0', ' ', '\n']) {
-            return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
-        }
-        match opt {
-            "ro" => ms |= MsFlags::MS_RDONLY,
-            "rw" | "defaults" => {}
-            "noatime" => ms |= MsFlags::MS_NOATIME,
-            "nodiratime" => ms |= MsFlags::MS_NODIRATIME,
-            "relatime" => ms |= MsFlags::MS_RELATIME,
-            "strictatime" => ms |= MsFlags::MS_STRICTATIME,
-            "lazytime" => ms |= MsFlags::MS_LAZYTIME,
-            "nosuid" => ms |= MsFlags::MS_NOSUID,
-            "nodev" => ms |= MsFlags::MS_NODEV,
-            "noexec" => ms |= MsFlags::MS_NOEXEC,
-            "sync" => ms |= MsFlags::MS_SYNCHRONOUS,
-            "dirsync" => ms |= MsFlags::MS_DIRSYNC,
-            // Options that mean something only to mount(8) or to other layers.
-            "bind" | "rbind" | "remount" | "loop" => {
-                return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
-            }
-            other => data.push(other),
-        }
-    }
-    if read_only {
-        ms |= MsFlags::MS_RDONLY;
-    }
-    Ok((ms, data.join(",")))
-}
-
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CsiError {
     let what = what.into();
     move |e| CsiError::Internal(format!("{what}: {e}"))
@@ -174,14 +137,6 @@ fn rbd_err(e: RbdError) -> CsiError {
         RbdError::PermissionDenied(m) => CsiError::FailedPrecondition(format!("the cluster refused: {m}")),
         other => CsiError::Internal(other.to_string()),
     }
-}
-
-/// Whether the mount table has `device` (a block device node) mounted at `path`.
-fn device_mounted_at(mounts: &[mountinfo::MountEntry], device: &Path, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(rdev) = std::fs::metadata(device).map(|m| m.rdev()) else { return false };
-    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
-    mountinfo::mounts_at(mounts, path).iter().any(|m| u64::from(m.major) == major && u64::from(m.minor) == minor)
 }
 
 impl RbdState {
@@ -202,7 +157,7 @@ impl RbdState {
         };
         match self.staged_as {
             StagedAs::Block => true,
-            StagedAs::Filesystem { .. } => device_mounted_at(mounts, device, &self.staging_path),
+            StagedAs::Filesystem { .. } => filesystem::device_mounted_at(mounts, device, &self.staging_path),
         }
     }
 
@@ -491,61 +446,13 @@ impl RbdNode {
     /// Filesystem volumes: format `dev` when blank (never otherwise), grow an ext4 that missed
     /// an expansion, mount it at the staging path.
     fn filesystem(&self, state: &mut RbdState, dev: &Path) -> CsiResult<()> {
-        if let StagedAs::Filesystem { fs_type, mount_flags: flags } = &mut state.staged_as {
-            let existing = mkfs::probe_fs(dev).map_err(|e| CsiError::Internal(e.to_string()))?;
-            let wanted = if fs_type.is_empty() { "ext4".to_owned() } else { fs_type.clone() };
-            let actual = match existing {
-                Some(found) if fs_type.is_empty() || found == *fs_type => found,
-                Some(found) => {
-                    return Err(CsiError::FailedPrecondition(format!(
-                        "image {}/{} holds {found}, the volume capability asks for {wanted}; it is never reformatted",
-                        state.pool, state.image
-                    )));
-                }
-                None if state.read_only => {
-                    return Err(CsiError::FailedPrecondition(format!(
-                        "image {}/{} has no filesystem and is staged read-only",
-                        state.pool, state.image
-                    )));
-                }
-                None => {
-                    let fs = match wanted.as_str() {
-                        "ext4" => mkfs::FsType::Ext4,
-                        "xfs" => mkfs::FsType::Xfs,
-                        other => {
-                            return Err(CsiError::Invalid(format!("fs_type {other:?} is not supported (ext4, xfs)")));
-                        }
-                    };
-                    let t = Instant::now();
-                    mkfs::mkfs(dev, fs).map_err(|e| CsiError::Internal(e.to_string()))?;
-                    tracing::info!(fs = fs.name(), took = ?t.elapsed(), "formatted blank image");
-                    wanted
-                }
-            };
-            // An ext4 whose image grew while it was not staged (the expansion this host could
-            // not do online) grows now, unmounted, which needs no CAP_SYS_RESOURCE.
-            if actual == "ext4" && !state.read_only {
-                grow_ext4_offline(dev)?;
+        if let StagedAs::Filesystem { fs_type, mount_flags } = &state.staged_as {
+            let mut fs =
+                Filesystem { fs_type: fs_type.clone(), mount_flags: mount_flags.clone(), read_only: state.read_only };
+            fs.format_and_mount(dev, &state.staging_path, &format!("image {}/{}", state.pool, state.image))?;
+            if let StagedAs::Filesystem { fs_type, .. } = &mut state.staged_as {
+                *fs_type = fs.fs_type;
             }
-            *fs_type = actual.clone();
-            let (ms, mut data) = mount_flags(flags, state.read_only)?;
-            // A clone or snapshot of an XFS volume carries its UUID, and XFS refuses a second
-            // mount of one UUID on a node ("duplicate UUID"): always nouuid, as ceph-csi does.
-            if actual == "xfs" && !data.split(',').any(|o| o == "nouuid") {
-                data = if data.is_empty() { "nouuid".into() } else { format!("{data},nouuid") };
-            }
-            std::fs::create_dir_all(&state.staging_path)
-                .map_err(io_err(format!("creating {}", state.staging_path.display())))?;
-            let data = (!data.is_empty()).then_some(data);
-            nix::mount::mount(Some(dev), &state.staging_path, Some(actual.as_str()), ms, data.as_deref()).map_err(
-                |e| {
-                    CsiError::Mount(format!(
-                        "mounting {} ({actual}) on {}: {e}",
-                        dev.display(),
-                        state.staging_path.display()
-                    ))
-                },
-            )?;
             self.save(state)?;
         }
         Ok(())
@@ -556,7 +463,7 @@ impl RbdNode {
     fn teardown_local(&self, state: &mut RbdState) -> CsiResult<()> {
         let connection = state.fuse.as_ref().and_then(|f| Some((f.mount_point.clone(), f.connection?)));
         if let StagedAs::Filesystem { .. } = state.staged_as {
-            unmount_all_bounded(&state.staging_path, connection.as_ref().map(|(p, id)| (p.as_path(), *id)))?;
+            filesystem::unmount_all(&state.staging_path, connection.as_ref().map(|(p, id)| (p.as_path(), *id)))?;
         }
         if let Some(k) = state.krbd.clone() {
             krbd::unmap(&k, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
@@ -674,28 +581,9 @@ impl RbdNode {
             tracing::info!(size, "loop device resized");
             size
         };
-        let StagedAs::Filesystem { fs_type, .. } = &state.staged_as else { return Ok(size) };
-        match fs_type.as_str() {
-            "xfs" => mkfs::grow_fs(&device, "xfs", Some(state.staging_path.as_path()))
-                .map_err(|e| CsiError::Internal(e.to_string()))?,
-            "ext4" => {
-                let cannot = |why: String| {
-                    CsiError::FailedPrecondition(format!(
-                        "ext4 on {} cannot grow while mounted on this host ({why}); it grows to {size} bytes the next \
-                         time the volume is staged (stop the pods using it)",
-                        device.display()
-                    ))
-                };
-                // Without the capability the kernel refuses the online resize; not even trying
-                // matters, because resize2fs first asks the loop device about its backing file,
-                // a FUSE getattr that rbd-fuse was seen to leave unanswered right after a resize.
-                if !has_capability(CAP_SYS_RESOURCE) {
-                    return Err(cannot("the plugin lacks CAP_SYS_RESOURCE".into()));
-                }
-                run_bounded(Command::new("resize2fs").arg(&device), PATIENCE).map_err(cannot)?;
-            }
-            other => return Err(CsiError::FailedPrecondition(format!("growing {other} is not supported"))),
-        }
+        let StagedAs::Filesystem { fs_type, mount_flags } = &state.staged_as else { return Ok(size) };
+        let fs = Filesystem { fs_type: fs_type.clone(), mount_flags: mount_flags.clone(), read_only: state.read_only };
+        fs.grow(&device, &state.staging_path, size)?;
         tracing::info!(fs = %fs_type, size, "filesystem grown");
         Ok(size)
     }
@@ -709,135 +597,6 @@ impl RbdNode {
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> CsiResult<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err(format!("creating {}", tmp.display())))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io_err(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io_err(format!("renaming {}", tmp.display())))
-}
-
-/// Unmount every mount stacked at `path`. A normal unmount that does not finish within
-/// [`PATIENCE`] (writeback stuck on a cluster that does not answer) gets the FUSE connection
-/// under the loop device aborted, which fails the pending I/O; if even that does not let it
-/// finish, the mount is detached lazily so the call returns.
-fn unmount_all_bounded(path: &Path, fuse_connection: Option<(&Path, u64)>) -> CsiResult<()> {
-    let mounted = || -> CsiResult<bool> {
-        let m = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
-        Ok(!mountinfo::mounts_at(&m, path).is_empty())
-    };
-    for _ in 0..16 {
-        if !mounted()? {
-            return Ok(());
-        }
-        let p = path.to_owned();
-        let unmount = bounded::start(move || mkfs::unmount(&p));
-        match unmount.wait(PATIENCE) {
-            Some(Ok(())) => continue,
-            Some(Err(e)) => return Err(CsiError::Mount(e.to_string())),
-            None => {
-                tracing::warn!(path = %path.display(), "unmount does not finish; aborting the FUSE connection under it");
-                if let Some((mount_point, id)) = fuse_connection {
-                    fuse_attach::abort_if_mounted_at(mount_point, id);
-                }
-                if unmount.wait(PATIENCE).is_none() {
-                    nix::mount::umount2(path, MntFlags::MNT_DETACH)
-                        .map_err(|e| CsiError::Mount(format!("lazy unmount of {}: {e}", path.display())))?;
-                }
-            }
-        }
-    }
-    if mounted()? {
-        return Err(CsiError::Mount(format!("{} is still mounted", path.display())));
-    }
-    Ok(())
-}
-
-/// Grows an unmounted ext4 to its device when the device is larger (by at least a block).
-fn grow_ext4_offline(device: &Path) -> CsiResult<()> {
-    let out = Command::new("dumpe2fs").arg("-h").arg(device).output().map_err(io_err("running dumpe2fs"))?;
-    if !out.status.success() {
-        return Err(CsiError::Internal(format!(
-            "dumpe2fs -h {}: {}",
-            device.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |name: &str| -> Option<u64> {
-        text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim_start_matches(':').trim().parse().ok())
-    };
-    let (Some(blocks), Some(block_size)) = (field("Block count"), field("Block size")) else {
-        return Err(CsiError::Internal(format!("dumpe2fs -h {}: no block count/size", device.display())));
-    };
-    let device_bytes = loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))?;
-    if blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
-        return Ok(());
-    }
-    let t = Instant::now();
-    // resize2fs insists on a freshly checked filesystem; -p repairs only what is safe.
-    let fsck = Command::new("e2fsck").args(["-f", "-p"]).arg(device).output().map_err(io_err("running e2fsck"))?;
-    // 0: clean, 1: errors corrected.
-    if !matches!(fsck.status.code(), Some(0 | 1)) {
-        return Err(CsiError::Internal(format!(
-            "e2fsck -f -p {} before growing: {}",
-            device.display(),
-            String::from_utf8_lossy(&fsck.stdout).trim()
-        )));
-    }
-    mkfs::grow_fs(device, "ext4", None).map_err(|e| CsiError::Internal(e.to_string()))?;
-    tracing::info!(device = %device.display(), from = blocks * block_size, to = device_bytes, took = ?t.elapsed(), "ext4 grown before mounting");
-    Ok(())
-}
-
-const CAP_SYS_RESOURCE: u32 = 24;
-
-/// Whether this process has capability `cap` in its effective set.
-fn has_capability(cap: u32) -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| v.trim().to_owned()))
-        .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
-        .is_some_and(|bits| bits & (1 << cap) != 0)
-}
-
-/// Runs `cmd`, killing it past `limit`; the error carries its stderr.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<(), String> {
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("running {shown}: {e}"))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = io::Read::read_to_string(&mut e, &mut err);
-                }
-                return Err(format!("{shown} failed ({status}): {}", err.trim()));
-            }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{shown} did not finish within {limit:?}"));
-            }
-            Err(e) => return Err(format!("waiting for {shown}: {e}")),
-        }
-    }
-}
-
 /// Size of a staged raw block volume.
 pub fn block_size_of(device: &Path) -> CsiResult<u64> {
     loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))
@@ -846,17 +605,6 @@ pub fn block_size_of(device: &Path) -> CsiResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mount_flags_split_into_syscall_flags_and_data() {
-        let (ms, data) = mount_flags(&["noatime".into(), "discard,nodev".into()], false).expect("flags");
-        assert_eq!(ms, MsFlags::MS_NOATIME | MsFlags::MS_NODEV);
-        assert_eq!(data, "discard");
-        let (ms, data) = mount_flags(&[], true).expect("flags");
-        assert_eq!((ms, data.as_str()), (MsFlags::MS_RDONLY, ""));
-        assert!(mount_flags(&["bind".into()], false).is_err());
-        assert!(mount_flags(&["a b".into()], false).is_err());
-    }
 
     fn state(staged_as: StagedAs) -> RbdState {
         RbdState {

@@ -56,6 +56,7 @@ pub fn read_file(root: &Path, path: &str) -> Result<Vec<u8>, Error> {
 pub fn write_file(root: &Path, path: &str, data: &[u8]) -> Result<(), Error> {
     ops::write_file(&open_root(root)?, GuestPath::parse(path)?, data)
 }
+#[cfg_attr(not(feature = "native"), allow(dead_code, reason = "native SDK backends call it"))]
 pub fn copy_tree(root: &Path, from: &str, to: &str) -> Result<(), Error> {
     let (from, to) = (GuestPath::parse(from)?, GuestPath::parse(to)?);
     ops::copy_to_temp(&open_root(root)?, from, to, &Stop::never(), &Progress::default())?.place()
@@ -63,6 +64,7 @@ pub fn copy_tree(root: &Path, from: &str, to: &str) -> Result<(), Error> {
 pub fn rename(root: &Path, from: &str, to: &str) -> Result<(), Error> {
     ops::rename(&open_root(root)?, GuestPath::parse(from)?, GuestPath::parse(to)?)
 }
+#[cfg_attr(not(feature = "native"), allow(dead_code, reason = "native SDK backends call it"))]
 pub fn remove_all(root: &Path, path: &str) -> Result<(), Error> {
     let p = GuestPath::parse(path)?;
     if p.is_root() {
@@ -70,6 +72,7 @@ pub fn remove_all(root: &Path, path: &str) -> Result<(), Error> {
     }
     ops::remove_all(&open_root(root)?, p, &Stop::never())
 }
+#[cfg_attr(not(feature = "native"), allow(dead_code, reason = "native SDK backends call it"))]
 pub fn usage(root: &Path, path: &str) -> Result<u64, Error> {
     ops::usage(&open_root(root)?, GuestPath::parse(path)?, &Stop::never())
 }

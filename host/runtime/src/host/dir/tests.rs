@@ -212,6 +212,7 @@ fn state(root: &Path, deadline: Duration, import_timeout: Duration, shared: &Sha
         dir_roots: [("default".to_string(), root.to_path_buf())].into(),
         nfs: None,
         rbd: None,
+        block: None,
         import_timeout,
         copies: shared.copies.clone(),
         kv_quota: crate::store::KvQuota::UNLIMITED,

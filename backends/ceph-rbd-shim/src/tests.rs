@@ -1,0 +1,254 @@
+//! The driver against the SDK's in-memory `rbd`: deterministic names, idempotent creates,
+//! snapshots, restores and clones (and their temporary snapshots), deferred deletion while
+//! snapshots exist, flattening before data could be lost, and the errors on the way.
+//! (Against a real Ceph: `host/runtime/tests/rbd_backend.rs` and `host/cli/tests/rbd_flow.rs`.)
+#![allow(clippy::unwrap_used, reason = "tests")]
+use super::*;
+use wasmcsi_backend_sdk::fake::FakeHost;
+use wasmcsi_backend_sdk::types::pairs;
+
+fn host() -> (FakeHost, Target) {
+    let h = FakeHost::new();
+    let t = h.rbd.add_pool("ceph", "rbd");
+    (h, t)
+}
+
+fn creds() -> Vec<SecretRef> {
+    vec![SecretRef { key: "userID".into(), handle: 0 }, SecretRef { key: "userKey".into(), handle: 1 }]
+}
+
+fn mount(mode: AccessMode) -> VolumeCapability {
+    VolumeCapability { access_type: AccessType::Mount(MountVolume { fs_type: "ext4".into(), mount_flags: vec![] }), access_mode: mode }
+}
+
+fn block(mode: AccessMode) -> VolumeCapability {
+    VolumeCapability { access_type: AccessType::Block, access_mode: mode }
+}
+
+fn request(name: &str, required: u64, extra: &[(&str, &str)], source: Option<ContentSource>) -> CreateVolumeRequest {
+    let mut params = vec![("clusterID", "ceph"), ("pool", "rbd")];
+    params.extend_from_slice(extra);
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity: CapacityRange { required_bytes: required, limit_bytes: 0 },
+        capabilities: vec![mount(AccessMode::SingleNodeWriter)],
+        parameters: pairs(params),
+        secrets: creds(),
+        content_source: source,
+        accessibility: None,
+    }
+}
+
+fn image(name: &str) -> String {
+    policy::image_name(policy::DEFAULT_PREFIX, name)
+}
+
+fn id(name: &str) -> String {
+    format!("ceph.rbd.{}", image(name))
+}
+
+fn create(h: &FakeHost, req: CreateVolumeRequest) -> Result<Volume, Error> {
+    CephRbd::create_volume(h, req)
+}
+
+fn snapshot(h: &FakeHost, name: &str, source: &str) -> Result<Snapshot, Error> {
+    CephRbd::create_snapshot(h, name.into(), source.into(), pairs([("clusterID", "ceph")]), creds())
+}
+
+#[test]
+fn create_names_the_image_after_the_request_and_a_retry_finds_it() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 5 << 20, &[], None)).unwrap();
+    assert_eq!((v.volume_id.clone(), v.capacity_bytes), (id("pvc-1"), 5 << 20));
+    assert!(v.volume_context.contains(&Pair { key: "imageName".into(), value: image("pvc-1") }));
+    let img = h.rbd.image(&t, &image("pvc-1")).unwrap();
+    assert_eq!(img.metadata.get(policy::META_NAME).map(String::as_str), Some("pvc-1"));
+    assert_eq!(img.metadata.get(policy::META_OWNER).map(String::as_str), Some(policy::OWNER));
+    assert_eq!(img.features, ["layering"]);
+    assert_eq!(h.kv.entries().keys().collect::<Vec<_>>(), ["pools/ceph.rbd"]);
+
+    assert_eq!(create(&h, request("pvc-1", 5 << 20, &[], None)).unwrap(), v, "a retry");
+    assert_eq!(h.rbd.journal.calls("create"), 1, "the retry created nothing");
+    assert_eq!(create(&h, request("pvc-1", 1, &[], None)).unwrap().capacity_bytes, 5 << 20, "a smaller request fits the volume");
+    assert!(matches!(create(&h, request("pvc-1", 6 << 20, &[], None)), Err(Error::AlreadyExists(_))));
+    assert_eq!(create(&h, request("pvc-2", (1 << 20) + 1, &[], None)).unwrap().capacity_bytes, 2 << 20, "whole MiB");
+
+    // an image of that name recording another request is never taken over
+    h.rbd.create(&t, &image("pvc-3"), 1 << 20, &[], None, &[(policy::META_NAME.into(), "other".into())], &[]).unwrap();
+    assert!(matches!(create(&h, request("pvc-3", 1 << 20, &[], None)), Err(Error::AlreadyExists(_))));
+}
+
+#[test]
+fn requests_are_checked_before_the_cluster_is_touched() {
+    let (h, t) = host();
+    let mut anonymous = request("pvc-1", 1, &[], None);
+    anonymous.secrets = vec![];
+    assert!(matches!(create(&h, anonymous), Err(Error::InvalidArgument(m)) if m.contains("userID")));
+    let mut half = request("pvc-1", 1, &[], None);
+    half.secrets.truncate(1);
+    assert!(matches!(create(&h, half), Err(Error::InvalidArgument(m)) if m.contains("userKey")));
+    assert!(matches!(create(&h, request("pvc-1", 1, &[("imageFeatures", "object-map")], None)), Err(Error::InvalidArgument(_))));
+    let mut shared_fs = request("pvc-1", 1, &[], None);
+    shared_fs.capabilities = vec![mount(AccessMode::MultiNodeMultiWriter)];
+    assert!(matches!(create(&h, shared_fs), Err(Error::InvalidArgument(_))));
+    let mut over = request("pvc-1", 3 << 20, &[], None);
+    over.capacity.limit_bytes = 2 << 20;
+    assert!(matches!(create(&h, over), Err(Error::OutOfRange(_))));
+    assert!(h.rbd.images(&t).is_empty() && h.rbd.journal.calls("info") == 0);
+    // a shared raw block device is fine
+    let mut shared_block = request("pvc-1", 1, &[], None);
+    shared_block.capabilities = vec![block(AccessMode::MultiNodeMultiWriter)];
+    create(&h, shared_block).unwrap();
+    // the cluster's own errors surface with their case
+    h.rbd.fail_next("create", Error::Unavailable("monitors unreachable".into()));
+    assert!(matches!(create(&h, request("pvc-2", 1, &[], None)), Err(Error::Unavailable(_))));
+    assert!(matches!(create(&h, request("pvc-3", 1, &[("pool", "other")], None)), Err(Error::PermissionDenied(_))));
+}
+
+#[test]
+fn snapshots_are_rbd_snapshots_of_the_source_and_names_stay_with_their_source() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 4 << 20, &[], None)).unwrap();
+    let other = create(&h, request("pvc-2", 4 << 20, &[], None)).unwrap();
+    let s = snapshot(&h, "snap-1", &v.volume_id).unwrap();
+    let hash = policy::name_hash("snap-1");
+    assert_eq!((s.snapshot_id.clone(), s.source_volume_id.clone(), s.size_bytes), (format!("{}.{hash}", v.volume_id), v.volume_id.clone(), 4 << 20));
+    let snaps = h.rbd.image(&t, &image("pvc-1")).unwrap().snapshots;
+    assert_eq!(snaps.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(), [format!("csi-snap-{hash}")]);
+    assert_eq!(snapshot(&h, "snap-1", &v.volume_id).unwrap(), s, "a retry");
+    assert!(matches!(snapshot(&h, "snap-1", &other.volume_id), Err(Error::AlreadyExists(_))), "same name, other source");
+    let bad_params = CephRbd::create_snapshot(&h, "snap-2".into(), v.volume_id.clone(), pairs([("clusterID", "elsewhere")]), creds());
+    assert!(matches!(bad_params, Err(Error::InvalidArgument(_))));
+    assert!(matches!(snapshot(&h, "snap-2", "ceph.rbd.csi-vol-0000000000000000"), Err(Error::NotFound(_))));
+
+    let by_volume = CephRbd::list_snapshots(&h, None, Some(v.volume_id.clone()), 0, String::new()).unwrap();
+    assert_eq!(by_volume.entries, std::slice::from_ref(&s));
+    let by_id = CephRbd::list_snapshots(&h, Some(s.snapshot_id.clone()), None, 0, String::new()).unwrap();
+    assert_eq!(by_id.entries, std::slice::from_ref(&s));
+    assert_eq!(CephRbd::list_snapshots(&h, None, None, 0, String::new()).unwrap().entries, std::slice::from_ref(&s));
+    CephRbd::delete_snapshot(&h, s.snapshot_id.clone(), creds()).unwrap();
+    CephRbd::delete_snapshot(&h, s.snapshot_id, creds()).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-1")).unwrap().snapshots.is_empty());
+    snapshot(&h, "snap-1", &other.volume_id).unwrap();
+}
+
+#[test]
+fn restores_and_clones_hang_off_snapshots_until_the_depth_limit_flattens_them() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 4 << 20, &[], None)).unwrap();
+    let s = snapshot(&h, "snap-1", &v.volume_id).unwrap();
+    let restored = create(&h, request("pvc-2", 0, &[], Some(ContentSource::Snapshot(s.snapshot_id.clone())))).unwrap();
+    assert_eq!(restored.capacity_bytes, 4 << 20, "the snapshot's size");
+    let img = h.rbd.image(&t, &image("pvc-2")).unwrap();
+    let parent = (String::from("rbd"), image("pvc-1"), format!("csi-snap-{}", policy::name_hash("snap-1")));
+    assert_eq!(img.parent, Some(parent));
+    assert!(h.rbd.image(&t, &image("pvc-1")).unwrap().snapshots[0].protected);
+    let again = create(&h, request("pvc-2", 0, &[], Some(ContentSource::Snapshot(s.snapshot_id.clone())))).unwrap();
+    assert_eq!(again.volume_id, restored.volume_id, "a retry");
+    let small = request("pvc-3", 1 << 20, &[], Some(ContentSource::Snapshot(s.snapshot_id.clone())));
+    assert!(matches!(create(&h, small), Err(Error::OutOfRange(_))));
+    let bigger = create(&h, request("pvc-4", 8 << 20, &[], Some(ContentSource::Snapshot(s.snapshot_id.clone())))).unwrap();
+    assert_eq!((bigger.capacity_bytes, h.rbd.image(&t, &image("pvc-4")).unwrap().size_bytes), (8 << 20, 8 << 20), "grown after the clone");
+
+    // a clone of a volume hangs off a temporary snapshot named after the new volume
+    let tmp = policy::temp_snap_name("pvc-5");
+    create(&h, request("pvc-5", 0, &[], Some(ContentSource::Volume(v.volume_id.clone())))).unwrap();
+    assert_eq!(h.rbd.image(&t, &image("pvc-5")).unwrap().parent.map(|p| p.2), Some(tmp.clone()));
+    // with maxCloneDepth 0 every clone is a full copy, and the temporary snapshot goes
+    let flat = request("pvc-6", 0, &[("maxCloneDepth", "0")], Some(ContentSource::Volume(v.volume_id.clone())));
+    create(&h, flat).unwrap();
+    assert_eq!(h.rbd.image(&t, &image("pvc-6")).unwrap().parent, None);
+    let names = |i: &str| h.rbd.image(&t, &image(i)).unwrap().snapshots.into_iter().map(|x| x.name).collect::<Vec<_>>();
+    assert!(!names("pvc-1").contains(&policy::temp_snap_name("pvc-6")));
+    assert!(names("pvc-1").contains(&tmp));
+    // deleting the clone releases its temporary snapshot
+    CephRbd::delete_volume(&h, id("pvc-5"), creds()).unwrap();
+    assert!(!names("pvc-1").contains(&tmp));
+    assert!(h.rbd.image(&t, &image("pvc-5")).is_none());
+
+    let missing = request("pvc-7", 0, &[], Some(ContentSource::Snapshot(format!("{}.{}", v.volume_id, policy::name_hash("nope")))));
+    assert!(matches!(create(&h, missing), Err(Error::NotFound(_))));
+    h.rbd.add_pool("other-cluster", "rbd");
+    let foreign = request("pvc-7", 0, &[], Some(ContentSource::Volume(format!("other-cluster.rbd.{}", image("x")))));
+    assert!(matches!(create(&h, foreign), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn a_volume_with_snapshots_is_deleted_for_csi_and_goes_with_its_last_snapshot() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 4 << 20, &[], None)).unwrap();
+    let s = snapshot(&h, "snap-1", &v.volume_id).unwrap();
+    CephRbd::delete_volume(&h, v.volume_id.clone(), creds()).unwrap();
+    CephRbd::delete_volume(&h, v.volume_id.clone(), creds()).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-1")).is_some(), "kept for its snapshot");
+    assert!(matches!(CephRbd::get_volume(&h, v.volume_id.clone()), Err(Error::NotFound(_))));
+    assert!(CephRbd::list_volumes(&h, 0, String::new()).unwrap().entries.is_empty());
+    assert!(matches!(create(&h, request("pvc-1", 4 << 20, &[], None)), Err(Error::Aborted(_))), "the name is still being deleted");
+    // a restore of the snapshot keeps its data when the snapshot goes: flattened first
+    create(&h, request("pvc-2", 0, &[], Some(ContentSource::Snapshot(s.snapshot_id.clone())))).unwrap();
+    CephRbd::delete_snapshot(&h, s.snapshot_id, creds()).unwrap();
+    assert_eq!(h.rbd.image(&t, &image("pvc-2")).unwrap().parent, None);
+    assert!(h.rbd.image(&t, &image("pvc-1")).is_none(), "the deferred deletion finished");
+    assert!(h.log.messages().contains(&"clone flattened before its parent snapshot goes".to_owned()));
+}
+
+#[test]
+fn snapshots_this_backend_did_not_make_keep_an_image() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 1 << 20, &[], None)).unwrap();
+    h.rbd.snapshot_create(&t, &image("pvc-1"), "by-hand", &[]).unwrap();
+    assert!(matches!(CephRbd::delete_volume(&h, v.volume_id, creds()), Err(Error::FailedPrecondition(_))));
+    assert!(h.rbd.image(&t, &image("pvc-1")).is_some());
+    CephRbd::delete_volume(&h, "not.an.id.at-all".into(), creds()).unwrap();
+}
+
+#[test]
+fn expand_list_validate_and_attach() {
+    let (h, t) = host();
+    let v = create(&h, request("pvc-1", 4 << 20, &[], None)).unwrap();
+    create(&h, request("pvc-2", 4 << 20, &[], None)).unwrap();
+    let grow = |required, limit, cap: Option<VolumeCapability>| {
+        CephRbd::expand_volume(&h, v.volume_id.clone(), CapacityRange { required_bytes: required, limit_bytes: limit }, cap, creds())
+    };
+    assert_eq!(
+        grow(6 << 20, 0, Some(mount(AccessMode::SingleNodeWriter))).unwrap(),
+        Expansion { capacity_bytes: 6 << 20, node_expansion_required: true }
+    );
+    assert!(!grow(6 << 20, 0, Some(block(AccessMode::SingleNodeWriter))).unwrap().node_expansion_required, "a raw device is the image");
+    assert_eq!(h.rbd.image(&t, &image("pvc-1")).unwrap().size_bytes, 6 << 20);
+    assert!(matches!(grow(8 << 20, 7 << 20, None), Err(Error::OutOfRange(_))));
+    assert!(matches!(
+        CephRbd::expand_volume(&h, id("nope"), CapacityRange { required_bytes: 1, limit_bytes: 0 }, None, creds()),
+        Err(Error::NotFound(_))
+    ));
+
+    let mut ids = [id("pvc-1"), id("pvc-2")];
+    ids.sort();
+    let first = CephRbd::list_volumes(&h, 1, String::new()).unwrap();
+    assert_eq!((first.entries[0].volume.volume_id.clone(), first.next_token.as_str()), (ids[0].clone(), "1"));
+    assert_eq!(CephRbd::list_volumes(&h, 1, first.next_token).unwrap().entries[0].volume.volume_id, ids[1]);
+
+    let validate = |caps: Vec<VolumeCapability>, params: &[(&str, &str)]| {
+        CephRbd::validate_volume_capabilities(&h, v.volume_id.clone(), vec![], caps, pairs(params.iter().copied()))
+    };
+    assert_eq!(validate(vec![mount(AccessMode::SingleNodeWriter)], &[]), Ok(None));
+    assert!(validate(vec![mount(AccessMode::MultiNodeMultiWriter)], &[]).unwrap().is_some());
+    assert!(validate(vec![mount(AccessMode::SingleNodeWriter)], &[("clusterID", "ceph"), ("pool", "other")]).unwrap().is_some());
+    h.rbd.fail_next("info", Error::Unavailable("no credentials seen for this pool yet".into()));
+    assert_eq!(validate(vec![block(AccessMode::MultiNodeMultiWriter)], &[]), Ok(None), "the id's form is enough then");
+    assert!(matches!(CephRbd::validate_volume_capabilities(&h, id("nope"), vec![], vec![], vec![]), Err(Error::NotFound(_))));
+
+    let plan = CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::SingleNodeWriter)).unwrap();
+    let Attachment::Rbd(plan) = plan else { panic!("not an rbd plan: {plan:?}") };
+    assert_eq!((plan.cluster.as_str(), plan.pool.as_str(), plan.image.clone()), ("ceph", "rbd", image("pvc-1")));
+    assert_eq!(plan.secrets.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["userID", "userKey"]);
+    assert!(matches!(
+        CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::MultiNodeMultiWriter)),
+        Err(Error::FailedPrecondition(_))
+    ));
+    assert!(matches!(CephRbd::attach_plan(&h, "junk".into(), vec![], mount(AccessMode::SingleNodeWriter)), Err(Error::NotFound(_))));
+
+    h.rbd.set_total_bytes(&t, 100 << 20);
+    let cap = CephRbd::get_capacity(&h, vec![], pairs([("clusterID", "ceph"), ("pool", "rbd")]), None).unwrap();
+    assert_eq!((cap.available_bytes, cap.minimum_volume_bytes), ((100 - 6 - 4) << 20, policy::SIZE_UNIT));
+}

@@ -1,0 +1,329 @@
+//! The fake `rbd`: granted pools of images with snapshots, clones and metadata, following the
+//! host's librbd client: a pool not added is permission-denied; removing an image with
+//! snapshots, or a snapshot with clones, is failed-precondition; removing an absent image or
+//! snapshot succeeds; a clone copies its parent's metadata (librbd does) and is sized like the
+//! snapshot; flattening detaches it; a protected snapshot without clones is removed (the host
+//! unprotects it first). Clones do not require a protected snapshot (clone v2). Secret handles
+//! are accepted and ignored.
+use super::{Clock, Journal};
+use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, Target};
+use crate::types::{Error, SecretRef};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+const TOTAL_BYTES: u64 = 100 << 30;
+
+/// One image as the fake holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeImage {
+    pub size_bytes: u64,
+    pub features: Vec<String>,
+    pub data_pool: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    /// (pool, image, snapshot) of the parent while a clone is not flattened
+    pub parent: Option<(String, String, String)>,
+    /// oldest first
+    pub snapshots: Vec<ImageSnapshot>,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    images: BTreeMap<String, FakeImage>,
+    total_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub struct FakeRbd {
+    pools: RefCell<BTreeMap<Target, Pool>>,
+    clock: Clock,
+    pub journal: Journal,
+}
+
+fn not_granted(t: &Target) -> Error {
+    Error::PermissionDenied(format!("pool {:?} of cluster {:?} is not granted to this backend", t.pool, t.cluster))
+}
+
+fn no_image(t: &Target, name: &str) -> Error {
+    Error::NotFound(format!("image {}/{name} does not exist", t.pool))
+}
+
+impl FakeRbd {
+    /// Grant a pool (empty) of a cluster.
+    pub fn add_pool(&self, cluster: &str, pool: &str) -> Target {
+        let t = Target::new(cluster, pool);
+        self.pools.borrow_mut().entry(t.clone()).or_default();
+        t
+    }
+    /// The size `stats` reports for a pool; available = size − image sizes.
+    pub fn set_total_bytes(&self, t: &Target, bytes: u64) {
+        if let Some(p) = self.pools.borrow_mut().get_mut(t) {
+            p.total_bytes = Some(bytes);
+        }
+    }
+    /// An image, for assertions.
+    pub fn image(&self, t: &Target, name: &str) -> Option<FakeImage> {
+        self.pools.borrow().get(t).and_then(|p| p.images.get(name).cloned())
+    }
+    /// The names of a pool's images, in order.
+    pub fn images(&self, t: &Target) -> Vec<String> {
+        self.pools.borrow().get(t).map(|p| p.images.keys().cloned().collect()).unwrap_or_default()
+    }
+    pub fn fail_next(&self, op: &str, error: Error) {
+        self.journal.fail_next(op, error)
+    }
+
+    fn with<T>(
+        &self,
+        op: &str,
+        t: &Target,
+        f: impl FnOnce(&mut BTreeMap<Target, Pool>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.journal.enter(op)?;
+        let mut pools = self.pools.borrow_mut();
+        if !pools.contains_key(t) {
+            return Err(not_granted(t));
+        }
+        f(&mut pools)
+    }
+}
+
+fn image<'a>(pools: &'a mut BTreeMap<Target, Pool>, t: &Target, name: &str) -> Result<&'a mut FakeImage, Error> {
+    pools.get_mut(t).and_then(|p| p.images.get_mut(name)).ok_or_else(|| no_image(t, name))
+}
+
+/// Clones (`pool/image`) of `image@snap` in every pool of `t`'s cluster.
+fn children_of(pools: &BTreeMap<Target, Pool>, t: &Target, image: &str, snap: &str) -> Vec<String> {
+    let parent = (t.pool.clone(), image.to_owned(), snap.to_owned());
+    let mut out: Vec<String> = pools
+        .iter()
+        .filter(|(pt, _)| pt.cluster == t.cluster)
+        .flat_map(|(pt, p)| {
+            p.images
+                .iter()
+                .filter(|(_, i)| i.parent.as_ref() == Some(&parent))
+                .map(move |(n, _)| format!("{}/{n}", pt.pool))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+impl Rbd for FakeRbd {
+    fn create(
+        &self,
+        t: &Target,
+        name: &str,
+        size_bytes: u64,
+        features: &[String],
+        data_pool: Option<&str>,
+        metadata: &[(String, String)],
+        _: &[SecretRef],
+    ) -> Result<(), Error> {
+        self.with("create", t, |pools| {
+            if let Some(dp) = data_pool {
+                let dt = Target::new(t.cluster.clone(), dp);
+                if !pools.contains_key(&dt) {
+                    return Err(not_granted(&dt));
+                }
+            }
+            let pool = pools.get_mut(t).ok_or_else(|| not_granted(t))?;
+            if pool.images.contains_key(name) {
+                return Err(Error::AlreadyExists(format!("image {}/{name} exists", t.pool)));
+            }
+            let img = FakeImage {
+                size_bytes,
+                features: features.to_vec(),
+                data_pool: data_pool.map(str::to_owned),
+                metadata: metadata.iter().cloned().collect(),
+                parent: None,
+                snapshots: vec![],
+            };
+            pool.images.insert(name.to_owned(), img);
+            Ok(())
+        })
+    }
+    fn info(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
+        self.with("info", t, |pools| {
+            Ok(pools.get(t).and_then(|p| p.images.get(name)).map(|i| ImageInfo {
+                name: name.to_owned(),
+                size_bytes: i.size_bytes,
+                features: i.features.clone(),
+                parent: i.parent.as_ref().map(|(p, im, s)| format!("{p}/{im}@{s}")),
+                metadata: i.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            }))
+        })
+    }
+    fn find_by_metadata(&self, t: &Target, key: &str, value: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+        self.with("find_by_metadata", t, |pools| {
+            let images = pools.get(t).map(|p| &p.images).into_iter().flatten();
+            Ok(images
+                .filter(|(_, i)| i.metadata.get(key).is_some_and(|v| v == value))
+                .map(|(n, _)| n.clone())
+                .collect())
+        })
+    }
+    fn remove(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<(), Error> {
+        self.with("remove", t, |pools| {
+            let pool = pools.get_mut(t).ok_or_else(|| not_granted(t))?;
+            match pool.images.get(name) {
+                None => Ok(()),
+                Some(i) if !i.snapshots.is_empty() => {
+                    Err(Error::FailedPrecondition(format!("image {}/{name} has snapshots", t.pool)))
+                }
+                Some(_) => {
+                    pool.images.remove(name);
+                    Ok(())
+                }
+            }
+        })
+    }
+    fn resize(&self, t: &Target, name: &str, size_bytes: u64, _: &[SecretRef]) -> Result<(), Error> {
+        self.with("resize", t, |pools| {
+            let i = image(pools, t, name)?;
+            if size_bytes < i.size_bytes {
+                return Err(Error::OutOfRange(format!(
+                    "image {name} has {} bytes; shrinking to {size_bytes} is not supported",
+                    i.size_bytes
+                )));
+            }
+            i.size_bytes = size_bytes;
+            Ok(())
+        })
+    }
+    fn snapshot_create(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+        let now = self.clock.now();
+        self.with("snapshot_create", t, |pools| {
+            let i = image(pools, t, name)?;
+            if i.snapshots.iter().any(|s| s.name == snap) {
+                return Err(Error::AlreadyExists(format!("snapshot {name}@{snap} exists")));
+            }
+            let s = ImageSnapshot { name: snap.to_owned(), size_bytes: i.size_bytes, protected: false, created: now };
+            i.snapshots.push(s.clone());
+            Ok(s)
+        })
+    }
+    fn snapshot_remove(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<(), Error> {
+        self.with("snapshot_remove", t, |pools| {
+            let children = children_of(pools, t, name, snap);
+            let i = image(pools, t, name)?;
+            if !i.snapshots.iter().any(|s| s.name == snap) {
+                return Ok(());
+            }
+            if !children.is_empty() {
+                return Err(Error::FailedPrecondition(format!(
+                    "snapshot {name}@{snap} has clones: {}",
+                    children.join(", ")
+                )));
+            }
+            i.snapshots.retain(|s| s.name != snap);
+            Ok(())
+        })
+    }
+    fn snapshot_protect(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<(), Error> {
+        self.with("snapshot_protect", t, |pools| {
+            let i = image(pools, t, name)?;
+            let s = i
+                .snapshots
+                .iter_mut()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| Error::NotFound(format!("snapshot {name}@{snap} does not exist")))?;
+            s.protected = true;
+            Ok(())
+        })
+    }
+    fn snapshot_list(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
+        self.with("snapshot_list", t, |pools| Ok(image(pools, t, name)?.snapshots.clone()))
+    }
+    fn clone_image(
+        &self,
+        t: &Target,
+        name: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        _: &[SecretRef],
+    ) -> Result<(), Error> {
+        self.with("clone_image", t, |pools| {
+            let ct = Target::new(t.cluster.clone(), child_pool);
+            if !pools.contains_key(&ct) {
+                return Err(not_granted(&ct));
+            }
+            let parent = image(pools, t, name)?;
+            let s = parent
+                .snapshots
+                .iter()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| Error::NotFound(format!("snapshot {name}@{snap} does not exist")))?;
+            let clone = FakeImage {
+                size_bytes: s.size_bytes,
+                features: features.to_vec(),
+                data_pool: None,
+                metadata: parent.metadata.clone(),
+                parent: Some((t.pool.clone(), name.to_owned(), snap.to_owned())),
+                snapshots: vec![],
+            };
+            let pool = pools.get_mut(&ct).ok_or_else(|| not_granted(&ct))?;
+            if pool.images.contains_key(child) {
+                return Err(Error::AlreadyExists(format!("image {child_pool}/{child} exists")));
+            }
+            pool.images.insert(child.to_owned(), clone);
+            Ok(())
+        })
+    }
+    fn flatten(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<(), Error> {
+        self.with("flatten", t, |pools| {
+            image(pools, t, name)?.parent = None;
+            Ok(())
+        })
+    }
+    fn children(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+        self.with("children", t, |pools| {
+            if !image(pools, t, name)?.snapshots.iter().any(|s| s.name == snap) {
+                return Err(Error::NotFound(format!("snapshot {name}@{snap} does not exist")));
+            }
+            Ok(children_of(pools, t, name, snap))
+        })
+    }
+    fn stats(&self, t: &Target, _: &[SecretRef]) -> Result<PoolStats, Error> {
+        self.with("stats", t, |pools| {
+            let pool = pools.get(t).ok_or_else(|| not_granted(t))?;
+            let total = pool.total_bytes.unwrap_or(TOTAL_BYTES);
+            let used: u64 = pool.images.values().map(|i| i.size_bytes).sum();
+            Ok(PoolStats { total_bytes: total, available_bytes: total.saturating_sub(used) })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_pin_their_snapshot_until_flattened() {
+        let r = FakeRbd::default();
+        let t = r.add_pool("c", "p");
+        let meta = [("k".to_owned(), "v".to_owned())];
+        r.create(&t, "img", 10, &[], None, &meta, &[]).expect("create");
+        assert!(matches!(r.create(&t, "img", 10, &[], None, &[], &[]), Err(Error::AlreadyExists(_))));
+        r.snapshot_create(&t, "img", "s", &[]).expect("snapshot");
+        r.clone_image(&t, "img", "s", "p", "child", &[], &[]).expect("clone");
+        let info = r.info(&t, "child", &[]).expect("info").expect("exists");
+        assert_eq!(
+            (info.parent.as_deref(), info.metadata.as_slice(), info.size_bytes),
+            (Some("p/img@s"), &meta[..], 10)
+        );
+        assert_eq!(r.children(&t, "img", "s", &[]), Ok(vec!["p/child".to_owned()]));
+        assert!(matches!(r.snapshot_remove(&t, "img", "s", &[]), Err(Error::FailedPrecondition(_))));
+        assert!(matches!(r.remove(&t, "img", &[]), Err(Error::FailedPrecondition(_))), "it has a snapshot");
+        r.flatten(&t, "child", &[]).expect("flatten");
+        r.snapshot_remove(&t, "img", "s", &[]).expect("no clones left");
+        r.snapshot_remove(&t, "img", "s", &[]).expect("absent snapshot");
+        r.remove(&t, "img", &[]).expect("remove");
+        r.remove(&t, "img", &[]).expect("absent image");
+        assert!(matches!(r.snapshot_list(&t, "img", &[]), Err(Error::NotFound(_))));
+        assert!(matches!(r.resize(&t, "child", 5, &[]), Err(Error::OutOfRange(_))));
+        assert!(matches!(r.info(&Target::new("c", "other"), "x", &[]), Err(Error::PermissionDenied(_))));
+        assert_eq!(r.find_by_metadata(&t, "k", "v", &[]), Ok(vec!["child".to_owned()]));
+    }
+}

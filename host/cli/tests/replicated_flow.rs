@@ -1,0 +1,355 @@
+//! The replicated-block backend end to end through the CSI socket, as kubelet and the sidecars
+//! drive it: three hosts in this process, each a node with its own replica server (loopback
+//! TCP, ports found at start and given to the backend's `block` grant through a nodes file, as
+//! a headless Service's DNS would), its own state and its own CSI socket; node-a also serves
+//! the controller. The backend is the bundled component loaded from disk.
+//!
+//! Flow: bad parameters are refused before anything is made → CreateVolume (three replicas,
+//! sent several times at once) → ControllerPublish to node-b → stage (ext4 formatted on the
+//! engine's FUSE + loop device) and publish there → write → stats (healthy) → a second node's
+//! publish is refused while b holds it → snapshot → unpublish/unstage/ControllerUnpublish →
+//! the same volume on node-c shows what b wrote (replicated, one writer at a time) → a clone
+//! from the snapshot → ListVolumes lists both with their condition → delete everything.
+//! Ends with nothing mounted, no engine and no replica left.
+//!
+//! Skipped (saying why) when not root or without /dev/fuse.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tonic::Code;
+use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
+use wasmcsi_proto::csi::v1 as csi;
+
+mod support;
+
+type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
+type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
+
+const MIB: i64 = 1 << 20;
+const SIZE: i64 = 64 * MIB;
+const BACKEND: &str = "replicated-block";
+
+fn skip_reason() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing".into());
+    }
+    None
+}
+
+fn ext4() -> csi::VolumeCapability {
+    support::single_node_writer(Some("ext4"))
+}
+
+/// A node (and, for node-a, the controller) with its replica server on loopback.
+async fn start_node(dir: &Path, name: &str, mode: wasmcsi_csi::Mode, nodes_file: &Path) -> Host {
+    let home = dir.join(name);
+    let backends = home.join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::write(backends.join(format!("{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
+    let config = format!(
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
+         [backends.{BACKEND}.grants.block]\nnodes_file = {:?}\n",
+        nodes_file.display().to_string()
+    );
+    let host = Host::start(HostOptions {
+        driver_name: "replicated.wasmcsi.io".into(),
+        mode,
+        node_id: name.into(),
+        socket: home.join("csi.sock"),
+        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
+        backends_dir: Some(backends),
+        state_dir: home.join("state"),
+        reload_interval: Duration::from_secs(3600),
+        metrics_addr: None,
+        replicas: Some(ReplicaOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            root: home.join("replicas"),
+            labels: vec![("topology.kubernetes.io/zone".into(), format!("zone-{name}"))],
+        }),
+        reconcile_interval: None,
+    })
+    .await
+    .expect("host");
+    assert!(host.registry.get(BACKEND).is_some(), "the {BACKEND} component loads");
+    host
+}
+
+async fn clients(host: &Host) -> (Controller, Node) {
+    let channel = wasmcsi::host::connect(&host.socket).await.unwrap();
+    (csi::controller_client::ControllerClient::new(channel.clone()), csi::node_client::NodeClient::new(channel))
+}
+
+/// Sends `n` copies of one call at once; each either succeeds or is ABORTED (a concurrent
+/// retry); then one more, alone, must succeed. Returns every success.
+async fn at_once<T, F, Fut>(n: usize, what: &str, call: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        set.spawn(call());
+    }
+    let mut ok = vec![];
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            Ok(v) => ok.push(v.into_inner()),
+            Err(s) if s.code() == Code::Aborted => {}
+            Err(s) => panic!("{what}: {s:?}"),
+        }
+    }
+    ok.push(call().await.unwrap_or_else(|s| panic!("{what}, retried alone: {s:?}")).into_inner());
+    ok
+}
+
+fn params(extra: &[(&str, &str)]) -> HashMap<String, String> {
+    [("backend", BACKEND)].iter().chain(extra).map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+}
+
+fn create_request(name: &str, params: HashMap<String, String>) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: SIZE, limit_bytes: 0 }),
+        volume_capabilities: vec![ext4()],
+        parameters: params,
+        ..Default::default()
+    }
+}
+
+struct Paths {
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+fn paths(dir: &Path, node: &str, pod: &str) -> Paths {
+    Paths {
+        staging: dir.join(node).join("kubelet/staging").join(pod),
+        target: dir.join(node).join("kubelet/pods").join(pod).join("mount"),
+    }
+}
+
+async fn publish_to(
+    ctl: &mut Controller,
+    v: &csi::Volume,
+    node: &str,
+) -> Result<HashMap<String, String>, tonic::Status> {
+    ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(ext4()),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .map(|r| r.into_inner().publish_context)
+}
+
+async fn unpublish_from(ctl: &mut Controller, v: &csi::Volume, node: &str) {
+    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: node.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// NodeStage (three at once) and NodePublish.
+async fn mount_on(node: &Node, v: &csi::Volume, publish_context: &HashMap<String, String>, p: &Paths) {
+    let stage = csi::NodeStageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        volume_capability: Some(ext4()),
+        volume_context: v.volume_context.clone(),
+        publish_context: publish_context.clone(),
+        ..Default::default()
+    };
+    at_once(3, "stage", || {
+        let (mut node, req) = (node.clone(), stage.clone());
+        async move { node.node_stage_volume(req).await }
+    })
+    .await;
+    node.clone()
+        .node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: p.staging.to_string_lossy().into(),
+            target_path: p.target.to_string_lossy().into(),
+            volume_capability: Some(ext4()),
+            volume_context: v.volume_context.clone(),
+            publish_context: publish_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn unmount_on(node: &Node, v: &csi::Volume, p: &Paths) {
+    let mut node = node.clone();
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: p.target.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+}
+
+async fn condition(node: &Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {
+    let stats = node
+        .clone()
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: p.target.to_string_lossy().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.usage.iter().any(|u| u.total > 0), "usage reported: {stats:?}");
+    stats.volume_condition.expect("a volume condition")
+}
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let dir = dir.to_string_lossy();
+    table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
+}
+
+#[test]
+fn replicated_volume_through_the_csi_socket_on_three_nodes() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(flow());
+}
+
+async fn flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes_file = dir.path().join("replica-nodes");
+    std::fs::write(&nodes_file, "").unwrap();
+    let a = start_node(dir.path(), "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
+    let b = start_node(dir.path(), "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
+    let c = start_node(dir.path(), "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
+    let addrs: Vec<String> =
+        [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
+    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    let (mut ctl, _) = clients(&a).await;
+    let (_, node_b) = clients(&b).await;
+    let (_, node_c) = clients(&c).await;
+
+    // Bad parameters: refused, nothing made.
+    let bad = ctl.create_volume(create_request("bad", params(&[("numberOfReplicas", "three")]))).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("numberOfReplicas"), "names the parameter: {bad:?}");
+    let many = ctl.create_volume(create_request("many", params(&[("numberOfReplicas", "4")]))).await.unwrap_err();
+    assert_eq!(many.code(), Code::ResourceExhausted, "{many:?}");
+    assert!(many.message().contains('3'), "says how many nodes were found: {many:?}");
+    let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "nothing made by refused requests: {listed:?}");
+
+    // One volume of three replicas, however many copies of the request arrive.
+    let name = "pvc-0a1b2c3d-replicated";
+    let req = create_request(name, params(&[("numberOfReplicas", "3")]));
+    let answers = at_once(4, "create", || {
+        let (mut ctl, req) = (ctl.clone(), req.clone());
+        async move { ctl.create_volume(req).await }
+    })
+    .await;
+    let vols: Vec<csi::Volume> = answers.into_iter().map(|a| a.volume.unwrap()).collect();
+    assert!(vols.iter().all(|v| v.volume_id == vols[0].volume_id), "one volume per name: {vols:?}");
+    let v = vols[0].clone();
+    assert_eq!(v.capacity_bytes, SIZE);
+
+    // node-b gets it: stage, publish, write.
+    let pb = paths(dir.path(), "node-b", "pod-1");
+    let ctx_b = publish_to(&mut ctl, &v, "node-b").await.unwrap();
+    mount_on(&node_b, &v, &ctx_b, &pb).await;
+    let payload: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(pb.target.join("data.bin"), &payload).unwrap();
+    nix::unistd::sync();
+    let cond = condition(&node_b, &v, &pb).await;
+    assert!(!cond.abnormal, "healthy on node-b: {cond:?}");
+
+    // One writer: node-c cannot have it while node-b does.
+    let refused = publish_to(&mut ctl, &v, "node-c").await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+
+    // A snapshot while it is attached.
+    let snap = ctl
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: "snapshot-0a1b2c3d".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap.source_volume_id, v.volume_id);
+    assert!(snap.ready_to_use);
+
+    // Hand over to node-c: what node-b wrote is there.
+    unmount_on(&node_b, &v, &pb).await;
+    unpublish_from(&mut ctl, &v, "node-b").await;
+    let pc = paths(dir.path(), "node-c", "pod-2");
+    let ctx_c = publish_to(&mut ctl, &v, "node-c").await.unwrap();
+    mount_on(&node_c, &v, &ctx_c, &pc).await;
+    assert_eq!(std::fs::read(pc.target.join("data.bin")).unwrap(), payload, "replicated to node-c");
+    unmount_on(&node_c, &v, &pc).await;
+    unpublish_from(&mut ctl, &v, "node-c").await;
+
+    // A clone from the snapshot: filled in the background (ABORTED until whole).
+    let mut clone_req = create_request("pvc-clone", params(&[("numberOfReplicas", "2")]));
+    clone_req.volume_content_source = Some(support::from_snapshot(&snap.snapshot_id));
+    let clone = loop {
+        match ctl.create_volume(clone_req.clone()).await {
+            Ok(r) => break r.into_inner().volume.unwrap(),
+            Err(s) if s.code() == Code::Aborted => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(s) => panic!("clone: {s:?}"),
+        }
+    };
+    let ctx = publish_to(&mut ctl, &clone, "node-b").await.unwrap();
+    let pk = paths(dir.path(), "node-b", "pod-3");
+    mount_on(&node_b, &clone, &ctx, &pk).await;
+    assert_eq!(std::fs::read(pk.target.join("data.bin")).unwrap(), payload, "the clone holds the snapshot");
+    unmount_on(&node_b, &clone, &pk).await;
+    unpublish_from(&mut ctl, &clone, "node-b").await;
+
+    let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    let ids: Vec<&str> =
+        listed.entries.iter().filter_map(|e| e.volume.as_ref()).map(|v| v.volume_id.as_str()).collect();
+    assert!(ids.contains(&v.volume_id.as_str()) && ids.contains(&clone.volume_id.as_str()), "{ids:?}");
+
+    // Delete everything; deletes are idempotent.
+    for id in [&clone.volume_id, &v.volume_id] {
+        for _ in 0..2 {
+            ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+        }
+    }
+    ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "nothing left: {listed:?}");
+
+    for h in [a, b, c] {
+        h.shutdown().await.unwrap();
+    }
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "nothing left mounted");
+}

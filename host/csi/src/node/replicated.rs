@@ -1,0 +1,316 @@
+//! The replicated-block attacher: a volume of the host's replicated block engine. NodeStage asks
+//! the volume's replica nodes (through the backend's `block` grant) whether it is published to
+//! this node and with which members and epoch, starts its engine in this node's data path
+//! ([`DataPath`]: this node's replica reached in-process, the others over TCP), exposes it as a
+//! block device (FUSE + loop here), then formats it when blank and mounts it, or keeps the
+//! device for a raw block volume. What it staged is recorded under
+//! `<state>/replicated/<volume>.json`, so NodeUnstage needs neither the plan nor the backend,
+//! and a plugin that was killed finds and reclaims what it left (the engine is gone with the
+//! process; the replicas' dirty flags make the next engine resync).
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use wasmcsi_block::datapath::DataPath;
+use wasmcsi_frontend::{fuse, loop_dev};
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::bindings::types as wt;
+use wasmcsi_runtime::driver as wit;
+
+use super::attacher::{
+    Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, mount_err,
+    publish_device, publish_staged,
+};
+use super::filesystem::{self, Filesystem};
+use super::mountinfo;
+use super::mounts::MountSystem;
+use super::usage;
+use crate::convert;
+use crate::error::{CsiError, CsiResult};
+
+/// How long NodeExpand waits for the device to show the size the controller gave the volume.
+const GROW_WAIT: Duration = Duration::from_secs(10);
+
+/// What NodeStage made of a volume, as kept on disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicatedState {
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The replica set's id (the engine's volume).
+    pub set_id: String,
+    pub staging_path: PathBuf,
+    /// The block device the frontend made.
+    pub device: PathBuf,
+    /// `None`: a raw block volume; otherwise the filesystem mounted at the staging path.
+    pub filesystem: Option<Filesystem>,
+    /// The process whose engine serves the device (a dead one left its device behind).
+    pub pid: u32,
+}
+
+pub struct ReplicatedAttacher {
+    node_id: String,
+    state_dir: PathBuf,
+    runtime_dir: PathBuf,
+    config: Arc<dyn ConfigSource>,
+    mounts: Arc<dyn MountSystem>,
+    /// This node's data path; `None` when the plugin serves no replicas (then nothing of this
+    /// kind can be staged here).
+    datapath: Option<Arc<DataPath>>,
+}
+
+impl ReplicatedAttacher {
+    /// Staged volumes keep their state in `<state_dir>/replicated/<volume>.json`; the frontends'
+    /// FUSE mounts live in `runtime_dir`.
+    pub fn new(
+        node_id: String,
+        state_dir: &Path,
+        runtime_dir: PathBuf,
+        config: Arc<dyn ConfigSource>,
+        mounts: Arc<dyn MountSystem>,
+        datapath: Option<Arc<DataPath>>,
+    ) -> Self {
+        Self { node_id, state_dir: state_dir.join("replicated"), runtime_dir, config, mounts, datapath }
+    }
+
+    fn datapath(&self) -> CsiResult<&Arc<DataPath>> {
+        self.datapath.as_ref().ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "node {} serves no replicated block volumes (start the plugin with --replica-listen)",
+                self.node_id
+            ))
+        })
+    }
+
+    fn state_path(&self, volume_id: &str) -> PathBuf {
+        // CSI ids are BACKEND:LOCAL; the local part is [A-Za-z0-9._-].
+        self.state_dir.join(format!("{}.json", volume_id.replace(':', "~")))
+    }
+
+    fn load(&self, volume_id: &str) -> CsiResult<Option<ReplicatedState>> {
+        let path = self.state_path(volume_id);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| CsiError::Internal(format!("state of {volume_id} in {}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CsiError::Internal(format!("reading {}: {e}", path.display()))),
+        }
+    }
+
+    fn save(&self, state: &ReplicatedState) -> CsiResult<()> {
+        std::fs::create_dir_all(&self.state_dir).map_err(mount_err)?;
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| CsiError::Internal(e.to_string()))?;
+        filesystem::write_atomically(&self.state_path(&state.volume_id), &bytes)
+    }
+
+    fn forget(&self, volume_id: &str) -> CsiResult<()> {
+        match std::fs::remove_file(self.state_path(volume_id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(mount_err(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Undoes a staging: the filesystem unmounted, the engine stopped (or, when the process that
+    /// ran it died, its loop devices and FUSE mount reclaimed), the state forgotten.
+    async fn teardown(&self, state: &ReplicatedState) -> CsiResult<()> {
+        if state.filesystem.is_some() {
+            let staging = state.staging_path.clone();
+            blocking(move || filesystem::unmount_all(&staging, None)).await?;
+        }
+        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id));
+        match (&self.datapath, running) {
+            (Some(d), Some(_)) => d.detach(&state.set_id).await.map_err(|e| CsiError::Internal(e.to_string()))?,
+            _ => {
+                let (dir, name) = (self.runtime_dir.clone(), state.set_id.clone());
+                let reclaimed =
+                    blocking(move || fuse::reclaim(&dir, &name).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+                if reclaimed > 0 {
+                    tracing::warn!(volume.id = %state.volume_id, "the engine of this volume died with its plugin; its device was reclaimed");
+                }
+            }
+        }
+        self.forget(&state.volume_id)
+    }
+
+    /// Whether what `state` says is staged still stands: the engine runs in this process and the
+    /// filesystem (if any) is mounted at the staging path.
+    fn standing(&self, state: &ReplicatedState) -> bool {
+        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id)).is_some();
+        running
+            && state.pid == std::process::id()
+            && state.filesystem.as_ref().is_none_or(|_| {
+                mountinfo::read_current()
+                    .is_ok_and(|m| filesystem::device_mounted_at(&m, &state.device, &state.staging_path))
+            })
+    }
+}
+
+#[tonic::async_trait]
+impl Attacher for ReplicatedAttacher {
+    type Plan = wit::BlockPlan;
+
+    async fn stage(&self, call: &Stage<'_>, plan: &wit::BlockPlan) -> CsiResult<()> {
+        let backend = call.volume.backend;
+        if self.config.grants_for(&backend.name).block.is_none_or(|b| b.is_empty()) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "backend {} has no block grant on this node ([backends.{}.grants.block])",
+                backend.name, backend.name
+            )));
+        }
+        let catalog = backend.block_catalog().ok_or_else(|| {
+            CsiError::FailedPrecondition(format!("backend {} has no block grant on this node", backend.name))
+        })?;
+        let datapath = self.datapath()?.clone();
+        let wanted_fs = match &call.capability.access_type {
+            wt::AccessType::Block => None,
+            wt::AccessType::Mount(m) => {
+                let fs = if m.fs_type.is_empty() { plan.fs_type.clone() } else { m.fs_type.clone() };
+                Some(Filesystem::wanted(&fs, &m.mount_flags, is_read_only_mode(call.capability))?)
+            }
+        };
+        if let Some(old) = self.load(call.volume.id)? {
+            let same_fs = match (&wanted_fs, &old.filesystem) {
+                (None, None) => true,
+                (Some(want), Some(have)) => want.satisfied_by(have),
+                _ => false,
+            };
+            if old.set_id == plan.volume_id && old.staging_path == call.staging && same_fs && self.standing(&old) {
+                return Ok(());
+            }
+            // Staged differently, or by a plugin that died: start over.
+            self.teardown(&old).await?;
+        }
+        let info = catalog.attach_info(&plan.volume_id, &self.node_id).await?;
+        let volume = datapath.attach(&plan.volume_id, &info).await.map_err(|e| match e {
+            wasmcsi_block::datapath::DataPathError::Busy(m) => CsiError::InProgress(m),
+            other => CsiError::Unavailable(other.to_string()),
+        })?;
+        let mut state = ReplicatedState {
+            volume_id: call.volume.id.to_owned(),
+            set_id: plan.volume_id.clone(),
+            staging_path: call.staging.to_owned(),
+            device: volume.device().to_owned(),
+            filesystem: None,
+            pid: std::process::id(),
+        };
+        let Some(mut fs) = wanted_fs else {
+            return self.save(&state);
+        };
+        let (device, staging) = (state.device.clone(), state.staging_path.clone());
+        let what = format!("replicated volume {}", plan.volume_id);
+        let mounted = blocking(move || {
+            fs.format_and_mount(&device, &staging, &what)?;
+            Ok(fs)
+        })
+        .await;
+        match mounted {
+            Ok(fs) => {
+                state.filesystem = Some(fs);
+                self.save(&state)
+            }
+            Err(e) => {
+                // Nothing half-done stays: the engine stops again.
+                if let Err(stop) = datapath.detach(&plan.volume_id).await {
+                    tracing::warn!(volume.id = %call.volume.id, error = %stop, "stopping the engine after a failed stage");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A volume with a replicated state file is this kind's, whatever the mount table shows.
+    async fn unstage(&self, volume_id: &str, _staging: &Path) -> CsiResult<Unstaged> {
+        let Some(state) = self.load(volume_id)? else { return Ok(Unstaged::NotMine) };
+        self.teardown(&state).await?;
+        Ok(Unstaged::Done)
+    }
+
+    async fn publish(&self, call: &Publish<'_>, _plan: &wit::BlockPlan) -> CsiResult<()> {
+        if !matches!(call.capability.access_type, wt::AccessType::Block) {
+            return publish_staged(&self.mounts, call).await;
+        }
+        let state = self.load(call.volume.id)?.filter(|s| s.filesystem.is_none()).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!("volume {} is not staged as a raw block device", call.volume.id))
+        })?;
+        let (sys, target, read_only) = (self.mounts.clone(), call.target.to_owned(), call.read_only);
+        blocking(move || publish_device(sys.as_ref(), &state.device, &target, read_only)).await
+    }
+
+    async fn stats(&self, call: &Stats<'_>, _plan: &wit::BlockPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+        use csi::volume_usage::Unit;
+        let state = self
+            .load(call.volume.id)?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
+        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id));
+        let problem = match running {
+            None => Some("the engine of this volume does not run in this plugin (it restarted); restage it".to_owned()),
+            Some(v) => {
+                let s = v.engine_status();
+                if s.fenced {
+                    Some("another node was given this volume; this node's engine is fenced".into())
+                } else if s.healthy < s.replicas.len() {
+                    Some(format!("degraded: {}/{} replicas healthy{}", s.healthy, s.replicas.len(), rebuild_note(&s)))
+                } else {
+                    None
+                }
+            }
+        };
+        if state.filesystem.is_none() {
+            let device = state.device.clone();
+            let size =
+                blocking(move || loop_dev::size_bytes(&device).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+            return Ok(csi::NodeGetVolumeStatsResponse {
+                usage: vec![csi::VolumeUsage {
+                    total: convert::bytes(size),
+                    unit: Unit::Bytes as i32,
+                    ..Default::default()
+                }],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: problem.is_some(),
+                    message: problem.unwrap_or_else(|| "healthy".into()),
+                }),
+            });
+        }
+        usage::fs_stats(call.path.to_owned(), "the volume's device does not answer", problem, None).await
+    }
+
+    async fn expand(&self, call: &Expand<'_>, _plan: &wit::BlockPlan) -> CsiResult<u64> {
+        let state = self
+            .load(call.volume.id)?
+            .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
+        let volume = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id)).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!("the engine of {} does not run here; restage it", call.volume.id))
+        })?;
+        let required = call.required_bytes;
+        let deadline = Instant::now() + GROW_WAIT;
+        // The controller grows the volume through this engine (which refreshes the device);
+        // a NodeExpand that races it waits a little.
+        while volume.engine_status().size < required && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let device = state.device.clone();
+        let size =
+            blocking(move || loop_dev::size_bytes(&device).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+        if size < required {
+            return Err(CsiError::Unavailable(format!(
+                "the device of {} shows {size} bytes, {required} asked: has the controller grown the volume?",
+                call.volume.id
+            )));
+        }
+        let Some(fs) = state.filesystem.clone() else { return Ok(size) };
+        let (device, staging) = (state.device.clone(), state.staging_path.clone());
+        blocking(move || fs.grow(&device, &staging, size)).await?;
+        Ok(size)
+    }
+}
+
+fn rebuild_note(s: &wasmcsi_block::driver::VolumeStatus) -> String {
+    match &s.rebuild {
+        Some(r) => {
+            let pct = (r.done * 100).checked_div(r.total).unwrap_or(0);
+            format!(", replica {} rebuilding {pct}%", r.replica)
+        }
+        None => String::new(),
+    }
+}
