@@ -116,7 +116,7 @@ async fn flow(scratch: &Path) {
     let g = Ganesha::start().expect("ganesha");
     let dir = scratch.join("host");
     let config = format!(
-        "[runtime]\nimport_timeout_ms = 60000\n\
+        "[runtime]\ncall_deadline_ms = 120000\nimport_timeout_ms = 60000\n\
          [backends.nfs]\ncall_deadline_ms = 120000\n\
          [backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {SHARE:?} }}]\n",
         g.server()

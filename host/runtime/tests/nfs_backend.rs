@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 
 fn runtime(dir: &Path, g: &Ganesha) -> Arc<Runtime> {
     let text = format!(
-        "[runtime]\nimport_timeout_ms = 10000\n\
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 10000\n\
          [backends.nfs]\ncall_deadline_ms = 60000\n\
          [backends.nfs.grants]\nnfs = [{{ server = {:?}, share = \"/export\" }}]\n",
         g.server()
@@ -248,7 +248,7 @@ async fn nfs_backend_copies_big_trees_across_retries() {
     let g = Ganesha::start().expect("start ganesha (root and scripts/nfs-setup needed)");
     let tmp = tempfile::tempdir().unwrap();
     let text = format!(
-        "[runtime]\nimport_timeout_ms = 400\n\
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 400\n\
          [backends.nfs]\ncall_deadline_ms = 60000\n\
          [backends.nfs.grants]\nnfs = [{{ server = {:?}, share = \"/export\" }}]\n",
         g.server()

@@ -70,7 +70,7 @@ async fn setup(pool: &str, extra_config: &str) -> Option<Env> {
     let dir = tempfile::tempdir().unwrap();
     let monitors: Vec<String> = ceph.monitors();
     let text = format!(
-        "[runtime]\nimport_timeout_ms = 20000\n\
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 20000\n\
          [clusters.{CLUSTER}]\nmonitors = {monitors:?}\n\
          [backends.{NAME}]\ncall_deadline_ms = 60000\n\
          [backends.{NAME}.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{pool:?}] }}]\n{extra_config}"
