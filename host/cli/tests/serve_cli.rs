@@ -1,0 +1,116 @@
+//! `wasmcsi serve` as an operator debugs it: the real binary, reached with a gRPC client that
+//! is not Go's (Python's grpcio, which sends the socket path as `:authority`), and its log read
+//! back (one line per CSI call, at its end, with method, volume, code and duration).
+//!
+//! grpcio comes from the tools environment `scripts/setup` makes (`WASMCSI_TOOLS_PYTHON`,
+//! default `/var/cache/wasmcsi-tools/venv/bin/python`). Without it the test is skipped, except
+//! in CI (`CI` set), where it fails.
+#![allow(clippy::unwrap_used, reason = "tests")]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn tools_python() -> Option<PathBuf> {
+    let path = std::env::var_os("WASMCSI_TOOLS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/wasmcsi-tools/venv/bin/python"));
+    let usable = Command::new(&path).args(["-c", "import grpc, grpc_tools"]).output().is_ok_and(|o| o.status.success());
+    if usable {
+        return Some(path);
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI: {} with grpcio is missing (scripts/setup makes it)", path.display());
+    eprintln!("skipped: no {} with grpcio (run scripts/setup)", path.display());
+    None
+}
+
+/// The CSI stubs for Python, generated from the workspace's csi.proto.
+fn python_stubs(python: &Path, dir: &Path) {
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let status = Command::new(python)
+        .args(["-m", "grpc_tools.protoc", "-I"])
+        .arg(&proto)
+        .arg(format!("--python_out={}", dir.display()))
+        .arg(format!("--grpc_python_out={}", dir.display()))
+        .arg(proto.join("csi.proto"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "grpc_tools.protoc failed");
+}
+
+/// Probe, then a ControllerExpandVolume that must fail; prints one line per call.
+const CLIENT: &str = r#"
+import sys, grpc
+sys.path.insert(0, sys.argv[1])
+import csi_pb2, csi_pb2_grpc
+# No authority option: grpcio sends the socket path, as it does for any operator.
+channel = grpc.insecure_channel("unix:" + sys.argv[2])
+probe = csi_pb2_grpc.IdentityStub(channel).Probe(csi_pb2.ProbeRequest(), timeout=30, wait_for_ready=True)
+print("probe", probe.ready.value)
+try:
+    csi_pb2_grpc.ControllerStub(channel).ControllerExpandVolume(
+        csi_pb2.ControllerExpandVolumeRequest(volume_id="gone:vol-7", capacity_range=csi_pb2.CapacityRange(required_bytes=1 << 20)),
+        timeout=30)
+    print("expand ok")
+except grpc.RpcError as e:
+    print("expand", e.code().name)
+"#;
+
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
+    let Some(python) = tools_python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let stubs = d.path().join("stubs");
+    std::fs::create_dir_all(&stubs).unwrap();
+    python_stubs(&python, &stubs);
+    std::fs::create_dir_all(d.path().join("backends")).unwrap();
+    let socket = d.path().join("sock/csi.sock");
+    let log = d.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_wasmcsi"))
+        .args(["--log", "info", "--log-format", "json", "serve", "--mode", "controller", "--node-id", "t"])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(d.path().join("state"))
+        .arg("--backends-dir")
+        .arg(d.path().join("backends"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut served = Served(child);
+
+    let out = Command::new(&python).arg("-c").arg(CLIENT).arg(&stubs).arg(&socket).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let _ = served.0.kill();
+    let _ = served.0.wait();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(out.status.success(), "client failed:\n{stdout}\n{stderr}\nserver log:\n{log}");
+    assert!(stdout.lines().any(|l| l.starts_with("probe ")), "{stdout}");
+    // No backend named `gone` is loaded: UNAVAILABLE, never NOT_FOUND (README).
+    assert!(stdout.contains("expand UNAVAILABLE"), "{stdout}\nserver log:\n{log}");
+
+    let lines: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let calls = |method: &str| -> Vec<&serde_json::Value> {
+        lines.iter().filter(|l| l["fields"]["method"] == method).collect()
+    };
+    let expand = calls("ControllerExpandVolume");
+    assert_eq!(expand.len(), 1, "one line per call:\n{log}");
+    let line = expand[0];
+    assert_eq!(line["level"], "WARN", "{line}");
+    assert_eq!(line["fields"]["code"], "Unavailable", "{line}");
+    assert!(line["fields"]["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{line}");
+    assert!(line["fields"]["error"].as_str().is_some_and(|e| e.contains("gone")), "{line}");
+    assert_eq!(line["span"]["volume.id"], "gone:vol-7", "the volume is on the line: {line}");
+    // Probe succeeded: polled, so DEBUG, not in an INFO log.
+    assert!(calls("Probe").is_empty(), "{log}");
+}
