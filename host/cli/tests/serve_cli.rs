@@ -1,6 +1,7 @@
 //! `wasmcsi serve` as an operator debugs it: the real binary, reached with a gRPC client that
 //! is not Go's (Python's grpcio, which sends the socket path as `:authority`), and its log read
-//! back (one line per CSI call, at its end, with method, volume, code and duration).
+//! back (one line per CSI call, at its end, with method, volume, code and duration), and its
+//! `/metrics` scraped (the request latency histogram, `wasmcsi_build_info`).
 //!
 //! grpcio comes from the tools environment `scripts/setup` makes (`WASMCSI_TOOLS_PYTHON`,
 //! default `/var/cache/wasmcsi-tools/venv/bin/python`). Without it the test is skipped, except
@@ -75,6 +76,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     let log = d.path().join("serve.log");
     let child = Command::new(env!("CARGO_BIN_EXE_wasmcsi"))
         .args(["--log", "info", "--log-format", "json", "serve", "--mode", "controller", "--node-id", "t"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
         .arg("--socket")
         .arg(&socket)
         .arg("--state-dir")
@@ -91,6 +93,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     let out = Command::new(&python).arg("-c").arg(CLIENT).arg(&stubs).arg(&socket).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let metrics = scrape(&std::fs::read_to_string(&log).unwrap());
     let _ = served.0.kill();
     let _ = served.0.wait();
     let log = std::fs::read_to_string(&log).unwrap();
@@ -113,4 +116,31 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     assert_eq!(line["span"]["volume.id"], "gone:vol-7", "the volume is on the line: {line}");
     // Probe succeeded: polled, so DEBUG, not in an INFO log.
     assert!(calls("Probe").is_empty(), "{log}");
+
+    // Both calls are in the latency histogram, by method and code; the build is named.
+    for (method, code) in [("Probe", "Ok"), ("ControllerExpandVolume", "Unavailable")] {
+        let count = format!("wasmcsi_csi_request_duration_seconds_count{{method=\"{method}\",code=\"{code}\"}} 1");
+        assert!(metrics.lines().any(|l| l == count), "no `{count}`:\n{metrics}");
+    }
+    let build = format!("wasmcsi_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+    assert!(metrics.lines().any(|l| l == build), "no `{build}`:\n{metrics}");
+}
+
+/// GET /metrics from the address the server logged it listens on.
+fn scrape(log: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let serving = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "serving CSI")
+        .unwrap_or_else(|| panic!("no `serving CSI` line:\n{log}"));
+    // Logged as `Some(127.0.0.1:PORT)`.
+    let field = serving["fields"]["metrics"].as_str().unwrap();
+    let addr = field.trim_start_matches("Some(").trim_end_matches(')');
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply
 }

@@ -95,7 +95,9 @@ impl Driver {
             Ok(_) => tonic::Code::Ok,
             Err(e) => e.code(),
         };
-        self.registry.runtime().metrics.rpc(method, &format!("{code:?}"));
+        let code_label = format!("{code:?}");
+        self.registry.runtime().metrics.rpc(method, &code_label);
+        crate::metrics::global().observe(method, &code_label, duration_ms / 1e3);
         match result {
             Ok(reply) => {
                 if polled(method) {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod guard;
 pub mod identity;
 pub mod ids;
+pub mod metrics;
 pub mod node;
 pub mod server;
 
