@@ -144,3 +144,59 @@ fn scrape(log: &str) -> String {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     reply
 }
+
+/// `wasmcsi backend ARGS` with only `env` set from the environment this test controls.
+fn backend(args: &[&str], env: &[(&str, &Path)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmcsi"));
+    cmd.arg("backend").args(args).env_remove("WASMCSI_CONFIG").env_remove("WASMCSI_BACKENDS_DIR");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
+#[test]
+fn backend_ls_reads_the_config_serve_reads_and_fails_when_a_file_is_rejected() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("backends");
+    let (code, text) = backend(&["export", dir.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(0), "{text}");
+    // Only hostpath stays: the others need grants for servers this test has none of.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_stem().is_some_and(|s| s != "hostpath") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let config = d.path().join("config.toml");
+    std::fs::write(&config, format!("[backends.hostpath.grants]\ndir = {{ default = {:?} }}\n", d.path().join("root")))
+        .unwrap();
+
+    // Without a configuration nothing beyond log and kv is granted, and it says so.
+    let (code, text) = backend(&["ls"], &[("WASMCSI_BACKENDS_DIR", &dir)]);
+    assert_eq!(code, Some(1), "hostpath is not granted `dir`: {text}");
+    assert!(text.contains("config: none"), "{text}");
+    // The configuration from the environment variable serve reads: hostpath loads.
+    let (code, text) = backend(&["ls"], &[("WASMCSI_BACKENDS_DIR", &dir), ("WASMCSI_CONFIG", &config)]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("config: {}", config.display())), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("hostpath ") && l.contains(" ok ")), "{text}");
+
+    // A file that is not WebAssembly, and a core module: rejected, each in one line that
+    // says what it is, and ls exits 1.
+    std::fs::write(dir.join("notes.wasm"), b"hello, world").unwrap();
+    std::fs::write(dir.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    let (code, text) =
+        backend(&["ls", "--config", config.to_str().unwrap(), "--backends-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(code, Some(1), "{text}");
+    let line = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}: {text}"));
+    assert!(line("notes ").contains("rejected") && line("notes ").contains("[68 65 6c 6c 6f 2c 20 77]"), "{text}");
+    assert!(line("core ").contains("rejected") && line("core ").contains("wasm32-wasip2"), "{text}");
+    assert!(line("hostpath ").contains(" ok "), "{text}");
+    // `backend check` says the same about the core module, in one line.
+    let (code, text) = backend(&["check", dir.join("core.wasm").to_str().unwrap()], &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("core WebAssembly module") && text.lines().count() == 1, "{text}");
+}
