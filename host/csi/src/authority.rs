@@ -541,7 +541,10 @@ mod tests {
         let input = [PREFACE, &settings, &headers, &cont, &data].concat();
 
         let fixed_block = Recoder::default().recode(&block).unwrap();
-        assert_eq!(served(&[fixed_block.clone()]), vec![fields(&[(":method", "POST"), (":authority", "localhost")])]);
+        assert_eq!(
+            served(std::slice::from_ref(&fixed_block)),
+            vec![fields(&[(":method", "POST"), (":authority", "localhost")])]
+        );
         let mut fixed_payload = vec![0, 0, 0, 0, 16];
         fixed_payload.extend_from_slice(&fixed_block);
         let want = [PREFACE, &settings, &frame(HEADERS, PRIORITY | END_HEADERS, 1, &fixed_payload), &data].concat();
