@@ -37,7 +37,8 @@ fn python_stubs(python: &Path, dir: &Path) {
     assert!(status.success(), "grpc_tools.protoc failed");
 }
 
-/// Probe, then a ControllerExpandVolume that must fail; prints one line per call.
+/// Probe, then a ControllerExpandVolume and a CreateVolume that must fail; prints one line
+/// per call.
 const CLIENT: &str = r#"
 import sys, grpc
 sys.path.insert(0, sys.argv[1])
@@ -53,6 +54,12 @@ try:
     print("expand ok")
 except grpc.RpcError as e:
     print("expand", e.code().name)
+try:
+    csi_pb2_grpc.ControllerStub(channel).CreateVolume(
+        csi_pb2.CreateVolumeRequest(name="pvc-1", parameters={"backend": "gone"}), timeout=30)
+    print("create ok")
+except grpc.RpcError as e:
+    print("create", e.code().name)
 "#;
 
 struct Served(std::process::Child);
@@ -114,6 +121,17 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     assert!(line["fields"]["duration_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{line}");
     assert!(line["fields"]["error"].as_str().is_some_and(|e| e.contains("gone")), "{line}");
     assert_eq!(line["span"]["volume.id"], "gone:vol-7", "the volume is on the line: {line}");
+    // JSON without duplicate keys: the PV name is its own field, not the span's `name`.
+    let create = calls("CreateVolume");
+    assert_eq!(create.len(), 1, "{log}");
+    assert_eq!(create[0]["span"]["name"], "csi.create_volume", "{}", create[0]);
+    assert_eq!(create[0]["span"]["volume.name"], "pvc-1", "{}", create[0]);
+    for raw in log.lines() {
+        let parsed: serde_json::Value = serde_json::from_str(raw).unwrap();
+        // A duplicate key collapses when parsed: the re-encoded line has fewer keys.
+        let keys = |text: &str| text.matches("\":").count();
+        assert_eq!(keys(raw), keys(&parsed.to_string()), "duplicate key in {raw}");
+    }
     // Probe succeeded: polled, so DEBUG, not in an INFO log.
     assert!(calls("Probe").is_empty(), "{log}");
 
@@ -199,4 +217,36 @@ fn backend_ls_reads_the_config_serve_reads_and_fails_when_a_file_is_rejected() {
     let (code, text) = backend(&["check", dir.join("core.wasm").to_str().unwrap()], &[]);
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("core WebAssembly module") && text.lines().count() == 1, "{text}");
+}
+
+#[test]
+fn a_text_log_that_is_not_a_terminal_has_no_colour() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join("backends")).unwrap();
+    let log = d.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_wasmcsi"))
+        .args(["--log", "info", "--log-format", "text", "serve", "--mode", "controller", "--node-id", "t"])
+        .arg("--socket")
+        .arg(d.path().join("csi.sock"))
+        .arg("--state-dir")
+        .arg(d.path().join("state"))
+        .arg("--backends-dir")
+        .arg(d.path().join("backends"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let served = Served(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("serving CSI") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(served);
+    assert!(text.contains("serving CSI"), "{text}");
+    assert!(!text.contains('\u{1b}'), "ANSI escape codes in a log file: {text:?}");
 }
