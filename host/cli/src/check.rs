@@ -1,6 +1,6 @@
-//! `wasmcsi backend check` and `wasmcsi backend ls`: what a component imports and exports,
-//! which grants it needs, and whether it keeps CSI's semantics (the conformance suite, run
-//! through a real host on a scratch directory with real capabilities).
+//! `wasmcsi backend check`: what a component imports and exports, which grants it needs, and
+//! whether it keeps CSI's semantics (the conformance suite, run through a real host on a
+//! scratch directory with real capabilities). `backend ls` and `export` are `backend_dir`.
 use crate::conformance::{self, Profile};
 use crate::host::{Host, HostOptions};
 use anyhow::Context;
@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
-use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::engine::EngineSettings;
 use wasmcsi_runtime::{Runtime, RuntimeOptions};
 
@@ -58,6 +57,9 @@ fn backend_name(file: &Path) -> anyhow::Result<String> {
 pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     let name = backend_name(&args.file)?;
     let wasm = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    if let Some(why) = crate::backend_dir::not_a_component(&wasm) {
+        anyhow::bail!("{}: {why}", args.file.display());
+    }
     let scratch = tempfile::tempdir()?;
     let mut config = crate::load_config_file(args.config.as_deref())?;
 
@@ -154,44 +156,4 @@ pub fn mount_capability() -> csi::VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume::default())),
         access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
     }
-}
-
-/// `backend ls`: load every file of a directory as the host would, and say how it went.
-pub async fn list(dir: &Path, config: HostConfig) -> anyhow::Result<()> {
-    let scratch = tempfile::tempdir()?;
-    let runtime = Runtime::new(RuntimeOptions {
-        config,
-        cache_dir: None,
-        store_path: scratch.path().join("ls.redb"),
-        engine: EngineSettings { max_instances: 8, ..Default::default() },
-    })?;
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
-        .collect();
-    entries.sort();
-    println!("{:<20} {:<14} {:<10} {:<8} DETAIL", "NAME", "DIGEST", "VERSION", "STATUS");
-    for path in entries {
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let wasm = std::fs::read(&path)?;
-        let digest = Runtime::digest(&wasm);
-        match runtime.load(&name, &wasm, Some(path.clone())).await {
-            Ok(b) => {
-                let caps: Vec<&str> = b.imports.capabilities.iter().map(|c| c.name()).collect();
-                println!(
-                    "{:<20} {:<14} {:<10} {:<8} imports {} — {} features",
-                    name,
-                    &digest[..12],
-                    b.info.version,
-                    "ok",
-                    caps.join(","),
-                    b.info.features.len()
-                );
-            }
-            Err(e) => println!("{:<20} {:<14} {:<10} {:<8} {e}", name, &digest[..12], "-", "rejected"),
-        }
-    }
-    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
 //! suite (shared by `backend check` and the tests) and the metrics endpoint. `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
+pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
 pub mod check;

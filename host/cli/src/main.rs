@@ -63,15 +63,13 @@ enum BackendCommand {
     /// CSI conformance suite against it with real capabilities on a scratch directory.
     /// Exits non-zero, with a readable report, when any check fails.
     Check(wasmcsi::check::CheckArgs),
-    /// List the backends a directory holds, whether each loads, and what it offers.
-    Ls {
-        /// The backends directory.
-        #[arg(long, default_value = "/var/lib/wasmcsi/backends")]
-        backends_dir: PathBuf,
-        /// Host configuration (grants decide whether a backend loads).
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    /// List the backends a directory holds, whether each loads, and what it offers (with the
+    /// configuration `serve` reads: same flags, same environment variables). Exits 1 when any
+    /// file is rejected.
+    Ls(wasmcsi::backend_dir::LsArgs),
+    /// Write the backends bundled in this binary into a directory as `NAME.wasm`, the names
+    /// the host loads them by (how the image's backends directory is filled).
+    Export(wasmcsi::backend_dir::ExportArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -90,10 +88,10 @@ struct ServeArgs {
     #[arg(long, default_value = "/csi/csi.sock")]
     socket: PathBuf,
     /// Host configuration: limits and per-backend capability grants (TOML).
-    #[arg(long)]
+    #[arg(long, env = wasmcsi::backend_dir::CONFIG_ENV)]
     config: Option<PathBuf>,
     /// Directory of backend components (`NAME.wasm`), watched for changes.
-    #[arg(long, default_value = "/var/lib/wasmcsi/backends")]
+    #[arg(long, env = wasmcsi::backend_dir::BACKENDS_DIR_ENV, default_value = "/var/lib/wasmcsi/backends")]
     backends_dir: PathBuf,
     /// Where the metadata store and compiled-component cache live.
     #[arg(long, default_value = "/var/lib/wasmcsi/state")]
@@ -137,7 +135,9 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 fn init_logging(filter: &str, format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: escape codes in a pod's log or a file are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -203,9 +203,10 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await.map(|()| true),
             Command::Backend(BackendCommand::Check(args)) => wasmcsi::check::run(args).await,
-            Command::Backend(BackendCommand::Ls { backends_dir, config }) => {
-                wasmcsi::check::list(&backends_dir, wasmcsi::load_config_file(config.as_deref())?).await.map(|()| true)
+            Command::Backend(BackendCommand::Ls(args)) => {
+                wasmcsi::backend_dir::list(args).await.map(|rejected| rejected == 0)
             }
+            Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),

@@ -1,5 +1,6 @@
 //! The Prometheus `/metrics` endpoint: a plain HTTP/1 server that answers GET /metrics
-//! with the text exposition and 404 otherwise.
+//! with the text exposition and 404 otherwise. The exposition is the runtime's series, the
+//! CSI layer's and `wasmcsi_build_info`, closed by one `# EOF`.
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
@@ -23,7 +24,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                         if req.uri().path() == "/metrics" {
                             Response::builder()
                                 .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-                                .body(Full::new(Bytes::from(metrics.encode())))
+                                .body(Full::new(Bytes::from(exposition(&metrics))))
                         } else {
                             Response::builder()
                                 .status(StatusCode::NOT_FOUND)
@@ -37,4 +38,96 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
         }
     });
     Ok(bound)
+}
+
+/// Everything `/metrics` answers, as one OpenMetrics text.
+pub fn exposition(metrics: &Metrics) -> String {
+    const EOF: &str = "# EOF\n";
+    let mut out = metrics.encode();
+    if out.ends_with(EOF) {
+        out.truncate(out.len() - EOF.len());
+    }
+    // Writing into a String cannot fail; an error would only cut the text short.
+    let _ = wasmcsi_csi::metrics::global().encode_without_eof(&mut out);
+    let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
+    build.register(
+        "build",
+        "The running wasmcsi: its version",
+        prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    );
+    let _ = prometheus_client::encoding::text::encode(&mut out, &build);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use std::collections::BTreeSet;
+
+    /// Every `wasmcsi_*` series a file names, as the metric family it belongs to.
+    fn families_named_in(text: &str) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for (i, _) in text.match_indices("wasmcsi_") {
+            let name: String =
+                text[i..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit()).collect();
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name)
+                .to_string();
+            names.insert(family);
+        }
+        names
+    }
+
+    /// Every family the host exports, each with one sample: prometheus-client writes nothing,
+    /// not even `# TYPE`, for a family without one.
+    fn exported() -> String {
+        use wasmcsi_runtime::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
+        let m = Metrics::new();
+        let call = CallLabels { backend: "b".into(), op: "create".into() };
+        let backend = BackendLabels { backend: "b".into() };
+        m.calls.get_or_create(&call).inc();
+        m.errors
+            .get_or_create(&ErrorLabels { backend: "b".into(), op: "create".into(), code: "Internal".into() })
+            .inc();
+        m.latency.get_or_create(&call).observe(0.1);
+        for counter in [&m.traps, &m.timeouts, &m.reloads, &m.rejected] {
+            counter.get_or_create(&backend).inc();
+        }
+        for gauge in [&m.memory_peak, &m.kv_bytes, &m.kv_keys] {
+            gauge.get_or_create(&backend).set(1);
+        }
+        m.rpc("Probe", "Ok");
+        wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
+        super::exposition(&m)
+    }
+
+    #[test]
+    fn the_exposition_holds_every_registry_build_info_and_one_eof() {
+        wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
+        let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new());
+        let want = format!("wasmcsi_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        assert!(text.lines().any(|l| l == want), "no `{want}`:\n{text}");
+        assert!(text.contains("wasmcsi_csi_request_duration_seconds_count{method=\"Probe\",code=\"Ok\"}"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn the_dashboard_and_the_alerts_read_only_metrics_the_host_exports() {
+        let exported = exported();
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/chart");
+        for file in ["dashboards/wasmcsi.json", "templates/monitoring.yaml"] {
+            let text = std::fs::read_to_string(deploy.join(file)).unwrap();
+            let used = families_named_in(&text);
+            assert!(used.len() >= 5, "{file} names too few metrics: {used:?}");
+            for family in used {
+                assert!(
+                    exported.contains(&format!("# TYPE {family} ")),
+                    "{file} reads {family}, which is not exported"
+                );
+            }
+        }
+    }
 }

@@ -55,7 +55,8 @@ fn ls_reports_loaded_and_rejected_backends() {
     .unwrap();
     let (code, out, err) =
         wasmcsi(&["backend", "ls", "--backends-dir", d.path().to_str().unwrap(), "--config", config.to_str().unwrap()]);
-    assert_eq!(code, 0, "{err}");
+    // A rejected file makes `ls` exit 1 (issue 19: scripts and probes must see it).
+    assert_eq!(code, 1, "{err}");
     let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
     assert!(line("hostpath").contains(" ok "), "{out}");
     assert!(line("broken").contains("rejected"), "{out}");

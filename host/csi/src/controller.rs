@@ -511,7 +511,7 @@ pub fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
-    #[tracing::instrument(name = "csi.create_volume", skip_all, fields(name = %r.get_ref().name))]
+    #[tracing::instrument(name = "csi.create_volume", skip_all, fields(volume.name = %r.get_ref().name))]
     async fn create_volume(&self, r: tonic::Request<csi::CreateVolumeRequest>) -> Reply<csi::CreateVolumeResponse> {
         self.0.observe("CreateVolume", Self::create_volume(self, r.into_inner())).await
     }
@@ -559,7 +559,7 @@ impl Controller for ControllerService {
             })
             .await
     }
-    #[tracing::instrument(name = "csi.create_snapshot", skip_all, fields(name = %r.get_ref().name))]
+    #[tracing::instrument(name = "csi.create_snapshot", skip_all, fields(snapshot.name = %r.get_ref().name))]
     async fn create_snapshot(
         &self,
         r: tonic::Request<csi::CreateSnapshotRequest>,

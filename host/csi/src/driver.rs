@@ -78,20 +78,50 @@ impl Driver {
         }
     }
 
-    /// Run one RPC: convert its error into a Status and count it by code.
+    /// Run one RPC: convert its error into a Status, count it by code, and log it once, at
+    /// its end: method, code, duration (the span the RPC runs in adds the volume, snapshot or
+    /// name). Failures at WARN with the message the CO gets; successes at INFO, except the
+    /// calls COs poll (see [`polled`]), at DEBUG, so they do not bury the rest.
     pub async fn observe<T>(
         &self,
         method: &'static str,
         fut: impl Future<Output = CsiResult<T>>,
     ) -> Result<tonic::Response<T>, tonic::Status> {
+        let started = std::time::Instant::now();
         let result = fut.await;
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(e) => e.code(),
         };
-        self.registry.runtime().metrics.rpc(method, &format!("{code:?}"));
-        result.map(tonic::Response::new).map_err(tonic::Status::from)
+        let code_label = format!("{code:?}");
+        self.registry.runtime().metrics.rpc(method, &code_label);
+        crate::metrics::global().observe(method, &code_label, duration_ms / 1e3);
+        match result {
+            Ok(reply) => {
+                if polled(method) {
+                    tracing::debug!(method, ?code, duration_ms, "csi call done");
+                } else {
+                    tracing::info!(method, ?code, duration_ms, "csi call done");
+                }
+                Ok(tonic::Response::new(reply))
+            }
+            Err(e) => {
+                let status = tonic::Status::from(e);
+                tracing::warn!(method, ?code, duration_ms, error = status.message(), "csi call failed");
+                Err(status)
+            }
+        }
     }
+}
+
+/// The calls kubelet, the sidecars and the liveness probe repeat every few seconds whatever
+/// happens; logged at DEBUG when they succeed.
+pub fn polled(method: &str) -> bool {
+    matches!(
+        method,
+        "Probe" | "GetPluginInfo" | "GetPluginCapabilities" | "ControllerGetCapabilities" | "NodeGetCapabilities"
+    )
 }
 
 /// Require a non-empty string field.

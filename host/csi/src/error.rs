@@ -89,19 +89,11 @@ impl CsiError {
     }
 }
 
+/// The one conversion to a Status. It logs nothing: `Driver::observe`, where every RPC ends,
+/// logs each failure once with its method, code and duration.
 impl From<CsiError> for tonic::Status {
     fn from(e: CsiError) -> Self {
-        let code = e.code();
-        match code {
-            tonic::Code::Internal
-            | tonic::Code::Unavailable
-            | tonic::Code::ResourceExhausted
-            | tonic::Code::DeadlineExceeded => {
-                tracing::warn!(code = ?code, "{e}")
-            }
-            _ => tracing::debug!(code = ?code, "{e}"),
-        }
-        tonic::Status::new(code, e.to_string())
+        tonic::Status::new(e.code(), e.to_string())
     }
 }
 

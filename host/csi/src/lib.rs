@@ -3,6 +3,7 @@
 //! the `backend` StorageClass parameter or the id's prefix), checks what backends answer,
 //! and carries out attachment plans on the node. It runs no guest code itself (that is
 //! `wasmcsi-runtime`) and decides no storage policy (that is the backends).
+pub mod authority;
 pub mod controller;
 pub mod convert;
 pub mod driver;
@@ -10,6 +11,7 @@ pub mod error;
 pub mod guard;
 pub mod identity;
 pub mod ids;
+pub mod metrics;
 pub mod node;
 pub mod reconcile;
 pub mod server;

@@ -1,8 +1,10 @@
 //! Serving the CSI services on a unix socket, as kubelet and the sidecars expect.
+use crate::authority::AuthorityFix;
 use crate::controller::ControllerService;
 use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::node::NodeService;
+use futures::TryStreamExt as _;
 use std::path::Path;
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1::{
@@ -40,7 +42,9 @@ pub async fn serve(
     listener: tokio::net::UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    // Every connection goes through the `:authority` fix, so clients built on gRPC's C core
+    // (grpcio, grpcurl) are served like Go's.
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map_ok(AuthorityFix::new);
     let mode = driver.mode;
     let router = tonic::transport::Server::builder().add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
