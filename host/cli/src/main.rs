@@ -120,9 +120,22 @@ struct ServeArgs {
     #[arg(long = "node-label", value_parser = parse_label)]
     node_labels: Vec<(String, String)>,
     /// How often the controller reconciles the volumes of self-healing backends (replaces
-    /// replicas lost longer than their timeout); 0 turns it off.
-    #[arg(long, default_value_t = 30)]
-    reconcile_interval_secs: u64,
+    /// replicas lost longer than their timeout): a duration such as 30s, 5m or 1h; 0 turns it
+    /// off.
+    #[arg(long, default_value = "30s", value_parser = parse_interval)]
+    reconcile_interval: Duration,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a duration such as 30s, 5m or 1h"))?;
+    let seconds = match unit {
+        "" | "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        _ => None,
+    };
+    seconds.map(Duration::from_secs).ok_or_else(|| format!("{s:?} is not a duration such as 30s, 5m or 1h"))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -173,8 +186,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             root: args.replica_root,
             labels: args.node_labels,
         }),
-        reconcile_interval: (args.reconcile_interval_secs > 0)
-            .then(|| Duration::from_secs(args.reconcile_interval_secs)),
+        reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),
     })
     .await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, "serving CSI");
