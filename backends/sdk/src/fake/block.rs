@@ -164,7 +164,7 @@ impl Block for FakeBlock {
                 Err(Error::AlreadyExists(format!("replica set {id} exists with {} bytes", s.set.size_bytes)))
             };
         }
-        if size_bytes == 0 || size_bytes % 4096 != 0 {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(4096) {
             return Err(Error::InvalidArgument(format!("replica set {id}: {size_bytes} is not a multiple of 4096")));
         }
         if nodes.is_empty() || nodes.iter().collect::<BTreeSet<_>>().len() != nodes.len() {
@@ -242,7 +242,7 @@ impl Block for FakeBlock {
                 "replica set {id} has {have} bytes; shrinking to {size_bytes} is not supported"
             )));
         }
-        if size_bytes % 4096 != 0 {
+        if !size_bytes.is_multiple_of(4096) {
             return Err(Error::InvalidArgument(format!("replica set {id}: {size_bytes} is not a multiple of 4096")));
         }
         self.need_room(&nodes, size_bytes - have)?;
