@@ -9,7 +9,8 @@
 //! engine's FUSE + loop device) and publish there → write → stats (healthy) → a second node's
 //! publish is refused while b holds it → snapshot → unpublish/unstage/ControllerUnpublish →
 //! the same volume on node-c shows what b wrote (replicated, one writer at a time) → a clone
-//! from the snapshot → ListVolumes lists both with their condition → delete everything.
+//! from the snapshot → a raw block volume written and read through its device on node-c →
+//! ListVolumes → delete everything.
 //! Ends with nothing mounted, no engine and no replica left.
 //!
 //! Skipped (saying why) when not root or without /dev/fuse.
@@ -228,6 +229,88 @@ fn mounts_under(dir: &Path) -> Vec<String> {
     table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
 }
 
+fn block_cap() -> csi::VolumeCapability {
+    support::single_node_writer(None)
+}
+
+/// Create, publish to node-c, stage and publish as a device, write and read it back through
+/// the device, then take it apart; the volume is left for the caller to delete.
+async fn raw_block(ctl: &mut Controller, node: &Node, dir: &Path) -> csi::Volume {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut req = create_request("pvc-raw", params(&[("numberOfReplicas", "2")]));
+    req.volume_capabilities = vec![block_cap()];
+    let v = ctl.create_volume(req).await.unwrap().into_inner().volume.unwrap();
+    let ctx = ctl
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "node-c".into(),
+            volume_capability: Some(block_cap()),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let p = paths(dir, "node-c", "pod-raw");
+    let mut node = node.clone();
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        volume_capability: Some(block_cap()),
+        volume_context: v.volume_context.clone(),
+        publish_context: ctx.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let device = p.target.join("dev");
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        target_path: device.to_string_lossy().into(),
+        volume_capability: Some(block_cap()),
+        volume_context: v.volume_context.clone(),
+        publish_context: ctx,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
+    {
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&device).unwrap();
+        assert_eq!(f.seek(SeekFrom::End(0)).unwrap(), SIZE as u64, "the device has the volume's size");
+        f.seek(SeekFrom::Start(8 << 20)).unwrap();
+        f.write_all(&block).unwrap();
+        f.sync_all().unwrap();
+        let mut back = vec![0; block.len()];
+        f.seek(SeekFrom::Start(8 << 20)).unwrap();
+        f.read_exact(&mut back).unwrap();
+        assert!(back == block, "what was written through the device reads back");
+    }
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: device.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+    assert!(!device.exists(), "the target file is removed");
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: "node-c".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    v
+}
+
 #[test]
 fn replicated_volume_through_the_csi_socket_on_three_nodes() {
     if let Some(why) = skip_reason() {
@@ -331,13 +414,16 @@ async fn flow() {
     unmount_on(&node_b, &clone, &pk).await;
     unpublish_from(&mut ctl, &clone, "node-b").await;
 
+    // A raw block volume (volumeMode: Block): the engine's device at the target file.
+    let raw = raw_block(&mut ctl, &node_c, dir.path()).await;
+
     let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
     let ids: Vec<&str> =
         listed.entries.iter().filter_map(|e| e.volume.as_ref()).map(|v| v.volume_id.as_str()).collect();
     assert!(ids.contains(&v.volume_id.as_str()) && ids.contains(&clone.volume_id.as_str()), "{ids:?}");
 
     // Delete everything; deletes are idempotent.
-    for id in [&clone.volume_id, &v.volume_id] {
+    for id in [&clone.volume_id, &v.volume_id, &raw.volume_id] {
         for _ in 0..2 {
             ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
         }
