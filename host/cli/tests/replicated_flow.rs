@@ -439,3 +439,63 @@ async fn flow() {
     }
     assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "nothing left mounted");
 }
+
+/// A replica node that stops answering while the volume is staged elsewhere: writes go on,
+/// and the node reports the volume condition abnormal, saying it is degraded.
+#[test]
+fn a_lost_replica_node_shows_as_a_degraded_condition_while_writes_go_on() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes_file = dir.path().join("replica-nodes");
+        std::fs::write(&nodes_file, "").unwrap();
+        let a = start_node(dir.path(), "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
+        let b = start_node(dir.path(), "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
+        let c = start_node(dir.path(), "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
+        let addrs: Vec<String> =
+            [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
+        std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+        let (mut ctl, _) = clients(&a).await;
+        let (_, node_b) = clients(&b).await;
+
+        let v = ctl
+            .create_volume(create_request("pvc-degraded", params(&[("numberOfReplicas", "3")])))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let ctx = publish_to(&mut ctl, &v, "node-b").await.unwrap();
+        let p = paths(dir.path(), "node-b", "pod-1");
+        mount_on(&node_b, &v, &ctx, &p).await;
+        assert!(!condition(&node_b, &v, &p).await.abnormal, "healthy before");
+
+        // node-c's replica server goes away (as with a node that died).
+        c.datapath.as_ref().expect("data path").shutdown().await.unwrap();
+        let data: Vec<u8> = (0..2 * MIB).map(|i| (i % 241) as u8).collect();
+        let mut cond = None;
+        for round in 0..100 {
+            std::fs::write(p.target.join(format!("after-{round}.bin")), &data).unwrap();
+            nix::unistd::sync();
+            let now = condition(&node_b, &v, &p).await;
+            if now.abnormal {
+                cond = Some(now);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let cond = cond.expect("the condition turns abnormal once a replica is lost");
+        assert!(cond.message.contains("degraded"), "{cond:?}");
+        assert_eq!(std::fs::read(p.target.join("after-0.bin")).unwrap(), data, "writes went on");
+
+        unmount_on(&node_b, &v, &p).await;
+        for h in [a, b, c] {
+            h.shutdown().await.unwrap();
+        }
+        assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "nothing left mounted");
+    });
+}
