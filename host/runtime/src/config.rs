@@ -272,3 +272,60 @@ mod tests {
         assert!(HostConfig::parse("[runtime]\nkv_quota_keys = 0\n", Path::new("t")).is_err());
     }
 }
+
+/// Every host configuration the project shows an operator loads: the ```toml blocks of the
+/// READMEs and docs, and the ConfigMap's `config.toml` (issue 13, item 15: the README's sample
+/// once did not start).
+#[cfg(test)]
+mod shown_configurations {
+    use super::HostConfig;
+    use std::path::{Path, PathBuf};
+
+    fn workspace() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// The ```toml blocks of a markdown file, dedented (blocks inside list items are indented).
+    fn toml_blocks(markdown: &str) -> Vec<String> {
+        let mut blocks = vec![];
+        let mut open: Option<(usize, String)> = None;
+        for line in markdown.lines() {
+            let trimmed = line.trim_start();
+            match &mut open {
+                None if trimmed == "```toml" => open = Some((line.len() - trimmed.len(), String::new())),
+                Some(_) if trimmed == "```" => blocks.extend(open.take().map(|(_, b)| b)),
+                Some((indent, block)) => {
+                    block.push_str(line.get(*indent..).unwrap_or(""));
+                    block.push('\n');
+                }
+                None => {}
+            }
+        }
+        blocks
+    }
+
+    #[test]
+    fn every_configuration_in_the_docs_and_deploy_loads() {
+        let mut checked = 0;
+        for doc in ["README.md", "deploy/README.md", "docs/ceph-rbd-shim.md", "docs/replicated-block.md"] {
+            let text = std::fs::read_to_string(workspace().join(doc)).expect(doc);
+            for block in toml_blocks(&text) {
+                if let Err(e) = HostConfig::parse(&block, Path::new(doc)) {
+                    panic!("a configuration in {doc} does not load: {e}\n{block}");
+                }
+                checked += 1;
+            }
+        }
+        let configmap = std::fs::read_to_string(workspace().join("deploy/configmap.yaml")).expect("configmap");
+        let body: String = configmap
+            .lines()
+            .skip_while(|l| l.trim() != "config.toml: |")
+            .skip(1)
+            .take_while(|l| l.starts_with("    ") || l.trim().is_empty())
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        assert!(body.contains("[runtime]"), "the ConfigMap's config.toml was found:\n{body}");
+        HostConfig::parse(&body, Path::new("deploy/configmap.yaml")).expect("the ConfigMap's config.toml loads");
+        assert!(checked >= 5, "only {checked} blocks found: the extraction is broken");
+    }
+}
