@@ -103,6 +103,11 @@ impl Backend for HostPath {
             }
             return Ok(volume(have));
         }
+        // A new directory can never hold more than its filesystem: refuse, do not promise 8 EiB.
+        let total = h.dir().fs_stats(&root)?.total_bytes;
+        if cap > total {
+            return Err(Error::OutOfRange(format!("{cap} bytes asked; the filesystem of root {root} has {total}")));
+        }
         h.dir().mkdir(&root, "meta", 0o700)?;
         match from {
             None => h.dir().mkdir(&root, &data, 0o777)?,
@@ -118,7 +123,11 @@ impl Backend for HostPath {
         Ok(volume(cap))
     }
     fn delete_volume(h: &impl Host, id: String, _: Vec<SecretRef>) -> Res<()> {
+        // An id that is not ours, or of a root this host does not grant, names no volume here.
         let Ok((root, name)) = split_id(&id) else { return Ok(()) };
+        if !h.dir().roots().contains(&root) {
+            return Ok(());
+        }
         h.dir().remove_all(&root, &format!("volumes/{name}"))?;
         h.dir().remove_all(&root, &format!("meta/{name}"))
     }
@@ -161,7 +170,11 @@ impl Backend for HostPath {
         snapshot(h, &root, &name)?.ok_or_else(|| Error::Internal("snapshot vanished".into()))
     }
     fn delete_snapshot(h: &impl Host, id: String, _: Vec<SecretRef>) -> Res<()> {
+        // An id that is not ours, or of a root this host does not grant, names no volume here.
         let Ok((root, name)) = split_id(&id) else { return Ok(()) };
+        if !h.dir().roots().contains(&root) {
+            return Ok(());
+        }
         h.dir().remove_all(&root, &format!("snapmeta/{name}"))?;
         h.dir().remove_all(&root, &format!("snapshots/{name}"))
     }

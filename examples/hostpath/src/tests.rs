@@ -132,6 +132,7 @@ fn listing_pages_over_every_root_and_delete_is_idempotent() {
     HostPath::delete_volume(&h, "default.a".into(), vec![]).unwrap();
     HostPath::delete_volume(&h, "default.a".into(), vec![]).unwrap();
     HostPath::delete_volume(&h, "not-ours".into(), vec![]).unwrap();
+    HostPath::delete_volume(&h, "ungranted.a".into(), vec![]).expect("a root not granted holds no volume of ours");
     assert_eq!(h.dir.paths("default"), ["meta", "meta/c", "volumes", "volumes/c"]);
 }
 
@@ -148,4 +149,14 @@ fn attach_plans_bind_the_volume_directory() {
     assert_eq!(HostPath::validate_volume_capabilities(&h, v.volume_id, vec![], vec![mount(AccessMode::SingleNodeWriter)], vec![]).unwrap(), None);
     let cap = HostPath::get_capacity(&h, vec![], vec![], None).unwrap();
     assert_eq!(cap.available_bytes, h.dir.fs_stats("default").unwrap().available_bytes);
+}
+
+#[test]
+fn a_volume_larger_than_its_filesystem_is_out_of_range() {
+    let h = host();
+    h.dir.set_total_bytes(10 << 30);
+    let huge = HostPath::create_volume(&h, request("huge", 8 << 60, None));
+    assert!(matches!(huge, Err(Error::OutOfRange(_))), "{huge:?}");
+    assert_eq!(h.dir.paths("default"), Vec::<String>::new(), "nothing written");
+    assert_eq!(HostPath::create_volume(&h, request("fits", 10 << 30, None)).unwrap().capacity_bytes, 10 << 30);
 }
