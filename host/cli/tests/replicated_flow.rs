@@ -82,6 +82,19 @@ async fn start_node(dir: &Path, name: &str, mode: wasmcsi_csi::Mode, nodes_file:
     host
 }
 
+/// Three nodes (node-a also the controller) whose replica servers the grant's nodes file lists.
+async fn three_nodes(dir: &Path) -> [Host; 3] {
+    let nodes_file = dir.join("replica-nodes");
+    std::fs::write(&nodes_file, "").unwrap();
+    let a = start_node(dir, "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
+    let b = start_node(dir, "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
+    let c = start_node(dir, "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
+    let addrs: Vec<String> =
+        [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
+    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    [a, b, c]
+}
+
 async fn clients(host: &Host) -> (Controller, Node) {
     let channel = wasmcsi::host::connect(&host.socket).await.unwrap();
     (csi::controller_client::ControllerClient::new(channel.clone()), csi::node_client::NodeClient::new(channel))
@@ -141,11 +154,12 @@ async fn publish_to(
     ctl: &mut Controller,
     v: &csi::Volume,
     node: &str,
+    cap: &csi::VolumeCapability,
 ) -> Result<HashMap<String, String>, tonic::Status> {
     ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
         volume_id: v.volume_id.clone(),
         node_id: node.into(),
-        volume_capability: Some(ext4()),
+        volume_capability: Some(cap.clone()),
         volume_context: v.volume_context.clone(),
         ..Default::default()
     })
@@ -164,11 +178,17 @@ async fn unpublish_from(ctl: &mut Controller, v: &csi::Volume, node: &str) {
 }
 
 /// NodeStage (three at once) and NodePublish.
-async fn mount_on(node: &Node, v: &csi::Volume, publish_context: &HashMap<String, String>, p: &Paths) {
+async fn mount_on(
+    node: &Node,
+    v: &csi::Volume,
+    publish_context: &HashMap<String, String>,
+    p: &Paths,
+    cap: &csi::VolumeCapability,
+) {
     let stage = csi::NodeStageVolumeRequest {
         volume_id: v.volume_id.clone(),
         staging_target_path: p.staging.to_string_lossy().into(),
-        volume_capability: Some(ext4()),
+        volume_capability: Some(cap.clone()),
         volume_context: v.volume_context.clone(),
         publish_context: publish_context.clone(),
         ..Default::default()
@@ -183,7 +203,7 @@ async fn mount_on(node: &Node, v: &csi::Volume, publish_context: &HashMap<String
             volume_id: v.volume_id.clone(),
             staging_target_path: p.staging.to_string_lossy().into(),
             target_path: p.target.to_string_lossy().into(),
-            volume_capability: Some(ext4()),
+            volume_capability: Some(cap.clone()),
             volume_context: v.volume_context.clone(),
             publish_context: publish_context.clone(),
             ..Default::default()
@@ -240,42 +260,11 @@ async fn raw_block(ctl: &mut Controller, node: &Node, dir: &Path) -> csi::Volume
     let mut req = create_request("pvc-raw", params(&[("numberOfReplicas", "2")]));
     req.volume_capabilities = vec![block_cap()];
     let v = ctl.create_volume(req).await.unwrap().into_inner().volume.unwrap();
-    let ctx = ctl
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: "node-c".into(),
-            volume_capability: Some(block_cap()),
-            volume_context: v.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let p = paths(dir, "node-c", "pod-raw");
-    let mut node = node.clone();
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        volume_capability: Some(block_cap()),
-        volume_context: v.volume_context.clone(),
-        publish_context: ctx.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let device = p.target.join("dev");
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        target_path: device.to_string_lossy().into(),
-        volume_capability: Some(block_cap()),
-        volume_context: v.volume_context.clone(),
-        publish_context: ctx,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let ctx = publish_to(ctl, &v, "node-c", &block_cap()).await.unwrap();
+    let staged = paths(dir, "node-c", "pod-raw");
+    let device = staged.target.join("dev");
+    let p = Paths { staging: staged.staging, target: device.clone() };
+    mount_on(node, &v, &ctx, &p, &block_cap()).await;
     let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 253) as u8).collect();
     {
         let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&device).unwrap();
@@ -288,26 +277,9 @@ async fn raw_block(ctl: &mut Controller, node: &Node, dir: &Path) -> csi::Volume
         f.read_exact(&mut back).unwrap();
         assert!(back == block, "what was written through the device reads back");
     }
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        target_path: device.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
+    unmount_on(node, &v, &p).await;
     assert!(!device.exists(), "the target file is removed");
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: "node-c".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    unpublish_from(ctl, &v, "node-c").await;
     v
 }
 
@@ -323,14 +295,7 @@ fn replicated_volume_through_the_csi_socket_on_three_nodes() {
 
 async fn flow() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes_file = dir.path().join("replica-nodes");
-    std::fs::write(&nodes_file, "").unwrap();
-    let a = start_node(dir.path(), "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
-    let b = start_node(dir.path(), "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
-    let c = start_node(dir.path(), "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
-    let addrs: Vec<String> =
-        [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    let [a, b, c] = three_nodes(dir.path()).await;
     let (mut ctl, _) = clients(&a).await;
     let (_, node_b) = clients(&b).await;
     let (_, node_c) = clients(&c).await;
@@ -360,8 +325,8 @@ async fn flow() {
 
     // node-b gets it: stage, publish, write.
     let pb = paths(dir.path(), "node-b", "pod-1");
-    let ctx_b = publish_to(&mut ctl, &v, "node-b").await.unwrap();
-    mount_on(&node_b, &v, &ctx_b, &pb).await;
+    let ctx_b = publish_to(&mut ctl, &v, "node-b", &ext4()).await.unwrap();
+    mount_on(&node_b, &v, &ctx_b, &pb, &ext4()).await;
     let payload: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(pb.target.join("data.bin"), &payload).unwrap();
     nix::unistd::sync();
@@ -369,7 +334,7 @@ async fn flow() {
     assert!(!cond.abnormal, "healthy on node-b: {cond:?}");
 
     // One writer: node-c cannot have it while node-b does.
-    let refused = publish_to(&mut ctl, &v, "node-c").await.unwrap_err();
+    let refused = publish_to(&mut ctl, &v, "node-c", &ext4()).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
 
     // A snapshot while it is attached.
@@ -391,8 +356,8 @@ async fn flow() {
     unmount_on(&node_b, &v, &pb).await;
     unpublish_from(&mut ctl, &v, "node-b").await;
     let pc = paths(dir.path(), "node-c", "pod-2");
-    let ctx_c = publish_to(&mut ctl, &v, "node-c").await.unwrap();
-    mount_on(&node_c, &v, &ctx_c, &pc).await;
+    let ctx_c = publish_to(&mut ctl, &v, "node-c", &ext4()).await.unwrap();
+    mount_on(&node_c, &v, &ctx_c, &pc, &ext4()).await;
     assert_eq!(std::fs::read(pc.target.join("data.bin")).unwrap(), payload, "replicated to node-c");
     unmount_on(&node_c, &v, &pc).await;
     unpublish_from(&mut ctl, &v, "node-c").await;
@@ -407,9 +372,9 @@ async fn flow() {
             Err(s) => panic!("clone: {s:?}"),
         }
     };
-    let ctx = publish_to(&mut ctl, &clone, "node-b").await.unwrap();
+    let ctx = publish_to(&mut ctl, &clone, "node-b", &ext4()).await.unwrap();
     let pk = paths(dir.path(), "node-b", "pod-3");
-    mount_on(&node_b, &clone, &ctx, &pk).await;
+    mount_on(&node_b, &clone, &ctx, &pk, &ext4()).await;
     assert_eq!(std::fs::read(pk.target.join("data.bin")).unwrap(), payload, "the clone holds the snapshot");
     unmount_on(&node_b, &clone, &pk).await;
     unpublish_from(&mut ctl, &clone, "node-b").await;
@@ -451,14 +416,7 @@ fn a_lost_replica_node_shows_as_a_degraded_condition_while_writes_go_on() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let nodes_file = dir.path().join("replica-nodes");
-        std::fs::write(&nodes_file, "").unwrap();
-        let a = start_node(dir.path(), "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
-        let b = start_node(dir.path(), "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
-        let c = start_node(dir.path(), "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
-        let addrs: Vec<String> =
-            [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-        std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+        let [a, b, c] = three_nodes(dir.path()).await;
         let (mut ctl, _) = clients(&a).await;
         let (_, node_b) = clients(&b).await;
 
@@ -469,9 +427,9 @@ fn a_lost_replica_node_shows_as_a_degraded_condition_while_writes_go_on() {
             .into_inner()
             .volume
             .unwrap();
-        let ctx = publish_to(&mut ctl, &v, "node-b").await.unwrap();
+        let ctx = publish_to(&mut ctl, &v, "node-b", &ext4()).await.unwrap();
         let p = paths(dir.path(), "node-b", "pod-1");
-        mount_on(&node_b, &v, &ctx, &p).await;
+        mount_on(&node_b, &v, &ctx, &p, &ext4()).await;
         assert!(!condition(&node_b, &v, &p).await.abnormal, "healthy before");
 
         // node-c's replica server goes away (as with a node that died).

@@ -70,12 +70,6 @@ impl Guest for Overreach {
     fn get_capacity(_: Vec<VolumeCapability>, _: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
         unimplemented()
     }
-    fn get_snapshot(_: String) -> Result<Snapshot, Error> {
-        unimplemented()
-    }
-    fn reconcile_volume(_: String) -> Result<(), Error> {
-        unimplemented()
-    }
     fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
         let (kind, name) = volume_id.split_once('.').ok_or_else(|| Error::NotFound(volume_id.clone()))?;
         Ok(match kind {

@@ -17,8 +17,9 @@ use wasmcsi_rbd::fuse_attach;
 use crate::error::{CsiError, CsiResult};
 use crate::node::{bounded, mountinfo};
 
-/// How long one unmount, fsck or resize may take before it is given up on.
-const PATIENCE: Duration = Duration::from_secs(30);
+/// How long one unmount, fsck, resize or loop detach may take before it is given up on (an
+/// unmount past it gets the FUSE connection under it aborted).
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The filesystems this node formats and grows.
 const SUPPORTED: &[&str] = &["ext4", "xfs"];
@@ -33,7 +34,8 @@ pub struct Filesystem {
     pub read_only: bool,
 }
 
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CsiError {
+/// An I/O error as INTERNAL, saying what was being done.
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CsiError {
     let what = what.into();
     move |e| CsiError::Internal(format!("{what}: {e}"))
 }

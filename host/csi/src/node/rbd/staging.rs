@@ -38,16 +38,13 @@ use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
 use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 
 use crate::error::{CsiError, CsiResult};
-use crate::node::filesystem::{self, Filesystem, write_atomically};
+use crate::node::filesystem::{self, Filesystem, PATIENCE, io_err, write_atomically};
 use crate::node::mountinfo;
 
 const STATE_FILE: &str = "state.json";
 const CREDENTIALS_FILE: &str = "credentials";
 /// Bound on rbd-fuse's start and on each of its teardown steps.
 const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a loop device may take to let go of its file, and an unmount to finish before the
-/// FUSE connection under it is aborted.
-const PATIENCE: Duration = Duration::from_secs(30);
 /// How long NodeExpandVolume waits for rbd-fuse to show the grown image (its attribute cache
 /// lives a second; librbd learns the new size from the header watch).
 const GROW_WAIT: Duration = Duration::from_secs(15);
@@ -121,11 +118,6 @@ impl std::fmt::Debug for RbdNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RbdNode").field("state_dir", &self.state_dir).finish_non_exhaustive()
     }
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> CsiError {
-    let what = what.into();
-    move |e| CsiError::Internal(format!("{what}: {e}"))
 }
 
 fn rbd_err(e: RbdError) -> CsiError {
