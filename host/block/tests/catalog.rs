@@ -76,6 +76,27 @@ async fn discovery_names_every_node_with_its_labels_and_skips_the_dead() {
     assert_eq!(d.unreachable.len(), 1, "{:?}", d.unreachable);
 }
 
+/// A node that is switched off or cut off never answers (no refusal, no reset): here a socket
+/// whose connections are accepted by the kernel and never served. It must cost discovery a
+/// share of the operation's budget, not all of it, or every operation fails while it is down.
+#[tokio::test]
+async fn a_node_that_never_answers_costs_a_share_of_the_budget_and_the_rest_is_served() {
+    let c = Cluster::start(2).await;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut sources = NodeSources { nodes: c.addrs.iter().map(ToString::to_string).collect(), ..Default::default() };
+    sources.nodes.push(silent.local_addr().unwrap().to_string());
+    let catalog = Catalog::new(sources, T);
+    let started = std::time::Instant::now();
+    let d = catalog.discover().await;
+    let took = started.elapsed();
+    assert_eq!(d.nodes.keys().cloned().collect::<Vec<_>>(), names(&["n0", "n1"]));
+    assert_eq!(d.unreachable.len(), 1, "{:?}", d.unreachable);
+    assert!(took < T / 2, "discovery waited {took:?} for a silent node (budget {T:?})");
+    let v = catalog.create("v-silent", MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    assert_eq!(v.members.len(), 2);
+    assert!(catalog.get("v-silent").await.unwrap().is_some(), "served by the nodes that answer");
+}
+
 #[tokio::test]
 async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
     let c = Cluster::start(3).await;
