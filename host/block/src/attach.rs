@@ -430,9 +430,19 @@ impl Inner {
         *frontend = None;
         drop(frontend);
         let flushed = self.volume.flush();
+        // A fenced engine cannot flush (every replica refuses it), and has nothing to flush that
+        // counts: the volume was given to another node, whose engine the replicas follow. Its
+        // teardown is complete, so detaching it succeeds; kubelet must be able to unstage it.
+        let fenced = self.volume.status().fenced;
         self.volume.shutdown();
         tracing::debug!(device = %self.device.display(), "volume detached");
-        flushed.map_err(|source| AttachError::Flush { volume_id: self.volume_id.clone(), source })
+        match flushed {
+            Err(e) if fenced => {
+                tracing::warn!(error = %e, "detached a fenced volume: its unflushed writes were the old owner's");
+                Ok(())
+            }
+            other => other.map_err(|source| AttachError::Flush { volume_id: self.volume_id.clone(), source }),
+        }
     }
 }
 

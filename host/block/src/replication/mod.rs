@@ -96,6 +96,14 @@ pub type Millis = u64;
 /// seconds after an engine crash.
 pub const INTENT_LINGER: Millis = 5_000;
 
+/// Revisions are counted per epoch: the engine given epoch E counts from `E <<
+/// EPOCH_REVISION_BITS`, so every revision a newer owner writes is above every revision an older
+/// one could have counted — also on a replica the older engine kept writing to after it was cut
+/// off with it (split brain). Without this, that replica could hold the highest revision and be
+/// taken as the only current one by the next attach. 2^32 healthy-set changes per epoch is more
+/// than a volume sees; epoch 0 (engines started by hand, no claim) counts from 0 as before.
+pub const EPOCH_REVISION_BITS: u32 = 32;
+
 /// Largest single client read or write; bounded so one request fits one frame.
 pub const MAX_IO: u64 = 4 * 1024 * 1024;
 /// Largest single client unmap. An unmap locks its range like a write; bounding it keeps one
@@ -865,6 +873,13 @@ impl Engine {
         self.resync_after_unclean_end(&attached);
         if self.replicas.iter().any(|s| *s != ReplicaState::Healthy) {
             self.bump_revision();
+        }
+        // Into this epoch's range (see EPOCH_REVISION_BITS) before the first write, also when
+        // every replica is current.
+        let floor = self.cfg.epoch.saturating_mul(1 << EPOCH_REVISION_BITS);
+        if self.revision < floor {
+            self.revision = floor;
+            self.revision_sync_wanted = true;
         }
         tracing::info!(revision = self.revision, size = self.size, healthy = self.healthy_count(), "attached");
         self.persist();

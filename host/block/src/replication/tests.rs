@@ -261,7 +261,7 @@ fn hello_and_claim(e: &mut Engine, r: ReplicaId, revision: u64) -> (u64, Vec<Act
     let reply = Message::HelloReply { status: Status::Ok, header: header(revision) };
     let claim = sends(&e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply })));
     assert_eq!(claim.len(), 1);
-    assert_eq!(claim[0].1.message, Message::Claim { epoch: 7 }, "the claim follows Hello at once");
+    assert_eq!(claim[0].1.message, Message::Claim { epoch: e.cfg.epoch }, "the claim follows Hello at once");
     (claim[0].1.request_id, claim.iter().map(|(r, f)| Action::Send { replica: *r, frame: f.clone() }).collect())
 }
 
@@ -310,4 +310,62 @@ fn a_write_refused_as_fenced_fails_it_and_everything_after_it() {
     assert!(e.is_fenced() && e.healthy_count() == 0);
     let later = e.handle(4, Event::ClientFlush { client: 2 });
     assert!(matches!(&later[..], [Action::Reply { client: 2, result: Err(IoError::Fenced { .. }) }]), "{later:?}");
+}
+
+/// The revision an engine sends in its first `SetRevision`, acknowledging it on every replica.
+fn first_revision_sync(e: &mut Engine, actions: &[Action]) -> u64 {
+    let mut synced = None;
+    for (r, f) in sends(actions) {
+        if let Message::SetRevision { revision } = f.message {
+            synced = Some(revision);
+            e.handle(2, Event::Received(r, ok(f.request_id)));
+        }
+    }
+    synced.expect("a revision sync")
+}
+
+/// Split brain, as the engine sees it: the engine of epoch 6 was cut off with its own replica
+/// and, while the CO moved the volume on, kept counting revisions on that replica alone
+/// (replica 0 at 10). The engine of epoch 7 attached the two others (at 8). Whatever the old
+/// engine counted, the new engine's revisions must be above it, or the next engine would take
+/// the cut-off replica as the only current one and rebuild the others from it: the writes made
+/// after the move would be lost.
+#[test]
+fn revisions_of_a_newer_epoch_are_above_any_an_older_epoch_counted() {
+    let mut e7 = Engine::new(EngineConfig { epoch: 7, ..config(&[false, false, false]) }, None, 0);
+    for r in [1, 2] {
+        let (claim, _) = hello_and_claim(&mut e7, r, 8);
+        e7.handle(0, Event::Received(r, ok(claim)));
+    }
+    // Replica 0 never answers: the attach finishes without it.
+    let out = e7.handle(1000, Event::Tick);
+    assert!(e7.is_attached() && !e7.is_healthy(0));
+    let ours = first_revision_sync(&mut e7, &out);
+    assert!(ours > 10 && ours >> EPOCH_REVISION_BITS == 7, "epoch 7 counts from 7 << 32: {ours}");
+
+    // Even with every replica current at attach, an engine moves them into its epoch's range:
+    // otherwise an older engine cut off with one of them could count past them.
+    let mut e9 = Engine::new(EngineConfig { epoch: 9, ..config(&[false, false]) }, None, 0);
+    let mut out = Vec::new();
+    for r in [0, 1] {
+        let (claim, _) = hello_and_claim(&mut e9, r, ours);
+        out = e9.handle(0, Event::Received(r, ok(claim)));
+    }
+    assert!(e9.is_attached() && e9.healthy_count() == 2);
+    for (r, f) in sends(&out) {
+        if matches!(f.message, Message::Flush) {
+            e9.handle(1, Event::Received(r, ok(f.request_id)));
+        }
+    }
+    let write = e9.handle(1, Event::ClientWrite { client: 1, offset: 0, data: vec![1; 512].into() });
+    let both: Vec<Action> = out.into_iter().chain(write).collect();
+    assert_eq!(first_revision_sync(&mut e9, &both), 9 << EPOCH_REVISION_BITS, "before its first write");
+
+    // The next engine sees replica 0 (counted to 10 by epoch 6) as behind.
+    let mut next = Engine::new(EngineConfig { epoch: 11, ..config(&[false, false, false]) }, None, 0);
+    for (r, rev) in [(0, 10), (1, ours), (2, ours)] {
+        let (claim, _) = hello_and_claim(&mut next, r, rev);
+        next.handle(0, Event::Received(r, ok(claim)));
+    }
+    assert!(!next.is_healthy(0) && next.is_healthy(1) && next.is_healthy(2), "the cut-off replica is behind");
 }
