@@ -17,20 +17,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use wasmcsi_block::replica::{ReplicaStore, replica_dir_name};
 
-const BIN: &str = env!("CARGO_BIN_EXE_wasmcsi");
+mod support;
+
+use support::direct::Aligned;
+use support::process::{BIN, Proc};
 
 // ----- every CLI invocation of this file --------------------------------------------------------
 //
@@ -189,130 +190,19 @@ impl Drop for Netns {
     }
 }
 
-// ----- processes ------------------------------------------------------------------------------
+// ----- processes
 
-/// Strips ANSI colour sequences from log lines.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A child `wasmcsi` process whose stdout and stderr lines arrive on one channel (and are echoed
-/// for debugging). Dropping it SIGKILLs and reaps it.
-struct Proc {
-    name: String,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// Every line seen so far, for assertions on the log.
-    seen: Vec<String>,
-}
-
-impl Proc {
-    fn spawn(name: &str, netns: Option<&Netns>, args: &[String]) -> Self {
-        let mut cmd = match netns {
-            // nsenter --net, not `ip netns exec`: the latter also unshares the mount namespace,
-            // and a copy of the engine's FUSE mount in another mount namespace keeps the FUSE
-            // connection alive after the engine unmounts it, so its detach never finishes.
-            Some(ns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{}", ns.name)).args(["--", BIN]);
-                c
-            }
-            None => Command::new(BIN),
-        };
-        // nsenter execs the binary: the child's pid is the server's.
-        let mut child =
-            cmd.args(args).env("NO_COLOR", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let (tx, lines) = mpsc::channel();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let (tx, name) = (tx.clone(), name.to_string());
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let line = strip_ansi(&line);
-                    println!("[{name}] {line}");
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Self { name: name.into(), child, lines, seen: Vec::new() }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-
-    /// Waits for a line matching `pred` (lines already seen are not considered again).
-    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if pred(&l) {
-                        return l;
-                    }
-                }
-                Err(e) => panic!("{}: no line {what} ({e}); exited: {:?}", self.name, self.child.try_wait()),
-            }
-        }
-    }
-
+/// The engine's status lines, as `wasmcsi volume attach` prints them.
+trait EngineStatus {
     /// Waits for a status line with `healthy` replicas and at least `rebuilds` finished.
-    fn wait_status(&mut self, healthy: usize, rebuilds: u64) {
+    fn wait_for_status(&mut self, healthy: usize, rebuilds: u64);
+}
+
+impl EngineStatus for Proc {
+    fn wait_for_status(&mut self, healthy: usize, rebuilds: u64) {
         self.wait_line(&format!("{healthy} healthy, >= {rebuilds} rebuilds"), |l| {
             parse_status(l).is_some_and(|(h, r)| h == healthy && r >= rebuilds)
         });
-    }
-
-    /// Collects the lines that arrived so far without waiting.
-    fn drain(&mut self) {
-        while let Ok(l) = self.lines.try_recv() {
-            self.seen.push(l);
-        }
-    }
-
-    fn kill9(&mut self) {
-        kill(self.pid(), Signal::SIGKILL).unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGINT and wait for a clean exit.
-    fn interrupt(&mut self) {
-        kill(self.pid(), Signal::SIGINT).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "{} exited with {status} after SIGINT", self.name);
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} did not exit after SIGINT", self.name);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -457,7 +347,7 @@ impl Cluster {
     fn start_server(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let args = replica_serve(node.root.path(), node.addr);
-        let mut p = Proc::spawn(&format!("replica{i}"), Some(&node.ns), &args);
+        let mut p = Proc::spawn(&format!("replica{i}"), Some(&node.ns.name), &args);
         p.wait_line("serving", |l| l.starts_with("serving replica"));
         node.server = Some(p);
     }
@@ -538,23 +428,6 @@ fn describe_block(data: &[u8]) -> String {
     }
 }
 
-/// A 4096-aligned buffer for `O_DIRECT`, without `unsafe`.
-struct Aligned {
-    mem: Vec<u8>,
-    start: usize,
-}
-
-impl Aligned {
-    fn new() -> Self {
-        let mem = vec![0; 2 * BLOCK];
-        let start = (BLOCK - (mem.as_ptr() as usize) % BLOCK) % BLOCK;
-        Self { mem, start }
-    }
-    fn get(&mut self) -> &mut [u8] {
-        &mut self.mem[self.start..self.start + BLOCK]
-    }
-}
-
 /// The loop device opened with `O_DIRECT`, and the model of what each block must hold.
 struct Workload {
     dev: File,
@@ -619,7 +492,7 @@ impl Workload {
             .map(|t| {
                 let (w, stop) = (self.clone(), stop.clone());
                 std::thread::spawn(move || {
-                    let mut buf = Aligned::new();
+                    let mut buf = Aligned::new(BLOCK);
                     let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (t + 1);
                     let mut step = 0u64;
                     while !stop.load(Ordering::SeqCst) {
@@ -641,7 +514,7 @@ impl Workload {
 
     /// Checks every block of the working set.
     fn check_all(&self) {
-        let mut buf = Aligned::new();
+        let mut buf = Aligned::new(BLOCK);
         for b in 0..BLOCKS {
             self.check(&mut buf, b);
         }
@@ -720,7 +593,7 @@ macro_rules! require_root {
 fn replica_killed_mid_workload_is_rebuilt_and_no_write_is_lost() {
     require_root!();
     let mut c = Cluster::new("pvc-kill", 2);
-    c.start_engine().proc().wait_status(2, 0);
+    c.start_engine().proc().wait_for_status(2, 0);
     let w = Workload::open(&c.engine().device);
     let stop = Arc::new(AtomicBool::new(false));
     let threads = w.run(4, stop.clone());
@@ -728,13 +601,13 @@ fn replica_killed_mid_workload_is_rebuilt_and_no_write_is_lost() {
 
     // kill -9 replica 1 while writes are in flight: the volume goes on, degraded.
     c.nodes[1].server.take().unwrap().kill9();
-    c.engine().proc().wait_status(1, 0);
+    c.engine().proc().wait_for_status(1, 0);
     let degraded_from = w.writes.load(Ordering::Relaxed);
     wait_writes(&w, degraded_from, 2000);
 
     // It comes back (same directory, same address) and is rebuilt while writes go on.
     c.start_server(1);
-    c.engine().proc().wait_status(2, 1);
+    c.engine().proc().wait_for_status(2, 1);
     wait_writes(&w, w.writes.load(Ordering::Relaxed), 1000);
     stop_workload(&stop, threads);
     w.assert_clean();
@@ -754,7 +627,7 @@ fn replica_killed_mid_workload_is_rebuilt_and_no_write_is_lost() {
 fn partitioned_replica_is_delta_rebuilt_and_never_serves_stale_data() {
     require_root!();
     let mut c = Cluster::new("pvc-part", 2);
-    c.start_engine().proc().wait_status(2, 0);
+    c.start_engine().proc().wait_for_status(2, 0);
     let w = Workload::open(&c.engine().device);
     let stop = Arc::new(AtomicBool::new(false));
     let threads = w.run(4, stop.clone());
@@ -762,13 +635,13 @@ fn partitioned_replica_is_delta_rebuilt_and_never_serves_stale_data() {
 
     // Cut node 1 off; the engine times it out and goes on with node 0.
     c.nodes[1].ns.partition();
-    c.engine().proc().wait_status(1, 0);
+    c.engine().proc().wait_for_status(1, 0);
     let degraded_from = w.writes.load(Ordering::Relaxed);
     wait_writes(&w, degraded_from, 2000);
 
     // Heal: node 1 reconnects and gets only what it missed.
     c.nodes[1].ns.heal();
-    c.engine().proc().wait_status(2, 1);
+    c.engine().proc().wait_for_status(2, 1);
     wait_writes(&w, w.writes.load(Ordering::Relaxed), 1000);
     stop_workload(&stop, threads);
     w.assert_clean();
@@ -783,7 +656,7 @@ fn partitioned_replica_is_delta_rebuilt_and_never_serves_stale_data() {
 
     // Now only the rebuilt replica serves: kill -9 node 0's server and read everything back.
     c.nodes[0].server.take().unwrap().kill9();
-    c.engine().proc().wait_status(1, 1);
+    c.engine().proc().wait_for_status(1, 1);
     w.check_all();
     w.assert_clean();
     let generations = w.generations();
@@ -798,10 +671,10 @@ fn partitioned_replica_is_delta_rebuilt_and_never_serves_stale_data() {
 fn engine_killed_after_flushed_writes_restarts_with_every_flushed_write() {
     require_root!();
     let mut c = Cluster::new("pvc-engine", 2);
-    c.start_engine().proc().wait_status(2, 0);
+    c.start_engine().proc().wait_for_status(2, 0);
     let device = c.engine().device.clone();
     let w = Workload::open(&device);
-    let mut buf = Aligned::new();
+    let mut buf = Aligned::new(BLOCK);
     // Two rounds over every third block, each round flushed (fdatasync of the device).
     for _round in 0..2 {
         for b in (0..BLOCKS).step_by(3) {
@@ -821,7 +694,7 @@ fn engine_killed_after_flushed_writes_restarts_with_every_flushed_write() {
     c.engine = None;
 
     // A new engine over the same state dir serves every flushed write.
-    c.start_engine().proc().wait_status(2, 0);
+    c.start_engine().proc().wait_for_status(2, 0);
     let w2 = Workload::open(&c.engine().device);
     for b in 0..BLOCKS {
         let generation = if b % 3 == 0 { 2 } else { 0 };

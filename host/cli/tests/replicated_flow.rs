@@ -5,7 +5,7 @@
 //! the controller. The backend is the bundled component loaded from disk.
 //!
 //! Flow: bad parameters are refused before anything is made → CreateVolume (three replicas,
-//! sent several times at once) → ControllerPublish to node-b → stage (ext4 formatted on the
+//! sent 50 times at once: one replica set) → ControllerPublish to node-b → stage (ext4 formatted on the
 //! engine's FUSE + loop device) and publish there → write → stats (healthy) → a second node's
 //! publish is refused while b holds it → snapshot → unpublish/unstage/ControllerUnpublish →
 //! the same volume on node-c shows what b wrote (replicated, one writer at a time) → a clone
@@ -313,7 +313,7 @@ async fn flow() {
     // One volume of three replicas, however many copies of the request arrive.
     let name = "pvc-0a1b2c3d-replicated";
     let req = create_request(name, params(&[("numberOfReplicas", "3")]));
-    let answers = at_once(4, "create", || {
+    let answers = at_once(50, "create", || {
         let (mut ctl, req) = (ctl.clone(), req.clone());
         async move { ctl.create_volume(req).await }
     })
@@ -322,6 +322,14 @@ async fn flow() {
     assert!(vols.iter().all(|v| v.volume_id == vols[0].volume_id), "one volume per name: {vols:?}");
     let v = vols[0].clone();
     assert_eq!(v.capacity_bytes, SIZE);
+    let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.entries.len(), 1, "one volume for 50 concurrent creates: {listed:?}");
+    let replicas: Vec<PathBuf> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .flat_map(|n| std::fs::read_dir(dir.path().join(n).join("replicas")).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(replicas.len(), 3, "one replica set of three, one replica per node: {replicas:?}");
 
     // node-b gets it: stage, publish, write.
     let pb = paths(dir.path(), "node-b", "pod-1");

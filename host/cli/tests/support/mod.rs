@@ -4,6 +4,10 @@
 #![allow(dead_code, reason = "each test or bench binary uses a part")]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support")]
 
+pub mod direct;
+pub mod lan;
+pub mod process;
+
 use std::path::Path;
 use std::time::Duration;
 

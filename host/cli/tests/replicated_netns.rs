@@ -1,0 +1,655 @@
+//! Replicated block volumes through the CSI socket with every node a real `wasmcsi serve`
+//! process in its own network namespace, on a private LAN ([`support::lan`]): a controller
+//! (`--mode controller`) and node plugins (`--mode node`, each serving its replicas on
+//! 10.201.0.N:9501), called as kubelet and the sidecars call them. Faults are real: `kill -9` of
+//! a node's process, a node cut off the LAN.
+//!
+//! - A replica node killed under a checksummed workload (fio `--verify` through the staged ext4):
+//!   no verify error, the volume reports itself degraded, writes go on, the node comes back and is
+//!   rebuilt, the volume is healthy again, and the replicas are byte-identical at the end.
+//! - The node plugin that runs the engine killed with -9: after its restart, unstage and re-stage
+//!   work and every flushed write is there.
+//! - Split brain: the volume's node is cut off, the CO moves the volume to another node; the old
+//!   node's late writes never reach what the new node (or any later one) reads.
+//!
+//! Root only, with /dev/fuse, `ip` and fio; skipped with a message otherwise. Namespaces,
+//! processes, mounts and loop devices are taken down by drop guards, also when a test panics. No
+//! assertion depends on timing; waits only bound how long a broken build can hang.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use wasmcsi_block::replica::ReplicaStore;
+use wasmcsi_proto::csi::v1 as csi;
+
+mod support;
+
+use support::direct::Aligned;
+use support::lan::{Lan, Member};
+use support::process::Proc;
+
+type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
+type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
+
+const MIB: i64 = 1 << 20;
+const O_DIRECT: i32 = nix::fcntl::OFlag::O_DIRECT.bits();
+const SIZE: i64 = 128 * MIB;
+const BACKEND: &str = "replicated-block";
+const REPLICA_PORT: u16 = 9501;
+
+fn skip_reason() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing".into());
+    }
+    for tool in ["ip", "fio", "nsenter"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Some(format!("{tool} missing"));
+        }
+    }
+    None
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+// ----- the cluster --------------------------------------------------------------------------------
+
+/// One `wasmcsi serve` process on its LAN member, with its own home (socket, state, replicas).
+struct Plugin {
+    name: String,
+    member: Member,
+    home: PathBuf,
+    /// Serves replicas (node mode) or not (the controller).
+    replicas: bool,
+    proc: Option<Proc>,
+}
+
+impl Plugin {
+    fn socket(&self) -> PathBuf {
+        self.home.join("csi.sock")
+    }
+
+    fn replica_root(&self) -> PathBuf {
+        self.home.join("replicas")
+    }
+
+    fn args(&self, config: &Path) -> Vec<String> {
+        let home = |p: &str| self.home.join(p).to_string_lossy().into_owned();
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--mode".into(),
+            if self.replicas { "node" } else { "controller" }.into(),
+            "--socket".into(),
+            home("csi.sock"),
+            "--config".into(),
+            config.to_string_lossy().into(),
+            "--backends-dir".into(),
+            home("backends"),
+            "--state-dir".into(),
+            home("state"),
+            "--node-id".into(),
+            self.name.clone(),
+            "--driver-name".into(),
+            "replicated.wasmcsi.io".into(),
+            // The volumes here ask for a long staleReplicaTimeout: a lost node is waited for.
+            "--reconcile-interval".into(),
+            "1s".into(),
+        ];
+        if self.replicas {
+            args.extend([
+                "--replica-listen".into(),
+                format!("{}:{REPLICA_PORT}", self.member.addr),
+                "--replica-root".into(),
+                home("replicas"),
+            ]);
+        }
+        args
+    }
+
+    fn start(&mut self, config: &Path) {
+        assert!(self.proc.is_none(), "{} runs already", self.name);
+        let _ = std::fs::remove_file(self.socket());
+        self.proc = Some(Proc::spawn(&self.name, Some(&self.member.netns), &self.args(config)));
+    }
+
+    fn kill9(&mut self) {
+        self.proc.take().expect("running").kill9();
+    }
+
+    /// SIGINT, and the process must exit cleanly.
+    fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.interrupt();
+        }
+    }
+
+    /// A channel once the plugin answers Probe as ready.
+    async fn channel(&self) -> tonic::transport::Channel {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            if let Ok(ch) = wasmcsi::host::connect(&self.socket()).await {
+                let mut id = csi::identity_client::IdentityClient::new(ch.clone());
+                if let Ok(r) = id.probe(csi::ProbeRequest {}).await
+                    && r.into_inner().ready != Some(false)
+                {
+                    return ch;
+                }
+            }
+            assert!(Instant::now() < deadline, "{} never answered Probe", self.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn node(&self) -> Node {
+        csi::node_client::NodeClient::new(self.channel().await)
+    }
+}
+
+/// A controller and `n` replica nodes (`node-a`, `node-b`, …) on one LAN; the backend's grant
+/// names every node's replica server.
+struct Cluster {
+    dir: tempfile::TempDir,
+    lan: Lan,
+    config: PathBuf,
+    controller: Plugin,
+    nodes: Vec<Plugin>,
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut lan = Lan::create();
+        let mut plugin = |name: &str, replicas: bool| {
+            let home = dir.path().join(name);
+            std::fs::create_dir_all(home.join("backends")).unwrap();
+            std::fs::write(home.join(format!("backends/{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
+            Plugin { name: name.into(), member: lan.join(), home, replicas, proc: None }
+        };
+        let controller = plugin("controller", false);
+        let nodes: Vec<Plugin> = (0..n).map(|i| plugin(&format!("node-{}", char::from(b'a' + i as u8)), true)).collect();
+        let addrs: Vec<String> = nodes.iter().map(|p| format!("\"{}:{REPLICA_PORT}\"", p.member.addr)).collect();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 10000\n\
+                 [backends.{BACKEND}.grants.block]\nnodes = [{}]\n",
+                addrs.join(", ")
+            ),
+        )
+        .unwrap();
+        let mut cluster = Self { dir, lan, config, controller, nodes };
+        cluster.controller.start(&cluster.config);
+        for i in 0..n {
+            cluster.nodes[i].start(&cluster.config);
+        }
+        for p in std::iter::once(&cluster.controller).chain(&cluster.nodes) {
+            p.channel().await;
+        }
+        cluster
+    }
+
+    async fn controller(&self) -> Controller {
+        csi::controller_client::ControllerClient::new(self.controller.channel().await)
+    }
+
+    fn restart(&mut self, i: usize) {
+        let config = self.config.clone();
+        self.nodes[i].start(&config);
+    }
+
+    /// Stops every process cleanly (each must exit 0 on SIGINT).
+    fn stop(&mut self) {
+        for p in std::iter::once(&mut self.controller).chain(&mut self.nodes) {
+            p.stop();
+        }
+    }
+
+    fn paths(&self, node: usize, pod: &str) -> Paths {
+        let home = &self.nodes[node].home;
+        Paths { staging: home.join("kubelet/staging").join(pod), target: home.join("kubelet/pods").join(pod).join("mount") }
+    }
+
+    /// Every replica of the one volume the cluster holds, read whole offline (processes
+    /// stopped); asserts they are byte-identical.
+    fn assert_replicas_identical(&self, expected: usize) {
+        let mut first: Option<(String, Vec<u8>)> = None;
+        let mut found = 0;
+        for node in &self.nodes {
+            let Ok(entries) = std::fs::read_dir(node.replica_root()) else { continue };
+            for entry in entries.map_while(Result::ok).filter(|e| e.path().is_dir()) {
+                let store = ReplicaStore::open(&entry.path()).unwrap();
+                let size = store.header().size;
+                let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap());
+                for off in (0..size).step_by(1 << 20) {
+                    bytes.extend(store.read(off, u32::try_from((1u64 << 20).min(size - off)).unwrap()).unwrap());
+                }
+                found += 1;
+                match &first {
+                    None => first = Some((node.name.clone(), bytes)),
+                    Some((name, f)) => {
+                        let diff = f.iter().zip(&bytes).position(|(a, b)| a != b);
+                        assert!(
+                            diff.is_none() && f.len() == bytes.len(),
+                            "{}'s replica differs from {name}'s at byte {diff:?}",
+                            node.name
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(found, expected, "replicas found");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Processes first (a dropped Proc is SIGKILLed), then whatever they left mounted: a
+        // test that failed half-way must not leave a mount or loop device on the machine.
+        for p in std::iter::once(&mut self.controller).chain(&mut self.nodes) {
+            p.proc.take();
+        }
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mut points: Vec<&str> =
+            mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| m.starts_with(&dir)).collect();
+        points.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in points {
+            let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!("losetup -nO NAME,BACK-FILE | awk '$2 ~ \"^{dir}\" {{print $1}}' | xargs -r -n1 losetup -d"))
+            .output();
+    }
+}
+
+// ----- CSI calls ----------------------------------------------------------------------------------
+
+struct Paths {
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+fn mount_cap(fs: Option<&str>) -> csi::VolumeCapability {
+    support::single_node_writer(fs)
+}
+
+async fn create(ctl: &mut Controller, name: &str, replicas: usize, cap: &csi::VolumeCapability) -> csi::Volume {
+    let parameters: HashMap<String, String> = [
+        ("backend", BACKEND.to_string()),
+        ("numberOfReplicas", replicas.to_string()),
+        ("staleReplicaTimeout", "1h".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    ctl.create_volume(csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: SIZE, limit_bytes: 0 }),
+        volume_capabilities: vec![cap.clone()],
+        parameters,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap()
+}
+
+async fn publish(ctl: &mut Controller, v: &csi::Volume, node: &str, cap: &csi::VolumeCapability) -> HashMap<String, String> {
+    ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|s| panic!("ControllerPublish to {node}: {s:?}"))
+    .into_inner()
+    .publish_context
+}
+
+async fn unpublish(ctl: &mut Controller, v: &csi::Volume, node: &str) {
+    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: node.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|s| panic!("ControllerUnpublish from {node}: {s:?}"));
+}
+
+async fn stage_and_publish(
+    node: &mut Node,
+    v: &csi::Volume,
+    ctx: &HashMap<String, String>,
+    p: &Paths,
+    cap: &csi::VolumeCapability,
+) {
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: v.volume_context.clone(),
+        publish_context: ctx.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodeStage: {s:?}"));
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        target_path: p.target.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: v.volume_context.clone(),
+        publish_context: ctx.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodePublish: {s:?}"));
+}
+
+async fn unpublish_and_unstage(node: &mut Node, v: &csi::Volume, p: &Paths) {
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: p.target.to_string_lossy().into(),
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodeUnpublish: {s:?}"));
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodeUnstage: {s:?}"));
+}
+
+async fn condition(node: &mut Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {
+    node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: p.target.to_string_lossy().into(),
+        staging_target_path: String::new(),
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodeGetVolumeStats: {s:?}"))
+    .into_inner()
+    .volume_condition
+    .expect("a volume condition")
+}
+
+/// Polls the volume's condition until `want(condition)`; returns how long it took.
+async fn wait_condition(
+    node: &mut Node,
+    v: &csi::Volume,
+    p: &Paths,
+    what: &str,
+    want: impl Fn(&csi::VolumeCondition) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let c = condition(node, v, p).await;
+        if want(&c) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "never {what}: last {c:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let dir = dir.to_string_lossy();
+    table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
+}
+
+// ----- fio ----------------------------------------------------------------------------------------
+
+/// A fio job writing `file` with 4 KiB random direct writes, each block checksummed (crc32c)
+/// and verified: along the way (`verify_backlog`) and all of it at the end. `verify_only`
+/// re-reads and checks what a previous run of the same job wrote.
+fn fio(file: &Path, verify_only: bool) -> Command {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=verify",
+        &format!("--filename={}", file.display()),
+        "--size=16M",
+        "--bs=4k",
+        "--rw=randwrite",
+        "--ioengine=psync",
+        "--direct=1",
+        "--verify=crc32c",
+        "--verify_backlog=256",
+        "--verify_fatal=1",
+        "--randrepeat=1",
+        // No state file in the working directory.
+        "--verify_state_save=0",
+        "--output-format=terse",
+        "--terse-version=3",
+    ]);
+    if verify_only {
+        cmd.arg("--verify_only");
+    }
+    cmd
+}
+
+/// Runs fio to completion: it must exit 0 with no error counted.
+fn fio_ok(cmd: &mut Command, what: &str) {
+    let out = cmd.output().expect("running fio");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fio ({what}) failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    // Terse v3: field 5 is the job's error number.
+    let error = text.lines().find(|l| l.starts_with("3;")).and_then(|l| l.split(';').nth(4));
+    assert_eq!(error, Some("0"), "fio ({what}) reports an error: {text}");
+}
+
+// ----- tests --------------------------------------------------------------------------------------
+
+#[test]
+fn a_replica_node_killed_under_a_verified_workload_is_rebuilt_and_the_replicas_agree() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(3).await;
+        let mut ctl = cluster.controller().await;
+        let cap = mount_cap(Some("ext4"));
+        let v = create(&mut ctl, "pvc-verified", 3, &cap).await;
+        let ctx = publish(&mut ctl, &v, "node-a", &cap).await;
+        let p = cluster.paths(0, "pod-1");
+        let mut node_a = cluster.nodes[0].node().await;
+        stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+        assert!(!condition(&mut node_a, &v, &p).await.abnormal, "healthy once staged");
+
+        // fio writes and verifies while node-c dies mid-run.
+        let first = p.target.join("first.dat");
+        let mut writer = fio(&first, false).stdout(std::process::Stdio::null()).spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.nodes[2].kill9();
+        let killed = Instant::now();
+        let status = writer.wait().unwrap();
+        assert!(status.success(), "fio through the replica node's death: {status}");
+        fio_ok(&mut fio(&first, true), "verify what was written while node-c died");
+        let noticed = wait_condition(&mut node_a, &v, &p, "degraded", |c| c.abnormal).await;
+        let c = condition(&mut node_a, &v, &p).await;
+        assert!(c.message.contains("degraded"), "the condition says why: {c:?}");
+
+        // Writes go on while degraded.
+        let second = p.target.join("second.dat");
+        fio_ok(&mut fio(&second, false), "write and verify while degraded");
+
+        // node-c comes back (same root): its replica is rebuilt and the volume is healthy again.
+        cluster.restart(2);
+        cluster.nodes[2].channel().await;
+        let healed = wait_condition(&mut node_a, &v, &p, "healthy again", |c| !c.abnormal).await;
+        eprintln!(
+            "degraded noticed {noticed:?} after the kill (at most), healthy {healed:?} after node-c's restart, \
+             {:?} since the kill",
+            killed.elapsed()
+        );
+        fio_ok(&mut fio(&first, true), "verify the first file after the rebuild");
+        fio_ok(&mut fio(&second, true), "verify the second file after the rebuild");
+
+        unpublish_and_unstage(&mut node_a, &v, &p).await;
+        unpublish(&mut ctl, &v, "node-a").await;
+        assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
+        cluster.stop();
+        cluster.assert_replicas_identical(3);
+    });
+}
+
+#[test]
+fn the_node_plugin_killed_while_staged_restages_with_every_flushed_write() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(2).await;
+        let mut ctl = cluster.controller().await;
+        let cap = mount_cap(Some("ext4"));
+        let v = create(&mut ctl, "pvc-restaged", 2, &cap).await;
+        let ctx = publish(&mut ctl, &v, "node-a", &cap).await;
+        let p = cluster.paths(0, "pod-1");
+        let mut node_a = cluster.nodes[0].node().await;
+        stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+
+        // Flushed writes: fsync'd files, then a sync of the filesystem.
+        let payload: Vec<u8> = (0..4 * MIB).map(|i| (i * 13 % 251) as u8).collect();
+        for i in 0..4 {
+            let f = std::fs::File::create(p.target.join(format!("flushed-{i}.bin"))).unwrap();
+            f.write_all_at(&payload, 0).unwrap();
+            f.sync_all().unwrap();
+        }
+        nix::unistd::sync();
+
+        // The plugin that runs the engine dies; kubelet restarts it and goes on.
+        cluster.nodes[0].kill9();
+        cluster.restart(0);
+        let mut node_a = cluster.nodes[0].node().await;
+        unpublish_and_unstage(&mut node_a, &v, &p).await;
+        assert_eq!(mounts_under(&cluster.nodes[0].home), Vec::<String>::new(), "unstage leaves nothing mounted");
+        stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+        for i in 0..4 {
+            let back = std::fs::read(p.target.join(format!("flushed-{i}.bin"))).unwrap();
+            assert!(back == payload, "flushed-{i}.bin is whole after the plugin's kill -9");
+        }
+        unpublish_and_unstage(&mut node_a, &v, &p).await;
+        unpublish(&mut ctl, &v, "node-a").await;
+        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })
+            .await
+            .unwrap();
+        assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
+        cluster.stop();
+    });
+}
+
+/// One MiB of `tag` repeated, for the raw block split-brain test.
+fn pattern(tag: u8) -> Vec<u8> {
+    vec![tag; 1 << 20]
+}
+
+fn write_direct(device: &Path, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new().write(true).custom_flags(O_DIRECT).open(device)?;
+    let mut buf = Aligned::new(data.len());
+    buf.get().copy_from_slice(data);
+    f.write_all_at(buf.get(), offset)?;
+    f.sync_all()
+}
+
+fn read_direct(device: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(O_DIRECT).open(device).unwrap();
+    let mut buf = Aligned::new(len);
+    f.read_exact_at(buf.get(), offset).unwrap();
+    buf.get().to_vec()
+}
+
+#[test]
+fn split_brain_the_cut_off_node_s_late_writes_never_reach_the_volume() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    runtime().block_on(async {
+        let mut cluster = Cluster::start(3).await;
+        let mut ctl = cluster.controller().await;
+        let cap = mount_cap(None);
+        let v = create(&mut ctl, "pvc-split", 3, &cap).await;
+        let (before, late, from_b) = (pattern(0xa1), pattern(0xa2), pattern(0xb1));
+
+        // node-a has it and writes.
+        let ctx = publish(&mut ctl, &v, "node-a", &cap).await;
+        let staged = cluster.paths(0, "pod-a");
+        let pa = Paths { staging: staged.staging, target: staged.target.join("dev") };
+        let mut node_a = cluster.nodes[0].node().await;
+        stage_and_publish(&mut node_a, &v, &ctx, &pa, &cap).await;
+        write_direct(&pa.target, 0, &before).unwrap();
+
+        // node-a is cut off; the CO declares it gone and moves the volume to node-b.
+        cluster.lan.partition(&cluster.nodes[0].member);
+        unpublish(&mut ctl, &v, "node-a").await;
+        let ctx = publish(&mut ctl, &v, "node-b", &cap).await;
+        let staged = cluster.paths(1, "pod-b");
+        let pb = Paths { staging: staged.staging, target: staged.target.join("dev") };
+        let mut node_b = cluster.nodes[1].node().await;
+        stage_and_publish(&mut node_b, &v, &ctx, &pb, &cap).await;
+        assert!(read_direct(&pb.target, 0, before.len()) == before, "node-b reads what node-a wrote before");
+
+        // node-a, still running and cut off, writes on (its engine may or may not still
+        // acknowledge it, with its own replica only); node-b writes elsewhere.
+        let device_a = pa.target.clone();
+        let late_a = late.clone();
+        let late_write = std::thread::spawn(move || write_direct(&device_a, 1 << 20, &late_a));
+        write_direct(&pb.target, 2 << 20, &from_b).unwrap();
+        let late_result = late_write.join().unwrap();
+        eprintln!("node-a's write while cut off: {late_result:?}");
+
+        // node-a comes back: every replica refuses its engine from now on.
+        cluster.lan.heal(&cluster.nodes[0].member);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (device, late) = (pa.target.clone(), late.clone());
+            let r = tokio::task::spawn_blocking(move || write_direct(&device, 1 << 20, &late)).await.unwrap();
+            if r.is_err() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node-a's engine still writes after the partition healed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let read = |p: &Paths, at: u64| read_direct(&p.target, at, 1 << 20);
+        assert!(read(&pb, 0) == before && read(&pb, 2 << 20) == from_b, "node-b reads its own data");
+        assert!(read(&pb, 1 << 20) == vec![0; 1 << 20], "node-a's late write is not on node-b's volume");
+
+        // node-a's pod goes (kubelet tears down what it had), node-b's too.
+        unpublish_and_unstage(&mut node_a, &v, &pa).await;
+        let mut node_b = cluster.nodes[1].node().await;
+        wait_condition(&mut node_b, &v, &pb, "healthy (node-a's replica rebuilt)", |c| !c.abnormal).await;
+        unpublish_and_unstage(&mut node_b, &v, &pb).await;
+        unpublish(&mut ctl, &v, "node-b").await;
+
+        // Any later engine (here on node-c, with every replica reachable) reads node-b's data.
+        let ctx = publish(&mut ctl, &v, "node-c", &cap).await;
+        let staged = cluster.paths(2, "pod-c");
+        let pc = Paths { staging: staged.staging, target: staged.target.join("dev") };
+        let mut node_c = cluster.nodes[2].node().await;
+        stage_and_publish(&mut node_c, &v, &ctx, &pc, &cap).await;
+        assert!(read(&pc, 0) == before && read(&pc, 2 << 20) == from_b, "node-c reads node-b's data");
+        assert!(read(&pc, 1 << 20) == vec![0; 1 << 20], "node-a's late write is on no replica node-c reads");
+        unpublish_and_unstage(&mut node_c, &v, &pc).await;
+        unpublish(&mut ctl, &v, "node-c").await;
+        assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
+        cluster.stop();
+        cluster.assert_replicas_identical(3);
+    });
+}
