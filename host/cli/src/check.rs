@@ -10,7 +10,7 @@ use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
 use wasmcsi_runtime::engine::EngineSettings;
-use wasmcsi_runtime::{Runtime, RuntimeOptions};
+use wasmcsi_runtime::{ContractVersion, Runtime, RuntimeOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {
@@ -87,6 +87,11 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     println!("exports:");
     for e in &exports {
         println!("  {e}");
+    }
+    match ContractVersion::detect(&imports, &exports) {
+        Ok(v) if v == ContractVersion::CURRENT => println!("contract: {v}"),
+        Ok(v) => println!("contract: {v} (previous version, served beside {})", ContractVersion::CURRENT),
+        Err(e) => println!("contract: none this host serves: {e}"),
     }
     let needed: Vec<&str> = imports
         .capabilities

@@ -99,7 +99,7 @@ impl Registry {
             seen.insert(path.clone(), stamp.clone());
             match self.load_file(name, path).await {
                 Ok(Some(b)) => {
-                    tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, cache_hit = b.cache_hit, "backend loaded");
+                    tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, contract = %b.contract, cache_hit = b.cache_hit, "backend loaded");
                     report.loaded.push(name.clone());
                 }
                 Ok(None) => {}

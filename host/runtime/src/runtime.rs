@@ -1,12 +1,13 @@
 //! `Runtime`: the engine, compile cache, metadata store, configuration and metrics every
 //! backend shares, and `load`, which turns `.wasm` bytes into a checked [`Backend`]: compile
-//! (or take from cache) → check imports against grants → link only what is granted →
-//! pre-instantiate → call `info` once under the backend's limits.
+//! (or take from cache) → tell which contract version it is built against → check imports
+//! against grants → link only what is granted, under that version's names → pre-instantiate →
+//! call `info` once under the backend's limits.
 use crate::backend::{Backend, CallError, Kind};
 use crate::bindings::driver::BackendInfo;
-use crate::bindings::{BackendPre, wasmcsi::backend as wit};
 use crate::cache::CompileCache;
 use crate::capabilities::{Capabilities, Capability, ImportSummary};
+use crate::compat::{ComponentPre, ContractError, ContractVersion};
 use crate::config::{HostConfig, is_valid_name};
 use crate::engine::{EngineSettings, EpochTicker, build_engine};
 use crate::metrics::{BackendLabels, Metrics};
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use tokio::sync::Semaphore;
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
 /// Why a component could not be loaded. The message is the one log line an operator sees.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,9 @@ pub enum LoadError {
     Compile { name: String, message: String },
     #[error("backend {name}: refused: {}", violations.join("; "))]
     NotGranted { name: String, violations: Vec<String> },
+    /// Not a backend of a contract version this host serves (or of several at once).
+    #[error("backend {name}: refused: {source}")]
+    Contract { name: String, source: ContractError },
     #[error("backend {name}: linking failed: {message}")]
     Link { name: String, message: String },
     #[error("backend {name}: info() failed: {source}")]
@@ -139,9 +143,11 @@ impl Runtime {
             .await
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("compile task failed: {e}") })?
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("{e:#}") })?;
-        let (imports, _) = self.summarize(&component);
+        let (imports, exports) = self.summarize(&component);
+        let contract = ContractVersion::detect(&imports, &exports)
+            .map_err(|source| LoadError::Contract { name: name.into(), source })?;
         let grants = self.config.grants_for(name);
-        let violations = imports.violations(&grants);
+        let violations = imports.violations(&grants, contract);
         if !violations.is_empty() {
             return Err(LoadError::NotGranted { name: name.into(), violations });
         }
@@ -149,33 +155,28 @@ impl Runtime {
         let link = |e: wasmtime::Error| LoadError::Link { name: name.into(), message: format!("{e:#}") };
         let mut linker: Linker<CallState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
-        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        wit::log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         // Only what was granted is linked at all: an ungranted interface does not exist for
-        // this backend, whatever its bytes say.
+        // this backend, whatever its bytes say. `types`, `log` and `kv` are everyone's.
         // `dir` imported for its types only still needs its instance linked; the guest cannot
         // reach a function it does not import.
         let dir_types = component.component_type().imports(&self.engine).any(|(n, item)| {
             n.split('@').next() == Some("wasmcsi:backend/dir") && is_types_only(&self.engine, &item.ty)
         });
-        if imports.capabilities.contains(&Capability::Dir) || dir_types {
-            wit::dir::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        let mut linked = vec![Capability::Types, Capability::Log, Capability::Kv];
+        for c in imports.capabilities.iter().copied().chain(dir_types.then_some(Capability::Dir)) {
+            if !linked.contains(&c) {
+                linked.push(c);
+            }
         }
-        if imports.capabilities.contains(&Capability::Nfs) {
-            wit::nfs::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        }
-        if imports.capabilities.contains(&Capability::Rbd) {
-            wit::rbd::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        }
-        if imports.capabilities.contains(&Capability::Block) {
-            wit::block::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        for capability in linked {
+            crate::compat::link(&mut linker, contract, capability).map_err(link)?;
         }
         let pre = linker.instantiate_pre(&component).map_err(link)?;
-        let pre = BackendPre::new(pre).map_err(link)?;
+        let pre = ComponentPre::new(contract, pre).map_err(link)?;
 
         let mut backend = self.assemble(name, Kind::Wasm { engine: self.engine.clone(), pre }, empty_info(), imports);
         backend.digest = digest;
+        backend.contract = contract;
         backend.path = path;
         backend.cache_hit = cache_hit;
         let info = backend
@@ -216,6 +217,7 @@ impl Runtime {
             digest: String::new(),
             path: None,
             info,
+            contract: ContractVersion::CURRENT,
             imports,
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
