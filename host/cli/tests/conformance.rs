@@ -1,7 +1,8 @@
 //! The conformance suite against real hosts: a whole host started in-process on a unix socket,
-//! the hostpath example backend loaded from a backends directory (and the hostpath of the
-//! previous contract, `wasmcsi:backend@0.1.0`), real bind mounts when the tests run as root. Also: the suite can fail (it is no test that always passes), and a
-//! CreateVolume retried after a controller restart finds the volume made before it.
+//! the hostpath example backend loaded from a backends directory (and the hostpath as built
+//! against the previous contract, `wasmcsi:backend@0.1.0`), real bind mounts when the tests run
+//! as root. Also: the suite can fail (it is no test that always passes), and a CreateVolume
+//! retried after a controller restart finds the volume made before it.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -177,8 +177,9 @@ impl Backend {
     }
 
     /// Run one export under every limit. `body` gets the fresh instance's exports (in the
-    /// current types, whatever version the guest was built against) and the store; `secrets` become handles 0.. for this call only. The call runs in a task of its
-    /// own, so a host import stuck in a syscall cannot keep the caller past the deadline.
+    /// current types, whatever version the guest was built against) and the store; `secrets`
+    /// become handles 0.. for this call only. The call runs in a task of its own, so a host
+    /// import stuck in a syscall cannot keep the caller past the deadline.
     pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         R: Send + 'static,

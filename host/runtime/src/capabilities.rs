@@ -204,10 +204,14 @@ mod tests {
     fn block_at_0_1_is_refused_even_when_granted_naming_the_version_it_needs() {
         let block = ImportSummary::classify(["wasmcsi:backend/block@0.1.0"]);
         assert_eq!(block.wasmcsi, ["wasmcsi:backend/block@0.1.0"]);
-        let mut g = Grants::default();
-        g.block =
-            Some(wasmcsi_block::catalog::NodeSources { nodes: vec!["10.0.0.1:9501".into()], ..Default::default() });
-        for grants in [Grants::default(), g] {
+        let granted = Grants {
+            block: Some(wasmcsi_block::catalog::NodeSources {
+                nodes: vec!["10.0.0.1:9501".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for grants in [Grants::default(), granted] {
             let v = block.violations(&grants, ContractVersion::V0_1);
             assert_eq!(v.len(), 1, "{v:?}");
             assert!(v[0].contains("wasmcsi:backend/block@0.1.0") && v[0].contains("@0.2.0"), "{v:?}");

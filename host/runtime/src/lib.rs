@@ -1,7 +1,7 @@
 //! The sandbox. Loads backend components built against any contract version it serves
 //! (`compat`: `wasmcsi:backend@0.1.0` and `@0.2.0`), checks what they import against the
-//! operator's grants, links the granted capabilities, and runs every backend call in a fresh, bounded
-//! store (memory cap, wall-clock deadline, optional fuel, concurrency limit, per-import
+//! operator's grants, links the granted capabilities, and runs every backend call in a fresh,
+//! bounded store (memory cap, wall-clock deadline, optional fuel, concurrency limit, per-import
 //! timeouts). Traps, timeouts and OOMs come back as [`CallError`] values; nothing a guest does
 //! can take the process down. It knows nothing of CSI or gRPC: that is `wasmcsi-csi`.
 pub mod backend;

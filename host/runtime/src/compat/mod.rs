@@ -287,7 +287,7 @@ mod tests {
     #[test]
     fn a_component_mixing_versions_is_refused_naming_both() {
         let mixed = imports(&["wasmcsi:backend/types@0.1.0", "wasmcsi:backend/kv@0.2.0"]);
-        let e = ContractVersion::detect(&mixed, &exports(&["wasmcsi:backend/driver@0.1.0"])).unwrap_err();
+        let e = ContractVersion::detect(&mixed, &exports(&["wasmcsi:backend/driver@0.1.0"])).expect_err("mixed");
         assert_eq!(
             e,
             ContractError::Mixed {
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_component_without_one_driver_of_a_served_version_is_refused() {
-        let none = ContractVersion::detect(&imports(&[]), &exports(&["wasi:cli/run@0.2.6"])).unwrap_err();
+        let none = ContractVersion::detect(&imports(&[]), &exports(&["wasi:cli/run@0.2.6"])).expect_err("no driver");
         assert!(matches!(none, ContractError::NoDriver { .. }), "{none}");
         assert!(none.to_string().contains("wasi:cli/run@0.2.6"), "{none}");
         // `driver-extra` is not `driver`.
@@ -315,7 +315,7 @@ mod tests {
             } else {
                 format!("wasmcsi:backend/driver@{unserved}")
             };
-            let e = ContractVersion::detect(&imports(&[]), &[driver.clone()]).unwrap_err();
+            let e = ContractVersion::detect(&imports(&[]), std::slice::from_ref(&driver)).expect_err("unserved");
             assert_eq!(e, ContractError::Unsupported { name: driver.clone() }, "{driver}");
             assert!(e.to_string().contains("@0.1.0 and @0.2.0"), "{e}");
         }
