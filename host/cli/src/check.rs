@@ -120,6 +120,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         node_id: "check-node".into(),
         socket: scratch.path().join("csi.sock"),
         config,
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: scratch.path().join("state"),
         reload_interval: Duration::from_secs(3600),

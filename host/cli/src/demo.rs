@@ -54,6 +54,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         node_id: "demo-node".into(),
         socket: dir.join("csi.sock"),
         config,
+        config_file: None,
         backends_dir: Some(backends.clone()),
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(2),

@@ -77,6 +77,7 @@ impl Env {
             node_id: "conformance-node".into(),
             socket: self.socket(),
             config: HostConfig::parse(&config, Path::new("test")).unwrap(),
+            config_file: None,
             backends_dir: Some(self.base.join("backends")),
             state_dir: self.base.join("state"),
             reload_interval: Duration::from_millis(200),

@@ -121,6 +121,9 @@ pub struct Backend {
     pub info: BackendInfo,
     /// the `wasmcsi:backend` version the component was built against (native: the current)
     pub contract: ContractVersion,
+    /// the configuration this backend's grants and limits come from (the runtime's when it
+    /// was loaded; a reload of the configuration loads it again)
+    pub config: Arc<crate::config::HostConfig>,
     pub imports: ImportSummary,
     pub limits: Limits,
     /// compiled artifact came from the on-disk cache

@@ -15,8 +15,8 @@ use crate::state::CallState;
 use crate::store::{MetaStore, StoreError};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::Linker;
@@ -66,7 +66,10 @@ pub struct RuntimeOptions {
 /// Shared by every backend.
 pub struct Runtime {
     pub engine: Engine,
-    pub config: HostConfig,
+    /// The operator's configuration, replaced whole when its file changes
+    /// ([`Runtime::reconfigure`]). A backend is assembled from one snapshot of it and keeps
+    /// that snapshot's grants and limits until it is loaded again ([`Backend::config`]).
+    config: RwLock<Arc<HostConfig>>,
     pub store: Arc<MetaStore>,
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
@@ -83,11 +86,31 @@ impl Runtime {
             cache: CompileCache::new(&engine, opts.cache_dir),
             _ticker: EpochTicker::start(engine.clone()),
             engine,
-            config: opts.config,
+            config: RwLock::new(Arc::new(opts.config)),
             store,
             metrics: Arc::new(Metrics::new()),
             copies: Arc::default(),
         }))
+    }
+
+    /// The configuration in force: what the next load links with.
+    pub fn config(&self) -> Arc<HostConfig> {
+        // A panic while the lock was held cannot leave a half-written `Arc` behind.
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Put `config` in force for every load from now on; backends already loaded keep theirs
+    /// until they are loaded again (the registry does that on a configuration change).
+    pub fn reconfigure(&self, config: HostConfig) -> Arc<HostConfig> {
+        let config = Arc::new(config);
+        match self.config.write() {
+            Ok(mut c) => *c = config.clone(),
+            Err(poisoned) => *poisoned.into_inner() = config.clone(),
+        }
+        config
     }
 
     /// sha256 of component bytes, hex.
@@ -146,7 +169,9 @@ impl Runtime {
         let (imports, exports) = self.summarize(&component);
         let contract = ContractVersion::detect(&imports, &exports)
             .map_err(|source| LoadError::Contract { name: name.into(), source })?;
-        let grants = self.config.grants_for(name);
+        // One snapshot for the whole load: the grants checked are the grants linked.
+        let config = self.config();
+        let grants = config.grants_for(name);
         let violations = imports.violations(&grants, contract);
         if !violations.is_empty() {
             return Err(LoadError::NotGranted { name: name.into(), violations });
@@ -174,7 +199,8 @@ impl Runtime {
         let pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = ComponentPre::new(contract, pre).map_err(link)?;
 
-        let mut backend = self.assemble(name, Kind::Wasm { engine: self.engine.clone(), pre }, empty_info(), imports);
+        let kind = Kind::Wasm { engine: self.engine.clone(), pre };
+        let mut backend = self.assemble(&config, name, kind, empty_info(), imports);
         backend.digest = digest;
         backend.contract = contract;
         backend.path = path;
@@ -199,15 +225,23 @@ impl Runtime {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
         }
-        let mut backend = self.assemble(name, Kind::Native(driver), (driver.info)(), ImportSummary::default());
+        let config = self.config();
+        let mut backend = self.assemble(&config, name, Kind::Native(driver), (driver.info)(), ImportSummary::default());
         backend.digest = Self::digest(format!("native:{name}").as_bytes());
         Ok(Arc::new(backend))
     }
 
-    /// A backend with this runtime's grants, limits and metrics for `name`.
-    fn assemble(&self, name: &str, kind: Kind, info: BackendInfo, imports: ImportSummary) -> Backend {
-        let limits = self.config.limits_for(name);
-        let grants = self.config.grants_for(name);
+    /// A backend with `config`'s grants and limits and this runtime's metrics for `name`.
+    fn assemble(
+        &self,
+        config: &Arc<HostConfig>,
+        name: &str,
+        kind: Kind,
+        info: BackendInfo,
+        imports: ImportSummary,
+    ) -> Backend {
+        let limits = config.limits_for(name);
+        let grants = config.grants_for(name);
         match self.store.kv_usage(name) {
             Ok(usage) => self.metrics.kv_usage(name, usage),
             Err(e) => tracing::warn!(backend = name, error = %e, "cannot read kv usage"),
@@ -218,18 +252,15 @@ impl Runtime {
             path: None,
             info,
             contract: ContractVersion::CURRENT,
+            config: config.clone(),
             imports,
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
                 backend: name.into(),
                 store: self.store.clone(),
                 nfs: nfs_client(&grants.nfs, limits.import_timeout()),
-                rbd: crate::host::rbd::RbdProvider::from_grants(
-                    &grants.rbd,
-                    &self.config.clusters,
-                    limits.import_timeout(),
-                )
-                .map(Arc::new),
+                rbd: crate::host::rbd::RbdProvider::from_grants(&grants.rbd, &config.clusters, limits.import_timeout())
+                    .map(Arc::new),
                 block: grants
                     .block
                     .filter(|b| !b.is_empty())
