@@ -1,6 +1,7 @@
 //! Prometheus metrics: per backend calls, errors by code, latency, traps, timeouts, memory
-//! peak, `kv` usage and log bytes dropped; and per CSI method requests by code (recorded by the CSI layer). One
-//! registry, encoded by the `/metrics` endpoint in the binary.
+//! peak, `kv` usage, loads and rejected files; configuration files put in force or refused; and
+//! per CSI method requests by code (recorded by the CSI layer). One registry, encoded by the
+//! `/metrics` endpoint in the binary.
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
