@@ -13,6 +13,8 @@ const GUESTS: &[(&str, &str, &str)] = &[
     ("wasmcsi-backend-ceph-rbd-shim", "CEPH_RBD_SHIM", "ceph-rbd-shim"),
     ("wasmcsi-backend-replicated-block", "REPLICATED_BLOCK", "replicated-block"),
     ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
+    ("wasmcsi-fixture-hostpath-v0-1", "HOSTPATH_V0_1", "hostpath-v0-1"),
+    ("wasmcsi-fixture-block-v0-1", "BLOCK_V0_1", "block-v0-1"),
 ];
 
 fn main() {

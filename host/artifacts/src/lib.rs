@@ -1,12 +1,12 @@
 //! The components this workspace builds: the bundled backends, the example backend and the
-//! hostile test fixtures, as bytes. `ALL` lists them with the file stem the host would load
-//! them as (`hostpath.wasm` → backend `hostpath`); `bundled` is what an operator gets (the
-//! image's backends directory, `wasmcsi backend export`). Building them is `build.rs`'s job;
-//! this crate holds no logic.
+//! test fixtures (hostile, and backends built against the previous contract), as bytes. `ALL`
+//! lists them with the file stem the host would load them as (`hostpath.wasm` → backend
+//! `hostpath`); `bundled` is what an operator gets (the image's backends directory, `wasmcsi
+//! backend export`). Building them is `build.rs`'s job; this crate holds no logic.
 include!(concat!(env!("OUT_DIR"), "/artifacts.rs"));
 
 /// Components built only to test the host: never shipped to an operator.
-pub const FIXTURES: &[&str] = &["hostile"];
+pub const FIXTURES: &[&str] = &["hostile", "hostpath-v0-1", "block-v0-1"];
 
 /// The components an operator gets, as (file stem, bytes): every entry of `ALL` that is not a
 /// test fixture, so a backend added to the build is shipped without another list to update.

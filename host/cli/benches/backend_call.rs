@@ -67,6 +67,7 @@ fn options(base: &Path, backends: &Path) -> HostOptions {
         node_id: "bench".into(),
         socket: base.join("csi.sock"),
         config: config(&base.join("roots")),
+        config_file: None,
         backends_dir: Some(backends.to_path_buf()),
         state_dir: base.join("state"),
         reload_interval: Duration::from_secs(3600),

@@ -110,6 +110,7 @@ async fn main() {
         node_id: "bench".into(),
         socket: dir.path().join("csi.sock"),
         config: HostConfig::parse(&config, Path::new("bench")).unwrap(),
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: dir.path().join("state"),
         reload_interval: Duration::from_secs(3600),

@@ -128,32 +128,34 @@ pub async fn list(args: LsArgs) -> anyhow::Result<usize> {
         .collect();
     entries.sort();
     let mut rejected = 0;
-    println!("{:<20} {:<14} {:<10} {:<8} DETAIL", "NAME", "DIGEST", "VERSION", "STATUS");
+    // CONTRACT after STATUS: scripts read STATUS as the fourth column.
+    println!("{:<20} {:<14} {:<10} {:<8} {:<8} DETAIL", "NAME", "DIGEST", "VERSION", "STATUS", "CONTRACT");
     for path in entries {
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let wasm = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let digest = Runtime::digest(&wasm);
         if let Some(why) = not_a_component(&wasm) {
             rejected += 1;
-            println!("{:<20} {:<14} {:<10} {:<8} {why}", name, &digest[..12], "-", "rejected");
+            println!("{:<20} {:<14} {:<10} {:<8} {:<8} {why}", name, &digest[..12], "-", "rejected", "-");
             continue;
         }
         match runtime.load(&name, &wasm, Some(path.clone())).await {
             Ok(b) => {
                 let caps: Vec<&str> = b.imports.capabilities.iter().map(|c| c.name()).collect();
                 println!(
-                    "{:<20} {:<14} {:<10} {:<8} imports {} — {} features",
+                    "{:<20} {:<14} {:<10} {:<8} {:<8} imports {} — {} features",
                     name,
                     &digest[..12],
                     b.info.version,
                     "ok",
+                    b.contract.package_version(),
                     caps.join(","),
                     b.info.features.len()
                 );
             }
             Err(e) => {
                 rejected += 1;
-                println!("{:<20} {:<14} {:<10} {:<8} {e}", name, &digest[..12], "-", "rejected");
+                println!("{:<20} {:<14} {:<10} {:<8} {:<8} {e}", name, &digest[..12], "-", "rejected", "-");
             }
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
 use wasmcsi_runtime::engine::EngineSettings;
-use wasmcsi_runtime::{Runtime, RuntimeOptions};
+use wasmcsi_runtime::{ContractVersion, Runtime, RuntimeOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {
@@ -88,6 +88,11 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     for e in &exports {
         println!("  {e}");
     }
+    match ContractVersion::detect(&imports, &exports) {
+        Ok(v) if v == ContractVersion::CURRENT => println!("contract: {v}"),
+        Ok(v) => println!("contract: {v} (previous version, served beside {})", ContractVersion::CURRENT),
+        Err(e) => println!("contract: none this host serves: {e}"),
+    }
     let needed: Vec<&str> = imports
         .capabilities
         .iter()
@@ -115,6 +120,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         node_id: "check-node".into(),
         socket: scratch.path().join("csi.sock"),
         config,
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: scratch.path().join("state"),
         reload_interval: Duration::from_secs(3600),

@@ -29,10 +29,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&backends)?;
     std::fs::create_dir_all(&root)?;
     // The demo grants a dir root to hostpath and this node's own replica server to
-    // replicated-block: nfs needs an export granted, ceph-rbd-shim a Ceph pool, hostile is a
-    // test fixture.
-    let bundled = |stem: &str| !matches!(stem, "hostile" | "nfs" | "ceph-rbd-shim");
-    for (stem, bytes) in wasmcsi_artifacts::ALL.iter().filter(|(stem, _)| bundled(stem)) {
+    // replicated-block: nfs needs an export granted, ceph-rbd-shim a Ceph pool.
+    let granted = |stem: &str| !matches!(stem, "nfs" | "ceph-rbd-shim");
+    for (stem, bytes) in wasmcsi_artifacts::bundled().filter(|(stem, _)| granted(stem)) {
         std::fs::write(backends.join(format!("{stem}.wasm")), bytes)?;
     }
     // The replica server's port is known once it listens: the grant names a file of
@@ -55,6 +54,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         node_id: "demo-node".into(),
         socket: dir.join("csi.sock"),
         config,
+        config_file: None,
         backends_dir: Some(backends.clone()),
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(2),

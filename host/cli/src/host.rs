@@ -24,6 +24,9 @@ pub struct HostOptions {
     pub node_id: String,
     pub socket: PathBuf,
     pub config: HostConfig,
+    /// The file `config` was read from: re-read when it changes, like the backends directory
+    /// (`None`: `config` stays in force).
+    pub config_file: Option<PathBuf>,
     pub backends_dir: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub reload_interval: Duration,
@@ -69,7 +72,7 @@ impl Host {
             engine: EngineSettings::default(),
         })
         .with_context(|| format!("starting the runtime with state in {}", opts.state_dir.display()))?;
-        let registry = Registry::new(runtime.clone(), opts.backends_dir.clone());
+        let registry = Registry::new(runtime.clone(), opts.backends_dir.clone(), opts.config_file.clone());
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
@@ -92,7 +95,7 @@ impl Host {
             attachers: Attachers::new(NodeSetup {
                 node_id: opts.node_id.clone(),
                 state_dir: opts.state_dir.join("node"),
-                config: Arc::new(opts.config.clone()),
+                config: runtime.clone(),
                 mounts: Arc::new(KernelMounts),
                 runtime_dir: opts.state_dir.join("run"),
                 datapath: datapath.clone(),

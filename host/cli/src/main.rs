@@ -177,6 +177,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         node_id,
         socket: args.socket.clone(),
         config: wasmcsi::load_config_file(args.config.as_deref())?,
+        config_file: args.config.clone(),
         backends_dir: Some(args.backends_dir),
         state_dir: args.state_dir,
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),

@@ -22,6 +22,36 @@ fn check_passes_the_hostpath_example_and_names_what_it_needs() {
 }
 
 #[test]
+fn check_passes_a_backend_built_against_0_1_and_names_its_contract() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("hostpath-v0-1.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::HOSTPATH_V0_1).unwrap();
+    let (code, out, err) = wasmcsi(&["backend", "check", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("wasmcsi:backend/driver@0.1.0"), "exports listed: {out}");
+    assert!(out.contains("contract: wasmcsi:backend@0.1.0 (previous version"), "{out}");
+    assert!(out.contains("grants needed: dir"), "{out}");
+    assert!(out.lines().any(|l| l.contains(" 0 failed")), "{out}");
+}
+
+#[test]
+fn check_names_the_contract_of_a_current_backend_and_refuses_block_at_0_1() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("hostile.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::HOSTILE).unwrap();
+    let (_, out, _) = wasmcsi(&["backend", "check", "--no-node", file.to_str().unwrap()]);
+    assert!(out.lines().any(|l| l == "contract: wasmcsi:backend@0.2.0"), "{out}");
+
+    let file = d.path().join("block-v0-1.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::BLOCK_V0_1).unwrap();
+    let (code, out, err) = wasmcsi(&["backend", "check", "--no-node", file.to_str().unwrap()]);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("contract: wasmcsi:backend@0.1.0"), "{out}");
+    assert!(out.contains("does not load"), "{out}");
+    assert!(err.contains("wasmcsi:backend/block@0.1.0") && err.contains("needs wasmcsi:backend@0.2.0"), "{err}");
+}
+
+#[test]
 fn check_fails_a_backend_that_breaks_csi_semantics_with_a_readable_report() {
     let d = tempfile::tempdir().unwrap();
     // The hostile fixture answers every CreateVolume with an error: not a usable backend.
@@ -43,23 +73,33 @@ fn check_rejects_a_file_that_is_not_a_component() {
 }
 
 #[test]
-fn ls_reports_loaded_and_rejected_backends() {
+fn ls_reports_loaded_and_rejected_backends_with_their_contract_version() {
     let d = tempfile::tempdir().unwrap();
     std::fs::write(d.path().join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    std::fs::write(d.path().join("hostpath-v0-1.wasm"), wasmcsi_artifacts::HOSTPATH_V0_1).unwrap();
     std::fs::write(d.path().join("broken.wasm"), b"nope").unwrap();
     let config = d.path().join("config.toml");
+    let root = d.path().display().to_string();
     std::fs::write(
         &config,
-        format!("[backends.hostpath.grants]\ndir = {{ default = {:?} }}\n", d.path().display().to_string()),
+        format!(
+            "[backends.hostpath.grants]\ndir = {{ default = {root:?} }}\n\
+             [backends.hostpath-v0-1.grants]\ndir = {{ default = {root:?} }}\n"
+        ),
     )
     .unwrap();
     let (code, out, err) =
         wasmcsi(&["backend", "ls", "--backends-dir", d.path().to_str().unwrap(), "--config", config.to_str().unwrap()]);
     // A rejected file makes `ls` exit 1 (issue 19: scripts and probes must see it).
     assert_eq!(code, 1, "{err}");
-    let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
-    assert!(line("hostpath").contains(" ok "), "{out}");
-    assert!(line("broken").contains("rejected"), "{out}");
+    let columns = |name: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default();
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    assert_eq!(columns("NAME")[3..5], ["STATUS", "CONTRACT"], "{out}");
+    assert_eq!(columns("hostpath")[3..5], ["ok", "0.2.0"], "{out}");
+    assert_eq!(columns("hostpath-v0-1")[3..5], ["ok", "0.1.0"], "{out}");
+    assert_eq!(columns("broken")[3..5], ["rejected", "-"], "{out}");
 }
 
 /// The ceph-rbd-shim component against a real Ceph cluster (1 mon, 1 mgr, 2 memstore OSDs in a

@@ -1,7 +1,8 @@
 //! The conformance suite against real hosts: a whole host started in-process on a unix socket,
-//! the hostpath example backend loaded from a backends directory, real bind mounts when the
-//! tests run as root. Also: the suite can fail (it is no test that always passes), and a
-//! CreateVolume retried after a controller restart finds the volume made before it.
+//! the hostpath example backend loaded from a backends directory (and the hostpath as built
+//! against the previous contract, `wasmcsi:backend@0.1.0`), real bind mounts when the tests run
+//! as root. Also: the suite can fail (it is no test that always passes), and a CreateVolume
+//! retried after a controller restart finds the volume made before it.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,17 +40,24 @@ impl Drop for MountGuard {
 struct Env {
     _mounts: MountGuard,
     base: PathBuf,
+    /// the backend the host serves (a hostpath, granted the root)
+    backend: &'static str,
     _dir: tempfile::TempDir,
 }
 
 impl Env {
     fn new() -> Self {
+        Self::serving("hostpath", wasmcsi_artifacts::HOSTPATH)
+    }
+
+    /// A host serving `wasm`, a hostpath of some contract version, as backend `backend`.
+    fn serving(backend: &'static str, wasm: &[u8]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().canonicalize().unwrap();
         std::fs::create_dir_all(base.join("hostpath-root")).unwrap();
         std::fs::create_dir_all(base.join("backends")).unwrap();
-        std::fs::write(base.join("backends/hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
-        Self { _mounts: MountGuard(base.clone()), base, _dir: dir }
+        std::fs::write(base.join(format!("backends/{backend}.wasm")), wasm).unwrap();
+        Self { _mounts: MountGuard(base.clone()), base, backend, _dir: dir }
     }
 
     fn root(&self) -> PathBuf {
@@ -61,13 +69,15 @@ impl Env {
     }
 
     fn options(&self, mode: Mode) -> HostOptions {
-        let config = format!("[backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n", self.root().display());
+        let config =
+            format!("[backends.{}.grants]\ndir = {{ default = \"{}\" }}\n", self.backend, self.root().display());
         HostOptions {
             driver_name: "csi.wasmcsi.io".into(),
             mode,
             node_id: "conformance-node".into(),
             socket: self.socket(),
             config: HostConfig::parse(&config, Path::new("test")).unwrap(),
+            config_file: None,
             backends_dir: Some(self.base.join("backends")),
             state_dir: self.base.join("state"),
             reload_interval: Duration::from_millis(200),
@@ -118,10 +128,20 @@ async fn start(env: &Env, mode: Mode) -> Host {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hostpath_passes_the_conformance_suite() {
-    let env = Env::new();
+    passes_the_whole_suite(Env::new()).await;
+}
+
+/// A backend built against the previous contract (the hostpath example as it shipped for
+/// `wasmcsi:backend@0.1.0`) keeps loading and keeps CSI's semantics, controller and node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostpath_built_against_0_1_passes_the_conformance_suite() {
+    passes_the_whole_suite(Env::serving("hostpath-v0-1", wasmcsi_artifacts::HOSTPATH_V0_1)).await;
+}
+
+async fn passes_the_whole_suite(env: Env) {
     let host = start(&env, Mode::All).await;
     let node = is_root();
-    let report = conformance::run(&env.socket(), &env.profile("hostpath", node)).await.unwrap();
+    let report = conformance::run(&env.socket(), &env.profile(env.backend, node)).await.unwrap();
     println!("{}", report.render());
     assert!(report.passed(), "conformance failures:\n{}", report.render());
 

@@ -56,6 +56,7 @@ async fn start_host(dir: &Path, hostile_gets_dir: bool) -> Host {
         node_id: "node-1".into(),
         socket: dir.join("csi.sock"),
         config: config(dir, hostile_gets_dir),
+        config_file: None,
         backends_dir: Some(dir.join("backends")),
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(1),

@@ -126,6 +126,7 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
         node_id: "node-1".into(),
         socket: d.path().join("csi.sock"),
         config: HostConfig::parse(&config, Path::new("hot-reload-test")).unwrap(),
+        config_file: None,
         backends_dir: Some(backends.clone()),
         state_dir: d.path().join("state"),
         reload_interval: RELOAD_INTERVAL,
@@ -203,6 +204,71 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
     assert_eq!(create(&channel, "pvc-first").await.unwrap(), digest_a);
     assert_eq!(create(&channel, "pvc-swap-0").await.unwrap(), digest_b);
     assert_eq!(rejected(&host), "1");
+
+    drop(channel);
+    host.shutdown().await.unwrap();
+}
+
+/// A counter of the host's metrics, as `/metrics` shows it.
+fn counter(host: &Host, name: &str) -> String {
+    let text = host.registry.runtime().metrics.encode();
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("0").to_string()
+}
+
+/// Issue 19 "Config reload": the configuration file `serve --config` names is re-read on change
+/// like the backends directory, through the running host: a grant added lets a backend serve
+/// without a restart, a file that does not parse is refused once and the configuration in force
+/// keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_configuration_file_is_put_in_force_without_a_restart_and_a_bad_one_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (backends, file) = (d.path().join("backends"), d.path().join("config.toml"));
+    for sub in ["backends", "root", "state"] {
+        std::fs::create_dir_all(d.path().join(sub)).unwrap();
+    }
+    install(&backends, "hostpath", wasmcsi_artifacts::HOSTPATH);
+    // Written as an operator (or a ConfigMap update) does: a new file renamed over the old.
+    let write_config = |text: &str| {
+        let partial = d.path().join("config.toml.partial");
+        std::fs::write(&partial, text).unwrap();
+        std::fs::rename(&partial, &file).unwrap();
+    };
+    write_config("# hostpath is not granted its root yet\n");
+    let host = Host::start(HostOptions {
+        driver_name: "reload.test.wasmcsi.io".into(),
+        mode: Mode::Controller,
+        node_id: "node-1".into(),
+        socket: d.path().join("csi.sock"),
+        config: HostConfig::load(&file).unwrap(),
+        config_file: Some(file.clone()),
+        backends_dir: Some(backends.clone()),
+        state_dir: d.path().join("state"),
+        reload_interval: RELOAD_INTERVAL,
+        metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
+    })
+    .await
+    .unwrap();
+    let channel = connect(&host.socket).await.unwrap();
+    assert_eq!(rejected(&host), "1", "hostpath imports dir, not granted at start");
+    assert_eq!(create(&channel, "pvc-early").await.unwrap_err().code(), Code::InvalidArgument);
+
+    write_config(&format!("[backends.hostpath.grants]\ndir = {{ default = \"{}/root\" }}\n", d.path().display()));
+    eventually("the new configuration to serve hostpath", || async { create(&channel, "pvc-granted").await.ok() })
+        .await;
+    assert!(d.path().join("root/volumes/pvc-granted").is_dir());
+    assert_eq!(counter(&host, "wasmcsi_config_loads_total"), "1");
+
+    write_config("[backends.hostpath.grants\n");
+    eventually("the broken configuration to be refused", || async {
+        (counter(&host, "wasmcsi_config_rejected_total") == "1").then_some(())
+    })
+    .await;
+    tokio::time::sleep(RELOAD_INTERVAL * 3).await;
+    assert_eq!(counter(&host, "wasmcsi_config_rejected_total"), "1", "an unchanged bad file is looked at once");
+    create(&channel, "pvc-after-bad").await.unwrap();
+    assert!(d.path().join("root/volumes/pvc-after-bad").is_dir());
 
     drop(channel);
     host.shutdown().await.unwrap();

@@ -65,6 +65,7 @@ async fn start_node(dir: &Path, name: &str, mode: wasmcsi_csi::Mode, nodes_file:
         node_id: name.into(),
         socket: home.join("csi.sock"),
         config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: home.join("state"),
         reload_interval: Duration::from_secs(3600),

@@ -121,7 +121,7 @@ fn node() -> TestNode {
         engine: Default::default(),
     })
     .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None);
+    let registry = Registry::new(runtime.clone(), None, None);
     registry.insert(runtime.load_native("overreach", NativeDriver::of::<Overreach>()).expect("native backend"));
     let driver = Driver {
         name: "wasmcsi.test".into(),

@@ -120,7 +120,7 @@ fn node() -> Option<TestNode> {
         engine: Default::default(),
     })
     .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None);
+    let registry = Registry::new(runtime.clone(), None, None);
     registry.insert(runtime.load_native("dirs", NativeDriver::of::<Dirs>()).expect("native backend"));
     let driver = Driver {
         name: "wasmcsi.test".into(),

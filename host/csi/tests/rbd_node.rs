@@ -140,7 +140,7 @@ fn fixture() -> Option<&'static Fixture> {
             engine: Default::default(),
         })
         .expect("runtime");
-        let registry = Registry::new(runtime.clone(), None);
+        let registry = Registry::new(runtime.clone(), None, None);
         registry.insert(runtime.load_native("rbdtest", NativeDriver::of::<RbdPlanner>()).expect("native backend"));
         let client = RbdClient::new(ceph.config(&[POOL]));
         let pool = client.pool(CLUSTER, POOL, &RbdCredentials::new(USER, key.clone())).expect("granted");
@@ -179,7 +179,7 @@ fn attachers(f: &Fixture, id: &str, state: &Path) -> Attachers {
     Attachers::new(NodeSetup {
         node_id: id.into(),
         state_dir: state.to_owned(),
-        config: Arc::new(f.registry.runtime().config.clone()),
+        config: f.registry.runtime().clone(),
         mounts: Arc::new(KernelMounts),
         runtime_dir: state.join("run"),
         datapath: None,

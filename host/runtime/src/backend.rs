@@ -2,10 +2,10 @@
 //! pre-instantiated component per call, with the backend's memory cap, wall-clock deadline
 //! (epoch interruption), fuel and concurrency limit. Whatever the guest does, the caller gets
 //! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
-use crate::bindings::BackendPre;
-use crate::bindings::driver::{self, BackendInfo, Guest};
+use crate::bindings::driver::{self, BackendInfo};
 use crate::bindings::types::Error as WitError;
 use crate::capabilities::{Capabilities, ImportSummary};
+use crate::compat::{ComponentPre, ContractVersion, Driver};
 use crate::config::Limits;
 use crate::engine::EPOCH_TICK;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
@@ -119,6 +119,11 @@ pub struct Backend {
     pub digest: String,
     pub path: Option<PathBuf>,
     pub info: BackendInfo,
+    /// the `wasmcsi:backend` version the component was built against (native: the current)
+    pub contract: ContractVersion,
+    /// the configuration this backend's grants and limits come from (the runtime's when it
+    /// was loaded; a reload of the configuration loads it again)
+    pub config: Arc<crate::config::HostConfig>,
     pub imports: ImportSummary,
     pub limits: Limits,
     /// compiled artifact came from the on-disk cache
@@ -132,8 +137,8 @@ pub struct Backend {
 
 /// How a backend's code runs.
 pub(crate) enum Kind {
-    /// a sandboxed component (production)
-    Wasm { engine: Engine, pre: BackendPre<CallState> },
+    /// a sandboxed component (production), of any contract version this host serves
+    Wasm { engine: Engine, pre: ComponentPre },
     /// the same guest source linked into the host (benchmarks, tests): no sandbox
     Native(NativeDriver),
 }
@@ -174,13 +179,14 @@ impl Backend {
         self.info.features.contains(&f)
     }
 
-    /// Run one export under every limit. `body` gets the fresh instance's exports and the
-    /// store; `secrets` become handles 0.. for this call only. The call runs in a task of its
-    /// own, so a host import stuck in a syscall cannot keep the caller past the deadline.
+    /// Run one export under every limit. `body` gets the fresh instance's exports (in the
+    /// current types, whatever version the guest was built against) and the store; `secrets`
+    /// become handles 0.. for this call only. The call runs in a task of its own, so a host
+    /// import stuck in a syscall cannot keep the caller past the deadline.
     pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
+        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
     {
         let this = self.clone();
         self.detached(op, async move { this.call_inner(op, secrets, body).await }).await
@@ -189,7 +195,7 @@ impl Backend {
     /// Like [`Backend::call`], in the caller's task (loading: `info` before the backend is shared).
     pub(crate) async fn call_in_place<R, F>(&self, op: &'static str, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         self.observed(op, self.call_inner(op, vec![], body)).await
     }
@@ -272,7 +278,7 @@ impl Backend {
 
     async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(&'a Guest, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         let backend = || self.name.clone();
         let Kind::Wasm { engine, pre } = &self.kind else {
@@ -307,8 +313,8 @@ impl Backend {
         store.set_epoch_deadline(YIELD_TICKS);
 
         let outcome = tokio::time::timeout_at((deadline + OUTER_GRACE).into(), async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            body(instance.wasmcsi_backend_driver(), &mut store).await
+            let instance = pre.instantiate(&mut store).await?;
+            body(instance.driver(), &mut store).await
         })
         .await;
 

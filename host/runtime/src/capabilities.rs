@@ -1,6 +1,8 @@
 //! What one backend was granted, resolved once at load: its `kv` namespace, its `dir`
 //! roots, and the import timeout. The WIT trait impls in `host/` read it from the store.
-//! Also the check that a component imports nothing beyond its grants.
+//! Also the check that a component imports nothing beyond its grants, and nothing its contract
+//! version lacks.
+use crate::compat::ContractVersion;
 use crate::config::Grants;
 use crate::store::MetaStore;
 use std::collections::BTreeMap;
@@ -58,6 +60,8 @@ impl Capability {
 pub struct ImportSummary {
     /// `wasmcsi:backend/*` interfaces
     pub capabilities: Vec<Capability>,
+    /// the `wasmcsi:backend/*` imports as named, with their versions (`…/kv@0.1.0`)
+    pub wasmcsi: Vec<String>,
     /// `wasi:*` interfaces (served deny-by-default)
     pub wasi: Vec<String>,
     /// anything else: the component cannot load
@@ -72,7 +76,10 @@ impl ImportSummary {
             let unversioned = name.split('@').next().unwrap_or(name);
             if let Some(iface) = unversioned.strip_prefix(PACKAGE) {
                 match Capability::from_interface(iface) {
-                    Some(c) => s.capabilities.push(c),
+                    Some(c) => {
+                        s.capabilities.push(c);
+                        s.wasmcsi.push(name.to_string());
+                    }
                     None => s.unknown.push(name.to_string()),
                 }
             } else if unversioned.starts_with("wasi:") {
@@ -85,14 +92,17 @@ impl ImportSummary {
         s
     }
 
-    /// Capabilities imported but not granted (or not available in this host build), each
-    /// with the reason; empty = the component may load.
-    pub fn violations(&self, grants: &Grants) -> Vec<String> {
+    /// Capabilities imported but not granted, or not served at the component's contract
+    /// `version`, each with the reason; empty = the component may load.
+    pub fn violations(&self, grants: &Grants, version: ContractVersion) -> Vec<String> {
         let mut out: Vec<String> =
             self.unknown.iter().map(|n| format!("import {n} is not a wasmcsi or WASI interface")).collect();
         for c in &self.capabilities {
             let import = format!("{PACKAGE}{}", c.name());
             match c {
+                Capability::Block if version == ContractVersion::V0_1 => {
+                    out.push(format!("import {}: {}", version.interface("block"), crate::compat::v0_1::BLOCK_REFUSED))
+                }
                 Capability::Types | Capability::Log | Capability::Kv => {}
                 Capability::Dir if grants.dir.is_empty() => out.push(format!(
                     "import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"
@@ -162,37 +172,59 @@ mod tests {
             "evil:net/raw",
         ]);
         assert_eq!(s.wasi, ["wasi:io/streams@0.2.6"]);
-        let v = s.violations(&Grants::default());
+        let v = s.violations(&Grants::default(), ContractVersion::V0_1);
         assert_eq!(v.len(), 2, "{v:?}");
         assert!(v[0].contains("evil:net/raw"));
         assert!(v[1].contains("wasmcsi:backend/dir"), "{v:?}");
         let mut g = Grants::default();
         g.dir.insert("default".into(), "/srv".into());
-        assert_eq!(s.violations(&g).len(), 1);
+        assert_eq!(s.violations(&g, ContractVersion::V0_1).len(), 1);
     }
 
     #[test]
     fn nfs_links_only_with_an_export_granted() {
         let s = ImportSummary::classify(["wasmcsi:backend/nfs@0.1.0"]);
-        let v = s.violations(&Grants::default());
+        let v = s.violations(&Grants::default(), ContractVersion::V0_1);
         assert!(v.len() == 1 && v[0].contains("not granted"), "{v:?}");
         let mut g = Grants::default();
         g.nfs.push(crate::config::NfsGrant { server: "10.0.0.1".into(), share: "/export".into() });
-        assert!(s.violations(&g).is_empty());
+        assert!(s.violations(&g, ContractVersion::V0_1).is_empty());
         let block = ImportSummary::classify(["wasmcsi:backend/block@0.2.0"]);
-        assert!(block.violations(&g)[0].contains("not granted"), "{:?}", block.violations(&g));
+        assert!(
+            block.violations(&g, ContractVersion::V0_2)[0].contains("not granted"),
+            "{:?}",
+            block.violations(&g, ContractVersion::V0_2)
+        );
         g.block =
             Some(wasmcsi_block::catalog::NodeSources { nodes: vec!["10.0.0.1:9501".into()], ..Default::default() });
-        assert!(block.violations(&g).is_empty());
+        assert!(block.violations(&g, ContractVersion::V0_2).is_empty());
+    }
+
+    #[test]
+    fn block_at_0_1_is_refused_even_when_granted_naming_the_version_it_needs() {
+        let block = ImportSummary::classify(["wasmcsi:backend/block@0.1.0"]);
+        assert_eq!(block.wasmcsi, ["wasmcsi:backend/block@0.1.0"]);
+        let granted = Grants {
+            block: Some(wasmcsi_block::catalog::NodeSources {
+                nodes: vec!["10.0.0.1:9501".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for grants in [Grants::default(), granted] {
+            let v = block.violations(&grants, ContractVersion::V0_1);
+            assert_eq!(v.len(), 1, "{v:?}");
+            assert!(v[0].contains("wasmcsi:backend/block@0.1.0") && v[0].contains("@0.2.0"), "{v:?}");
+        }
     }
 
     #[test]
     fn rbd_links_only_with_a_pool_granted() {
         let s = ImportSummary::classify(["wasmcsi:backend/rbd@0.1.0"]);
-        let v = s.violations(&Grants::default());
+        let v = s.violations(&Grants::default(), ContractVersion::V0_1);
         assert!(v.len() == 1 && v[0].contains("not granted") && v[0].contains("rbd ="), "{v:?}");
         let mut g = Grants::default();
         g.rbd.push(crate::config::RbdGrant { cluster: "c".into(), pools: vec!["p".into()] });
-        assert!(s.violations(&g).is_empty());
+        assert!(s.violations(&g, ContractVersion::V0_1).is_empty());
     }
 }

@@ -1,6 +1,7 @@
 //! Prometheus metrics: per backend calls, errors by code, latency, traps, timeouts, memory
-//! peak, `kv` usage and log bytes dropped; and per CSI method requests by code (recorded by the CSI layer). One
-//! registry, encoded by the `/metrics` endpoint in the binary.
+//! peak, `kv` usage, loads and rejected files; configuration files put in force or refused; and
+//! per CSI method requests by code (recorded by the CSI layer). One registry, encoded by the
+//! `/metrics` endpoint in the binary.
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -50,6 +51,10 @@ pub struct Metrics {
     pub memory_peak: Family<BackendLabels, Gauge<u64, AtomicU64>>,
     pub reloads: Family<BackendLabels, Counter>,
     pub rejected: Family<BackendLabels, Counter>,
+    /// configuration files put in force after a change (the one read at start not counted)
+    pub config_loads: Counter,
+    /// changed configuration files refused (the one in force kept serving)
+    pub config_rejected: Counter,
     pub rpcs: Family<RpcLabels, Counter>,
     pub kv_bytes: Family<BackendLabels, Gauge<u64, AtomicU64>>,
     pub kv_keys: Family<BackendLabels, Gauge<u64, AtomicU64>>,
@@ -73,6 +78,8 @@ impl Metrics {
             memory_peak: Family::default(),
             reloads: Family::default(),
             rejected: Family::default(),
+            config_loads: Counter::default(),
+            config_rejected: Counter::default(),
             rpcs: Family::default(),
             kv_bytes: Family::default(),
             kv_keys: Family::default(),
@@ -86,6 +93,12 @@ impl Metrics {
             r.register("backend_memory_peak_bytes", "Largest linear memory a call grew to", m.memory_peak.clone());
             r.register("backend_loads", "Component versions loaded (start and hot reload)", m.reloads.clone());
             r.register("backend_rejected", "Component files rejected at load", m.rejected.clone());
+            r.register("config_loads", "Changed configuration files put in force", m.config_loads.clone());
+            r.register(
+                "config_rejected",
+                "Changed configuration files refused (the previous configuration kept serving)",
+                m.config_rejected.clone(),
+            );
             r.register("csi_requests", "CSI requests by method and gRPC code", m.rpcs.clone());
             r.register(
                 "backend_kv_bytes",

@@ -2,7 +2,14 @@
 //! new or changed `NAME.wasm` is loaded and checked off to the side and swapped in only when
 //! good. Calls hold an `Arc<Backend>`, so calls in flight finish on the version they started
 //! with. A broken file is logged once and the previous version keeps serving.
+//!
+//! The configuration file is polled the same way, first in each scan: a changed file that
+//! reads and validates is put in force and every backend is loaded again under it (grants and
+//! limits are linked at load); a file that does not, or that would refuse a backend serving
+//! now (an import it no longer grants), is logged once and the configuration in force keeps
+//! serving. Revoking a grant therefore takes removing the backend that uses it first.
 use crate::backend::Backend;
+use crate::config::HostConfig;
 use crate::runtime::{LoadError, Runtime};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -23,11 +30,24 @@ pub struct ScanReport {
     pub loaded: Vec<String>,
     pub rejected: Vec<(String, String)>,
     pub removed: Vec<String>,
+    /// what happened to a changed configuration file; `None` when it did not change
+    pub config: Option<ConfigChange>,
+}
+
+/// A changed configuration file, as the scan that saw it dealt with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigChange {
+    /// in force; every backend was loaded again under it
+    Applied,
+    /// refused, with why; the configuration in force keeps serving
+    Rejected(String),
 }
 
 pub struct Registry {
     runtime: Arc<Runtime>,
     dir: Option<PathBuf>,
+    /// the configuration file re-read on change (`serve --config`)
+    config_file: Option<PathBuf>,
     backends: RwLock<BTreeMap<String, Arc<Backend>>>,
     /// per file: the stamp last seen, so each change is looked at exactly once
     seen: Mutex<HashMap<PathBuf, FileStamp>>,
@@ -35,12 +55,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(runtime: Arc<Runtime>, dir: Option<PathBuf>) -> Arc<Self> {
+    /// A registry of the backends in `dir`, under the runtime's configuration, re-read from
+    /// `config_file` when that changes (the runtime's must be what the file held at start).
+    pub fn new(runtime: Arc<Runtime>, dir: Option<PathBuf>, config_file: Option<PathBuf>) -> Arc<Self> {
+        let mut seen = HashMap::new();
+        // The configuration the runtime started with is this file's content as it is now.
+        if let Some(stamp) = config_file.as_deref().and_then(stamp_of) {
+            seen.extend(config_file.clone().map(|path| (path, stamp)));
+        }
         Arc::new(Self {
             runtime,
             dir,
+            config_file,
             backends: RwLock::new(BTreeMap::new()),
-            seen: Mutex::new(HashMap::new()),
+            seen: Mutex::new(seen),
             scanned: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -83,23 +111,27 @@ impl Registry {
         self.backends.write().map(|mut m| m.remove(name).is_some()).unwrap_or(false)
     }
 
-    /// Look at the backends directory once.
+    /// Look at the configuration file, then the backends directory, once.
     pub async fn scan(&self) -> ScanReport {
         let mut report = ScanReport::default();
+        let mut seen = self.seen.lock().await;
+        report.config = self.reread_config(&mut seen);
+        let reconfigured = report.config == Some(ConfigChange::Applied);
         let Some(dir) = &self.dir else {
             self.scanned.store(true, std::sync::atomic::Ordering::Release);
             return report;
         };
-        let mut seen = self.seen.lock().await;
         let files = wasm_files(dir);
         for (name, path, stamp) in &files {
-            if seen.get(path) == Some(stamp) {
+            // Under a new configuration every file is looked at again, a rejected one too (it
+            // may be granted now).
+            if seen.get(path) == Some(stamp) && !reconfigured {
                 continue;
             }
             seen.insert(path.clone(), stamp.clone());
             match self.load_file(name, path).await {
                 Ok(Some(b)) => {
-                    tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, cache_hit = b.cache_hit, "backend loaded");
+                    tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, contract = %b.contract, cache_hit = b.cache_hit, "backend loaded");
                     report.loaded.push(name.clone());
                 }
                 Ok(None) => {}
@@ -119,15 +151,61 @@ impl Registry {
                 report.removed.push(name);
             }
         }
-        seen.retain(|p, _| files.iter().any(|(_, fp, _)| fp == p));
+        seen.retain(|p, _| files.iter().any(|(_, fp, _)| fp == p) || Some(p) == self.config_file.as_ref());
         self.scanned.store(true, std::sync::atomic::Ordering::Release);
         report
     }
 
-    /// Load a file unless its content is what already serves (`Ok(None)`).
+    /// The configuration file, when it changed since the last look: read, validated, checked
+    /// against every backend serving now, and put in force; or refused with one log line.
+    fn reread_config(&self, seen: &mut HashMap<PathBuf, FileStamp>) -> Option<ConfigChange> {
+        let path = self.config_file.as_ref()?;
+        let stamp = stamp_of(path);
+        if stamp.is_some() && seen.get(path) == stamp.as_ref() {
+            return None;
+        }
+        match stamp {
+            Some(stamp) => {
+                seen.insert(path.clone(), stamp);
+            }
+            // Gone (a ConfigMap being swapped, an operator's mistake): said once, until it is back.
+            None => {
+                seen.remove(path)?;
+            }
+        }
+        let checked = HostConfig::load(path).map_err(|e| e.to_string()).and_then(|config| {
+            let refusals: Vec<String> = self
+                .all()
+                .iter()
+                .filter(|b| b.path.is_some())
+                .flat_map(|b| {
+                    let violations = b.imports.violations(&config.grants_for(&b.name), b.contract);
+                    violations.into_iter().map(|v| format!("backend {} serving now: {v}", b.name))
+                })
+                .collect();
+            if refusals.is_empty() { Ok(config) } else { Err(refusals.join("; ")) }
+        });
+        match checked {
+            Ok(config) => {
+                self.runtime.reconfigure(config);
+                self.runtime.metrics.config_loads.inc();
+                tracing::info!(file = %path.display(), "configuration reloaded; loading every backend under it");
+                Some(ConfigChange::Applied)
+            }
+            Err(why) => {
+                self.runtime.metrics.config_rejected.inc();
+                tracing::error!(file = %path.display(), "configuration rejected, the previous one keeps serving: {why}");
+                Some(ConfigChange::Rejected(why))
+            }
+        }
+    }
+
+    /// Load a file unless its content is what already serves, under the configuration in force
+    /// (`Ok(None)`).
     async fn load_file(&self, name: &str, path: &Path) -> Result<Option<Arc<Backend>>, LoadError> {
         let wasm = tokio::fs::read(path).await.map_err(|source| LoadError::Read { path: path.into(), source })?;
-        if self.get(name).is_some_and(|b| b.digest == Runtime::digest(&wasm)) {
+        let config = self.runtime.config();
+        if self.get(name).is_some_and(|b| b.digest == Runtime::digest(&wasm) && Arc::ptr_eq(&b.config, &config)) {
             return Ok(None);
         }
         self.install(name, &wasm, Some(path.to_path_buf())).await.map(Some)
@@ -157,10 +235,17 @@ fn wasm_files(dir: &Path) -> Vec<(String, PathBuf, FileStamp)> {
                 return None;
             }
             let name = path.file_stem()?.to_str()?.to_string();
-            let m = std::fs::metadata(&path).ok()?;
-            m.is_file().then(|| (name, path, FileStamp { modified: m.modified().ok(), len: m.len() }))
+            let stamp = stamp_of(&path)?;
+            Some((name, path, stamp))
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// The stamp of a regular file (through symlinks, as a ConfigMap mounts it); `None` when there
+/// is none.
+fn stamp_of(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    m.is_file().then(|| FileStamp { modified: m.modified().ok(), len: m.len() })
 }

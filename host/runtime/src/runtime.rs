@@ -1,12 +1,13 @@
 //! `Runtime`: the engine, compile cache, metadata store, configuration and metrics every
 //! backend shares, and `load`, which turns `.wasm` bytes into a checked [`Backend`]: compile
-//! (or take from cache) → check imports against grants → link only what is granted →
-//! pre-instantiate → call `info` once under the backend's limits.
+//! (or take from cache) → tell which contract version it is built against → check imports
+//! against grants → link only what is granted, under that version's names → pre-instantiate →
+//! call `info` once under the backend's limits.
 use crate::backend::{Backend, CallError, Kind};
 use crate::bindings::driver::BackendInfo;
-use crate::bindings::{BackendPre, wasmcsi::backend as wit};
 use crate::cache::CompileCache;
 use crate::capabilities::{Capabilities, Capability, ImportSummary};
+use crate::compat::{ComponentPre, ContractError, ContractVersion};
 use crate::config::{HostConfig, is_valid_name};
 use crate::engine::{EngineSettings, EpochTicker, build_engine};
 use crate::metrics::{BackendLabels, Metrics};
@@ -14,11 +15,11 @@ use crate::state::CallState;
 use crate::store::{MetaStore, StoreError};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 use tokio::sync::Semaphore;
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
 /// Why a component could not be loaded. The message is the one log line an operator sees.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,9 @@ pub enum LoadError {
     Compile { name: String, message: String },
     #[error("backend {name}: refused: {}", violations.join("; "))]
     NotGranted { name: String, violations: Vec<String> },
+    /// Not a backend of a contract version this host serves (or of several at once).
+    #[error("backend {name}: refused: {source}")]
+    Contract { name: String, source: ContractError },
     #[error("backend {name}: linking failed: {message}")]
     Link { name: String, message: String },
     #[error("backend {name}: info() failed: {source}")]
@@ -62,7 +66,10 @@ pub struct RuntimeOptions {
 /// Shared by every backend.
 pub struct Runtime {
     pub engine: Engine,
-    pub config: HostConfig,
+    /// The operator's configuration, replaced whole when its file changes
+    /// ([`Runtime::reconfigure`]). A backend is assembled from one snapshot of it and keeps
+    /// that snapshot's grants and limits until it is loaded again ([`Backend::config`]).
+    config: RwLock<Arc<HostConfig>>,
     pub store: Arc<MetaStore>,
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
@@ -79,11 +86,31 @@ impl Runtime {
             cache: CompileCache::new(&engine, opts.cache_dir),
             _ticker: EpochTicker::start(engine.clone()),
             engine,
-            config: opts.config,
+            config: RwLock::new(Arc::new(opts.config)),
             store,
             metrics: Arc::new(Metrics::new()),
             copies: Arc::default(),
         }))
+    }
+
+    /// The configuration in force: what the next load links with.
+    pub fn config(&self) -> Arc<HostConfig> {
+        // A panic while the lock was held cannot leave a half-written `Arc` behind.
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Put `config` in force for every load from now on; backends already loaded keep theirs
+    /// until they are loaded again (the registry does that on a configuration change).
+    pub fn reconfigure(&self, config: HostConfig) -> Arc<HostConfig> {
+        let config = Arc::new(config);
+        match self.config.write() {
+            Ok(mut c) => *c = config.clone(),
+            Err(poisoned) => *poisoned.into_inner() = config.clone(),
+        }
+        config
     }
 
     /// sha256 of component bytes, hex.
@@ -139,9 +166,13 @@ impl Runtime {
             .await
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("compile task failed: {e}") })?
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("{e:#}") })?;
-        let (imports, _) = self.summarize(&component);
-        let grants = self.config.grants_for(name);
-        let violations = imports.violations(&grants);
+        let (imports, exports) = self.summarize(&component);
+        let contract = ContractVersion::detect(&imports, &exports)
+            .map_err(|source| LoadError::Contract { name: name.into(), source })?;
+        // One snapshot for the whole load: the grants checked are the grants linked.
+        let config = self.config();
+        let grants = config.grants_for(name);
+        let violations = imports.violations(&grants, contract);
         if !violations.is_empty() {
             return Err(LoadError::NotGranted { name: name.into(), violations });
         }
@@ -149,33 +180,29 @@ impl Runtime {
         let link = |e: wasmtime::Error| LoadError::Link { name: name.into(), message: format!("{e:#}") };
         let mut linker: Linker<CallState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
-        wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        wit::log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
         // Only what was granted is linked at all: an ungranted interface does not exist for
-        // this backend, whatever its bytes say.
+        // this backend, whatever its bytes say. `types`, `log` and `kv` are everyone's.
         // `dir` imported for its types only still needs its instance linked; the guest cannot
         // reach a function it does not import.
         let dir_types = component.component_type().imports(&self.engine).any(|(n, item)| {
             n.split('@').next() == Some("wasmcsi:backend/dir") && is_types_only(&self.engine, &item.ty)
         });
-        if imports.capabilities.contains(&Capability::Dir) || dir_types {
-            wit::dir::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        let mut linked = vec![Capability::Types, Capability::Log, Capability::Kv];
+        for c in imports.capabilities.iter().copied().chain(dir_types.then_some(Capability::Dir)) {
+            if !linked.contains(&c) {
+                linked.push(c);
+            }
         }
-        if imports.capabilities.contains(&Capability::Nfs) {
-            wit::nfs::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        }
-        if imports.capabilities.contains(&Capability::Rbd) {
-            wit::rbd::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
-        }
-        if imports.capabilities.contains(&Capability::Block) {
-            wit::block::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s).map_err(link)?;
+        for capability in linked {
+            crate::compat::link(&mut linker, contract, capability).map_err(link)?;
         }
         let pre = linker.instantiate_pre(&component).map_err(link)?;
-        let pre = BackendPre::new(pre).map_err(link)?;
+        let pre = ComponentPre::new(contract, pre).map_err(link)?;
 
-        let mut backend = self.assemble(name, Kind::Wasm { engine: self.engine.clone(), pre }, empty_info(), imports);
+        let kind = Kind::Wasm { engine: self.engine.clone(), pre };
+        let mut backend = self.assemble(&config, name, kind, empty_info(), imports);
         backend.digest = digest;
+        backend.contract = contract;
         backend.path = path;
         backend.cache_hit = cache_hit;
         let info = backend
@@ -198,15 +225,23 @@ impl Runtime {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
         }
-        let mut backend = self.assemble(name, Kind::Native(driver), (driver.info)(), ImportSummary::default());
+        let config = self.config();
+        let mut backend = self.assemble(&config, name, Kind::Native(driver), (driver.info)(), ImportSummary::default());
         backend.digest = Self::digest(format!("native:{name}").as_bytes());
         Ok(Arc::new(backend))
     }
 
-    /// A backend with this runtime's grants, limits and metrics for `name`.
-    fn assemble(&self, name: &str, kind: Kind, info: BackendInfo, imports: ImportSummary) -> Backend {
-        let limits = self.config.limits_for(name);
-        let grants = self.config.grants_for(name);
+    /// A backend with `config`'s grants and limits and this runtime's metrics for `name`.
+    fn assemble(
+        &self,
+        config: &Arc<HostConfig>,
+        name: &str,
+        kind: Kind,
+        info: BackendInfo,
+        imports: ImportSummary,
+    ) -> Backend {
+        let limits = config.limits_for(name);
+        let grants = config.grants_for(name);
         match self.store.kv_usage(name) {
             Ok(usage) => self.metrics.kv_usage(name, usage),
             Err(e) => tracing::warn!(backend = name, error = %e, "cannot read kv usage"),
@@ -216,18 +251,16 @@ impl Runtime {
             digest: String::new(),
             path: None,
             info,
+            contract: ContractVersion::CURRENT,
+            config: config.clone(),
             imports,
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
                 backend: name.into(),
                 store: self.store.clone(),
                 nfs: nfs_client(&grants.nfs, limits.import_timeout()),
-                rbd: crate::host::rbd::RbdProvider::from_grants(
-                    &grants.rbd,
-                    &self.config.clusters,
-                    limits.import_timeout(),
-                )
-                .map(Arc::new),
+                rbd: crate::host::rbd::RbdProvider::from_grants(&grants.rbd, &config.clusters, limits.import_timeout())
+                    .map(Arc::new),
                 block: grants
                     .block
                     .filter(|b| !b.is_empty())

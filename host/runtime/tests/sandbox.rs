@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest, Pair};
 use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::registry::ConfigChange;
 use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, WitError};
 
 const DEADLINE_MS: u64 = 500;
@@ -195,7 +196,7 @@ async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
     let rt = runtime(d.path(), false);
     let dir = d.path().join("backends");
     std::fs::create_dir_all(&dir).unwrap();
-    let registry = Registry::new(rt, Some(dir.clone()));
+    let registry = Registry::new(rt, Some(dir.clone()), None);
     assert!(registry.scan().await.loaded.is_empty());
     std::fs::write(dir.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
     assert_eq!(registry.scan().await.loaded, ["hostpath"]);
@@ -210,6 +211,82 @@ async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
     std::fs::remove_file(dir.join("hostpath.wasm")).unwrap();
     assert_eq!(registry.scan().await.removed, ["hostpath"]);
     assert!(registry.get("hostpath").is_none());
+}
+
+/// Issue 19 "Config reload": the configuration file is re-read on change like the backends
+/// directory. A good file is put in force and every backend is loaded again under it (a grant
+/// added lets a refused backend load, a limit changed reaches the serving one); a file that does
+/// not parse, or that would take a grant from a backend serving now, is refused and the
+/// configuration in force keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_file_is_reloaded_on_change_and_a_bad_one_keeps_the_old_in_force() {
+    let d = tempfile::tempdir().unwrap();
+    let (dir, root, file) = (d.path().join("backends"), d.path().join("root"), d.path().join("config.toml"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    let granted = |deadline_ms: u64| {
+        format!(
+            "[backends.hostpath]\ncall_deadline_ms = {deadline_ms}\n\
+             [backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n",
+            root.display()
+        )
+    };
+    // Each write is followed by a scan, and each content differs in length from the one before:
+    // a change is seen even where two writes share a modification time.
+    std::fs::write(&file, "# no grants yet\n").unwrap();
+    let rt = Runtime::new(RuntimeOptions {
+        config: HostConfig::load(&file).unwrap(),
+        cache_dir: Some(d.path().join("cache")),
+        store_path: d.path().join("state/meta.redb"),
+        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+    })
+    .unwrap();
+    let registry = Registry::new(rt.clone(), Some(dir.clone()), Some(file.clone()));
+    let report = registry.scan().await;
+    assert_eq!(report.config, None, "the file the runtime started with is not a change");
+    assert!(report.rejected.iter().any(|(n, why)| n == "hostpath" && why.contains("not granted")), "{report:?}");
+
+    // The operator grants hostpath its root: in force at the next scan, hostpath loads under it.
+    std::fs::write(&file, granted(4000)).unwrap();
+    let report = registry.scan().await;
+    assert_eq!(report.config, Some(ConfigChange::Applied), "{report:?}");
+    assert_eq!(report.loaded, ["hostpath"]);
+    let serving = registry.get("hostpath").unwrap();
+    assert_eq!(serving.limits.call_deadline_ms, 4000);
+    let v = serving.create_volume(request("pvc-c", &[]), vec![]).await.unwrap();
+    assert!(root.join("volumes/pvc-c").is_dir());
+    let quiet = registry.scan().await;
+    assert!(quiet.config.is_none() && quiet.loaded.is_empty(), "nothing changed: {quiet:?}");
+
+    // A file that does not parse: refused once, and what was in force keeps serving.
+    std::fs::write(&file, "[backends.hostpath.grants\n").unwrap();
+    let report = registry.scan().await;
+    assert!(
+        matches!(&report.config, Some(ConfigChange::Rejected(why)) if why.contains("parsing config")),
+        "{report:?}"
+    );
+    assert!(report.loaded.is_empty() && report.rejected.is_empty(), "{report:?}");
+    assert!(Arc::ptr_eq(&registry.get("hostpath").unwrap(), &serving));
+    assert_eq!(rt.config().grants_for("hostpath").dir.get("default"), Some(&root));
+    assert!(registry.scan().await.config.is_none(), "a refused file is refused once");
+    serving.get_volume(v.volume_id.clone()).await.unwrap();
+
+    // A valid file that takes the dir grant from hostpath, which serves now: refused too.
+    std::fs::write(&file, "").unwrap();
+    let report = registry.scan().await;
+    let Some(ConfigChange::Rejected(why)) = &report.config else { panic!("{report:?}") };
+    assert!(why.contains("backend hostpath serving now") && why.contains("wasmcsi:backend/dir"), "{why}");
+    assert!(Arc::ptr_eq(&registry.get("hostpath").unwrap(), &serving));
+
+    // A limit changed: hostpath is loaded again under it, the same component.
+    std::fs::write(&file, granted(60000)).unwrap();
+    let report = registry.scan().await;
+    assert_eq!((report.config, report.loaded), (Some(ConfigChange::Applied), vec!["hostpath".to_string()]));
+    let reloaded = registry.get("hostpath").unwrap();
+    assert!(!Arc::ptr_eq(&reloaded, &serving) && reloaded.digest == serving.digest);
+    assert_eq!(reloaded.limits.call_deadline_ms, 60000);
+    reloaded.delete_volume(v.volume_id, vec![]).await.unwrap();
 }
 
 /// Issue 13 item 3: one backend call writing 64 KiB values in a loop stops at the backend's kv

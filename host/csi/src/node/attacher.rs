@@ -60,6 +60,17 @@ impl ConfigSource for HostConfig {
     }
 }
 
+/// The configuration in force in the runtime, reloaded when its file changes: what a serving
+/// host gives its attachers.
+impl ConfigSource for wasmcsi_runtime::Runtime {
+    fn grants_for(&self, backend: &str) -> Grants {
+        self.config().grants_for(backend)
+    }
+    fn cluster(&self, name: &str) -> Option<CephCluster> {
+        self.config().clusters.get(name).cloned()
+    }
+}
+
 /// The volume a call is about and the backend whose plan it carries out.
 #[derive(Clone, Copy)]
 pub struct Volume<'a> {

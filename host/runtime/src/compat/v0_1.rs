@@ -1,0 +1,312 @@
+//! Guests built against `wasmcsi:backend@0.1.0`: what their exports answer, in the current
+//! types. Owns the conversions between 0.1.0's `driver` records and 0.2.0's (every other type is
+//! shared, see [`crate::bindings::v0_1`]) and the exports 0.1.0 lacks:
+//! - `get-snapshot` is answered from `list-snapshots` filtered by the id (NOT_FOUND when no
+//!   entry has it), and a backend that lists snapshots is given the `get-snapshot` feature;
+//! - `reconcile-volume` is `unimplemented` without calling the guest, as it is for a 0.2.0
+//!   backend without the `self-healing` feature: a 0.1.0 backend never has that feature, so the
+//!   host's reconcile rounds never ask it;
+//! - a `replicated-block` attach plan has no filesystem of its own (`fs-type` ""; the node's
+//!   default).
+//!
+//! 0.1.0's `block` import is never served ([`BLOCK_REFUSED`]): it had no provider, so no 0.1.0
+//! backend can have used it.
+use crate::bindings::driver as new;
+use crate::bindings::types::Error;
+use crate::bindings::v0_1::driver::{self as old, Guest};
+use crate::state::CallState;
+use wasmtime::Store;
+
+/// Why a 0.1.0 component importing `block` does not load.
+pub const BLOCK_REFUSED: &str = "the block capability needs wasmcsi:backend@0.2.0 (0.1.0's block never had a \
+     provider); rebuild the backend against wit/backend.wit";
+
+/// What `reconcile-volume` answers for a 0.1.0 backend.
+const RECONCILE_UNIMPLEMENTED: &str =
+    "reconcile-volume is not in wasmcsi:backend@0.1.0, which this backend is built against";
+
+/// Pages of `list-snapshots` followed to find one snapshot before the answer counts as a
+/// token loop (the guest's, not the caller's fault).
+const MAX_PAGES: usize = 1_000;
+
+/// `impl From<$src> for $dst` of two records with the same fields, each converted with `Into`
+/// (a field marked `[each]` element by element).
+macro_rules! record {
+    (@field [each] $value:expr) => { $value.into_iter().map(Into::into).collect() };
+    (@field $value:expr) => { $value.into() };
+    ($($sm:ident::$st:ident => $dm:ident::$dt:ident { $($field:ident $([$each:ident])?),* $(,)? })*) => {$(
+        impl From<$sm::$st> for $dm::$dt {
+            fn from(r: $sm::$st) -> Self {
+                Self { $($field: record!(@field $([$each])? r.$field)),* }
+            }
+        }
+    )*};
+}
+
+/// `impl From<$src> for $dst` of two enums or variants with the same cases (payloads
+/// converted with `Into`). The match is exhaustive: a case 0.2.0 lacks does not compile.
+macro_rules! cases {
+    ($($sm:ident::$st:ident => $dm:ident::$dt:ident { $($case:ident $(($x:ident))?),* $(,)? })*) => {$(
+        impl From<$sm::$st> for $dm::$dt {
+            fn from(c: $sm::$st) -> Self {
+                match c { $($sm::$st::$case $(($x))? => $dm::$dt::$case $(($x.into()))?),* }
+            }
+        }
+    )*};
+}
+
+record! {
+    new::CreateVolumeRequest => old::CreateVolumeRequest {
+        name, capacity, capabilities, parameters, secrets, content_source, accessibility,
+    }
+    old::BackendInfo => new::BackendInfo { name, version, features [each], parameters }
+    old::Expansion => new::Expansion { capacity_bytes, node_expansion_required }
+    old::VolumeStatus => new::VolumeStatus { volume, condition }
+    old::VolumePage => new::VolumePage { entries [each], next_token }
+    old::SnapshotPage => new::SnapshotPage { entries, next_token }
+    old::Capacity => new::Capacity { available_bytes, maximum_volume_bytes, minimum_volume_bytes }
+    old::BindPlan => new::BindPlan { root, path, capacity_bytes }
+    old::NfsPlan => new::NfsPlan { server, share, path, mount_options }
+    old::RbdPlan => new::RbdPlan { cluster, pool, image, secrets }
+}
+
+cases! {
+    old::Feature => new::Feature {
+        CreateDeleteVolume, CreateDeleteSnapshot, ListSnapshots, CloneVolume, ExpandVolume, OnlineExpansion,
+        GetCapacity, ListVolumes, GetVolume, VolumeCondition, SingleNodeMultiWriter, NodeExpansion,
+    }
+    old::Attachment => new::Attachment { Bind(plan), Nfs(plan), ReplicatedBlock(plan), Rbd(plan) }
+}
+
+impl From<old::BlockPlan> for new::BlockPlan {
+    fn from(p: old::BlockPlan) -> Self {
+        // 0.1.0 could not name a filesystem: the node's default.
+        Self { volume_id: p.volume_id, size_bytes: p.size_bytes, fs_type: String::new() }
+    }
+}
+
+/// The current description of a 0.1.0 backend: its features as they are, plus `get-snapshot`
+/// when it lists snapshots (the host answers GetSnapshot from the list); never `self-healing`.
+fn upgrade_info(info: old::BackendInfo) -> new::BackendInfo {
+    let mut info = new::BackendInfo::from(info);
+    if info.features.contains(&new::Feature::ListSnapshots) && !info.features.contains(&new::Feature::GetSnapshot) {
+        info.features.push(new::Feature::GetSnapshot);
+    }
+    info
+}
+
+pub(super) async fn call_info(g: &Guest, store: &mut Store<CallState>) -> wasmtime::Result<new::BackendInfo> {
+    g.call_info(store).await.map(upgrade_info)
+}
+
+pub(super) async fn call_create_volume(
+    g: &Guest,
+    store: &mut Store<CallState>,
+    req: &new::CreateVolumeRequest,
+) -> wasmtime::Result<Result<new::Volume, Error>> {
+    g.call_create_volume(store, &req.clone().into()).await
+}
+
+/// `get-snapshot` from `list-snapshots`: every page of the list filtered to `id`, searched for
+/// an entry with exactly that id (the guest's filter is not trusted to be exact).
+pub(super) async fn call_get_snapshot(
+    g: &Guest,
+    store: &mut Store<CallState>,
+    id: &str,
+) -> wasmtime::Result<Result<new::Snapshot, Error>> {
+    let mut token = String::new();
+    for _ in 0..MAX_PAGES {
+        let page = match g.call_list_snapshots(&mut *store, Some(id), None, 0, &token).await? {
+            Ok(page) => page,
+            Err(e) => return Ok(Err(e)),
+        };
+        if let Some(found) = page.entries.into_iter().find(|s| s.snapshot_id == id) {
+            return Ok(Ok(found));
+        }
+        if page.next_token.is_empty() {
+            return Ok(Err(Error::NotFound(format!("snapshot {id} not found"))));
+        }
+        if page.next_token == token {
+            return Err(wasmtime::Error::msg(format!("list-snapshots returned its starting token {token:?} again")));
+        }
+        token = page.next_token;
+    }
+    Err(wasmtime::Error::msg(format!("list-snapshots did not end within {MAX_PAGES} pages")))
+}
+
+pub(super) async fn call_reconcile_volume(
+    _: &Guest,
+    _: &mut Store<CallState>,
+    _: &str,
+) -> wasmtime::Result<Result<(), Error>> {
+    Ok(Err(Error::Unimplemented(RECONCILE_UNIMPLEMENTED.into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bindings::types::{
+        AccessMode, AccessType, CapacityRange, ContentSource, MountVolume, Pair, SecretRef, Snapshot, Timestamp,
+        Topology, TopologyRequirement, Volume, VolumeCapability, VolumeCondition,
+    };
+
+    /// Records of both versions print alike (same names, same fields) when converted right.
+    fn same<A: std::fmt::Debug, B: std::fmt::Debug>(a: &A, b: &B) {
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+
+    fn pair(k: &str, v: &str) -> Pair {
+        Pair { key: k.into(), value: v.into() }
+    }
+
+    fn volume(id: &str) -> Volume {
+        Volume {
+            volume_id: id.into(),
+            capacity_bytes: 7,
+            volume_context: vec![pair("a", "b")],
+            content_source: Some(ContentSource::Snapshot("s".into())),
+            accessible_topology: vec![Topology { segments: vec![pair("zone", "z1")] }],
+        }
+    }
+
+    #[test]
+    fn a_create_request_reaches_a_0_1_guest_field_for_field() {
+        let req = new::CreateVolumeRequest {
+            name: "pvc-1".into(),
+            capacity: CapacityRange { required_bytes: 1, limit_bytes: 2 },
+            capabilities: vec![VolumeCapability {
+                access_type: AccessType::Mount(MountVolume { fs_type: "xfs".into(), mount_flags: vec!["ro".into()] }),
+                access_mode: AccessMode::SingleNodeMultiWriter,
+            }],
+            parameters: vec![pair("root", "default")],
+            secrets: vec![SecretRef { key: "userKey".into(), handle: 3 }],
+            content_source: Some(ContentSource::Volume("v".into())),
+            accessibility: Some(TopologyRequirement {
+                requisite: vec![Topology { segments: vec![pair("node", "n1")] }],
+                preferred: vec![],
+            }),
+        };
+        same(&req, &old::CreateVolumeRequest::from(req.clone()));
+    }
+
+    #[test]
+    fn answers_of_a_0_1_guest_keep_every_field() {
+        let status = |id| old::VolumeStatus {
+            volume: volume(id),
+            condition: Some(VolumeCondition { abnormal: true, message: "m".into() }),
+        };
+        let page = old::VolumePage { entries: vec![status("a"), status("b")], next_token: "2".into() };
+        same(&page, &new::VolumePage::from(page.clone()));
+        let snapshots = old::SnapshotPage {
+            entries: vec![Snapshot {
+                snapshot_id: "s".into(),
+                source_volume_id: "a".into(),
+                size_bytes: 1,
+                creation_time: Timestamp { seconds: 2, nanos: 3 },
+                ready_to_use: true,
+            }],
+            next_token: String::new(),
+        };
+        same(&snapshots, &new::SnapshotPage::from(snapshots.clone()));
+        let expansion = old::Expansion { capacity_bytes: 9, node_expansion_required: true };
+        same(&expansion, &new::Expansion::from(expansion));
+        let capacity = old::Capacity { available_bytes: 1, maximum_volume_bytes: 2, minimum_volume_bytes: 3 };
+        same(&capacity, &new::Capacity::from(capacity));
+    }
+
+    #[test]
+    fn attach_plans_keep_their_kind_and_a_block_plan_gets_the_default_filesystem() {
+        let plans = [
+            old::Attachment::Bind(old::BindPlan { root: "r".into(), path: "p".into(), capacity_bytes: 1 }),
+            old::Attachment::Nfs(old::NfsPlan {
+                server: "s".into(),
+                share: "/e".into(),
+                path: "p".into(),
+                mount_options: vec!["nfsvers=4.1".into()],
+            }),
+            old::Attachment::Rbd(old::RbdPlan {
+                cluster: "c".into(),
+                pool: "p".into(),
+                image: "i".into(),
+                secrets: vec![SecretRef { key: "userID".into(), handle: 0 }],
+            }),
+        ];
+        for plan in plans {
+            same(&plan, &new::Attachment::from(plan.clone()));
+        }
+        let block = old::Attachment::ReplicatedBlock(old::BlockPlan { volume_id: "v".into(), size_bytes: 4096 });
+        match new::Attachment::from(block) {
+            new::Attachment::ReplicatedBlock(p) => {
+                assert_eq!((p.volume_id.as_str(), p.size_bytes, p.fs_type.as_str()), ("v", 4096, ""));
+            }
+            other => panic!("a block plan became {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_0_1_feature_is_the_0_2_feature_of_its_name() {
+        use old::Feature::*;
+        let all = [
+            CreateDeleteVolume,
+            CreateDeleteSnapshot,
+            ListSnapshots,
+            CloneVolume,
+            ExpandVolume,
+            OnlineExpansion,
+            GetCapacity,
+            ListVolumes,
+            GetVolume,
+            VolumeCondition,
+            SingleNodeMultiWriter,
+            NodeExpansion,
+        ];
+        for f in all {
+            same(&f, &new::Feature::from(f));
+        }
+    }
+
+    #[test]
+    fn a_0_1_backend_that_lists_snapshots_gets_get_snapshot_and_none_is_self_healing() {
+        let info = |features| old::BackendInfo {
+            name: "legacy".into(),
+            version: "1".into(),
+            features,
+            parameters: vec!["root".into()],
+        };
+        let listing = upgrade_info(info(vec![old::Feature::CreateDeleteSnapshot, old::Feature::ListSnapshots]));
+        assert_eq!(
+            listing.features,
+            [new::Feature::CreateDeleteSnapshot, new::Feature::ListSnapshots, new::Feature::GetSnapshot]
+        );
+        assert_eq!((listing.name.as_str(), listing.version.as_str()), ("legacy", "1"));
+        assert_eq!(listing.parameters, ["root"]);
+        let plain = upgrade_info(info(vec![old::Feature::CreateDeleteVolume]));
+        assert_eq!(plain.features, [new::Feature::CreateDeleteVolume]);
+        assert!(!listing.features.contains(&new::Feature::SelfHealing));
+    }
+
+    /// The `with` remapping in `bindings::v0_1` and [`super::super::link`] serve 0.1.0 guests
+    /// with the 0.2.0 implementations of these interfaces: sound only while their WIT is the
+    /// same in both packages (doc comments aside).
+    #[test]
+    fn the_interfaces_0_1_shares_with_0_2_are_identical_in_both_packages() {
+        let current = include_str!("../../../../wit/backend.wit");
+        let previous = include_str!("../../../../wit/previous/0.1.0/backend.wit");
+        for name in ["types", "log", "kv", "dir", "nfs", "rbd"] {
+            assert_eq!(interface(previous, name), interface(current, name), "interface {name}");
+            assert!(!interface(current, name).is_empty(), "interface {name} not found");
+        }
+        assert_ne!(interface(previous, "block"), interface(current, "block"));
+    }
+
+    /// The body of `interface NAME { … }` without comments and blank lines.
+    fn interface(wit: &str, name: &str) -> Vec<String> {
+        let start = format!("interface {name} {{");
+        wit.lines()
+            .skip_while(|l| l.trim() != start)
+            .take_while(|l| *l != "}")
+            .map(|l| l.split("//").next().unwrap_or("").trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+}
