@@ -311,6 +311,24 @@ async fn flow() {
     let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
     assert!(listed.entries.is_empty(), "nothing made by refused requests: {listed:?}");
 
+    // Capacity: what a volume of N replicas can still get, the same in every segment (the
+    // volume is reachable from every node); none for more replicas than there are nodes.
+    let capacity = |replicas: &str, zone: Option<&str>| {
+        let mut ctl = ctl.clone();
+        let request = csi::GetCapacityRequest {
+            volume_capabilities: vec![ext4()],
+            parameters: params(&[("numberOfReplicas", replicas)]),
+            accessible_topology: zone.map(|z| csi::Topology {
+                segments: [("topology.kubernetes.io/zone".to_string(), z.to_string())].into(),
+            }),
+        };
+        async move { ctl.get_capacity(request).await.unwrap().into_inner() }
+    };
+    let three = capacity("3", None).await;
+    assert!(three.available_capacity > SIZE, "{three:?}");
+    assert_eq!(capacity("3", Some("zone-node-b")).await.available_capacity, three.available_capacity);
+    assert_eq!(capacity("4", None).await.available_capacity, 0, "four replicas on three nodes");
+
     // One volume of three replicas, however many copies of the request arrive.
     let name = "pvc-0a1b2c3d-replicated";
     let req = create_request(name, params(&[("numberOfReplicas", "3")]));
