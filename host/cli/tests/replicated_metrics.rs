@@ -91,6 +91,39 @@ async fn volume_status(set: &str, replicas: &[SocketAddr]) -> String {
     text
 }
 
+/// The demo's and the benchmark's replica node (`wasmcsi serve --mode node` as a child
+/// process): killed with SIGKILL, it is gone at once; restarted, it serves the replica it held,
+/// written and flushed before the kill, on the same address.
+#[test]
+fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
+    use wasmcsi::replica_process::ReplicaProcess;
+    use wasmcsi_block::control::{NodeClient, ReplicaSession};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = Path::new(env!("CARGO_BIN_EXE_wasmcsi"));
+        let mut node = ReplicaProcess::start(exe, &dir.path().join("n"), "node-n").await.unwrap();
+        let (addr, pid) = (node.addr(), node.pid().unwrap());
+        let timeout = Duration::from_secs(5);
+        assert_eq!(NodeClient::new(addr, timeout).identify().await.unwrap().node, "node-n");
+        NodeClient::new(addr, timeout).create_replica("vol-k", 8 * MIB).await.unwrap();
+        let mut session = ReplicaSession::open(addr, "vol-k", timeout).await.unwrap();
+        session.write(MIB, vec![0x7e; 4096]).await.unwrap();
+        session.flush().await.unwrap();
+        drop(session);
+
+        node.kill();
+        assert!(node.pid().is_none());
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} is reaped");
+        assert!(NodeClient::new(addr, timeout).identify().await.is_err(), "nothing answers on {addr}");
+
+        node.restart().await.unwrap();
+        assert_eq!(node.addr(), addr);
+        let mut session = ReplicaSession::open(addr, "vol-k", timeout).await.unwrap();
+        assert_eq!(session.read(MIB, 4096).await.unwrap(), vec![0x7e; 4096]);
+    });
+}
+
 #[test]
 fn metrics_show_a_staged_volume_degraded_then_rebuilt() {
     if let Some(why) = skip_reason() {
@@ -128,7 +161,10 @@ impl Drop for Sweep {
         for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
             let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
             if backing.starts_with(&prefix) {
-                let _ = std::process::Command::new("losetup").arg("-d").arg(Path::new("/dev").join(entry.file_name())).status();
+                let _ = std::process::Command::new("losetup")
+                    .arg("-d")
+                    .arg(Path::new("/dev").join(entry.file_name()))
+                    .status();
             }
         }
         mounts.iter().filter(|(_, fuse)| *fuse).for_each(|(p, _)| unmount(p));
@@ -302,9 +338,7 @@ async fn flow() {
     })
     .await
     .unwrap();
-    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })
-        .await
-        .unwrap();
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }).await.unwrap();
     drop((ctl, node));
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
