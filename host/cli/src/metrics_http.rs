@@ -110,7 +110,11 @@ mod tests {
         }
         m.rpc("Probe", "Ok");
         wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
-        super::exposition(&m, None)
+        let mut out = super::exposition(&m, None);
+        // A node's replicated volumes (their families are written only where engines run).
+        let volume = wasmcsi_block::driver::VolumeStatus { healthy: 1, ..Default::default() };
+        wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
+        out
     }
 
     #[test]
