@@ -123,6 +123,18 @@ impl DataPath {
         ids
     }
 
+    /// Every volume attached here with its engine's status, by volume id: what the node's
+    /// `/metrics` shows of its replicated volumes.
+    pub fn statuses(&self) -> Vec<(String, crate::driver::VolumeStatus)> {
+        let volumes: Vec<(String, Arc<AttachedVolume>)> = {
+            let map = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner);
+            map.iter().map(|(id, v)| (id.clone(), v.clone())).collect()
+        };
+        let mut out: Vec<_> = volumes.into_iter().map(|(id, v)| (id, v.engine_status())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     fn begin(&self, id: &str) -> Result<BusyGuard<'_>, DataPathError> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         if !busy.insert(id.to_owned()) {

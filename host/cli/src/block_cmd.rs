@@ -91,8 +91,14 @@ pub enum VolumeCommand {
     Attach(VolumeAttachArgs),
     /// Detach an attached volume (as SIGINT to its `volume attach` does).
     Detach(OnlineArgs),
-    /// Show an attached volume's replicas and rebuild progress.
-    Status(OnlineArgs),
+    /// Show a volume's replicas and rebuild progress: of the volume attached on this node by
+    /// `volume attach`, or, with --replica, as the replica nodes and the engine running it
+    /// (wherever that is) say — the way to look at a volume staged through CSI.
+    ///
+    /// Example (a volume staged by the node plugins; name every replica node):
+    ///   wasmcsi volume status --volume-id pvc-1 --replica 10.0.0.1:9501 --replica 10.0.0.2:9501
+    #[command(verbatim_doc_comment)]
+    Status(StatusArgs),
     /// Take a crash-consistent snapshot on every replica (through the engine when attached).
     Snapshot(SnapshotArgs),
     /// List a volume's snapshots.
@@ -128,6 +134,17 @@ pub struct CreateArgs {
     /// Volume size: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. 512M, 1G.
     #[arg(long, value_parser = parse_size)]
     pub size: u64,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub online: OnlineArgs,
+    /// Ask these replica nodes instead of this node's control socket; repeat once per node.
+    #[arg(long = "replica")]
+    pub replicas: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
 }
 
 #[derive(Args)]
@@ -330,8 +347,9 @@ pub async fn volume(cmd: VolumeCommand) -> anyhow::Result<()> {
             println!("detached {}", a.volume_id);
             Ok(())
         }
+        VolumeCommand::Status(a) if !a.replicas.is_empty() => set_status(&a).await,
         VolumeCommand::Status(a) => {
-            let reply = online_only(&a, &ctl::Request::Status).await?;
+            let reply = online_only(&a.online, &ctl::Request::Status).await?;
             let s = reply.status.context("the attached volume sent no status")?;
             println!("{}  {} bytes  {}", s.device.display(), s.size, s);
             if let Some(r) = &s.rebuild {
@@ -487,6 +505,42 @@ async fn rebuild(a: RebuildArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `volume status --replica …`: the set as the catalog assembles it from the replica nodes and
+/// the engine's own status (which carries the rebuild's progress).
+async fn set_status(a: &StatusArgs) -> anyhow::Result<()> {
+    use wasmcsi_block::catalog::{Catalog, MemberState, NodeSources};
+    let sources = NodeSources { nodes: a.replicas.iter().map(ToString::to_string).collect(), ..Default::default() };
+    let id = &a.online.volume_id;
+    let view = Catalog::new(sources, a.timeout.get())
+        .get(id)
+        .await?
+        .with_context(|| format!("no replica node of those named holds volume {id}"))?;
+    let healthy = view.members.iter().filter(|m| m.state == MemberState::Healthy).count();
+    println!(
+        "{}  {} bytes  revision {}  {}  {healthy}/{} healthy{}",
+        view.id,
+        view.size,
+        view.revision,
+        view.attached_to.as_deref().map_or_else(|| "detached".to_owned(), |n| format!("attached to {n}")),
+        view.members.len(),
+        if healthy < view.members.len() { " (degraded)" } else { "" }
+    );
+    for m in &view.members {
+        let state = match m.state {
+            MemberState::Healthy => "healthy".to_owned(),
+            MemberState::Rebuilding => format!("rebuilding: {}/{} bytes", m.rebuilt, m.rebuild_total),
+            MemberState::Stale => "stale (waits for a rebuild)".to_owned(),
+            MemberState::Unreachable => "unreachable".to_owned(),
+        };
+        let since = m.down_since_ns.map(|ns| format!(", not healthy since {}", format_time(ns))).unwrap_or_default();
+        println!("  {}  {state}{since}", m.node);
+    }
+    if let Some((done, total)) = view.filling {
+        println!("filling from its source: {done}/{total} bytes");
+    }
+    Ok(())
 }
 
 fn format_time(ns: u64) -> String {

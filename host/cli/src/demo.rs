@@ -1,9 +1,19 @@
 //! `wasmcsi demo`: a local host (controller + node in one process) with the bundled
 //! backends on a local socket, driving a real volume through the CSI socket end to end and
-//! saying what it did. The README's first command runs this.
+//! saying what it did; then a replicated block volume on three replica nodes (this process
+//! and two child processes, one of which is killed with SIGKILL on the way, see
+//! [`replicated`]). The README's first command runs this.
+//!
+//! Whatever happens — a failed step, Ctrl-C — the demo takes apart what it made before it
+//! returns: every volume it staged is unstaged (recorded in [`Staged`] before each NodeStage),
+//! every volume and snapshot deleted, the host stopped (engines, FUSE, loop devices), the
+//! child processes killed, and it fails if a mount or loop device of its work directory is
+//! left.
 use crate::host::{Host, HostOptions, ReplicaOptions, connect};
+use crate::replica_process::ReplicaProcess;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::{
@@ -15,6 +25,30 @@ pub struct DemoArgs {
     /// Work directory (socket, state, volumes); a fresh temporary one by default.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+}
+
+mod replicated;
+
+/// The node id of the demo's own node (controller, node plugin and a replica server).
+const NODE_ID: &str = "demo-node";
+
+/// What the demo staged on its node (volume id, staging path, target path), recorded before
+/// each NodeStage, so that the cleanup finds it even when a call was cut short.
+#[derive(Default, Clone)]
+struct Staged(Arc<Mutex<Vec<(String, PathBuf, PathBuf)>>>);
+
+impl Staged {
+    fn record(&self, volume_id: &str, staging: &Path, target: &Path) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push((
+            volume_id.to_owned(),
+            staging.to_owned(),
+            target.to_owned(),
+        ));
+    }
+
+    fn all(&self) -> Vec<(String, PathBuf, PathBuf)> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 fn step(n: &mut u32, what: &str, started: Instant) {
@@ -51,7 +85,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let host = Host::start(HostOptions {
         driver_name: "wasmcsi.io".into(),
         mode: wasmcsi_csi::Mode::All,
-        node_id: "demo-node".into(),
+        node_id: NODE_ID.into(),
         socket: dir.join("csi.sock"),
         config,
         config_file: None,
@@ -63,19 +97,61 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         reconcile_interval: None,
     })
     .await?;
-    if let Some(d) = &host.datapath {
-        std::fs::write(&replica_nodes, format!("{}\n", d.local_addr()))?;
-    }
     println!(
         "host serving CSI on {} with backends {:?}; metrics on http://{}/metrics",
         host.socket.display(),
         host.registry.names(),
         host.metrics_addr.map(|a| a.to_string()).unwrap_or_default()
     );
-    let result = drive(&host.socket, &dir).await;
+    // Two more replica nodes, as processes, for the replicated volume's three replicas.
+    let replicated = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    let mut replicas = Vec::new();
+    let staged = Staged::default();
+    let work = async {
+        if replicated {
+            let exe = std::env::current_exe().context("finding this binary to start replica nodes")?;
+            for name in ["replica-node-b", "replica-node-c"] {
+                let t = Instant::now();
+                let node = ReplicaProcess::start(&exe, &dir.join(name), name).await?;
+                println!(
+                    "started {name} (pid {}, replicas on {}) in {:.0} ms",
+                    node.pid().unwrap_or_default(),
+                    node.addr(),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                replicas.push(node);
+            }
+        }
+        let addrs = host.datapath.iter().map(|d| d.local_addr()).chain(replicas.iter().map(ReplicaProcess::addr));
+        std::fs::write(&replica_nodes, addrs.map(|a| format!("{a}\n")).collect::<String>())?;
+        drive(&host, &dir, &staged, &mut replicas).await
+    };
+    let result = tokio::select! {
+        r = work => r,
+        r = tokio::signal::ctrl_c() => match r {
+            Ok(()) => Err(anyhow::anyhow!("interrupted")),
+            Err(e) => Err(anyhow::Error::from(e).context("waiting for Ctrl-C")),
+        },
+    };
+    if let Err(e) = &result {
+        println!("demo stopped: {e:#}; taking apart what it made");
+        // A node killed on the way comes back, so its replicas can be deleted too.
+        for node in replicas.iter_mut().filter(|r| r.pid().is_none()) {
+            if let Err(e) = node.restart().await {
+                println!("  restarting {}: {e:#}", node.name());
+            }
+        }
+        for problem in cleanup(&host.socket, &staged).await {
+            println!("  {problem}");
+        }
+    }
     let metrics = host.registry.runtime().metrics.encode();
-    host.shutdown().await?;
+    let stopped = host.shutdown().await;
+    drop(replicas);
+    let left = leftovers(&dir);
     result?;
+    stopped?;
+    anyhow::ensure!(left.is_empty(), "left behind: {}", left.join("; "));
     let calls: Vec<&str> = metrics.lines().filter(|l| l.starts_with("wasmcsi_backend_calls_total")).collect();
     println!("backend calls made (from /metrics):");
     for l in calls {
@@ -85,8 +161,121 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
-    let channel = connect(socket).await?;
+/// Best effort, after a failure: unpublish and unstage everything the demo staged, then delete
+/// every volume and snapshot the host lists (they are all the demo's; volumes first, since a
+/// clone being filled holds its snapshot). Returns what failed.
+async fn cleanup(socket: &Path, staged: &Staged) -> Vec<String> {
+    let mut problems = Vec::new();
+    let channel = match connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return vec![format!("{e:#}")],
+    };
+    let mut ctl = ControllerClient::new(channel.clone());
+    let node = NodeClient::new(channel);
+    for (volume_id, staging, target) in staged.all().into_iter().rev() {
+        let unpublish =
+            csi::NodeUnpublishVolumeRequest { volume_id: volume_id.clone(), target_path: target.display().to_string() };
+        if let Err(e) = patiently(|| {
+            let (mut client, request) = (node.clone(), unpublish.clone());
+            async move { client.node_unpublish_volume(request).await }
+        })
+        .await
+        {
+            problems.push(format!("NodeUnpublishVolume {volume_id}: {}", e.message()));
+        }
+        let unstage = csi::NodeUnstageVolumeRequest {
+            volume_id: volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        };
+        if let Err(e) = patiently(|| {
+            let (mut client, request) = (node.clone(), unstage.clone());
+            async move { client.node_unstage_volume(request).await }
+        })
+        .await
+        {
+            problems.push(format!("NodeUnstageVolume {volume_id}: {}", e.message()));
+        }
+    }
+    if let Ok(list) = ctl.list_volumes(csi::ListVolumesRequest::default()).await {
+        for v in list.into_inner().entries.into_iter().filter_map(|e| e.volume) {
+            // Backends without ControllerPublish answer it as unsupported: nothing to undo.
+            let unpublish = csi::ControllerUnpublishVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                node_id: NODE_ID.into(),
+                ..Default::default()
+            };
+            let _ = patiently(|| {
+                let (mut client, request) = (ctl.clone(), unpublish.clone());
+                async move { client.controller_unpublish_volume(request).await }
+            })
+            .await;
+            let req = csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() };
+            if let Err(e) = patiently(|| {
+                let (mut client, request) = (ctl.clone(), req.clone());
+                async move { client.delete_volume(request).await }
+            })
+            .await
+            {
+                problems.push(format!("DeleteVolume {}: {}", v.volume_id, e.message()));
+            }
+        }
+    }
+    if let Ok(list) = ctl.list_snapshots(csi::ListSnapshotsRequest::default()).await {
+        for s in list.into_inner().entries.into_iter().filter_map(|e| e.snapshot) {
+            let req = csi::DeleteSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() };
+            if let Err(e) = patiently(|| {
+                let (mut client, request) = (ctl.clone(), req.clone());
+                async move { client.delete_snapshot(request).await }
+            })
+            .await
+            {
+                problems.push(format!("DeleteSnapshot {}: {}", s.snapshot_id, e.message()));
+            }
+        }
+    }
+    problems
+}
+
+/// Retries a call the host answers ABORTED (the same volume's call cut short by the failure is
+/// still running there) for up to 30 s.
+async fn patiently<T, F, Fut>(call: F) -> Result<T, tonic::Status>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match call().await {
+            Err(s) if s.code() == tonic::Code::Aborted && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r => return r.map(tonic::Response::into_inner),
+        }
+    }
+}
+
+/// Mounts under `dir` and loop devices whose backing file is under it, as `/proc/self/mounts`
+/// and sysfs show them.
+fn leftovers(dir: &Path) -> Vec<String> {
+    let prefix = format!("{}/", dir.display());
+    let mut left: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .filter(|m| m.starts_with(&prefix))
+        .map(|m| format!("mount {m}"))
+        .collect();
+    for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+        if backing.starts_with(&prefix) {
+            left.push(format!("/dev/{} on {}", entry.file_name().to_string_lossy(), backing.trim()));
+        }
+    }
+    left
+}
+
+async fn drive(host: &Host, dir: &Path, staged: &Staged, replicas: &mut [ReplicaProcess]) -> anyhow::Result<()> {
+    let channel = connect(&host.socket).await?;
     let mut identity = IdentityClient::new(channel.clone());
     let mut ctl = ControllerClient::new(channel.clone());
     let mut node = NodeClient::new(channel);
@@ -121,6 +310,7 @@ async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
     let marker = "hello from a pod, through wasmcsi\n";
     if root {
         let t = Instant::now();
+        staged.record(&vol.volume_id, &staging, &target);
         node.node_stage_volume(csi::NodeStageVolumeRequest {
             volume_id: vol.volume_id.clone(),
             staging_target_path: staging.display().to_string(),
@@ -230,96 +420,12 @@ async fn drive(socket: &Path, dir: &Path) -> anyhow::Result<()> {
         ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.clone(), ..Default::default() }).await?;
     }
     step(&mut n, "DeleteSnapshot + DeleteVolume x2 -> gone", t);
-    if root && Path::new("/dev/fuse").exists() {
-        replicated(&mut ctl, &mut node, dir, &mut n).await?;
+    if root && Path::new("/dev/fuse").exists() && replicas.len() == 2 {
+        replicated::run(host, &mut ctl, &mut node, dir, staged, replicas, &mut n).await?;
     } else {
         println!("      (not root or no /dev/fuse: skipping the replicated volume, whose device is FUSE + loop)");
     }
     let left = ctl.list_volumes(csi::ListVolumesRequest::default()).await?.into_inner().entries.len();
     anyhow::ensure!(left == 0, "{left} volumes left after delete");
-    Ok(())
-}
-
-/// The flagship: a replicated block volume (one replica: the demo is one node), given to this
-/// node by ControllerPublish, formatted and mounted by NodeStage, written, then taken apart.
-async fn replicated(
-    ctl: &mut ControllerClient<tonic::transport::Channel>,
-    node: &mut NodeClient<tonic::transport::Channel>,
-    dir: &Path,
-    n: &mut u32,
-) -> anyhow::Result<()> {
-    let cap = crate::check::mount_capability();
-    let t = Instant::now();
-    let vol = ctl
-        .create_volume(csi::CreateVolumeRequest {
-            name: "demo-replicated".into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 64 << 20, limit_bytes: 0 }),
-            volume_capabilities: vec![cap.clone()],
-            parameters: [("backend", "replicated-block"), ("numberOfReplicas", "1")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .volume
-        .context("no volume")?;
-    step(n, &format!("CreateVolume demo-replicated (64 MiB, backend replicated-block) -> {}", vol.volume_id), t);
-
-    let t = Instant::now();
-    let published = ctl
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            node_id: "demo-node".into(),
-            volume_capability: Some(cap.clone()),
-            volume_context: vol.volume_context.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let staging = dir.join("staging/demo-replicated");
-    let target = dir.join("pods/pod-b/volume");
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        volume_context: vol.volume_context.clone(),
-        publish_context: published.publish_context.clone(),
-        ..Default::default()
-    })
-    .await?;
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        volume_context: vol.volume_context.clone(),
-        publish_context: published.publish_context,
-        ..Default::default()
-    })
-    .await?;
-    std::fs::write(target.join("greeting.txt"), "hello from a replicated volume\n")?;
-    step(n, "ControllerPublish + NodeStage (engine, FUSE + loop, ext4) + NodePublish; a \"pod\" wrote a file", t);
-
-    let t = Instant::now();
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await?;
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await?;
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        node_id: "demo-node".into(),
-        ..Default::default()
-    })
-    .await?;
-    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id, ..Default::default() }).await?;
-    step(n, "NodeUnpublish + NodeUnstage + ControllerUnpublish + DeleteVolume -> gone", t);
     Ok(())
 }

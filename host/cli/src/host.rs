@@ -102,7 +102,7 @@ impl Host {
             }),
         });
         let metrics_addr = match opts.metrics_addr {
-            Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone()).await?),
+            Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone(), datapath.clone()).await?),
             None => None,
         };
         let (tx, rx) = oneshot::channel::<()>();

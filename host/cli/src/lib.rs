@@ -1,5 +1,6 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
-//! suite (shared by `backend check` and the tests) and the metrics endpoint. `anyhow` lives
+//! suite (shared by `backend check` and the tests), the metrics endpoint, and replica nodes as
+//! child processes (the demo's and the benchmark's). `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod block_cmd;
@@ -9,6 +10,7 @@ pub mod conformance;
 pub mod demo;
 pub mod host;
 pub mod metrics_http;
+pub mod replica_process;
 
 /// Read a host configuration file, or the defaults when none is given.
 pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcsi_runtime::config::HostConfig> {

@@ -1,30 +1,37 @@
 //! The Prometheus `/metrics` endpoint: a plain HTTP/1 server that answers GET /metrics
 //! with the text exposition and 404 otherwise. The exposition is the runtime's series, the
-//! CSI layer's and `wasmcsi_build_info`, closed by one `# EOF`.
+//! CSI layer's, those of the replicated volumes whose engines this node runs, and
+//! `wasmcsi_build_info`, closed by one `# EOF`.
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use wasmcsi_block::datapath::DataPath;
 use wasmcsi_runtime::metrics::Metrics;
 
 /// Bind `addr` and serve in the background; returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAddr> {
+/// `datapath`: this node's engines, when it runs them.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    datapath: Option<Arc<DataPath>>,
+) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
-            let metrics = metrics.clone();
+            let (metrics, datapath) = (metrics.clone(), datapath.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let metrics = metrics.clone();
+                    let (metrics, datapath) = (metrics.clone(), datapath.clone());
                     async move {
                         if req.uri().path() == "/metrics" {
                             Response::builder()
                                 .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-                                .body(Full::new(Bytes::from(exposition(&metrics))))
+                                .body(Full::new(Bytes::from(exposition(&metrics, datapath.as_deref()))))
                         } else {
                             Response::builder()
                                 .status(StatusCode::NOT_FOUND)
@@ -41,7 +48,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
 }
 
 /// Everything `/metrics` answers, as one OpenMetrics text.
-pub fn exposition(metrics: &Metrics) -> String {
+pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
     const EOF: &str = "# EOF\n";
     let mut out = metrics.encode();
     if out.ends_with(EOF) {
@@ -49,6 +56,9 @@ pub fn exposition(metrics: &Metrics) -> String {
     }
     // Writing into a String cannot fail; an error would only cut the text short.
     let _ = wasmcsi_csi::metrics::global().encode_without_eof(&mut out);
+    if let Some(d) = datapath {
+        let _ = wasmcsi_csi::metrics::encode_replicated(&d.statuses(), &mut out);
+    }
     let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
     build.register(
         "build",
@@ -100,13 +110,17 @@ mod tests {
         }
         m.rpc("Probe", "Ok");
         wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
-        super::exposition(&m)
+        let mut out = super::exposition(&m, None);
+        // A node's replicated volumes (their families are written only where engines run).
+        let volume = wasmcsi_block::driver::VolumeStatus { healthy: 1, ..Default::default() };
+        wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
+        out
     }
 
     #[test]
     fn the_exposition_holds_every_registry_build_info_and_one_eof() {
         wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
-        let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new());
+        let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new(), None);
         let want = format!("wasmcsi_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
         assert!(text.lines().any(|l| l == want), "no `{want}`:\n{text}");
         assert!(text.contains("wasmcsi_csi_request_duration_seconds_count{method=\"Probe\",code=\"Ok\"}"), "{text}");

@@ -134,6 +134,11 @@ pub struct VolumeStatus {
     /// Replicas with an open connection, TCP or in-process (healthy or not).
     pub connected: usize,
     pub rebuilds_finished: u64,
+    /// Bytes rebuilds copied to their targets since this engine started (a counter).
+    pub rebuilt_bytes: u64,
+    /// Time a rebuild was running since this engine started, up to this status (a counter:
+    /// with `rebuilt_bytes`, how fast rebuilds go).
+    pub rebuild_time: Duration,
     /// The volume's size in bytes (grows with online expansion).
     pub size: u64,
     /// The running rebuild and its progress, for progress bars.
@@ -546,6 +551,9 @@ struct Driver {
     /// Shared with the handles: the engine's size, updated before any reply of a batch.
     size: Arc<AtomicU64>,
     rebuilds_finished: u64,
+    /// Time spent rebuilding by rebuilds that ended, and since when the running one runs.
+    rebuild_time: Duration,
+    rebuild_since: Option<Instant>,
     /// Since when each replica is not healthy (see [`VolumeStatus::replicas`]).
     down_since: Vec<Option<SystemTime>>,
     /// Checksum of the last large write payload encoded, shared by the replicas' frames.
@@ -682,6 +690,15 @@ impl Driver {
                 _ => *since = since.or_else(|| Some(SystemTime::now())),
             }
         }
+        let rebuild = self.engine.rebuild_status();
+        match (rebuild.is_some(), self.rebuild_since) {
+            (true, None) => self.rebuild_since = Some(Instant::now()),
+            (false, Some(since)) => {
+                self.rebuild_time += since.elapsed();
+                self.rebuild_since = None;
+            }
+            _ => {}
+        }
         let status = VolumeStatus {
             replicas: health.into_iter().zip(self.down_since.iter().copied()).collect(),
             attached: self.engine.is_attached(),
@@ -689,8 +706,10 @@ impl Driver {
             healthy: self.engine.healthy_count(),
             connected: self.slots.iter().filter(|s| s.link.is_some()).count(),
             rebuilds_finished: self.rebuilds_finished,
+            rebuilt_bytes: self.engine.rebuilt_bytes(),
+            rebuild_time: self.rebuild_time + self.rebuild_since.map_or(Duration::ZERO, |t| t.elapsed()),
             size: self.engine.size(),
-            rebuild: self.engine.rebuild_status(),
+            rebuild,
             snapshots: self.engine.snapshots().to_vec(),
             fenced: self.engine.is_fenced(),
         };
@@ -1110,6 +1129,8 @@ impl ReplicatedVolume {
             status: status_tx,
             size: size.clone(),
             rebuilds_finished: 0,
+            rebuild_time: Duration::ZERO,
+            rebuild_since: None,
             down_since: Vec::new(),
             payload_crc: PayloadCrc::default(),
             poisoned: None,

@@ -445,6 +445,8 @@ pub struct Engine {
     /// Rebuilt replica to make healthy with the next revision sync.
     promote: Option<ReplicaId>,
     rebuild: Option<Rebuild>,
+    /// See [`Engine::rebuilt_bytes`].
+    rebuilt_bytes: u64,
     round_robin: usize,
     /// A replica answered `Fenced`: final (see the module docs).
     fenced: bool,
@@ -508,6 +510,7 @@ impl Engine {
             revision_sync_in_flight: false,
             promote: None,
             rebuild: None,
+            rebuilt_bytes: 0,
             round_robin: 0,
             fenced: false,
             actions: Vec::new(),

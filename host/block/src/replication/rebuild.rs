@@ -141,6 +141,12 @@ impl Engine {
         })
     }
 
+    /// Bytes every rebuild of this engine copied to its targets so far (data written, not
+    /// counting regions zeroed), for the rebuild counters an operator graphs.
+    pub fn rebuilt_bytes(&self) -> u64 {
+        self.rebuilt_bytes
+    }
+
     pub(super) fn pump_rebuild(&mut self) {
         if self.rebuild.is_none() {
             self.start_rebuild();
@@ -373,8 +379,11 @@ impl Engine {
                 self.ops.insert(op_id, Op::Rebuild(RebuildOp::Copy { region, stage: CopyStage::Writing }));
                 self.send(target, op_id, Message::Write { offset, revision: self.revision, data: data.into() });
             }
-            (RebuildOp::Copy { region, stage: CopyStage::Writing | CopyStage::Unmapping }, m) if ok(&m) => {
+            (RebuildOp::Copy { region, stage: stage @ (CopyStage::Writing | CopyStage::Unmapping) }, m) if ok(&m) => {
                 self.unlock(op_id);
+                if stage == CopyStage::Writing {
+                    self.rebuilt_bytes += self.unflushed.region_range(region, self.size).1;
+                }
                 let Some(b) = self.rebuild_mut() else { return Ok(()) };
                 b.in_flight -= 1;
                 b.done += 1;

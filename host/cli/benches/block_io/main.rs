@@ -16,6 +16,11 @@
 //! - **(e) FUSE engine, local replica in-process**: as (d), but replica 0 is on this process's
 //!   own node and reached in-process (the layout of a node plugin that serves its local replica
 //!   and runs the engine), replica 1 over TCP.
+//! - **(f) CSI**: the layout of (e) made by the product itself: a volume created, published
+//!   and staged through the CSI socket of a node plugin in this process, whose second replica
+//!   is on a replica node running as a child process (`wasmcsi serve --mode node`), with fio
+//!   on the device NodePublish gave (see `csi.rs`, which also times CreateVolume and
+//!   DeleteVolume with three replicas and a replica node's kill -9 until the volume is healthy).
 //!
 //! Then rebuilds on a separate volume: a full rebuild of a fresh replica against a plain copy of
 //! a same-size file, and a delta rebuild of a replica that missed 1% of the volume against that
@@ -24,8 +29,10 @@
 //! Knobs (environment): `BLOCK_BENCH_SECS` per job (default 5), `BLOCK_BENCH_MIB` working set
 //! (default 256), `BLOCK_BENCH_REBUILD_MIB` rebuild volume (default 1024), `BLOCK_BENCH_DIR`
 //! (default: a temporary directory under /var/tmp, on disk, not tmpfs), `BLOCK_BENCH_FUSE_THREADS`
-//! (the frontend's default unless set). The FUSE rows need root
-//! and /dev/fuse and are skipped otherwise. Everything is torn down by drop guards, on panic too.
+//! (the frontend's default unless set), `BLOCK_BENCH_CREATES` (CreateVolume/DeleteVolume
+//! samples, 50), `BLOCK_BENCH_HEAL_MIB` (the kill -9 volume, 1024). The FUSE rows and the CSI
+//! part need root and /dev/fuse and are skipped otherwise. Everything is torn down by drop
+//! guards, on panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "benchmark harness")]
 
 use std::fs::{File, OpenOptions};
@@ -38,11 +45,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmcsi_benchkit::fio::{self, MIB, Res, Rw, SHAPES, Shape};
-use wasmcsi_benchkit::{cpu, knob, knob_f64};
+use wasmcsi_benchkit::{cpu, knob, knob_f64, ms, pct};
 use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume};
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
 use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
+
+mod csi;
 
 const REGION: u64 = MIB;
 
@@ -525,6 +534,11 @@ fn main() {
         Default::default()
     };
 
+    // (f) and the CSI timings: the same layout as (e), staged through the CSI socket.
+    let csi = skip_fuse.is_none().then(|| csi::run(root, ws, secs, knob("BLOCK_BENCH_HEAL_MIB", 1024) * MIB));
+    let fio_csi = csi.as_ref().map(|c| c.io.clone()).unwrap_or_default();
+    let split_f = csi.as_ref().map(|c| c.split.clone()).unwrap_or_default();
+
     eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
     let rb = bench_rebuilds(root, rebuild_size);
 
@@ -539,8 +553,22 @@ fn main() {
     );
     println!("(d) = both replicas over loopback TCP; (e) = replica 0 in-process, replica 1 over TCP");
     println!(
-        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7}",
-        "job", "raw fio", "raw runner", "engine", "eng/raw", "(c) FUSE", "(d) F+eng", "d/c", "(e) F+eng+L", "e/c"
+        "(f) = as (e), staged through the CSI socket of a node plugin in this process, replica 1 on a replica node process"
+    );
+    println!(
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}",
+        "job",
+        "raw fio",
+        "raw runner",
+        "engine",
+        "eng/raw",
+        "(c) FUSE",
+        "(d) F+eng",
+        "d/c",
+        "(e) F+eng+L",
+        "e/c",
+        "(f) CSI",
+        "f/e"
     );
     let over = |x: Option<&Res>, c: Option<&Res>, shape: &Shape| match (x, c) {
         (Some(x), Some(c)) => format!("{:.2}x", x.headline(shape) / c.headline(shape)),
@@ -549,7 +577,7 @@ fn main() {
     for (i, shape) in SHAPES.iter().enumerate() {
         let ratio = run_engine[i].headline(shape) / run_raw[i].headline(shape);
         println!(
-            "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7} {:>11} {:>7}",
+            "{:<18} {:>11} {:>11} {:>11} {:>6.2}x {:>11} {:>11} {:>7} {:>11} {:>7} {:>11} {:>7}",
             shape.name,
             Res::fmt_headline(fio_raw.get(i), shape),
             Res::fmt_headline(run_raw.get(i), shape),
@@ -560,11 +588,13 @@ fn main() {
             over(fio_fuse_engine.get(i), fio_fuse_file.get(i), shape),
             Res::fmt_headline(fio_fuse_local.get(i), shape),
             over(fio_fuse_local.get(i), fio_fuse_file.get(i), shape),
+            Res::fmt_headline(fio_csi.get(i), shape),
+            over(fio_csi.get(i), fio_fuse_local.get(i), shape),
         );
     }
     let lat = |r: Option<&Res>| r.map_or("-".into(), |r| format!("{:.1} µs", r.lat_us));
     println!(
-        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11}",
+        "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7} {:>11}",
         "QD1 write lat",
         lat(fio_raw.first()),
         lat(run_raw.first()),
@@ -573,7 +603,9 @@ fn main() {
         lat(fio_fuse_file.first()),
         lat(fio_fuse_engine.first()),
         "",
-        lat(fio_fuse_local.first())
+        lat(fio_fuse_local.first()),
+        "",
+        lat(fio_csi.first())
     );
     // Where the throughput goes when every part shares the same cores (fio, loop, FUSE, the
     // engine and both replicas): (d) costs (c) plus the replication, so once both are CPU-bound
@@ -588,7 +620,7 @@ fn main() {
     };
     for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.bs < MIB) {
         println!(
-            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7}",
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7} {:>11}",
             shape.name,
             cpu(fio_raw.get(i)),
             cpu(run_raw.get(i)),
@@ -599,6 +631,7 @@ fn main() {
             bound(fio_fuse_file.get(i), fio_fuse_engine.get(i)),
             cpu(fio_fuse_local.get(i)),
             bound(fio_fuse_file.get(i), fio_fuse_local.get(i)),
+            cpu(fio_csi.get(i)),
         );
     }
     for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.qd > 1 && s.bs < MIB) {
@@ -606,6 +639,7 @@ fn main() {
             ("(c)", fio_fuse_file.get(i), split_c.get(i)),
             ("(d)", fio_fuse_engine.get(i), split_d.get(i)),
             ("(e)", fio_fuse_local.get(i), split_e.get(i)),
+            ("(f)", fio_csi.get(i), split_f.get(i)),
         ] {
             let (Some(res), Some(split)) = (res, split) else { continue };
             let ours: f64 = split.iter().map(|(_, us)| us).sum();
@@ -631,8 +665,32 @@ fn main() {
         rb.size / REGION,
         rb.delta.as_secs_f64()
     );
+    if let Some(c) = &csi {
+        let (mut create, mut delete) = (c.create.clone(), c.delete.clone());
+        println!(
+            "through the CSI socket, 3 replicas, {} sequential calls each: CreateVolume p50 {} p99 {}; DeleteVolume p50 {} p99 {}",
+            create.len(),
+            ms(pct(&mut create, 0.5)),
+            ms(pct(&mut create, 0.99)),
+            ms(pct(&mut delete, 0.5)),
+            ms(pct(&mut delete, 0.99)),
+        );
+        let h = &c.heal;
+        println!(
+            "kill -9 of a replica node under a staged {} MiB volume, 3 replicas: healthy again {:.2} s after the kill \
+             ({} MiB = 1% written while it was down in {:.2} s; node restarted in {:.2} s; rebuild of {:.1} MiB ran {:.3} s; \
+             the rest is the engine's reconnect backoff)",
+            h.size / MIB,
+            h.total.as_secs_f64(),
+            h.written / MIB,
+            h.write.as_secs_f64(),
+            h.restart.as_secs_f64(),
+            h.rebuilt as f64 / MIB as f64,
+            h.rebuild.as_secs_f64()
+        );
+    }
     if let Some(why) = skip_fuse {
-        println!("(c) and (d) skipped: {why}");
+        println!("(c), (d), (e) and the CSI part skipped: {why}");
     }
 
     // ----- goals --------------------------------------------------------------------------------
@@ -668,6 +726,16 @@ fn main() {
                 });
             }
         }
+    }
+    // (f) is (e) with the node plugin around it: it should cost nothing on the I/O path.
+    for (i, shape) in SHAPES.iter().enumerate().filter(|(i, _)| fio_csi.get(*i).is_some()) {
+        let r = fio_csi[i].headline(shape) / fio_fuse_local[i].headline(shape);
+        goals.push(Goal {
+            what: format!("(f)/(e) {}", shape.name),
+            target: ">= 0.85x (within noise)".into(),
+            got: format!("{r:.2}x"),
+            met: r >= 0.85,
+        });
     }
     let delta_share = rb.delta.as_secs_f64() / rb.full.as_secs_f64();
     goals.push(Goal {
