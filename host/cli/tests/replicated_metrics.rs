@@ -190,6 +190,7 @@ async fn flow() {
         node_id: "node-a".into(),
         socket: home_a.join("csi.sock"),
         config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: home_a.join("state"),
         reload_interval: Duration::from_secs(3600),

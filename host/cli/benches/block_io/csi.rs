@@ -172,6 +172,7 @@ async fn node_plugin(dir: &Path, nodes_file: &Path) -> Host {
         node_id: NODE.into(),
         socket: dir.join("csi.sock"),
         config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("bench")).unwrap(),
+        config_file: None,
         backends_dir: Some(backends),
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(3600),
