@@ -7,6 +7,7 @@
 use crate::convert::{self, bytes};
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
 use crate::error::{CsiError, CsiResult};
+use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
 use std::future::Future;
 use std::sync::Arc;
@@ -71,6 +72,14 @@ fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalo
             backend.name, backend.name
         ))
     })
+}
+
+/// Enter `backend`'s gate on `side` (see `guard`): a creation and a change of an existing
+/// object of one backend never run at once, whatever ids the backend gives names. A call
+/// waits for the other side at most one backend deadline (what the other side's call can
+/// take), then answers ABORTED.
+async fn enter(d: &Driver, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
+    d.inflight.gates.enter(&backend.name, side, backend.limits.call_deadline(), what).await
 }
 
 fn now_secs() -> u64 {
@@ -162,6 +171,7 @@ impl ControllerService {
         need(&backend, Feature::CreateDeleteVolume, "creating volumes")?;
         let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
         let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
+        let _pass = enter(d, &backend, Side::Create, &format!("volume {name}")).await?;
 
         let secrets = convert::secrets(&req.secrets);
         let request = wit::CreateVolumeRequest {
@@ -210,6 +220,7 @@ impl ControllerService {
         let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
         need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
         let _guard = d.inflight.try_start(id.to_string())?;
+        let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
         d.registry.runtime().store.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
         tracing::info!(volume.id = %id, "volume deleted");
@@ -322,6 +333,7 @@ impl ControllerService {
             d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
+        let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
         let mut params = req.parameters.clone();
         params.remove(crate::driver::BACKEND_PARAMETER);
         let local_source = oid.local.clone();
@@ -343,6 +355,7 @@ impl ControllerService {
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
         Ok(csi::DeleteSnapshotResponse {})
     }
@@ -397,6 +410,7 @@ impl ControllerService {
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::ExpandVolume, "expansion")?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
         if e.capacity_bytes < range.required_bytes {
             return Err(backend
