@@ -110,3 +110,95 @@ async fn create_and_delete_of_one_volume_never_run_at_once() {
     host.shutdown().await.unwrap();
 }
 
+/// Hostile's limits, for the copies of it a test loads: a short deadline, and a `dir` root
+/// named `hang`, which makes it spin in the calls that visit every backend.
+fn hostile_config(dir: &Path, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| {
+            std::fs::create_dir_all(dir.join(n)).unwrap();
+            format!(
+                "[backends.{n}]\ncall_deadline_ms = 500\nimport_timeout_ms = 400\nmemory_limit_mib = 32\n\
+                 [backends.{n}.grants]\ndir = {{ hang = \"{}/{n}\" }}\n",
+                dir.display()
+            )
+        })
+        .collect()
+}
+
+fn list_entries(page: &csi::ListVolumesResponse) -> Vec<(String, Option<csi::VolumeCondition>)> {
+    page.entries
+        .iter()
+        .map(|e| {
+            let condition = e.status.as_ref().and_then(|s| s.volume_condition.clone());
+            (e.volume.as_ref().unwrap().volume_id.clone(), condition)
+        })
+        .collect()
+}
+
+/// A backend that hangs, next to one that serves, in the calls that visit every backend
+/// (issue 13, item 12): GetCapacity asks them at once, not one deadline after another;
+/// ListVolumes answers with what the host's journal knows of the hung backend's volumes,
+/// marked abnormal, instead of failing whole; and a backend whose file was removed keeps its
+/// volumes in ListVolumes, abnormal, instead of their vanishing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_failing_backend_does_not_take_down_calls_over_every_backend() {
+    let d = tempfile::tempdir().unwrap();
+    let hostile = wasmcsi_artifacts::HOSTILE;
+    let components: [(&str, &[u8]); 3] =
+        [("hostpath", wasmcsi_artifacts::HOSTPATH), ("hostile", hostile), ("hostile2", hostile)];
+    let host = start_host(d.path(), &components, &hostile_config(d.path(), &["hostile", "hostile2"])).await;
+    let channel = connect(&host.socket).await.unwrap();
+    let mut controller = ControllerClient::new(channel.clone());
+    for name in ["pvc-a", "pvc-b"] {
+        controller.create_volume(create_request(name, "hostpath")).await.unwrap();
+    }
+    let mut ok = create_request("h-1", "hostile");
+    ok.parameters.insert("mode".into(), "ok".into());
+    controller.create_volume(ok).await.unwrap();
+
+    // Both hostile copies spin in get-capacity until their 500 ms deadline.
+    let started = std::time::Instant::now();
+    let capacity = controller.get_capacity(csi::GetCapacityRequest::default()).await.unwrap().into_inner();
+    let took = started.elapsed();
+    assert!(capacity.available_capacity > 0, "{capacity:?}");
+    assert!(took < Duration::from_millis(900), "GetCapacity took {took:?}: the backends were asked one after another");
+
+    // hostile spins in list-volumes: its volume comes from the journal, abnormal.
+    let page = controller.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    let entries = list_entries(&page);
+    let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["hostile:h-1", "hostpath:default.pvc-a", "hostpath:default.pvc-b"], "{entries:?}");
+    let hung = entries[0].1.as_ref().unwrap();
+    assert!(hung.abnormal && hung.message.contains("hostile"), "{hung:?}");
+    assert!(entries[1..].iter().all(|(_, c)| c.as_ref().is_none_or(|c| !c.abnormal)), "{entries:?}");
+
+    // hostpath's file removed: its volumes stay listed, abnormal, not silently gone.
+    std::fs::remove_file(d.path().join("backends/hostpath.wasm")).unwrap();
+    host.registry.scan().await;
+    assert!(host.registry.get("hostpath").is_none());
+    let page = controller.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    let entries = list_entries(&page);
+    let gone: Vec<_> = entries.iter().filter(|(id, _)| id.starts_with("hostpath:")).collect();
+    assert_eq!(gone.len(), 2, "{entries:?}");
+    for (id, condition) in gone {
+        let c = condition.as_ref().unwrap();
+        assert!(c.abnormal && c.message.contains("not loaded"), "{id}: {c:?}");
+    }
+    // Paged one entry at a time, the same three come back in order.
+    let mut token = String::new();
+    let mut paged = vec![];
+    loop {
+        let request = csi::ListVolumesRequest { max_entries: 1, starting_token: token.clone() };
+        let page = controller.list_volumes(request).await.unwrap().into_inner();
+        paged.extend(list_entries(&page).into_iter().map(|(id, _)| id));
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    assert_eq!(paged, ["hostile:h-1", "hostpath:default.pvc-a", "hostpath:default.pvc-b"]);
+    drop((controller, channel));
+    host.shutdown().await.unwrap();
+}
+
