@@ -202,3 +202,38 @@ async fn one_failing_backend_does_not_take_down_calls_over_every_backend() {
     host.shutdown().await.unwrap();
 }
 
+/// CreateVolume for a backend whose file is briefly missing (an operator replacing it) is
+/// UNAVAILABLE, which the provisioner retries, not INVALID_ARGUMENT, which it takes as final
+/// (issue 13, item 13): while the host's journal knows the backend's volumes, and for a while
+/// after its file went away. A name the host never served stays INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_volume_for_a_backend_being_replaced_is_unavailable() {
+    let d = tempfile::tempdir().unwrap();
+    let spare = format!("[backends.spare.grants]\ndir = {{ default = \"{}/spare\" }}\n", d.path().display());
+    std::fs::create_dir_all(d.path().join("spare")).unwrap();
+    let components: [(&str, &[u8]); 2] =
+        [("hostpath", wasmcsi_artifacts::HOSTPATH), ("spare", wasmcsi_artifacts::HOSTPATH)];
+    let host = start_host(d.path(), &components, &spare).await;
+    let channel = connect(&host.socket).await.unwrap();
+    let mut controller = ControllerClient::new(channel.clone());
+    controller.create_volume(create_request("pvc-1", "hostpath")).await.unwrap();
+
+    for name in ["hostpath", "spare"] {
+        std::fs::remove_file(d.path().join(format!("backends/{name}.wasm"))).unwrap();
+    }
+    host.registry.scan().await;
+    assert!(host.registry.get("hostpath").is_none() && host.registry.get("spare").is_none());
+    // hostpath: the journal knows its volume; spare: its file went away a moment ago.
+    for name in ["hostpath", "spare"] {
+        let status = controller.create_volume(create_request("pvc-2", name)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{name}: {status:?}");
+    }
+    let status = controller.create_volume(create_request("pvc-2", "never-served")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    std::fs::write(d.path().join("backends/hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
+    host.registry.scan().await;
+    controller.create_volume(create_request("pvc-2", "hostpath")).await.unwrap();
+    drop((controller, channel));
+    host.shutdown().await.unwrap();
+}
