@@ -9,6 +9,7 @@ pub mod cache;
 pub mod capabilities;
 pub mod config;
 pub mod engine;
+pub mod executor;
 mod host;
 pub mod metrics;
 pub mod native;
