@@ -7,6 +7,11 @@
 //!    natively, interleaved call by call, on tmpfs (the sandbox's cost alone) and on disk
 //!    (what an operator sees, fsyncs included); p50/p99 and the ratio.
 //! 3. host ready to serve (runtime + 3 backends from a warm compile cache + socket + Probe).
+//! 4. a spinning neighbour: hostpath CreateVolume p50/p99 through the socket, idle and while
+//!    the hostile fixture spins in every one of its call slots (2 s deadline), and how late
+//!    the spinning calls' DEADLINE_EXCEEDED answers come. The issue's goals: p99 with the
+//!    neighbour ≤ 2× idle p99; answers ≤ deadline + 100 ms. Alone (seconds, not minutes):
+//!    `cargo bench --workspace --bench backend_call -- neighbour`.
 #![allow(clippy::unwrap_used, reason = "benchmark harness")]
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,6 +22,8 @@ use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::native::NativeDriver;
 
 const BACKENDS: [&str; 4] = ["hostpath", "hostpath-native", "hostpath-b", "hostile"];
+/// The spinning neighbour's deadline (the issue measured with 2 s).
+const NEIGHBOUR_DEADLINE: Duration = Duration::from_secs(2);
 
 fn pct(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -43,6 +50,11 @@ fn config(roots: &Path) -> HostConfig {
         std::fs::create_dir_all(&root).unwrap();
         text.push_str(&format!("[backends.{name}.grants]\ndir = {{ default = {:?} }}\n", root.display().to_string()));
     }
+    // The issue's setting for the spinning neighbour (section 4).
+    text.push_str(&format!(
+        "[backends.hostile]\ncall_deadline_ms = {}\nimport_timeout_ms = 1500\n",
+        NEIGHBOUR_DEADLINE.as_millis()
+    ));
     HostConfig::parse(&text, Path::new("bench")).unwrap()
 }
 
@@ -126,6 +138,90 @@ async fn main() {
     tokio::spawn(run()).await.unwrap();
 }
 
+/// hostpath CreateVolume (+ untimed DeleteVolume) latencies through `ctl`, `rounds` of them.
+async fn hostpath_rounds(
+    ctl: &mut ControllerClient<tonic::transport::Channel>,
+    tag: &str,
+    rounds: usize,
+) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let t = Instant::now();
+        let v =
+            ctl.create_volume(create(&format!("{tag}-{i}"), "hostpath")).await.unwrap().into_inner().volume.unwrap();
+        samples.push(t.elapsed());
+        ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id, ..Default::default() }).await.unwrap();
+    }
+    samples
+}
+
+/// Section 4: hostpath beside a backend spinning in all its call slots.
+async fn neighbour(base: &Path, backends: &Path) {
+    let host = start(base, backends).await;
+    let channel = connect(&host.socket).await.unwrap();
+    let mut ctl = ControllerClient::new(channel.clone());
+    let rounds = 300;
+    hostpath_rounds(&mut ctl, "warm", 50).await;
+    let mut idle = hostpath_rounds(&mut ctl, "idle", rounds).await;
+
+    // Every call slot of hostile spinning, each refilled as soon as it is answered.
+    let slots = host.registry.get("hostile").unwrap().limits.max_concurrent_calls as usize;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut spinners = Vec::new();
+    for s in 0..slots {
+        let (channel, stop) = (channel.clone(), stop.clone());
+        spinners.push(tokio::spawn(async move {
+            let mut late = Vec::new();
+            let mut ctl = ControllerClient::new(channel);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut request = create(&format!("spin-{s}"), "hostile");
+                request.parameters.insert("mode".into(), "loop".into());
+                let t = Instant::now();
+                let status = ctl.create_volume(request).await.unwrap_err();
+                if status.code() == tonic::Code::DeadlineExceeded {
+                    late.push(t.elapsed().saturating_sub(NEIGHBOUR_DEADLINE));
+                } else {
+                    println!(
+                        "spinning call answered {:?} after {:?}: {}",
+                        status.code(),
+                        t.elapsed(),
+                        status.message()
+                    );
+                }
+            }
+            late
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut busy = hostpath_rounds(&mut ctl, "busy", rounds).await;
+    // Long enough for every slot to have answered at least twice.
+    tokio::time::sleep(NEIGHBOUR_DEADLINE * 2).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut late: Vec<Duration> = Vec::new();
+    for s in spinners {
+        late.extend(s.await.unwrap());
+    }
+    drop((ctl, channel));
+    host.shutdown().await.unwrap();
+
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
+    let (idle99, busy99) = (pct(&mut idle, 0.99), pct(&mut busy, 0.99));
+    println!("\nspinning neighbour ({slots} hostile calls spinning, {NEIGHBOUR_DEADLINE:?} deadline; 2 tokio workers)");
+    row("measure", "p50".into(), "p99".into());
+    row(&format!("hostpath CreateVolume, idle (n={rounds})"), ms(pct(&mut idle, 0.5)), ms(idle99));
+    row(&format!("hostpath CreateVolume, neighbour spinning (n={rounds})"), ms(pct(&mut busy, 0.5)), ms(busy99));
+    row(
+        "  ratio p99 spinning / idle (goal <= 2x)",
+        String::new(),
+        format!("{:.2}x", busy99.as_secs_f64() / idle99.as_secs_f64()),
+    );
+    row(
+        &format!("DEADLINE_EXCEEDED after the deadline (n={}; p50, max; goal <= 100 ms)", late.len()),
+        ms(pct(&mut late, 0.5)),
+        ms(pct(&mut late, 1.0)),
+    );
+}
+
 async fn run() {
     let dir = tempfile::tempdir().unwrap();
     let backends = dir.path().join("backends");
@@ -133,6 +229,11 @@ async fn run() {
     std::fs::write(backends.join("hostpath.wasm"), wasmcsi_artifacts::HOSTPATH).unwrap();
     std::fs::write(backends.join("hostpath-b.wasm"), variant(wasmcsi_artifacts::HOSTPATH, "b")).unwrap();
     std::fs::write(backends.join("hostile.wasm"), wasmcsi_artifacts::HOSTILE).unwrap();
+    if std::env::args().any(|a| a == "neighbour") {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        neighbour(shm.path(), &backends).await;
+        return;
+    }
 
     // 1. instantiate + call (this first start also fills the compile cache for 3.).
     let n = 20_000;
@@ -192,4 +293,8 @@ async fn run() {
     }
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
     row("host ready, 3 backends, warm cache (n=15; p50, max)", ms(pct(&mut ready, 0.5)), ms(pct(&mut ready, 1.0)));
+
+    // 4. A spinning neighbour.
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    neighbour(shm.path(), &backends).await;
 }

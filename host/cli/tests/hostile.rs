@@ -91,7 +91,14 @@ async fn hostile_call(channel: Channel, name: &str, params: &[(&str, &str)]) -> 
     let result = ControllerClient::new(channel).create_volume(request).await;
     let took = started.elapsed();
     match result {
-        Ok(r) => panic!("hostile {params:?} unexpectedly created {:?}", r.into_inner().volume),
+        Ok(r) => {
+            let v = r.into_inner().volume.unwrap_or_default();
+            panic!(
+                "hostile {params:?} unexpectedly created {} ({} topologies)",
+                v.volume_id,
+                v.accessible_topology.len()
+            )
+        }
         Err(status) => (status, took),
     }
 }
@@ -249,6 +256,94 @@ async fn an_ungranted_import_keeps_the_component_out_and_is_counted() {
     assert_eq!(sample(&metrics, r#"wasmcsi_backend_rejected_total{backend="hostpath"}"#), None, "{metrics}");
     assert_eq!(sample(&metrics, r#"wasmcsi_backend_loads_total{backend="hostpath"}"#), Some(1.0), "{metrics}");
 
+    drop((controller, channel));
+    host.shutdown().await.unwrap();
+}
+
+/// Whether an answer is one the host refused as the backend's fault (issue 13, items 10-11).
+fn refused(what: &str, status: &tonic::Status) {
+    assert_eq!(status.code(), Code::Internal, "{what}: {status:?}");
+    assert!(status.message().contains("invalid output"), "{what}: {status:?}");
+    assert!(status.message().len() <= 2048, "{what}: a {} byte message", status.message().len());
+}
+
+/// What a backend returns is checked and bounded before the CO sees any of it: megabytes of
+/// text are clipped, lists and tokens no CO could read and values outside CSI's contract are
+/// INTERNAL; each answer is one small gRPC message a default client takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_answer_outside_the_contract_is_refused_or_clipped_before_the_co_sees_it() {
+    let _serial = SERIAL.lock().await;
+    let d = tempfile::tempdir().unwrap();
+    let host = start_host(d.path(), true).await;
+    let channel = connect(&host.socket).await.unwrap();
+    // A client with gRPC's default 4 MiB receive limit, like the sidecars.
+    let mut controller = ControllerClient::new(channel.clone());
+    // The README's limit of condition and validation messages (`answer::MAX_MESSAGE`).
+    let limit = 1024;
+
+    // An 8 MiB error keeps its code; its message is clipped.
+    let (status, _) = hostile_call(channel.clone(), "long-error", &[("mode", "long-error")]).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().len() <= 2 * limit, "{} bytes", status.message().len());
+
+    for mode in
+        ["huge-topology", "wide-topology", "bad-topology-key", "nul-topology-value", "big-context", "max-capacity"]
+    {
+        let (status, _) = hostile_call(channel.clone(), mode, &[("mode", mode)]).await;
+        refused(mode, &status);
+        assert!(host.registry.runtime().store.volume(&format!("hostile:{mode}")).unwrap().is_none(), "{mode} recorded");
+    }
+
+    for mode in ["min-above-max", "max-capacity"] {
+        let request = csi::GetCapacityRequest {
+            parameters: [("backend".into(), "hostile".into()), ("mode".into(), mode.into())].into(),
+            ..Default::default()
+        };
+        refused(mode, &controller.get_capacity(request).await.unwrap_err());
+    }
+
+    let get = |id: &str| csi::ControllerGetVolumeRequest { volume_id: format!("hostile:{id}") };
+    refused("another volume's id", &controller.controller_get_volume(get("other")).await.unwrap_err());
+    let v = controller.controller_get_volume(get("long-condition")).await.unwrap().into_inner();
+    let message = v.status.unwrap().volume_condition.unwrap().message;
+    assert!(message.len() <= limit && message.ends_with("[clipped]"), "{} bytes", message.len());
+
+    let list = |token: &str| csi::ListVolumesRequest { max_entries: 0, starting_token: format!("hostile:{token}") };
+    refused("8 MiB page token", &controller.list_volumes(list("long-token")).await.unwrap_err());
+    refused("more entries than asked", &controller.list_volumes(list("too-many")).await.unwrap_err());
+    let page = controller.list_volumes(list("long-condition")).await.unwrap().into_inner();
+    let message = &page.entries[0].status.as_ref().unwrap().volume_condition.as_ref().unwrap().message;
+    assert!(message.len() <= limit, "{} bytes", message.len());
+
+    let expand = csi::ControllerExpandVolumeRequest {
+        volume_id: "hostile:v".into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 2 << 20 }),
+        ..Default::default()
+    };
+    refused("expanded above the limit", &controller.controller_expand_volume(expand).await.unwrap_err());
+
+    for name in ["time-out-of-range", "nanos-out-of-range", "huge-size"] {
+        let request = csi::CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: "hostile:v".into(),
+            ..Default::default()
+        };
+        refused(name, &controller.create_snapshot(request).await.unwrap_err());
+    }
+    let snapshots = csi::ListSnapshotsRequest { starting_token: "hostile:long-token".into(), ..Default::default() };
+    refused("8 MiB snapshot page token", &controller.list_snapshots(snapshots).await.unwrap_err());
+
+    let validate = csi::ValidateVolumeCapabilitiesRequest {
+        volume_id: "hostile:v".into(),
+        volume_capabilities: create_request("x", &[], None).volume_capabilities,
+        ..Default::default()
+    };
+    let verdict = controller.validate_volume_capabilities(validate).await.unwrap().into_inner();
+    assert!(verdict.confirmed.is_none() && verdict.message.len() <= limit, "{} bytes", verdict.message.len());
+
+    let metrics = host.registry.runtime().metrics.encode();
+    let bad = r#"wasmcsi_backend_errors_total{backend="hostile",op="create_volume",code="bad-output"}"#;
+    assert_eq!(sample(&metrics, bad), Some(6.0), "{metrics}");
     drop((controller, channel));
     host.shutdown().await.unwrap();
 }

@@ -4,9 +4,11 @@
 //! volume's epoch on its replicas, see `docs/replicated-block.md`); for every other attachment
 //! kind it checks the volume exists and answers with an empty publish context.
 //! ControllerModifyVolume is not offered (no mutable parameters).
+use crate::answer;
 use crate::convert::{self, bytes};
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
 use crate::error::{CsiError, CsiResult};
+use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
 use std::future::Future;
 use std::sync::Arc;
@@ -73,6 +75,14 @@ fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalo
     })
 }
 
+/// Enter `backend`'s gate on `side` (see `guard`): a creation and a change of an existing
+/// object of one backend never run at once, whatever ids the backend gives names. A call
+/// waits for the other side at most one backend deadline (what the other side's call can
+/// take), then answers ABORTED.
+async fn enter(d: &Driver, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
+    d.inflight.gates.enter(&backend.name, side, backend.limits.call_deadline(), what).await
+}
+
 fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -80,6 +90,7 @@ fn now_secs() -> u64 {
 /// Page through several backends as one list. Tokens are `BACKEND:INNER`, where INNER is
 /// that backend's own token; a token we did not hand out is ABORTED, as the spec asks.
 async fn paged<T, F, Fut>(
+    op: &'static str,
     backends: Vec<Arc<Backend>>,
     max_entries: i32,
     token: &str,
@@ -89,7 +100,7 @@ where
     F: Fn(Arc<Backend>, u32, String) -> Fut,
     Fut: Future<Output = CsiResult<(Vec<T>, String)>>,
 {
-    let max = u32::try_from(max_entries).map_err(|_| CsiError::Invalid("max_entries must not be negative".into()))?;
+    let max = page_size(max_entries)?;
     let (mut index, mut inner) = if token.is_empty() {
         (0, String::new())
     } else {
@@ -103,49 +114,74 @@ where
     };
     let mut out = Vec::new();
     while index < backends.len() {
-        let remaining = if max == 0 { 0 } else { max - u32::try_from(out.len()).unwrap_or(max) };
+        let remaining = max - u32::try_from(out.len()).unwrap_or(max);
         let backend = backends[index].clone();
         let name = backend.name.clone();
-        let (mut entries, next) = fetch(backend, remaining, std::mem::take(&mut inner)).await?;
-        if max != 0 && entries.len() > remaining as usize {
-            return Err(CsiError::Internal(format!("backend {name} returned more than max_entries")));
-        }
+        let (mut entries, next) = fetch(backend.clone(), remaining, std::mem::take(&mut inner)).await?;
+        answer::page(&backend, op, &entries, &next, remaining)?;
         out.append(&mut entries);
         if !next.is_empty() {
             return Ok((out, format!("{name}:{next}")));
         }
         index += 1;
-        if max != 0 && out.len() >= max as usize {
+        if out.len() >= max as usize {
             return Ok((out, backends.get(index).map(|b| format!("{}:", b.name)).unwrap_or_default()));
         }
     }
     Ok((out, String::new()))
 }
 
-fn snapshot_out(backend: &Backend, op: &'static str, s: &wit::Snapshot) -> CsiResult<csi::Snapshot> {
-    let bad = |m| CsiError::Call(backend.reject_output(op, m));
-    convert::checked_local("snapshot", &s.snapshot_id).map_err(bad)?;
-    convert::checked_local("volume", &s.source_volume_id).map_err(bad)?;
-    Ok(csi::Snapshot {
-        size_bytes: bytes(s.size_bytes),
-        snapshot_id: ObjectId::new(&backend.name, &s.snapshot_id).to_string(),
-        source_volume_id: ObjectId::new(&backend.name, &s.source_volume_id).to_string(),
-        creation_time: Some(convert::timestamp(&s.creation_time)),
-        ready_to_use: s.ready_to_use,
-        group_snapshot_id: String::new(),
-    })
+/// The page size the host asks backends for: the CO's limit, at most
+/// [`answer::MAX_PAGE_ENTRIES`] (also when it set none: the spec lets the plugin page then),
+/// so one answer stays one small gRPC message.
+fn page_size(max_entries: i32) -> CsiResult<u32> {
+    let max = u32::try_from(max_entries).map_err(|_| CsiError::Invalid("max_entries must not be negative".into()))?;
+    Ok(if max == 0 { answer::MAX_PAGE_ENTRIES } else { max.min(answer::MAX_PAGE_ENTRIES) })
 }
 
-fn volume_out(backend: &Backend, op: &'static str, v: &wit::Volume) -> CsiResult<csi::Volume> {
-    let bad = |m| CsiError::Call(backend.reject_output(op, m));
-    convert::checked_local("volume", &v.volume_id).map_err(bad)?;
-    convert::checked_context(&v.volume_context).map_err(bad)?;
-    Ok(csi::Volume {
-        capacity_bytes: bytes(v.capacity_bytes),
-        volume_id: ObjectId::new(&backend.name, &v.volume_id).to_string(),
-        volume_context: convert::to_map(&v.volume_context),
-        content_source: None,
-        accessible_topology: v.accessible_topology.iter().map(convert::from_topology).collect(),
+/// Where a ListVolumes listing goes on within one backend's volumes.
+enum Cursor {
+    /// the backend's own page token ("": its first page)
+    Backend(String),
+    /// the host's journal of the backend's volumes, after this many
+    Journal(usize),
+}
+
+/// A ListVolumes token: `NAME:INNER` (backend NAME's own token INNER) or `NAME/N` (its
+/// volumes in the host's journal from the N-th on). Backend names hold neither ':' nor '/'.
+fn volume_token(name: &str, cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Backend(inner) => format!("{name}:{inner}"),
+        Cursor::Journal(n) => format!("{name}/{n}"),
+    }
+}
+
+/// The backend (its index in `names`) and cursor a token names; a token we did not hand out
+/// is ABORTED, as the spec asks.
+fn parse_volume_token(token: &str, names: &[String]) -> CsiResult<(usize, Cursor)> {
+    if token.is_empty() {
+        return Ok((0, Cursor::Backend(String::new())));
+    }
+    let invalid = || CsiError::InvalidToken(format!("invalid starting_token {token:?}"));
+    let at = token.find([':', '/']).ok_or_else(invalid)?;
+    let (name, rest) = (&token[..at], &token[at + 1..]);
+    let cursor = if token[at..].starts_with(':') {
+        Cursor::Backend(rest.to_string())
+    } else {
+        Cursor::Journal(rest.parse().map_err(|_| invalid())?)
+    };
+    let index = names.iter().position(|n| n == name).ok_or_else(invalid)?;
+    Ok((index, cursor))
+}
+
+/// One entry of a backend's ListVolumes page, checked.
+fn volume_entry(b: &Backend, e: &wit::VolumeStatus) -> CsiResult<csi::list_volumes_response::Entry> {
+    Ok(csi::list_volumes_response::Entry {
+        volume: Some(answer::volume(b, "list_volumes", &e.volume, None)?),
+        status: Some(csi::list_volumes_response::VolumeStatus {
+            published_node_ids: vec![],
+            volume_condition: e.condition.as_ref().map(answer::condition),
+        }),
     })
 }
 
@@ -162,6 +198,7 @@ impl ControllerService {
         need(&backend, Feature::CreateDeleteVolume, "creating volumes")?;
         let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
         let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
+        let _pass = enter(d, &backend, Side::Create, &format!("volume {name}")).await?;
 
         let secrets = convert::secrets(&req.secrets);
         let request = wit::CreateVolumeRequest {
@@ -177,9 +214,7 @@ impl ControllerService {
             }),
         };
         let created = backend.create_volume(request, secrets).await?;
-        convert::checked_capacity(created.capacity_bytes, &capacity)
-            .map_err(|m| backend.reject_output("create_volume", m))?;
-        let mut volume = volume_out(&backend, "create_volume", &created)?;
+        let mut volume = answer::created(&backend, &created, &capacity)?;
 
         // The first creation records which build made the volume; retries keep that record.
         let store = &d.registry.runtime().store;
@@ -210,6 +245,7 @@ impl ControllerService {
         let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
         need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
         let _guard = d.inflight.try_start(id.to_string())?;
+        let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
         d.registry.runtime().store.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
         tracing::info!(volume.id = %id, "volume deleted");
@@ -244,7 +280,9 @@ impl ControllerService {
                 }),
                 message: String::new(),
             },
-            Some(message) => csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message },
+            Some(message) => {
+                csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: answer::message(&message) }
+            }
         })
     }
 
@@ -252,34 +290,98 @@ impl ControllerService {
         self.0.registry.all().into_iter().filter(|b| b.has_feature(f)).collect()
     }
 
+    /// Every backend's volumes, one backend after another. A backend that fails on its first
+    /// page, or is not loaded while the host's journal records volumes of it, does not take
+    /// the listing down, and its volumes do not vanish: they come from the journal, marked
+    /// abnormal with why (the CO's health monitor shows that as the volume's condition).
     async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
-        let (entries, next_token) = paged(
-            self.capable(Feature::ListVolumes),
-            req.max_entries,
-            &req.starting_token,
-            |b, max, token| async move {
-                let page = b.list_volumes(max, token).await?;
-                let entries = page
-                    .entries
-                    .iter()
-                    .map(|e| {
-                        Ok(csi::list_volumes_response::Entry {
-                            volume: Some(volume_out(&b, "list_volumes", &e.volume)?),
-                            status: Some(csi::list_volumes_response::VolumeStatus {
-                                published_node_ids: vec![],
-                                volume_condition: e
-                                    .condition
-                                    .as_ref()
-                                    .map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message.clone() }),
-                            }),
-                        })
-                    })
-                    .collect::<CsiResult<Vec<_>>>()?;
-                Ok((entries, page.next_token))
-            },
-        )
-        .await?;
-        Ok(csi::ListVolumesResponse { entries, next_token })
+        let d = &self.0;
+        let store = &d.registry.runtime().store;
+        let loaded = self.capable(Feature::ListVolumes);
+        let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
+        let journal = store.backends_with_volumes().map_err(|e| CsiError::Internal(e.to_string()))?;
+        names.extend(journal.into_iter().filter(|n| d.registry.get(n).is_none()));
+        let names: Vec<String> = names.into_iter().collect();
+        let max = page_size(req.max_entries)?;
+        let (mut index, mut cursor) = parse_volume_token(&req.starting_token, &names)?;
+        let mut entries = Vec::new();
+        while index < names.len() {
+            let name = &names[index];
+            let remaining = max - u32::try_from(entries.len()).unwrap_or(max);
+            let backend = loaded.iter().find(|b| &b.name == name);
+            let not_loaded = || format!("backend {name} is not loaded on this host; listed from the host's journal");
+            let (mut got, next) = match (backend, std::mem::replace(&mut cursor, Cursor::Backend(String::new()))) {
+                (Some(b), Cursor::Backend(inner)) => {
+                    let first = inner.is_empty();
+                    match b.list_volumes(remaining, inner).await {
+                        Ok(page) => {
+                            answer::page(b, "list_volumes", &page.entries, &page.next_token, remaining)?;
+                            let got = page.entries.iter().map(|e| volume_entry(b, e)).collect::<CsiResult<Vec<_>>>()?;
+                            (got, (!page.next_token.is_empty()).then_some(Cursor::Backend(page.next_token)))
+                        }
+                        Err(e) if first => {
+                            let why = format!("not listed by its backend ({e}); listed from the host's journal");
+                            self.journal_page(name, 0, remaining, &why)?
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                (Some(_), Cursor::Journal(from)) => {
+                    self.journal_page(name, from, remaining, &format!("backend {name} did not list its volumes"))?
+                }
+                (None, Cursor::Journal(from)) => self.journal_page(name, from, remaining, &not_loaded())?,
+                (None, Cursor::Backend(inner)) if inner.is_empty() => {
+                    self.journal_page(name, 0, remaining, &not_loaded())?
+                }
+                (None, Cursor::Backend(_)) => {
+                    return Err(CsiError::InvalidToken(format!("invalid starting_token {:?}", req.starting_token)));
+                }
+            };
+            entries.append(&mut got);
+            if let Some(next) = next {
+                return Ok(csi::ListVolumesResponse { entries, next_token: volume_token(name, &next) });
+            }
+            index += 1;
+            if entries.len() >= max as usize {
+                let next_token = names.get(index).map(|n| volume_token(n, &Cursor::Backend(String::new())));
+                return Ok(csi::ListVolumesResponse { entries, next_token: next_token.unwrap_or_default() });
+            }
+        }
+        Ok(csi::ListVolumesResponse { entries, next_token: String::new() })
+    }
+
+    /// Up to `take` of the volumes the journal records for backend `name` from the `from`-th,
+    /// each abnormal for `why`; and where to go on from, if more are left.
+    fn journal_page(
+        &self,
+        name: &str,
+        from: usize,
+        take: u32,
+        why: &str,
+    ) -> CsiResult<(Vec<csi::list_volumes_response::Entry>, Option<Cursor>)> {
+        let store = &self.0.registry.runtime().store;
+        let mut records =
+            store.volumes_of(name, from, take as usize + 1).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));
+        records.truncate(take as usize);
+        let condition = csi::VolumeCondition { abnormal: true, message: answer::message(why) };
+        let entries = records
+            .into_iter()
+            .map(|(volume_id, record)| csi::list_volumes_response::Entry {
+                volume: Some(csi::Volume {
+                    capacity_bytes: bytes(record.capacity_bytes),
+                    volume_context: [(DIGEST_CONTEXT_KEY.to_string(), record.digest)].into(),
+                    volume_id,
+                    content_source: None,
+                    accessible_topology: vec![],
+                }),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: vec![],
+                    volume_condition: Some(condition.clone()),
+                }),
+            })
+            .collect();
+        Ok((entries, next))
     }
 
     async fn get_capacity(&self, req: csi::GetCapacityRequest) -> CsiResult<csi::GetCapacityResponse> {
@@ -296,14 +398,23 @@ impl ControllerService {
         };
         let single = backends.len() == 1 && req.parameters.contains_key(crate::driver::BACKEND_PARAMETER);
         let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
-        for b in backends {
-            match b.get_capacity(caps.clone(), params.clone(), topology.clone()).await {
+        // Every backend at once: a hung one costs its deadline, not the sum of all of them.
+        let answers = futures::future::join_all(backends.iter().map(|b| {
+            let (caps, params, topology) = (caps.clone(), params.clone(), topology.clone());
+            async move {
+                let c = b.get_capacity(caps, params, topology).await?;
+                answer::capacity(b, &c).map(|()| c)
+            }
+        }))
+        .await;
+        for (b, answer) in backends.iter().zip(answers) {
+            match answer {
                 Ok(c) => {
                     total.available_bytes = total.available_bytes.saturating_add(c.available_bytes);
                     total.maximum_volume_bytes = total.maximum_volume_bytes.max(c.maximum_volume_bytes);
                     total.minimum_volume_bytes = c.minimum_volume_bytes;
                 }
-                Err(e) if single => return Err(e.into()),
+                Err(e) if single => return Err(e),
                 Err(e) => tracing::debug!(backend = %b.name, "capacity not counted: {e}"),
             }
         }
@@ -322,6 +433,7 @@ impl ControllerService {
             d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
+        let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
         let mut params = req.parameters.clone();
         params.remove(crate::driver::BACKEND_PARAMETER);
         let local_source = oid.local.clone();
@@ -335,7 +447,7 @@ impl ControllerService {
                 )
                 .into());
         }
-        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot_out(&backend, "create_snapshot", &s)?) })
+        Ok(csi::CreateSnapshotResponse { snapshot: Some(answer::snapshot(&backend, "create_snapshot", &s)?) })
     }
 
     async fn delete_snapshot(&self, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
@@ -343,6 +455,7 @@ impl ControllerService {
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
         Ok(csi::DeleteSnapshotResponse {})
     }
@@ -369,23 +482,24 @@ impl ControllerService {
             None => (self.capable(Feature::ListSnapshots), None, None),
         };
         let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
-        let (entries, next_token) = paged(backends, req.max_entries, &req.starting_token, |b, max, token| {
-            let (snap, vol) = (snap.clone(), vol.clone());
-            async move {
-                let page = b.list_snapshots(snap, vol, max, token).await?;
-                let entries = page
-                    .entries
-                    .iter()
-                    .map(|s| {
-                        Ok(csi::list_snapshots_response::Entry {
-                            snapshot: Some(snapshot_out(&b, "list_snapshots", s)?),
+        let (entries, next_token) =
+            paged("list_snapshots", backends, req.max_entries, &req.starting_token, |b, max, token| {
+                let (snap, vol) = (snap.clone(), vol.clone());
+                async move {
+                    let page = b.list_snapshots(snap, vol, max, token).await?;
+                    let entries = page
+                        .entries
+                        .iter()
+                        .map(|s| {
+                            Ok(csi::list_snapshots_response::Entry {
+                                snapshot: Some(answer::snapshot(&b, "list_snapshots", s)?),
+                            })
                         })
-                    })
-                    .collect::<CsiResult<Vec<_>>>()?;
-                Ok((entries, page.next_token))
-            }
-        })
-        .await?;
+                        .collect::<CsiResult<Vec<_>>>()?;
+                    Ok((entries, page.next_token))
+                }
+            })
+            .await?;
         Ok(csi::ListSnapshotsResponse { entries, next_token })
     }
 
@@ -397,17 +511,10 @@ impl ControllerService {
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::ExpandVolume, "expansion")?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
-        if e.capacity_bytes < range.required_bytes {
-            return Err(backend
-                .reject_output(
-                    "expand_volume",
-                    format!("expanded to {} < required {}", e.capacity_bytes, range.required_bytes),
-                )
-                .into());
-        }
         Ok(csi::ControllerExpandVolumeResponse {
-            capacity_bytes: bytes(e.capacity_bytes),
+            capacity_bytes: answer::expansion(&backend, &e, &range)?,
             node_expansion_required: e.node_expansion_required,
         })
     }
@@ -475,14 +582,12 @@ impl ControllerService {
         let (backend, oid) =
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
-        let st = backend.get_volume(oid.local).await?;
+        let st = backend.get_volume(oid.local.clone()).await?;
         Ok(csi::ControllerGetVolumeResponse {
-            volume: Some(volume_out(&backend, "get_volume", &st.volume)?),
+            volume: Some(answer::volume(&backend, "get_volume", &st.volume, Some(oid.local.as_str()))?),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
-                volume_condition: st
-                    .condition
-                    .map(|c| csi::VolumeCondition { abnormal: c.abnormal, message: c.message }),
+                volume_condition: st.condition.as_ref().map(answer::condition),
             }),
         })
     }

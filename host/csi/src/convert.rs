@@ -1,8 +1,7 @@
 //! Conversions between CSI wire types and the WIT types backends see, with the checks the
-//! spec asks of the plugin on the way in, and the checks the host makes of a backend's
-//! answers on the way out (a guest is not trusted to keep CSI's rules).
+//! spec asks of the plugin on the way in. A backend's answers on the way out are checked in
+//! `answer` (a guest is not trusted to keep CSI's rules).
 use crate::error::{CsiError, CsiResult};
-use crate::ids::{MAX_LOCAL_ID, is_valid_local};
 use std::collections::HashMap;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::bindings::types as wt;
@@ -77,48 +76,8 @@ pub fn topology(t: &csi::Topology) -> wit::Topology {
     wit::Topology { segments: pairs(&t.segments) }
 }
 
-pub fn from_topology(t: &wit::Topology) -> csi::Topology {
-    csi::Topology { segments: to_map(&t.segments) }
-}
-
 pub fn bytes(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-pub fn timestamp(t: &wt::Timestamp) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: t.seconds, nanos: i32::try_from(t.nanos.min(999_999_999)).unwrap_or(0) }
-}
-
-// The checks below return what is wrong with a backend's answer; the caller turns that into
-// `Backend::reject_output`, so it is counted against the backend.
-
-/// A local id from a backend.
-pub fn checked_local(what: &str, id: &str) -> Result<(), String> {
-    if is_valid_local(id) {
-        Ok(())
-    } else {
-        Err(format!("invalid {what} id ({} bytes); ids are 1-{MAX_LOCAL_ID} of [A-Za-z0-9._-]", id.len()))
-    }
-}
-
-/// Check a volume context a backend returned: bounded, no empty keys, no NUL.
-pub fn checked_context(ctx: &[wit::Pair]) -> Result<(), String> {
-    let size: usize = ctx.iter().map(|p| p.key.len() + p.value.len()).sum();
-    if size > 16 << 10 || ctx.iter().any(|p| p.key.is_empty() || p.key.contains('\0') || p.value.contains('\0')) {
-        return Err("invalid volume context (empty key, NUL, or over 16 KiB)".into());
-    }
-    Ok(())
-}
-
-/// The size a backend created must satisfy the request.
-pub fn checked_capacity(got: u64, want: &wit::CapacityRange) -> Result<(), String> {
-    if got < want.required_bytes || (want.limit_bytes != 0 && got > want.limit_bytes) {
-        return Err(format!(
-            "capacity {got} outside the requested range [{}, {}]",
-            want.required_bytes, want.limit_bytes
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -141,12 +100,5 @@ mod tests {
         assert!(capacity(Some(&csi::CapacityRange { required_bytes: -1, limit_bytes: 0 })).is_err());
         assert!(capacity(Some(&csi::CapacityRange { required_bytes: 10, limit_bytes: 5 })).is_err());
         assert_eq!(capacity(None).map(|c| c.required_bytes).ok(), Some(0));
-    }
-
-    #[test]
-    fn backend_answers_outside_the_contract_are_caught() {
-        assert!(checked_local("volume", "../x").is_err());
-        assert!(checked_capacity(1, &wit::CapacityRange { required_bytes: 2, limit_bytes: 0 }).is_err());
-        assert!(checked_context(&[wit::Pair { key: String::new(), value: "\0".into() }]).is_err());
     }
 }

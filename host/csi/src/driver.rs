@@ -58,13 +58,23 @@ impl Driver {
                 self.registry.names().join(", ")
             ))
         })?;
-        let backend = self
-            .registry
-            .get(name)
-            .ok_or_else(|| CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() })?;
+        let backend = match self.registry.get(name) {
+            Some(b) => b,
+            // Being replaced, or the journal holds its volumes: it is meant to be here, and a
+            // final INVALID_ARGUMENT would make the provisioner give up on the claim.
+            None if self.registry.expected(name) || self.journal_knows(name) => {
+                return Err(CsiError::BackendNotLoaded(name.clone()));
+            }
+            None => return Err(CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() }),
+        };
         let rest: HashMap<String, String> =
             params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
         Ok((backend, crate::convert::pairs(&rest)))
+    }
+
+    /// Whether the host's journal records volumes of backend `name` (made on this host).
+    pub fn journal_knows(&self, name: &str) -> bool {
+        self.registry.runtime().store.volumes_of(name, 0, 1).is_ok_and(|v| !v.is_empty())
     }
 
     /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide

@@ -3,6 +3,7 @@
 //! the `backend` StorageClass parameter or the id's prefix), checks what backends answer,
 //! and carries out attachment plans on the node. It runs no guest code itself (that is
 //! `wasmcsi-runtime`) and decides no storage policy (that is the backends).
+pub mod answer;
 pub mod authority;
 pub mod controller;
 pub mod convert;

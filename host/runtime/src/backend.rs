@@ -133,6 +133,8 @@ pub struct Backend {
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) memory_peak: AtomicU64,
+    /// The threads this backend's guest code runs on (`None`: they could not be started).
+    pub(crate) executor: Option<Arc<crate::executor::GuestExecutor>>,
 }
 
 /// How a backend's code runs.
@@ -181,15 +183,35 @@ impl Backend {
 
     /// Run one export under every limit. `body` gets the fresh instance's exports (in the
     /// current types, whatever version the guest was built against) and the store; `secrets`
-    /// become handles 0.. for this call only. The call runs in a task of its own, so a host
-    /// import stuck in a syscall cannot keep the caller past the deadline.
+    /// become handles 0.. for this call only. The call runs on the backend's own threads
+    /// (`crate::executor`), never on the caller's: a guest that spins, or a host import stuck in
+    /// a syscall, cannot keep the caller (a gRPC worker) past the deadline.
     pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         R: Send + 'static,
         F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
     {
         let this = self.clone();
-        self.detached(op, async move { this.call_inner(op, secrets, body).await }).await
+        self.detached(op, self.on_guest_threads(op, async move { this.call_inner(op, secrets, body).await })).await
+    }
+
+    /// `call` on this backend's threads, in the caller's span; the caller awaits its end. A
+    /// backend whose threads could not be started (logged when it was loaded) runs it in the
+    /// caller's task, as before there were guest threads.
+    fn on_guest_threads<R: Send + 'static>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<R, CallError>> + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = Result<R, CallError>> + Send + 'static>> {
+        let call = tracing::Instrument::in_current_span(call);
+        let Some(executor) = &self.executor else { return Box::pin(call) };
+        let task = executor.spawn(call);
+        let backend = self.name.clone();
+        Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Err(CallError::Trap { backend, op, message: format!("the call's task ended: {e}") })
+            })
+        })
     }
 
     /// Like [`Backend::call`], in the caller's task (loading: `info` before the backend is shared).
@@ -209,12 +231,12 @@ impl Backend {
         f: impl FnOnce() -> Result<R, WitError> + Send + 'static,
     ) -> Result<R, CallError> {
         let this = self.clone();
-        self.detached(op, async move {
+        let call = async move {
             let _permit = this.permit(op, Instant::now() + this.limits.call_deadline()).await?;
             crate::capabilities::local_io(|| crate::native::with_roots(&this.caps.dir_roots, f))
                 .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error: clip_wit(error) })
-        })
-        .await
+        };
+        self.detached(op, self.on_guest_threads(op, call)).await
     }
 
     /// Run `call` in its own task and wait for it until the deadline (+ grace): traced,

@@ -11,6 +11,7 @@ pub mod capabilities;
 pub mod compat;
 pub mod config;
 pub mod engine;
+pub mod executor;
 mod host;
 pub mod metrics;
 pub mod native;

@@ -1,7 +1,11 @@
 //! The set of loaded backends by name, and hot reload: the backends directory is polled; a
 //! new or changed `NAME.wasm` is loaded and checked off to the side and swapped in only when
 //! good. Calls hold an `Arc<Backend>`, so calls in flight finish on the version they started
-//! with. A broken file is logged once and the previous version keeps serving.
+//! with. A broken file is logged once and the previous version keeps serving. A name whose
+//! file is being loaded, or went away less than [`REPLACING`] ago, is *expected*: callers
+//! answer "not loaded, retry" for it rather than "no such backend" (an operator replacing a
+//! file by remove + copy leaves a moment with no file at all).
+//!
 //!
 //! The configuration file is polled the same way, first in each scan: a changed file that
 //! reads and validates is put in force and every backend is loaded again under it (grants and
@@ -16,6 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Mutex;
+
+/// How long a backend whose file went away stays expected back.
+pub const REPLACING: Duration = Duration::from_secs(60);
 
 /// What a file looked like when we last read it; unchanged files are not re-read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +59,10 @@ pub struct Registry {
     /// per file: the stamp last seen, so each change is looked at exactly once
     seen: Mutex<HashMap<PathBuf, FileStamp>>,
     scanned: std::sync::atomic::AtomicBool,
+    /// Names whose file is being loaded (a new name is not served until it is checked).
+    loading: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Names whose file went away, and when.
+    departed: std::sync::Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Registry {
@@ -70,6 +81,8 @@ impl Registry {
             backends: RwLock::new(BTreeMap::new()),
             seen: Mutex::new(seen),
             scanned: std::sync::atomic::AtomicBool::new(false),
+            loading: Default::default(),
+            departed: Default::default(),
         })
     }
 
@@ -89,6 +102,14 @@ impl Registry {
         self.backends.read().map(|b| b.keys().cloned().collect()).unwrap_or_default()
     }
 
+    /// Whether a backend that is not loaded is expected to be soon: its file is being loaded,
+    /// or went away less than [`REPLACING`] ago.
+    pub fn expected(&self, name: &str) -> bool {
+        let loading = self.loading.lock().map(|l| l.contains(name)).unwrap_or(false);
+        let departed = self.departed.lock().ok().and_then(|d| d.get(name).copied());
+        loading || departed.is_some_and(|at| at.elapsed() < REPLACING)
+    }
+
     /// Ready once the first scan finished and at least one backend serves.
     pub fn is_ready(&self) -> bool {
         self.scanned.load(std::sync::atomic::Ordering::Acquire) && !self.names().is_empty()
@@ -101,6 +122,9 @@ impl Registry {
 
     /// Swap in an already-built backend (native backends for benchmarks and tests).
     pub fn insert(&self, backend: Arc<Backend>) -> Arc<Backend> {
+        if let Ok(mut d) = self.departed.lock() {
+            d.remove(&backend.name);
+        }
         if let Ok(mut map) = self.backends.write() {
             map.insert(backend.name.clone(), backend.clone());
         }
@@ -129,7 +153,14 @@ impl Registry {
                 continue;
             }
             seen.insert(path.clone(), stamp.clone());
-            match self.load_file(name, path).await {
+            if let Ok(mut l) = self.loading.lock() {
+                l.insert(name.clone());
+            }
+            let loaded = self.load_file(name, path).await;
+            if let Ok(mut l) = self.loading.lock() {
+                l.remove(name);
+            }
+            match loaded {
                 Ok(Some(b)) => {
                     tracing::info!(backend = %name, digest = %b.digest, version = %b.info.version, contract = %b.contract, cache_hit = b.cache_hit, "backend loaded");
                     report.loaded.push(name.clone());
@@ -147,6 +178,9 @@ impl Registry {
         for name in self.names() {
             let from_dir = self.get(&name).and_then(|b| b.path.clone()).is_some_and(|p| p.starts_with(dir));
             if from_dir && !present.contains(&&name) && self.remove(&name) {
+                if let Ok(mut d) = self.departed.lock() {
+                    d.insert(name.clone(), std::time::Instant::now());
+                }
                 tracing::warn!(backend = %name, "backend file removed; backend unloaded");
                 report.removed.push(name);
             }

@@ -74,6 +74,8 @@ pub struct Runtime {
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
     copies: Arc<crate::host::dir::CopyJobs>,
+    /// Each backend's guest threads, by name: shared by its versions across hot reloads.
+    executors: crate::executor::Executors,
     cache: CompileCache,
     _ticker: EpochTicker,
 }
@@ -90,6 +92,7 @@ impl Runtime {
             store,
             metrics: Arc::new(Metrics::new()),
             copies: Arc::default(),
+            executors: Default::default(),
         }))
     }
 
@@ -276,6 +279,7 @@ impl Runtime {
             kind,
             metrics: self.metrics.clone(),
             memory_peak: AtomicU64::new(0),
+            executor: self.executors.of(name),
         }
     }
 }

@@ -254,6 +254,40 @@ impl MetaStore {
         serde_json::from_slice(v.value()).map(Some).map_err(db)
     }
 
+    /// The recorded volumes of `backend` (ids `BACKEND:LOCAL`, in id order), skipping the
+    /// first `skip`, at most `take`.
+    pub fn volumes_of(
+        &self,
+        backend: &str,
+        skip: usize,
+        take: usize,
+    ) -> Result<Vec<(String, VolumeRecord)>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let t = tx.open_table(VOLUMES).map_err(db)?;
+        // Every id of the backend sorts between "NAME:" and "NAME;" (';' follows ':').
+        let (from, to) = (format!("{backend}:"), format!("{backend};"));
+        let mut out = Vec::new();
+        for item in t.range(from.as_str()..to.as_str()).map_err(db)?.skip(skip).take(take) {
+            let (k, v) = item.map_err(db)?;
+            out.push((k.value().to_string(), serde_json::from_slice(v.value()).map_err(db)?));
+        }
+        Ok(out)
+    }
+
+    /// The backends with at least one recorded volume.
+    pub fn backends_with_volumes(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let t = tx.open_table(VOLUMES).map_err(db)?;
+        let mut out = std::collections::BTreeSet::new();
+        for item in t.iter().map_err(db)? {
+            let (k, _) = item.map_err(db)?;
+            if let Some((backend, _)) = k.value().split_once(':') {
+                out.insert(backend.to_string());
+            }
+        }
+        Ok(out)
+    }
+
     pub fn forget_volume(&self, volume_id: &str) -> Result<(), StoreError> {
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(VOLUMES).map_err(db)?.remove(volume_id).map_err(db)?;
@@ -264,6 +298,26 @@ impl MetaStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_volumes_of_one_backend_are_listed_in_pages_and_no_other() {
+        let (_d, s) = store();
+        let record = |backend: &str| VolumeRecord {
+            backend: backend.into(),
+            digest: "d".into(),
+            capacity_bytes: 1,
+            created_at: 0,
+        };
+        for id in ["b:v2", "b:v1", "b-x:v", "a:v", "b2:v"] {
+            s.record_volume(id, &record(id.split_once(':').map_or("", |p| p.0))).unwrap();
+        }
+        let ids = |skip, take| s.volumes_of("b", skip, take).unwrap().into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+        assert_eq!(ids(0, 10), ["b:v1", "b:v2"]);
+        assert_eq!(ids(1, 10), ["b:v2"]);
+        assert_eq!(ids(0, 1), ["b:v1"]);
+        let names: Vec<String> = s.backends_with_volumes().unwrap().into_iter().collect();
+        assert_eq!(names, ["a", "b", "b-x", "b2"]);
+    }
 
     fn store() -> (tempfile::TempDir, MetaStore) {
         let dir = tempfile::tempdir().expect("tempdir");

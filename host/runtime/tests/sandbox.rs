@@ -111,6 +111,34 @@ async fn allocating_past_the_memory_cap_is_an_out_of_memory_error() {
     assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "{took:?}");
 }
 
+/// A cap above the engine's ceiling (256 MiB here): the engine, not the backend's limiter,
+/// refuses the growth. Still an out-of-memory, and counted under that label in `/metrics`,
+/// not as a trap (issue 13, item 14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_growth_the_engine_refuses_is_an_out_of_memory_error_too() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join("hostile")).unwrap();
+    let text = format!(
+        "[backends.hostile]\nmemory_limit_mib = 1024\ncall_deadline_ms = 2000\nimport_timeout_ms = 400\n\
+         [backends.hostile.grants]\ndir = {{ default = \"{}/hostile\" }}\n",
+        d.path().display()
+    );
+    let rt = Runtime::new(RuntimeOptions {
+        config: HostConfig::parse(&text, Path::new("test")).unwrap(),
+        cache_dir: Some(d.path().join("cache")),
+        store_path: d.path().join("state/meta.redb"),
+        engine: EngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
+    })
+    .unwrap();
+    let (r, _) = hostile_call(&rt, "oom").await;
+    assert!(matches!(r, Err(CallError::OutOfMemory { limit_mib: 1024, .. })), "{r:?}");
+    let metrics = rt.metrics.encode();
+    let series =
+        |code: &str| format!(r#"wasmcsi_backend_errors_total{{backend="hostile",op="create_volume",code="{code}"}} 1"#);
+    assert!(metrics.contains(&series("out-of-memory")), "{metrics}");
+    assert!(!metrics.contains(&series("trap")), "{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_guest_is_a_trap_for_that_call_only() {
     let d = tempfile::tempdir().unwrap();
