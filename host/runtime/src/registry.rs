@@ -6,7 +6,6 @@
 //! answer "not loaded, retry" for it rather than "no such backend" (an operator replacing a
 //! file by remove + copy leaves a moment with no file at all).
 //!
-//!
 //! The configuration file is polled the same way, first in each scan: a changed file that
 //! reads and validates is put in force and every backend is loaded again under it (grants and
 //! limits are linked at load); a file that does not, or that would refuse a backend serving
