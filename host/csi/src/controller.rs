@@ -153,6 +153,7 @@ impl ControllerService {
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
         let d = &self.0;
         let name = required(&req.name, "name")?.to_string();
+        crate::ids::check_name("name", &name)?;
         if req.volume_capabilities.is_empty() {
             return Err(CsiError::Missing("volume_capabilities"));
         }
@@ -318,6 +319,7 @@ impl ControllerService {
         let d = &self.0;
         let source = required(&req.source_volume_id, "source_volume_id")?;
         let name = required(&req.name, "name")?.to_string();
+        crate::ids::check_name("name", &name)?;
         let (backend, oid) =
             d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
