@@ -685,9 +685,9 @@ impl Suite<'_> {
         const NODE_INFO: &str = "NodeGetInfo returns a node id";
         if self.open(NODE_INFO, &self.node_gate(None)) {
             let answer = call(self.nd().node_get_info(csi::NodeGetInfoRequest {})).await;
-            let verdict = answer.map_err(status).and_then(|r| {
-                if r.node_id.is_empty() { Err("node_id is empty".to_string()) } else { Ok(r.node_id) }
-            });
+            let verdict = answer
+                .map_err(status)
+                .and_then(|r| if r.node_id.is_empty() { Err("node_id is empty".to_string()) } else { Ok(r.node_id) });
             self.node_id = verdict.as_ref().ok().cloned();
             self.judge(NODE_INFO, verdict.map(drop));
         }
@@ -1591,7 +1591,8 @@ impl Suite<'_> {
         }
         let detach_blocked = Self::gates([
             staged_blocked.clone(),
-            (!self.controller_publishes()).then(|| "the controller does not offer PUBLISH_UNPUBLISH_VOLUME".to_string()),
+            (!self.controller_publishes())
+                .then(|| "the controller does not offer PUBLISH_UNPUBLISH_VOLUME".to_string()),
         ]);
         if self.open(DETACH, &detach_blocked) {
             let verdict = self.detach_from_node(&id).await;
@@ -1759,13 +1760,16 @@ impl Suite<'_> {
         if self.open(GET, &Self::gates([get_gate.clone(), blocked_get]))
             && let Some(s) = &snapshot
         {
-            let request = self.secreted(csi::GetSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() });
+            let request =
+                self.secreted(csi::GetSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() });
             let answer = call(self.ctl().get_snapshot(request)).await;
             let want = s.clone();
             self.judge(
                 GET,
                 answer.map_err(status).and_then(|r| match r.snapshot {
-                    Some(got) if got.snapshot_id == want.snapshot_id && got.source_volume_id == want.source_volume_id => {
+                    Some(got)
+                        if got.snapshot_id == want.snapshot_id && got.source_volume_id == want.source_volume_id =>
+                    {
                         Ok(())
                     }
                     Some(got) => Err(format!(

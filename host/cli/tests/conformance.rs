@@ -269,7 +269,11 @@ async fn replicated_host(dir: &Path, name: &str, mode: Mode, nodes_file: &Path) 
         state_dir: home.join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
-        replicas: Some(ReplicaOptions { listen: "127.0.0.1:0".parse().unwrap(), root: home.join("replicas"), labels: vec![] }),
+        replicas: Some(ReplicaOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            root: home.join("replicas"),
+            labels: vec![],
+        }),
         reconcile_interval: None,
     })
     .await

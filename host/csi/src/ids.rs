@@ -77,13 +77,23 @@ mod tests {
     fn names_take_any_unicode_but_the_banned_controls_up_to_128_bytes() {
         let widest = "é".repeat(64);
         assert_eq!(widest.len(), MAX_NAME_BYTES);
-        for ok in ["a", "pvc-1", "tab\there", "line\nfeed", "cr\r", "données ✓ 中文 🦀", "\u{a0}", widest.as_str()] {
+        for ok in ["a", "pvc-1", "tab\there", "line\nfeed", "cr\r", "données ✓ 中文 🦀", "\u{a0}", widest.as_str()]
+        {
             assert!(check_name("name", ok).is_ok(), "{ok:?}");
         }
         assert!(matches!(check_name("name", ""), Err(CsiError::Missing("name"))));
         let too_long = format!("{widest}a");
-        for bad in [too_long.as_str(), "nul\0", "bell\u{7}", "vt\u{b}", "ff\u{c}", "so\u{e}", "esc\u{1b}", "del\u{7f}", "c1\u{9f}"]
-        {
+        for bad in [
+            too_long.as_str(),
+            "nul\0",
+            "bell\u{7}",
+            "vt\u{b}",
+            "ff\u{c}",
+            "so\u{e}",
+            "esc\u{1b}",
+            "del\u{7f}",
+            "c1\u{9f}",
+        ] {
             let err = check_name("name", bad).expect_err(bad);
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}: {err}");
         }

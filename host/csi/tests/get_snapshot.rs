@@ -42,7 +42,12 @@ macro_rules! backend {
         struct $name;
         impl Guest for $name {
             fn info() -> BackendInfo {
-                BackendInfo { name: stringify!($name).into(), version: "0".into(), parameters: vec![], features: $features }
+                BackendInfo {
+                    name: stringify!($name).into(),
+                    version: "0".into(),
+                    parameters: vec![],
+                    features: $features,
+                }
             }
             fn create_volume(_: CreateVolumeRequest) -> Result<Volume, Error> {
                 unimplemented()
@@ -179,7 +184,10 @@ async fn get_snapshot_answers_from_the_backend_and_not_found_for_unknown_ids() {
     let c = controller(dir.path());
     for backend in ["getter", "lister"] {
         let s = get(&c, &format!("{backend}:{KNOWN}")).await.expect(backend);
-        assert_eq!((s.snapshot_id.as_str(), s.source_volume_id.as_str()), (&*format!("{backend}:{KNOWN}"), &*format!("{backend}:vol-1")));
+        assert_eq!(
+            (s.snapshot_id.as_str(), s.source_volume_id.as_str()),
+            (&*format!("{backend}:{KNOWN}"), &*format!("{backend}:vol-1"))
+        );
         assert!(s.ready_to_use && s.size_bytes == 1 << 20 && s.creation_time.is_some(), "{backend}: {s:?}");
         let unknown = get(&c, &format!("{backend}:snap-9")).await.expect_err(backend);
         assert_eq!(unknown.code(), Code::NotFound, "{backend}: {unknown:?}");

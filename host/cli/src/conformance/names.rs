@@ -122,7 +122,8 @@ impl Suite<'_> {
                         }
                     },
                     Err(s) if s.code() == Code::Unimplemented => {
-                        verdict = Err(format!("UNIMPLEMENTED although CREATE_DELETE_SNAPSHOT is offered: {}", s.message()));
+                        verdict =
+                            Err(format!("UNIMPLEMENTED although CREATE_DELETE_SNAPSHOT is offered: {}", s.message()));
                         break;
                     }
                     Err(s) => {
@@ -136,7 +137,8 @@ impl Suite<'_> {
             }
             made.dedup();
             for id in made {
-                let request = self.secreted(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() });
+                let request =
+                    self.secreted(csi::DeleteSnapshotRequest { snapshot_id: id.clone(), ..Default::default() });
                 match call(self.ctl().delete_snapshot(request)).await {
                     Ok(_) => self.created.snapshots.retain(|s| *s != id),
                     Err(s) => verdict = verdict.and(Err(format!("DeleteSnapshot {id}: {}", status(s)))),

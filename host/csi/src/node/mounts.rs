@@ -186,7 +186,10 @@ pub fn locate(mounts: &[MountEntry], path: &Path) -> Option<(u32, u32, PathBuf)>
         return Some((top.major, top.minor, top.root.clone()));
     }
     // The deepest mount point above `path`; of several stacked there, the last (the top).
-    let above = mounts.iter().filter(|e| path.starts_with(&e.mount_point)).max_by_key(|e| e.mount_point.components().count())?;
+    let above = mounts
+        .iter()
+        .filter(|e| path.starts_with(&e.mount_point))
+        .max_by_key(|e| e.mount_point.components().count())?;
     let rest = path.strip_prefix(&above.mount_point).ok()?;
     Some((above.major, above.minor, above.root.join(rest)))
 }
@@ -426,9 +429,16 @@ mod tests {
         let mounts = fixture(KUBELET_NODE);
         let staging = Path::new(STAGING);
         assert_eq!(other_binds(&mounts, staging, Path::new(PUBLISHED_RO)), [Path::new(PUBLISHED_RW)]);
-        assert_eq!(other_binds(&mounts, staging, Path::new(UNPUBLISHED)), [Path::new(PUBLISHED_RO), Path::new(PUBLISHED_RW)]);
+        assert_eq!(
+            other_binds(&mounts, staging, Path::new(UNPUBLISHED)),
+            [Path::new(PUBLISHED_RO), Path::new(PUBLISHED_RW)]
+        );
         // Not the staging path itself, nor binds of other directories of the same disk.
-        assert!(other_binds(&mounts, staging, Path::new(UNPUBLISHED)).iter().all(|p| *p != staging && !p.ends_with("rootfs")));
+        assert!(
+            other_binds(&mounts, staging, Path::new(UNPUBLISHED))
+                .iter()
+                .all(|p| *p != staging && !p.ends_with("rootfs"))
+        );
     }
 
     #[test]

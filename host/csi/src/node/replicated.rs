@@ -19,8 +19,8 @@ use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver as wit;
 
 use super::attacher::{
-    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode,
-    mount_err, publish_device, publish_staged,
+    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, mount_err,
+    publish_device, publish_staged,
 };
 use super::filesystem::{self, Filesystem};
 use super::mountinfo;

@@ -19,8 +19,8 @@ use wasmcsi_runtime::driver as wit;
 pub use staging::{RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
 
 use super::attacher::{
-    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, publish_device,
-    publish_staged,
+    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode,
+    publish_device, publish_staged,
 };
 use super::mounts::MountSystem;
 use super::usage;
