@@ -652,6 +652,7 @@ impl Backend for CephRbd {
                 GetVolume,
                 SingleNodeMultiWriter,
                 NodeExpansion,
+                GetSnapshot,
             ],
         }
     }

@@ -4,11 +4,15 @@
 //! Where the truth lives (the controller keeps none of its own):
 //! - `SUBDIR/.wasmcsi-volume`: the volume's metadata (name, size, source, subDir, mount options,
 //!   onDelete), written atomically with `write-file`.
-//! - `.wasmcsi/volumes/NAME`: the index from the CSI name to its subDir (the subDir comes from a
+//! - `.wasmcsi/volumes/NAME`: the index from the name to its subDir (the subDir comes from a
 //!   template, the id only from the name), written last: it is the commit point of a create, so
 //!   a retry after any crash finds either nothing or a whole volume.
 //! - `.snapshots/NAME/data` (a server-side `copy-tree` of the volume) and `.snapshots/NAME/meta`
 //!   (written last). Snapshots are independent copies: a volume with snapshots can be deleted.
+//!
+//! NAME is the CSI name's local name ([`policy::local_name`]): the name itself when it is plain
+//! (`pvc-…`), else a readable part plus a hash of it, so any CSI name fits a file name and the
+//! id; the metadata keeps the CSI name.
 //! - kv `exports/SERVER_SHARE`: the exports volumes were created on, so an unfiltered
 //!   ListSnapshots knows where to look (the `nfs` capability does not list its grants).
 //!
@@ -193,15 +197,17 @@ fn copy_into_place(h: &impl Host, e: &NfsExport, from: &str, to: &str, name: &st
 
 /// The driver, over any [`Host`]: the [`Backend`] methods below call these.
 fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Error> {
-    policy::check_name("volume", &req.name).map_err(bad)?;
+    check_csi_name("volume", &req.name)?;
     let p = params(&req.parameters)?;
     check_caps(&req.capabilities)?;
     let cap = SIZING.resolve(req.capacity.required_bytes, req.capacity.limit_bytes)?;
-    let sub_dir = p.render_sub_dir(&req.name).map_err(bad)?;
-    let id = policy::encode_id(&p.export, &req.name).map_err(bad)?;
+    // The CSI name as a file name and id tail; the metadata keeps the name itself.
+    let local = policy::local_name(&p.export, "volume", &req.name).map_err(bad)?;
+    let sub_dir = p.render_sub_dir(&local).map_err(bad)?;
+    let id = policy::encode_id(&p.export, &local).map_err(bad)?;
     let source = source_key(&req.content_source);
     let e = &p.export;
-    if let Some(f) = find(h, e, &req.name)? {
+    if let Some(f) = find(h, e, &local)? {
         let have = f.capacity()?;
         if have != cap || f.meta.get("source") != source || f.sub_dir != sub_dir {
             return Err(Error::AlreadyExists(format!(
@@ -245,7 +251,7 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
                 if !snap.ready_to_use {
                     return Err(Error::Aborted(format!("snapshot {sid} is still being copied; retry")));
                 }
-                copy_into_place(h, e, &format!("{}/data", snap_dir(&sname)), &sub_dir, &req.name, &meta)?;
+                copy_into_place(h, e, &format!("{}/data", snap_dir(&sname)), &sub_dir, &local, &meta)?;
             }
             Some(ContentSource::Volume(vid)) => {
                 let (ve, _) = policy::decode_id(vid).ok_or_else(|| Error::NotFound(format!("volume {vid} not found")))?;
@@ -253,7 +259,7 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
                     return Err(Error::InvalidArgument(format!("volume {vid} lives on another export than {}:{}", e.server, e.share)));
                 }
                 let src = find_id(h, vid)?;
-                copy_into_place(h, e, &src.sub_dir, &sub_dir, &req.name, &meta)?;
+                copy_into_place(h, e, &src.sub_dir, &sub_dir, &local, &meta)?;
             }
         }
     }
@@ -262,9 +268,9 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     h.nfs().mkdir(e, policy::INDEX_DIR, 0o700, 0, 0)?;
     let mut index = Meta::default();
     index.set("subDir", &sub_dir);
-    h.nfs().write_file(e, &index_path(&req.name), &index.encode())?;
+    h.nfs().write_file(e, &index_path(&local), &index.encode())?;
     h.log().info("volume created", &[("volume", &id), ("bytes", &cap.to_string()), ("subDir", &sub_dir)]);
-    Found { export: e.clone(), name: req.name.clone(), sub_dir, meta }.volume()
+    Found { export: e.clone(), name: local, sub_dir, meta }.volume()
 }
 
 fn delete_volume(h: &impl Host, id: &str) -> Result<(), Error> {
@@ -314,10 +320,11 @@ fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
 /// A snapshot is a copy of the volume's tree, made in the host's background: the first call
 /// records it (`ready = false`) and starts the copy, every retry reports `ready_to_use = false`
 /// until the copy is whole, then marks it ready. The external-snapshotter retries exactly so.
-fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, Error> {
-    policy::check_name("snapshot", name).map_err(bad)?;
+fn create_snapshot(h: &impl Host, csi_name: &str, source: &str) -> Result<Snapshot, Error> {
+    check_csi_name("snapshot", csi_name)?;
     let (e, _) = policy::decode_id(source).ok_or_else(|| Error::NotFound(format!("volume {source} not found")))?;
-    policy::encode_id(&e, name).map_err(bad)?;
+    let local = policy::local_name(&e, "snapshot", csi_name).map_err(bad)?;
+    let name = local.as_str();
     let dir = snap_dir(name);
     let meta_file = format!("{dir}/meta");
     let mut meta = match read_meta(h, &e, &meta_file)? {
@@ -334,7 +341,7 @@ fn create_snapshot(h: &impl Host, name: &str, source: &str) -> Result<Snapshot, 
             let t = h.nfs().stat(&e, &dir)?.map(|s| s.modified).ok_or_else(|| Error::Internal(format!("{dir} vanished")))?;
             let nanos = (t.seconds.max(0) as u64) * 1_000_000_000 + u64::from(t.nanos);
             let mut m = Meta::default();
-            m.set("name", name).set("source", source).set("capacity", f.capacity()?).set("createdNanos", nanos).set("ready", "false");
+            m.set("name", csi_name).set("source", source).set("capacity", f.capacity()?).set("createdNanos", nanos).set("ready", "false");
             h.nfs().write_file(&e, &meta_file, &m.encode())?;
             m
         }
@@ -374,7 +381,7 @@ fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32
                 continue;
             }
             for name in h.nfs().read_dir(&e, policy::SNAPSHOT_DIR)? {
-                if policy::check_name("snapshot", &name).is_ok() {
+                if policy::is_local_name(&name) {
                     all.extend(snapshot(h, &e, &name)?);
                 }
             }
@@ -396,7 +403,7 @@ fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Erro
             continue;
         }
         for name in h.nfs().read_dir(&e, policy::INDEX_DIR)? {
-            if policy::check_name("volume", &name).is_err() {
+            if !policy::is_local_name(&name) {
                 continue;
             }
             // An index whose metadata is gone is a delete in progress, not a volume.
@@ -466,6 +473,7 @@ impl Backend for Nfs {
                 GetVolume,
                 VolumeCondition,
                 SingleNodeMultiWriter,
+                GetSnapshot,
             ],
         }
     }

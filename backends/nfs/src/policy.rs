@@ -2,7 +2,7 @@
 //! path checks and volume/snapshot ids. No I/O here; everything is unit-tested natively.
 //! Sizes, metadata files and paging are the SDK's (`wasmcsi_backend_sdk::{capacity, meta, page}`).
 use std::collections::BTreeMap;
-use wasmcsi_backend_sdk::names::MAX_ID_BYTES;
+use wasmcsi_backend_sdk::names::{MAX_ID_BYTES, check_csi_name, stable_name};
 pub use wasmcsi_backend_sdk::nfs::NfsExport;
 
 /// A policy failure: which WIT error case it becomes is decided by the caller (parameters and
@@ -97,10 +97,40 @@ pub fn check_share(s: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// A CSI volume or snapshot name: it becomes a file name and the tail of an id.
-pub fn check_name(what: &str, n: &str) -> Result<(), Invalid> {
-    let ok = !n.is_empty() && n.len() <= 80 && !n.starts_with(['.', '-']) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
-    if ok { Ok(()) } else { Err(invalid(format!("{what} name {n:?} must be 1-80 of [A-Za-z0-9.-], not starting with '.' or '-'"))) }
+/// A local name (what [`local_name`] makes): a file name and the tail of an id, of
+/// `[A-Za-z0-9.-]` (no `_`: it separates an id's parts), not starting with '.' or '-'.
+pub fn is_local_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= MAX_ID_BYTES && !n.starts_with(['.', '-']) && n.bytes().all(is_local_byte)
+}
+
+fn is_local_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-.".contains(&b)
+}
+
+/// The local name of the CSI volume or snapshot `name` on `e`: the file name of its index entry
+/// or snapshot directory and the tail of its id, so that `encode_id(e, local)` fits the 95-byte
+/// id. Any CSI name (1-128 bytes of almost any Unicode) has one; a plain name (`pvc-…`) is its
+/// own local name, as before names were mapped, any other is a readable part plus a hash of the
+/// whole name, the same on every call. Errors: the name is not CSI-valid, or the export leaves
+/// no room for a name in an id.
+pub fn local_name(e: &NfsExport, what: &str, name: &str) -> Result<String, Invalid> {
+    check_csi_name(what, name).map_err(|e| invalid(wasmcsi_backend_sdk::types::message(&e).to_string()))?;
+    let prefix = encode_prefix(e);
+    let room = MAX_ID_BYTES.saturating_sub(prefix.len());
+    let local = stable_name(name, room, is_local_byte);
+    encode_id(e, &local)?;
+    Ok(local)
+}
+
+/// `SERVER_SHARE-COMPONENTS_`: what every id on `e` starts with.
+fn encode_prefix(e: &NfsExport) -> String {
+    let mut id = e.server.clone();
+    for c in e.share.split('/').filter(|c| !c.is_empty()) {
+        id.push('_');
+        id.push_str(c);
+    }
+    id.push('_');
+    id
 }
 
 /// One path component made from user input: no escape, no NUL, no reserved name.
@@ -280,12 +310,7 @@ fn template_vars(t: &str) -> Result<Vec<Piece<'_>>, Invalid> {
 /// contains `_`). Deterministic from the export and the name; the export is in the id because
 /// the controller keeps no state of its own.
 pub fn encode_id(e: &NfsExport, name: &str) -> Result<String, Invalid> {
-    let mut id = e.server.clone();
-    for c in e.share.split('/').filter(|c| !c.is_empty()) {
-        id.push('_');
-        id.push_str(c);
-    }
-    id.push('_');
+    let mut id = encode_prefix(e);
     id.push_str(name);
     if id.len() > MAX_ID_BYTES {
         return Err(invalid(format!("volume id {id:?} would be {} bytes, more than {MAX_ID_BYTES}: use a shorter server, share or name", id.len())));
@@ -303,7 +328,7 @@ pub fn decode_id(id: &str) -> Option<(NfsExport, String)> {
     let share = format!("/{}", parts[1..parts.len() - 1].join("/"));
     check_server(server).ok()?;
     check_share(&share).ok()?;
-    check_name("volume", name).ok()?;
+    is_local_name(name).then_some(())?;
     let export = NfsExport { server: server.into(), share };
     // Only the canonical spelling is ours (`h__v` would otherwise alias `h_v`).
     (encode_id(&export, name).ok()? == id).then(|| (export, name.into()))
@@ -420,11 +445,31 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        let long = "a".repeat(81);
+        let long = "a".repeat(96);
         for bad in ["", ".x", "-x", "a/b", "a_b", "a\0", long.as_str()] {
-            assert!(check_name("volume", bad).is_err(), "{bad:?}");
+            assert!(!is_local_name(bad), "{bad:?}");
         }
-        check_name("volume", "pvc-0b9a1c2d-1234-5678-9abc-def012345678").unwrap();
+        assert!(is_local_name("pvc-0b9a1c2d-1234-5678-9abc-def012345678"));
+    }
+
+    #[test]
+    fn any_csi_name_has_a_local_name_that_fits_the_id() {
+        let e = NfsExport { server: "nfs.example.com".into(), share: "/srv/exports".into() };
+        assert_eq!(local_name(&e, "volume", "pvc-1").unwrap(), "pvc-1", "a plain name is its own");
+        let long = format!("{}✓", "ü".repeat(62));
+        for name in ["a_b", ".x", "-x", "a/b", "../..", "Données ✓ 中文", "tab\there", long.as_str(), &"n".repeat(128)] {
+            let local = local_name(&e, "volume", name).unwrap();
+            assert!(is_local_name(&local) && local != name, "{name:?} -> {local:?}");
+            let id = encode_id(&e, &local).unwrap();
+            assert!(id.len() <= MAX_ID_BYTES, "{name:?} -> {id}");
+            assert_eq!(decode_id(&id), Some((e.clone(), local.clone())), "{name:?}");
+            assert_eq!(local_name(&e, "volume", name).unwrap(), local, "deterministic");
+        }
+        for bad in ["", "nul\0", "esc\u{1b}", &"n".repeat(129)] {
+            assert!(local_name(&e, "volume", bad).is_err(), "{bad:?}");
+        }
+        let no_room = NfsExport { server: "a".repeat(64), share: format!("/{}", "b".repeat(20)) };
+        assert!(local_name(&no_room, "volume", "x y").is_err(), "an export whose ids leave no room for a hash");
     }
 
     #[test]

@@ -74,7 +74,8 @@ fn templates_parameters_and_grants_are_checked_before_anything_is_written() {
     for bad in [&[("colour", "red")][..], &[("subDir", "../escape")], &[("onDelete", "shred")]] {
         assert!(matches!(create(&h, request("pvc-3", 1, bad, None)), Err(Error::InvalidArgument(_))), "{bad:?}");
     }
-    assert!(matches!(create(&h, request("bad_name", 1, &[], None)), Err(Error::InvalidArgument(_))));
+    // Any CSI name is valid (`any_csi_name_is_one_volume_and_its_snapshots_too`); this is not.
+    assert!(matches!(create(&h, request("bad\u{1b}name", 1, &[], None)), Err(Error::InvalidArgument(_))));
     let mut block = request("pvc-3", 1, &[], None);
     block.capabilities = vec![VolumeCapability { access_type: AccessType::Block, access_mode: AccessMode::SingleNodeWriter }];
     assert!(matches!(create(&h, block), Err(Error::InvalidArgument(_))));
@@ -202,4 +203,33 @@ fn expand_list_and_attach() {
     h.nfs.set_total_bytes(1000);
     let cap = Nfs::get_capacity(&h, vec![], pairs([("server", "nfs.example"), ("share", "/srv")]), None).unwrap();
     assert_eq!(cap.available_bytes, 1000 - h.nfs.usage(&e, "").unwrap());
+}
+
+#[test]
+fn any_csi_name_is_one_volume_and_its_snapshots_too() {
+    let (h, e) = host();
+    let long = format!("{}✓", "ü".repeat(62));
+    let names = ["bad_name", ".hidden", "a/b", "../../etc", "Données ✓ 中文", "tab\there", long.as_str(), &"x".repeat(128)];
+    let mut ids = vec![];
+    for name in names {
+        let v = create(&h, request(name, 1, &[], None)).unwrap();
+        let (ve, local) = policy::decode_id(&v.volume_id).unwrap_or_else(|| panic!("{name:?} -> {}", v.volume_id));
+        assert_eq!(ve, e);
+        assert!(local.ends_with(&wasmcsi_backend_sdk::names::name_hash(name)), "{name:?} -> {local}");
+        assert_eq!(create(&h, request(name, 1, &[], None)).unwrap(), v, "{name:?}: the same name, the same volume");
+        let sub_dir = v.volume_context.iter().find(|p| p.key == "subDir").unwrap().value.clone();
+        assert_eq!(sub_dir, local, "the default subDir is the local name");
+        let meta = Meta::decode(&h.nfs.read_file(&e, &format!("{local}/.wasmcsi-volume")).unwrap()).unwrap();
+        assert_eq!(meta.get("name"), name, "the metadata keeps the CSI name");
+        let s = snap(&h, name, &v.volume_id).unwrap();
+        assert!(policy::decode_id(&s.snapshot_id).is_some(), "{}", s.snapshot_id);
+        assert_eq!(snap(&h, name, &v.volume_id).unwrap().snapshot_id, s.snapshot_id);
+        assert_eq!(Nfs::get_snapshot(&h, s.snapshot_id.clone()).unwrap().snapshot_id, s.snapshot_id);
+        ids.push(v.volume_id);
+    }
+    let listed: Vec<String> = Nfs::list_volumes(&h, 0, String::new()).unwrap().entries.into_iter().map(|s| s.volume.volume_id).collect();
+    ids.sort();
+    assert_eq!(listed, ids, "every name its own volume, each listed");
+    assert_eq!(Nfs::list_snapshots(&h, None, None, 0, String::new()).unwrap().entries.len(), names.len());
+    assert!(matches!(Nfs::get_snapshot(&h, "nfs.example_srv_nope".into()), Err(Error::NotFound(_))));
 }

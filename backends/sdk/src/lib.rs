@@ -58,7 +58,7 @@ pub mod prelude {
     pub use crate::kv::Kv as _;
     pub use crate::log::Log as _;
     pub use crate::meta::Meta;
-    pub use crate::names::{MAX_ID_BYTES, check_csi_name, local_name};
+    pub use crate::names::{MAX_ID_BYTES, check_csi_name, is_id_byte, local_name, stable_name};
     pub use crate::nfs::Nfs as _;
     pub use crate::page::page;
     pub use crate::rbd::Rbd as _;

@@ -2,7 +2,8 @@
 //! a backend's own ids travel as `BACKEND:ID` within CSI's 128 bytes, so an id is at most
 //! [`MAX_ID_BYTES`] of `[A-Za-z0-9._-]` (the WIT's `volume` record says so and the host checks
 //! it). [`local_name`] maps any CSI-valid name onto such a string: a readable, sanitized part
-//! of the name plus a hash of all of it.
+//! of the name plus a hash of all of it; [`stable_name`] does the same but keeps a name that is
+//! already a safe local name as it is (backends whose ids and paths predate the mapping).
 use crate::types::Error;
 use sha2::{Digest, Sha256};
 
@@ -69,10 +70,16 @@ pub fn name_hash(name: &str) -> String {
 /// assert_ne!(n, local_name("pvc-0b9a1c2d:Données ✓", MAX_ID_BYTES));
 /// ```
 pub fn local_name(name: &str, max_bytes: usize) -> String {
+    local_name_in(name, max_bytes, is_id_byte)
+}
+
+/// [`local_name`] over a narrower alphabet: READABLE keeps only the ASCII bytes `keep` accepts
+/// (a subset of [`is_id_byte`]; e.g. without `_` where a backend separates id parts with it).
+pub fn local_name_in(name: &str, max_bytes: usize, keep: fn(u8) -> bool) -> String {
     let hash = name_hash(name);
     let mut readable = String::with_capacity(name.len());
     for c in name.chars() {
-        if c.is_ascii() && is_id_byte(c as u8) {
+        if c.is_ascii() && is_id_byte(c as u8) && keep(c as u8) {
             readable.push(c);
         } else if !readable.ends_with('-') {
             readable.push('-');
@@ -84,6 +91,40 @@ pub fn local_name(name: &str, max_bytes: usize) -> String {
     // ASCII only: any byte index is a char boundary.
     let readable = readable[..readable.len().min(room)].trim_end_matches(['.', '-']);
     if readable.is_empty() { hash } else { format!("{readable}-{hash}") }
+}
+
+/// Whether `s` has the shape of a hashed name: [`HASH_HEX`] lowercase hex digits, alone or
+/// after a `-`.
+fn is_hash_shaped(s: &str) -> bool {
+    let b = s.as_bytes();
+    let Some(at) = b.len().checked_sub(HASH_HEX) else { return false };
+    let hex = b[at..].iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+    hex && (at == 0 || b[at - 1] == b'-')
+}
+
+/// A deterministic backend-local name that keeps plain names: a name of 1 to `max_bytes` bytes
+/// that `keep` accepts (a subset of [`is_id_byte`]), not starting with `.` or `-` and not
+/// shaped like a hashed name, is its own local name; any other name gets
+/// [`local_name_in`]`(name, max_bytes, keep)`. Hashed names always end in [`HASH_HEX`] hex
+/// digits alone or after a `-` and plain names never do, so no two names meet. For backends
+/// that named directories and ids after the CSI name before any name was allowed: every name
+/// they accepted then maps to itself now.
+///
+/// ```
+/// use wasmcsi_backend_sdk::names::{is_id_byte, name_hash, stable_name, MAX_ID_BYTES};
+/// assert_eq!(stable_name("pvc-0b9a1c2d", MAX_ID_BYTES, is_id_byte), "pvc-0b9a1c2d");
+/// let n = stable_name("Données", MAX_ID_BYTES, is_id_byte);
+/// assert_eq!(n, format!("Donn-es-{}", name_hash("Données")));
+/// // A plain name shaped like a hashed one is hashed too.
+/// assert_ne!(stable_name(&n, MAX_ID_BYTES, is_id_byte), n);
+/// ```
+pub fn stable_name(name: &str, max_bytes: usize, keep: fn(u8) -> bool) -> String {
+    let plain = !name.is_empty()
+        && name.len() <= max_bytes
+        && !name.starts_with(['.', '-'])
+        && name.bytes().all(|b| is_id_byte(b) && keep(b))
+        && !is_hash_shaped(name);
+    if plain { name.to_owned() } else { local_name_in(name, max_bytes, keep) }
 }
 
 #[cfg(test)]
@@ -210,6 +251,44 @@ mod tests {
             assert!(matches!(check_csi_name("volume", bad), Err(Error::InvalidArgument(_))), "{bad:?}");
         }
         assert!(is_csi_char('\u{a0}'), "U+00A0 is past the C1 block");
+    }
+
+    #[test]
+    fn stable_names_keep_plain_names_and_never_meet_hashed_ones() {
+        let no_underscore = |b: u8| b != b'_';
+        assert_eq!(stable_name("pvc-1", MAX_ID_BYTES, is_id_byte), "pvc-1");
+        assert_eq!(stable_name("a_b", MAX_ID_BYTES, is_id_byte), "a_b");
+        assert_eq!(stable_name("a_b", MAX_ID_BYTES, no_underscore), format!("a-b-{}", name_hash("a_b")));
+        let long = "a".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(stable_name(&long, MAX_ID_BYTES, is_id_byte), local_name(&long, MAX_ID_BYTES));
+        for hashed in [".x", "-x", "a b", "中文", "x-0123456789abcdef", "0123456789abcdef"] {
+            let out = stable_name(hashed, MAX_ID_BYTES, is_id_byte);
+            assert_ne!(out, hashed, "{hashed:?} is not plain");
+            assert!(out.ends_with(&name_hash(hashed)), "{hashed:?} -> {out:?}");
+        }
+        // Not hash-shaped: uppercase hex, a hash without its dash, fewer digits.
+        for plain in ["x-0123456789ABCDEF", "x0123456789abcdef", "x-0123456789abcde"] {
+            assert_eq!(stable_name(plain, MAX_ID_BYTES, is_id_byte), plain);
+        }
+        // Whatever a name maps to, no other name maps there too.
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut seen: HashMap<String, String> = HashMap::new();
+        for i in 0..20_000 {
+            let name = match i % 4 {
+                0 => format!("pvc-{}", rng.below(5000)),
+                // a plain name that is some other name's hashed output
+                1 => local_name(&format!("n{}", rng.below(5000)), MAX_ID_BYTES),
+                _ => random_name(&mut rng),
+            };
+            for (max, keep) in [(MAX_ID_BYTES, is_id_byte as fn(u8) -> bool), (40, no_underscore)] {
+                let out = stable_name(&name, max, keep);
+                assert!(is_local_id(&out) && out.len() <= max.max(HASH_HEX), "{name:?} -> {out:?}");
+                assert!(out.bytes().all(keep) && !out.starts_with(['.', '-']), "{name:?} -> {out:?}");
+                if let Some(other) = seen.insert(format!("{max}/{out}"), name.clone()) {
+                    assert_eq!(other, name, "{other:?} and {name:?} both map to {out:?}");
+                }
+            }
+        }
     }
 
     #[test]

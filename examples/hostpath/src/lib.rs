@@ -17,14 +17,21 @@ fn bad(msg: impl Into<String>) -> Error {
 fn not_found(what: &str) -> Error {
     Error::NotFound(format!("{what} not found"))
 }
-/// Names become path components: keep them to a safe alphabet so nothing escapes the root.
-fn check_name(n: &str) -> Res<()> {
-    let ok = !n.is_empty() && n.len() <= 80 && !n.starts_with('.') && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok { Ok(()) } else { Err(bad(format!("name {n:?} must be 1-80 of [A-Za-z0-9._-], not starting with '.'"))) }
+/// The file name of a volume or snapshot under `root`: any CSI name (1-128 bytes of almost any
+/// Unicode) becomes a safe path component that keeps `ROOT.FILE` within the 95-byte id. A plain
+/// name (`pvc-…`) is its own file name, as before names were mapped; any other is a readable
+/// part plus a hash of the whole name, the same on every call (see [`stable_name`]).
+fn file_name(what: &str, root: &str, name: &str) -> Res<String> {
+    check_csi_name(what, name)?;
+    Ok(stable_name(name, MAX_ID_BYTES.saturating_sub(root.len() + 1), is_id_byte))
 }
-/// Local ids are `ROOT.NAME`; root names never contain '.'.
+/// What [`file_name`] makes: `[A-Za-z0-9._-]`, not starting with '.' (nothing hidden, no `..`).
+fn is_file_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= MAX_ID_BYTES && !n.starts_with('.') && n.bytes().all(is_id_byte)
+}
+/// Local ids are `ROOT.FILE`; root names never contain '.'.
 fn split_id(id: &str) -> Res<(String, String)> {
-    let parts = id.split_once('.').filter(|(_, name)| check_name(name).is_ok());
+    let parts = id.split_once('.').filter(|(_, name)| is_file_name(name));
     parts.map(|(r, n)| (r.into(), n.into())).ok_or_else(|| Error::NotFound(format!("volume {id} is not a hostpath id")))
 }
 /// A directory lives on one node and is no block device.
@@ -81,12 +88,13 @@ impl Backend for HostPath {
     fn info() -> BackendInfo {
         use Feature::*;
         let features = vec![CreateDeleteVolume, CreateDeleteSnapshot, ListSnapshots, CloneVolume, ExpandVolume, OnlineExpansion, GetCapacity];
-        let features = [features, vec![ListVolumes, GetVolume, VolumeCondition, SingleNodeMultiWriter]].concat();
+        let features = [features, vec![ListVolumes, GetVolume, VolumeCondition, SingleNodeMultiWriter, GetSnapshot]].concat();
         BackendInfo { name: "hostpath".into(), version: env!("CARGO_PKG_VERSION").into(), parameters: vec!["root".into()], features }
     }
     fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Res<Volume> {
-        check_name(&req.name)?;
+        check_csi_name("volume", &req.name)?;
         let root = root_param(h, &req.parameters)?;
+        let file = file_name("volume", &root, &req.name)?;
         check_caps(&req.capabilities)?;
         let (required, limit) = (req.capacity.required_bytes, req.capacity.limit_bytes);
         let cap = Sizing::DEFAULT.resolve(required, limit)?;
@@ -95,8 +103,8 @@ impl Backend for HostPath {
             Some(ContentSource::Volume(id)) => (id.as_str(), Some(split_id(id).map(|(r, n)| (r, format!("volumes/{n}")))?)),
             None => ("", None),
         };
-        let (meta, data) = (format!("meta/{}", req.name), format!("volumes/{}", req.name));
-        let volume = |cap| Volume { content_source: req.content_source.clone(), ..Volume::new(format!("{root}.{}", req.name), cap) };
+        let (meta, data) = (format!("meta/{file}"), format!("volumes/{file}"));
+        let volume = |cap| Volume { content_source: req.content_source.clone(), ..Volume::new(format!("{root}.{file}"), cap) };
         if let Some((have, src)) = read_meta(h, &root, &meta)? {
             if have < required || (limit != 0 && have > limit) || src != source {
                 return Err(Error::AlreadyExists(format!("volume {} exists with {have} bytes from {src:?}", req.name)));
@@ -154,8 +162,9 @@ impl Backend for HostPath {
         Ok(root_param(h, &p).and(check_caps(&caps)).err().map(|e| format!("{e:?}")))
     }
     fn create_snapshot(h: &impl Host, name: String, source: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Res<Snapshot> {
-        check_name(&name)?;
+        check_csi_name("snapshot", &name)?;
         let (root, vol) = split_id(&source)?;
+        let name = file_name("snapshot", &root, &name)?;
         match snapshot(h, &root, &name)? {
             Some(s) if s.source_volume_id == source => return Ok(s),
             Some(s) => return Err(Error::AlreadyExists(format!("snapshot {name} exists for {}", s.source_volume_id))),

@@ -48,7 +48,8 @@ fn bad_requests_are_rejected_before_anything_is_written() {
     assert!(matches!(HostPath::create_volume(&h, req.clone()), Err(Error::InvalidArgument(m)) if m.contains("root")));
     req.parameters = pairs([("colour", "red")]);
     assert!(matches!(HostPath::create_volume(&h, req.clone()), Err(Error::InvalidArgument(_))));
-    for name in ["", ".hidden", "a/b", &"x".repeat(81)] {
+    // Any CSI name is valid (see `any_csi_name_maps_to_one_safe_directory`); these are not.
+    for name in ["", "nul\0", "bell\u{7}", "c1\u{85}", &"x".repeat(129)] {
         assert!(matches!(HostPath::create_volume(&h, request(name, 1, None)), Err(Error::InvalidArgument(_))), "{name:?}");
     }
     let mut block = request("pvc-1", 1, None);
@@ -159,4 +160,34 @@ fn a_volume_larger_than_its_filesystem_is_out_of_range() {
     assert!(matches!(huge, Err(Error::OutOfRange(_))), "{huge:?}");
     assert_eq!(h.dir.paths("default"), Vec::<String>::new(), "nothing written");
     assert_eq!(HostPath::create_volume(&h, request("fits", 10 << 30, None)).unwrap().capacity_bytes, 10 << 30);
+}
+
+#[test]
+fn any_csi_name_maps_to_one_safe_directory() {
+    let h = host();
+    let long = format!("{}✓", "ü".repeat(62));
+    assert_eq!(long.len(), 127);
+    let names = [".hidden", "..", "a/b", "../../etc", "-rf", "Données ✓ 中文", "tab\there", long.as_str(), &"x".repeat(128)];
+    let mut ids = vec![];
+    for name in names {
+        let v = HostPath::create_volume(&h, request(name, 1, None)).unwrap();
+        let (root, file) = v.volume_id.split_once('.').unwrap();
+        assert_eq!(root, "default");
+        assert!(v.volume_id.len() <= MAX_ID_BYTES && is_file_name(file), "{name:?} -> {}", v.volume_id);
+        assert!(file.ends_with(&wasmcsi_backend_sdk::names::name_hash(name)), "{name:?} -> {file}");
+        assert!(h.dir.exists("default", &format!("volumes/{file}")), "{name:?}");
+        assert_eq!(HostPath::create_volume(&h, request(name, 1, None)).unwrap(), v, "{name:?}: the same name, the same volume");
+        let s = HostPath::create_snapshot(&h, name.into(), v.volume_id.clone(), vec![], vec![]).unwrap();
+        assert_eq!(HostPath::get_snapshot(&h, s.snapshot_id.clone()).unwrap(), s);
+        assert!(s.snapshot_id.len() <= MAX_ID_BYTES && is_file_name(s.snapshot_id.split_once('.').unwrap().1));
+        ids.push(v.volume_id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), names.len(), "every name its own volume");
+    // Nothing outside the root's own directories.
+    assert!(h.dir.paths("default").iter().all(|p| ["meta", "volumes", "snapmeta", "snapshots"].contains(&p.split('/').next().unwrap())));
+    // A plain name keeps its directory (volumes made before names were mapped are found again).
+    assert_eq!(HostPath::create_volume(&h, request("pvc-1", 1, None)).unwrap().volume_id, "default.pvc-1");
+    assert!(matches!(HostPath::get_snapshot(&h, "default.nope".into()), Err(Error::NotFound(_))));
 }

@@ -1,8 +1,10 @@
 //! The CSI conformance suite: drives a running host over its real unix socket with a real gRPC
 //! client, as kubelet and the CSI sidecars would, and judges every answer against the CSI spec
-//! (v1.9): required fields, error codes, idempotent repeats, concurrent retries, paging,
-//! snapshots and clones, and, when the profile allows real mounts, the node's
-//! stage/publish/unpublish/unstage flow. `wasmcsi backend check` and the integration tests share
+//! (v1.12): required fields, error codes, idempotent repeats, concurrent retries, paging,
+//! snapshots (GetSnapshot too) and clones, any name the spec allows and none it bans (`names`),
+//! and, when the profile allows real mounts, the node's stage/publish/unpublish/unstage flow
+//! (with ControllerPublishVolume first when the controller offers it, as a CO does) and the
+//! one-target rule of SINGLE_NODE_SINGLE_WRITER (`single_writer`). `wasmcsi backend check` and the integration tests share
 //! it; it works against any backend, named by the profile's `backend` parameter.
 //!
 //! Every check is named and judged on its own: a failure never stops the suite, and a check that
@@ -29,6 +31,9 @@ use tonic::{Code, Status};
 use wasmcsi_csi::driver::BACKEND_PARAMETER;
 use wasmcsi_csi::node::mountinfo;
 use wasmcsi_proto::csi::v1 as csi;
+
+mod names;
+mod single_writer;
 
 /// Longest the suite waits for one answer: a host that hangs fails that check, not the suite.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -80,6 +85,7 @@ secreted!(
     DeleteVolumeRequest,
     CreateSnapshotRequest,
     DeleteSnapshotRequest,
+    GetSnapshotRequest,
     ControllerExpandVolumeRequest,
     ValidateVolumeCapabilitiesRequest
 );
@@ -171,6 +177,7 @@ pub async fn run(socket: &Path, profile: &Profile) -> anyhow::Result<Report> {
         node: NodeClient::new(channel),
         controller_caps: None,
         node_caps: None,
+        node_id: None,
         checks: Vec::new(),
         created: Created::default(),
     };
@@ -272,6 +279,8 @@ struct Created {
     /// (volume id, path) of every publish and stage tried; undone in reverse order.
     published: Vec<(String, PathBuf)>,
     staged: Vec<(String, PathBuf)>,
+    /// (volume id, node id) of every ControllerPublishVolume tried; undone after the node's.
+    attached: Vec<(String, String)>,
 }
 
 impl Created {
@@ -308,6 +317,8 @@ struct Suite<'p> {
     controller_caps: Option<HashSet<i32>>,
     /// `None`: the node service is not served.
     node_caps: Option<HashSet<i32>>,
+    /// What NodeGetInfo answered: the node ControllerPublishVolume names.
+    node_id: Option<String>,
     checks: Vec<Check>,
     created: Created,
 }
@@ -488,6 +499,51 @@ impl Suite<'_> {
         format!("written through the target path by conformance run {}\n", self.run).into_bytes()
     }
 
+    /// Whether the controller offers PUBLISH_UNPUBLISH_VOLUME (then a CO publishes a volume to
+    /// a node before it stages it there).
+    fn controller_publishes(&self) -> bool {
+        self.controller_caps.as_ref().is_some_and(|c| c.contains(&(ControllerRpc::PublishUnpublishVolume as i32)))
+    }
+
+    /// ControllerPublishVolume of `id` to this node, when the controller offers it.
+    async fn attach_to_node(&mut self, id: &str, context: &HashMap<String, String>) -> Result<(), String> {
+        if !self.controller_publishes() {
+            return Ok(());
+        }
+        let node = self.node_id.clone().ok_or("no node id to ControllerPublishVolume to: NodeGetInfo failed")?;
+        self.created.attached.push((id.to_string(), node.clone()));
+        let request = csi::ControllerPublishVolumeRequest {
+            volume_id: id.to_string(),
+            node_id: node,
+            volume_capability: Some(self.profile.capability.clone()),
+            readonly: false,
+            secrets: self.profile.secrets.clone(),
+            volume_context: context.clone(),
+        };
+        call(self.ctl().controller_publish_volume(request))
+            .await
+            .map(drop)
+            .map_err(|s| format!("ControllerPublishVolume: {}", status(s)))
+    }
+
+    /// ControllerUnpublishVolume of `id` from this node, when the controller offers it.
+    async fn detach_from_node(&mut self, id: &str) -> Result<(), String> {
+        if !self.controller_publishes() {
+            return Ok(());
+        }
+        let node = self.node_id.clone().unwrap_or_default();
+        let request = csi::ControllerUnpublishVolumeRequest {
+            volume_id: id.to_string(),
+            node_id: node.clone(),
+            secrets: self.profile.secrets.clone(),
+        };
+        let answer = call(self.ctl().controller_unpublish_volume(request)).await;
+        if answer.is_ok() {
+            self.created.attached.retain(|(v, n)| !(v == id && *n == node));
+        }
+        answer.map(drop).map_err(|s| format!("ControllerUnpublishVolume: {}", status(s)))
+    }
+
     // ---- the suite ---------------------------------------------------------------------
 
     async fn all_checks(&mut self) {
@@ -496,6 +552,7 @@ impl Suite<'_> {
         self.backend_parameter_checks().await;
         self.unknown_id_checks().await;
         let mut objects = Objects { volume: self.create_volume_checks().await, ..Default::default() };
+        self.name_checks().await;
         self.validation_checks(objects.volume.as_ref()).await;
         objects.other = self.concurrent_create_check().await;
         self.get_capacity_check().await;
@@ -503,6 +560,7 @@ impl Suite<'_> {
         objects.expanded = self.expand_checks(objects.volume.as_ref()).await;
         objects.data_written = self.node_flow(&objects).await;
         objects.snapshot = self.snapshot_checks(&objects).await;
+        self.snapshot_name_checks(objects.volume.as_ref()).await;
         self.clone_checks(&mut objects).await;
         self.list_volumes_checks(&objects).await;
         self.delete_checks(&objects).await;
@@ -627,12 +685,11 @@ impl Suite<'_> {
         const NODE_INFO: &str = "NodeGetInfo returns a node id";
         if self.open(NODE_INFO, &self.node_gate(None)) {
             let answer = call(self.nd().node_get_info(csi::NodeGetInfoRequest {})).await;
-            self.judge(
-                NODE_INFO,
-                answer
-                    .map_err(status)
-                    .and_then(|r| if r.node_id.is_empty() { Err("node_id is empty".into()) } else { Ok(()) }),
-            );
+            let verdict = answer
+                .map_err(status)
+                .and_then(|r| if r.node_id.is_empty() { Err("node_id is empty".to_string()) } else { Ok(r.node_id) });
+            self.node_id = verdict.as_ref().ok().cloned();
+            self.judge(NODE_INFO, verdict.map(drop));
         }
     }
 
@@ -990,6 +1047,11 @@ impl Suite<'_> {
                 ),
             ),
             (
+                "GetSnapshot without snapshot_id is InvalidArgument",
+                self.controller_gate(ControllerRpc::GetSnapshot),
+                rpc!(self.ctl(), get_snapshot, csi::GetSnapshotRequest::default()),
+            ),
+            (
                 "DeleteSnapshot without snapshot_id is InvalidArgument",
                 snapshots,
                 rpc!(self.ctl(), delete_snapshot, csi::DeleteSnapshotRequest::default()),
@@ -1340,6 +1402,7 @@ impl Suite<'_> {
         const UNPUBLISH_AGAIN: &str = "NodeUnpublishVolume repeated is OK";
         const UNSTAGE: &str = "NodeUnstageVolume unmounts the staging path";
         const UNSTAGE_AGAIN: &str = "NodeUnstageVolume repeated is OK";
+        const DETACH: &str = "ControllerUnpublishVolume releases the volume from the node";
         const NOTHING_LEFT: &str = "the node flow leaves nothing mounted under the work dir";
 
         let volume = objects.volume.as_ref();
@@ -1364,11 +1427,17 @@ impl Suite<'_> {
         }
         let flow_blocked = blocked.clone();
 
-        // Stage.
+        // Stage (published to this node first, when the controller publishes).
         if self.open(STAGE, &blocked) {
+            let attached = self.attach_to_node(&id, &context).await;
             self.created.staged.push((id.clone(), staging.clone()));
-            let answer = call(self.nd().node_stage_volume(self.stage_request(&id, &context, &staging))).await;
-            let verdict = answer.map_err(status).and_then(|_| is_mounted(&staging));
+            let verdict = match attached {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    let answer = call(self.nd().node_stage_volume(self.stage_request(&id, &context, &staging))).await;
+                    answer.map_err(status).and_then(|_| is_mounted(&staging))
+                }
+            };
             if verdict.is_err() {
                 blocked = Some("NodeStageVolume failed".into());
             }
@@ -1502,6 +1571,8 @@ impl Suite<'_> {
             .await;
             self.record(UNPUBLISH_AGAIN, expect_code(&answer, Code::Ok));
         }
+        self.single_writer_checks(&id, &context, &staging, &staged_blocked).await;
+
         if self.open(UNSTAGE, &staged_blocked) {
             let answer = call(self.nd().node_unstage_volume(csi::NodeUnstageVolumeRequest {
                 volume_id: id.clone(),
@@ -1517,6 +1588,15 @@ impl Suite<'_> {
             }))
             .await;
             self.record(UNSTAGE_AGAIN, expect_code(&answer, Code::Ok));
+        }
+        let detach_blocked = Self::gates([
+            staged_blocked.clone(),
+            (!self.controller_publishes())
+                .then(|| "the controller does not offer PUBLISH_UNPUBLISH_VOLUME".to_string()),
+        ]);
+        if self.open(DETACH, &detach_blocked) {
+            let verdict = self.detach_from_node(&id).await;
+            self.judge(DETACH, verdict);
         }
         if self.open(NOTHING_LEFT, &flow_blocked) {
             let verdict = mounts_under(&self.work)
@@ -1569,6 +1649,7 @@ impl Suite<'_> {
         const CONFLICT: &str = "CreateSnapshot with the same name from another volume is AlreadyExists";
         const BY_ID: &str = "ListSnapshots by snapshot_id finds exactly the snapshot";
         const BY_SOURCE: &str = "ListSnapshots by source_volume_id finds the snapshot";
+        const GET: &str = "GetSnapshot returns the snapshot";
         let volume = objects.volume.as_ref();
         let blocked = Self::gates([
             self.controller_gate(ControllerRpc::CreateDeleteSnapshot),
@@ -1635,6 +1716,7 @@ impl Suite<'_> {
                 .await;
         }
 
+        let blocked_get = blocked.clone();
         let list_blocked = Self::gates([self.controller_gate(ControllerRpc::ListSnapshots), blocked]);
         if self.open(BY_ID, &list_blocked)
             && let Some(s) = &snapshot
@@ -1674,10 +1756,42 @@ impl Suite<'_> {
                 }
             });
         }
+        let get_gate = self.controller_gate(ControllerRpc::GetSnapshot);
+        if self.open(GET, &Self::gates([get_gate.clone(), blocked_get]))
+            && let Some(s) = &snapshot
+        {
+            let request =
+                self.secreted(csi::GetSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() });
+            let answer = call(self.ctl().get_snapshot(request)).await;
+            let want = s.clone();
+            self.judge(
+                GET,
+                answer.map_err(status).and_then(|r| match r.snapshot {
+                    Some(got)
+                        if got.snapshot_id == want.snapshot_id && got.source_volume_id == want.source_volume_id =>
+                    {
+                        Ok(())
+                    }
+                    Some(got) => Err(format!(
+                        "asked for {} of {}, got {} of {}",
+                        want.snapshot_id, want.source_volume_id, got.snapshot_id, got.source_volume_id
+                    )),
+                    None => Err("the answer carries no snapshot".into()),
+                }),
+            );
+        }
         for (label, id) in [
             ("a well-formed unknown snapshot id", self.unknown_id()),
             ("a foreign snapshot id", FOREIGN_ID.to_string()),
         ] {
+            let request = self.secreted(csi::GetSnapshotRequest { snapshot_id: id.clone(), ..Default::default() });
+            self.expect(
+                &format!("GetSnapshot of {label} is NotFound"),
+                get_gate.clone(),
+                Code::NotFound,
+                rpc!(self.ctl(), get_snapshot, request),
+            )
+            .await;
             let name = format!("ListSnapshots by {label} is empty");
             if self.open(&name, &self.controller_gate(ControllerRpc::ListSnapshots)) {
                 let answer =
@@ -1769,7 +1883,7 @@ impl Suite<'_> {
                     volume_content_source: Some(content.clone()),
                     ..self.create_request(&self.name(what), self.profile.required_bytes.max(size))
                 };
-                let answer = call(self.ctl().create_volume(request)).await;
+                let answer = self.create_pending(request).await;
                 if let Ok(r) = &answer {
                     self.created.made(&made_volume(r.clone()));
                 }
@@ -1814,6 +1928,21 @@ impl Suite<'_> {
         }
     }
 
+    /// CreateVolume, called again while it answers ABORTED ("an operation is pending for this
+    /// volume": a clone a backend fills in the background), as the external-provisioner does;
+    /// for at most [`CALL_TIMEOUT`].
+    async fn create_pending(&mut self, request: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, Status> {
+        let started = std::time::Instant::now();
+        loop {
+            match call(self.ctl().create_volume(request.clone())).await {
+                Err(s) if s.code() == Code::Aborted && started.elapsed() < CALL_TIMEOUT => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     /// Stage and publish a volume in fresh directories, read [`DATA_FILE`], undo both.
     async fn read_through_mount(
         &mut self,
@@ -1826,6 +1955,7 @@ impl Suite<'_> {
         for dir in [&staging, &self.work.join(format!("{tag}-target"))] {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
+        self.attach_to_node(id, context).await?;
         self.created.staged.push((id.to_string(), staging.clone()));
         self.created.published.push((id.to_string(), target.clone()));
         let staged = call(self.nd().node_stage_volume(self.stage_request(id, context, &staging))).await;
@@ -1852,9 +1982,11 @@ impl Suite<'_> {
             staging_target_path: path_str(&staging),
         }))
         .await;
+        let detached = self.detach_from_node(id).await;
         let read = read?;
         unpublished.map_err(|s| format!("NodeUnpublishVolume: {}", status(s)))?;
         unstaged.map_err(|s| format!("NodeUnstageVolume: {}", status(s)))?;
+        detached?;
         Ok(read)
     }
 
@@ -2069,6 +2201,18 @@ impl Suite<'_> {
                 {
                     problems.push(format!("NodeUnstageVolume {}: {}", path.display(), status(s)));
                 }
+            }
+        }
+        for (id, node) in created.attached.iter().rev() {
+            let request = csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: node.clone(),
+                secrets: self.profile.secrets.clone(),
+            };
+            if let Err(s) = call(self.ctl().controller_unpublish_volume(request)).await
+                && s.code() != Code::NotFound
+            {
+                problems.push(format!("ControllerUnpublishVolume {id} from {node}: {}", status(s)));
             }
         }
         for id in created.snapshots.iter().rev() {

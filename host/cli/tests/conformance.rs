@@ -1,15 +1,17 @@
 //! The conformance suite against real hosts: a whole host started in-process on a unix socket,
 //! the hostpath example backend loaded from a backends directory (and the hostpath as built
 //! against the previous contract, `wasmcsi:backend@0.1.0`), real bind mounts when the tests run
-//! as root. Also: the suite can fail (it is no test that always passes), and a CreateVolume
-//! retried after a controller restart finds the volume made before it.
+//! as root; and the replicated-block backend on two such hosts with their replica servers (its
+//! volumes formatted and mounted through the engine's FUSE + loop device). Also: the suite can
+//! fail (it is no test that always passes), and a CreateVolume retried after a controller
+//! restart finds the volume made before it.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::Code;
 use wasmcsi::conformance::{self, Outcome, Profile};
-use wasmcsi::host::{Host, HostOptions, connect};
+use wasmcsi::host::{Host, HostOptions, ReplicaOptions, connect};
 use wasmcsi_csi::Mode;
 use wasmcsi_csi::driver::DIGEST_CONTEXT_KEY;
 use wasmcsi_csi::node::mountinfo;
@@ -148,6 +150,14 @@ async fn passes_the_whole_suite(env: Env) {
     // It really ran: the main flow passed instead of being skipped.
     let mut must_pass = vec![
         "CreateVolume creates a volume",
+        "CreateVolume with a 128-byte Unicode name creates a volume, and the same name again returns it",
+        "CreateVolume with a 129-byte name is InvalidArgument",
+        "CreateVolume with a control character the spec bans in the name is InvalidArgument",
+        "CreateSnapshot with a 128-byte Unicode name snapshots the volume, and the same name again returns it",
+        "CreateSnapshot with a control character the spec bans in the name is InvalidArgument",
+        "GetSnapshot returns the snapshot",
+        "GetSnapshot of a well-formed unknown snapshot id is NotFound",
+        "GetSnapshot of a foreign snapshot id is NotFound",
         "CreateVolume sent 8 times in parallel yields one volume (OK with the same id, or Aborted)",
         "CreateSnapshot snapshots the volume",
         "CreateVolume from the snapshot clones it",
@@ -162,6 +172,9 @@ async fn passes_the_whole_suite(env: Env) {
             "a file written through the target path reads back",
             "a clone of the snapshot holds the data written before the snapshot",
             "the node flow leaves nothing mounted under the work dir",
+            "NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at the same target again is OK",
+            "NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at a second target is FailedPrecondition",
+            "NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at another target works once the first is unpublished",
         ]);
     }
     for name in must_pass {
@@ -252,4 +265,94 @@ async fn the_suite_fails_when_the_node_flow_is_expected_of_a_controller_only_hos
         report.render()
     );
     host.shutdown().await.unwrap();
+}
+
+/// A host for the replicated-block backend: node `name` with its replica server on loopback,
+/// its replica nodes listed in `nodes_file` (as a headless Service's DNS would).
+async fn replicated_host(dir: &Path, name: &str, mode: Mode, nodes_file: &Path) -> Host {
+    let home = dir.join(name);
+    let backends = home.join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::write(backends.join("replicated-block.wasm"), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
+    let config = format!(
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
+         [backends.replicated-block.grants.block]\nnodes_file = {:?}\n",
+        nodes_file.display().to_string()
+    );
+    Host::start(HostOptions {
+        driver_name: "replicated.wasmcsi.io".into(),
+        mode,
+        node_id: name.into(),
+        socket: home.join("csi.sock"),
+        config: HostConfig::parse(&config, Path::new("test")).unwrap(),
+        config_file: None,
+        backends_dir: Some(backends),
+        state_dir: home.join("state"),
+        reload_interval: Duration::from_secs(3600),
+        metrics_addr: None,
+        replicas: Some(ReplicaOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            root: home.join("replicas"),
+            labels: vec![],
+        }),
+        reconcile_interval: None,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("host {name} did not start: {e:#}"))
+}
+
+/// replicated-block, fully: two replicas on two nodes, the suite on node-a (controller and
+/// node), ext4 volumes staged through the engine's FUSE + loop device, published to the node by
+/// ControllerPublishVolume first. Skipped, saying why, when not root or without /dev/fuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicated_block_passes_the_conformance_suite() {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: needs root and /dev/fuse (loop devices over FUSE volume files)");
+        return;
+    }
+    let env = Env::new();
+    let nodes_file = env.base.join("replica-nodes");
+    std::fs::write(&nodes_file, "").unwrap();
+    let a = replicated_host(&env.base, "node-a", Mode::All, &nodes_file).await;
+    let b = replicated_host(&env.base, "node-b", Mode::Node, &nodes_file).await;
+    let addrs: Vec<String> =
+        [&a, &b].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
+    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode as AccessModeKind};
+    let profile = Profile {
+        parameters: HashMap::from([
+            ("backend".to_string(), "replicated-block".to_string()),
+            ("numberOfReplicas".to_string(), "2".to_string()),
+        ]),
+        capability: csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
+            access_mode: Some(AccessMode { mode: AccessModeKind::SingleNodeWriter as i32 }),
+        },
+        required_bytes: 32 << 20,
+        node: true,
+        work_dir: env.base.join("work"),
+        secrets: HashMap::new(),
+    };
+    let started = std::time::Instant::now();
+    let report = conformance::run(&a.socket, &profile).await.unwrap();
+    println!("{}\nthe suite took {:?}", report.render(), started.elapsed());
+    assert!(report.passed(), "conformance failures:\n{}", report.render());
+    for name in [
+        "CreateVolume creates a volume",
+        "CreateVolume with a 128-byte Unicode name creates a volume, and the same name again returns it",
+        "NodeStageVolume stages the volume",
+        "a file written through the target path reads back",
+        "NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at a second target is FailedPrecondition",
+        "ControllerUnpublishVolume releases the volume from the node",
+        "CreateSnapshot snapshots the volume",
+        "GetSnapshot returns the snapshot",
+        "a clone of the snapshot holds the data written before the snapshot",
+        "DeleteVolume deletes the volume",
+        "cleanup removes every mount, snapshot and volume the suite made",
+    ] {
+        assert_eq!(report.outcome(name), Some(&Outcome::Pass), "{name}\n{}", report.render());
+    }
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
 }

@@ -1,7 +1,12 @@
 //! Volume and snapshot ids as Kubernetes sees them: `BACKEND:LOCAL`. The backend part
 //! routes every later call (Delete, Expand, NodeStage, …) to the component that created
-//! the object; the local part is the backend's own.
+//! the object; the local part is the backend's own. Also the names a CO gives new objects
+//! ([`check_name`]), checked here once for every backend.
+use crate::error::{CsiError, CsiResult};
 use wasmcsi_runtime::config::is_valid_name;
+
+/// CSI's limit on a name (and on an id).
+pub const MAX_NAME_BYTES: usize = 128;
 
 /// Longest local id a backend may return (`BACKEND:LOCAL` ≤ 128 bytes, CSI's limit).
 pub const MAX_LOCAL_ID: usize = 95;
@@ -38,9 +43,61 @@ pub fn is_valid_local(local: &str) -> bool {
         && local.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
+/// Whether CSI allows `c` in a name: the spec bans the C0 and C1 control characters except
+/// tab, line feed and carriage return (U+0000–U+0008, U+000B, U+000C, U+000E–U+001F,
+/// U+007F–U+009F).
+pub fn is_name_char(c: char) -> bool {
+    !matches!(c, '\u{0}'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
+}
+
+/// The `name` of a CreateVolume or CreateSnapshot: 1 to 128 bytes of any Unicode the spec
+/// allows; INVALID_ARGUMENT otherwise, before any backend sees it. How a valid name becomes an
+/// id or a path is the backend's business.
+pub fn check_name(field: &'static str, name: &str) -> CsiResult<()> {
+    if name.is_empty() {
+        return Err(CsiError::Missing(field));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(CsiError::Invalid(format!("{field} is {} bytes; CSI allows at most {MAX_NAME_BYTES}", name.len())));
+    }
+    if let Some(c) = name.chars().find(|c| !is_name_char(*c)) {
+        return Err(CsiError::Invalid(format!(
+            "{field} {name:?} contains the control character U+{:04X}, which CSI bans in names",
+            u32::from(c)
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_take_any_unicode_but_the_banned_controls_up_to_128_bytes() {
+        let widest = "é".repeat(64);
+        assert_eq!(widest.len(), MAX_NAME_BYTES);
+        for ok in ["a", "pvc-1", "tab\there", "line\nfeed", "cr\r", "données ✓ 中文 🦀", "\u{a0}", widest.as_str()]
+        {
+            assert!(check_name("name", ok).is_ok(), "{ok:?}");
+        }
+        assert!(matches!(check_name("name", ""), Err(CsiError::Missing("name"))));
+        let too_long = format!("{widest}a");
+        for bad in [
+            too_long.as_str(),
+            "nul\0",
+            "bell\u{7}",
+            "vt\u{b}",
+            "ff\u{c}",
+            "so\u{e}",
+            "esc\u{1b}",
+            "del\u{7f}",
+            "c1\u{9f}",
+        ] {
+            let err = check_name("name", bad).expect_err(bad);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}: {err}");
+        }
+    }
 
     #[test]
     fn ids_round_trip_and_foreign_ids_do_not_parse() {

@@ -1,6 +1,8 @@
 //! CSI wire types and tonic gRPC stubs, generated at build time from
-//! `proto/csi.proto`, a faithful copy of the Container Storage Interface
-//! spec's `csi.proto` at [`CSI_SPEC_VERSION`]. This crate owns exactly
+//! `proto/csi.proto`, the Container Storage Interface spec's `csi.proto`
+//! wire format at [`CSI_SPEC_VERSION`] (v1.10.0's text plus what v1.12 adds:
+//! the alpha `GetSnapshot` RPC and the `GET_SNAPSHOT` capability; the tests
+//! below pin every field number, enum value and option). This crate owns exactly
 //! that: the prost messages, the tonic clients and servers for the
 //! Identity, Controller, GroupController, SnapshotMetadata and Node
 //! services, and the encoded [`FILE_DESCRIPTOR_SET`] (for gRPC
@@ -25,7 +27,7 @@ pub mod csi {
 }
 
 /// Version of the CSI spec that `proto/csi.proto` reproduces.
-pub const CSI_SPEC_VERSION: &str = "1.10.0";
+pub const CSI_SPEC_VERSION: &str = "1.12.0";
 
 /// Encoded `google.protobuf.FileDescriptorSet` for `csi.proto` and its
 /// imports (`descriptor.proto`, `timestamp.proto`, `wrappers.proto`),
@@ -35,7 +37,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 
 #[cfg(test)]
 mod tests {
-    //! Wire facts checked against the CSI v1.10.0 spec numbers.
+    //! Wire facts checked against the CSI v1.12.0 spec numbers.
 
     use std::collections::BTreeSet;
     use std::error::Error;
@@ -235,7 +237,7 @@ mod tests {
     #[test]
     fn spec_version_is_semver() {
         let parts: Vec<&str> = crate::CSI_SPEC_VERSION.split('.').collect();
-        assert_eq!(parts, ["1", "10", "0"]);
+        assert_eq!(parts, ["1", "12", "0"]);
     }
 
     #[test]
@@ -302,6 +304,7 @@ mod tests {
         assert_eq!(Type::GetVolume as i32, 12);
         assert_eq!(Type::SingleNodeMultiWriter as i32, 13);
         assert_eq!(Type::ModifyVolume as i32, 14);
+        assert_eq!(Type::GetSnapshot as i32, 15);
     }
 
     #[test]
@@ -419,6 +422,7 @@ mod tests {
                     "CreateSnapshot",
                     "DeleteSnapshot",
                     "ListSnapshots",
+                    "GetSnapshot",
                     "ControllerExpandVolume",
                     "ControllerGetVolume",
                     "ControllerModifyVolume",
@@ -478,6 +482,7 @@ mod tests {
         assert_eq!(
             alpha_methods,
             [
+                "Controller.GetSnapshot",
                 "Controller.ControllerGetVolume",
                 "Controller.ControllerModifyVolume",
                 "GroupController.CreateVolumeGroupSnapshot",
@@ -546,6 +551,8 @@ mod tests {
                 &[("available_capacity", 1), ("maximum_volume_size", 2), ("minimum_volume_size", 3)],
             ),
             ("ControllerModifyVolumeRequest", &[("volume_id", 1), ("secrets", 2), ("mutable_parameters", 3)]),
+            ("GetSnapshotRequest", &[("snapshot_id", 1), ("secrets", 2)]),
+            ("GetSnapshotResponse", &[("snapshot", 1)]),
             (
                 "GetMetadataDeltaRequest",
                 &[
@@ -609,7 +616,7 @@ mod tests {
                 }
             }
             for e in &m.enum_type {
-                assert!(!is_alpha(e.options.as_ref()), "no alpha_enum in v1.10");
+                assert!(!is_alpha(e.options.as_ref()), "no alpha_enum in v1.12");
                 for v in &e.value {
                     if is_alpha(v.options.as_ref()) {
                         alpha_enum_values.insert(format!(
@@ -635,6 +642,7 @@ mod tests {
                 "CreateSnapshotRequest.secrets",
                 "DeleteSnapshotRequest.secrets",
                 "ListSnapshotsRequest.secrets",
+                "GetSnapshotRequest.secrets",
                 "ControllerExpandVolumeRequest.secrets",
                 "NodeStageVolumeRequest.secrets",
                 "NodePublishVolumeRequest.secrets",
@@ -666,6 +674,8 @@ mod tests {
                 "ControllerGetVolumeResponse",
                 "ControllerModifyVolumeRequest",
                 "ControllerModifyVolumeResponse",
+                "GetSnapshotRequest",
+                "GetSnapshotResponse",
                 "VolumeCondition",
                 "GroupControllerGetCapabilitiesRequest",
                 "GroupControllerGetCapabilitiesResponse",
@@ -690,6 +700,7 @@ mod tests {
                 "ControllerServiceCapability.RPC.Type.GET_VOLUME",
                 "ControllerServiceCapability.RPC.Type.SINGLE_NODE_MULTI_WRITER",
                 "ControllerServiceCapability.RPC.Type.MODIFY_VOLUME",
+                "ControllerServiceCapability.RPC.Type.GET_SNAPSHOT",
                 "NodeServiceCapability.RPC.Type.VOLUME_CONDITION",
                 "NodeServiceCapability.RPC.Type.SINGLE_NODE_MULTI_WRITER",
                 "GroupControllerServiceCapability.RPC.Type.CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",
@@ -717,8 +728,8 @@ mod tests {
                 names(&[("UNKNOWN", 0), ("FIXED_LENGTH", 1), ("VARIABLE_LENGTH", 2)])
             )]
         );
-        // 92 `message` declarations plus one synthesized entry type per map field (39).
-        assert_eq!(messages.len(), 131, "total message count (incl. nested)");
+        // 94 `message` declarations plus one synthesized entry type per map field (40).
+        assert_eq!(messages.len(), 134, "total message count (incl. nested)");
         Ok(())
     }
 }

@@ -297,13 +297,73 @@ pub fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
 /// Bind `source` onto `target` (read-only if asked), unless that is already so. Blocking.
 pub fn ensure_bind(sys: &dyn MountSystem, source: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
     let table = mountinfo::read_current().map_err(mount_err)?;
+    let plan = plan_bind_now(&table, source, target, read_only)?;
+    mounts::execute(sys, &plan).map_err(mount_err)
+}
+
+/// [`mounts::plan_bind`] on what stat'ing `source` and `target` finds now. Blocking.
+fn plan_bind_now(
+    table: &[mountinfo::MountEntry],
+    source: &Path,
+    target: &Path,
+    read_only: bool,
+) -> CsiResult<Vec<mounts::MountAction>> {
     let source_id = mounts::identify(source).map_err(|e| CsiError::NotFound(format!("{}: {e}", source.display())))?;
     let target_exists = target.exists();
-    let mounted = !mountinfo::mounts_at(&table, target).is_empty();
+    let mounted = !mountinfo::mounts_at(table, target).is_empty();
     let target_id: Option<SourceIdentity> = if mounted { mounts::identify(target).ok() } else { None };
-    let plan = mounts::plan_bind(&table, source, &source_id, target, target_id, target_exists, read_only)
-        .map_err(|e| CsiError::AlreadyExists(e.to_string()))?;
+    mounts::plan_bind(table, source, &source_id, target, target_id, target_exists, read_only)
+        .map_err(|e| CsiError::AlreadyExists(e.to_string()))
+}
+
+/// Where a NodePublishVolume puts the volume, owned so that it can move into a blocking task.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The CSI volume id (for messages).
+    pub volume: String,
+    pub target: PathBuf,
+    pub read_only: bool,
+    /// SINGLE_NODE_SINGLE_WRITER: the volume may be published at one target path only.
+    pub single_writer: bool,
+}
+
+impl Placement {
+    pub fn of(call: &Publish<'_>) -> Self {
+        Self {
+            volume: call.volume.id.to_owned(),
+            target: call.target.to_owned(),
+            read_only: call.read_only,
+            single_writer: matches!(call.capability.access_mode, wt::AccessMode::SingleNodeSingleWriter),
+        }
+    }
+}
+
+/// Bind what a staged volume shows at `source` (the staging path, or its device node) onto the
+/// publish target, unless that is already so. A SINGLE_NODE_SINGLE_WRITER volume that the mount
+/// table shows published at another target is FAILED_PRECONDITION (the spec's NodePublishVolume
+/// table); the same target again is the idempotent success. Blocking.
+fn bind_published(sys: &dyn MountSystem, source: &Path, to: &Placement) -> CsiResult<()> {
+    let table = mountinfo::read_current().map_err(mount_err)?;
+    refuse_second_target(&table, source, to)?;
+    let plan = plan_bind_now(&table, source, &to.target, to.read_only)?;
     mounts::execute(sys, &plan).map_err(mount_err)
+}
+
+/// FAILED_PRECONDITION when `to` is single-writer and the mount table shows what `source` shows
+/// at a target other than `to.target`.
+fn refuse_second_target(table: &[mountinfo::MountEntry], source: &Path, to: &Placement) -> CsiResult<()> {
+    if !to.single_writer {
+        return Ok(());
+    }
+    match mounts::other_binds(table, source, &to.target).first() {
+        None => Ok(()),
+        Some(other) => Err(CsiError::FailedPrecondition(format!(
+            "volume {} is published at {}; its access mode SINGLE_NODE_SINGLE_WRITER allows one target, not also {}",
+            to.volume,
+            other.display(),
+            to.target.display()
+        ))),
+    }
 }
 
 /// Unmount everything stacked at `target`, then remove it when `remove_dir`. Blocking.
@@ -316,21 +376,23 @@ pub fn ensure_unmounted(sys: &dyn MountSystem, target: &Path, remove_dir: bool) 
 /// NodePublishVolume of a volume staged as a filesystem: the staging path bind-mounted onto the
 /// target. FAILED_PRECONDITION when nothing is mounted at the staging path.
 pub async fn publish_staged(sys: &Arc<dyn MountSystem>, call: &Publish<'_>) -> CsiResult<()> {
-    let (sys, staging, target, read_only) =
-        (sys.clone(), call.staging.to_owned(), call.target.to_owned(), call.read_only);
+    let (sys, staging, to) = (sys.clone(), call.staging.to_owned(), Placement::of(call));
     blocking(move || {
         let table = mountinfo::read_current().map_err(mount_err)?;
         if mountinfo::mounts_at(&table, &staging).is_empty() {
             return Err(CsiError::FailedPrecondition(format!("volume is not staged at {}", staging.display())));
         }
-        ensure_bind(sys.as_ref(), &staging, &target, read_only)
+        bind_published(sys.as_ref(), &staging, &to)
     })
     .await
 }
 
 /// NodePublishVolume of a raw block volume: the staged device node bind-mounted onto the target,
 /// a file (created with its parent directories if missing). Blocking.
-pub fn publish_device(sys: &dyn MountSystem, device: &Path, target: &Path, read_only: bool) -> CsiResult<()> {
+pub fn publish_device(sys: &dyn MountSystem, device: &Path, to: &Placement) -> CsiResult<()> {
+    let target = to.target.as_path();
+    // Before the target file is made: a refused publish leaves nothing behind.
+    refuse_second_target(&mountinfo::read_current().map_err(mount_err)?, device, to)?;
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(mount_err)?;
     }
@@ -342,5 +404,5 @@ pub fn publish_device(sys: &dyn MountSystem, device: &Path, target: &Path, read_
             .open(target)
             .map_err(|e| mount_err(format!("creating {}: {e}", target.display())))?;
     }
-    ensure_bind(sys, device, target, read_only)
+    bind_published(sys, device, to)
 }

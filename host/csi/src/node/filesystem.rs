@@ -115,6 +115,11 @@ impl Filesystem {
     pub fn grow(&self, device: &Path, staging: &Path, size: u64) -> CsiResult<()> {
         match self.fs_type.as_str() {
             "xfs" => mkfs::grow_fs(device, "xfs", Some(staging)).map_err(|e| CsiError::Internal(e.to_string()))?,
+            // Already as large as the device (formatted after the controller grew the volume):
+            // nothing to grow, so nothing to refuse.
+            "ext4" if ext4_bytes(device).is_ok_and(|(bytes, block)| bytes.saturating_add(block) > size) => {
+                return Ok(());
+            }
             "ext4" => {
                 let cannot = |why: String| {
                     CsiError::FailedPrecondition(format!(
@@ -273,6 +278,23 @@ fn grow_ext4_offline(device: &Path) -> CsiResult<()> {
 const CAP_SYS_RESOURCE: u32 = 24;
 
 /// Whether this process has capability `cap` in its effective set.
+/// The bytes an ext4 filesystem spans and its block size, from its superblock (1024 bytes into
+/// the device): the block count (its high half only with the 64bit feature) times the block size.
+fn ext4_bytes(device: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::FileExt;
+    let mut sb = [0u8; 1024];
+    std::fs::File::open(device)?.read_exact_at(&mut sb, 1024)?;
+    let u32_at = |at: usize| u64::from(u32::from_le_bytes([sb[at], sb[at + 1], sb[at + 2], sb[at + 3]]));
+    if u16::from_le_bytes([sb[0x38], sb[0x39]]) != 0xEF53 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("no ext4 superblock on {}", device.display())));
+    }
+    const INCOMPAT_64BIT: u64 = 0x80;
+    let high = if u32_at(0x60) & INCOMPAT_64BIT != 0 { u32_at(0x150) } else { 0 };
+    let block = 1024u64.checked_shl(u32::try_from(u32_at(24)).unwrap_or(u32::MAX)).filter(|b| *b <= 1 << 16);
+    let block = block.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "ext4 block size out of range"))?;
+    Ok((((high << 32) | u32_at(4)).saturating_mul(block), block))
+}
+
 fn has_capability(cap: u32) -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -336,5 +358,24 @@ mod tests {
         assert!(any.satisfied_by(&xfs));
         assert!(!Filesystem::wanted("ext4", &[], false).expect("ext4").satisfied_by(&xfs));
         assert!(!Filesystem::wanted("", &[], true).expect("ro").satisfied_by(&xfs));
+    }
+
+    #[test]
+    fn an_ext4_that_fills_its_device_needs_no_growing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("fs.img");
+        std::fs::File::create(&image).and_then(|f| f.set_len(16 << 20)).expect("image");
+        let made = Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("8M").status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipping: mkfs.ext4 unavailable");
+            return;
+        }
+        assert_eq!(ext4_bytes(&image).expect("superblock"), (8 << 20, 4096));
+        let fs = Filesystem { fs_type: "ext4".into(), mount_flags: vec![], read_only: false };
+        // As large as asked already: done, whatever this host may do to a mounted ext4.
+        fs.grow(&image, dir.path(), 8 << 20).expect("nothing to grow");
+        assert!(ext4_bytes(&dir.path().join("missing")).is_err());
+        std::fs::write(dir.path().join("zeros"), vec![0u8; 4096]).expect("zeros");
+        assert!(ext4_bytes(&dir.path().join("zeros")).is_err(), "no superblock");
     }
 }

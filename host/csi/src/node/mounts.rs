@@ -177,6 +177,39 @@ pub fn plan_bind(
     })
 }
 
+/// Where the file or directory at `path` shows in the mount table: the device of its filesystem
+/// and its path inside that filesystem (what mountinfo writes as a bind mount's root). A mount
+/// point is its top mount's root; any other path is reached through the deepest mount above it.
+/// `None` when no mount contains `path` (a relative path).
+pub fn locate(mounts: &[MountEntry], path: &Path) -> Option<(u32, u32, PathBuf)> {
+    if let Some(top) = mountinfo::mounts_at(mounts, path).last() {
+        return Some((top.major, top.minor, top.root.clone()));
+    }
+    // The deepest mount point above `path`; of several stacked there, the last (the top).
+    let above = mounts
+        .iter()
+        .filter(|e| path.starts_with(&e.mount_point))
+        .max_by_key(|e| e.mount_point.components().count())?;
+    let rest = path.strip_prefix(&above.mount_point).ok()?;
+    Some((above.major, above.minor, above.root.join(rest)))
+}
+
+/// The mount points, other than `source` itself and `except`, that show the same file or
+/// directory as `source`: where a volume staged at `source` (or exposed as the device node
+/// `source`) is published besides `except`. Read from the mount table alone, so a plugin that
+/// restarted sees what its predecessor published. Oldest first, each once.
+pub fn other_binds<'a>(mounts: &'a [MountEntry], source: &Path, except: &Path) -> Vec<&'a Path> {
+    let Some((major, minor, root)) = locate(mounts, source) else { return Vec::new() };
+    let mut found: Vec<&Path> = Vec::new();
+    for e in mounts.iter().filter(|e| e.major == major && e.minor == minor && e.root == root) {
+        let point = e.mount_point.as_path();
+        if point != source && point != except && !found.contains(&point) {
+            found.push(point);
+        }
+    }
+    found
+}
+
 /// Plans removing every mount stacked at `target` and then, when `remove_dir`, the directory
 /// itself (kubelet expects a publish target gone after unpublish; a staging path stays).
 pub fn plan_unmount(mounts: &[MountEntry], target: &Path, target_exists: bool, remove_dir: bool) -> Vec<MountAction> {
@@ -387,6 +420,47 @@ mod tests {
 
     fn path(p: &str) -> PathBuf {
         PathBuf::from(p)
+    }
+
+    // ---- other_binds --------------------------------------------------------------------------
+
+    #[test]
+    fn other_binds_are_the_other_publishes_of_the_staged_volume() {
+        let mounts = fixture(KUBELET_NODE);
+        let staging = Path::new(STAGING);
+        assert_eq!(other_binds(&mounts, staging, Path::new(PUBLISHED_RO)), [Path::new(PUBLISHED_RW)]);
+        assert_eq!(
+            other_binds(&mounts, staging, Path::new(UNPUBLISHED)),
+            [Path::new(PUBLISHED_RO), Path::new(PUBLISHED_RW)]
+        );
+        // Not the staging path itself, nor binds of other directories of the same disk.
+        assert!(
+            other_binds(&mounts, staging, Path::new(UNPUBLISHED))
+                .iter()
+                .all(|p| *p != staging && !p.ends_with("rootfs"))
+        );
+    }
+
+    #[test]
+    fn other_binds_of_an_unpublished_volume_are_none() {
+        let mounts = fixture(KUBELET_NODE);
+        let tmpfs_staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/wasmcsi.example.io/\
+            0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0/globalmount";
+        assert_eq!(other_binds(&mounts, Path::new(tmpfs_staging), Path::new(UNPUBLISHED)), Vec::<&Path>::new());
+    }
+
+    #[test]
+    fn a_device_node_is_located_inside_its_devtmpfs_and_found_where_bound() {
+        let text = format!(
+            "{KUBELET_NODE}\n400 22 0:5 /loop7 /var/lib/kubelet/pods/p1/volumeDevices/kubernetes.io~csi/pvc-b rw,relatime shared:2 - devtmpfs udev rw\n"
+        );
+        let mounts = fixture(&text);
+        let device = Path::new("/dev/loop7");
+        assert_eq!(locate(&mounts, device), Some((0, 5, path("/loop7"))));
+        let bound = Path::new("/var/lib/kubelet/pods/p1/volumeDevices/kubernetes.io~csi/pvc-b");
+        assert_eq!(other_binds(&mounts, device, Path::new("/var/lib/kubelet/pods/p2/dev")), [bound]);
+        assert_eq!(other_binds(&mounts, device, bound), Vec::<&Path>::new(), "the same target is not another");
+        assert_eq!(other_binds(&mounts, Path::new("/dev/loop8"), Path::new("/x")), Vec::<&Path>::new());
     }
 
     // ---- plan_bind ----------------------------------------------------------------------------

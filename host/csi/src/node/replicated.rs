@@ -19,7 +19,7 @@ use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver as wit;
 
 use super::attacher::{
-    Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, mount_err,
+    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, mount_err,
     publish_device, publish_staged,
 };
 use super::filesystem::{self, Filesystem};
@@ -233,8 +233,8 @@ impl Attacher for ReplicatedAttacher {
         let state = self.load(call.volume.id)?.filter(|s| s.filesystem.is_none()).ok_or_else(|| {
             CsiError::FailedPrecondition(format!("volume {} is not staged as a raw block device", call.volume.id))
         })?;
-        let (sys, target, read_only) = (self.mounts.clone(), call.target.to_owned(), call.read_only);
-        blocking(move || publish_device(sys.as_ref(), &state.device, &target, read_only)).await
+        let (sys, to) = (self.mounts.clone(), Placement::of(call));
+        blocking(move || publish_device(sys.as_ref(), &state.device, &to)).await
     }
 
     async fn stats(&self, call: &Stats<'_>, _plan: &wit::BlockPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {

@@ -19,8 +19,8 @@ use wasmcsi_runtime::driver as wit;
 pub use staging::{RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
 
 use super::attacher::{
-    Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, publish_device,
-    publish_staged,
+    Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode,
+    publish_device, publish_staged,
 };
 use super::mounts::MountSystem;
 use super::usage;
@@ -105,10 +105,10 @@ impl Attacher for RbdAttacher {
             return publish_staged(&self.mounts, call).await;
         }
         let (node, sys, volume) = (self.node.clone(), self.mounts.clone(), call.volume.id.to_owned());
-        let (target, read_only) = (call.target.to_owned(), call.read_only);
+        let to = Placement::of(call);
         blocking(move || {
             let (_, device) = node.staged_device(&volume)?;
-            publish_device(sys.as_ref(), &device, &target, read_only)
+            publish_device(sys.as_ref(), &device, &to)
         })
         .await
     }
