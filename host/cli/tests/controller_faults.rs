@@ -27,6 +27,7 @@ async fn start_host(dir: &Path, components: &[(&str, &[u8])], extra: &str) -> Ho
         node_id: "node-1".into(),
         socket: dir.join("csi.sock"),
         config: HostConfig::parse(&config, Path::new("faults-test")).unwrap(),
+        config_file: None,
         backends_dir: Some(dir.join("backends")),
         state_dir: dir.join("state"),
         reload_interval: Duration::from_secs(3600),

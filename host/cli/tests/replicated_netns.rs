@@ -174,7 +174,8 @@ impl Cluster {
             Plugin { name: name.into(), member: lan.join(), home, replicas, proc: None }
         };
         let controller = plugin("controller", false);
-        let nodes: Vec<Plugin> = (0..n).map(|i| plugin(&format!("node-{}", char::from(b'a' + i as u8)), true)).collect();
+        let nodes: Vec<Plugin> =
+            (0..n).map(|i| plugin(&format!("node-{}", char::from(b'a' + i as u8)), true)).collect();
         let addrs: Vec<String> = nodes.iter().map(|p| format!("\"{}:{REPLICA_PORT}\"", p.member.addr)).collect();
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -215,7 +216,10 @@ impl Cluster {
 
     fn paths(&self, node: usize, pod: &str) -> Paths {
         let home = &self.nodes[node].home;
-        Paths { staging: home.join("kubelet/staging").join(pod), target: home.join("kubelet/pods").join(pod).join("mount") }
+        Paths {
+            staging: home.join("kubelet/staging").join(pod),
+            target: home.join("kubelet/pods").join(pod).join("mount"),
+        }
     }
 
     /// Every replica of the one volume the cluster holds, read whole offline (processes
@@ -306,7 +310,12 @@ async fn create(ctl: &mut Controller, name: &str, replicas: usize, cap: &csi::Vo
     .unwrap()
 }
 
-async fn publish(ctl: &mut Controller, v: &csi::Volume, node: &str, cap: &csi::VolumeCapability) -> HashMap<String, String> {
+async fn publish(
+    ctl: &mut Controller,
+    v: &csi::Volume,
+    node: &str,
+    cap: &csi::VolumeCapability,
+) -> HashMap<String, String> {
     ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
         volume_id: v.volume_id.clone(),
         node_id: node.into(),

@@ -526,7 +526,7 @@ impl ControllerService {
                 .reject_output("get_snapshot", format!("answered snapshot {} for {}", found.snapshot_id, oid.local))
                 .into());
         }
-        Ok(csi::GetSnapshotResponse { snapshot: Some(snapshot_out(&backend, "get_snapshot", &found)?) })
+        Ok(csi::GetSnapshotResponse { snapshot: Some(answer::snapshot(&backend, "get_snapshot", &found)?) })
     }
 
     async fn expand(&self, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {

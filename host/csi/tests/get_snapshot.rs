@@ -143,7 +143,7 @@ fn controller(dir: &Path) -> ControllerService {
         engine: Default::default(),
     })
     .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None);
+    let registry = Registry::new(runtime.clone(), None, None);
     for (name, driver) in [
         ("getter", NativeDriver::of::<Getter>()),
         ("lister", NativeDriver::of::<Lister>()),

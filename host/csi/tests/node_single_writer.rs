@@ -125,7 +125,7 @@ fn service(tree: &Tree, state: &str) -> NodeService {
         engine: Default::default(),
     })
     .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None);
+    let registry = Registry::new(runtime.clone(), None, None);
     registry.insert(runtime.load_native("dirs", NativeDriver::of::<Dirs>()).expect("native backend"));
     NodeService(Arc::new(Driver {
         name: "wasmcsi.test".into(),

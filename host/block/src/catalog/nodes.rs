@@ -125,9 +125,11 @@ pub async fn discover(sources: &NodeSources, budget: Duration) -> Discovery {
                 let info = client.node_info().await?;
                 Ok::<_, ControlError>((identity, info))
             };
-            let answer = tokio::time::timeout(timeout, asked)
-                .await
-                .unwrap_or(Err(ControlError::Timeout { addr, what: "discovery", timeout }));
+            let answer = tokio::time::timeout(timeout, asked).await.unwrap_or(Err(ControlError::Timeout {
+                addr,
+                what: "discovery",
+                timeout,
+            }));
             (addr, answer)
         });
     }

@@ -129,4 +129,3 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
-
