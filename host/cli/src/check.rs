@@ -2,11 +2,14 @@
 //! whether it keeps CSI's semantics (the conformance suite, run through a real host on a
 //! scratch directory with real capabilities). `backend ls` and `export` are `backend_dir`.
 use crate::conformance::{self, Profile};
-use crate::host::{Host, HostOptions};
+use crate::host::{Host, HostOptions, ReplicaOptions};
 use anyhow::Context;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
 use wasmcsi_runtime::engine::EngineSettings;
@@ -111,6 +114,17 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         std::fs::create_dir_all(&root)?;
         entry.grants.dir.insert("default".into(), root);
     }
+    // A block backend without a block grant gets scratch replica nodes: this host's own (it
+    // stages the suite's volumes, its replica in-process) and two more servers in this process,
+    // granted through a nodes file written once they listen.
+    let scratch_replicas =
+        imports.capabilities.contains(&Capability::Block) && entry.grants.block.as_ref().is_none_or(|s| s.is_empty());
+    let nodes_file = scratch.path().join("replica-nodes");
+    if scratch_replicas {
+        std::fs::write(&nodes_file, "")?;
+        entry.grants.block =
+            Some(wasmcsi_block::catalog::NodeSources { nodes_file: Some(nodes_file.clone()), ..Default::default() });
+    }
     let backends = scratch.path().join("backends");
     std::fs::create_dir_all(&backends)?;
     std::fs::write(backends.join(format!("{name}.wasm")), &wasm)?;
@@ -125,10 +139,33 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         state_dir: scratch.path().join("state"),
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
-        replicas: None,
+        replicas: scratch_replicas.then(|| ReplicaOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            root: scratch.path().join("replicas/check-node"),
+            labels: vec![],
+        }),
         reconcile_interval: None,
     })
     .await?;
+    let mut replica_servers = Vec::new();
+    if scratch_replicas {
+        let own = host.datapath.as_ref().context("the check host serves no replicas")?.local_addr();
+        let mut addrs = vec![own.to_string()];
+        for i in 1..=2 {
+            let node = format!("check-replica-{i}");
+            let root = scratch.path().join("replicas").join(&node);
+            std::fs::create_dir_all(&root)?;
+            let replicas = Arc::new(ReplicaNode::open(&root)?);
+            let identity = NodeIdentity { node, labels: vec![] };
+            let server =
+                ReplicaServer::serve("127.0.0.1:0", replicas, ServerConfig { identity, ..ServerConfig::default() })
+                    .await?;
+            addrs.push(server.local_addr().to_string());
+            replica_servers.push(server);
+        }
+        std::fs::write(&nodes_file, addrs.join("\n") + "\n")?;
+        println!("replica nodes: {} (scratch: this host's and two in this process)", addrs.join(", "));
+    }
     let Some(backend) = host.registry.get(&name) else {
         println!("\nFAIL: the component does not load (see the log line above)");
         host.shutdown().await?;
@@ -151,6 +188,9 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     };
     let report = conformance::run(&host.socket, &profile).await?;
     host.shutdown().await?;
+    for server in replica_servers {
+        server.shutdown().await?;
+    }
     println!("\nconformance ({}):", if node { "controller + node" } else { "controller only; node checks need root" });
     print!("{}", report.render());
     Ok(report.passed())

@@ -66,6 +66,24 @@ fn check_fails_a_backend_that_breaks_csi_semantics_with_a_readable_report() {
     assert!(out.contains("FAIL"), "{out}");
 }
 
+/// The replicated-block component with no block grant: the check gives it scratch replica
+/// nodes (its own host's and two more) and runs the whole suite, the node flow included when
+/// root (the engine's FUSE + loop device, ext4).
+#[test]
+fn check_passes_the_replicated_block_component_on_scratch_replica_nodes() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("replicated-block.wasm");
+    std::fs::write(&file, wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
+    let (code, out, err) = wasmcsi(&["backend", "check", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("wasmcsi:backend/block"), "{out}");
+    assert!(out.contains("replica nodes: 127.0.0.1:"), "{out}");
+    if nix::unistd::geteuid().is_root() {
+        assert!(out.contains("PASS NodePublishVolume publishes the volume"), "the node flow ran: {out}");
+    }
+    assert!(out.lines().any(|l| l.contains(" 0 failed")), "{out}");
+}
+
 #[test]
 fn check_rejects_a_file_that_is_not_a_component() {
     let d = tempfile::tempdir().unwrap();
