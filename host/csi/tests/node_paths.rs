@@ -208,6 +208,11 @@ async fn a_target_under_a_symlinked_parent_is_published_once_and_unpublished() {
     assert_eq!(mounts_at(&canonical), 1, "a retry finds the mount instead of stacking another");
 
     let stats = n.stats(&target).await.expect("stats");
+    // Inodes in one scope, the volume's: its tree's count, and total = used + available (the
+    // filesystem's total beside the volume's used mixed two scopes).
+    let inodes = stats.usage.iter().find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32).expect("inodes");
+    assert!(inodes.used >= 1 && inodes.used < 100, "the volume's own inodes: {inodes:?}");
+    assert_eq!(inodes.used + inodes.available, inodes.total, "one scope: {inodes:?}");
     let condition = stats.volume_condition.expect("condition");
     assert!(!condition.abnormal, "the published volume is seen mounted: {condition:?}");
 

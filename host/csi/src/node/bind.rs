@@ -91,9 +91,13 @@ impl Attacher for BindAttacher {
                     used: b(used),
                     unit: Unit::Bytes as i32,
                 },
+                // One scope, the volume's (as for bytes): what its tree uses, what it can still
+                // take (a directory has no inode quota: the filesystem's free inodes), and their
+                // sum. Mixing the filesystem's total with the volume's used misleads kubelet's
+                // eviction and every dashboard that computes used / total.
                 csi::VolumeUsage {
-                    available: b(fs.files_free()),
-                    total: b(fs.files()),
+                    available: b(fs.files_available()),
+                    total: b(inodes_used.saturating_add(fs.files_available())),
                     used: b(inodes_used),
                     unit: Unit::Inodes as i32,
                 },
