@@ -262,6 +262,16 @@ impl Drop for Cluster {
             p.proc.take();
         }
         let dir = self.dir.path().to_string_lossy().into_owned();
+        // Loop devices first, while their backing files still show under the work dir: a
+        // lazily unmounted FUSE file shows as "/volume" afterwards and would be missed.
+        let loops =
+            Command::new("losetup").args(["-nO", "NAME,BACK-FILE"]).output().map(|o| o.stdout).unwrap_or_default();
+        let loops: Vec<String> = String::from_utf8_lossy(&loops)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, back)| back.trim_start().starts_with(&dir))
+            .map(|(name, _)| name.to_string())
+            .collect();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
         let mut points: Vec<&str> =
             mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| m.starts_with(&dir)).collect();
@@ -269,10 +279,10 @@ impl Drop for Cluster {
         for m in points {
             let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
         }
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!("losetup -nO NAME,BACK-FILE | awk '$2 ~ \"^{dir}\" {{print $1}}' | xargs -r -n1 losetup -d"))
-            .output();
+        // A device still held by a lazily unmounted filesystem is detached when that lets go.
+        for l in loops {
+            let _ = Command::new("losetup").args(["-d", &l]).output();
+        }
     }
 }
 
