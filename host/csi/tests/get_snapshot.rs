@@ -49,49 +49,9 @@ macro_rules! backend {
                     features: $features,
                 }
             }
-            fn create_volume(_: CreateVolumeRequest) -> Result<Volume, Error> {
-                unimplemented()
-            }
-            fn delete_volume(_: String, _: Vec<SecretRef>) -> Result<(), Error> {
-                unimplemented()
-            }
-            fn expand_volume(
-                _: String,
-                _: CapacityRange,
-                _: Option<VolumeCapability>,
-                _: Vec<SecretRef>,
-            ) -> Result<Expansion, Error> {
-                unimplemented()
-            }
-            fn get_volume(_: String) -> Result<VolumeStatus, Error> {
-                unimplemented()
-            }
-            fn list_volumes(_: u32, _: String) -> Result<VolumePage, Error> {
-                unimplemented()
-            }
-            fn validate_volume_capabilities(
-                _: String,
-                _: Vec<Pair>,
-                _: Vec<VolumeCapability>,
-                _: Vec<Pair>,
-            ) -> Result<Option<String>, Error> {
-                unimplemented()
-            }
-            fn create_snapshot(_: String, _: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Result<Snapshot, Error> {
-                unimplemented()
-            }
-            fn delete_snapshot(_: String, _: Vec<SecretRef>) -> Result<(), Error> {
-                unimplemented()
-            }
             fn list_snapshots(id: Option<String>, _: Option<String>, _: u32, _: String) -> Result<SnapshotPage, Error> {
                 let list: fn(Option<String>) -> Vec<Snapshot> = $list;
                 Ok(SnapshotPage { entries: list(id), next_token: String::new() })
-            }
-            fn get_capacity(_: Vec<VolumeCapability>, _: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
-                unimplemented()
-            }
-            fn attach_plan(_: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
-                unimplemented()
             }
             fn get_snapshot(id: String) -> Result<Snapshot, Error> {
                 let get: fn(String) -> Result<Snapshot, Error> = $get;

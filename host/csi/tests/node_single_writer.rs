@@ -24,53 +24,9 @@ use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
 /// Plans every volume as the directory of its id under the root `data`.
 struct Dirs;
 
-fn unimplemented<T>() -> Result<T, Error> {
-    Err(Error::Unimplemented("this backend only plans attachments".into()))
-}
-
 impl Guest for Dirs {
     fn info() -> BackendInfo {
         BackendInfo { name: "dirs".into(), version: "0".into(), parameters: vec![], features: vec![] }
-    }
-    fn create_volume(_: CreateVolumeRequest) -> Result<Volume, Error> {
-        unimplemented()
-    }
-    fn delete_volume(_: String, _: Vec<SecretRef>) -> Result<(), Error> {
-        unimplemented()
-    }
-    fn expand_volume(
-        _: String,
-        _: CapacityRange,
-        _: Option<VolumeCapability>,
-        _: Vec<SecretRef>,
-    ) -> Result<Expansion, Error> {
-        unimplemented()
-    }
-    fn get_volume(_: String) -> Result<VolumeStatus, Error> {
-        unimplemented()
-    }
-    fn list_volumes(_: u32, _: String) -> Result<VolumePage, Error> {
-        unimplemented()
-    }
-    fn validate_volume_capabilities(
-        _: String,
-        _: Vec<Pair>,
-        _: Vec<VolumeCapability>,
-        _: Vec<Pair>,
-    ) -> Result<Option<String>, Error> {
-        unimplemented()
-    }
-    fn create_snapshot(_: String, _: String, _: Vec<Pair>, _: Vec<SecretRef>) -> Result<Snapshot, Error> {
-        unimplemented()
-    }
-    fn delete_snapshot(_: String, _: Vec<SecretRef>) -> Result<(), Error> {
-        unimplemented()
-    }
-    fn list_snapshots(_: Option<String>, _: Option<String>, _: u32, _: String) -> Result<SnapshotPage, Error> {
-        unimplemented()
-    }
-    fn get_capacity(_: Vec<VolumeCapability>, _: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
-        unimplemented()
     }
     fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
         Ok(Attachment::Bind(BindPlan { root: "data".into(), path: volume_id, capacity_bytes: 1 << 20 }))

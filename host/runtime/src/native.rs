@@ -31,48 +31,73 @@ pub(crate) fn with_roots<R>(roots: &BTreeMap<String, PathBuf>, f: impl FnOnce() 
     out
 }
 
-/// The `driver` exports, as the guest implements them (same signatures as wit-bindgen's).
+/// The `driver` exports, as the guest implements them (same signatures as wit-bindgen's). Every
+/// export but `info` answers `unimplemented` unless the guest implements it: a host test's planner
+/// writes only what it plans, and the host calls what `info` does not declare only where the
+/// contract says every backend has it (so such a test sees `unimplemented`, never a panic).
 pub trait Guest {
     fn info() -> BackendInfo;
-    fn create_volume(req: CreateVolumeRequest) -> Result<Volume, Error>;
-    fn delete_volume(volume_id: String, secrets: Vec<SecretRef>) -> Result<(), Error>;
+    fn create_volume(_req: CreateVolumeRequest) -> Result<Volume, Error> {
+        not_implemented("create-volume")
+    }
+    fn delete_volume(_volume_id: String, _secrets: Vec<SecretRef>) -> Result<(), Error> {
+        not_implemented("delete-volume")
+    }
     fn expand_volume(
-        volume_id: String,
-        capacity: CapacityRange,
-        capability: Option<VolumeCapability>,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Expansion, Error>;
-    fn get_volume(volume_id: String) -> Result<VolumeStatus, Error>;
-    fn list_volumes(max_entries: u32, starting_token: String) -> Result<VolumePage, Error>;
+        _volume_id: String,
+        _capacity: CapacityRange,
+        _capability: Option<VolumeCapability>,
+        _secrets: Vec<SecretRef>,
+    ) -> Result<Expansion, Error> {
+        not_implemented("expand-volume")
+    }
+    fn get_volume(_volume_id: String) -> Result<VolumeStatus, Error> {
+        not_implemented("get-volume")
+    }
+    fn list_volumes(_max_entries: u32, _starting_token: String) -> Result<VolumePage, Error> {
+        not_implemented("list-volumes")
+    }
     fn validate_volume_capabilities(
-        volume_id: String,
-        volume_context: Vec<Pair>,
-        capabilities: Vec<VolumeCapability>,
-        parameters: Vec<Pair>,
-    ) -> Result<Option<String>, Error>;
+        _volume_id: String,
+        _volume_context: Vec<Pair>,
+        _capabilities: Vec<VolumeCapability>,
+        _parameters: Vec<Pair>,
+    ) -> Result<Option<String>, Error> {
+        not_implemented("validate-volume-capabilities")
+    }
     fn create_snapshot(
-        name: String,
-        source_volume_id: String,
-        parameters: Vec<Pair>,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Snapshot, Error>;
-    fn delete_snapshot(snapshot_id: String, secrets: Vec<SecretRef>) -> Result<(), Error>;
+        _name: String,
+        _source_volume_id: String,
+        _parameters: Vec<Pair>,
+        _secrets: Vec<SecretRef>,
+    ) -> Result<Snapshot, Error> {
+        not_implemented("create-snapshot")
+    }
+    fn delete_snapshot(_snapshot_id: String, _secrets: Vec<SecretRef>) -> Result<(), Error> {
+        not_implemented("delete-snapshot")
+    }
     fn list_snapshots(
-        snapshot_id: Option<String>,
-        source_volume_id: Option<String>,
-        max_entries: u32,
-        starting_token: String,
-    ) -> Result<SnapshotPage, Error>;
+        _snapshot_id: Option<String>,
+        _source_volume_id: Option<String>,
+        _max_entries: u32,
+        _starting_token: String,
+    ) -> Result<SnapshotPage, Error> {
+        not_implemented("list-snapshots")
+    }
     fn get_capacity(
-        capabilities: Vec<VolumeCapability>,
-        parameters: Vec<Pair>,
-        topology: Option<Topology>,
-    ) -> Result<Capacity, Error>;
+        _capabilities: Vec<VolumeCapability>,
+        _parameters: Vec<Pair>,
+        _topology: Option<Topology>,
+    ) -> Result<Capacity, Error> {
+        not_implemented("get-capacity")
+    }
     fn attach_plan(
-        volume_id: String,
-        volume_context: Vec<Pair>,
-        capability: VolumeCapability,
-    ) -> Result<Attachment, Error>;
+        _volume_id: String,
+        _volume_context: Vec<Pair>,
+        _capability: VolumeCapability,
+    ) -> Result<Attachment, Error> {
+        not_implemented("attach-plan")
+    }
     /// Optional (feature `get-snapshot`): unimplemented unless a guest has it.
     fn get_snapshot(snapshot_id: String) -> Result<Snapshot, Error> {
         Err(Error::Unimplemented(format!("get-snapshot {snapshot_id}: not supported by this backend")))
@@ -81,6 +106,11 @@ pub trait Guest {
     fn reconcile_volume(volume_id: String) -> Result<(), Error> {
         Err(Error::Unimplemented(format!("reconcile-volume {volume_id}: not supported by this backend")))
     }
+}
+
+/// The default of an export a native guest does not implement.
+fn not_implemented<T>(export: &str) -> Result<T, Error> {
+    Err(Error::Unimplemented(format!("{export}: not implemented by this native backend")))
 }
 
 /// A native guest's exports as plain function pointers (what a `Backend` holds).
