@@ -302,10 +302,13 @@ impl ReplicaNode {
         Ok(())
     }
 
-    /// Starts an engine session on `volume_id`'s replica: [`NodeError::NotFound`] when absent,
-    /// [`NodeError::Busy`] while a revert runs. Counted under the node's lock so a concurrent
-    /// delete either sees the session or happens before it.
-    pub(crate) fn open_session(&self, volume_id: &str) -> Result<Arc<Replica>, NodeError> {
+    /// Starts an engine session on `volume_id`'s replica: the replica and its header as it was
+    /// before the session (whether the last session ended cleanly), with the replica now marked
+    /// dirty. [`NodeError::NotFound`] when absent, [`NodeError::Busy`] while a revert runs.
+    /// Counted under the node's lock so a concurrent delete either sees the session or happens
+    /// before it; marked dirty under the sessions lock so a session ending meanwhile cannot clear
+    /// the mark (see `session::end`).
+    pub(crate) fn open_session(&self, volume_id: &str) -> Result<(Arc<Replica>, ReplicaHeader), NodeError> {
         let replicas = lock(&self.replicas);
         match replicas.get(volume_id) {
             None => Err(NodeError::NotFound(volume_id.to_owned())),
@@ -315,11 +318,15 @@ impl ReplicaNode {
                 if s.exclusive {
                     return Err(NodeError::Busy(volume_id.to_owned()));
                 }
+                let header = r.store.header();
+                r.store
+                    .set_dirty(true)
+                    .map_err(|source| NodeError::Store { volume_id: volume_id.to_owned(), source })?;
                 if s.open == 0 {
                     s.unclean = false;
                 }
                 s.open += 1;
-                Ok(r.clone())
+                Ok((r.clone(), header))
             }
         }
     }

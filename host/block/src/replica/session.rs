@@ -72,39 +72,38 @@ pub(crate) fn open(
     if protocol_version != PROTOCOL_VERSION {
         return refused(Status::UnsupportedVersion, volume_id);
     }
-    let replica = match node.open_session(&volume_id) {
-        Ok(r) => r,
+    match node.open_session(&volume_id) {
+        Ok((replica, header)) => {
+            tracing::debug!("replica session opened");
+            (Some(replica), Status::Ok, header)
+        }
         Err(e) => {
             tracing::info!(error = %e, "replica hello refused");
-            return refused(e.status(), volume_id);
+            refused(e.status(), volume_id)
         }
-    };
-    let header = replica.store.header();
-    if let Err(e) = replica.store.set_dirty(true) {
-        tracing::warn!(error = %e, "replica could not mark itself dirty");
-        end(&replica, false);
-        return refused(Status::IoError, volume_id);
     }
-    tracing::debug!("replica session opened");
-    (Some(replica), Status::Ok, header)
 }
 
 /// Ends one engine session; the last one to leave clears the dirty flag if every session that
 /// overlapped it ended cleanly.
+///
+/// The flag is cleared before the session stops counting, under the sessions lock: a session
+/// opening meanwhile (which marks the replica dirty under the same lock) can never have its mark
+/// overwritten by this clean, and whoever sees no session open sees the flag already cleared.
 pub(crate) fn end(replica: &Replica, clean: bool) {
-    let last_clean = {
-        let mut s = lock(&replica.sessions);
-        s.unclean |= !clean;
-        s.open -= 1;
-        s.open == 0 && !s.unclean
-    };
-    if last_clean && let Err(e) = replica.store.flush().and_then(|()| replica.store.set_dirty(false)) {
+    let mut s = lock(&replica.sessions);
+    s.unclean |= !clean;
+    if s.open == 1
+        && !s.unclean
+        && let Err(e) = replica.store.flush().and_then(|()| replica.store.set_dirty(false))
+    {
         tracing::warn!(
             replica.volume = %replica.volume_id,
             error = %e,
             "replica could not clear its dirty flag after a clean close"
         );
     }
+    s.open -= 1;
 }
 
 /// Whether a request changes what the replica stores (`None`: not a request at all).
