@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
 
 use crate::control::{self, ControlError};
-use crate::driver::{DriverConfig, DriverError, InProcessNode, ReplicatedVolume, VolumeStatus};
+use crate::engine::{EngineConfig, ReplicaConfig};
 use crate::protocol::SnapshotInfo;
-use crate::replication::{EngineConfig, ReplicaConfig};
+use crate::volume::{InProcessNode, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
 
 /// Engine settings of an attached volume.
 const REGION_SIZE: u64 = 1 << 20;
@@ -57,7 +57,7 @@ pub struct AttachConfig {
     pub request_timeout: Duration,
     /// How long the engine may take to attach to a healthy replica.
     pub attach_timeout: Duration,
-    /// This process's own replica node, reached in-process (see [`DriverConfig::in_process`]).
+    /// This process's own replica node, reached in-process (see [`VolumeConfig::in_process`]).
     pub in_process: Option<InProcessNode>,
     /// The epoch the engine claims on every replica (from the volume's record); 0 for a volume
     /// driven by hand, which claims nothing.
@@ -145,7 +145,7 @@ pub enum AttachError {
     Engine {
         volume_id: String,
         #[source]
-        source: DriverError,
+        source: VolumeError,
     },
     /// The engine reached no healthy replica in time; it was stopped again.
     #[error("the engine did not attach to any replica within {}s: {status}", timeout.as_secs())]
@@ -268,7 +268,7 @@ impl AttachedVolume {
             rebuild_parallelism: REBUILD_PARALLELISM,
             epoch: config.epoch,
         };
-        let mut driver = DriverConfig::new(engine, config.replicas.clone(), &config.state_dir);
+        let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
         driver.in_process = config.in_process.clone();
         let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
             .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;

@@ -3,7 +3,7 @@
 //! delete replicas on nodes, list nodes with their free space, and the operations on a volume
 //! that is *not attached* (snapshot, delete a snapshot, revert, expand, clone from a snapshot).
 //! While a volume is attached its engine owns the replicas; the same operations then go through
-//! the engine ([`crate::driver::ReplicatedVolume`]) so they are ordered with client I/O.
+//! the engine ([`crate::volume::ReplicatedVolume`]) so they are ordered with client I/O.
 //!
 //! Every call has a deadline: an unreachable node fails with [`ControlError::Unreachable`] or
 //! [`ControlError::Timeout`] naming the address, never hangs. Requests are idempotent the way

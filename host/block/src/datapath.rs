@@ -18,10 +18,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::attach::{AttachConfig, AttachError, AttachedVolume};
 use crate::catalog::AttachInfo;
 use crate::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
-use crate::driver::InProcessNode;
+use crate::engine::ReplicaHealth;
 use crate::protocol::Status;
 use crate::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
-use crate::replication::ReplicaHealth;
+use crate::volume::InProcessNode;
 
 /// Where this node's data path keeps what, and who it is.
 #[derive(Debug, Clone)]
@@ -125,7 +125,7 @@ impl DataPath {
 
     /// Every volume attached here with its engine's status, by volume id: what the node's
     /// `/metrics` shows of its replicated volumes.
-    pub fn statuses(&self) -> Vec<(String, crate::driver::VolumeStatus)> {
+    pub fn statuses(&self) -> Vec<(String, crate::volume::VolumeStatus)> {
         let volumes: Vec<(String, Arc<AttachedVolume>)> = {
             let map = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner);
             map.iter().map(|(id, v)| (id.clone(), v.clone())).collect()

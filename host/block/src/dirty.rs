@@ -1,6 +1,6 @@
 //! `DirtyMap`: a fixed-region bitset over a volume recording which regions a replica that is out
 //! of the set lacks (the engine keeps one per out-of-sync replica). It owns only the bit arithmetic and its persisted byte form;
-//! deciding when to mark, merge or clear it is the engine's job (`replication`).
+//! deciding when to mark, merge or clear it is the job of the [`crate::engine`].
 
 use thiserror::Error;
 

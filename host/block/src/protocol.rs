@@ -1,7 +1,7 @@
 //! The replica wire protocol: frames, messages, the encoder and a streaming decoder. This module
 //! owns the byte layout documented in `proto/replica-protocol.md` and nothing else: it does no
 //! I/O, keeps no connection state and never decides what a message means for a replica or the
-//! engine (that is `replication`'s job and, later, the replica server's).
+//! engine (that is the `engine`'s job and, later, the replica server's).
 //!
 //! Every frame is `header (24 bytes) + payload`, little-endian. The decoder accepts arbitrary
 //! bytes, never panics, and rejects a frame whose declared payload exceeds its limit before

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
-use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume, STATE_FILE, load_state};
+use wasmcsi_block::engine::{EngineConfig, ReplicaConfig};
 use wasmcsi_block::replica::store::DATA_FILE;
 use wasmcsi_block::replica::{ReplicaNode, ReplicaServer, ReplicaStore};
-use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
+use wasmcsi_block::volume::{InProcessNode, ReplicatedVolume, STATE_FILE, VolumeConfig, load_state};
 use wasmcsi_frontend::BlockDevice;
 
 const VOLUME: &str = "pvc-driver";
@@ -65,7 +65,7 @@ impl Cluster {
     }
 
     /// Replica 0 is the local one (reads go there) exactly when it is in-process.
-    fn driver_config(&self) -> DriverConfig {
+    fn driver_config(&self) -> VolumeConfig {
         let engine = EngineConfig {
             volume_id: VOLUME.into(),
             size: SIZE,
@@ -78,7 +78,7 @@ impl Cluster {
             rebuild_parallelism: 4,
             epoch: 0,
         };
-        let mut cfg = DriverConfig::new(engine, self.addrs.clone(), self.state.path());
+        let mut cfg = VolumeConfig::new(engine, self.addrs.clone(), self.state.path());
         cfg.in_process = self.in_process.clone().map(|node| InProcessNode { addr: self.addrs[0], node });
         cfg
     }
@@ -335,7 +335,7 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
     };
     let vol = Arc::new(
         ReplicatedVolume::start(
-            DriverConfig::new(engine, cluster.addrs.clone(), cluster.state.path()),
+            VolumeConfig::new(engine, cluster.addrs.clone(), cluster.state.path()),
             engine_rt.handle(),
         )
         .unwrap(),

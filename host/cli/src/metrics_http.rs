@@ -112,7 +112,7 @@ mod tests {
         wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
         let mut out = super::exposition(&m, None);
         // A node's replicated volumes (their families are written only where engines run).
-        let volume = wasmcsi_block::driver::VolumeStatus { healthy: 1, ..Default::default() };
+        let volume = wasmcsi_block::volume::VolumeStatus { healthy: 1, ..Default::default() };
         wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
         out
     }

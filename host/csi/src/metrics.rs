@@ -67,7 +67,7 @@ pub struct VolumeLabels {
 /// leaves no stale series; the counters restart with the engine (a new attach), which
 /// Prometheus' `rate` and `increase` read as a counter reset.
 pub fn encode_replicated(
-    statuses: &[(String, wasmcsi_block::driver::VolumeStatus)],
+    statuses: &[(String, wasmcsi_block::volume::VolumeStatus)],
     out: &mut String,
 ) -> std::fmt::Result {
     use prometheus_client::metrics::counter::Counter;
@@ -137,8 +137,8 @@ mod tests {
 
     #[test]
     fn a_degraded_volume_shows_its_replicas_and_its_running_rebuild() {
-        use wasmcsi_block::driver::VolumeStatus;
-        use wasmcsi_block::replication::{RebuildKind, RebuildPhase, RebuildStatus, ReplicaHealth};
+        use wasmcsi_block::engine::{RebuildKind, RebuildPhase, RebuildStatus, ReplicaHealth};
+        use wasmcsi_block::volume::VolumeStatus;
         let healthy = (ReplicaHealth::Healthy, None);
         let rebuilding = VolumeStatus {
             healthy: 2,

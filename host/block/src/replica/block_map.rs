@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::unistd::{Whence, lseek};
 
-use super::store::{StoreError, nix_err, to_off};
+use super::error::{StoreError, nix_err, to_off};
 
 /// Granularity of the chain: the unit of read-modify-write and of folding. Also the largest file
 /// system block size a chain is allowed on (see `store::check_fs_block_size`).

@@ -11,9 +11,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::block_map::BLOCK;
+use super::error::{StoreError, io_err};
 use super::header_file::{self, layer_file_name};
 use super::layers::{Layer, read_view, view_extents};
-use super::store::{ReplicaStore, StoreError, io_err, lock, read, write};
+use super::store::{ReplicaStore, lock, read, write};
 use crate::protocol::{Extent, ExtentState, MAX_NAME_LEN, SnapshotInfo};
 
 /// Blocks folded per exclusive hold of the fold gate: 1 MiB of copying, so a client write waits

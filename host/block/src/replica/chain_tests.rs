@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::block_map::BLOCK;
+use super::error::StoreError;
 use super::header_file::{HEADER_TMP, layer_file_name};
-use super::store::{DATA_FILE, ReplicaStore, StoreError};
+use super::store::{DATA_FILE, ReplicaStore};
 use crate::protocol::Status;
 use crate::testutil::Rng;
 

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use super::store::{StoreError, io_err};
+use super::error::{StoreError, io_err};
 use crate::protocol::{MAX_NAME_LEN, ReplicaHeader, SnapshotInfo};
 
 /// File holding the metadata header.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{FallocateFlags, fallocate};
 
 use super::block_map::{BLOCK, BlockMap};
-use super::store::{StoreError, io_err, nix_err, to_off};
+use super::error::{StoreError, io_err, nix_err, to_off};
 
 /// Largest piece of a buffered write (see [`Layer::write_at`]).
 const WRITE_PIECE: u64 = 16 * 1024;

@@ -2,11 +2,12 @@
 //! [`chain`]), every replica of a node held under one root ([`node`]), and served over TCP with
 //! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It
 //! owns the replica side of the protocol's semantics (fencing by revision, flush = fdatasync,
-//! unmap, snapshots, the dirty flag); the engine side is `replication` plus its driver, not built
+//! unmap, snapshots, the dirty flag); the engine side is [`crate::engine`] plus its driver, not built
 //! here.
 
 mod block_map;
 pub mod chain;
+mod error;
 mod header_file;
 mod layers;
 pub mod node;
@@ -16,9 +17,10 @@ pub(crate) mod session;
 pub mod store;
 
 pub use block_map::BLOCK;
+pub use error::StoreError;
 pub use node::{NodeError, NodeReport, Replica, ReplicaNode, replica_dir_name};
 pub use server::{EngineCalls, NodeIdentity, ReplicaServer, ServerConfig, ServerError};
-pub use store::{ReplicaStore, StoreError};
+pub use store::ReplicaStore;
 
 #[cfg(test)]
 mod chain_tests;

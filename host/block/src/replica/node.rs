@@ -16,9 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
+use super::error::StoreError;
 use super::header_file::{self, HEADER_FILE};
 use super::record::{RecordCell, RecordRefusal};
-use super::store::{ReplicaStore, StoreError, lock};
+use super::store::{ReplicaStore, lock};
 use crate::protocol::{RecordInfo, ReplicaHeader, ReplicaSummary, Status};
 
 const MAX_PLAIN_ID: usize = 200;

@@ -22,8 +22,8 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::{RwLock, RwLockReadGuard};
 
+use super::error::{StoreError, io_err};
 use super::header_file::sync_dir;
-use super::store::{StoreError, io_err};
 use crate::protocol::{MAX_RECORD_LEN, RecordInfo};
 
 /// File holding the record.

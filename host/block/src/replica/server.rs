@@ -40,9 +40,9 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::error::StoreError;
 use super::node::{NodeError, Replica, ReplicaNode};
 use super::session::{self, Placement};
-use super::store::StoreError;
 use crate::protocol::{
     DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
     encode_with_limit,

@@ -14,9 +14,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::error::StoreError;
 use super::node::{Replica, ReplicaNode};
 use super::record::ClaimError;
-use super::store::{StoreError, lock};
+use super::store::lock;
 use crate::protocol::{Extent, Message, PROTOCOL_VERSION, ReplicaHeader, Status};
 
 /// Requests of at most this many payload bytes are small: a buffered write or a cached read of

@@ -293,7 +293,7 @@ async fn heal(
     eprintln!("kill -9 of a replica node under a {} MiB volume", size / MIB);
     let staged = create_and_stage(ctl, node, dir, "bench-heal", size, 3).await;
     let volume = host.datapath.as_ref().and_then(|d| d.volume(staged.set_id())).expect("the engine runs here");
-    let healthy = |s: &wasmcsi_block::driver::VolumeStatus| s.healthy == s.replicas.len() && s.rebuild.is_none();
+    let healthy = |s: &wasmcsi_block::volume::VolumeStatus| s.healthy == s.replicas.len() && s.rebuild.is_none();
     assert!(healthy(&volume.engine_status()), "healthy before the kill: {:?}", volume.engine_status());
     let before = volume.engine_status();
 

@@ -46,9 +46,9 @@ use std::time::{Duration, Instant};
 
 use wasmcsi_benchkit::fio::{self, MIB, Res, Rw, SHAPES, Shape};
 use wasmcsi_benchkit::{cpu, knob, knob_f64, ms, pct};
-use wasmcsi_block::driver::{DriverConfig, InProcessNode, ReplicatedVolume};
+use wasmcsi_block::engine::{EngineConfig, ReplicaConfig};
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
-use wasmcsi_block::replication::{EngineConfig, ReplicaConfig};
+use wasmcsi_block::volume::{InProcessNode, ReplicatedVolume, VolumeConfig};
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 mod csi;
@@ -242,7 +242,7 @@ impl Cluster {
             .collect();
         let addrs: Vec<_> = servers.iter().map(|s| s.as_ref().unwrap().local_addr()).collect();
         let engine_rt = runtime("engine");
-        let mut cfg = DriverConfig::new(engine_config(id, size), addrs.clone(), state);
+        let mut cfg = VolumeConfig::new(engine_config(id, size), addrs.clone(), state);
         // A restarted replica is found within a few ms, so rebuild timings are not backoff.
         cfg.backoff_min = Duration::from_millis(5);
         cfg.backoff_max = Duration::from_millis(20);

@@ -305,7 +305,7 @@ impl Attacher for ReplicatedAttacher {
     }
 }
 
-fn rebuild_note(s: &wasmcsi_block::driver::VolumeStatus) -> String {
+fn rebuild_note(s: &wasmcsi_block::volume::VolumeStatus) -> String {
     match &s.rebuild {
         Some(r) => {
             let pct = (r.done * 100).checked_div(r.total).unwrap_or(0);

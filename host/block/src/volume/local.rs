@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 use super::ConnEvent;
+use crate::engine::ReplicaId;
 use crate::protocol::{DEFAULT_MAX_PAYLOAD, Frame, Message};
 use crate::replica::session::{self, Placement};
 use crate::replica::{Replica, ReplicaNode};
-use crate::replication::ReplicaId;
 
 /// This process's own replica node and the address its server is reached at: a replica of the
 /// volume at that address is served in-process (see the module docs).

@@ -11,11 +11,11 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::protocol::{self, Decoded, Extent, ExtentState, Frame, Message, ReplicaHeader, SnapshotInfo, Status};
-use crate::replication::{
+use crate::engine::{
     Action, ClientReply, Engine, EngineConfig, Event, IoError, Millis, PersistedState, RebuildKind, ReplicaConfig,
     ReplicaId,
 };
+use crate::protocol::{self, Decoded, Extent, ExtentState, Frame, Message, ReplicaHeader, SnapshotInfo, Status};
 use crate::testutil::Rng;
 
 const VOLUME: &str = "pvc-sim";
@@ -786,7 +786,7 @@ fn settle(w: &mut World) {
 fn quiesce(w: &mut World) {
     for round in 0..2 {
         if round == 1 {
-            for _ in 0..=crate::replication::INTENT_LINGER {
+            for _ in 0..=crate::engine::INTENT_LINGER {
                 w.step();
             }
         }

@@ -18,7 +18,7 @@
 //! made from plain threads (FUSE workers), never from inside the tokio runtime: `blocking_recv`
 //! panics there.
 //!
-//! A replica on this process's own node ([`DriverConfig::in_process`]) is reached without a
+//! A replica on this process's own node ([`VolumeConfig::in_process`]) is reached without a
 //! socket: its frames run against the node directly (see [`local`]), under the same session
 //! rules as the server's.
 //!
@@ -48,34 +48,29 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use wasmcsi_frontend::{BlockDevice, ReadDone, WriteDone};
 
+mod connection;
 mod local;
+mod state_file;
 
+use connection::{Conn, Outbox, connection};
 pub use local::InProcessNode;
 use local::{LocalJob, LocalLink, Taken};
+pub use state_file::{STATE_FILE, load_state, save_state};
 
 use crate::dirty::DirtyMap;
-use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
-use crate::replication::{
+use crate::engine::{
     Action, ClientId, ClientReply, Engine, EngineConfig, Event, IoError, MAX_IO, MAX_UNMAP, Millis, PersistedState,
     RebuildStatus, ReplicaHealth, ReplicaId,
 };
-
-/// Name of the engine's state file inside [`DriverConfig::state_dir`].
-pub const STATE_FILE: &str = "engine-state";
-const STATE_MAGIC: [u8; 4] = *b"WCSE";
-/// Version 2: the volume size and one map per out-of-sync replica. Version 1 (one shared map and
-/// a delta/full flag per replica) is still read.
-const STATE_VERSION: u32 = 3;
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc, SnapshotInfo};
 
 /// Unmap pieces in flight at once for one discard: each locks up to [`MAX_UNMAP`] bytes.
 const DISCARD_WINDOW: usize = 4;
-/// Most buffers the writer task hands to one vectored write.
-const MAX_IOVECS: usize = 64;
 /// Most queued commands and events the driver handles before it sends what they produced.
 const MAX_DRAIN: usize = 256;
 
 #[derive(Debug, Clone)]
-pub struct DriverConfig {
+pub struct VolumeConfig {
     pub engine: EngineConfig,
     /// Replica `i` of `engine.replicas` is served at `addrs[i]`.
     pub addrs: Vec<SocketAddr>,
@@ -94,7 +89,7 @@ pub struct DriverConfig {
     pub in_process: Option<InProcessNode>,
 }
 
-impl DriverConfig {
+impl VolumeConfig {
     /// A configuration with default timing.
     pub fn new(engine: EngineConfig, addrs: Vec<SocketAddr>, state_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -111,7 +106,7 @@ impl DriverConfig {
 }
 
 #[derive(Debug, Error)]
-pub enum DriverError {
+pub enum VolumeError {
     #[error("{addrs} replica addresses for {replicas} configured replicas")]
     ReplicaCount { addrs: usize, replicas: usize },
     #[error("engine state in {path}: {source}")]
@@ -153,121 +148,6 @@ pub struct VolumeStatus {
 }
 
 // ----- persisted state ------------------------------------------------------------------------
-
-/// Reads the state file in `dir`; `None` when there is none (a fresh volume).
-pub fn load_state(dir: &Path) -> Result<Option<PersistedState>, DriverError> {
-    let path = dir.join(STATE_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => decode_state(&bytes).map(Some).map_err(|what| DriverError::CorruptState { path, what }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(DriverError::State { path, source }),
-    }
-}
-
-/// Writes the state file in `dir` so that a crash leaves either the old or the new state: temp
-/// file, fsync, rename over the old one, fsync the directory (the rename itself must survive).
-pub fn save_state(dir: &Path, state: &PersistedState) -> io::Result<()> {
-    let tmp = dir.join(format!(".{STATE_FILE}.tmp"));
-    let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-    f.write_all(&encode_state(state))?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
-    File::open(dir)?.sync_all()
-}
-
-/// magic, version, revision, size, entry count, (replica u64, map length u64, map bytes)*,
-/// intent flag u8 (1: an intent map follows), [intent map length u64, map bytes], then a CRC32
-/// of everything before it; little-endian. Versions 1 and 2 are still read (without an intent
-/// map, which makes the next unclean attach resync everything).
-fn encode_state(s: &PersistedState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&STATE_MAGIC);
-    out.extend_from_slice(&STATE_VERSION.to_le_bytes());
-    out.extend_from_slice(&s.revision.to_le_bytes());
-    out.extend_from_slice(&s.size.to_le_bytes());
-    out.extend_from_slice(&(s.missing.len() as u64).to_le_bytes());
-    for (r, map) in &s.missing {
-        let bytes = map.to_bytes();
-        out.extend_from_slice(&(*r as u64).to_le_bytes());
-        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        out.extend_from_slice(&bytes);
-    }
-    match &s.intent {
-        Some(map) => {
-            let bytes = map.to_bytes();
-            out.push(1);
-            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            out.extend_from_slice(&bytes);
-        }
-        None => out.push(0),
-    }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
-}
-
-fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
-    let Some((body, crc)) = bytes.split_last_chunk::<4>() else { return Err("truncated".into()) };
-    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
-        return Err("checksum mismatch".into());
-    }
-    let mut rest = body;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        let (head, tail) = rest.split_at_checked(n).ok_or("truncated")?;
-        rest = tail;
-        Ok(head)
-    };
-    let u64_at = |b: &[u8]| -> u64 { b.iter().rev().fold(0, |acc, x| (acc << 8) | u64::from(*x)) };
-    if take(4)? != STATE_MAGIC {
-        return Err("bad magic".into());
-    }
-    let version = u64_at(take(4)?);
-    let revision = u64_at(take(8)?);
-    let mut missing = BTreeMap::new();
-    let mut intent = None;
-    let size = match version {
-        1 => {
-            let entries = u64_at(take(8)?);
-            let mut delta = BTreeMap::new();
-            for _ in 0..entries {
-                let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
-                delta.insert(r, take(1)?[0] != 0);
-            }
-            let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "dirty map length overflows")?;
-            let dirty = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("dirty map: {e}"))?;
-            for (r, delta) in delta {
-                let mut map = dirty.clone();
-                if !delta {
-                    map.mark_all();
-                }
-                missing.insert(r, map);
-            }
-            // Version 1 did not record the size; the engine falls back to the configured one.
-            0
-        }
-        2 | 3 => {
-            let size = u64_at(take(8)?);
-            let entries = u64_at(take(8)?);
-            for _ in 0..entries {
-                let r = usize::try_from(u64_at(take(8)?)).map_err(|_| "replica index overflows")?;
-                let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "map length overflows")?;
-                let map = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("map of replica {r}: {e}"))?;
-                missing.insert(r, map);
-            }
-            if version == 3 && take(1)?[0] != 0 {
-                let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "intent map length overflows")?;
-                intent = Some(DirtyMap::from_bytes(take(len)?).map_err(|e| format!("intent map: {e}"))?);
-            }
-            size
-        }
-        other => return Err(format!("unsupported version {other}")),
-    };
-    if !rest.is_empty() {
-        return Err("trailing bytes".into());
-    }
-    Ok(PersistedState { revision, size, missing, intent })
-}
 
 // ----- the driver task ------------------------------------------------------------------------
 
@@ -379,111 +259,6 @@ impl Shared {
     }
 }
 
-/// The write side of one replica connection. The driver writes to the socket itself while the
-/// writer task has nothing queued (no task hop for a lone request) and queues what the socket
-/// does not take at once; `pending` (bytes queued, not yet written) keeps the two in order.
-struct Conn {
-    wr: Arc<OwnedWriteHalf>,
-    queue: mpsc::UnboundedSender<Bytes>,
-    pending: Arc<AtomicUsize>,
-    task: JoinHandle<()>,
-}
-
-impl Conn {
-    /// Sends `out` (everything one driver iteration produced for this replica), leaving it
-    /// empty.
-    fn send(&self, out: &mut Outbox) {
-        if out.is_empty() {
-            return;
-        }
-        let idle = self.pending.load(Ordering::Acquire) == 0;
-        if out.segments.is_empty() {
-            // Only small frames: one plain write, and the buffer keeps its capacity.
-            let mut sent = 0;
-            if idle {
-                // An error other than WouldBlock is left to the writer task to hit and report.
-                if let Ok(n) = self.wr.try_write(&out.small) {
-                    sent = n;
-                }
-            }
-            if sent == 0 {
-                // Nothing went out: hand the buffer itself to the writer task, uncopied.
-                self.enqueue(Bytes::from(std::mem::take(&mut out.small)));
-            } else if sent < out.small.len() {
-                self.enqueue(Bytes::copy_from_slice(&out.small[sent..]));
-            }
-            out.small.clear();
-            return;
-        }
-        out.seal();
-        let mut sent = 0;
-        if idle {
-            let slices: Vec<IoSlice<'_>> = out.segments.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
-            if let Ok(n) = self.wr.try_write_vectored(&slices) {
-                sent = n;
-            }
-        }
-        for mut seg in out.segments.drain(..) {
-            if sent >= seg.len() {
-                sent -= seg.len();
-                continue;
-            }
-            seg.advance(sent);
-            sent = 0;
-            self.enqueue(seg);
-        }
-    }
-
-    fn enqueue(&self, bytes: Bytes) {
-        self.pending.fetch_add(bytes.len(), Ordering::AcqRel);
-        let _ = self.queue.send(bytes);
-    }
-
-    /// Closes the connection with a reset: bytes still in its send buffer are discarded, never
-    /// delivered later (after a partition heals they could overwrite what a rebuild copied).
-    fn reset(self) {
-        let stream: &TcpStream = (*self.wr).as_ref();
-        let _ = stream.set_zero_linger();
-        self.task.abort();
-    }
-}
-
-/// The frames encoded for one replica during one driver iteration: small ones copied together,
-/// large write payloads kept as the shared buffers they are (see [`protocol::encode_split`]).
-#[derive(Default)]
-struct Outbox {
-    /// Encoded bytes not yet sealed into `segments`.
-    small: Vec<u8>,
-    /// Sealed pieces, in order, before `small`.
-    segments: Vec<Bytes>,
-}
-
-impl Outbox {
-    fn is_empty(&self) -> bool {
-        self.small.is_empty() && self.segments.is_empty()
-    }
-
-    fn push(&mut self, frame: &Frame, crc: &mut PayloadCrc) -> Result<(), protocol::EncodeError> {
-        if let Some(payload) = protocol::encode_split(frame, &mut self.small, DEFAULT_MAX_PAYLOAD, crc)? {
-            self.seal();
-            self.segments.push(payload);
-        }
-        Ok(())
-    }
-
-    /// Moves `small` to the end of `segments`.
-    fn seal(&mut self) {
-        if !self.small.is_empty() {
-            self.segments.push(Bytes::from(std::mem::take(&mut self.small)));
-        }
-    }
-
-    fn clear(&mut self) {
-        self.small.clear();
-        self.segments.clear();
-    }
-}
-
 /// How the driver reaches one replica.
 enum Link {
     Tcp(Conn),
@@ -535,7 +310,7 @@ struct Slot {
 struct Driver {
     engine: Engine,
     epoch: Instant,
-    cfg: DriverConfig,
+    cfg: VolumeConfig,
     slots: Vec<Slot>,
     waiting: HashMap<ClientId, ReplyTx>,
     /// Answers produced while the lock was held, completed by whoever holds it once released.
@@ -869,13 +644,12 @@ impl Driver {
             }));
             return;
         }
-        let task = self.runtime.spawn(connection(
-            replica,
-            slot.generation,
-            slot.addr,
-            delay,
-            self.cfg.connect_timeout,
-            self.events.clone(),
+        // The connection's task and its writer log in the volume's and the replica's name.
+        let span =
+            tracing::info_span!("volume.replica", volume.id = %self.cfg.engine.volume_id, replica, addr = %slot.addr);
+        let task = self.runtime.spawn(tracing::Instrument::instrument(
+            connection(replica, slot.generation, slot.addr, delay, self.cfg.connect_timeout, self.events.clone()),
+            span,
         ));
         slot.task = Some(task);
     }
@@ -954,112 +728,6 @@ fn to_io_error(e: IoError) -> io::Error {
     io::Error::new(kind, e)
 }
 
-/// Connects after `delay`, then reports every frame the replica sends until the connection ends.
-async fn connection(
-    replica: ReplicaId,
-    generation: u64,
-    addr: SocketAddr,
-    delay: Duration,
-    connect_timeout: Duration,
-    events: mpsc::UnboundedSender<ConnEvent>,
-) {
-    tokio::time::sleep(delay).await;
-    let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            let _ = events.send(ConnEvent::ConnectFailed { replica, generation, error: e.to_string() });
-            return;
-        }
-        Err(_) => {
-            let _ = events.send(ConnEvent::ConnectFailed { replica, generation, error: "timed out".into() });
-            return;
-        }
-    };
-    // Requests are small and latency-bound (4k writes); Nagle would add a round trip.
-    let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
-    let wr = Arc::new(wr);
-    let (queue, queued) = mpsc::unbounded_channel();
-    let pending = Arc::new(AtomicUsize::new(0));
-    let task = tokio::spawn(write_loop(wr.clone(), queued, pending.clone(), replica, generation, events.clone()));
-    let link = Link::Tcp(Conn { wr, queue, pending, task });
-    // On failure the driver is gone; dropping the link's queue ends its writer task.
-    if events.send(ConnEvent::Connected { replica, generation, link }).is_err() {
-        return;
-    }
-    let mut decoder = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
-    let error = loop {
-        // Every frame this read completed goes to the driver in one event.
-        let mut frames = Vec::new();
-        let failed = loop {
-            match decoder.next_frame() {
-                Ok(Some(frame)) => frames.push(frame),
-                Ok(None) => break None,
-                Err(e) => break Some(format!("decoding: {e}")),
-            }
-        };
-        if !frames.is_empty() && events.send(ConnEvent::Received { replica, generation, frames }).is_err() {
-            return;
-        }
-        if let Some(error) = failed {
-            break error;
-        }
-        match rd.read_buf(&mut decoder.read_buffer()).await {
-            Ok(0) => break "closed by the replica".to_owned(),
-            Ok(_) => {}
-            Err(e) => break format!("reading: {e}"),
-        }
-    };
-    let _ = events.send(ConnEvent::Closed { replica, generation, error });
-}
-
-/// Writes what the driver queued (whatever the socket did not take at once), many buffers per
-/// vectored write and without copying them together. Ends when the driver drops the queue.
-async fn write_loop(
-    wr: Arc<OwnedWriteHalf>,
-    mut queue: mpsc::UnboundedReceiver<Bytes>,
-    pending: Arc<AtomicUsize>,
-    replica: ReplicaId,
-    generation: u64,
-    events: mpsc::UnboundedSender<ConnEvent>,
-) {
-    let mut bufs = Vec::new();
-    while let Some(buf) = queue.recv().await {
-        bufs.push(buf);
-        while bufs.len() < MAX_IOVECS {
-            match queue.try_recv() {
-                Ok(more) => bufs.push(more),
-                Err(_) => break,
-            }
-        }
-        let total: usize = bufs.iter().map(Bytes::len).sum();
-        if let Err(e) = write_all_vectored(&wr, &bufs).await {
-            let _ = events.send(ConnEvent::Closed { replica, generation, error: format!("writing: {e}") });
-            return;
-        }
-        bufs.clear();
-        pending.fetch_sub(total, Ordering::AcqRel);
-    }
-    // Dropping the last handle of the write half sends the end of the stream.
-}
-
-async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Bytes]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
-    let mut rest = &mut slices[..];
-    while !rest.is_empty() {
-        stream.writable().await?;
-        match stream.try_write_vectored(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-// ----- the synchronous handle -----------------------------------------------------------------
-
 /// A replicated volume served by a driver task; the [`BlockDevice`] a frontend exposes.
 ///
 /// Every method blocks the calling thread until the engine answers, so call them from plain
@@ -1088,13 +756,14 @@ impl std::fmt::Debug for ReplicatedVolume {
 impl ReplicatedVolume {
     /// Loads the persisted engine state from `cfg.state_dir` and starts the driver on `runtime`;
     /// it connects to every replica and attaches in the background (see [`Self::wait_for`]).
-    pub fn start(cfg: DriverConfig, runtime: &tokio::runtime::Handle) -> Result<Self, DriverError> {
+    pub fn start(cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Self, VolumeError> {
         if cfg.addrs.len() != cfg.engine.replicas.len() {
-            return Err(DriverError::ReplicaCount { addrs: cfg.addrs.len(), replicas: cfg.engine.replicas.len() });
+            return Err(VolumeError::ReplicaCount { addrs: cfg.addrs.len(), replicas: cfg.engine.replicas.len() });
         }
         std::fs::create_dir_all(&cfg.state_dir)
-            .map_err(|source| DriverError::State { path: cfg.state_dir.clone(), source })?;
+            .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
         let persisted = load_state(&cfg.state_dir)?;
+        let volume_id = cfg.engine.volume_id.clone();
         let engine = Engine::new(cfg.engine.clone(), persisted, 0);
         let size = Arc::new(AtomicU64::new(engine.size()));
         let replicas = cfg.addrs.len();
@@ -1136,7 +805,9 @@ impl ReplicatedVolume {
             poisoned: None,
         };
         let shared = Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()) });
-        runtime.spawn(run(shared.clone(), stop_rx, event_rx));
+        // Everything the driver task logs names its volume.
+        let span = tracing::info_span!("volume", volume.id = %volume_id);
+        runtime.spawn(tracing::Instrument::instrument(run(shared.clone(), stop_rx, event_rx), span));
         Ok(Self { size, replicas, shared, stop, status })
     }
 
@@ -1356,54 +1027,5 @@ impl BlockDevice for ReplicatedVolume {
             Self::wait_all_written(window)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_file_round_trips_and_detects_corruption() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        assert_eq!(load_state(dir.path()).expect("load"), None);
-        let mut dirty = DirtyMap::new(1 << 24, 1 << 20).expect("map");
-        dirty.mark(3 << 20, 10);
-        let full = DirtyMap::full(1 << 24, 1 << 20).expect("map");
-        let mut intent = DirtyMap::new(1 << 24, 1 << 20).expect("map");
-        intent.mark(5 << 20, 1);
-        let missing = BTreeMap::from([(1, dirty), (2, full)]);
-        let state = PersistedState { revision: 7, size: 1 << 24, missing, intent: Some(intent) };
-        save_state(dir.path(), &state).expect("save");
-        assert_eq!(load_state(dir.path()).expect("load"), Some(state.clone()));
-        let unknown = PersistedState { intent: None, ..state.clone() };
-        assert_eq!(decode_state(&encode_state(&unknown)), Ok(unknown));
-        let path = dir.path().join(STATE_FILE);
-        let mut bytes = std::fs::read(&path).expect("read");
-        bytes[12] ^= 1;
-        std::fs::write(&path, &bytes).expect("write");
-        assert!(matches!(load_state(dir.path()), Err(DriverError::CorruptState { .. })));
-        assert!(decode_state(&encode_state(&state)[..10]).is_err());
-    }
-
-    /// A version 2 file (before intent maps) still loads; its intent is unknown.
-    #[test]
-    fn version_2_state_file_loads_without_an_intent_map() {
-        let mut map = DirtyMap::new(1 << 24, 1 << 20).expect("map");
-        map.mark(1 << 20, 1);
-        let bytes = map.to_bytes();
-        let mut v2 = Vec::new();
-        v2.extend_from_slice(&STATE_MAGIC);
-        v2.extend_from_slice(&2u32.to_le_bytes());
-        v2.extend_from_slice(&9u64.to_le_bytes());
-        v2.extend_from_slice(&(1u64 << 24).to_le_bytes());
-        v2.extend_from_slice(&1u64.to_le_bytes());
-        v2.extend_from_slice(&1u64.to_le_bytes());
-        v2.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        v2.extend_from_slice(&bytes);
-        let crc = crc32fast::hash(&v2);
-        v2.extend_from_slice(&crc.to_le_bytes());
-        let want = PersistedState { revision: 9, size: 1 << 24, missing: BTreeMap::from([(1, map)]), intent: None };
-        assert_eq!(decode_state(&v2), Ok(want));
     }
 }

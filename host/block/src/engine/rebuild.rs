@@ -23,7 +23,10 @@
 use crate::dirty::DirtyMap;
 use crate::protocol::{Message, Status};
 
-use super::{Action, Engine, FailReason, Lock, Op, OpId, RebuildKind, ReplicaId, ReplicaState, empty_map, full_map};
+use super::{
+    Action, Engine, FailReason, Lock, Op, OpId, RebuildKind, ReplicaId, ReplicaState, empty_map, full_map, lock_range,
+    mismatch,
+};
 
 /// Regions per `ListSnapshotExtents` request: small enough that the answer fits one frame even
 /// for a fragmented snapshot, large enough to list a big volume in few round trips.
@@ -406,7 +409,7 @@ impl Engine {
                 self.actions.push(Action::RebuildProgress { replica: target, done, total });
                 self.after_copy();
             }
-            (op, m) => return Err(Box::new((Op::Rebuild(op), super::mismatch(&m)))),
+            (op, m) => return Err(Box::new((Op::Rebuild(op), mismatch(&m)))),
         }
         Ok(())
     }
@@ -495,7 +498,7 @@ impl Engine {
             if phase == Phase::Head {
                 // Client requests already queued on this region go first; the copy waits its turn.
                 let queued = self.queue.iter().any(|(_, op)| {
-                    let (s, e, _) = super::lock_range(op);
+                    let (s, e, _) = lock_range(op);
                     s < offset + len && offset < e
                 });
                 if queued || self.conflicts(offset, offset + len, true) {
