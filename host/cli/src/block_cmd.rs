@@ -558,7 +558,7 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.runtime_dir).with_context(|| format!("creating {}", a.runtime_dir.display()))?;
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel(16);
     let socket = ctl::socket_path(&a.runtime_dir, &a.volume_id);
-    let ctl_task = ctl::serve(socket.clone(), ctl_tx).await?;
+    let ctl_server = ctl::serve(socket.clone(), ctl_tx).await?;
     let _socket_guard = RemoveOnDrop(socket);
 
     let mut config = AttachConfig::new(a.volume_id.clone(), a.replicas.clone(), &a.state_dir, &a.runtime_dir);
@@ -620,7 +620,7 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
         }
         break;
     }
-    ctl_task.abort();
+    ctl_server.stop().await;
     println!("detached {}", device.display());
     Ok(())
 }

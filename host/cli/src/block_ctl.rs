@@ -62,9 +62,30 @@ pub struct SnapshotView {
 /// A request from a client connection, with where to send its reply.
 pub type Incoming = (Request, tokio::sync::oneshot::Sender<Reply>);
 
+/// How long stopping the control socket waits for its connections to write the replies they
+/// were given (a `volume detach` waits for its answer).
+const REPLY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The control socket's server: stop it with [`CtlServer::stop`], which lets answered requests
+/// reach their clients first.
+pub struct CtlServer {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CtlServer {
+    /// Stops accepting and waits (at most [`REPLY_GRACE`]) until every connection wrote its
+    /// replies and ended. Without it a detach's `ok` was lost when the process exited right after
+    /// answering (the client saw the socket close without an answer).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
 /// Binds the socket (replacing a stale one left by a crashed attach, but not a live one) and
 /// forwards every request to `tx`.
-pub async fn serve(path: PathBuf, tx: mpsc::Sender<Incoming>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(path: PathBuf, tx: mpsc::Sender<Incoming>) -> anyhow::Result<CtlServer> {
     if path.exists() {
         if UnixStream::connect(&path).await.is_ok() {
             bail!("{} is in use: the volume is already attached by another process", path.display());
@@ -74,11 +95,26 @@ pub async fn serve(path: PathBuf, tx: mpsc::Sender<Incoming>) -> anyhow::Result<
     let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .with_context(|| format!("restricting {}", path.display()))?;
-    Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(connection(stream, tx.clone()));
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        connections.spawn(connection(stream, tx.clone()));
+                    }
+                    Err(_) => break,
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                _ = &mut stopped => break,
+            }
         }
-    }))
+        // Connections end when their client hangs up after its answer; the rest are aborted
+        // when the set drops.
+        let _ = tokio::time::timeout(REPLY_GRACE, async { while connections.join_next().await.is_some() {} }).await;
+    });
+    Ok(CtlServer { stop, task })
 }
 
 async fn connection(stream: UnixStream, tx: mpsc::Sender<Incoming>) {
