@@ -136,7 +136,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     assert!(calls("Probe").is_empty(), "{log}");
 
     // Both calls are in the latency histogram, by method and code; the build is named.
-    for (method, code) in [("Probe", "Ok"), ("ControllerExpandVolume", "Unavailable")] {
+    for (method, code) in [("Probe", "OK"), ("ControllerExpandVolume", "Unavailable")] {
         let count = format!("wasmcsi_csi_request_duration_seconds_count{{method=\"{method}\",code=\"{code}\"}} 1");
         assert!(metrics.lines().any(|l| l == count), "no `{count}`:\n{metrics}");
     }
