@@ -124,6 +124,12 @@ struct ServeArgs {
     /// off.
     #[arg(long, default_value = "30s", value_parser = parse_interval)]
     reconcile_interval: Duration,
+    /// kubelet's directory as this process sees it (node mode). Checked at start: it must be
+    /// on a shared mount (Bidirectional in a pod), or the volumes mounted beneath it would
+    /// never reach kubelet and the pods; the plugin then refuses to start, saying so. Unset:
+    /// not checked.
+    #[arg(long)]
+    kubelet_dir: Option<PathBuf>,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -163,6 +169,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ModeArg::Node => wasmcsi_csi::Mode::Node,
         ModeArg::All => wasmcsi_csi::Mode::All,
     };
+    if let (Some(dir), true) = (&args.kubelet_dir, mode.node()) {
+        check_kubelet_dir(dir)?;
+    }
     let node_id = if args.node_id.is_empty() {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .context("no --node-id, and the hostname is unreadable")?
@@ -195,6 +204,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }
         r = sigterm() => { r?; tracing::info!("terminated; shutting down"); host.shutdown().await }
     }
+}
+
+/// Refuse to serve a node whose mounts would not reach kubelet (see `node::propagation`).
+fn check_kubelet_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use wasmcsi_csi::node::{mountinfo, propagation};
+    // Spelled as the mount table spells it: no symlink on the way.
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("--kubelet-dir {}", dir.display()))?;
+    let entries = mountinfo::read_current()?;
+    propagation::check_shared(&entries, &dir)?;
+    tracing::info!(kubelet_dir = %dir.display(), "kubelet's directory is a shared mount");
+    Ok(())
 }
 
 async fn sigterm() -> anyhow::Result<()> {
@@ -234,3 +254,4 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
