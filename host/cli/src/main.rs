@@ -30,7 +30,9 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
+    /// One readable line per event (coloured at a terminal).
     Text,
+    /// One JSON object per line, for log collectors.
     Json,
 }
 
@@ -74,8 +76,11 @@ enum BackendCommand {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
+    /// Identity + Controller: provisioning, snapshots, expansion, capacity (one per cluster).
     Controller,
+    /// Identity + Node: stage and publish volumes on this node (one per node).
     Node,
+    /// Both, in one process (a single-node cluster, the demo, tests).
     All,
 }
 
@@ -255,3 +260,68 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// What of `cmd` and its subcommands (their path from `wasmcsi`) has no help text: a
+    /// subcommand without an about, an argument without help, a value of an enum argument
+    /// without its own line.
+    fn without_help(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path}: argument {id}"));
+            }
+            if arg.get_action().takes_values() {
+                for value in arg.get_possible_values() {
+                    if value.get_help().is_none() && !value.is_hide_set() {
+                        missing.push(format!("{path}: argument {id}: value {}", value.get_name()));
+                    }
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                missing.push(format!("{sub_path}: subcommand"));
+            }
+            without_help(sub, &sub_path, missing);
+        }
+    }
+
+    /// Every subcommand, every argument of every subcommand and every value of an enum argument
+    /// says what it is in `--help`.
+    #[test]
+    fn every_subcommand_argument_and_value_has_help() {
+        let mut cli = Cli::command();
+        cli.build();
+        let mut missing = Vec::new();
+        without_help(&cli, "wasmcsi", &mut missing);
+        assert!(missing.is_empty(), "without help text:\n{}", missing.join("\n"));
+    }
+
+    /// The walker sees what it must: a command with an undocumented argument, value and
+    /// subcommand is reported on all three.
+    #[test]
+    fn the_help_walker_reports_what_has_none() {
+        let bare = clap::Command::new("t")
+            .arg(clap::Arg::new("flag").long("flag").value_parser(["a", "b"]))
+            .subcommand(clap::Command::new("sub"));
+        let mut missing = Vec::new();
+        without_help(&bare, "t", &mut missing);
+        assert_eq!(
+            missing,
+            ["t: argument flag", "t: argument flag: value a", "t: argument flag: value b", "t sub: subcommand"]
+        );
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
