@@ -118,6 +118,7 @@ pub enum VolumeCommand {
 
 #[derive(Args)]
 pub struct ReplicasArgs {
+    /// The volume's id.
     #[arg(long)]
     pub volume_id: String,
     /// A replica server holding the volume; repeat once per replica.
@@ -149,6 +150,7 @@ pub struct StatusArgs {
 
 #[derive(Args)]
 pub struct OnlineArgs {
+    /// The attached volume's id.
     #[arg(long)]
     pub volume_id: String,
     /// The runtime directory the volume was attached with.
@@ -159,8 +161,10 @@ pub struct OnlineArgs {
 /// A volume addressed either through its attached engine or, when detached, its replicas.
 #[derive(Args)]
 pub struct TargetArgs {
+    /// The volume's id.
     #[arg(long)]
     pub volume_id: String,
+    /// The runtime directory the volume was attached with (when it is attached here).
     #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
     pub runtime_dir: PathBuf,
     /// The volume's replica servers, used when it is not attached on this node.
@@ -183,8 +187,11 @@ pub struct SnapshotArgs {
 pub struct RevertArgs {
     #[command(flatten)]
     pub set: ReplicasArgs,
+    /// The snapshot to revert to.
     #[arg(long)]
     pub name: String,
+    /// The runtime directory the volume would be attached with: a volume attached here is
+    /// refused (detach it first).
     #[arg(long, default_value = DEFAULT_RUNTIME_DIR)]
     pub runtime_dir: PathBuf,
 }
@@ -203,9 +210,10 @@ pub struct CloneArgs {
     /// The new volume.
     #[command(flatten)]
     pub set: ReplicasArgs,
-    /// The source volume and its replica servers.
+    /// The source volume's id.
     #[arg(long)]
     pub source_volume_id: String,
+    /// A replica server of the source volume; repeat once per replica.
     #[arg(long = "source-replica", required = true)]
     pub source_replicas: Vec<SocketAddr>,
     /// The source snapshot.
@@ -428,7 +436,6 @@ fn offline_set(a: &TargetArgs) -> anyhow::Result<ReplicaSet> {
 }
 
 /// Sends `request` to the attached volume, if it is attached here; an error reply is an error.
-/// Sends `request` to the attached volume, if it is attached here; an error reply is an error.
 async fn online(a: &TargetArgs, request: &ctl::Request) -> anyhow::Result<Option<ctl::Reply>> {
     attached_call(&a.runtime_dir, &a.volume_id, request).await
 }
@@ -465,9 +472,9 @@ async fn clone(a: CloneArgs) -> anyhow::Result<()> {
     };
     let target = replica_set(&a.set);
     target.create(size).await.context("creating the new volume")?;
-    let label = format!("clone {}@{} -> {}", a.source_volume_id, a.snapshot, a.set.volume_id);
-    target.clone_from(&source, &a.snapshot, |done, total| ctl::progress_bar(&label, done, total)).await?;
-    eprintln!();
+    let bar = ctl::Progress::new(&format!("clone {}@{} -> {}", a.source_volume_id, a.snapshot, a.set.volume_id));
+    target.clone_from(&source, &a.snapshot, |done, total| bar.update(done, total)).await?;
+    bar.finish();
     println!("volume {} ({size} bytes) cloned from {}@{}", a.set.volume_id, a.source_volume_id, a.snapshot);
     Ok(())
 }
@@ -483,24 +490,23 @@ async fn rebuild(a: RebuildArgs) -> anyhow::Result<()> {
         println!("replica {index} of {} is now on {addr}; rebuilding", a.online.volume_id);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.wait_secs);
-    let mut drew = false;
+    // Drawn from the first rebuild seen: a volume already healthy gets no bar.
+    let mut bar: Option<ctl::Progress> = None;
     loop {
         let s = online_only(&a.online, &ctl::Request::Status).await?.status.context("no status")?;
         if let Some(r) = &s.rebuild {
-            ctl::progress_bar(&format!("{} rebuild of replica {}", r.kind, r.replica), r.done, r.total);
-            drew = true;
+            let label = format!("{} rebuild of replica {}", r.kind, r.replica);
+            let bar = bar.get_or_insert_with(|| ctl::Progress::new(&label));
+            bar.relabel(&label);
+            bar.update(r.done, r.total);
         }
         if s.healthy == s.replicas && s.rebuild.is_none() {
-            if drew {
-                eprintln!();
-            }
+            bar.as_ref().map(ctl::Progress::finish);
             println!("{}: {}", a.online.volume_id, s);
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            if drew {
-                eprintln!();
-            }
+            bar.as_ref().map(ctl::Progress::finish);
             bail!("still rebuilding after {}s: {}", a.wait_secs, s);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -163,16 +163,133 @@ pub async fn call(runtime_dir: &Path, volume_id: &str, request: &Request) -> any
     Ok(Some(serde_json::from_str(&reply).context("parsing the attached volume's reply")?))
 }
 
-/// A one-line progress bar on stderr, redrawn in place.
-pub fn progress_bar(label: &str, done: u64, total: u64) {
-    const WIDTH: u64 = 30;
-    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(WIDTH);
-    let pct = (done.min(total) * 100).checked_div(total).unwrap_or(100);
-    eprint!(
-        "\r{label} [{}{}] {pct:3}% {}/{} MiB ",
-        "#".repeat(filled as usize),
-        ".".repeat((WIDTH - filled) as usize),
-        done >> 20,
-        total >> 20
-    );
+/// A progress bar of bytes on stderr (indicatif), drawn only for a person at a terminal: when
+/// stderr is a pipe, a file or a pod's log it writes nothing at all, so logs stay free of
+/// redrawn lines and escape codes.
+pub struct Progress(indicatif::ProgressBar);
+
+impl Progress {
+    pub fn new(label: &str) -> Self {
+        Self::drawn_on(label, indicatif::ProgressDrawTarget::stderr())
+    }
+
+    fn drawn_on(label: &str, target: indicatif::ProgressDrawTarget) -> Self {
+        let bar = indicatif::ProgressBar::with_draw_target(Some(0), target);
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {percent:>3}% {binary_bytes}/{binary_total_bytes} ({eta} left)",
+        )
+        .map_or_else(|_| indicatif::ProgressStyle::default_bar(), |s| s.progress_chars("#>."));
+        bar.set_style(style);
+        bar.set_message(label.to_owned());
+        Self(bar)
+    }
+
+    /// `done` of `total` bytes.
+    pub fn update(&self, done: u64, total: u64) {
+        self.0.set_length(total);
+        self.0.set_position(done.min(total));
+    }
+
+    /// What the bar is about, when it changes (another replica's rebuild).
+    pub fn relabel(&self, label: &str) {
+        self.0.set_message(label.to_owned());
+    }
+
+    /// Leave the bar as it ends, on a line of its own.
+    pub fn finish(&self) {
+        self.0.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    /// What a terminal would have shown (text only, cursor moves ignored).
+    #[derive(Debug, Default, Clone)]
+    struct Screen(Arc<Mutex<String>>);
+
+    impl Screen {
+        fn text(&self) -> String {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        }
+        fn push(&self, s: &str) {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).push_str(s);
+        }
+    }
+
+    impl indicatif::TermLike for Screen {
+        fn width(&self) -> u16 {
+            120
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, s: &str) -> std::io::Result<()> {
+            self.push(s);
+            self.push("\n");
+            Ok(())
+        }
+        fn write_str(&self, s: &str) -> std::io::Result<()> {
+            self.push(s);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const CHILD: &str = "WASMCSI_TEST_DRAW_A_BAR";
+
+    /// A whole clone's bar drawn with stderr a pipe (this test runs itself as a child with its
+    /// stderr captured) writes nothing to it; on a terminal the same bar shows its label and
+    /// its end.
+    #[test]
+    fn a_bar_is_drawn_on_a_terminal_and_writes_nothing_to_a_pipe() {
+        let draw = |p: &Progress| {
+            for i in 0..=10u64 {
+                p.update(i << 20, 10 << 20);
+                std::thread::sleep(std::time::Duration::from_millis(if std::env::var_os(CHILD).is_some() {
+                    60
+                } else {
+                    1
+                }));
+            }
+            p.finish();
+        };
+        if std::env::var_os(CHILD).is_some() {
+            draw(&Progress::new("clone a@s -> b"));
+            return;
+        }
+        let me = std::env::current_exe().expect("the test binary");
+        let out = std::process::Command::new(me)
+            .args(["--exact", "block_ctl::tests::a_bar_is_drawn_on_a_terminal_and_writes_nothing_to_a_pipe"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run the child");
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test: {out:?}");
+        assert!(out.stderr.is_empty(), "wrote to a pipe: {:?}", String::from_utf8_lossy(&out.stderr));
+
+        let screen = Screen::default();
+        draw(&Progress::drawn_on("clone a@s -> b", indicatif::ProgressDrawTarget::term_like(Box::new(screen.clone()))));
+        let shown = screen.text();
+        assert!(shown.contains("clone a@s -> b [") && shown.contains("100%"), "{shown:?}");
+        assert!(shown.contains("10.00 MiB/10.00 MiB"), "{shown:?}");
+    }
 }

@@ -30,7 +30,9 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
+    /// One readable line per event (coloured at a terminal).
     Text,
+    /// One JSON object per line, for log collectors.
     Json,
 }
 
@@ -74,8 +76,11 @@ enum BackendCommand {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
+    /// Identity + Controller: provisioning, snapshots, expansion, capacity (one per cluster).
     Controller,
+    /// Identity + Node: stage and publish volumes on this node (one per node).
     Node,
+    /// Both, in one process (a single-node cluster, the demo, tests).
     All,
 }
 
@@ -124,6 +129,12 @@ struct ServeArgs {
     /// off.
     #[arg(long, default_value = "30s", value_parser = parse_interval)]
     reconcile_interval: Duration,
+    /// kubelet's directory as this process sees it (node mode). Checked at start: it must be
+    /// on a shared mount (Bidirectional in a pod), or the volumes mounted beneath it would
+    /// never reach kubelet and the pods; the plugin then refuses to start, saying so. Unset:
+    /// not checked.
+    #[arg(long)]
+    kubelet_dir: Option<PathBuf>,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -163,6 +174,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ModeArg::Node => wasmcsi_csi::Mode::Node,
         ModeArg::All => wasmcsi_csi::Mode::All,
     };
+    if let (Some(dir), true) = (&args.kubelet_dir, mode.node()) {
+        check_kubelet_dir(dir)?;
+    }
     let node_id = if args.node_id.is_empty() {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .context("no --node-id, and the hostname is unreadable")?
@@ -195,6 +209,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }
         r = sigterm() => { r?; tracing::info!("terminated; shutting down"); host.shutdown().await }
     }
+}
+
+/// Refuse to serve a node whose mounts would not reach kubelet (see `node::propagation`).
+fn check_kubelet_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use wasmcsi_csi::node::{mountinfo, propagation};
+    // Spelled as the mount table spells it: no symlink on the way.
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("--kubelet-dir {}", dir.display()))?;
+    let entries = mountinfo::read_current()?;
+    propagation::check_shared(&entries, &dir)?;
+    tracing::info!(kubelet_dir = %dir.display(), "kubelet's directory is a shared mount");
+    Ok(())
 }
 
 async fn sigterm() -> anyhow::Result<()> {
@@ -232,5 +257,71 @@ fn main() -> std::process::ExitCode {
             eprintln!("wasmcsi: {e:#}");
             std::process::ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// What of `cmd` and its subcommands (their path from `wasmcsi`) has no help text: a
+    /// subcommand without an about, an argument without help, a value of an enum argument
+    /// without its own line.
+    fn without_help(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path}: argument {id}"));
+            }
+            if arg.get_action().takes_values() {
+                for value in arg.get_possible_values() {
+                    if value.get_help().is_none() && !value.is_hide_set() {
+                        missing.push(format!("{path}: argument {id}: value {}", value.get_name()));
+                    }
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                missing.push(format!("{sub_path}: subcommand"));
+            }
+            without_help(sub, &sub_path, missing);
+        }
+    }
+
+    /// Every subcommand, every argument of every subcommand and every value of an enum argument
+    /// says what it is in `--help`.
+    #[test]
+    fn every_subcommand_argument_and_value_has_help() {
+        let mut cli = Cli::command();
+        cli.build();
+        let mut missing = Vec::new();
+        without_help(&cli, "wasmcsi", &mut missing);
+        assert!(missing.is_empty(), "without help text:\n{}", missing.join("\n"));
+    }
+
+    /// The walker sees what it must: a command with an undocumented argument, value and
+    /// subcommand is reported on all three.
+    #[test]
+    fn the_help_walker_reports_what_has_none() {
+        let bare = clap::Command::new("t")
+            .arg(clap::Arg::new("flag").long("flag").value_parser(["a", "b"]))
+            .subcommand(clap::Command::new("sub"));
+        let mut missing = Vec::new();
+        without_help(&bare, "t", &mut missing);
+        assert_eq!(
+            missing,
+            ["t: argument flag", "t: argument flag: value a", "t: argument flag: value b", "t sub: subcommand"]
+        );
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -99,7 +99,12 @@ mod tests {
         let backend = BackendLabels { backend: "b".into() };
         m.calls.get_or_create(&call).inc();
         m.errors
-            .get_or_create(&ErrorLabels { backend: "b".into(), op: "create".into(), code: "Internal".into() })
+            .get_or_create(&ErrorLabels {
+                backend: "b".into(),
+                op: "create".into(),
+                code: "Internal".into(),
+                kind: "trap".into(),
+            })
             .inc();
         m.latency.get_or_create(&call).observe(0.1);
         for counter in [&m.traps, &m.timeouts, &m.reloads, &m.rejected] {
@@ -108,8 +113,8 @@ mod tests {
         for gauge in [&m.memory_peak, &m.kv_bytes, &m.kv_keys] {
             gauge.get_or_create(&backend).set(1);
         }
-        m.rpc("Probe", "Ok");
-        wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
+        m.rpc("Probe", "OK");
+        wasmcsi_csi::metrics::global().observe("Probe", "OK", 0.001);
         let mut out = super::exposition(&m, None);
         // A node's replicated volumes (their families are written only where engines run).
         let volume = wasmcsi_block::volume::VolumeStatus { healthy: 1, ..Default::default() };
@@ -119,11 +124,11 @@ mod tests {
 
     #[test]
     fn the_exposition_holds_every_registry_build_info_and_one_eof() {
-        wasmcsi_csi::metrics::global().observe("Probe", "Ok", 0.001);
+        wasmcsi_csi::metrics::global().observe("Probe", "OK", 0.001);
         let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new(), None);
         let want = format!("wasmcsi_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
         assert!(text.lines().any(|l| l == want), "no `{want}`:\n{text}");
-        assert!(text.contains("wasmcsi_csi_request_duration_seconds_count{method=\"Probe\",code=\"Ok\"}"), "{text}");
+        assert!(text.contains("wasmcsi_csi_request_duration_seconds_count{method=\"Probe\",code=\"OK\"}"), "{text}");
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
     }

@@ -222,7 +222,7 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     assert_eq!(deadline_exceeded, Some(1.0), "{metrics}");
     assert_eq!(sample(&metrics, r#"wasmcsi_backend_traps_total{backend="hostpath"}"#), None, "{metrics}");
     assert_eq!(
-        sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="Ok"}"#),
+        sample(&metrics, r#"wasmcsi_csi_requests_total{method="CreateVolume",code="OK"}"#),
         Some(6.0),
         "{metrics}"
     );
@@ -342,7 +342,7 @@ async fn each_answer_outside_the_contract_is_refused_or_clipped_before_the_co_se
     assert!(verdict.confirmed.is_none() && verdict.message.len() <= limit, "{} bytes", verdict.message.len());
 
     let metrics = host.registry.runtime().metrics.encode();
-    let bad = r#"wasmcsi_backend_errors_total{backend="hostile",op="create_volume",code="bad-output"}"#;
+    let bad = r#"wasmcsi_backend_errors_total{backend="hostile",op="create_volume",code="Internal",kind="bad-output"}"#;
     assert_eq!(sample(&metrics, bad), Some(6.0), "{metrics}");
     drop((controller, channel));
     host.shutdown().await.unwrap();

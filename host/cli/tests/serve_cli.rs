@@ -136,7 +136,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     assert!(calls("Probe").is_empty(), "{log}");
 
     // Both calls are in the latency histogram, by method and code; the build is named.
-    for (method, code) in [("Probe", "Ok"), ("ControllerExpandVolume", "Unavailable")] {
+    for (method, code) in [("Probe", "OK"), ("ControllerExpandVolume", "Unavailable")] {
         let count = format!("wasmcsi_csi_request_duration_seconds_count{{method=\"{method}\",code=\"{code}\"}} 1");
         assert!(metrics.lines().any(|l| l == count), "no `{count}`:\n{metrics}");
     }
@@ -249,4 +249,42 @@ fn a_text_log_that_is_not_a_terminal_has_no_colour() {
     drop(served);
     assert!(text.contains("serving CSI"), "{text}");
     assert!(!text.contains('\u{1b}'), "ANSI escape codes in a log file: {text:?}");
+}
+
+/// `serve --mode node --kubelet-dir DIR` in a mount namespace of its own: refused with a
+/// message saying what to fix when DIR's mount is private (the mounts a node plugin makes
+/// would never reach kubelet), past the check when it is shared.
+#[test]
+fn a_node_plugin_refuses_a_kubelet_dir_that_is_not_a_shared_mount() {
+    let d = tempfile::tempdir().unwrap();
+    let kubelet = d.path().join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let run = |propagation: &str| {
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", propagation])
+            .arg(env!("CARGO_BIN_EXE_wasmcsi"))
+            .args(["serve", "--mode", "node", "--node-id", "n1", "--kubelet-dir"])
+            .arg(&kubelet)
+            .arg("--state-dir")
+            .arg(d.path().join(format!("state-{propagation}")))
+            .arg("--backends-dir")
+            .arg(d.path().join("no-backends"))
+            .arg("--socket")
+            .arg(d.path().join("csi.sock"))
+            // A configuration file that is not there: a plugin past the check stops at it.
+            .arg("--config")
+            .arg(d.path().join("missing.toml"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = run("private");
+    assert!(!ok, "{err}");
+    assert!(err.contains("is not a shared mount") && err.contains("Bidirectional"), "{err}");
+    let (ok, err) = run("shared");
+    assert!(!ok && err.contains("missing.toml"), "stopped at the configuration: {err}");
+    assert!(!err.contains("is not a shared mount"), "{err}");
+    assert!(err.contains("kubelet's directory is a shared mount"), "the check passed: {err}");
 }

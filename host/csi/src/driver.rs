@@ -104,21 +104,21 @@ impl Driver {
             Ok(_) => tonic::Code::Ok,
             Err(e) => e.code(),
         };
-        let code_label = format!("{code:?}");
-        self.registry.runtime().metrics.rpc(method, &code_label);
-        crate::metrics::global().observe(method, &code_label, duration_ms / 1e3);
+        let code = crate::error::code_name(code);
+        self.registry.runtime().metrics.rpc(method, code);
+        crate::metrics::global().observe(method, code, duration_ms / 1e3);
         match result {
             Ok(reply) => {
                 if polled(method) {
-                    tracing::debug!(method, ?code, duration_ms, "csi call done");
+                    tracing::debug!(method, code, duration_ms, "csi call done");
                 } else {
-                    tracing::info!(method, ?code, duration_ms, "csi call done");
+                    tracing::info!(method, code, duration_ms, "csi call done");
                 }
                 Ok(tonic::Response::new(reply))
             }
             Err(e) => {
                 let status = tonic::Status::from(e);
-                tracing::warn!(method, ?code, duration_ms, error = status.message(), "csi call failed");
+                tracing::warn!(method, code, duration_ms, error = status.message(), "csi call failed");
                 Err(status)
             }
         }

@@ -89,6 +89,33 @@ impl CsiError {
     }
 }
 
+/// `code` as every `code` label and log field spells it: grpc-go's names, which the
+/// kubernetes-csi sidecars' own metrics use (`OK`, `NotFound`, `DeadlineExceeded`), so one
+/// query or alert reads the driver's and the sidecars' series alike. (tonic's `Debug` would
+/// write `Ok`.)
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
 /// The one conversion to a Status. It logs nothing: `Driver::observe`, where every RPC ends,
 /// logs each failure once with its method, code and duration.
 impl From<CsiError> for tonic::Status {
@@ -98,3 +125,57 @@ impl From<CsiError> for tonic::Status {
 }
 
 pub type CsiResult<T> = Result<T, CsiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every way a backend call fails, each WIT error case included.
+    fn every_call_error() -> Vec<CallError> {
+        let (backend, op) = (String::from("b"), "create_volume");
+        let m = || String::from("m");
+        let wit = [
+            WitError::InvalidArgument(m()),
+            WitError::NotFound(m()),
+            WitError::AlreadyExists(m()),
+            WitError::FailedPrecondition(m()),
+            WitError::OutOfRange(m()),
+            WitError::ResourceExhausted(m()),
+            WitError::Unavailable(m()),
+            WitError::Aborted(m()),
+            WitError::Unimplemented(m()),
+            WitError::DeadlineExceeded(m()),
+            WitError::PermissionDenied(m()),
+            WitError::Internal(m()),
+        ];
+        let mut all: Vec<CallError> =
+            wit.into_iter().map(|error| CallError::Backend { backend: backend.clone(), op, error }).collect();
+        all.extend([
+            CallError::Timeout { backend: backend.clone(), op, deadline: std::time::Duration::from_secs(1) },
+            CallError::OutOfMemory { backend: backend.clone(), op, limit_mib: 1 },
+            CallError::OutOfFuel { backend: backend.clone(), op },
+            CallError::Trap { backend: backend.clone(), op, message: m() },
+            CallError::BadOutput { backend: backend.clone(), op, message: m() },
+            CallError::Busy { backend, op, limit: 1 },
+        ]);
+        all
+    }
+
+    /// `wasmcsi_backend_errors_total{code}` names the code the CSI caller got, spelled as
+    /// `wasmcsi_csi_requests_total{code}` spells it.
+    #[test]
+    fn a_backend_error_is_counted_under_the_code_the_caller_gets() {
+        for e in every_call_error() {
+            let label = e.code();
+            assert_eq!(code_name(CsiError::Call(e).code()), label);
+        }
+    }
+
+    #[test]
+    fn codes_are_spelled_as_grpc_go_spells_them() {
+        assert_eq!(code_name(tonic::Code::Ok), "OK");
+        assert_eq!(code_name(tonic::Code::Cancelled), "Canceled");
+        assert_eq!(code_name(tonic::Code::NotFound), "NotFound");
+        assert_eq!(code_name(tonic::Code::DeadlineExceeded), "DeadlineExceeded");
+    }
+}

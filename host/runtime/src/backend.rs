@@ -42,16 +42,45 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// Short label for metrics: the WIT error case, or how the call was stopped.
+    /// How the call failed, for the `kind` label of `wasmcsi_backend_errors_total`: `error`
+    /// when the backend answered a WIT error, else how the host stopped it.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Backend { error, .. } => describe(error).0,
+            Self::Backend { .. } => "error",
             Self::Timeout { .. } => "timeout",
             Self::OutOfMemory { .. } => "out-of-memory",
             Self::OutOfFuel { .. } => "out-of-fuel",
             Self::Trap { .. } => "trap",
             Self::BadOutput { .. } => "bad-output",
             Self::Busy { .. } => "busy",
+        }
+    }
+
+    /// The gRPC code the CSI caller gets for this failure, spelled as grpc-go and the
+    /// kubernetes-csi sidecars spell it (`NotFound`, `DeadlineExceeded`): the `code` label of
+    /// every metric. `wasmcsi_csi::error` maps the same failures to `tonic::Code`; its tests
+    /// hold the two to one answer.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Backend { error, .. } => match error {
+                WitError::InvalidArgument(_) => "InvalidArgument",
+                WitError::NotFound(_) => "NotFound",
+                WitError::AlreadyExists(_) => "AlreadyExists",
+                WitError::FailedPrecondition(_) => "FailedPrecondition",
+                WitError::OutOfRange(_) => "OutOfRange",
+                WitError::ResourceExhausted(_) => "ResourceExhausted",
+                WitError::Unavailable(_) => "Unavailable",
+                WitError::Aborted(_) => "Aborted",
+                WitError::Unimplemented(_) => "Unimplemented",
+                WitError::DeadlineExceeded(_) => "DeadlineExceeded",
+                WitError::PermissionDenied(_) => "PermissionDenied",
+                WitError::Internal(_) => "Internal",
+            },
+            // The call may have done part of its work; the CO retries DEADLINE_EXCEEDED.
+            Self::Timeout { .. } => "DeadlineExceeded",
+            Self::OutOfMemory { .. } | Self::OutOfFuel { .. } => "ResourceExhausted",
+            Self::Busy { .. } => "Unavailable",
+            Self::Trap { .. } | Self::BadOutput { .. } => "Internal",
         }
     }
 }
@@ -163,7 +192,12 @@ impl Backend {
     pub fn reject_output(&self, op: &'static str, message: String) -> CallError {
         self.metrics
             .errors
-            .get_or_create(&ErrorLabels { backend: self.name.clone(), op: op.into(), code: "bad-output".into() })
+            .get_or_create(&ErrorLabels {
+                backend: self.name.clone(),
+                op: op.into(),
+                code: "Internal".into(),
+                kind: "bad-output".into(),
+            })
             .inc();
         // Logged once, where the failure becomes a gRPC status.
         let message = clip_message(message);
@@ -282,8 +316,9 @@ impl Backend {
         self.metrics.calls.get_or_create(&labels).inc();
         self.metrics.latency.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            let code = e.kind().to_string();
-            self.metrics.errors.get_or_create(&ErrorLabels { backend: self.name.clone(), op: op.into(), code }).inc();
+            let labels =
+                ErrorLabels { backend: self.name.clone(), op: op.into(), code: e.code().into(), kind: e.kind().into() };
+            self.metrics.errors.get_or_create(&labels).inc();
             let b = BackendLabels { backend: self.name.clone() };
             match e {
                 CallError::Timeout { .. } => {

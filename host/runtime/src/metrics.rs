@@ -17,11 +17,19 @@ pub struct CallLabels {
     pub op: String,
 }
 
+/// The labels of `wasmcsi_backend_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub backend: String,
     pub op: String,
+    /// The gRPC code the CSI caller got, spelled as every `code` label is (grpc-go's names,
+    /// as the kubernetes-csi sidecars' metrics spell them: `NotFound`, `OK`); see
+    /// [`crate::CallError::code`].
     pub code: String,
+    /// How the call failed ([`crate::CallError::kind`]): `error` (the backend answered one),
+    /// `timeout`, `out-of-memory`, `out-of-fuel`, `trap`, `bad-output`, `busy`. Not a gRPC
+    /// code: several kinds end in the same code (a trap and a bad answer are both `Internal`).
+    pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,6 +40,7 @@ pub struct BackendLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     pub method: String,
+    /// The gRPC code, spelled as in [`ErrorLabels::code`].
     pub code: String,
 }
 
@@ -86,7 +95,11 @@ impl Metrics {
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register("backend_calls", "Backend calls", m.calls.clone());
-            r.register("backend_errors", "Backend calls that failed, by gRPC code", m.errors.clone());
+            r.register(
+                "backend_errors",
+                "Backend calls that failed, by the gRPC code the caller got and how the call failed",
+                m.errors.clone(),
+            );
             r.register("backend_call_duration_seconds", "Instantiate + call latency", m.latency.clone());
             r.register("backend_traps", "Calls that trapped (panics, OOM, bugs)", m.traps.clone());
             r.register("backend_timeouts", "Calls stopped at their deadline", m.timeouts.clone());

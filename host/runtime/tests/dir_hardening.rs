@@ -1,11 +1,13 @@
 //! What a pod can do to the node through a hostpath volume and the `dir` capability (issue 13,
-//! items 2, 4 and 6), end to end: the real hostpath component in a runtime, a real file system,
-//! a real process killed with -9.
+//! items 2, 4 and 6), and what kubelet does to one (issue 19: owners set for a pod's fsGroup),
+//! end to end: the real hostpath component in a runtime, a real file system, a real process
+//! killed with -9.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use wasmcsi_runtime::bindings::types::ContentSource;
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest};
 use wasmcsi_runtime::engine::EngineSettings;
@@ -117,6 +119,95 @@ async fn a_pod_racing_symlinks_never_gets_a_host_file_into_a_snapshot_or_a_read(
 }
 
 /// A tree of `n` directories (a file in each tenth) under `dir`.
+/// A call answered `aborted` while its copy runs in the background, retried until it is done.
+async fn until_copied<T>(mut call: impl AsyncFnMut() -> Result<T, CallError>) -> T {
+    let started = Instant::now();
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(CallError::Backend { error: WitError::Aborted(_), .. })
+                if started.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Issue 19: a volume kubelet made over for a pod's fsGroup (its top a set-group-id directory
+/// of the fsGroup) and the pod then filled (entries of the pod's uid, one of another uid only
+/// it can read, a symlink) is snapshotted and the snapshot cloned with every owner, group and
+/// mode of the source, set-group-id bits included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_and_its_clone_keep_the_owners_and_modes_of_an_fsgroup_volume() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, chown, lchown};
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), 10_000);
+    let b = hostpath(&rt).await;
+    b.create_volume(request("src", 1 << 20), vec![]).await.unwrap();
+    let root = d.path().join("hostpath");
+    let vol = root.join("volumes/src");
+    let chmod = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    chown(&vol, Some(0), Some(2000)).unwrap();
+    chmod(&vol, 0o2775);
+    std::fs::create_dir(vol.join("data")).unwrap();
+    chown(vol.join("data"), Some(1000), Some(2000)).unwrap();
+    chmod(&vol.join("data"), 0o2770);
+    std::fs::write(vol.join("data/f"), b"pod data").unwrap();
+    chown(vol.join("data/f"), Some(1000), Some(2000)).unwrap();
+    chmod(&vol.join("data/f"), 0o640);
+    std::fs::write(vol.join("data/private"), b"only 1001").unwrap();
+    chown(vol.join("data/private"), Some(1001), Some(1001)).unwrap();
+    chmod(&vol.join("data/private"), 0o600);
+    std::os::unix::fs::symlink("f", vol.join("data/link")).unwrap();
+    lchown(vol.join("data/link"), Some(1000), Some(2000)).unwrap();
+
+    let snapshot =
+        until_copied(async || b.create_snapshot("s".into(), "default.src".into(), vec![], vec![]).await).await;
+    let mut clone = request("clone", 1 << 20);
+    clone.content_source = Some(ContentSource::Snapshot(snapshot.snapshot_id.clone()));
+    until_copied(async || b.create_volume(clone.clone(), vec![]).await).await;
+
+    let owners = |top: &Path| -> Vec<(&str, u32, u32, u32)> {
+        ["", "data", "data/f", "data/private", "data/link"]
+            .into_iter()
+            .map(|p| {
+                let m = std::fs::symlink_metadata(top.join(p)).unwrap();
+                (p, m.uid(), m.gid(), m.mode())
+            })
+            .collect()
+    };
+    let want = owners(&vol);
+    assert_eq!(want[0], ("", 0, 2000, 0o42775), "the source is as set up");
+    assert_eq!(owners(&root.join("snapshots/s")), want, "the snapshot");
+    assert_eq!(owners(&root.join("volumes/clone")), want, "the clone");
+    assert_eq!(std::fs::read(root.join("volumes/clone/data/private")).unwrap(), b"only 1001");
+}
+
+/// Issue 19: GetCapacity never fails for a granted root that does not exist where it is asked
+/// (the controller, a new node): the host makes the root when its parent exists, and reports
+/// no space when not, so CSIStorageCapacity objects are published either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_capacity_answers_for_a_granted_root_that_does_not_exist() {
+    let d = tempfile::tempdir().unwrap();
+    for (root, room) in [(d.path().join("made-here"), true), (d.path().join("unmounted/disk"), false)] {
+        let text = format!("[backends.hostpath.grants]\ndir = {{ default = \"{}\" }}\n", root.display());
+        let rt = Runtime::new(RuntimeOptions {
+            config: HostConfig::parse(&text, Path::new("test")).unwrap(),
+            cache_dir: Some(d.path().join("cache")),
+            store_path: d.path().join(format!("state-{room}/meta.redb")),
+            engine: EngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
+        })
+        .unwrap();
+        let b = hostpath(&rt).await;
+        let c = b.get_capacity(vec![], vec![], None).await.unwrap();
+        assert_eq!(c.available_bytes > 0, room, "{}: {} bytes", root.display(), c.available_bytes);
+        assert_eq!(root.is_dir(), room, "{}", root.display());
+    }
+    assert!(!d.path().join("unmounted").exists(), "no parent made");
+}
+
 fn big_tree(dir: &Path, n: usize) {
     for i in 0..n {
         let d = dir.join(format!("{}/{}", i / 100, i % 100));

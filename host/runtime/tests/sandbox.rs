@@ -133,10 +133,11 @@ async fn memory_growth_the_engine_refuses_is_an_out_of_memory_error_too() {
     let (r, _) = hostile_call(&rt, "oom").await;
     assert!(matches!(r, Err(CallError::OutOfMemory { limit_mib: 1024, .. })), "{r:?}");
     let metrics = rt.metrics.encode();
-    let series =
-        |code: &str| format!(r#"wasmcsi_backend_errors_total{{backend="hostile",op="create_volume",code="{code}"}} 1"#);
-    assert!(metrics.contains(&series("out-of-memory")), "{metrics}");
-    assert!(!metrics.contains(&series("trap")), "{metrics}");
+    let series = |code: &str, kind: &str| {
+        format!(r#"wasmcsi_backend_errors_total{{backend="hostile",op="create_volume",code="{code}",kind="{kind}"}} 1"#)
+    };
+    assert!(metrics.contains(&series("ResourceExhausted", "out-of-memory")), "{metrics}");
+    assert!(!metrics.contains(&series("Internal", "trap")), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,8 @@
 //! trait, and the one function that picks the attacher). Each kind lives in its own file —
 //! `bind` (directory volumes), `nfs` (kernel NFS mounts under deadlines), `rbd` (krbd, or
 //! rbd-fuse + loop, fenced against a second node) — on the mount work they share (`mounts`,
-//! `mountinfo`) and the usage measurements (`usage`). Every attacher reads the node's state,
+//! `mountinfo`) and the usage measurements (`usage`); `propagation` checks at start that those
+//! mounts reach kubelet at all. Every attacher reads the node's state,
 //! plans, then executes, so a repeated call finds the work done and does nothing.
 pub mod attacher;
 pub mod bind;
@@ -15,6 +16,7 @@ pub mod mountinfo;
 pub mod mounts;
 pub mod nfs;
 pub mod paths;
+pub mod propagation;
 pub mod rbd;
 pub mod replicated;
 #[cfg(test)]

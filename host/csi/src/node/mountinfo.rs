@@ -31,6 +31,9 @@ pub struct MountEntry {
     pub source: String,
     /// Per-superblock options, shared by every mount of the same filesystem.
     pub super_options: Vec<String>,
+    /// The optional fields: how mounts propagate to and from this one (`shared:N`,
+    /// `master:N`, `propagate_from:N`, `unbindable`); none for a private mount.
+    pub propagation: Vec<String>,
 }
 
 impl MountEntry {
@@ -113,9 +116,11 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
     let mount_options = split_options(next("missing mount options")?);
     // Zero or more optional fields (shared:N, master:N, propagate_from:N, unbindable) precede
     // the separator; their number varies between mounts and kernels.
+    let mut propagation = Vec::new();
     loop {
-        if next("missing '-' separator")? == b"-" {
-            break;
+        match next("missing '-' separator")? {
+            b"-" => break,
+            field => propagation.push(unescape_string(field)),
         }
     }
     let fs_type = unescape_string(next("missing filesystem type")?);
@@ -134,6 +139,7 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
         fs_type,
         source,
         super_options,
+        propagation,
     })
 }
 
@@ -242,6 +248,7 @@ mod tests {
                 fs_type: "ext4".into(),
                 source: "/dev/sda1".into(),
                 super_options: vec!["rw".into(), "errors=remount-ro".into()],
+                propagation: vec!["shared:1".into()],
             }
         );
     }

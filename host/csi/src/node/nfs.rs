@@ -300,6 +300,7 @@ mod tests {
             fs_type: fs.into(),
             source: source.into(),
             super_options: vec![],
+            propagation: vec![],
         }
     }
 

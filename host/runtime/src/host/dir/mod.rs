@@ -36,7 +36,7 @@ use tree::{Progress, Stop};
 const ANSWER_MARGIN: Duration = Duration::from_millis(100);
 
 fn open_root(path: &Path) -> Result<Root, Error> {
-    Root::open(path).map_err(|e| ops::errno(&format!("dir root {}", path.display()), e))
+    Root::open_or_create(path).map_err(|e| ops::errno(&format!("dir root {}", path.display()), e))
 }
 
 // The same operations for callers without a call (native backends, tests): run to the end,
@@ -76,8 +76,18 @@ pub fn remove_all(root: &Path, path: &str) -> Result<(), Error> {
 pub fn usage(root: &Path, path: &str) -> Result<u64, Error> {
     ops::usage(&open_root(root)?, GuestPath::parse(path)?, &Stop::never())
 }
+/// Space of the root's file system; none at all when the root cannot be made (its parent is
+/// missing, see [`Root::open_or_create`]): a capacity of 0 keeps the scheduler away from where
+/// the root is missing, where an error would keep it from placing any pod of the driver.
 pub fn space(root: &Path) -> Result<Space, Error> {
-    ops::space(&open_root(root)?)
+    match Root::open_or_create(root) {
+        Ok(r) => ops::space(&r),
+        Err(rustix::io::Errno::NOENT) => {
+            tracing::warn!(root = %root.display(), "dir root missing and its parent too: reporting no space");
+            Ok(Space { total_bytes: 0, available_bytes: 0 })
+        }
+        Err(e) => Err(ops::errno(&format!("dir root {}", root.display()), e)),
+    }
 }
 
 impl CallState {

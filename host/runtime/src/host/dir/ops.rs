@@ -33,8 +33,21 @@ pub fn errno(what: &str, e: Errno) -> Error {
 }
 
 /// The WIT error for a walk that ended early on `what`.
+///
+/// A walk runs beneath a root the backend is granted, so a refusal inside it (EACCES, EPERM:
+/// an entry of a pod's uid the host cannot read, an owner or mode it cannot set) never means
+/// the caller lacks authorization, which is what `permission-denied` (CSI PERMISSION_DENIED)
+/// says: it means the host process lacks a capability, and nothing changes until the operator
+/// grants it. That is `failed-precondition` ("do not retry until the system is fixed"), with a
+/// message naming the capabilities.
 pub fn walk(what: &str, e: WalkError) -> Error {
     match e {
+        WalkError::Io { name, errno: e @ (Errno::ACCESS | Errno::PERM) } => Error::FailedPrecondition(format!(
+            "{what}: {name}: {}: the host process lacks the privilege to read the tree or keep its \
+             owners and modes (it needs CAP_CHOWN, CAP_FOWNER, CAP_FSETID and CAP_DAC_OVERRIDE; deploy/README.md)",
+            std::io::Error::from(e)
+        )),
+        e @ WalkError::ModeNotKept { .. } => Error::FailedPrecondition(format!("{what}: {e}")),
         WalkError::Io { name, errno: e } => errno(&format!("{what}: {name}"), e),
         WalkError::Deadline => Error::DeadlineExceeded(format!(
             "{what}: stopped at the call's deadline; what was done stays done, retry to go on"
@@ -314,7 +327,9 @@ pub fn copy_to_temp(
     if rustix::fs::statat(&parent, target, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
         return Err(Error::AlreadyExists(format!("{}: target exists", what())));
     }
-    let src = root.open_at(from, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY).map_err(fail)?;
+    let src = root
+        .open_at(from, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
+        .map_err(|e| walk(&what(), WalkError::Io { name: from.as_str().into(), errno: e }))?;
     let st = rustix::fs::fstat(&src).map_err(fail)?;
     temp::sweep_trees(parent.as_fd());
     let tname = cstr(target)?;

@@ -35,6 +35,25 @@ impl Root {
         Ok(Self { fd, path: path.to_path_buf() })
     }
 
+    /// [`Root::open`], creating the root first when it is missing but its parent exists: a
+    /// granted root is the operator's word that it may exist (as kubelet's `DirectoryOrCreate`
+    /// makes a hostPath), and a controller or a new node where nothing made it yet must still
+    /// answer (GetCapacity above all: the scheduler waits on its answer). Only the last
+    /// component is created, 0755 like `DirectoryOrCreate`: a missing parent is more likely a
+    /// disk that is not mounted, and creating the tree would put volumes on the wrong disk.
+    pub fn open_or_create(path: &Path) -> Result<Self, Errno> {
+        match Self::open(path) {
+            Err(Errno::NOENT) => {}
+            other => return other,
+        }
+        match rustix::fs::mkdir(path, Mode::from_raw_mode(0o755)) {
+            Ok(()) => tracing::info!(root = %path.display(), "created the missing dir root"),
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(e),
+        }
+        Self::open(path)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -123,6 +142,18 @@ pub fn classify(dir: BorrowedFd<'_>, name: &str, e: Errno) -> Errno {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_root_is_created_when_its_parent_exists_and_only_then() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let root = d.path().join("hostpath");
+        Root::open_or_create(&root).expect("created");
+        assert!(root.is_dir());
+        Root::open_or_create(&root).expect("opened again");
+        let deeper = d.path().join("unmounted-disk/hostpath");
+        assert_eq!(Root::open_or_create(&deeper).err(), Some(Errno::NOENT));
+        assert!(!d.path().join("unmounted-disk").exists(), "no parent created");
+    }
 
     /// Both resolvers refuse a symlink anywhere and open what is beneath.
     #[test]

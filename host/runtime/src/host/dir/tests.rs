@@ -27,6 +27,64 @@ fn copy_tree_preserves_modes_owners_times_and_symlinks() {
     assert_eq!(read_dir(root, "").expect("ls"), ["dst", "src"], "no temporary copy left beside the target");
 }
 
+/// A tree as kubelet leaves a volume for a pod's fsGroup 2000 and a pod of uid 1000 fills it.
+fn fsgroup_tree(root: &Path) {
+    use std::os::unix::fs::chown;
+    mkdir(root, "src/data", 0o2770).expect("mkdir");
+    chown(root.join("src"), Some(0), Some(2000)).expect("chown");
+    fs::set_permissions(root.join("src"), fs::Permissions::from_mode(0o2775)).expect("chmod");
+    chown(root.join("src/data"), Some(1000), Some(2000)).expect("chown");
+    fs::set_permissions(root.join("src/data"), fs::Permissions::from_mode(0o2770)).expect("chmod");
+    write_file(root, "src/data/f", b"data").expect("write");
+    chown(root.join("src/data/f"), Some(1000), Some(2000)).expect("chown");
+}
+
+/// Run `f` on a thread of its own whose effective capabilities lack `dropped` (capabilities
+/// are per thread: the rest of the test process keeps them).
+fn without<T: Send>(dropped: &[caps::Capability], f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for c in dropped {
+                caps::drop(None, caps::CapSet::Effective, *c).expect("drop a capability");
+            }
+            f()
+        })
+        .join()
+        .expect("thread")
+    })
+}
+
+/// A copy that cannot keep owners or set-id bits fails, and says so with a code that is not
+/// "the caller is not authorized": FAILED_PRECONDITION, naming the capabilities. Nothing of the
+/// copy is left behind. (The tests run as root; the refusal is made by dropping capabilities.)
+#[test]
+fn a_copy_that_cannot_keep_owners_fails_with_failed_precondition_and_leaves_nothing() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let root = d.path();
+    fsgroup_tree(root);
+    for (dropped, says) in [
+        (&[caps::Capability::CAP_CHOWN][..], "CAP_CHOWN"),
+        (&[caps::Capability::CAP_FSETID][..], "CAP_FSETID"),
+        (&[caps::Capability::CAP_DAC_OVERRIDE, caps::Capability::CAP_DAC_READ_SEARCH][..], "CAP_DAC_OVERRIDE"),
+    ] {
+        if dropped.contains(&caps::Capability::CAP_DAC_OVERRIDE) {
+            // Only its owner (and the group, for the directory) may read it now.
+            fs::set_permissions(root.join("src/data/f"), fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let r = without(dropped, || copy_tree(root, "src", "dst"));
+        match r {
+            Err(Error::FailedPrecondition(m)) => assert!(m.contains(says), "without {dropped:?}: {m}"),
+            other => panic!("without {dropped:?}: {other:?}"),
+        }
+        assert_eq!(read_dir(root, "").expect("ls"), ["src"], "without {dropped:?}: nothing left");
+        assert!(fs::read_dir(root).expect("ls").count() == 1, "without {dropped:?}: no temporary copy left");
+    }
+    // With every capability it copies (the same tree, so the refusals above were the drops).
+    copy_tree(root, "src", "dst").expect("copy");
+    let m = fs::metadata(root.join("dst/data")).expect("stat");
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (1000, 2000, 0o2770));
+}
+
 #[test]
 fn remove_all_is_idempotent_and_write_file_is_atomic() {
     let d = tempfile::tempdir().expect("tempdir");

@@ -76,6 +76,10 @@ pub enum WalkError {
     Unstable { name: String },
     #[error("{name}: still not empty after {MAX_IDLE_PASSES} passes removed nothing")]
     KeepsFilling { name: String },
+    /// The kernel took the copy's mode but dropped bits of it (a set-group-id bit for a group
+    /// the copying process is not in, without CAP_FSETID): the copy would differ silently.
+    #[error("{name}: mode {want:o} asked, {got:o} kept (the set-id bits need CAP_FSETID)")]
+    ModeNotKept { name: String, want: u32, got: u32 },
 }
 
 fn io(name: &CStr) -> impl FnOnce(Errno) -> WalkError + '_ {
@@ -239,11 +243,19 @@ fn empty_dir(dir: BorrowedFd<'_>, top: BorrowedFd<'_>, depth: usize, stop: &Stop
 }
 
 /// Give the copy `fd` the owner, mode and times of `src` (owner first: chown clears the
-/// set-id bits a chmod sets).
+/// set-id bits a chmod sets). On the open fd, never by name. Needs CAP_CHOWN (an owner not
+/// ours), CAP_FOWNER (mode and times of a file no longer ours) and CAP_FSETID (a set-group-id
+/// bit for a group we are not in); without them the kernel refuses (EPERM) or, for the last,
+/// silently drops the bit, which is checked here so a copy never differs without an error.
 fn finish(fd: BorrowedFd<'_>, src: &Stat, name: &CStr) -> Result<(), WalkError> {
     rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(src.st_uid)), Some(rustix::fs::Gid::from_raw(src.st_gid)))
         .map_err(io(name))?;
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(src.st_mode & 0o7777)).map_err(io(name))?;
+    let want = src.st_mode & 0o7777;
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(want)).map_err(io(name))?;
+    let got = rustix::fs::fstat(fd).map_err(io(name))?.st_mode & 0o7777;
+    if got != want {
+        return Err(WalkError::ModeNotKept { name: lossy(name), want, got });
+    }
     rustix::fs::futimens(fd, &times(src)).map_err(io(name))
 }
 
