@@ -98,7 +98,9 @@ impl Host {
             None => None,
         };
         let verifier = match peer.listen {
-            Some(_) if !opts.mode.node() => anyhow::bail!("a peer endpoint is served by a node plugin (--mode node or all)"),
+            Some(_) if !opts.mode.node() => {
+                anyhow::bail!("a peer endpoint is served by a node plugin (--mode node or all)")
+            }
             Some(_) if peer.trusted_keys.is_empty() => {
                 anyhow::bail!("a peer endpoint needs the controller's public key (--peer-trusted-key)")
             }
@@ -166,7 +168,9 @@ impl Host {
                 // Stopped by aborting the task (shutdown, drop): its calls are idempotent and
                 // the controller retries one cut short.
                 let task = tokio::spawn(async move {
-                    wasmcsi_csi::peer::serve(d, listener, verifier, std::future::pending()).await.map_err(anyhow::Error::from)
+                    wasmcsi_csi::peer::serve(d, listener, verifier, std::future::pending())
+                        .await
+                        .map_err(anyhow::Error::from)
                 });
                 tracing::info!(addr = %bound, "serving node-local calls to the controller");
                 (Some(bound), Some(task))

@@ -243,7 +243,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let peer = wasmcsi::host::PeerOptions {
         listen: args.peer_listen,
         trusted_keys: args.peer_trusted_keys,
-        sources: wasmcsi_csi::peer::PeerSources { nodes: args.peers.into_iter().collect(), services: args.peer_services },
+        sources: wasmcsi_csi::peer::PeerSources {
+            nodes: args.peers.into_iter().collect(),
+            services: args.peer_services,
+        },
         signing_key: args.peer_signing_key,
     };
     let host = Host::start_with_peers(options, peer).await?;

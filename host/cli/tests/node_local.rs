@@ -69,7 +69,8 @@ impl Plugin {
         for d in ["root", "backends", "state", "replicas"] {
             std::fs::create_dir_all(home.join(d)).unwrap();
         }
-        for (stem, wasm) in wasmcsi_artifacts::ALL.iter().filter(|(n, _)| ["hostpath", "replicated-block"].contains(n)) {
+        for (stem, wasm) in wasmcsi_artifacts::ALL.iter().filter(|(n, _)| ["hostpath", "replicated-block"].contains(n))
+        {
             std::fs::write(home.join("backends").join(format!("{stem}.wasm")), wasm).unwrap();
         }
         Self { name: name.into(), home, peer_port: free_port(), replica_port: free_port(), proc: None }
@@ -143,7 +144,10 @@ fn stage_req(id: &str, ctx: &HashMap<String, String>, staging: &Path) -> csi::No
     }
 }
 
-async fn capacity(ctl: &mut csi::controller_client::ControllerClient<tonic::transport::Channel>, node: Option<&str>) -> i64 {
+async fn capacity(
+    ctl: &mut csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    node: Option<&str>,
+) -> i64 {
     let req = csi::GetCapacityRequest {
         volume_capabilities: vec![mount_cap()],
         parameters: params("hostpath", &[]),
@@ -238,7 +242,8 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
 
     // Per-node capacity: B's tmpfs, A's disk, nothing on a node that does not exist.
-    let (cap_a, cap_b) = (capacity(&mut controller, Some("node-a")).await, capacity(&mut controller, Some("node-b")).await);
+    let (cap_a, cap_b) =
+        (capacity(&mut controller, Some("node-a")).await, capacity(&mut controller, Some("node-b")).await);
     assert!(cap_b > 0 && cap_b as u64 <= TMPFS_BYTES, "node-b: {cap_b}");
     assert_ne!(cap_a, cap_b, "each node answers for its own root");
     assert_eq!(capacity(&mut controller, Some("node-z")).await, 0);

@@ -15,11 +15,11 @@ use crate::error::{CsiError, CsiResult};
 use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
 use crate::topology::Route;
-use std::time::Duration;
-use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::driver::{self as wit, Feature};
 use wasmcsi_runtime::store::VolumeRecord;
@@ -249,7 +249,9 @@ impl ControllerService {
         if let Route::Node(node) =
             d.route_create(&backend, req.accessibility_requirements.as_ref(), source_oid.as_ref()).await?
         {
-            return self.forward(&node, &backend, "CreateVolume", req, |mut c, r| async move { c.create_volume(r).await }).await;
+            return self
+                .forward(&node, &backend, "CreateVolume", req, |mut c, r| async move { c.create_volume(r).await })
+                .await;
         }
         let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
         let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
@@ -301,7 +303,9 @@ impl ControllerService {
         let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
         need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
         if let Route::Node(node) = d.route_object(&backend, &oid).await? {
-            return self.forward(&node, &backend, "DeleteVolume", req, |mut c, r| async move { c.delete_volume(r).await }).await;
+            return self
+                .forward(&node, &backend, "DeleteVolume", req, |mut c, r| async move { c.delete_volume(r).await })
+                .await;
         }
         let _guard = d.inflight.try_start(id.to_string())?;
         let _pass = enter(d, &backend, Side::Existing, id).await?;
@@ -473,9 +477,7 @@ impl ControllerService {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
         };
         let single = backends.len() == 1 && req.parameters.contains_key(crate::driver::BACKEND_PARAMETER);
-        if single
-            && let Some(elsewhere) = self.capacity_elsewhere(&backends[0], &req).await?
-        {
+        if single && let Some(elsewhere) = self.capacity_elsewhere(&backends[0], &req).await? {
             return Ok(elsewhere);
         }
         let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
@@ -524,7 +526,8 @@ impl ControllerService {
             let mut req = req.clone();
             req.accessible_topology = Some(crate::topology::node_topology(&node));
             async move {
-                self.forward(&node, backend, "GetCapacity", req, |mut c, r| async move { c.get_capacity(r).await }).await
+                self.forward(&node, backend, "GetCapacity", req, |mut c, r| async move { c.get_capacity(r).await })
+                    .await
             }
         };
         match (asked, peers) {
@@ -558,7 +561,9 @@ impl ControllerService {
             d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         if let Route::Node(node) = d.route_object(&backend, &oid).await? {
-            return self.forward(&node, &backend, "CreateSnapshot", req, |mut c, r| async move { c.create_snapshot(r).await }).await;
+            return self
+                .forward(&node, &backend, "CreateSnapshot", req, |mut c, r| async move { c.create_snapshot(r).await })
+                .await;
         }
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
@@ -584,7 +589,9 @@ impl ControllerService {
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self.forward(&node, &backend, "DeleteSnapshot", req, |mut c, r| async move { c.delete_snapshot(r).await }).await;
+            return self
+                .forward(&node, &backend, "DeleteSnapshot", req, |mut c, r| async move { c.delete_snapshot(r).await })
+                .await;
         }
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
@@ -595,29 +602,32 @@ impl ControllerService {
     async fn list_snapshots(&self, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
         // A filter routes to one backend; an id that cannot be ours matches nothing.
         let filter_id = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty());
-        let (backends, snap, vol) = match filter_id {
-            Some(id) => match self.0.backend_for_id(id)? {
-                Some((b, oid)) => {
-                    if let Route::Node(node) = self.0.route_object(&b, &oid).await? {
-                        return self
-                            .forward(&node, &b, "ListSnapshots", req, |mut c, r| async move { c.list_snapshots(r).await })
-                            .await;
-                    }
-                    let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
-                    let vol = if req.source_volume_id.is_empty() {
-                        None
-                    } else {
-                        match ObjectId::parse(&req.source_volume_id) {
-                            Some(v) if v.backend == b.name => Some(v.local),
-                            _ => return Ok(csi::ListSnapshotsResponse::default()),
+        let (backends, snap, vol) =
+            match filter_id {
+                Some(id) => match self.0.backend_for_id(id)? {
+                    Some((b, oid)) => {
+                        if let Route::Node(node) = self.0.route_object(&b, &oid).await? {
+                            return self
+                                .forward(&node, &b, "ListSnapshots", req, |mut c, r| async move {
+                                    c.list_snapshots(r).await
+                                })
+                                .await;
                         }
-                    };
-                    (vec![b], snap, vol)
-                }
-                None => return Ok(csi::ListSnapshotsResponse::default()),
-            },
-            None => (self.capable(Feature::ListSnapshots), None, None),
-        };
+                        let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
+                        let vol = if req.source_volume_id.is_empty() {
+                            None
+                        } else {
+                            match ObjectId::parse(&req.source_volume_id) {
+                                Some(v) if v.backend == b.name => Some(v.local),
+                                _ => return Ok(csi::ListSnapshotsResponse::default()),
+                            }
+                        };
+                        (vec![b], snap, vol)
+                    }
+                    None => return Ok(csi::ListSnapshotsResponse::default()),
+                },
+                None => (self.capable(Feature::ListSnapshots), None, None),
+            };
         let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
         let (entries, next_token) =
             paged("list_snapshots", backends, req.max_entries, &req.starting_token, |b, max, token| {
@@ -650,7 +660,9 @@ impl ControllerService {
         // An id that cannot be ours names no snapshot.
         let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(not_found)?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self.forward(&node, &backend, "GetSnapshot", req, |mut c, r| async move { c.get_snapshot(r).await }).await;
+            return self
+                .forward(&node, &backend, "GetSnapshot", req, |mut c, r| async move { c.get_snapshot(r).await })
+                .await;
         }
         let found = if backend.has_feature(Feature::GetSnapshot) {
             backend.get_snapshot(oid.local.clone()).await?

@@ -24,7 +24,8 @@ impl Suite<'_> {
     pub(super) async fn topology_checks(&mut self) {
         const REPORTED: &str = "NodeGetInfo reports the node's accessible topology";
         const WITHIN: &str = "CreateVolume for this node's topology answers a volume accessible from it";
-        const NOWHERE: &str = "CreateVolume of a node-pinned volume for a node that does not exist is ResourceExhausted";
+        const NOWHERE: &str =
+            "CreateVolume of a node-pinned volume for a node that does not exist is ResourceExhausted";
         const HERE: &str = "GetCapacity of a node-pinned backend for this node's topology answers";
         const ELSEWHERE: &str = "GetCapacity of a node-pinned backend for a node that does not exist is 0";
         let mut here = None;

@@ -132,12 +132,13 @@ impl Peers {
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let addr = self.nodes(false).await.get(node).cloned();
-        let addr = match addr {
-            Some(a) => a,
-            None => self.nodes(true).await.get(node).cloned().ok_or_else(|| {
-                CsiError::Unavailable(format!("node {node}: no node plugin of that name answers"))
-            })?,
-        };
+        let addr =
+            match addr {
+                Some(a) => a,
+                None => self.nodes(true).await.get(node).cloned().ok_or_else(|| {
+                    CsiError::Unavailable(format!("node {node}: no node plugin of that name answers"))
+                })?,
+            };
         let channel = endpoint(&addr)?.timeout(timeout).connect_lazy();
         let mut request = tonic::Request::new(req);
         request.set_timeout(timeout);
@@ -146,9 +147,10 @@ impl Peers {
             request.metadata_mut().insert(k, value);
         }
         tracing::debug!(node, %addr, method, "forwarding to the node");
-        f(ControllerClient::new(channel), request).await.map(tonic::Response::into_inner).map_err(|status| {
-            CsiError::Peer { node: node.to_string(), status }
-        })
+        f(ControllerClient::new(channel), request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| CsiError::Peer { node: node.to_string(), status })
     }
 }
 
