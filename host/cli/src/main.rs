@@ -41,7 +41,7 @@ enum Command {
     /// Example (a node plugin):
     ///   wasmcsi serve --mode node --socket /csi/csi.sock --node-id $NODE_NAME \
     ///     --config /etc/wasmcsi/config.toml --backends-dir /var/lib/wasmcsi/backends
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Inspect and test backend components.
     #[command(subcommand)]
     Backend(BackendCommand),
@@ -274,7 +274,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve(args).await.map(|()| true),
+            Command::Serve(args) => serve(*args).await.map(|()| true),
             Command::Backend(BackendCommand::Check(args)) => wasmcsi::check::run(args).await,
             Command::Backend(BackendCommand::Ls(args)) => {
                 wasmcsi::backend_dir::list(args).await.map(|rejected| rejected == 0)
