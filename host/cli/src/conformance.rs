@@ -34,6 +34,7 @@ use wasmcsi_proto::csi::v1 as csi;
 
 mod names;
 mod single_writer;
+mod topology;
 
 /// Longest the suite waits for one answer: a host that hangs fails that check, not the suite.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -556,6 +557,7 @@ impl Suite<'_> {
         self.validation_checks(objects.volume.as_ref()).await;
         objects.other = self.concurrent_create_check().await;
         self.get_capacity_check().await;
+        self.topology_checks().await;
         self.get_volume_check(objects.volume.as_ref()).await;
         objects.expanded = self.expand_checks(objects.volume.as_ref()).await;
         objects.data_written = self.node_flow(&objects).await;
@@ -855,10 +857,12 @@ impl Suite<'_> {
         let volume = match answer {
             Ok(r) => {
                 self.created.made(&made_volume(r.clone()));
+                // `BACKEND@NODE:` for a node-local backend's volume in a multi-node cluster.
                 let prefix = format!("{}:", self.backend);
+                let pinned = format!("{}@", self.backend);
                 let verdict = match &r.volume {
                     None => Err("the answer carries no volume".to_string()),
-                    Some(v) if !v.volume_id.starts_with(&prefix) => {
+                    Some(v) if !v.volume_id.starts_with(&prefix) && !v.volume_id.starts_with(&pinned) => {
                         Err(format!("volume id {:?} does not start with {prefix:?}", v.volume_id))
                     }
                     Some(v) if v.capacity_bytes < required => {

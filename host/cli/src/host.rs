@@ -38,6 +38,19 @@ pub struct HostOptions {
     pub reconcile_interval: Option<Duration>,
 }
 
+/// This host's part in a multi-node cluster for node-local backends (see
+/// `wasmcsi_csi::topology`); the default: none (a standalone host, or central backends only).
+#[derive(Debug, Clone, Default)]
+pub struct PeerOptions {
+    /// A node plugin: serve node-local calls forwarded by the controller on this address,
+    /// accepting those signed by one of these public keys.
+    pub listen: Option<SocketAddr>,
+    pub trusted_keys: Vec<PathBuf>,
+    /// A controller: forward node-local calls to these node plugins, signed with this key.
+    pub sources: wasmcsi_csi::peer::PeerSources,
+    pub signing_key: Option<PathBuf>,
+}
+
 /// A node's part of the replicated block data path.
 #[derive(Debug, Clone)]
 pub struct ReplicaOptions {
@@ -61,10 +74,39 @@ pub struct Host {
     served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     watcher: tokio::task::JoinHandle<()>,
     reconciler: Option<tokio::task::JoinHandle<()>>,
+    /// Where the peer endpoint listens (a node plugin serving node-local calls).
+    pub peer_addr: Option<SocketAddr>,
+    peer_server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Host {
     pub async fn start(opts: HostOptions) -> anyhow::Result<Self> {
+        Self::start_with_peers(opts, PeerOptions::default()).await
+    }
+
+    /// [`Host::start`], as one host of a multi-node cluster (see [`PeerOptions`]).
+    pub async fn start_with_peers(opts: HostOptions, peer: PeerOptions) -> anyhow::Result<Self> {
+        use wasmcsi_csi::peer::{Peers, auth};
+        let peers = match &peer.signing_key {
+            Some(key) => {
+                let signer = auth::Signer::from_file(key).context("the peer signing key")?;
+                Some(Arc::new(Peers::new(peer.sources.clone(), signer)))
+            }
+            None if !peer.sources.nodes.is_empty() || !peer.sources.services.is_empty() => {
+                anyhow::bail!("node plugins to forward to are given, but no signing key (--peer-signing-key)")
+            }
+            None => None,
+        };
+        let verifier = match peer.listen {
+            Some(_) if !opts.mode.node() => {
+                anyhow::bail!("a peer endpoint is served by a node plugin (--mode node or all)")
+            }
+            Some(_) if peer.trusted_keys.is_empty() => {
+                anyhow::bail!("a peer endpoint needs the controller's public key (--peer-trusted-key)")
+            }
+            Some(_) => Some(auth::Verifier::new(&opts.node_id, &peer.trusted_keys).context("the trusted peer keys")?),
+            None => None,
+        };
         let runtime = Runtime::new(RuntimeOptions {
             config: opts.config.clone(),
             cache_dir: Some(opts.state_dir.join("compile-cache")),
@@ -100,6 +142,7 @@ impl Host {
                 runtime_dir: opts.state_dir.join("run"),
                 datapath: datapath.clone(),
             }),
+            node_local: wasmcsi_csi::topology::NodeLocal { peers, pinned: verifier.is_some() },
         });
         let metrics_addr = match opts.metrics_addr {
             Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone(), datapath.clone()).await?),
@@ -115,7 +158,28 @@ impl Host {
             .await
             .map_err(anyhow::Error::from)
         });
+        let (peer_addr, peer_server) = match (peer.listen, verifier) {
+            (Some(addr), Some(verifier)) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the peer endpoint on {addr}"))?;
+                let bound = listener.local_addr()?;
+                let d = driver.clone();
+                // Stopped by aborting the task (shutdown, drop): its calls are idempotent and
+                // the controller retries one cut short.
+                let task = tokio::spawn(async move {
+                    wasmcsi_csi::peer::serve(d, listener, verifier, std::future::pending())
+                        .await
+                        .map_err(anyhow::Error::from)
+                });
+                tracing::info!(addr = %bound, "serving node-local calls to the controller");
+                (Some(bound), Some(task))
+            }
+            _ => (None, None),
+        };
         Ok(Self {
+            peer_addr,
+            peer_server,
             driver,
             registry,
             socket: opts.socket,
@@ -131,6 +195,9 @@ impl Host {
     /// Stop serving and wait for the server to finish.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.stop.take().map(|s| s.send(()));
+        if let Some(p) = self.peer_server.take() {
+            p.abort();
+        }
         self.watcher.abort();
         if let Some(r) = self.reconciler.take() {
             r.abort();
@@ -156,6 +223,9 @@ impl Host {
 impl Drop for Host {
     fn drop(&mut self) {
         self.stop.take().map(|s| s.send(()));
+        if let Some(p) = self.peer_server.take() {
+            p.abort();
+        }
         self.watcher.abort();
         if let Some(r) = self.reconciler.take() {
             r.abort();

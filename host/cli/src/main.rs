@@ -43,7 +43,7 @@ enum Command {
     /// Example (a node plugin):
     ///   wasmcsi serve --mode node --socket /csi/csi.sock --node-id $NODE_NAME \
     ///     --config /etc/wasmcsi/config.toml --backends-dir /var/lib/wasmcsi/backends
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Inspect and test backend components.
     #[command(subcommand)]
     Backend(BackendCommand),
@@ -57,6 +57,38 @@ enum Command {
     /// Replicated volumes by hand: create, attach, snapshot, expand, rebuild, clone, delete.
     #[command(subcommand)]
     Volume(wasmcsi::block_cmd::VolumeCommand),
+    /// The controller-to-node channel of node-local backends.
+    #[command(subcommand)]
+    Peer(PeerCommand),
+}
+
+#[derive(Subcommand)]
+enum PeerCommand {
+    /// Make the controller's key pair: the private key (the controller's
+    /// --peer-signing-key, a Secret) and the public key (every node's --peer-trusted-key).
+    Keygen {
+        /// Where the private key goes (created 0600; never overwritten).
+        #[arg(long)]
+        private: PathBuf,
+        /// Where the public key goes.
+        #[arg(long)]
+        public: PathBuf,
+    },
+}
+
+fn keygen(private: &std::path::Path, public: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (secret, public_hex) = wasmcsi_csi::peer::auth::Signer::generate()?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(private)
+        .with_context(|| format!("creating {}", private.display()))?;
+    f.write_all(format!("{secret}\n").as_bytes())?;
+    std::fs::write(public, format!("{public_hex}\n")).with_context(|| format!("writing {}", public.display()))?;
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -135,6 +167,25 @@ struct ServeArgs {
     /// not checked.
     #[arg(long)]
     kubelet_dir: Option<PathBuf>,
+    /// Node plugin in a multi-node cluster: serve the calls of node-local backends (hostpath)
+    /// that the controller forwards on ADDR (TCP), accepting only calls signed for this node
+    /// by a key of --peer-trusted-key.
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// A file holding the controller's public key (hex), as `wasmcsi peer keygen` writes it
+    /// (repeatable: during a key rotation, the old and the new).
+    #[arg(long = "peer-trusted-key")]
+    peer_trusted_keys: Vec<PathBuf>,
+    /// Controller in a multi-node cluster: sign forwarded calls with the private key in FILE.
+    #[arg(long)]
+    peer_signing_key: Option<PathBuf>,
+    /// A node plugin's peer endpoint, NODE=HOST:PORT (repeatable).
+    #[arg(long = "peer", value_parser = parse_label)]
+    peers: Vec<(String, String)>,
+    /// A DNS name HOST:PORT resolving to every node plugin's peer endpoint (a headless
+    /// Service), each asked which node it serves (repeatable).
+    #[arg(long = "peer-service")]
+    peer_services: Vec<String>,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -185,7 +236,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         args.node_id
     };
-    let host = Host::start(HostOptions {
+    let options = HostOptions {
         driver_name: args.driver_name,
         mode,
         node_id,
@@ -202,9 +253,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             labels: args.node_labels,
         }),
         reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),
-    })
-    .await?;
-    tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, "serving CSI");
+    };
+    let peer = wasmcsi::host::PeerOptions {
+        listen: args.peer_listen,
+        trusted_keys: args.peer_trusted_keys,
+        sources: wasmcsi_csi::peer::PeerSources {
+            nodes: args.peers.into_iter().collect(),
+            services: args.peer_services,
+        },
+        signing_key: args.peer_signing_key,
+    };
+    let host = Host::start_with_peers(options, peer).await?;
+    tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, "serving CSI");
     tokio::select! {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }
         r = sigterm() => { r?; tracing::info!("terminated; shutting down"); host.shutdown().await }
@@ -239,7 +299,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve(args).await.map(|()| true),
+            Command::Serve(args) => serve(*args).await.map(|()| true),
             Command::Backend(BackendCommand::Check(args)) => wasmcsi::check::run(args).await,
             Command::Backend(BackendCommand::Ls(args)) => {
                 wasmcsi::backend_dir::list(args).await.map(|rejected| rejected == 0)
@@ -248,6 +308,7 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
+            Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),
         }
     });
     match result {

@@ -175,6 +175,12 @@ async fn passes_the_whole_suite(env: Env) {
         "ListVolumes pages one entry at a time to the end without duplicates",
         "DeleteVolume deletes the volume",
         "cleanup removes every mount, snapshot and volume the suite made",
+        // hostpath is node-local: pinned to the node, per-node capacity.
+        "NodeGetInfo reports the node's accessible topology",
+        "CreateVolume for this node's topology answers a volume accessible from it",
+        "CreateVolume of a node-pinned volume for a node that does not exist is ResourceExhausted",
+        "GetCapacity of a node-pinned backend for this node's topology answers",
+        "GetCapacity of a node-pinned backend for a node that does not exist is 0",
     ];
     if node {
         must_pass.extend([
@@ -363,6 +369,8 @@ async fn replicated_block_passes_the_conformance_suite() {
         "a clone of the snapshot holds the data written before the snapshot",
         "DeleteVolume deletes the volume",
         "cleanup removes every mount, snapshot and volume the suite made",
+        "NodeGetInfo reports the node's accessible topology",
+        "CreateVolume for this node's topology answers a volume accessible from it",
     ] {
         assert_eq!(report.outcome(name), Some(&Outcome::Pass), "{name}\n{}", report.render());
     }

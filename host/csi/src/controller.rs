@@ -4,15 +4,22 @@
 //! volume's epoch on its replicas, see `docs/replicated-block.md`); for every other attachment
 //! kind it checks the volume exists and answers with an empty publish context.
 //! ControllerModifyVolume is not offered (no mutable parameters).
+//!
+//! A call on a node-local backend's volume runs on the node that holds it (`topology`): a
+//! controller that is not that node forwards it whole to the node plugin (`peer`) and answers
+//! what the node answered; the node runs it here and pins what it made to itself.
 use crate::answer;
 use crate::convert::{self, bytes};
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
 use crate::error::{CsiError, CsiResult};
 use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
+use crate::topology::Route;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::driver::{self as wit, Feature};
 use wasmcsi_runtime::store::VolumeRecord;
@@ -81,6 +88,20 @@ fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalo
 /// take), then answers ABORTED.
 async fn enter(d: &Driver, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
     d.inflight.gates.enter(&backend.name, side, backend.limits.call_deadline(), what).await
+}
+
+/// What a forwarded call may take beyond the backend's own deadline, twice (a creation may
+/// wait one deadline at the backend's gate, then run one): the hop and the node's queue.
+const FORWARD_MARGIN: Duration = Duration::from_secs(2);
+
+/// The object a content source names, for placement.
+fn source_object(src: &csi::VolumeContentSource) -> Option<ObjectId> {
+    use csi::volume_content_source::Type;
+    match &src.r#type {
+        Some(Type::Snapshot(s)) => ObjectId::parse(&s.snapshot_id),
+        Some(Type::Volume(v)) => ObjectId::parse(&v.volume_id),
+        None => None,
+    }
 }
 
 fn now_secs() -> u64 {
@@ -186,6 +207,33 @@ fn volume_entry(b: &Backend, e: &wit::VolumeStatus) -> CsiResult<csi::list_volum
 }
 
 impl ControllerService {
+    /// Forward one call of `backend` to node `node`'s plugin (see `peer`).
+    async fn forward<Req, Resp, F, Fut>(
+        &self,
+        node: &str,
+        backend: &Backend,
+        method: &'static str,
+        req: Req,
+        f: F,
+    ) -> CsiResult<Resp>
+    where
+        F: FnOnce(ControllerClient<tonic::transport::Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let peers = self.0.node_local.peers.as_ref().ok_or_else(|| {
+            CsiError::Internal(format!("a call for node {node} to forward, but no node plugins are configured"))
+        })?;
+        let timeout = backend.limits.call_deadline() * 2 + FORWARD_MARGIN;
+        peers.call(node, method, timeout, req, f).await
+    }
+
+    /// A snapshot a node-local backend made here, its ids pinned to this node.
+    fn pin_snapshot(&self, backend: &Backend, mut s: csi::Snapshot) -> CsiResult<csi::Snapshot> {
+        s.snapshot_id = self.0.pin_id(backend, &s.snapshot_id)?;
+        s.source_volume_id = self.0.pin_id(backend, &s.source_volume_id)?;
+        Ok(s)
+    }
+
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
         let d = &self.0;
         let name = required(&req.name, "name")?.to_string();
@@ -197,6 +245,14 @@ impl ControllerService {
         let capacity = convert::capacity(req.capacity_range.as_ref())?;
         let (backend, parameters) = d.backend_for_parameters(&req.parameters)?;
         need(&backend, Feature::CreateDeleteVolume, "creating volumes")?;
+        let source_oid = req.volume_content_source.as_ref().and_then(source_object);
+        if let Route::Node(node) =
+            d.route_create(&backend, req.accessibility_requirements.as_ref(), source_oid.as_ref()).await?
+        {
+            return self
+                .forward(&node, &backend, "CreateVolume", req, |mut c, r| async move { c.create_volume(r).await })
+                .await;
+        }
         let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
         let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("volume {name}")).await?;
@@ -216,6 +272,7 @@ impl ControllerService {
         };
         let created = backend.create_volume(request, secrets).await?;
         let mut volume = answer::created(&backend, &created, &capacity)?;
+        d.pin_volume(&backend, &mut volume)?;
 
         // The first creation records which build made the volume; retries keep that record.
         let store = &d.registry.runtime().store;
@@ -245,6 +302,11 @@ impl ControllerService {
         // An id that cannot be ours names no volume: deleting it succeeds (idempotency).
         let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
         need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
+        if let Route::Node(node) = d.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "DeleteVolume", req, |mut c, r| async move { c.delete_volume(r).await })
+                .await;
+        }
         let _guard = d.inflight.try_start(id.to_string())?;
         let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
@@ -264,6 +326,13 @@ impl ControllerService {
         let caps = convert::capabilities(&req.volume_capabilities)?;
         let (backend, oid) =
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "ValidateVolumeCapabilities", req, |mut c, r| async move {
+                    c.validate_volume_capabilities(r).await
+                })
+                .await;
+        }
         let mut params = req.parameters.clone();
         params.remove(crate::driver::BACKEND_PARAMETER);
         let mut context = req.volume_context.clone();
@@ -317,7 +386,17 @@ impl ControllerService {
                     match b.list_volumes(remaining, inner).await {
                         Ok(page) => {
                             answer::page(b, "list_volumes", &page.entries, &page.next_token, remaining)?;
-                            let got = page.entries.iter().map(|e| volume_entry(b, e)).collect::<CsiResult<Vec<_>>>()?;
+                            let got = page
+                                .entries
+                                .iter()
+                                .map(|e| {
+                                    let mut entry = volume_entry(b, e)?;
+                                    if let Some(v) = entry.volume.as_mut() {
+                                        d.pin_volume(b, v)?;
+                                    }
+                                    Ok(entry)
+                                })
+                                .collect::<CsiResult<Vec<_>>>()?;
                             (got, (!page.next_token.is_empty()).then_some(Cursor::Backend(page.next_token)))
                         }
                         Err(e) if first => {
@@ -398,6 +477,9 @@ impl ControllerService {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
         };
         let single = backends.len() == 1 && req.parameters.contains_key(crate::driver::BACKEND_PARAMETER);
+        if single && let Some(elsewhere) = self.capacity_elsewhere(&backends[0], &req).await? {
+            return Ok(elsewhere);
+        }
         let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
         // Every backend at once: a hung one costs its deadline, not the sum of all of them.
         let answers = futures::future::join_all(backends.iter().map(|b| {
@@ -426,6 +508,50 @@ impl ControllerService {
         })
     }
 
+    /// GetCapacity of a node-local backend, per node: the node the topology names answers for
+    /// itself (forwarded there unless it is this one); a node no plugin answers for has none;
+    /// without a node, a controller sums every node's. `None`: this host answers, here.
+    async fn capacity_elsewhere(
+        &self,
+        backend: &Backend,
+        req: &csi::GetCapacityRequest,
+    ) -> CsiResult<Option<csi::GetCapacityResponse>> {
+        let d = &self.0;
+        if !crate::topology::is_node_local(backend) {
+            return Ok(None);
+        }
+        let asked = req.accessible_topology.as_ref().and_then(|t| t.segments.get(crate::driver::TOPOLOGY_NODE_KEY));
+        let peers = d.node_local.peers.as_ref();
+        let forward = |node: String| {
+            let mut req = req.clone();
+            req.accessible_topology = Some(crate::topology::node_topology(&node));
+            async move {
+                self.forward(&node, backend, "GetCapacity", req, |mut c, r| async move { c.get_capacity(r).await })
+                    .await
+            }
+        };
+        match (asked, peers) {
+            (Some(node), _) if d.mode.node() && *node == d.node_id => Ok(None),
+            (Some(node), Some(p)) if p.knows(node).await => forward(node.clone()).await.map(Some),
+            (Some(_), _) => Ok(Some(csi::GetCapacityResponse::default())),
+            (None, Some(p)) if !d.mode.node() => {
+                let answers = futures::future::join_all(p.node_names().await.into_iter().map(forward)).await;
+                let mut total = csi::GetCapacityResponse::default();
+                for answer in answers {
+                    match answer {
+                        Ok(c) => {
+                            total.available_capacity = total.available_capacity.saturating_add(c.available_capacity);
+                            total.maximum_volume_size = total.maximum_volume_size.max(c.maximum_volume_size);
+                        }
+                        Err(e) => tracing::debug!(backend = %backend.name, "a node's capacity not counted: {e}"),
+                    }
+                }
+                Ok(Some(total))
+            }
+            (None, _) => Ok(None),
+        }
+    }
+
     async fn create_snapshot(&self, req: csi::CreateSnapshotRequest) -> CsiResult<csi::CreateSnapshotResponse> {
         let d = &self.0;
         let source = required(&req.source_volume_id, "source_volume_id")?;
@@ -434,6 +560,11 @@ impl ControllerService {
         let (backend, oid) =
             d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
+        if let Route::Node(node) = d.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "CreateSnapshot", req, |mut c, r| async move { c.create_snapshot(r).await })
+                .await;
+        }
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
         let mut params = req.parameters.clone();
@@ -449,13 +580,19 @@ impl ControllerService {
                 )
                 .into());
         }
-        Ok(csi::CreateSnapshotResponse { snapshot: Some(answer::snapshot(&backend, "create_snapshot", &s)?) })
+        let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "create_snapshot", &s)?)?;
+        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot) })
     }
 
     async fn delete_snapshot(&self, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
         let id = required(&req.snapshot_id, "snapshot_id")?;
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
+        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "DeleteSnapshot", req, |mut c, r| async move { c.delete_snapshot(r).await })
+                .await;
+        }
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
@@ -465,24 +602,32 @@ impl ControllerService {
     async fn list_snapshots(&self, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
         // A filter routes to one backend; an id that cannot be ours matches nothing.
         let filter_id = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty());
-        let (backends, snap, vol) = match filter_id {
-            Some(id) => match self.0.backend_for_id(id)? {
-                Some((b, oid)) => {
-                    let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
-                    let vol = if req.source_volume_id.is_empty() {
-                        None
-                    } else {
-                        match ObjectId::parse(&req.source_volume_id) {
-                            Some(v) if v.backend == b.name => Some(v.local),
-                            _ => return Ok(csi::ListSnapshotsResponse::default()),
+        let (backends, snap, vol) =
+            match filter_id {
+                Some(id) => match self.0.backend_for_id(id)? {
+                    Some((b, oid)) => {
+                        if let Route::Node(node) = self.0.route_object(&b, &oid).await? {
+                            return self
+                                .forward(&node, &b, "ListSnapshots", req, |mut c, r| async move {
+                                    c.list_snapshots(r).await
+                                })
+                                .await;
                         }
-                    };
-                    (vec![b], snap, vol)
-                }
-                None => return Ok(csi::ListSnapshotsResponse::default()),
-            },
-            None => (self.capable(Feature::ListSnapshots), None, None),
-        };
+                        let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
+                        let vol = if req.source_volume_id.is_empty() {
+                            None
+                        } else {
+                            match ObjectId::parse(&req.source_volume_id) {
+                                Some(v) if v.backend == b.name => Some(v.local),
+                                _ => return Ok(csi::ListSnapshotsResponse::default()),
+                            }
+                        };
+                        (vec![b], snap, vol)
+                    }
+                    None => return Ok(csi::ListSnapshotsResponse::default()),
+                },
+                None => (self.capable(Feature::ListSnapshots), None, None),
+            };
         let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
         let (entries, next_token) =
             paged("list_snapshots", backends, req.max_entries, &req.starting_token, |b, max, token| {
@@ -494,7 +639,7 @@ impl ControllerService {
                         .iter()
                         .map(|s| {
                             Ok(csi::list_snapshots_response::Entry {
-                                snapshot: Some(answer::snapshot(&b, "list_snapshots", s)?),
+                                snapshot: Some(self.pin_snapshot(&b, answer::snapshot(&b, "list_snapshots", s)?)?),
                             })
                         })
                         .collect::<CsiResult<Vec<_>>>()?;
@@ -514,6 +659,11 @@ impl ControllerService {
         let not_found = || CsiError::NotFound(format!("snapshot {id} not found"));
         // An id that cannot be ours names no snapshot.
         let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(not_found)?;
+        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "GetSnapshot", req, |mut c, r| async move { c.get_snapshot(r).await })
+                .await;
+        }
         let found = if backend.has_feature(Feature::GetSnapshot) {
             backend.get_snapshot(oid.local.clone()).await?
         } else {
@@ -526,7 +676,8 @@ impl ControllerService {
                 .reject_output("get_snapshot", format!("answered snapshot {} for {}", found.snapshot_id, oid.local))
                 .into());
         }
-        Ok(csi::GetSnapshotResponse { snapshot: Some(answer::snapshot(&backend, "get_snapshot", &found)?) })
+        let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "get_snapshot", &found)?)?;
+        Ok(csi::GetSnapshotResponse { snapshot: Some(snapshot) })
     }
 
     async fn expand(&self, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {
@@ -536,6 +687,13 @@ impl ControllerService {
         let (backend, oid) =
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::ExpandVolume, "expansion")?;
+        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "ControllerExpandVolume", req, |mut c, r| async move {
+                    c.controller_expand_volume(r).await
+                })
+                .await;
+        }
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
@@ -570,6 +728,15 @@ impl ControllerService {
         let id = required(&req.volume_id, "volume_id")?;
         let node = required(&req.node_id, "node_id")?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        if let Some((backend, oid)) = self.0.backend_for_id(id)?
+            && let Route::Node(at) = self.0.route_object(&backend, &oid).await?
+        {
+            return self
+                .forward(&at, &backend, "ControllerPublishVolume", req, |mut c, r| async move {
+                    c.controller_publish_volume(r).await
+                })
+                .await;
+        }
         let _guard = self.0.inflight.try_start(id.to_string())?;
         let (backend, plan) = self
             .plan_of(id, &req.volume_context, cap)
@@ -588,6 +755,15 @@ impl ControllerService {
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
+        if let Some((backend, oid)) = self.0.backend_for_id(id)?
+            && let Route::Node(at) = self.0.route_object(&backend, &oid).await?
+        {
+            return self
+                .forward(&at, &backend, "ControllerUnpublishVolume", req, |mut c, r| async move {
+                    c.controller_unpublish_volume(r).await
+                })
+                .await;
+        }
         let _guard = self.0.inflight.try_start(id.to_string())?;
         // A volume that is gone is unpublished everywhere.
         let Some((backend, plan)) = self.plan_of(id, &Default::default(), plain_mount()).await? else {
@@ -608,9 +784,18 @@ impl ControllerService {
         let (backend, oid) =
             self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
         need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
+        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
+            return self
+                .forward(&node, &backend, "ControllerGetVolume", req, |mut c, r| async move {
+                    c.controller_get_volume(r).await
+                })
+                .await;
+        }
         let st = backend.get_volume(oid.local.clone()).await?;
+        let mut volume = answer::volume(&backend, "get_volume", &st.volume, Some(oid.local.as_str()))?;
+        self.0.pin_volume(&backend, &mut volume)?;
         Ok(csi::ControllerGetVolumeResponse {
-            volume: Some(answer::volume(&backend, "get_volume", &st.volume, Some(oid.local.as_str()))?),
+            volume: Some(volume),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
                 published_node_ids: vec![],
                 volume_condition: st.condition.as_ref().map(answer::condition),

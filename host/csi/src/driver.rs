@@ -44,6 +44,8 @@ pub struct Driver {
     pub inflight: InFlight,
     /// What carries out attachment plans on this node, one attacher per kind.
     pub attachers: Attachers,
+    /// Where node-local backends' calls run in a multi-node cluster (`topology`).
+    pub node_local: crate::topology::NodeLocal,
 }
 
 impl Driver {

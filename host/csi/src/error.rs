@@ -38,6 +38,12 @@ pub enum CsiError {
     /// The replicated block control plane (publishing, attaching a replicated volume).
     #[error(transparent)]
     Block(#[from] wasmcsi_block::catalog::CatalogError),
+    /// No node the request allows can hold the volume (a node-local backend's placement).
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The node plugin a node-local call was forwarded to answered this (its code kept).
+    #[error("node {node}: {}", status.message())]
+    Peer { node: String, status: tonic::Status },
 }
 
 impl CsiError {
@@ -52,6 +58,8 @@ impl CsiError {
             Self::InProgress(_) | Self::InvalidToken(_) => Code::Aborted,
             Self::Unimplemented(_) => Code::Unimplemented,
             Self::Internal(_) | Self::Mount(_) => Code::Internal,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
+            Self::Peer { status, .. } => status.code(),
             Self::Block(e) => {
                 use wasmcsi_block::catalog::CatalogError as B;
                 match e {

@@ -27,7 +27,11 @@ impl Identity for IdentityService {
             Ok(csi::GetPluginInfoResponse {
                 name: d.name.clone(),
                 vendor_version: d.version.clone(),
-                manifest: [("backends".to_string(), backends)].into_iter().collect(),
+                // The node a node plugin serves: how a controller finds node plugins by name.
+                manifest: [("backends".to_string(), backends)]
+                    .into_iter()
+                    .chain(d.mode.node().then(|| (crate::peer::NODE_MANIFEST_KEY.to_string(), d.node_id.clone())))
+                    .collect(),
             })
         })
         .await

@@ -1,6 +1,8 @@
-//! Volume and snapshot ids as Kubernetes sees them: `BACKEND:LOCAL`. The backend part
-//! routes every later call (Delete, Expand, NodeStage, …) to the component that created
-//! the object; the local part is the backend's own. Also the names a CO gives new objects
+//! Volume and snapshot ids as Kubernetes sees them: `BACKEND:LOCAL`, or `BACKEND@NODE:LOCAL`
+//! for an object of a node-local backend made in a multi-node cluster (see `topology`: NODE
+//! is the node's tag, which routes Delete, Expand and snapshots to the node holding it). The
+//! backend part routes every later call (Delete, Expand, NodeStage, …) to the component that
+//! created the object; the local part is the backend's own. Also the names a CO gives new objects
 //! ([`check_name`]), checked here once for every backend.
 use crate::error::{CsiError, CsiResult};
 use wasmcsi_runtime::config::is_valid_name;
@@ -15,24 +17,45 @@ pub const MAX_LOCAL_ID: usize = 95;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectId {
     pub backend: String,
+    /// The tag of the node holding the object (node-local backends in a multi-node cluster);
+    /// `None`: the object is the backend's wherever it runs (central backends, or a
+    /// standalone host's node-local ones).
+    pub node: Option<String>,
     pub local: String,
 }
 
 impl ObjectId {
     /// `None` when the id cannot have come from this driver.
     pub fn parse(id: &str) -> Option<Self> {
-        let (backend, local) = id.split_once(':')?;
-        (is_valid_name(backend) && is_valid_local(local)).then(|| Self { backend: backend.into(), local: local.into() })
+        let (head, local) = id.split_once(':')?;
+        let (backend, node) = match head.split_once('@') {
+            Some((b, n)) => (b, Some(n)),
+            None => (head, None),
+        };
+        let node_ok = node.is_none_or(crate::topology::is_node_tag);
+        (is_valid_name(backend) && node_ok && is_valid_local(local) && id.len() <= MAX_NAME_BYTES).then(|| Self {
+            backend: backend.into(),
+            node: node.map(str::to_string),
+            local: local.into(),
+        })
     }
 
     pub fn new(backend: &str, local: &str) -> Self {
-        Self { backend: backend.into(), local: local.into() }
+        Self { backend: backend.into(), node: None, local: local.into() }
+    }
+
+    /// The same object, pinned to the node tagged `tag`.
+    pub fn on_node(self, tag: &str) -> Self {
+        Self { node: Some(tag.to_string()), ..self }
     }
 }
 
 impl std::fmt::Display for ObjectId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.backend, self.local)
+        match &self.node {
+            Some(node) => write!(f, "{}@{node}:{}", self.backend, self.local),
+            None => write!(f, "{}:{}", self.backend, self.local),
+        }
     }
 }
 
@@ -107,5 +130,21 @@ mod tests {
             assert_eq!(ObjectId::parse(bad), None, "{bad}");
         }
         assert_eq!(format!("{}:{}", "b".repeat(32), "x".repeat(MAX_LOCAL_ID)).len(), 128);
+    }
+
+    #[test]
+    fn node_local_ids_carry_their_node_and_round_trip() {
+        let id = ObjectId::new("hostpath", "default.pvc-1").on_node("node-b");
+        assert_eq!(id.to_string(), "hostpath@node-b:default.pvc-1");
+        assert_eq!(ObjectId::parse("hostpath@node-b:default.pvc-1"), Some(id));
+        let hashed = ObjectId::parse("hostpath@_0123456789abcdef:default.x").expect("a hashed node tag");
+        assert_eq!(hashed.node.as_deref(), Some("_0123456789abcdef"));
+        for bad in ["hostpath@:x", "hostpath@Node:x", "hostpath@a@b:x", "hostpath@a_b:x", "hostpath@_xyz:x"] {
+            assert_eq!(ObjectId::parse(bad), None, "{bad}");
+        }
+        let long = format!("hostpath@{}:{}", "n".repeat(23), "x".repeat(MAX_LOCAL_ID));
+        assert_eq!(long.len(), 128);
+        assert!(ObjectId::parse(&long).is_some());
+        assert_eq!(ObjectId::parse(&format!("hostpath@{}:{}", "n".repeat(24), "x".repeat(MAX_LOCAL_ID))), None);
     }
 }

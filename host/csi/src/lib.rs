@@ -14,8 +14,10 @@ pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod node;
+pub mod peer;
 pub mod reconcile;
 pub mod server;
+pub mod topology;
 
 pub use driver::{Driver, Mode};
 pub use error::{CsiError, CsiResult};

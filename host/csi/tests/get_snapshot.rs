@@ -120,6 +120,7 @@ fn controller(dir: &Path) -> ControllerService {
         node_id: String::new(),
         registry,
         inflight: Default::default(),
+        node_local: Default::default(),
         attachers: Attachers::new(NodeSetup {
             node_id: "controller".into(),
             state_dir: dir.join("state"),

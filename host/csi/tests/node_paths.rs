@@ -85,6 +85,7 @@ fn node() -> Option<TestNode> {
         node_id: "node-1".into(),
         registry,
         inflight: Default::default(),
+        node_local: Default::default(),
         attachers: Attachers::new(NodeSetup {
             node_id: "node-1".into(),
             state_dir: root.join("state"),

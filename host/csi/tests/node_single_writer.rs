@@ -90,6 +90,7 @@ fn service(tree: &Tree, state: &str) -> NodeService {
         node_id: "node-1".into(),
         registry,
         inflight: Default::default(),
+        node_local: Default::default(),
         attachers: Attachers::new(NodeSetup {
             node_id: "node-1".into(),
             state_dir: root.join(state),

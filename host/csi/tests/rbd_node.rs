@@ -125,6 +125,7 @@ fn node(f: &Fixture, id: &str) -> TestNode {
         node_id: id.into(),
         registry: f.registry.clone(),
         inflight: Default::default(),
+        node_local: Default::default(),
         attachers: attachers(f, id, &state),
     };
     TestNode { id: id.into(), svc: NodeService(Arc::new(driver)), state, kubelet: root.join("kubelet"), _dir: dir }
@@ -463,6 +464,7 @@ fn node_with_state(f: &Fixture, other: &TestNode) -> NodeService {
         node_id: other.id.clone(),
         registry: f.registry.clone(),
         inflight: Default::default(),
+        node_local: Default::default(),
         attachers: attachers(f, &other.id, &other.state),
     }))
 }

@@ -95,6 +95,16 @@ impl NodeService {
             .0
             .backend_for_id(volume_id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} not found")))?;
+        // A node-local volume of another node does not exist here, whatever this node's
+        // backend would find under the same path.
+        if let Some(tag) = oid.node.as_deref().filter(|_| crate::topology::is_node_local(&backend))
+            && crate::topology::node_tag(&backend.name, &self.0.node_id) != tag
+        {
+            return Err(CsiError::NotFound(format!(
+                "volume {volume_id} lives on node {tag}, not on this node ({})",
+                self.0.node_id
+            )));
+        }
         let mut context = context.clone();
         context.remove(DIGEST_CONTEXT_KEY);
         let plan = backend.attach_plan(oid.local.clone(), convert::pairs(&context), cap).await?;

@@ -1,0 +1,176 @@
+//! The channel from a controller to the node plugins, for node-local backends (see
+//! `topology`): a node plugin serves its Controller service on a TCP address to the
+//! controller only (`serve`: every call signed, `auth`), and a controller finds the node
+//! plugins by name (`Peers`: addresses given, or DNS names resolved, each asked who it is)
+//! and forwards a node-local call whole to the node that holds, or is to hold, the volume.
+//! It carries CSI requests, not file operations: what a node does is the same validated code
+//! that serves kubelet, under that node's own grants.
+pub mod auth;
+mod server;
+
+pub use server::serve;
+
+use crate::error::{CsiError, CsiResult};
+use auth::Signer;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use tonic::transport::{Channel, Endpoint};
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
+use wasmcsi_proto::csi::v1::identity_client::IdentityClient;
+
+/// Manifest key of GetPluginInfo naming the node a plugin serves.
+pub const NODE_MANIFEST_KEY: &str = "node";
+/// How long one discovery is trusted before node names are asked again.
+const DISCOVERY_TTL: Duration = Duration::from_secs(10);
+/// How long a node plugin may take to say who it is.
+const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where the node plugins are: `node=host:port` pairs given, and DNS names (`name:port`,
+/// e.g. a headless Service in front of every node plugin's peer port) whose every address is
+/// asked its node name at each discovery.
+#[derive(Debug, Clone, Default)]
+pub struct PeerSources {
+    pub nodes: BTreeMap<String, String>,
+    pub services: Vec<String>,
+}
+
+/// The node plugins this controller forwards node-local calls to.
+pub struct Peers {
+    sources: PeerSources,
+    signer: Signer,
+    /// The last discovery: node name → address, and when it was made.
+    found: Mutex<Option<(Instant, BTreeMap<String, String>)>>,
+}
+
+impl Peers {
+    pub fn new(sources: PeerSources, signer: Signer) -> Self {
+        Self { sources, signer, found: Mutex::new(None) }
+    }
+
+    /// Node name → address of every node plugin found, from the last discovery when fresh.
+    async fn nodes(&self, fresh: bool) -> BTreeMap<String, String> {
+        let mut found = self.found.lock().await;
+        if let Some((at, nodes)) = found.as_ref()
+            && !fresh
+            && at.elapsed() < DISCOVERY_TTL
+        {
+            return nodes.clone();
+        }
+        let nodes = self.discover().await;
+        *found = Some((Instant::now(), nodes.clone()));
+        nodes
+    }
+
+    async fn discover(&self) -> BTreeMap<String, String> {
+        let mut nodes = self.sources.nodes.clone();
+        for service in &self.sources.services {
+            let addrs = match tokio::time::timeout(IDENTIFY_TIMEOUT, tokio::net::lookup_host(service.clone())).await {
+                Ok(Ok(a)) => a.collect::<Vec<_>>(),
+                Ok(Err(e)) => {
+                    tracing::warn!(%service, error = %e, "peer service does not resolve");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(%service, "peer service did not resolve in time");
+                    continue;
+                }
+            };
+            let asked = addrs.into_iter().map(|addr| async move { (addr, identify(&addr.to_string()).await) });
+            for (addr, answer) in futures::future::join_all(asked).await {
+                match answer {
+                    Ok(node) => {
+                        nodes.entry(node).or_insert_with(|| addr.to_string());
+                    }
+                    Err(e) => tracing::warn!(%addr, error = %e, "node plugin did not say who it is"),
+                }
+            }
+        }
+        nodes
+    }
+
+    /// Whether node `name` has a node plugin we can reach (discovered again on a miss).
+    pub async fn knows(&self, name: &str) -> bool {
+        self.nodes(false).await.contains_key(name) || self.nodes(true).await.contains_key(name)
+    }
+
+    /// The node whose tag in `backend`'s ids is `tag`.
+    pub async fn node_of_tag(&self, backend: &str, tag: &str) -> Option<String> {
+        for fresh in [false, true] {
+            let nodes = self.nodes(fresh).await;
+            if let Some(n) = nodes.keys().find(|n| crate::topology::node_tag(backend, n) == tag) {
+                return Some(n.clone());
+            }
+        }
+        None
+    }
+
+    /// The first node by name (a volume asked for with no accessibility requirements).
+    pub async fn first_node(&self) -> Option<String> {
+        self.nodes(false).await.keys().next().cloned()
+    }
+
+    /// Every node plugin found, by name.
+    pub async fn node_names(&self) -> Vec<String> {
+        self.nodes(false).await.keys().cloned().collect()
+    }
+
+    /// Forward one Controller call (`method`, e.g. `CreateVolume`) to node `node`, signed for
+    /// it, within `timeout`; its answer or its error comes back as it was.
+    pub async fn call<Req, Resp, F, Fut>(
+        &self,
+        node: &str,
+        method: &'static str,
+        timeout: Duration,
+        req: Req,
+        f: F,
+    ) -> CsiResult<Resp>
+    where
+        F: FnOnce(ControllerClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let addr = self.nodes(false).await.get(node).cloned();
+        let addr =
+            match addr {
+                Some(a) => a,
+                None => self.nodes(true).await.get(node).cloned().ok_or_else(|| {
+                    CsiError::Unavailable(format!("node {node}: no node plugin of that name answers"))
+                })?,
+            };
+        let channel = endpoint(&addr)?.timeout(timeout).connect_lazy();
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(timeout);
+        for (k, v) in self.signer.sign(node, &format!("/csi.v1.Controller/{method}")) {
+            let value = v.parse().map_err(|_| CsiError::Internal(format!("metadata {k} is not ASCII")))?;
+            request.metadata_mut().insert(k, value);
+        }
+        tracing::debug!(node, %addr, method, "forwarding to the node");
+        f(ControllerClient::new(channel), request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| CsiError::Peer { node: node.to_string(), status })
+    }
+}
+
+fn endpoint(addr: &str) -> CsiResult<Endpoint> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map(|e| e.connect_timeout(IDENTIFY_TIMEOUT))
+        .map_err(|e| CsiError::Invalid(format!("node plugin address {addr:?}: {e}")))
+}
+
+/// The node name a node plugin at `addr` serves (its GetPluginInfo manifest).
+async fn identify(addr: &str) -> CsiResult<String> {
+    let channel = endpoint(addr)?.timeout(IDENTIFY_TIMEOUT).connect_lazy();
+    let info = IdentityClient::new(channel)
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .map_err(|status| CsiError::Peer { node: addr.to_string(), status })?
+        .into_inner();
+    info.manifest
+        .get(NODE_MANIFEST_KEY)
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .ok_or_else(|| CsiError::Unavailable(format!("the plugin at {addr} names no node")))
+}

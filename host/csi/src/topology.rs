@@ -1,0 +1,245 @@
+//! Node-local backends in a multi-node cluster: which backends are node-local, which node a
+//! new volume of one goes to, how its id names that node, and where a call on it runs.
+//!
+//! A backend is node-local when it imports `dir`: its grant is a directory on the disk of the
+//! host that runs it, so what it makes exists on one node only. Its calls must run on that
+//! node. A controller that is no node forwards them, whole, to the node plugin of the node
+//! (`peer`); a node runs them itself and pins the answer: the volume's accessible topology is
+//! `{topology.wasmcsi.io/node: NODE}` (what NodeGetInfo reports), and in a multi-node cluster
+//! its id carries the node's tag (`BACKEND@TAG:LOCAL`), so Delete, Expand and snapshots reach
+//! the same node after any restart, with no state kept by the controller. Central backends
+//! (nfs, rbd, block) are untouched: they run where the call arrives and have no node
+//! constraint. A standalone host (controller and node in one process, no peers) keeps the
+//! plain ids it always made: there is only one node to be on.
+use crate::driver::{Driver, TOPOLOGY_NODE_KEY};
+use crate::error::{CsiError, CsiResult};
+use crate::ids::{MAX_LOCAL_ID, MAX_NAME_BYTES, ObjectId};
+use crate::peer::Peers;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::Backend;
+use wasmcsi_runtime::capabilities::Capability;
+
+/// What this host is in a multi-node cluster, for node-local backends.
+#[derive(Default)]
+pub struct NodeLocal {
+    /// The node plugins a controller forwards node-local calls to; `None`: it forwards none.
+    pub peers: Option<Arc<Peers>>,
+    /// This host is one node of a multi-node cluster (it serves peers): the ids of node-local
+    /// objects it makes carry its tag.
+    pub pinned: bool,
+}
+
+/// Where a call on a node-local backend runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// in this process
+    Here,
+    /// on the node plugin of this node (its name)
+    Node(String),
+}
+
+/// Whether `backend`'s objects live on one node: it imports `dir`, whose roots are the disk
+/// of whichever host runs it.
+pub fn is_node_local(backend: &Backend) -> bool {
+    backend.imports.capabilities.contains(&Capability::Dir)
+}
+
+/// Hex digits of a hashed tag.
+const HASH_TAG_HEX: usize = 16;
+
+/// A node name usable as it is in an id: a DNS-1123 subdomain (Kubernetes node names are).
+fn is_plain_node(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Whether `t` can be a node tag: a plain node name, or `_` and 16 lowercase hex digits
+/// (`_` is in no node name, so the two never collide).
+pub fn is_node_tag(t: &str) -> bool {
+    match t.strip_prefix('_') {
+        Some(h) => h.len() == HASH_TAG_HEX && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+        None => is_plain_node(t),
+    }
+}
+
+/// The tag naming `node` in ids of `backend`: the node's name when the longest id the backend
+/// may make still fits CSI's 128 bytes with it, else `_` and a hash of the name.
+pub fn node_tag(backend: &str, node: &str) -> String {
+    if is_plain_node(node) && backend.len() + 1 + node.len() + 1 + MAX_LOCAL_ID <= MAX_NAME_BYTES {
+        return node.to_string();
+    }
+    let digest = hex::encode(Sha256::digest(node.as_bytes()));
+    format!("_{}", &digest[..HASH_TAG_HEX])
+}
+
+/// The node a topology names, if it names one.
+fn node_of(t: &csi::Topology) -> Option<&str> {
+    t.segments.get(TOPOLOGY_NODE_KEY).map(String::as_str)
+}
+
+/// The nodes a new volume may go to, most preferred first: `preferred` in its order, then the
+/// rest of `requisite` (the spec makes preferred a subset of requisite when both are given).
+/// Topologies that name no node are not placement for a node-local backend.
+pub fn candidate_nodes(req: Option<&csi::TopologyRequirement>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for t in req.into_iter().flat_map(|r| r.preferred.iter().chain(&r.requisite)) {
+        if let Some(n) = node_of(t).filter(|n| !out.iter().any(|o| o == n)) {
+            out.push(n.to_string());
+        }
+    }
+    out
+}
+
+/// `{topology.wasmcsi.io/node: node}`: where a node-local volume is accessible.
+pub fn node_topology(node: &str) -> csi::Topology {
+    csi::Topology { segments: [(TOPOLOGY_NODE_KEY.to_string(), node.to_string())].into_iter().collect() }
+}
+
+impl Driver {
+    /// Whether this process is node `tag` for `backend`'s ids.
+    fn is_this_node(&self, backend: &str, tag: &str) -> bool {
+        self.mode.node() && node_tag(backend, &self.node_id) == tag
+    }
+
+    /// Where a call on an existing object of `backend` runs: here for central backends and
+    /// for objects without a node (a standalone host's), else on the node its id names.
+    pub async fn route_object(&self, backend: &Backend, oid: &ObjectId) -> CsiResult<Route> {
+        let Some(tag) = oid.node.as_deref().filter(|_| is_node_local(backend)) else { return Ok(Route::Here) };
+        if self.is_this_node(&backend.name, tag) {
+            return Ok(Route::Here);
+        }
+        match &self.node_local.peers {
+            Some(peers) => peers.node_of_tag(&backend.name, tag).await.map(Route::Node).ok_or_else(|| {
+                CsiError::Unavailable(format!("{oid} lives on node {tag}, whose node plugin does not answer"))
+            }),
+            None => Err(CsiError::NotFound(format!("{oid} lives on node {tag}, not on this node ({})", self.node_id))),
+        }
+    }
+
+    /// Where a new volume of `backend` goes: the first candidate node (see
+    /// [`candidate_nodes`]) that is this node or a node plugin that answers; a content source
+    /// pins it to the node holding the source. Central backends: here.
+    pub async fn route_create(
+        &self,
+        backend: &Backend,
+        req: Option<&csi::TopologyRequirement>,
+        source: Option<&ObjectId>,
+    ) -> CsiResult<Route> {
+        if !is_node_local(backend) {
+            return Ok(Route::Here);
+        }
+        let mut candidates = candidate_nodes(req);
+        if let Some(src) = source {
+            let at = match self.route_object(backend, src).await? {
+                Route::Here => self.mode.node().then(|| self.node_id.clone()),
+                Route::Node(n) => Some(n),
+            };
+            if let Some(at) = at {
+                if !candidates.is_empty() && !candidates.contains(&at) {
+                    return Err(CsiError::ResourceExhausted(format!(
+                        "the content source {src} lives on node {at}, outside the volume's accessibility requirements"
+                    )));
+                }
+                candidates = vec![at];
+            }
+        }
+        let me = self.mode.node().then_some(self.node_id.as_str());
+        if candidates.is_empty() {
+            return match (me, &self.node_local.peers) {
+                (Some(_), _) | (None, None) => Ok(Route::Here),
+                (None, Some(peers)) => peers.first_node().await.map(Route::Node).ok_or_else(|| {
+                    CsiError::Unavailable(format!("no node plugin answers to hold a {} volume", backend.name))
+                }),
+            };
+        }
+        for node in &candidates {
+            if Some(node.as_str()) == me {
+                return Ok(Route::Here);
+            }
+            if let Some(peers) = &self.node_local.peers
+                && peers.knows(node).await
+            {
+                return Ok(Route::Node(node.clone()));
+            }
+        }
+        Err(CsiError::ResourceExhausted(format!(
+            "backend {} keeps volumes on one node, and none of the nodes asked for ({}) can take it here",
+            backend.name,
+            candidates.join(", ")
+        )))
+    }
+
+    /// Pin a volume that a node-local backend made on this node: accessible from this node
+    /// only, and (in a multi-node cluster) its id names this node.
+    pub fn pin_volume(&self, backend: &Backend, v: &mut csi::Volume) -> CsiResult<()> {
+        if !is_node_local(backend) || !self.mode.node() {
+            return Ok(());
+        }
+        v.accessible_topology = vec![node_topology(&self.node_id)];
+        v.volume_id = self.pin_id(backend, &v.volume_id)?;
+        Ok(())
+    }
+
+    /// A node-local object's id as this node hands it out (see [`Driver::pin_volume`]).
+    pub fn pin_id(&self, backend: &Backend, id: &str) -> CsiResult<String> {
+        if !is_node_local(backend) || !self.mode.node() || !self.node_local.pinned {
+            return Ok(id.to_string());
+        }
+        let oid = ObjectId::parse(id).ok_or_else(|| CsiError::Internal(format!("{id} is not an id of ours")))?;
+        let pinned = oid.on_node(&node_tag(&backend.name, &self.node_id)).to_string();
+        if pinned.len() > MAX_NAME_BYTES {
+            return Err(CsiError::Internal(format!(
+                "{id} with this node's tag is {} bytes, over CSI's {MAX_NAME_BYTES}",
+                pinned.len()
+            )));
+        }
+        Ok(pinned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(node: &str) -> csi::Topology {
+        node_topology(node)
+    }
+
+    #[test]
+    fn candidates_are_preferred_first_then_requisite_once_each() {
+        let req = csi::TopologyRequirement {
+            requisite: vec![topo("a"), topo("b"), topo("c")],
+            preferred: vec![topo("c"), topo("a")],
+        };
+        assert_eq!(candidate_nodes(Some(&req)), ["c", "a", "b"]);
+        assert!(candidate_nodes(None).is_empty());
+        let zone_only = csi::TopologyRequirement {
+            requisite: vec![csi::Topology { segments: [("zone".to_string(), "z".to_string())].into() }],
+            preferred: vec![],
+        };
+        assert!(candidate_nodes(Some(&zone_only)).is_empty());
+    }
+
+    #[test]
+    fn node_tags_are_the_name_when_it_fits_else_a_hash() {
+        assert_eq!(node_tag("hostpath", "node-b"), "node-b");
+        assert_eq!(node_tag("hostpath", "worker-1.example.com"), "worker-1.example.com");
+        let long = node_tag("hostpath", &"n".repeat(40));
+        assert!(long.starts_with('_') && long.len() == 17 && is_node_tag(&long), "{long}");
+        assert_eq!(long, node_tag("hostpath", &"n".repeat(40)), "stable");
+        assert_ne!(long, node_tag("hostpath", &"n".repeat(41)));
+        // Upper case or '_' is no Kubernetes node name: hashed, never taken as it is.
+        assert!(node_tag("hostpath", "Node_1").starts_with('_'));
+        for t in ["node-b", "a", "a.b", "_0123456789abcdef"] {
+            assert!(is_node_tag(t), "{t}");
+        }
+        for t in ["", "-a", "a-", "A", "a_b", "_0123", "_0123456789ABCDEF"] {
+            assert!(!is_node_tag(t), "{t}");
+        }
+    }
+}
