@@ -49,6 +49,14 @@ enum Command {
     /// volume through the CSI socket: create, stage, publish, write, snapshot, restore,
     /// expand, unpublish, unstage, delete. Needs root for the mounts.
     Demo(wasmcsi::demo::DemoArgs),
+    /// This node's data path in a process of its own: the replica server and every attached
+    /// volume's engine, FUSE session and loop device, served to the node plugin on a unix
+    /// socket, so the plugin can restart or be upgraded without an I/O error.
+    ///
+    /// Example (its own container, beside `serve --datapath-socket`):
+    ///   wasmcsi datapath --socket /var/lib/wasmcsi/datapath/datapath.sock --node-id $NODE_NAME \
+    ///     --replica-listen $POD_IP:9501 --state-dir /var/lib/wasmcsi/state
+    Datapath(wasmcsi::datapath_cmd::DataPathArgs),
     /// Replica servers of the replicated block data path (serve, nodes).
     #[command(subcommand)]
     Replica(wasmcsi::block_cmd::ReplicaCommand),
@@ -124,6 +132,15 @@ struct ServeArgs {
     /// off.
     #[arg(long, default_value = "30s", value_parser = parse_interval)]
     reconcile_interval: Duration,
+    /// Reach this node's data path (replica server and engines) at this unix socket instead of
+    /// running it in this process: volumes then outlive this process (node mode). See
+    /// `wasmcsi datapath`.
+    #[arg(long)]
+    datapath_socket: Option<PathBuf>,
+    /// With --datapath-socket: start `wasmcsi datapath` (detached, serving --replica-listen and
+    /// --replica-root) when none answers there.
+    #[arg(long, requires = "datapath_socket")]
+    datapath_start: bool,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -171,24 +188,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         args.node_id
     };
-    let host = Host::start(HostOptions {
-        driver_name: args.driver_name,
-        mode,
-        node_id,
-        socket: args.socket.clone(),
-        config: wasmcsi::load_config_file(args.config.as_deref())?,
-        config_file: args.config.clone(),
-        backends_dir: Some(args.backends_dir),
-        state_dir: args.state_dir,
-        reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
-        metrics_addr: args.metrics_addr,
-        replicas: args.replica_listen.map(|listen| wasmcsi::host::ReplicaOptions {
-            listen,
-            root: args.replica_root,
-            labels: args.node_labels,
-        }),
-        reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),
-    })
+    let place = match args.datapath_socket {
+        Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
+        None => wasmcsi::host::DataPathPlace::InProcess,
+    };
+    let host = Host::start_with(
+        HostOptions {
+            driver_name: args.driver_name,
+            mode,
+            node_id,
+            socket: args.socket.clone(),
+            config: wasmcsi::load_config_file(args.config.as_deref())?,
+            config_file: args.config.clone(),
+            backends_dir: Some(args.backends_dir),
+            state_dir: args.state_dir,
+            reload_interval: Duration::from_millis(args.reload_interval_ms.max(100)),
+            metrics_addr: args.metrics_addr,
+            replicas: args.replica_listen.map(|listen| wasmcsi::host::ReplicaOptions {
+                listen,
+                root: args.replica_root,
+                labels: args.node_labels,
+            }),
+            reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),
+        },
+        place,
+    )
     .await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, "serving CSI");
     tokio::select! {
@@ -221,6 +245,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
+            Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
         }
