@@ -776,23 +776,28 @@ fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {
         let mut cluster = Cluster::start_with(2, true).await;
         let datapath = cluster.nodes[0].datapath_pid().expect("node-a's plugin started its data path");
         let mut ctl = cluster.controller().await;
-        let cap = mount_cap(Some("ext4"));
+        // Two ext4 volumes and a raw block one (which NodeExpandVolume grows below: ext4 cannot
+        // grow while mounted on this kernel).
+        let caps = [mount_cap(Some("ext4")), mount_cap(Some("ext4")), mount_cap(None)];
+        let raw =
+            |i: usize, p: Paths| if i == 2 { Paths { staging: p.staging, target: p.target.join("dev") } } else { p };
         let mut node_a = cluster.nodes[0].node().await;
         let mut volumes = Vec::new();
-        for i in 0..3 {
-            let v = create(&mut ctl, &format!("pvc-outlives-{i}"), 2, &cap).await;
-            let ctx = publish(&mut ctl, &v, "node-a", &cap).await;
-            let p = cluster.paths(0, &format!("pod-{i}"));
-            stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+        for (i, cap) in caps.iter().enumerate() {
+            let v = create(&mut ctl, &format!("pvc-outlives-{i}"), 2, cap).await;
+            let ctx = publish(&mut ctl, &v, "node-a", cap).await;
+            let p = raw(i, cluster.paths(0, &format!("pod-{i}")));
+            stage_and_publish(&mut node_a, &v, &ctx, &p, cap).await;
             volumes.push((v, ctx, p));
         }
+        // What fio writes: a file on each filesystem, the raw device itself.
+        let file = |i: usize, p: &Paths| if i == 2 { p.target.clone() } else { p.target.join("verified.dat") };
 
         // fio writes and verifies on all three while the plugin dies and comes back.
         let mut writers: Vec<_> = volumes
             .iter()
-            .map(|(_, _, p)| {
-                fio(&p.target.join("verified.dat"), false).stdout(std::process::Stdio::null()).spawn().unwrap()
-            })
+            .enumerate()
+            .map(|(i, (_, _, p))| fio(&file(i, p), false).stdout(std::process::Stdio::null()).spawn().unwrap())
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
         cluster.nodes[0].kill9();
@@ -807,23 +812,67 @@ fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {
             assert!(status.success(), "fio on volume {i} through the plugin's kill -9: {status}");
         }
         eprintln!(
-            "plugin restart-to-ready {ready:?} (spawn to Probe ready); fio runs going on at the kill: \
+            "plugin restart-to-ready {ready:?} (kill to Probe ready); fio runs going on at the kill: \
              {running_at_kill}/3, when the new plugin was ready: {running_at_ready}/3"
         );
         assert_eq!(cluster.nodes[0].datapath_pid(), Some(datapath), "the same data path serves on");
-        for (_, _, p) in &volumes {
-            fio_ok(&mut fio(&p.target.join("verified.dat"), true), "verify after the plugin's restart");
+        for (i, (_, _, p)) in volumes.iter().enumerate() {
+            fio_ok(&mut fio(&file(i, p), true), "verify after the plugin's restart");
         }
 
-        // The new plugin knows every volume the old one staged.
+        // `wasmcsi volume status` sees the volume through the replica servers, and its engine's
+        // status through the one that runs in the data path.
+        let set = volumes[0].0.volume_id.strip_prefix("replicated-block:").unwrap().to_owned();
+        let replicas =
+            cluster.nodes.iter().flat_map(|n| ["--replica".to_owned(), format!("{}:{REPLICA_PORT}", n.member.addr)]);
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", cluster.nodes[0].member.netns))
+            .args(["--", support::process::BIN, "volume", "status", "--volume-id", &set])
+            .args(replicas)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "volume status: {text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("attached to node-a") && text.contains("2/2 healthy"), "volume status: {text}");
+
+        // The new plugin knows every volume the old one staged: it grows the raw one (the
+        // controller through the engine in the data path, then the node)...
+        let (v, _, p) = &volumes[2];
+        let grown = SIZE + 64 * MIB;
+        ctl.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: grown, limit_bytes: 0 }),
+            volume_capability: Some(caps[2].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("ControllerExpandVolume: {s:?}"));
+        let expanded = node_a
+            .node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                volume_path: p.target.to_string_lossy().into(),
+                capacity_range: Some(csi::CapacityRange { required_bytes: grown, limit_bytes: 0 }),
+                volume_capability: Some(caps[2].clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|s| panic!("NodeExpandVolume after the plugin's restart: {s:?}"))
+            .into_inner();
+        assert!(expanded.capacity_bytes >= grown, "the device grew: {expanded:?}");
+        // ... and reports, publishes at a new target and unstages each.
         for (i, (v, ctx, p)) in volumes.iter().enumerate() {
             let s = stats(&mut node_a, v, &p.target).await;
             let c = s.volume_condition.expect("a volume condition");
             assert!(!c.abnormal, "volume {i} is healthy after the plugin's restart: {c:?}");
-            assert!(s.usage.iter().any(|u| u.used > 0), "volume {i} reports what fio wrote: {:?}", s.usage);
-            let second = Paths { staging: p.staging.clone(), target: cluster.paths(0, &format!("pod-{i}-b")).target };
-            publish_at(&mut node_a, v, ctx, &second, &cap).await;
-            assert!(second.target.join("verified.dat").exists(), "volume {i}'s files show at the new target");
+            if i == 2 {
+                assert!(s.usage.iter().any(|u| u.total >= grown), "the raw volume's size: {:?}", s.usage);
+            } else {
+                assert!(s.usage.iter().any(|u| u.used > 0), "volume {i} reports what fio wrote: {:?}", s.usage);
+            }
+            let second = raw(i, cluster.paths(0, &format!("pod-{i}-b")));
+            let second = Paths { staging: p.staging.clone(), target: second.target };
+            publish_at(&mut node_a, v, ctx, &second, &caps[i]).await;
+            assert!(file(i, &second).exists(), "volume {i} shows at the new target");
             node_a
                 .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
                     volume_id: v.volume_id.clone(),

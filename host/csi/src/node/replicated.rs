@@ -258,9 +258,11 @@ impl Attacher for ReplicatedAttacher {
         let state = self
             .load(call.volume.id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
-        let problem = match self.running(&state).await? {
-            None => Some("the engine of this volume no longer runs (its process restarted); restage it".to_owned()),
-            Some(v) => {
+        let problem = match self.running(&state).await {
+            // The volume is staged: the answer is a condition, not a failed call.
+            Err(e) => Some(format!("the data path does not answer: {e}")),
+            Ok(None) => Some("the engine of this volume no longer runs (its process restarted); restage it".to_owned()),
+            Ok(Some(v)) => {
                 if v.status.fenced {
                     Some("another node was given this volume; this node's engine is fenced".into())
                 } else if v.healthy() < v.status.replicas.len() {
