@@ -1,12 +1,15 @@
 //! Starting a whole host in this process: runtime, backend registry (scanned and watched),
 //! CSI services on a unix socket, and the metrics endpoint. `serve`, `backend check`, `demo`
-//! and the integration tests all start hosts the same way.
+//! and the integration tests all start hosts the same way. A node's data path (replica server
+//! and engines) runs in the host's process, or in a data-path process of its own
+//! ([`DataPathPlace::Socket`]) that outlives the host.
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use wasmcsi_block::datapath::client::{DataPathClient, Engines, EnginesError};
 use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_csi::node::mounts::KernelMounts;
@@ -62,14 +65,28 @@ pub struct ReplicaOptions {
     pub labels: Vec<(String, String)>,
 }
 
+/// Where a node's data path runs.
+#[derive(Debug, Clone, Default)]
+pub enum DataPathPlace {
+    /// In the host's process (with [`HostOptions::replicas`]): it dies with the host.
+    #[default]
+    InProcess,
+    /// In a `wasmcsi datapath` process answering at `socket`, which outlives the host. With
+    /// `start`, the host starts one (detached, from [`HostOptions::replicas`]) when none answers;
+    /// without, it waits for one run by someone else (its own container).
+    Socket { socket: PathBuf, start: bool },
+}
+
 /// A running host; dropping it (or `shutdown`) stops serving.
 pub struct Host {
     pub driver: Arc<Driver>,
     pub registry: Arc<Registry>,
     pub socket: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
-    /// This node's replicas and engines, when it serves them.
+    /// This node's replicas and engines, when it serves them in this process.
     pub datapath: Option<Arc<DataPath>>,
+    /// Where this node's engines run (this process or a data-path process), when it has any.
+    pub engines: Option<Engines>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     watcher: tokio::task::JoinHandle<()>,
@@ -77,15 +94,23 @@ pub struct Host {
     /// Where the peer endpoint listens (a node plugin serving node-local calls).
     pub peer_addr: Option<SocketAddr>,
     peer_server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// Restarts a data path this host started when it stops answering.
+    keeper: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Host {
+    /// A host whose data path, if any, runs in this process (tests, `demo`, `backend check`).
     pub async fn start(opts: HostOptions) -> anyhow::Result<Self> {
-        Self::start_with_peers(opts, PeerOptions::default()).await
+        Self::start_with(opts, DataPathPlace::InProcess, PeerOptions::default()).await
     }
 
     /// [`Host::start`], as one host of a multi-node cluster (see [`PeerOptions`]).
     pub async fn start_with_peers(opts: HostOptions, peer: PeerOptions) -> anyhow::Result<Self> {
+        Self::start_with(opts, DataPathPlace::InProcess, peer).await
+    }
+
+    /// A host whose data path runs where `place` says, as one host of a cluster as `peer` says.
+    pub async fn start_with(opts: HostOptions, place: DataPathPlace, peer: PeerOptions) -> anyhow::Result<Self> {
         use wasmcsi_csi::peer::{Peers, auth};
         let peers = match &peer.signing_key {
             Some(key) => {
@@ -118,8 +143,21 @@ impl Host {
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
-        let datapath = match (&opts.replicas, opts.mode.node()) {
-            (Some(r), true) => Some(Arc::new(start_datapath(&opts, r).await?)),
+        let (datapath, engines) = match (&place, &opts.replicas, opts.mode.node()) {
+            (_, _, false) => (None, None),
+            (DataPathPlace::InProcess, Some(r), true) => {
+                let d = Arc::new(start_datapath(&opts, r).await?);
+                (Some(d.clone()), Some(Engines::InProcess(d)))
+            }
+            (DataPathPlace::InProcess, None, true) => (None, None),
+            (DataPathPlace::Socket { socket, start }, _, true) => {
+                (None, Some(Engines::Remote(find_datapath(&opts, socket, *start).await?)))
+            }
+        };
+        let keeper = match &place {
+            DataPathPlace::Socket { socket, start: true } if opts.mode.node() => {
+                Some(tokio::spawn(keep_datapath(opts.clone(), socket.clone())))
+            }
             _ => None,
         };
         let reconciler = match (opts.reconcile_interval, opts.mode.controller()) {
@@ -140,7 +178,7 @@ impl Host {
                 config: runtime.clone(),
                 mounts: Arc::new(KernelMounts),
                 runtime_dir: opts.state_dir.join("run"),
-                datapath: datapath.clone(),
+                datapath: engines.clone(),
             }),
             node_local: wasmcsi_csi::topology::NodeLocal { peers, pinned: verifier.is_some() },
         });
@@ -185,10 +223,12 @@ impl Host {
             socket: opts.socket,
             metrics_addr,
             datapath,
+            engines,
             stop: Some(tx),
             served: Some(served),
             watcher,
             reconciler,
+            keeper,
         })
     }
 
@@ -201,6 +241,9 @@ impl Host {
         self.watcher.abort();
         if let Some(r) = self.reconciler.take() {
             r.abort();
+        }
+        if let Some(k) = self.keeper.take() {
+            k.abort();
         }
         if let Some(served) = self.served.take() {
             served.await.context("CSI server task")??;
@@ -230,6 +273,9 @@ impl Drop for Host {
         if let Some(r) = self.reconciler.take() {
             r.abort();
         }
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
     }
 }
 
@@ -246,6 +292,60 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Resul
     };
     DataPath::start(config).await.with_context(|| format!("serving replicas from {} on {}", r.root.display(), r.listen))
 }
+
+/// The data path answering at `socket`; with `start`, one started (detached) when none answers.
+/// Without `start` a data path that does not answer yet is not an error: it runs in a container
+/// of its own that may start after this one, and calls fail UNAVAILABLE until it answers.
+async fn find_datapath(opts: &HostOptions, socket: &Path, start: bool) -> anyhow::Result<DataPathClient> {
+    let client = DataPathClient::new(socket);
+    match client.hello().await {
+        Ok(pid) => tracing::info!(pid, socket = %socket.display(), "found the running data path"),
+        Err(EnginesError::Unreachable { .. }) if start => {
+            crate::datapath_cmd::spawn_detached(&datapath_args(opts, socket)?).await?;
+        }
+        Err(e @ EnginesError::Unreachable { .. }) => {
+            tracing::warn!(error = %e, "no data path answers yet; replicated volumes wait for it")
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("the data path at {}", socket.display()))),
+    }
+    Ok(client)
+}
+
+/// What a data path started by this host serves: its replicas, its state beside the host's.
+fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::datapath_cmd::DataPathArgs> {
+    let r = opts.replicas.as_ref().context("--datapath-start needs --replica-listen (what it serves)")?;
+    Ok(crate::datapath_cmd::DataPathArgs {
+        socket: socket.to_owned(),
+        state_dir: opts.state_dir.clone(),
+        node_id: opts.node_id.clone(),
+        replica_listen: r.listen,
+        replica_root: r.root.clone(),
+        node_labels: r.labels.clone(),
+        metrics_addr: None,
+    })
+}
+
+/// Starts the data path again whenever it stops answering (it crashed or was killed), as
+/// Kubernetes restarts a container: the volumes it served come back at their next stage.
+async fn keep_datapath(opts: HostOptions, socket: PathBuf) {
+    let client = DataPathClient::new(&socket);
+    loop {
+        tokio::time::sleep(KEEPER_INTERVAL).await;
+        if let Err(EnginesError::Unreachable { .. }) = client.hello().await {
+            tracing::warn!(socket = %socket.display(), "the data path stopped answering; starting it again");
+            let started = match datapath_args(&opts, &socket) {
+                Ok(args) => crate::datapath_cmd::spawn_detached(&args).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = started {
+                tracing::error!(error = format!("{e:#}"), "restarting the data path");
+            }
+        }
+    }
+}
+
+/// How often a host that started its data path checks that it still answers.
+const KEEPER_INTERVAL: Duration = Duration::from_millis(500);
 
 /// A gRPC channel to a CSI socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<tonic::transport::Channel> {

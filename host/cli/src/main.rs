@@ -51,6 +51,14 @@ enum Command {
     /// volume through the CSI socket: create, stage, publish, write, snapshot, restore,
     /// expand, unpublish, unstage, delete. Needs root for the mounts.
     Demo(wasmcsi::demo::DemoArgs),
+    /// This node's data path in a process of its own: the replica server and every attached
+    /// volume's engine, FUSE session and loop device, served to the node plugin on a unix
+    /// socket, so the plugin can restart or be upgraded without an I/O error.
+    ///
+    /// Example (its own container, beside `serve --datapath-socket`):
+    ///   wasmcsi datapath --socket /var/lib/wasmcsi/datapath/datapath.sock --node-id $NODE_NAME \
+    ///     --replica-listen $POD_IP:9501 --state-dir /var/lib/wasmcsi/state
+    Datapath(wasmcsi::datapath_cmd::DataPathArgs),
     /// Replica servers of the replicated block data path (serve, nodes).
     #[command(subcommand)]
     Replica(wasmcsi::block_cmd::ReplicaCommand),
@@ -186,6 +194,15 @@ struct ServeArgs {
     /// Service), each asked which node it serves (repeatable).
     #[arg(long = "peer-service")]
     peer_services: Vec<String>,
+    /// Reach this node's data path (replica server and engines) at this unix socket instead of
+    /// running it in this process: volumes then outlive this process (node mode). See
+    /// `wasmcsi datapath`.
+    #[arg(long)]
+    datapath_socket: Option<PathBuf>,
+    /// With --datapath-socket: start `wasmcsi datapath` (detached, serving --replica-listen and
+    /// --replica-root) when none answers there.
+    #[arg(long, requires = "datapath_socket")]
+    datapath_start: bool,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -263,7 +280,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         signing_key: args.peer_signing_key,
     };
-    let host = Host::start_with_peers(options, peer).await?;
+    let place = match args.datapath_socket {
+        Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
+        None => wasmcsi::host::DataPathPlace::InProcess,
+    };
+    let host = Host::start_with(options, place, peer).await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, "serving CSI");
     tokio::select! {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }
@@ -306,6 +327,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
+            Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
             Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),

@@ -11,6 +11,10 @@
 //!   work and every flushed write is there.
 //! - Split brain: the volume's node is cut off, the CO moves the volume to another node; the old
 //!   node's late writes never reach what the new node (or any later one) reads.
+//! - With the data path in a process of its own (`serve --datapath-socket … --datapath-start`):
+//!   three volumes under fio `--verify` keep their I/O through a `kill -9` of the node plugin,
+//!   and the restarted plugin reports, publishes and unstages all three; a `kill -9` of the data
+//!   path itself loses no flushed write and leaves no replica diverged.
 //!
 //! Root only, with /dev/fuse, `ip` and fio; skipped with a message otherwise. Namespaces,
 //! processes, mounts and loop devices are taken down by drop guards, also when a test panics. No
@@ -69,6 +73,8 @@ struct Plugin {
     home: PathBuf,
     /// Serves replicas (node mode) or not (the controller).
     replicas: bool,
+    /// Runs its data path in a process of its own (`--datapath-socket`, started by the plugin).
+    datapath: bool,
     proc: Option<Proc>,
 }
 
@@ -111,7 +117,29 @@ impl Plugin {
                 home("replicas"),
             ]);
         }
+        if self.datapath {
+            args.extend(["--datapath-socket".into(), home("datapath.sock"), "--datapath-start".into()]);
+        }
         args
+    }
+
+    /// The pid of the data-path process serving this node now (from its pid file), if one runs.
+    fn datapath_pid(&self) -> Option<i32> {
+        let pid: i32 = std::fs::read_to_string(self.home.join("state/datapath.pid")).ok()?.trim().parse().ok()?;
+        alive_datapath(pid, &self.home).then_some(pid)
+    }
+
+    /// SIGKILLs this node's data-path process (it is not a child of the test: the plugin
+    /// started it detached) and waits until it is gone.
+    fn kill_datapath(&self) -> Option<i32> {
+        let pid = self.datapath_pid()?;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while alive_datapath(pid, &self.home) {
+            assert!(Instant::now() < deadline, "data path {pid} survived SIGKILL");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(pid)
     }
 
     fn start(&mut self, config: &Path) {
@@ -165,17 +193,23 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize) -> Self {
+        Self::start_with(n, false).await
+    }
+
+    /// `n` nodes; node-a runs its data path in a process of its own when `datapath`.
+    async fn start_with(n: usize, datapath: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut lan = Lan::create();
         let mut plugin = |name: &str, replicas: bool| {
             let home = dir.path().join(name);
             std::fs::create_dir_all(home.join("backends")).unwrap();
             std::fs::write(home.join(format!("backends/{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
-            Plugin { name: name.into(), member: lan.join(), home, replicas, proc: None }
+            Plugin { name: name.into(), member: lan.join(), home, replicas, datapath: false, proc: None }
         };
         let controller = plugin("controller", false);
-        let nodes: Vec<Plugin> =
+        let mut nodes: Vec<Plugin> =
             (0..n).map(|i| plugin(&format!("node-{}", char::from(b'a' + i as u8)), true)).collect();
+        nodes[0].datapath = datapath;
         let addrs: Vec<String> = nodes.iter().map(|p| format!("\"{}:{REPLICA_PORT}\"", p.member.addr)).collect();
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -207,10 +241,20 @@ impl Cluster {
         self.nodes[i].start(&config);
     }
 
-    /// Stops every process cleanly (each must exit 0 on SIGINT).
+    /// Stops every process cleanly (each must exit 0 on SIGINT), data paths last (SIGTERM).
     fn stop(&mut self) {
         for p in std::iter::once(&mut self.controller).chain(&mut self.nodes) {
             p.stop();
+        }
+        for p in &self.nodes {
+            if let Some(pid) = p.datapath_pid() {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while alive_datapath(pid, &p.home) {
+                    assert!(Instant::now() < deadline, "data path {pid} did not exit after SIGTERM");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
         }
     }
 
@@ -261,6 +305,10 @@ impl Drop for Cluster {
         for p in std::iter::once(&mut self.controller).chain(&mut self.nodes) {
             p.proc.take();
         }
+        // Then the data paths the plugins started (their plugins, which restart them, are gone).
+        for p in &self.nodes {
+            p.kill_datapath();
+        }
         let dir = self.dir.path().to_string_lossy().into_owned();
         // Loop devices first, while their backing files still show under the work dir: a
         // lazily unmounted FUSE file shows as "/volume" afterwards and would be missed.
@@ -284,6 +332,18 @@ impl Drop for Cluster {
             let _ = Command::new("losetup").args(["-d", &l]).output();
         }
     }
+}
+
+/// Whether `pid` is a live (not zombie) `wasmcsi datapath` of the node whose home is `home`: a
+/// pid file may outlive its process, and the pid be reused.
+fn alive_datapath(pid: i32, home: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(true);
+    !zombie && args.iter().any(|a| a == "datapath") && args.iter().any(|a| a.starts_with(&*home.to_string_lossy()))
 }
 
 // ----- CSI calls ----------------------------------------------------------------------------------
@@ -670,5 +730,222 @@ fn split_brain_the_cut_off_node_s_late_writes_never_reach_the_volume() {
         assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
         cluster.stop();
         cluster.assert_replicas_identical(3);
+    });
+}
+
+// ----- the data path in a process of its own ------------------------------------------------------
+
+async fn stats(node: &mut Node, v: &csi::Volume, path: &Path) -> csi::NodeGetVolumeStatsResponse {
+    node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: path.to_string_lossy().into(),
+        staging_target_path: String::new(),
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodeGetVolumeStats of {}: {s:?}", v.volume_id))
+    .into_inner()
+}
+
+async fn publish_at(
+    node: &mut Node,
+    v: &csi::Volume,
+    ctx: &HashMap<String, String>,
+    p: &Paths,
+    cap: &csi::VolumeCapability,
+) {
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: p.staging.to_string_lossy().into(),
+        target_path: p.target.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: v.volume_context.clone(),
+        publish_context: ctx.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|s| panic!("NodePublish of {} at {}: {s:?}", v.volume_id, p.target.display()));
+}
+
+#[test]
+fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    runtime().block_on(async {
+        let mut cluster = Cluster::start_with(2, true).await;
+        let datapath = cluster.nodes[0].datapath_pid().expect("node-a's plugin started its data path");
+        let mut ctl = cluster.controller().await;
+        // Two ext4 volumes and a raw block one (which NodeExpandVolume grows below: ext4 cannot
+        // grow while mounted on this kernel).
+        let caps = [mount_cap(Some("ext4")), mount_cap(Some("ext4")), mount_cap(None)];
+        let raw =
+            |i: usize, p: Paths| if i == 2 { Paths { staging: p.staging, target: p.target.join("dev") } } else { p };
+        let mut node_a = cluster.nodes[0].node().await;
+        let mut volumes = Vec::new();
+        for (i, cap) in caps.iter().enumerate() {
+            let v = create(&mut ctl, &format!("pvc-outlives-{i}"), 2, cap).await;
+            let ctx = publish(&mut ctl, &v, "node-a", cap).await;
+            let p = raw(i, cluster.paths(0, &format!("pod-{i}")));
+            stage_and_publish(&mut node_a, &v, &ctx, &p, cap).await;
+            volumes.push((v, ctx, p));
+        }
+        // What fio writes: a file on each filesystem, the raw device itself.
+        let file = |i: usize, p: &Paths| if i == 2 { p.target.clone() } else { p.target.join("verified.dat") };
+
+        // fio writes and verifies on all three while the plugin dies and comes back.
+        let mut writers: Vec<_> = volumes
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, p))| fio(&file(i, p), false).stdout(std::process::Stdio::null()).spawn().unwrap())
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.nodes[0].kill9();
+        let killed = Instant::now();
+        let running_at_kill = writers.iter_mut().map(|w| w.try_wait().unwrap()).filter(Option::is_none).count();
+        cluster.restart(0);
+        let mut node_a = cluster.nodes[0].node().await;
+        let ready = killed.elapsed();
+        let running_at_ready = writers.iter_mut().map(|w| w.try_wait().unwrap()).filter(Option::is_none).count();
+        for (i, w) in writers.iter_mut().enumerate() {
+            let status = w.wait().unwrap();
+            assert!(status.success(), "fio on volume {i} through the plugin's kill -9: {status}");
+        }
+        eprintln!(
+            "plugin restart-to-ready {ready:?} (kill to Probe ready); fio runs going on at the kill: \
+             {running_at_kill}/3, when the new plugin was ready: {running_at_ready}/3"
+        );
+        assert_eq!(cluster.nodes[0].datapath_pid(), Some(datapath), "the same data path serves on");
+        for (i, (_, _, p)) in volumes.iter().enumerate() {
+            fio_ok(&mut fio(&file(i, p), true), "verify after the plugin's restart");
+        }
+
+        // `wasmcsi volume status` sees the volume through the replica servers, and its engine's
+        // status through the one that runs in the data path.
+        let set = volumes[0].0.volume_id.strip_prefix("replicated-block:").unwrap().to_owned();
+        let replicas =
+            cluster.nodes.iter().flat_map(|n| ["--replica".to_owned(), format!("{}:{REPLICA_PORT}", n.member.addr)]);
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", cluster.nodes[0].member.netns))
+            .args(["--", support::process::BIN, "volume", "status", "--volume-id", &set])
+            .args(replicas)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "volume status: {text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("attached to node-a") && text.contains("2/2 healthy"), "volume status: {text}");
+
+        // The new plugin knows every volume the old one staged: it grows the raw one (the
+        // controller through the engine in the data path, then the node)...
+        let (v, _, p) = &volumes[2];
+        let grown = SIZE + 64 * MIB;
+        ctl.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: grown, limit_bytes: 0 }),
+            volume_capability: Some(caps[2].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("ControllerExpandVolume: {s:?}"));
+        let expanded = node_a
+            .node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                volume_path: p.target.to_string_lossy().into(),
+                capacity_range: Some(csi::CapacityRange { required_bytes: grown, limit_bytes: 0 }),
+                volume_capability: Some(caps[2].clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|s| panic!("NodeExpandVolume after the plugin's restart: {s:?}"))
+            .into_inner();
+        assert!(expanded.capacity_bytes >= grown, "the device grew: {expanded:?}");
+        // ... and reports, publishes at a new target and unstages each.
+        for (i, (v, ctx, p)) in volumes.iter().enumerate() {
+            let s = stats(&mut node_a, v, &p.target).await;
+            let c = s.volume_condition.expect("a volume condition");
+            assert!(!c.abnormal, "volume {i} is healthy after the plugin's restart: {c:?}");
+            if i == 2 {
+                assert!(s.usage.iter().any(|u| u.total >= grown), "the raw volume's size: {:?}", s.usage);
+            } else {
+                assert!(s.usage.iter().any(|u| u.used > 0), "volume {i} reports what fio wrote: {:?}", s.usage);
+            }
+            let second = raw(i, cluster.paths(0, &format!("pod-{i}-b")));
+            let second = Paths { staging: p.staging.clone(), target: second.target };
+            publish_at(&mut node_a, v, ctx, &second, &caps[i]).await;
+            assert!(file(i, &second).exists(), "volume {i} shows at the new target");
+            node_a
+                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: v.volume_id.clone(),
+                    target_path: second.target.to_string_lossy().into(),
+                })
+                .await
+                .unwrap();
+            unpublish_and_unstage(&mut node_a, v, p).await;
+            unpublish(&mut ctl, v, "node-a").await;
+        }
+        assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
+        let listed = wasmcsi_block::datapath::client::Engines::Remote(
+            wasmcsi_block::datapath::client::DataPathClient::new(cluster.nodes[0].home.join("datapath.sock")),
+        )
+        .list()
+        .await
+        .unwrap();
+        assert_eq!(listed, Vec::new(), "the data path serves no volume once all are unstaged");
+        cluster.stop();
+        assert_eq!(cluster.nodes[0].datapath_pid(), None, "the data path stopped on SIGTERM");
+    });
+}
+
+#[test]
+fn the_data_path_killed_while_staged_restages_with_every_flushed_write_and_agreeing_replicas() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    runtime().block_on(async {
+        let mut cluster = Cluster::start_with(2, true).await;
+        let mut ctl = cluster.controller().await;
+        let cap = mount_cap(Some("ext4"));
+        let v = create(&mut ctl, "pvc-datapath-killed", 2, &cap).await;
+        let ctx = publish(&mut ctl, &v, "node-a", &cap).await;
+        let p = cluster.paths(0, "pod-1");
+        let mut node_a = cluster.nodes[0].node().await;
+        stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+
+        let payload: Vec<u8> = (0..4 * MIB).map(|i| (i * 13 % 251) as u8).collect();
+        for i in 0..4 {
+            let f = std::fs::File::create(p.target.join(format!("flushed-{i}.bin"))).unwrap();
+            f.write_all_at(&payload, 0).unwrap();
+            f.sync_all().unwrap();
+        }
+        nix::unistd::sync();
+
+        // The data path dies; the plugin (which started it) starts another.
+        let old = cluster.nodes[0].kill_datapath().expect("a data path ran");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let new = loop {
+            if let Some(pid) = cluster.nodes[0].datapath_pid().filter(|pid| *pid != old) {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the plugin never started its data path again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let c = condition(&mut node_a, &v, &p).await;
+        assert!(c.abnormal && c.message.contains("no longer runs"), "the volume says it lost its engine: {c:?}");
+        unpublish_and_unstage(&mut node_a, &v, &p).await;
+        assert_eq!(mounts_under(&cluster.nodes[0].home), Vec::<String>::new(), "unstage leaves nothing mounted");
+        stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
+        assert_eq!(cluster.nodes[0].datapath_pid(), Some(new), "the new data path serves the volume");
+        for i in 0..4 {
+            let back = std::fs::read(p.target.join(format!("flushed-{i}.bin"))).unwrap();
+            assert!(back == payload, "flushed-{i}.bin is whole after the data path's kill -9");
+        }
+        // Let the new engine finish resyncing the replicas before they are compared.
+        wait_condition(&mut node_a, &v, &p, "healthy", |c| !c.abnormal).await;
+        unpublish_and_unstage(&mut node_a, &v, &p).await;
+        unpublish(&mut ctl, &v, "node-a").await;
+        assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
+        cluster.stop();
+        cluster.assert_replicas_identical(2);
     });
 }

@@ -194,8 +194,9 @@ pub struct NodeSetup {
     pub mounts: Arc<dyn MountSystem>,
     /// Where FUSE mounts of block frontends live (the replicated volumes' devices).
     pub runtime_dir: PathBuf,
-    /// This node's replicas and engines; `None` when the plugin serves no replicated volumes.
-    pub datapath: Option<Arc<wasmcsi_block::datapath::DataPath>>,
+    /// This node's engines (in this process or a data-path process); `None` when the plugin
+    /// serves no replicated volumes.
+    pub datapath: Option<wasmcsi_block::datapath::client::Engines>,
 }
 
 /// The attacher of every kind this node carries out.

@@ -4,15 +4,22 @@
 //! ([`DataPath`]: this node's replica reached in-process, the others over TCP), exposes it as a
 //! block device (FUSE + loop here), then formats it when blank and mounts it, or keeps the
 //! device for a raw block volume. What it staged is recorded under
-//! `<state>/replicated/<volume>.json`, so NodeUnstage needs neither the plan nor the backend,
-//! and a plugin that was killed finds and reclaims what it left (the engine is gone with the
-//! process; the replicas' dirty flags make the next engine resync).
+//! `<state>/replicated/<volume>.json`, so NodeUnstage needs neither the plan nor the backend.
+//!
+//! The engines run where [`Engines`] says: in this process, or in a data-path process of their
+//! own (`wasmcsi datapath`, reached over its socket). In the second case a plugin that was
+//! killed and restarted finds every volume it staged still served (the state file names the
+//! data path's pid) and publishes, reports and unstages it as if it had never gone. When the
+//! process that ran an engine died (the plugin in the first case, the data path in the
+//! second), its device is gone with it: the next stage or unstage reclaims what it left, and
+//! the replicas' dirty flags make the next engine resync.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use wasmcsi_block::datapath::DataPath;
+use wasmcsi_block::datapath::client::{Engines, EnginesError};
+use wasmcsi_block::datapath::wire::VolumeView;
 use wasmcsi_frontend::{fuse, loop_dev};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::bindings::types as wt;
@@ -44,7 +51,8 @@ pub struct ReplicatedState {
     pub device: PathBuf,
     /// `None`: a raw block volume; otherwise the filesystem mounted at the staging path.
     pub filesystem: Option<Filesystem>,
-    /// The process whose engine serves the device (a dead one left its device behind).
+    /// The process whose engine serves the device (this plugin, or the data path); a dead one
+    /// left its device behind.
     pub pid: u32,
 }
 
@@ -54,9 +62,9 @@ pub struct ReplicatedAttacher {
     runtime_dir: PathBuf,
     config: Arc<dyn ConfigSource>,
     mounts: Arc<dyn MountSystem>,
-    /// This node's data path; `None` when the plugin serves no replicas (then nothing of this
-    /// kind can be staged here).
-    datapath: Option<Arc<DataPath>>,
+    /// This node's engines; `None` when the plugin serves no replicas and knows no data path
+    /// (then nothing of this kind can be staged here).
+    engines: Option<Engines>,
 }
 
 impl ReplicatedAttacher {
@@ -68,18 +76,27 @@ impl ReplicatedAttacher {
         runtime_dir: PathBuf,
         config: Arc<dyn ConfigSource>,
         mounts: Arc<dyn MountSystem>,
-        datapath: Option<Arc<DataPath>>,
+        engines: Option<Engines>,
     ) -> Self {
-        Self { node_id, state_dir: state_dir.join("replicated"), runtime_dir, config, mounts, datapath }
+        Self { node_id, state_dir: state_dir.join("replicated"), runtime_dir, config, mounts, engines }
     }
 
-    fn datapath(&self) -> CsiResult<&Arc<DataPath>> {
-        self.datapath.as_ref().ok_or_else(|| {
+    fn engines(&self) -> CsiResult<&Engines> {
+        self.engines.as_ref().ok_or_else(|| {
             CsiError::FailedPrecondition(format!(
-                "node {} serves no replicated block volumes (start the plugin with --replica-listen)",
+                "node {} serves no replicated block volumes (start the plugin with --replica-listen or \
+                 --datapath-socket)",
                 self.node_id
             ))
         })
+    }
+
+    /// The running engine of what `state` says is staged, if it still runs in the process that
+    /// started it (a restarted data path serves nothing of what its predecessor did).
+    async fn running(&self, state: &ReplicatedState) -> CsiResult<Option<VolumeView>> {
+        let Some(engines) = &self.engines else { return Ok(None) };
+        let view = engines.view(&state.set_id).await.map_err(engines_err)?;
+        Ok(view.filter(|v| v.pid == state.pid && v.device == state.device))
     }
 
     fn state_path(&self, volume_id: &str) -> PathBuf {
@@ -118,31 +135,29 @@ impl ReplicatedAttacher {
             let staging = state.staging_path.clone();
             blocking(move || filesystem::unmount_all(&staging, None)).await?;
         }
-        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id));
-        match (&self.datapath, running) {
-            (Some(d), Some(_)) => d.detach(&state.set_id).await.map_err(|e| CsiError::Internal(e.to_string()))?,
+        let running = self.running(state).await?;
+        match (&self.engines, running) {
+            (Some(e), Some(_)) => e.detach(&state.set_id).await.map_err(|e| CsiError::Internal(e.to_string()))?,
             _ => {
                 let (dir, name) = (self.runtime_dir.clone(), state.set_id.clone());
                 let reclaimed =
                     blocking(move || fuse::reclaim(&dir, &name).map_err(|e| CsiError::Internal(e.to_string()))).await?;
                 if reclaimed > 0 {
-                    tracing::warn!(volume.id = %state.volume_id, "the engine of this volume died with its plugin; its device was reclaimed");
+                    tracing::warn!(volume.id = %state.volume_id, "the process that ran the engine of this volume died; its device was reclaimed");
                 }
             }
         }
         self.forget(&state.volume_id)
     }
 
-    /// Whether what `state` says is staged still stands: the engine runs in this process and the
-    /// filesystem (if any) is mounted at the staging path.
-    fn standing(&self, state: &ReplicatedState) -> bool {
-        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id)).is_some();
-        running
-            && state.pid == std::process::id()
+    /// Whether what `state` says is staged still stands: the engine runs in the process that
+    /// started it and the filesystem (if any) is mounted at the staging path.
+    async fn standing(&self, state: &ReplicatedState) -> CsiResult<bool> {
+        Ok(self.running(state).await?.is_some()
             && state.filesystem.as_ref().is_none_or(|_| {
                 mountinfo::read_current()
                     .is_ok_and(|m| filesystem::device_mounted_at(&m, &state.device, &state.staging_path))
-            })
+            }))
     }
 }
 
@@ -161,7 +176,7 @@ impl Attacher for ReplicatedAttacher {
         let catalog = backend.block_catalog().ok_or_else(|| {
             CsiError::FailedPrecondition(format!("backend {} has no block grant on this node", backend.name))
         })?;
-        let datapath = self.datapath()?.clone();
+        let engines = self.engines()?.clone();
         let wanted_fs = match &call.capability.access_type {
             wt::AccessType::Block => None,
             wt::AccessType::Mount(m) => {
@@ -175,24 +190,25 @@ impl Attacher for ReplicatedAttacher {
                 (Some(want), Some(have)) => want.satisfied_by(have),
                 _ => false,
             };
-            if old.set_id == plan.volume_id && old.staging_path == call.staging && same_fs && self.standing(&old) {
+            if old.set_id == plan.volume_id
+                && old.staging_path == call.staging
+                && same_fs
+                && self.standing(&old).await?
+            {
                 return Ok(());
             }
             // Staged differently, or by a plugin that died: start over.
             self.teardown(&old).await?;
         }
         let info = catalog.attach_info(&plan.volume_id, &self.node_id).await?;
-        let volume = datapath.attach(&plan.volume_id, &info).await.map_err(|e| match e {
-            wasmcsi_block::datapath::DataPathError::Busy(m) => CsiError::InProgress(m),
-            other => CsiError::Unavailable(other.to_string()),
-        })?;
+        let volume = engines.attach(&plan.volume_id, &info).await.map_err(engines_err)?;
         let mut state = ReplicatedState {
             volume_id: call.volume.id.to_owned(),
             set_id: plan.volume_id.clone(),
             staging_path: call.staging.to_owned(),
-            device: volume.device().to_owned(),
+            device: volume.device.clone(),
             filesystem: None,
-            pid: std::process::id(),
+            pid: volume.pid,
         };
         let Some(mut fs) = wanted_fs else {
             return self.save(&state);
@@ -211,7 +227,7 @@ impl Attacher for ReplicatedAttacher {
             }
             Err(e) => {
                 // Nothing half-done stays: the engine stops again.
-                if let Err(stop) = datapath.detach(&plan.volume_id).await {
+                if let Err(stop) = engines.detach(&plan.volume_id).await {
                     tracing::warn!(volume.id = %call.volume.id, error = %stop, "stopping the engine after a failed stage");
                 }
                 Err(e)
@@ -242,15 +258,20 @@ impl Attacher for ReplicatedAttacher {
         let state = self
             .load(call.volume.id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
-        let running = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id));
-        let problem = match running {
-            None => Some("the engine of this volume does not run in this plugin (it restarted); restage it".to_owned()),
-            Some(v) => {
-                let s = v.engine_status();
-                if s.fenced {
+        let problem = match self.running(&state).await {
+            // The volume is staged: the answer is a condition, not a failed call.
+            Err(e) => Some(format!("the data path does not answer: {e}")),
+            Ok(None) => Some("the engine of this volume no longer runs (its process restarted); restage it".to_owned()),
+            Ok(Some(v)) => {
+                if v.status.fenced {
                     Some("another node was given this volume; this node's engine is fenced".into())
-                } else if s.healthy < s.replicas.len() {
-                    Some(format!("degraded: {}/{} replicas healthy{}", s.healthy, s.replicas.len(), rebuild_note(&s)))
+                } else if v.healthy() < v.status.replicas.len() {
+                    Some(format!(
+                        "degraded: {}/{} replicas healthy{}",
+                        v.healthy(),
+                        v.status.replicas.len(),
+                        rebuild_note(&v)
+                    ))
                 } else {
                     None
                 }
@@ -279,15 +300,16 @@ impl Attacher for ReplicatedAttacher {
         let state = self
             .load(call.volume.id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
-        let volume = self.datapath.as_ref().and_then(|d| d.volume(&state.set_id)).ok_or_else(|| {
-            CsiError::FailedPrecondition(format!("the engine of {} does not run here; restage it", call.volume.id))
-        })?;
+        let not_running =
+            || CsiError::FailedPrecondition(format!("the engine of {} does not run here; restage it", call.volume.id));
+        let mut volume = self.running(&state).await?.ok_or_else(not_running)?;
         let required = call.required_bytes;
         let deadline = Instant::now() + GROW_WAIT;
         // The controller grows the volume through this engine (which refreshes the device);
         // a NodeExpand that races it waits a little.
-        while volume.engine_status().size < required && Instant::now() < deadline {
+        while volume.status.size < required && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            volume = self.running(&state).await?.ok_or_else(not_running)?;
         }
         let device = state.device.clone();
         let size =
@@ -305,12 +327,21 @@ impl Attacher for ReplicatedAttacher {
     }
 }
 
-fn rebuild_note(s: &wasmcsi_block::volume::VolumeStatus) -> String {
-    match &s.rebuild {
-        Some(r) => {
-            let pct = (r.done * 100).checked_div(r.total).unwrap_or(0);
-            format!(", replica {} rebuilding {pct}%", r.replica)
+fn rebuild_note(v: &VolumeView) -> String {
+    match v.rebuild() {
+        Some((replica, done, total)) => {
+            let pct = (done.saturating_mul(100)).checked_div(total).unwrap_or(0);
+            format!(", replica {replica} rebuilding {pct}%")
         }
         None => String::new(),
+    }
+}
+
+/// A data-path failure as the CSI call's error: a concurrent attach or detach is retried by the
+/// CO (ABORTED), everything else is UNAVAILABLE (the data path or a replica may come back).
+fn engines_err(e: EnginesError) -> CsiError {
+    match e {
+        EnginesError::Busy(m) => CsiError::InProgress(m),
+        other => CsiError::Unavailable(other.to_string()),
     }
 }

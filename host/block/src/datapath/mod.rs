@@ -7,6 +7,15 @@
 //! A volume's engine reaches the replica on this node in-process (no socket), the others over
 //! TCP; its persisted state lives under `engine_root/VOLUME`, kept across attaches, so a
 //! re-attach after a crash resumes rebuilds instead of restarting them.
+//!
+//! The data path runs in the node plugin's process, or in a process of its own
+//! (`wasmcsi datapath`) that serves it on a unix socket ([`socket`], [`wire`]) so that the
+//! plugin can die, restart or be upgraded without an I/O error on any volume: the plugin then
+//! reaches it through [`client::Engines`], the same handle either way.
+
+pub mod client;
+pub mod socket;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -212,6 +221,16 @@ struct BusyGuard<'a> {
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         self.path.busy.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
+    }
+}
+
+/// An attached volume as the node plugin sees it (served by this process).
+pub fn view(id: &str, attached: &AttachedVolume) -> wire::VolumeView {
+    wire::VolumeView {
+        volume: id.to_owned(),
+        device: attached.device().to_owned(),
+        pid: std::process::id(),
+        status: engine_status(attached),
     }
 }
 

@@ -1,0 +1,185 @@
+//! `wasmcsi datapath`: this node's data path (the replica server, every attached volume's
+//! engine, its FUSE session and loop device) in a process of its own, served to the node plugin
+//! on a unix socket (`wasmcsi_block::datapath::socket`). The plugin (`serve --datapath-socket`)
+//! can then crash, restart or be upgraded while every mounted volume keeps its I/O; it finds
+//! the volumes again through the socket. The plugin starts this process itself when asked
+//! (`--datapath-start`, [`spawn_detached`]), or Kubernetes runs it as its own DaemonSet.
+//!
+//! What it does not own: CSI, backends, mounts of filesystems (the plugin formats and mounts
+//! the devices this process makes). A data path that is stopped or killed takes its volumes'
+//! devices with it: writes acknowledged and flushed before are on every replica; the plugin
+//! reclaims the dead devices at the next stage or unstage, and the next engine resyncs the
+//! replicas from their dirty flags.
+
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use wasmcsi_block::datapath::client::DataPathClient;
+use wasmcsi_block::datapath::{DataPath, DataPathConfig, socket};
+use wasmcsi_block::replica::NodeIdentity;
+
+/// How long a plugin waits for the data path it started to answer.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Args, Debug, Clone)]
+pub struct DataPathArgs {
+    /// The unix socket the node plugin reaches this data path on.
+    #[arg(long, default_value = "/var/lib/wasmcsi/datapath/datapath.sock")]
+    pub socket: PathBuf,
+    /// Where engine state (`engines/`), the frontends' FUSE mounts (`run/`) and this process's
+    /// pid file live: the node plugin's `--state-dir`, so either process finds what the other
+    /// left.
+    #[arg(long, default_value = "/var/lib/wasmcsi/state")]
+    pub state_dir: PathBuf,
+    /// This node's id: usually the Kubernetes node name.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_id: String,
+    /// Serve this node's replicas on ADDR; other nodes' engines connect here.
+    #[arg(long)]
+    pub replica_listen: SocketAddr,
+    /// Where this node's replicas live (one directory each).
+    #[arg(long, default_value = "/var/lib/wasmcsi/replicas")]
+    pub replica_root: PathBuf,
+    /// A label this node reports to backends (KEY=VALUE, repeatable).
+    #[arg(long = "node-label", value_parser = parse_label)]
+    pub node_labels: Vec<(String, String)>,
+    /// Serve Prometheus metrics of the volumes this process serves at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Where a data path with state in `state_dir` writes its pid.
+pub fn pid_file(state_dir: &Path) -> PathBuf {
+    state_dir.join("datapath.pid")
+}
+
+/// Runs the data path until SIGINT or SIGTERM.
+pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
+    let config = DataPathConfig {
+        identity: NodeIdentity { node: args.node_id.clone(), labels: args.node_labels.clone() },
+        replica_root: args.replica_root.clone(),
+        listen: args.replica_listen,
+        engine_root: args.state_dir.join("engines"),
+        runtime_root: args.state_dir.join("run"),
+        request_timeout: Duration::from_secs(10),
+        attach_timeout: Duration::from_secs(30),
+    };
+    let datapath = Arc::new(DataPath::start(config).await.with_context(|| {
+        format!("serving replicas from {} on {}", args.replica_root.display(), args.replica_listen)
+    })?);
+    let served = socket::serve(datapath.clone(), &args.socket).await?;
+    std::fs::write(pid_file(&args.state_dir), format!("{}\n", std::process::id()))
+        .with_context(|| format!("writing {}", pid_file(&args.state_dir).display()))?;
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(
+            crate::metrics_http::serve(
+                addr,
+                Arc::new(wasmcsi_runtime::metrics::Metrics::new()),
+                Some(datapath.clone()),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    tracing::info!(
+        socket = %args.socket.display(),
+        replicas = %datapath.local_addr(),
+        metrics = ?metrics,
+        pid = std::process::id(),
+        "serving the data path"
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for a signal")?,
+        _ = term.recv() => {}
+    }
+    tracing::info!(attached = ?datapath.attached(), "stopping the data path");
+    served.abort();
+    let _ = std::fs::remove_file(&args.socket);
+    let _ = std::fs::remove_file(pid_file(&args.state_dir));
+    datapath.shutdown().await.context("stopping the data path")
+}
+
+/// Starts `wasmcsi datapath` (this executable) detached from the calling plugin: its own
+/// process group, stdin closed, its log appended to `<state_dir>/datapath.log`, so neither a
+/// kill of the plugin nor a signal to the plugin's process group reaches it. Returns once it
+/// answers on its socket, with its pid.
+pub async fn spawn_detached(args: &DataPathArgs) -> anyhow::Result<u32> {
+    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    let log_path = args.state_dir.join("datapath.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("datapath")
+        .arg("--socket")
+        .arg(&args.socket)
+        .arg("--state-dir")
+        .arg(&args.state_dir)
+        .arg("--node-id")
+        .arg(&args.node_id)
+        .arg("--replica-listen")
+        .arg(args.replica_listen.to_string())
+        .arg("--replica-root")
+        .arg(&args.replica_root);
+    for (k, v) in &args.node_labels {
+        cmd.arg("--node-label").arg(format!("{k}={v}"));
+    }
+    if let Some(addr) = args.metrics_addr {
+        cmd.arg("--metrics-addr").arg(addr.to_string());
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("duplicating the log file")?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting wasmcsi datapath")?;
+    let pid = child.id();
+    let client = DataPathClient::new(&args.socket);
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    let answered = loop {
+        if let Ok(answered) = client.hello().await {
+            break answered;
+        }
+        if let Some(status) = child.try_wait().context("waiting for the data path")? {
+            anyhow::bail!("the data path exited with {status} at its start; see {}", log_path.display());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("the data path started (pid {pid}) did not answer; see {}", log_path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Reaped while this process lives; after that, by whoever inherits it.
+    std::thread::spawn(move || child.wait());
+    tracing::info!(pid = answered, socket = %args.socket.display(), "started the data path");
+    Ok(answered)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_label_is_key_equals_value() {
+        assert_eq!(super::parse_label("zone=a"), Ok(("zone".into(), "a".into())));
+        assert!(super::parse_label("=a").is_err());
+        assert!(super::parse_label("zone").is_err());
+    }
+}
