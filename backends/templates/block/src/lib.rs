@@ -22,10 +22,8 @@ const SIZING: Sizing = Sizing { default_bytes: GIB, unit_bytes: MIB };
 
 /// StorageClass parameters: this backend takes none (add yours here).
 fn check_parameters(parameters: &[Pair]) -> Result<(), Error> {
-    match parameters.iter().find(|p| !p.key.starts_with("csi.storage.k8s.io/")) {
-        Some(p) => Err(Error::InvalidArgument(format!("unknown parameter {:?} (this backend takes none)", p.key))),
-        None => Ok(()),
-    }
+    let unknown = parameters.iter().find(|p| !p.key.starts_with("csi.storage.k8s.io/"));
+    unknown.map_or(Ok(()), |p| Err(Error::InvalidArgument(format!("unknown parameter {:?} (this backend takes none)", p.key))))
 }
 
 /// Why these capabilities cannot be served, if they cannot: one engine, on one node.

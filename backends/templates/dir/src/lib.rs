@@ -12,9 +12,10 @@ use wasmcsi_backend_sdk::prelude::*;
 
 /// The backend.
 pub struct MyBackend;
+type Res<T> = Result<T, Error>;
 
 /// The root volumes live under: the first one granted.
-fn root(h: &impl Host) -> Result<String, Error> {
+fn root(h: &impl Host) -> Res<String> {
     h.dir().roots().into_iter().next().ok_or_else(|| Error::FailedPrecondition("no dir root granted".into()))
 }
 
@@ -24,7 +25,7 @@ fn is_ours(id: &str) -> bool {
 }
 
 /// The recorded size of volume `id`, `None` when there is no such volume.
-fn size_of(h: &impl Host, root: &str, id: &str) -> Result<Option<u64>, Error> {
+fn size_of(h: &impl Host, root: &str, id: &str) -> Res<Option<u64>> {
     if !is_ours(id) {
         return Ok(None);
     }
@@ -33,18 +34,16 @@ fn size_of(h: &impl Host, root: &str, id: &str) -> Result<Option<u64>, Error> {
 }
 
 /// Root and size of a volume that exists.
-fn find(h: &impl Host, id: &str) -> Result<(String, u64), Error> {
+fn find(h: &impl Host, id: &str) -> Res<(String, u64)> {
     let root = root(h)?;
     let size = size_of(h, &root, id)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
     Ok((root, size))
 }
 
 /// StorageClass parameters: this backend takes none (add yours here).
-fn check_parameters(parameters: &[Pair]) -> Result<(), Error> {
-    match parameters.iter().find(|p| !p.key.starts_with("csi.storage.k8s.io/")) {
-        Some(p) => Err(Error::InvalidArgument(format!("unknown parameter {:?} (this backend takes none)", p.key))),
-        None => Ok(()),
-    }
+fn check_parameters(parameters: &[Pair]) -> Res<()> {
+    let unknown = parameters.iter().find(|p| !p.key.starts_with("csi.storage.k8s.io/"));
+    unknown.map_or(Ok(()), |p| Err(Error::InvalidArgument(format!("unknown parameter {:?} (this backend takes none)", p.key))))
 }
 
 /// Why a directory cannot serve these capabilities, if it cannot: it lives on one node and is
@@ -63,7 +62,7 @@ impl Backend for MyBackend {
         BackendInfo { name: env!("CARGO_PKG_NAME").into(), version: env!("CARGO_PKG_VERSION").into(), features, parameters: vec![] }
     }
 
-    fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
+    fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Res<Volume> {
         check_csi_name("volume", &req.name)?;
         check_parameters(&req.parameters)?;
         if let Some(why) = unsupported_capability(&req.capabilities) {
@@ -93,17 +92,17 @@ impl Backend for MyBackend {
         Ok(Volume::new(id, size))
     }
 
-    fn delete_volume(h: &impl Host, id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+    fn delete_volume(h: &impl Host, id: String, _: Vec<SecretRef>) -> Res<()> {
         if !is_ours(&id) {
             return Ok(()); // names no volume of ours: already gone
         }
-        let root = root(h)?;
         // The record first: after a crash half-way the volume is gone for every call, and a retry removes the rest.
+        let root = root(h)?;
         h.dir().remove_all(&root, &format!("meta/{id}"))?;
         h.dir().remove_all(&root, &format!("volumes/{id}"))
     }
 
-    fn expand_volume(h: &impl Host, id: String, range: CapacityRange, _: Option<VolumeCapability>, _: Vec<SecretRef>) -> Result<Expansion, Error> {
+    fn expand_volume(h: &impl Host, id: String, range: CapacityRange, _: Option<VolumeCapability>, _: Vec<SecretRef>) -> Res<Expansion> {
         let (root, have) = find(h, &id)?;
         let size = grow(have, &range)?;
         if size != have {
@@ -112,7 +111,7 @@ impl Backend for MyBackend {
         Ok(Expansion { capacity_bytes: size, node_expansion_required: false })
     }
 
-    fn list_volumes(h: &impl Host, max_entries: u32, token: String) -> Result<VolumePage, Error> {
+    fn list_volumes(h: &impl Host, max_entries: u32, token: String) -> Res<VolumePage> {
         let root = root(h)?;
         let (ids, next_token) = page(h.dir().try_read_dir(&root, "meta")?.unwrap_or_default(), max_entries, &token)?;
         let mut entries = vec![];
@@ -125,24 +124,18 @@ impl Backend for MyBackend {
         Ok(VolumePage { entries, next_token })
     }
 
-    fn validate_volume_capabilities(
-        h: &impl Host,
-        id: String,
-        _: Vec<Pair>,
-        caps: Vec<VolumeCapability>,
-        params: Vec<Pair>,
-    ) -> Result<Option<String>, Error> {
+    fn validate_volume_capabilities(h: &impl Host, id: String, _: Vec<Pair>, caps: Vec<VolumeCapability>, params: Vec<Pair>) -> Res<Option<String>> {
         find(h, &id)?;
         Ok(check_parameters(&params).err().map(|e| format!("{e:?}")).or_else(|| unsupported_capability(&caps)))
     }
 
-    fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, params: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
+    fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, params: Vec<Pair>, _: Option<Topology>) -> Res<Capacity> {
         check_parameters(&params)?;
         let space = h.dir().fs_stats(&root(h)?)?;
         Ok(Capacity { available_bytes: space.available_bytes, maximum_volume_bytes: space.available_bytes, minimum_volume_bytes: 0 })
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Res<Attachment> {
         let (root, capacity_bytes) = find(h, &id)?;
         if cap.is_block() {
             return Err(Error::FailedPrecondition("a directory volume is no block device".into()));
