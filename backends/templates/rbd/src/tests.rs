@@ -26,7 +26,7 @@ fn create_is_idempotent_rounds_to_mib_and_delete_removes_image_and_record() {
     let pool = h.rbd.add_pool("ceph", "rbd");
     let v = MyBackend::create_volume(&h, request("pvc-1", (5 << 20) - 1, &POOL)).unwrap();
     assert_eq!(v.capacity_bytes, 5 << 20, "whole MiB");
-    assert_eq!(h.rbd.images(&pool), [v.volume_id.clone()]);
+    assert_eq!(h.rbd.images(&pool), std::slice::from_ref(&v.volume_id));
     assert_eq!(MyBackend::create_volume(&h, request("pvc-1", 5 << 20, &POOL)).unwrap(), v, "a retry gets the same volume");
     assert!(matches!(MyBackend::create_volume(&h, request("pvc-1", 6 << 20, &POOL)), Err(Error::AlreadyExists(_))));
     let listed = MyBackend::list_volumes(&h, 0, String::new()).unwrap().entries;
