@@ -47,13 +47,17 @@ fn parse_secret(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| "a --secret is not KEY=VALUE".to_string())
 }
 
+/// The backend name of `file`: its stem, with cargo's `_` read as the `-` it stands for
+/// (`cargo build` writes the component of crate `my-store` as `my_store.wasm`; the host loads it
+/// as `my-store.wasm`).
 fn backend_name(file: &Path) -> anyhow::Result<String> {
     let stem = file.file_stem().and_then(|s| s.to_str()).context("the file needs a NAME.wasm name")?;
+    let name = stem.replace('_', "-");
     anyhow::ensure!(
-        wasmcsi_runtime::config::is_valid_name(stem),
+        wasmcsi_runtime::config::is_valid_name(&name),
         "backend name {stem:?} (the file stem) must be 1-32 of [a-z0-9-]"
     );
-    Ok(stem.to_string())
+    Ok(name)
 }
 
 /// Check one component; `Ok(false)` when it loads but fails checks.
@@ -76,7 +80,11 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     let (imports, exports) = inspector.inspect(&name, &wasm)?;
     drop(inspector);
     println!("component {} ({} bytes, sha256 {})", args.file.display(), wasm.len(), Runtime::digest(&wasm));
-    println!("backend name: {name}");
+    if args.file.file_stem().and_then(|s| s.to_str()) == Some(name.as_str()) {
+        println!("backend name: {name}");
+    } else {
+        println!("backend name: {name} (the host loads it as {name}.wasm)");
+    }
     println!("imports:");
     for c in &imports.capabilities {
         println!("  wasmcsi:backend/{}", c.name());

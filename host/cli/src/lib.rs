@@ -13,6 +13,7 @@ pub mod demo;
 pub mod host;
 pub mod metrics_http;
 pub mod replica_process;
+pub mod scaffold;
 
 /// Read a host configuration file, or the defaults when none is given.
 pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcsi_runtime::config::HostConfig> {

@@ -14,6 +14,7 @@ use wasmcsi::host::{Host, HostOptions};
 /// selected by the StorageClass parameter `backend: NAME`. Backends are hot-reloaded.
 ///
 /// Start here:  wasmcsi demo            (a local host driving a real volume end to end)
+///              wasmcsi backend new my-backend  (a backend crate to edit, build and check)
 ///              wasmcsi backend check my-backend.wasm
 #[derive(Parser)]
 #[command(name = "wasmcsi", version, propagate_version = true)]
@@ -112,6 +113,10 @@ enum BackendCommand {
     /// Write the backends bundled in this binary into a directory as `NAME.wasm`, the names
     /// the host loads them by (how the image's backends directory is filled).
     Export(wasmcsi::backend_dir::ExportArgs),
+    /// Write a new backend crate on the guest SDK: a working template for one capability
+    /// (dir, nfs, rbd or block) with unit tests against the SDK's in-memory host, that builds
+    /// with `cargo build --release --target wasm32-wasip2` and passes `backend check` as it is.
+    New(wasmcsi::scaffold::NewArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -326,6 +331,7 @@ fn main() -> std::process::ExitCode {
                 wasmcsi::backend_dir::list(args).await.map(|rejected| rejected == 0)
             }
             Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
+            Command::Backend(BackendCommand::New(args)) => wasmcsi::scaffold::run(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
