@@ -326,7 +326,10 @@ async fn flow() {
     };
     let three = capacity("3", None).await;
     assert!(three.available_capacity > SIZE, "{three:?}");
-    assert_eq!(capacity("3", Some("zone-node-b")).await.available_capacity, three.available_capacity);
+    // The replica roots share this machine's disk with everything else running: its free space
+    // moves between two calls, so "the same answer" is within what other writers can change.
+    let zoned = capacity("3", Some("zone-node-b")).await.available_capacity;
+    assert!(zoned.abs_diff(three.available_capacity) < 256 << 20, "{zoned} vs {three:?}");
     assert_eq!(capacity("4", None).await.available_capacity, 0, "four replicas on three nodes");
 
     // One volume of three replicas, however many copies of the request arrive.
