@@ -54,6 +54,7 @@ pub struct DataPathArgs {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+/// A `KEY=VALUE` argument (node labels, `--peer NODE=ADDR`): the key must not be empty.
 pub fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),

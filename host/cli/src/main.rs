@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use wasmcsi::datapath_cmd::parse_label;
 use wasmcsi::host::{Host, HostOptions};
 
 /// wasmcsi — a Kubernetes CSI driver whose storage backends are sandboxed WebAssembly
@@ -220,13 +221,6 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         _ => None,
     };
     seconds.map(Duration::from_secs).ok_or_else(|| format!("{s:?} is not a duration such as 30s, 5m or 1h"))
-}
-
-fn parse_label(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("{s:?} is not KEY=VALUE")),
-    }
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
