@@ -104,11 +104,6 @@ impl Host {
         Self::start_with(opts, DataPathPlace::InProcess, PeerOptions::default()).await
     }
 
-    /// [`Host::start`], as one host of a multi-node cluster (see [`PeerOptions`]).
-    pub async fn start_with_peers(opts: HostOptions, peer: PeerOptions) -> anyhow::Result<Self> {
-        Self::start_with(opts, DataPathPlace::InProcess, peer).await
-    }
-
     /// A host whose data path runs where `place` says, as one host of a cluster as `peer` says.
     pub async fn start_with(opts: HostOptions, place: DataPathPlace, peer: PeerOptions) -> anyhow::Result<Self> {
         use wasmcsi_csi::peer::{Peers, auth};

@@ -426,26 +426,20 @@ async fn stage_and_publish(
     })
     .await
     .unwrap_or_else(|s| panic!("NodeStage: {s:?}"));
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
+    publish_at(node, v, ctx, p, cap).await;
+}
+
+async fn unpublish_at(node: &mut Node, v: &csi::Volume, target: &Path) {
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
         volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        target_path: p.target.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context: ctx.clone(),
-        ..Default::default()
+        target_path: target.to_string_lossy().into(),
     })
     .await
-    .unwrap_or_else(|s| panic!("NodePublish: {s:?}"));
+    .unwrap_or_else(|s| panic!("NodeUnpublish of {} at {}: {s:?}", v.volume_id, target.display()));
 }
 
 async fn unpublish_and_unstage(node: &mut Node, v: &csi::Volume, p: &Paths) {
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        target_path: p.target.to_string_lossy().into(),
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeUnpublish: {s:?}"));
+    unpublish_at(node, v, &p.target).await;
     node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
         volume_id: v.volume_id.clone(),
         staging_target_path: p.staging.to_string_lossy().into(),
@@ -455,16 +449,7 @@ async fn unpublish_and_unstage(node: &mut Node, v: &csi::Volume, p: &Paths) {
 }
 
 async fn condition(node: &mut Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {
-    node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-        volume_id: v.volume_id.clone(),
-        volume_path: p.target.to_string_lossy().into(),
-        staging_target_path: String::new(),
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeGetVolumeStats: {s:?}"))
-    .into_inner()
-    .volume_condition
-    .expect("a volume condition")
+    stats(node, v, &p.target).await.volume_condition.expect("a volume condition")
 }
 
 /// Polls the volume's condition until `want(condition)`; returns how long it took.
@@ -873,13 +858,7 @@ fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {
             let second = Paths { staging: p.staging.clone(), target: second.target };
             publish_at(&mut node_a, v, ctx, &second, &caps[i]).await;
             assert!(file(i, &second).exists(), "volume {i} shows at the new target");
-            node_a
-                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                    volume_id: v.volume_id.clone(),
-                    target_path: second.target.to_string_lossy().into(),
-                })
-                .await
-                .unwrap();
+            unpublish_at(&mut node_a, v, &second.target).await;
             unpublish_and_unstage(&mut node_a, v, p).await;
             unpublish(&mut ctl, v, "node-a").await;
         }
