@@ -304,6 +304,78 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
         .unwrap()
         .into_inner();
     assert_eq!(got.snapshot.unwrap().snapshot_id, snap.snapshot_id);
+    // ListVolumes and ListSnapshots through the controller cover every node's, page by page:
+    // a second volume and snapshot on node A, listed one entry per page.
+    let mut on_a = create.clone();
+    on_a.name = "pvc-local-2".into();
+    on_a.accessibility_requirements =
+        Some(csi::TopologyRequirement { requisite: vec![topology("node-a")], preferred: vec![] });
+    let on_a = controller.create_volume(on_a).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(on_a.volume_id, "hostpath@node-a:default.pvc-local-2");
+    let snap_a = controller
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: on_a.volume_id.clone(),
+            name: "snap-local-2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let (mut volumes, mut token) = (vec![], String::new());
+    loop {
+        let page = controller
+            .list_volumes(csi::ListVolumesRequest { max_entries: 1, starting_token: token })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 1, "{page:?}");
+        for e in page.entries {
+            let v = e.volume.unwrap();
+            volumes.push((v.volume_id, v.accessible_topology));
+        }
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    volumes.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        volumes,
+        vec![(on_a.volume_id.clone(), vec![topology("node-a")]), (volume.volume_id.clone(), vec![topology("node-b")])]
+    );
+    let (mut snapshots, mut token) = (vec![], String::new());
+    loop {
+        let page = controller
+            .list_snapshots(csi::ListSnapshotsRequest { max_entries: 1, starting_token: token, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 1, "{page:?}");
+        snapshots.extend(page.entries.into_iter().map(|e| e.snapshot.unwrap().snapshot_id));
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    snapshots.sort();
+    assert_eq!(snapshots, vec![snap_a.snapshot_id.clone(), snap.snapshot_id.clone()]);
+    let forged = controller
+        .list_volumes(csi::ListVolumesRequest { max_entries: 1, starting_token: "hostpath:+x".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), Code::Aborted, "{forged:?}");
+    controller
+        .delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap_a.snapshot_id.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    controller
+        .delete_volume(csi::DeleteVolumeRequest { volume_id: on_a.volume_id.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(!a.root().join("volumes/pvc-local-2").exists());
+
     controller
         .delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })
         .await

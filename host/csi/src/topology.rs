@@ -42,6 +42,14 @@ pub enum Route {
 
 /// Whether `backend`'s objects live on one node: it imports `dir`, whose roots are the disk
 /// of whichever host runs it.
+/// A node holding objects of a node-local backend, as a listing visits it: its tag in the
+/// backend's ids, and the node plugin to ask (`None`: this process is that node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub tag: String,
+    pub node: Option<String>,
+}
+
 pub fn is_node_local(backend: &Backend) -> bool {
     backend.imports.capabilities.contains(&Capability::Dir)
 }
@@ -176,6 +184,29 @@ impl Driver {
 
     /// Pin a volume that a node-local backend made on this node: accessible from this node
     /// only, and (in a multi-node cluster) its id names this node.
+    /// The nodes a listing of `backend` visits, in tag order; `None` when this process holds
+    /// all of its objects (a central backend, or no node plugins to ask).
+    pub async fn holders(&self, backend: &Backend) -> Option<Vec<Holder>> {
+        if !is_node_local(backend) {
+            return None;
+        }
+        let peers = self.node_local.peers.as_ref()?;
+        let me = self.mode.node().then_some(self.node_id.as_str());
+        let mut out: Vec<Holder> = peers
+            .node_names()
+            .await
+            .into_iter()
+            .filter(|n| Some(n.as_str()) != me)
+            .map(|n| Holder { tag: node_tag(&backend.name, &n), node: Some(n) })
+            .collect();
+        if let Some(me) = me {
+            out.push(Holder { tag: node_tag(&backend.name, me), node: None });
+        }
+        out.sort_by(|a, b| a.tag.cmp(&b.tag));
+        out.dedup_by(|a, b| a.tag == b.tag);
+        Some(out)
+    }
+
     pub fn pin_volume(&self, backend: &Backend, v: &mut csi::Volume) -> CsiResult<()> {
         if !is_node_local(backend) || !self.mode.node() {
             return Ok(());

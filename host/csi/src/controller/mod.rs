@@ -8,6 +8,8 @@
 //! A call on a node-local backend's volume runs on the node that holds it (`topology`): a
 //! controller that is not that node forwards it whole to the node plugin (`peer`) and answers
 //! what the node answered; the node runs it here and pins what it made to itself.
+mod listing;
+
 use crate::answer;
 use crate::convert::{self, bytes};
 use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
@@ -106,104 +108,6 @@ fn source_object(src: &csi::VolumeContentSource) -> Option<ObjectId> {
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Page through several backends as one list. Tokens are `BACKEND:INNER`, where INNER is
-/// that backend's own token; a token we did not hand out is ABORTED, as the spec asks.
-async fn paged<T, F, Fut>(
-    op: &'static str,
-    backends: Vec<Arc<Backend>>,
-    max_entries: i32,
-    token: &str,
-    fetch: F,
-) -> CsiResult<(Vec<T>, String)>
-where
-    F: Fn(Arc<Backend>, u32, String) -> Fut,
-    Fut: Future<Output = CsiResult<(Vec<T>, String)>>,
-{
-    let max = page_size(max_entries)?;
-    let (mut index, mut inner) = if token.is_empty() {
-        (0, String::new())
-    } else {
-        let (name, inner) =
-            token.split_once(':').ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
-        let i = backends
-            .iter()
-            .position(|b| b.name == name)
-            .ok_or_else(|| CsiError::InvalidToken(format!("invalid starting_token {token:?}")))?;
-        (i, inner.to_string())
-    };
-    let mut out = Vec::new();
-    while index < backends.len() {
-        let remaining = max - u32::try_from(out.len()).unwrap_or(max);
-        let backend = backends[index].clone();
-        let name = backend.name.clone();
-        let (mut entries, next) = fetch(backend.clone(), remaining, std::mem::take(&mut inner)).await?;
-        answer::page(&backend, op, &entries, &next, remaining)?;
-        out.append(&mut entries);
-        if !next.is_empty() {
-            return Ok((out, format!("{name}:{next}")));
-        }
-        index += 1;
-        if out.len() >= max as usize {
-            return Ok((out, backends.get(index).map(|b| format!("{}:", b.name)).unwrap_or_default()));
-        }
-    }
-    Ok((out, String::new()))
-}
-
-/// The page size the host asks backends for: the CO's limit, at most
-/// [`answer::MAX_PAGE_ENTRIES`] (also when it set none: the spec lets the plugin page then),
-/// so one answer stays one small gRPC message.
-fn page_size(max_entries: i32) -> CsiResult<u32> {
-    let max = u32::try_from(max_entries).map_err(|_| CsiError::Invalid("max_entries must not be negative".into()))?;
-    Ok(if max == 0 { answer::MAX_PAGE_ENTRIES } else { max.min(answer::MAX_PAGE_ENTRIES) })
-}
-
-/// Where a ListVolumes listing goes on within one backend's volumes.
-enum Cursor {
-    /// the backend's own page token ("": its first page)
-    Backend(String),
-    /// the host's journal of the backend's volumes, after this many
-    Journal(usize),
-}
-
-/// A ListVolumes token: `NAME:INNER` (backend NAME's own token INNER) or `NAME/N` (its
-/// volumes in the host's journal from the N-th on). Backend names hold neither ':' nor '/'.
-fn volume_token(name: &str, cursor: &Cursor) -> String {
-    match cursor {
-        Cursor::Backend(inner) => format!("{name}:{inner}"),
-        Cursor::Journal(n) => format!("{name}/{n}"),
-    }
-}
-
-/// The backend (its index in `names`) and cursor a token names; a token we did not hand out
-/// is ABORTED, as the spec asks.
-fn parse_volume_token(token: &str, names: &[String]) -> CsiResult<(usize, Cursor)> {
-    if token.is_empty() {
-        return Ok((0, Cursor::Backend(String::new())));
-    }
-    let invalid = || CsiError::InvalidToken(format!("invalid starting_token {token:?}"));
-    let at = token.find([':', '/']).ok_or_else(invalid)?;
-    let (name, rest) = (&token[..at], &token[at + 1..]);
-    let cursor = if token[at..].starts_with(':') {
-        Cursor::Backend(rest.to_string())
-    } else {
-        Cursor::Journal(rest.parse().map_err(|_| invalid())?)
-    };
-    let index = names.iter().position(|n| n == name).ok_or_else(invalid)?;
-    Ok((index, cursor))
-}
-
-/// One entry of a backend's ListVolumes page, checked.
-fn volume_entry(b: &Backend, e: &wit::VolumeStatus) -> CsiResult<csi::list_volumes_response::Entry> {
-    Ok(csi::list_volumes_response::Entry {
-        volume: Some(answer::volume(b, "list_volumes", &e.volume, None)?),
-        status: Some(csi::list_volumes_response::VolumeStatus {
-            published_node_ids: vec![],
-            volume_condition: e.condition.as_ref().map(answer::condition),
-        }),
-    })
 }
 
 impl ControllerService {
@@ -360,110 +264,6 @@ impl ControllerService {
         self.0.registry.all().into_iter().filter(|b| b.has_feature(f)).collect()
     }
 
-    /// Every backend's volumes, one backend after another. A backend that fails on its first
-    /// page, or is not loaded while the host's journal records volumes of it, does not take
-    /// the listing down, and its volumes do not vanish: they come from the journal, marked
-    /// abnormal with why (the CO's health monitor shows that as the volume's condition).
-    async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
-        let d = &self.0;
-        let store = &d.registry.runtime().store;
-        let loaded = self.capable(Feature::ListVolumes);
-        let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
-        let journal = store.backends_with_volumes().map_err(|e| CsiError::Internal(e.to_string()))?;
-        names.extend(journal.into_iter().filter(|n| d.registry.get(n).is_none()));
-        let names: Vec<String> = names.into_iter().collect();
-        let max = page_size(req.max_entries)?;
-        let (mut index, mut cursor) = parse_volume_token(&req.starting_token, &names)?;
-        let mut entries = Vec::new();
-        while index < names.len() {
-            let name = &names[index];
-            let remaining = max - u32::try_from(entries.len()).unwrap_or(max);
-            let backend = loaded.iter().find(|b| &b.name == name);
-            let not_loaded = || format!("backend {name} is not loaded on this host; listed from the host's journal");
-            let (mut got, next) = match (backend, std::mem::replace(&mut cursor, Cursor::Backend(String::new()))) {
-                (Some(b), Cursor::Backend(inner)) => {
-                    let first = inner.is_empty();
-                    match b.list_volumes(remaining, inner).await {
-                        Ok(page) => {
-                            answer::page(b, "list_volumes", &page.entries, &page.next_token, remaining)?;
-                            let got = page
-                                .entries
-                                .iter()
-                                .map(|e| {
-                                    let mut entry = volume_entry(b, e)?;
-                                    if let Some(v) = entry.volume.as_mut() {
-                                        d.pin_volume(b, v)?;
-                                    }
-                                    Ok(entry)
-                                })
-                                .collect::<CsiResult<Vec<_>>>()?;
-                            (got, (!page.next_token.is_empty()).then_some(Cursor::Backend(page.next_token)))
-                        }
-                        Err(e) if first => {
-                            let why = format!("not listed by its backend ({e}); listed from the host's journal");
-                            self.journal_page(name, 0, remaining, &why)?
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                (Some(_), Cursor::Journal(from)) => {
-                    self.journal_page(name, from, remaining, &format!("backend {name} did not list its volumes"))?
-                }
-                (None, Cursor::Journal(from)) => self.journal_page(name, from, remaining, &not_loaded())?,
-                (None, Cursor::Backend(inner)) if inner.is_empty() => {
-                    self.journal_page(name, 0, remaining, &not_loaded())?
-                }
-                (None, Cursor::Backend(_)) => {
-                    return Err(CsiError::InvalidToken(format!("invalid starting_token {:?}", req.starting_token)));
-                }
-            };
-            entries.append(&mut got);
-            if let Some(next) = next {
-                return Ok(csi::ListVolumesResponse { entries, next_token: volume_token(name, &next) });
-            }
-            index += 1;
-            if entries.len() >= max as usize {
-                let next_token = names.get(index).map(|n| volume_token(n, &Cursor::Backend(String::new())));
-                return Ok(csi::ListVolumesResponse { entries, next_token: next_token.unwrap_or_default() });
-            }
-        }
-        Ok(csi::ListVolumesResponse { entries, next_token: String::new() })
-    }
-
-    /// Up to `take` of the volumes the journal records for backend `name` from the `from`-th,
-    /// each abnormal for `why`; and where to go on from, if more are left.
-    fn journal_page(
-        &self,
-        name: &str,
-        from: usize,
-        take: u32,
-        why: &str,
-    ) -> CsiResult<(Vec<csi::list_volumes_response::Entry>, Option<Cursor>)> {
-        let store = &self.0.registry.runtime().store;
-        let mut records =
-            store.volumes_of(name, from, take as usize + 1).map_err(|e| CsiError::Internal(e.to_string()))?;
-        let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));
-        records.truncate(take as usize);
-        let condition = csi::VolumeCondition { abnormal: true, message: answer::message(why) };
-        let entries = records
-            .into_iter()
-            .map(|(volume_id, record)| csi::list_volumes_response::Entry {
-                volume: Some(csi::Volume {
-                    capacity_bytes: bytes(record.capacity_bytes),
-                    volume_context: [(DIGEST_CONTEXT_KEY.to_string(), record.digest)].into(),
-                    volume_id,
-                    content_source: None,
-                    accessible_topology: vec![],
-                }),
-                status: Some(csi::list_volumes_response::VolumeStatus {
-                    published_node_ids: vec![],
-                    volume_condition: Some(condition.clone()),
-                }),
-            })
-            .collect();
-        Ok((entries, next))
-    }
-
     async fn get_capacity(&self, req: csi::GetCapacityRequest) -> CsiResult<csi::GetCapacityResponse> {
         let caps = convert::capabilities(&req.volume_capabilities)?;
         let topology = req.accessible_topology.as_ref().map(convert::topology);
@@ -597,57 +397,6 @@ impl ControllerService {
         let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
         backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
         Ok(csi::DeleteSnapshotResponse {})
-    }
-
-    async fn list_snapshots(&self, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
-        // A filter routes to one backend; an id that cannot be ours matches nothing.
-        let filter_id = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty());
-        let (backends, snap, vol) =
-            match filter_id {
-                Some(id) => match self.0.backend_for_id(id)? {
-                    Some((b, oid)) => {
-                        if let Route::Node(node) = self.0.route_object(&b, &oid).await? {
-                            return self
-                                .forward(&node, &b, "ListSnapshots", req, |mut c, r| async move {
-                                    c.list_snapshots(r).await
-                                })
-                                .await;
-                        }
-                        let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
-                        let vol = if req.source_volume_id.is_empty() {
-                            None
-                        } else {
-                            match ObjectId::parse(&req.source_volume_id) {
-                                Some(v) if v.backend == b.name => Some(v.local),
-                                _ => return Ok(csi::ListSnapshotsResponse::default()),
-                            }
-                        };
-                        (vec![b], snap, vol)
-                    }
-                    None => return Ok(csi::ListSnapshotsResponse::default()),
-                },
-                None => (self.capable(Feature::ListSnapshots), None, None),
-            };
-        let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
-        let (entries, next_token) =
-            paged("list_snapshots", backends, req.max_entries, &req.starting_token, |b, max, token| {
-                let (snap, vol) = (snap.clone(), vol.clone());
-                async move {
-                    let page = b.list_snapshots(snap, vol, max, token).await?;
-                    let entries = page
-                        .entries
-                        .iter()
-                        .map(|s| {
-                            Ok(csi::list_snapshots_response::Entry {
-                                snapshot: Some(self.pin_snapshot(&b, answer::snapshot(&b, "list_snapshots", s)?)?),
-                            })
-                        })
-                        .collect::<CsiResult<Vec<_>>>()?;
-                    Ok((entries, page.next_token))
-                }
-            })
-            .await?;
-        Ok(csi::ListSnapshotsResponse { entries, next_token })
     }
 
     /// GetSnapshot. A backend with the `get-snapshot` feature answers it; one that only lists
