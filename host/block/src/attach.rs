@@ -497,6 +497,13 @@ impl Inner {
             tracing::warn!(error = %e, "the flush before a handover failed");
         }
         self.volume.shutdown();
+        // Its sessions must end (cleanly: the flush was the last request) before the next
+        // engine says hello, or a replica still counting this one shows itself dirty to the
+        // next and costs a resync: wait until the driver let go of its connections.
+        let deadline = Instant::now() + STOP_WAIT;
+        while !self.volume.is_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(suspended)
     }
 }
@@ -526,6 +533,9 @@ pub struct SuspendedVolume {
     /// When its I/O stopped being answered: the start of the pause.
     pub suspended_at: std::time::SystemTime,
 }
+
+/// How long a suspend waits for the stopped engine to close its replica sessions.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// How long an adopting engine waits for every replica before serving with fewer: a replica
 /// that joins after I/O resumed needs a rebuild, one that joins before does not.

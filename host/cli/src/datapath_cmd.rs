@@ -104,10 +104,14 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         crate::datapath_upgrade::adopt(&datapath, handovers, volumes).await;
     }
     let (upgrades, mut upgrade_requests) = tokio::sync::mpsc::unbounded_channel();
+    // Written whole (renamed into place) before the socket answers: whoever reads it, also
+    // during a live upgrade (same pid), finds the pid, never an empty file.
+    let pid_tmp = pid_file(&args.state_dir).with_extension("pid.tmp");
+    std::fs::write(&pid_tmp, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&pid_tmp, pid_file(&args.state_dir)))
+        .with_context(|| format!("writing {}", pid_file(&args.state_dir).display()))?;
     let task = socket::serve_on(datapath.clone(), socket_listener.try_clone()?, Some(upgrades.clone()))?;
     let mut served = crate::datapath_upgrade::Served { socket_listener, task };
-    std::fs::write(pid_file(&args.state_dir), format!("{}\n", std::process::id()))
-        .with_context(|| format!("writing {}", pid_file(&args.state_dir).display()))?;
     let metrics = match args.metrics_addr {
         Some(addr) => Some(
             crate::metrics_http::serve(
