@@ -124,6 +124,29 @@ app.kubernetes.io/component: {{ .component }}
       mountPath: /var/lib/wasmcsi/backends
 {{- end -}}
 
+{{/* Leaves this image's binary in the data path's binary directory, for a live upgrade of the
+data path (`wasmcsi upgrade datapath`). Copied beside, then renamed: the data path may be running
+an older copy of the same name. */}}
+{{- define "wasmcsi.stageBinary" -}}
+- name: stage-binary
+  image: {{ include "wasmcsi.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - sh
+    - -c
+    - cp /usr/bin/wasmcsi {{ .Values.datapath.binDir }}/.wasmcsi-{{ .Chart.AppVersion }}.tmp && mv -f {{ .Values.datapath.binDir }}/.wasmcsi-{{ .Chart.AppVersion }}.tmp {{ .Values.datapath.binDir }}/wasmcsi-{{ .Chart.AppVersion }}
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: ["ALL"]
+    seccompProfile:
+      type: RuntimeDefault
+  volumeMounts:
+    - name: datapath-bin
+      mountPath: {{ .Values.datapath.binDir }}
+{{- end -}}
+
 {{/* securityContext of an unprivileged sidecar. */}}
 {{- define "wasmcsi.sidecarSecurity" -}}
 allowPrivilegeEscalation: false

@@ -253,48 +253,7 @@ impl AttachedVolume {
             return Err(invalid(format!("local replica {l} is out of range: there are {n} replicas (indices 0..{n})")));
         }
         let size = replica_size(&config).await?;
-        std::fs::create_dir_all(&config.runtime_dir).map_err(|source| AttachError::Frontend {
-            volume_id: volume_id.clone(),
-            source: FrontendError::Io { context: format!("creating {}", config.runtime_dir.display()), source },
-        })?;
-
-        let engine = EngineConfig {
-            volume_id: volume_id.clone(),
-            size,
-            replicas: (0..n).map(|i| ReplicaConfig { local: config.local == Some(i) }).collect(),
-            region_size: REGION_SIZE,
-            request_timeout: ENGINE_REQUEST_TIMEOUT_MS,
-            attach_timeout: ENGINE_ATTACH_TIMEOUT_MS,
-            rebuild_parallelism: REBUILD_PARALLELISM,
-            epoch: config.epoch,
-        };
-        let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
-        driver.in_process = config.in_process.clone();
-        let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
-            .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
-        let volume = Arc::new(volume);
-
-        let deadline = Instant::now() + config.attach_timeout;
-        loop {
-            let s = volume.status();
-            if s.fenced {
-                volume.shutdown();
-                return Err(AttachError::Fenced { volume_id });
-            }
-            if s.attached && s.healthy >= 1 {
-                break;
-            }
-            if Instant::now() >= deadline {
-                volume.shutdown();
-                return Err(AttachError::NotAttached {
-                    volume_id,
-                    timeout: config.attach_timeout,
-                    status: describe(&s, n),
-                });
-            }
-            tokio::time::sleep(ATTACH_POLL).await;
-        }
-
+        let volume = start_engine(&config, size, Duration::ZERO).await?;
         // The frontend blocks (FUSE mount, loop setup); it undoes its own steps on failure.
         let (dev, runtime_dir, name) = (volume.clone(), config.runtime_dir.clone(), volume_id.clone());
         let attached =
@@ -313,6 +272,57 @@ impl AttachedVolume {
         let device = attached.device().to_path_buf();
         tracing::debug!(device = %device.display(), size, "volume attached");
         Ok(Self { inner: Arc::new(Inner { volume_id, device, volume, frontend: Mutex::new(Some(attached)) }) })
+    }
+
+    /// Serves, in this process, a volume suspended by [`Self::suspend`] (in this process, or in
+    /// the process image before an `execve`): starts its engine from its persisted state,
+    /// clean after the suspend's flush, and serves the FUSE connection `suspended.session`
+    /// again, with the mount and loop device the kernel already has. Requests the kernel queued
+    /// meanwhile are answered now; nothing is formatted, mounted or attached anew. On failure the
+    /// connection is dropped: its mount answers ENOTCONN, its loop device fails I/O, as after a
+    /// crash of the data path.
+    #[tracing::instrument(name = "block.adopt", skip_all, fields(volume.id = %config.volume_id))]
+    pub async fn adopt(config: AttachConfig, suspended: SuspendedVolume) -> Result<Self, AttachError> {
+        let volume_id = config.volume_id.clone();
+        if suspended.volume_id != volume_id {
+            return Err(AttachError::Invalid {
+                volume_id,
+                message: format!("the suspended volume is {}", suspended.volume_id),
+            });
+        }
+        let volume = start_engine(&config, suspended.size, ADOPT_ALL_HEALTHY).await?;
+        let (dev, runtime_dir, name) = (volume.clone(), config.runtime_dir.clone(), volume_id.clone());
+        let SuspendedVolume { session, mount, device, .. } = suspended;
+        let adopted = tokio::task::spawn_blocking(move || {
+            FuseLoopFrontend::new(&runtime_dir).adopt(dev, &name, session, &mount, &device)
+        })
+        .await;
+        let attached = match adopted {
+            Ok(Ok(attached)) => attached,
+            Ok(Err(source)) => {
+                volume.shutdown();
+                return Err(AttachError::Frontend { volume_id, source });
+            }
+            Err(e) => {
+                volume.shutdown();
+                return Err(AttachError::Task { volume_id, what: "frontend adopt", message: e.to_string() });
+            }
+        };
+        let device = attached.device().to_path_buf();
+        tracing::info!(device = %device.display(), "volume adopted");
+        Ok(Self { inner: Arc::new(Inner { volume_id, device, volume, frontend: Mutex::new(Some(attached)) }) })
+    }
+
+    /// Stops serving the volume for a handover, leaving everything the kernel sees in place (the
+    /// FUSE mount, the loop device, a filesystem mounted on it): the FUSE server stops at a
+    /// request boundary with every request it read answered, the engine flushes to every
+    /// replica's disk (their dirty flags clear: the next engine starts clean) and stops. The
+    /// kernel's new requests wait, unanswered, for [`Self::adopt`] here or in a new process
+    /// image. This handle is stopped afterwards (operations answer [`AttachError::Stopped`]).
+    #[tracing::instrument(name = "block.suspend", skip_all, fields(volume.id = %self.inner.volume_id))]
+    pub async fn suspend(&self) -> Result<SuspendedVolume, AttachError> {
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.volume_id, "suspend", move || inner.suspend()).await
     }
 
     pub fn volume_id(&self) -> &str {
@@ -446,6 +456,58 @@ impl Inner {
     }
 }
 
+impl Inner {
+    fn suspend(&self) -> Result<SuspendedVolume, AttachError> {
+        let frontend_error = |source| AttachError::Frontend { volume_id: self.volume_id.clone(), source };
+        let mut frontend = self.frontend();
+        let attached = frontend.as_mut().ok_or_else(|| AttachError::Stopped(self.volume_id.clone()))?;
+        let suspended_at = std::time::SystemTime::now();
+        attached.suspend().map_err(frontend_error)?;
+        let kept = || -> Result<SuspendedVolume, FrontendError> {
+            let fd = attached.session_fd().ok_or_else(|| FrontendError::Invalid("no FUSE session".into()))?;
+            let session = fd.try_clone_to_owned().map_err(|e| FrontendError::io("duplicating the FUSE session", e))?;
+            let mount = attached.mount_point().ok_or_else(|| FrontendError::Invalid("no FUSE mount".into()))?;
+            Ok(SuspendedVolume {
+                volume_id: self.volume_id.clone(),
+                size: self.volume.size(),
+                session,
+                mount: mount.to_owned(),
+                device: self.device.clone(),
+                suspended_at,
+            })
+        };
+        let suspended = match kept() {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing was handed anywhere: serve on.
+                if let Err(r) = attached.resume() {
+                    tracing::error!(error = %r, "resuming a volume whose suspend failed");
+                }
+                return Err(frontend_error(e));
+            }
+        };
+        // From here the suspended volume is the only owner of what the kernel sees: the handle
+        // forgets its teardown (no unmount, no loop detach, no FUSE abort).
+        if let Some(attached) = frontend.take() {
+            attached.release();
+        }
+        drop(frontend);
+        if let Err(e) = self.volume.flush() {
+            // The next engine resyncs what was in flight, as after a crash: still no I/O error.
+            tracing::warn!(error = %e, "the flush before a handover failed");
+        }
+        self.volume.shutdown();
+        // Its sessions must end (cleanly: the flush was the last request) before the next
+        // engine says hello, or a replica still counting this one shows itself dirty to the
+        // next and costs a resync: wait until the driver let go of its connections.
+        let deadline = Instant::now() + STOP_WAIT;
+        while !self.volume.is_stopped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(suspended)
+    }
+}
+
 impl Drop for Inner {
     /// The last handle went without `stop`: the frontend's own drop tears it down unless a
     /// filesystem is still mounted on the device, in which case the FUSE server keeps the
@@ -456,6 +518,83 @@ impl Drop for Inner {
             self.volume.shutdown();
         }
     }
+}
+
+/// A volume between two engines (see [`AttachedVolume::suspend`]): the kernel's side of it is
+/// intact and waits; this holds the FUSE connection that serves it.
+#[derive(Debug)]
+pub struct SuspendedVolume {
+    pub volume_id: String,
+    pub size: u64,
+    /// The FUSE connection (the fd its mount was made with).
+    pub session: std::os::fd::OwnedFd,
+    pub mount: PathBuf,
+    pub device: PathBuf,
+    /// When its I/O stopped being answered: the start of the pause.
+    pub suspended_at: std::time::SystemTime,
+}
+
+/// How long a suspend waits for the stopped engine to close its replica sessions.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// How long an adopting engine waits for every replica before serving with fewer: a replica
+/// that joins after I/O resumed needs a rebuild, one that joins before does not.
+const ADOPT_ALL_HEALTHY: Duration = Duration::from_secs(2);
+
+/// Starts the engine of a volume of `size` bytes and waits until it serves from a healthy
+/// replica, and up to `all_healthy` longer for every replica to be healthy.
+async fn start_engine(
+    config: &AttachConfig,
+    size: u64,
+    all_healthy: Duration,
+) -> Result<Arc<ReplicatedVolume>, AttachError> {
+    let volume_id = config.volume_id.clone();
+    let n = config.replicas.len();
+    std::fs::create_dir_all(&config.runtime_dir).map_err(|source| AttachError::Frontend {
+        volume_id: volume_id.clone(),
+        source: FrontendError::Io { context: format!("creating {}", config.runtime_dir.display()), source },
+    })?;
+    let engine = EngineConfig {
+        volume_id: volume_id.clone(),
+        size,
+        replicas: (0..n).map(|i| ReplicaConfig { local: config.local == Some(i) }).collect(),
+        region_size: REGION_SIZE,
+        request_timeout: ENGINE_REQUEST_TIMEOUT_MS,
+        attach_timeout: ENGINE_ATTACH_TIMEOUT_MS,
+        rebuild_parallelism: REBUILD_PARALLELISM,
+        epoch: config.epoch,
+    };
+    let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
+    driver.in_process = config.in_process.clone();
+    let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
+        .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
+    let volume = Arc::new(volume);
+
+    let deadline = Instant::now() + config.attach_timeout;
+    let mut serving_since: Option<Instant> = None;
+    loop {
+        let s = volume.status();
+        if s.fenced {
+            volume.shutdown();
+            return Err(AttachError::Fenced { volume_id });
+        }
+        if s.attached && s.healthy >= 1 {
+            let since = *serving_since.get_or_insert_with(Instant::now);
+            if s.healthy >= n || since.elapsed() >= all_healthy {
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            volume.shutdown();
+            return Err(AttachError::NotAttached {
+                volume_id,
+                timeout: config.attach_timeout,
+                status: describe(&s, n),
+            });
+        }
+        tokio::time::sleep(ATTACH_POLL).await;
+    }
+    Ok(volume)
 }
 
 async fn run_blocking<T: Send + 'static>(

@@ -52,6 +52,11 @@ pub struct DataPathArgs {
     /// Serve Prometheus metrics of the volumes this process serves at http://ADDR/metrics.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Take over the volumes the previous image of this data path handed over in a live upgrade
+    /// (`wasmcsi upgrade datapath`), described in FILE, with the fds it kept open. Set by the
+    /// upgrade itself, not by hand.
+    #[arg(long, value_name = "FILE")]
+    pub adopt: Option<PathBuf>,
 }
 
 /// A `KEY=VALUE` argument (node labels, `--peer NODE=ADDR`): the key must not be empty.
@@ -78,12 +83,35 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(10),
         attach_timeout: Duration::from_secs(30),
     };
-    let datapath = Arc::new(DataPath::start(config).await.with_context(|| {
+    // Inherited fds are taken before anything else opens a file (see `datapath_upgrade::inherit`).
+    let inherited = match &args.adopt {
+        Some(state) => Some(crate::datapath_upgrade::take_over(state).context("taking over a handed-over data path")?),
+        None => None,
+    };
+    let (replica_listener, socket_listener, adopted) = match inherited {
+        Some(i) => (Some(i.replica_listener), Some(i.socket_listener), Some((i.state.handovers, i.volumes))),
+        None => (None, None, None),
+    };
+    let datapath = Arc::new(DataPath::start_on(config, replica_listener).await.with_context(|| {
         format!("serving replicas from {} on {}", args.replica_root.display(), args.replica_listen)
     })?);
-    let served = socket::serve(datapath.clone(), &args.socket).await?;
-    std::fs::write(pid_file(&args.state_dir), format!("{}\n", std::process::id()))
+    let socket_listener = match socket_listener {
+        Some(l) => l,
+        None => socket::bind(&args.socket).await?,
+    };
+    if let Some((handovers, volumes)) = adopted {
+        // Before the socket is served: requests queued during the handover see the volumes.
+        crate::datapath_upgrade::adopt(&datapath, handovers, volumes).await;
+    }
+    let (upgrades, mut upgrade_requests) = tokio::sync::mpsc::unbounded_channel();
+    // Written whole (renamed into place) before the socket answers: whoever reads it, also
+    // during a live upgrade (same pid), finds the pid, never an empty file.
+    let pid_tmp = pid_file(&args.state_dir).with_extension("pid.tmp");
+    std::fs::write(&pid_tmp, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&pid_tmp, pid_file(&args.state_dir)))
         .with_context(|| format!("writing {}", pid_file(&args.state_dir).display()))?;
+    let task = socket::serve_on(datapath.clone(), socket_listener.try_clone()?, Some(upgrades.clone()))?;
+    let mut served = crate::datapath_upgrade::Served { socket_listener, task };
     let metrics = match args.metrics_addr {
         Some(addr) => Some(
             crate::metrics_http::serve(
@@ -100,15 +128,22 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         replicas = %datapath.local_addr(),
         metrics = ?metrics,
         pid = std::process::id(),
+        handovers = datapath.handover_report().handovers,
         "serving the data path"
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for a signal")?,
-        _ = term.recv() => {}
+    loop {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => break r.context("waiting for a signal")?,
+            _ = term.recv() => break,
+            Some(binary) = upgrade_requests.recv() => {
+                let state = args.state_dir.join("handover.json");
+                crate::datapath_upgrade::hand_over(&datapath, &binary, &state, &mut served, &upgrades).await;
+            }
+        }
     }
     tracing::info!(attached = ?datapath.attached(), "stopping the data path");
-    served.abort();
+    served.task.abort();
     let _ = std::fs::remove_file(&args.socket);
     let _ = std::fs::remove_file(pid_file(&args.state_dir));
     datapath.shutdown().await.context("stopping the data path")

@@ -317,6 +317,7 @@ fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::dat
         replica_root: r.root.clone(),
         node_labels: r.labels.clone(),
         metrics_addr: None,
+        adopt: None,
     })
 }
 

@@ -1,6 +1,6 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
 //! suite (shared by `backend check` and the tests), the metrics endpoint, the node's data path
-//! as a process of its own (`wasmcsi datapath`), and replica nodes as
+//! as a process of its own (`wasmcsi datapath`) and its live upgrade, and replica nodes as
 //! child processes (the demo's and the benchmark's). `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
 pub mod backend_dir;
@@ -9,6 +9,7 @@ pub mod block_ctl;
 pub mod check;
 pub mod conformance;
 pub mod datapath_cmd;
+pub mod datapath_upgrade;
 pub mod demo;
 pub mod host;
 pub mod metrics_http;

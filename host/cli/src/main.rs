@@ -39,6 +39,19 @@ enum LogFormat {
 }
 
 #[derive(Subcommand)]
+enum UpgradeCommand {
+    /// Hand every volume of a running data path (`wasmcsi datapath`) to a new wasmcsi binary
+    /// without unmounting and without an I/O error: I/O pauses while the volumes move, and the
+    /// data path keeps its pid. Prints the longest pause. If the new binary cannot take over,
+    /// the running one serves on and this fails with its reason.
+    ///
+    /// Example (in the data path's container, the new binary copied beside the old one):
+    ///   wasmcsi upgrade datapath --socket /var/lib/wasmcsi/datapath/datapath.sock \
+    ///     --binary /var/lib/wasmcsi/bin/wasmcsi-0.2.0
+    Datapath(wasmcsi::datapath_upgrade::UpgradeArgs),
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Serve CSI on a unix socket (controller, node, or both).
     ///
@@ -61,6 +74,9 @@ enum Command {
     ///   wasmcsi datapath --socket /var/lib/wasmcsi/datapath/datapath.sock --node-id $NODE_NAME \
     ///     --replica-listen $POD_IP:9501 --state-dir /var/lib/wasmcsi/state
     Datapath(wasmcsi::datapath_cmd::DataPathArgs),
+    /// Upgrade a running part of wasmcsi live.
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
     /// Replica servers of the replicated block data path (serve, nodes).
     #[command(subcommand)]
     Replica(wasmcsi::block_cmd::ReplicaCommand),
@@ -328,6 +344,9 @@ fn main() -> std::process::ExitCode {
             Command::Backend(BackendCommand::New(args)) => wasmcsi::scaffold::run(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
+            Command::Upgrade(UpgradeCommand::Datapath(args)) => {
+                wasmcsi::datapath_upgrade::run_upgrade(args).await.map(|()| true)
+            }
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
             Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),

@@ -58,6 +58,7 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
     let _ = wasmcsi_csi::metrics::global().encode_without_eof(&mut out);
     if let Some(d) = datapath {
         let _ = wasmcsi_csi::metrics::encode_replicated(&d.statuses(), &mut out);
+        let _ = encode_handovers(&d.handover_report(), d.attached().len(), &mut out);
     }
     let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
     build.register(
@@ -67,6 +68,36 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
     );
     let _ = prometheus_client::encoding::text::encode(&mut out, &build);
     out
+}
+
+/// The data path's own series: volumes it serves, live upgrades it went through, and the longest
+/// I/O pause of a volume in the last one.
+fn encode_handovers(
+    report: &wasmcsi_block::datapath::handover::HandoverReport,
+    volumes: usize,
+    out: &mut String,
+) -> std::fmt::Result {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("wasmcsi_datapath");
+    let served = Gauge::<i64>::default();
+    served.set(i64::try_from(volumes).unwrap_or(i64::MAX));
+    registry.register("volumes", "Replicated volumes this data path serves", served);
+    let handovers = Counter::<u64>::default();
+    handovers.inc_by(report.handovers);
+    registry.register(
+        "handovers",
+        "Live upgrades this data path went through (wasmcsi upgrade datapath), its pid unchanged",
+        handovers,
+    );
+    let pause = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    pause.set(report.last_pause_us.unwrap_or(0) as f64 / 1e6);
+    registry.register(
+        "last_handover_pause_seconds",
+        "The longest I/O pause of a volume in the last live upgrade (0 before the first)",
+        pause,
+    );
+    prometheus_client::encoding::text::encode_registry(out, &registry)
 }
 
 #[cfg(test)]
@@ -119,7 +150,21 @@ mod tests {
         // A node's replicated volumes (their families are written only where engines run).
         let volume = wasmcsi_block::volume::VolumeStatus { healthy: 1, ..Default::default() };
         wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
+        let report = wasmcsi_block::datapath::handover::HandoverReport {
+            handovers: 2,
+            last_pause_us: Some(40_000),
+            ..Default::default()
+        };
+        super::encode_handovers(&report, 3, &mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn the_data_path_reports_its_handovers_and_the_last_pause() {
+        let text = exported();
+        assert!(text.contains("wasmcsi_datapath_handovers_total 2"), "{text}");
+        assert!(text.contains("wasmcsi_datapath_last_handover_pause_seconds 0.04"), "{text}");
+        assert!(text.contains("wasmcsi_datapath_volumes 3"), "{text}");
     }
 
     #[test]

@@ -1,45 +1,39 @@
 //! The FUSE-file-under-a-loop-device frontend, for kernels without NBD or ublk.
 //!
-//! A tiny FUSE filesystem (pure-Rust `fuser`, mounted directly with mount(2) as root, so neither
-//! libfuse nor fusermount is needed) exposes exactly one regular file, `volume`, whose reads,
-//! writes, fsync and hole punching go straight to the [`BlockDevice`]. a loop device with direct I/O
-//! then turns that file into `/dev/loopN`. Direct I/O end to end keeps the page cache out of the
+//! A tiny FUSE filesystem (the project's own server, [`server`] over [`abi`], mounted directly
+//! with mount(2) as root, so neither libfuse nor fusermount is needed) exposes exactly one
+//! regular file, `volume`, whose reads, writes, fsync and hole punching go straight to the
+//! [`BlockDevice`]. A loop device with direct I/O then turns that file into `/dev/loopN`. Direct I/O end to end keeps the page cache out of the
 //! data path: a write acknowledged by the loop device has reached the `BlockDevice`.
 //!
-//! Requests are served by several threads, each reading its own cloned `/dev/fuse` fd. Reads and
-//! writes are handed to the device with [`BlockDevice::submit_read`]/[`BlockDevice::submit_write`]
-//! and answered from their completion, on whatever thread the device completes them: a device
-//! with its own I/O threads (the replicated engine) keeps any number of requests in flight from
-//! one FUSE thread, and a synchronous one (a plain file) is served one request per thread. A
-//! write's data is copied (or written) before `submit_write` returns, as the kernel's buffer
-//! belongs to the FUSE thread.
+//! Requests are served by several threads, each reading its own cloned `/dev/fuse` fd
+//! ([`server`]). Reads and writes are handed to the device with
+//! [`BlockDevice::submit_read`]/[`BlockDevice::submit_write`] and answered from their
+//! completion, on whatever thread the device completes them: a device with its own I/O threads
+//! (the replicated engine) keeps any number of requests in flight from one FUSE thread, and a
+//! synchronous one (a plain file) is served one request per thread. A write's data is copied (or
+//! written) before `submit_write` returns, as the kernel's buffer belongs to the FUSE thread.
+//!
+//! A served volume can be handed to another process without the kernel noticing more than a
+//! pause: [`crate::Attached::suspend`] stops the server at a request boundary, the session fd
+//! (kept open across `execve`, or passed on) goes to the new process, and
+//! [`FuseLoopFrontend::adopt`] serves the same connection, mount and loop device there.
 
-use std::ffi::OsStr;
+pub mod abi;
+pub mod server;
+
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
-
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, Session, SessionACL, TimeOrNow, WriteFlags,
-};
-use nix::fcntl::FallocateFlags;
+use std::time::Duration;
 
 use crate::loop_dev::{self, LoopOptions};
 use crate::mkfs::umount_retrying;
 use crate::{Attached, BlockDevice, Frontend, FrontendError, RefreshSize, Undo};
 
-/// The name of the one file in the FUSE filesystem.
-pub const VOLUME_FILE: &str = "volume";
-const VOLUME_INO: INodeNo = INodeNo(2);
-/// The largest write the kernel may send in one request (its own limit is 256 pages by default).
-const MAX_WRITE: u32 = 1 << 20;
-/// Attributes change only on a resize, which invalidates them explicitly (see
-/// [`FuseLoopFrontend::refresh_size`]), so the kernel may cache them for long.
-const TTL: Duration = Duration::from_secs(3600);
+pub use server::VOLUME_FILE;
+use server::{Server, VOLUME_INO};
 /// How long teardown waits for the kernel to let go of a loop device or a mount.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -84,96 +78,68 @@ impl FuseLoopFrontend {
         if self.fail_point == Some(point) { Err(FrontendError::Injected(point)) } else { Ok(()) }
     }
 
+    fn check_name(name: &str) -> Result<(), FrontendError> {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) || name == ".." {
+            return Err(FrontendError::Invalid(format!("volume name {name:?} must be [A-Za-z0-9._-]+")));
+        }
+        Ok(())
+    }
+
     fn attach_steps(
         &self,
         dev: Arc<dyn BlockDevice>,
         name: &str,
         undo: &mut Undo,
-    ) -> Result<(PathBuf, RefreshSize), FrontendError> {
+    ) -> Result<(PathBuf, RefreshSize, Session), FrontendError> {
         let size = dev.size();
         if size == 0 || !size.is_multiple_of(512) {
             return Err(FrontendError::Invalid(format!("size {size} is not a positive multiple of 512")));
         }
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) || name == ".." {
-            return Err(FrontendError::Invalid(format!("volume name {name:?} must be [A-Za-z0-9._-]+")));
-        }
+        Self::check_name(name)?;
 
         std::fs::create_dir_all(&self.runtime_dir)
             .map_err(|e| FrontendError::io(format!("creating {}", self.runtime_dir.display()), e))?;
         // Unique per process and attach, so two attaches of one name (or a stale dir from a
         // crashed run) never share a mount point.
         static SEQ: AtomicU64 = AtomicU64::new(0);
-        let mnt = self.runtime_dir.join(format!(
-            "fuse-{name}.{}.{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&mnt).map_err(|e| FrontendError::io(format!("creating {}", mnt.display()), e))?;
-        {
-            let mnt = mnt.clone();
-            undo.push(format!("remove {}", mnt.display()), move || {
-                std::fs::remove_dir(&mnt).map_err(|e| FrontendError::io(format!("removing {}", mnt.display()), e))
-            });
-        }
+        let mnt = loop {
+            let mnt = self.runtime_dir.join(format!(
+                "fuse-{name}.{}.{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            match std::fs::create_dir(&mnt) {
+                // A process that adopted volumes from its previous image (same pid) holds
+                // mount points of this pid already.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                r => {
+                    break r
+                        .map(|()| mnt.clone())
+                        .map_err(|e| FrontendError::io(format!("creating {}", mnt.display()), e))?;
+                }
+            }
+        };
+        push_remove_dir(undo, &mnt);
 
-        let mut config = Config::default();
-        config.mount_options = vec![
-            MountOption::FSName(format!("wasmcsi-{name}")),
-            MountOption::Subtype("wasmcsi".into()),
-            MountOption::NoDev,
-            MountOption::NoSuid,
-            MountOption::NoExec,
-            MountOption::NoAtime,
-        ];
-        config.acl = SessionACL::Owner;
-        config.n_threads = Some(self.threads);
-        // One fd per thread: requests are spread over the threads by the kernel instead of all
-        // threads contending on one fd.
-        config.clone_fd = true;
-        // Mounts and completes the INIT handshake; if anything later fails before the thread
-        // owns the session, dropping the session unmounts.
-        let session = Session::new(VolumeFs { dev: dev.clone() }, &mnt, &config)
-            .map_err(|e| FrontendError::io(format!("mounting FUSE on {}", mnt.display()), e))?;
-        let notifier = session.notifier();
-        let server: JoinHandle<std::io::Result<()>> = std::thread::Builder::new()
-            .name(format!("fuse-{name}"))
-            .spawn(move || session.run())
-            .map_err(|e| FrontendError::io("spawning the FUSE server thread", e))?;
-        {
-            let mnt = mnt.clone();
-            // Known now, while the mount answers: after the unmount only its number is left.
-            let connection = fuse_connection(&mnt);
-            undo.push(format!("unmount FUSE {}", mnt.display()), move || {
-                umount_retrying(&mnt, PATIENCE)?;
-                // A copy of the mount in another mount namespace (a container, `ip netns exec`,
-                // `unshare -m`, kubelet's mount propagation) keeps the connection alive after
-                // our unmount, and the server threads would wait on /dev/fuse forever. Aborting
-                // the connection ends it everywhere; the copies then fail with ENOTCONN.
-                if let Some(id) = connection {
-                    abort_fuse_connection(id);
-                }
-                // The unmount aborts the connection, so every server thread sees ENODEV and
-                // returns; joining cannot hang once the unmount succeeded. (On failure the `?`
-                // above drops the handle: the thread is leaked rather than waited on forever.)
-                match server.join() {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(FrontendError::io("FUSE server", e)),
-                    Err(_) => Err(FrontendError::io("FUSE server", std::io::Error::other("thread panicked"))),
-                }
-            });
-        }
+        let session = mount(&mnt, name)?;
+        // The connection's number, known while mounted: after the unmount it is gone from the
+        // mount table. Pushed before the handshake: a failed INIT still unmounts.
+        let connection = fuse_connection(&mnt);
+        let server = Arc::new(std::sync::OnceLock::<Arc<Server>>::new());
+        push_unmount(undo, &mnt, connection, server.clone());
+        server::handshake(&session).map_err(|e| FrontendError::io(format!("FUSE INIT on {}", mnt.display()), e))?;
+        let started = Arc::new(
+            Server::start(session, dev.clone(), self.threads, name)
+                .map_err(|e| FrontendError::io("starting the FUSE server", e))?,
+        );
+        let _ = server.set(started.clone());
         self.fail_at(FailPoint::AfterFuseMount)?;
 
         let file = mnt.join(VOLUME_FILE);
         // Registered before attaching, and finding the devices by backing file rather than by
         // the attach's result: whatever happens to the attach, a loop device it created on our
         // (uniquely named) file is found and detached, and no other loop device is touched.
-        {
-            let file = file.clone();
-            undo.push(format!("detach loop devices of {}", file.display()), move || {
-                loop_dev::detach_all_of(&file, PATIENCE)
-            });
-        }
+        push_detach_loops(undo, &file);
         // Not autoclear: the device must outlive this call (the caller formats and mounts it
         // later, or hands it out raw).
         let device = loop_dev::attach(&file, LoopOptions { direct_io: true, ..Default::default() })?.path().to_owned();
@@ -195,15 +161,124 @@ impl FuseLoopFrontend {
             // Still correct (the FUSE file is opened with direct I/O), only slower.
             tracing::warn!(device = %device.display(), "loop device runs without direct I/O");
         }
-        let resize = FuseResize { notifier, file, device: device.clone(), dev: Arc::downgrade(&dev) };
-        Ok((device, Box::new(move || resize.refresh())))
+        let resize = FuseResize { server: started.clone(), file, device: device.clone(), dev: Arc::downgrade(&dev) };
+        Ok((device, Box::new(move || resize.refresh()), Session { server: started, mount: mnt }))
     }
+
+    /// Serves, in this process, a volume another process (or this one before an `execve`)
+    /// attached and suspended ([`Attached::suspend`]): its FUSE connection `session` (whose INIT
+    /// was answered), mounted at `mount` under this frontend's runtime directory, with the loop
+    /// device `device` on its volume file. No new INIT, no new mount, no new loop device: the
+    /// kernel sees one connection whose requests waited while nobody read them. The result
+    /// detaches like any attach.
+    pub fn adopt(
+        &self,
+        dev: Arc<dyn BlockDevice>,
+        name: &str,
+        session: OwnedFd,
+        mount: &Path,
+        device: &Path,
+    ) -> Result<Attached, FrontendError> {
+        Self::check_name(name)?;
+        let expected = format!("fuse-{name}.");
+        if mount.parent() != Some(self.runtime_dir.as_path())
+            || !mount.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&expected))
+        {
+            return Err(FrontendError::Invalid(format!(
+                "{} is not a mount point of volume {name} under {}",
+                mount.display(),
+                self.runtime_dir.display()
+            )));
+        }
+        let file = mount.join(VOLUME_FILE);
+        let backing = loop_dev::backing_file(device);
+        if backing.as_deref() != Some(file.as_path()) {
+            return Err(FrontendError::Invalid(format!(
+                "{} is backed by {backing:?}, not by {}",
+                device.display(),
+                file.display()
+            )));
+        }
+        // Nothing of the volume is torn down if this fails: the caller still decides.
+        let server = Arc::new(
+            Server::start(session, dev.clone(), self.threads, name)
+                .map_err(|e| FrontendError::io("serving the adopted FUSE connection", e))?,
+        );
+        let connection = fuse_connection(mount);
+        let mut undo = Undo::default();
+        push_remove_dir(&mut undo, mount);
+        push_unmount(&mut undo, mount, connection, Arc::new(std::sync::OnceLock::from(server.clone())));
+        push_detach_loops(&mut undo, &file);
+        let resize = FuseResize { server: server.clone(), file, device: device.to_owned(), dev: Arc::downgrade(&dev) };
+        let mut attached = Attached::new(device.to_owned(), undo, Box::new(move || resize.refresh()));
+        attached.session = Some(Session { server, mount: mount.to_owned() });
+        Ok(attached)
+    }
+}
+
+/// The FUSE side of an attached volume: its server and mount point.
+pub(crate) struct Session {
+    pub(crate) server: Arc<Server>,
+    pub(crate) mount: PathBuf,
+}
+
+fn push_remove_dir(undo: &mut Undo, mnt: &Path) {
+    let mnt = mnt.to_owned();
+    undo.push(format!("remove {}", mnt.display()), move || {
+        std::fs::remove_dir(&mnt).map_err(|e| FrontendError::io(format!("removing {}", mnt.display()), e))
+    });
+}
+
+fn push_detach_loops(undo: &mut Undo, file: &Path) {
+    let file = file.to_owned();
+    undo.push(format!("detach loop devices of {}", file.display()), move || loop_dev::detach_all_of(&file, PATIENCE));
+}
+
+fn push_unmount(undo: &mut Undo, mnt: &Path, connection: Option<u64>, server: Arc<std::sync::OnceLock<Arc<Server>>>) {
+    let mnt = mnt.to_owned();
+    undo.push(format!("unmount FUSE {}", mnt.display()), move || {
+        umount_retrying(&mnt, PATIENCE)?;
+        // A copy of the mount in another mount namespace (a container, `ip netns exec`,
+        // `unshare -m`, kubelet's mount propagation) keeps the connection alive after our
+        // unmount, and the server threads would wait on /dev/fuse forever. Aborting the
+        // connection ends it everywhere; the copies then fail with ENOTCONN.
+        if let Some(id) = connection {
+            abort_fuse_connection(id);
+        }
+        // The connection ended, so every worker sees ENODEV and returns; joining cannot hang
+        // once the unmount succeeded.
+        match server.get() {
+            Some(server) => server.join().map_err(|e| FrontendError::io("FUSE server", e)),
+            None => Ok(()),
+        }
+    });
+}
+
+/// Opens `/dev/fuse` and mounts its connection at `mnt` (root, no libfuse, no fusermount).
+fn mount(mnt: &Path, name: &str) -> Result<OwnedFd, FrontendError> {
+    use nix::mount::MsFlags;
+    let session: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| FrontendError::io("opening /dev/fuse", e))?
+        .into();
+    let options = format!("fd={},rootmode=40000,user_id=0,group_id=0", session.as_raw_fd());
+    nix::mount::mount(
+        Some(format!("wasmcsi-{name}").as_str()),
+        mnt,
+        Some("fuse.wasmcsi"),
+        MsFlags::MS_NODEV | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME,
+        Some(options.as_str()),
+    )
+    .map_err(|e| FrontendError::io(format!("mounting FUSE on {}", mnt.display()), e.into()))?;
+    Ok(session)
 }
 
 /// What an online resize needs to reach the kernel: the FUSE connection (to drop the kernel's
 /// cached size of the file) and the loop device (to re-read it).
 struct FuseResize {
-    notifier: fuser::Notifier,
+    server: Arc<Server>,
     file: PathBuf,
     device: PathBuf,
     /// Weak: after a detach the device belongs to its owner alone again.
@@ -212,13 +287,11 @@ struct FuseResize {
 
 impl FuseResize {
     /// The loop driver sizes itself from the backing inode's cached size, and FUSE only updates
-    /// that from a getattr reply: invalidate the attributes (offset -1: keep the page cache, there
-    /// is none with direct I/O anyway), stat the file so the kernel asks again, then let the loop
-    /// device pick the new size up (LOOP_SET_CAPACITY).
+    /// that from a getattr reply: invalidate the attributes, stat the file so the kernel asks
+    /// again, then let the loop device pick the new size up (LOOP_SET_CAPACITY).
     fn refresh(&self) -> Result<u64, FrontendError> {
         let size = self.dev.upgrade().ok_or_else(|| FrontendError::Invalid("the volume is detached".into()))?.size();
-        self.notifier
-            .inval_inode(VOLUME_INO, -1, 0)
+        server::notify_inval_inode(self.server.session(), VOLUME_INO)
             .map_err(|e| FrontendError::io("invalidating the FUSE file's attributes", e))?;
         let seen = std::fs::metadata(&self.file)
             .map_err(|e| FrontendError::io(format!("stat {}", self.file.display()), e))?
@@ -245,7 +318,11 @@ impl Frontend for FuseLoopFrontend {
     fn attach(&self, dev: Arc<dyn BlockDevice>, name: &str) -> Result<Attached, FrontendError> {
         let mut undo = Undo::default();
         match self.attach_steps(dev, name, &mut undo) {
-            Ok((device, refresh)) => Ok(Attached::new(device, undo, refresh)),
+            Ok((device, refresh, session)) => {
+                let mut attached = Attached::new(device, undo, refresh);
+                attached.session = Some(session);
+                Ok(attached)
+            }
             Err(e) => {
                 // Errors of the undo are logged by run_all; the attach error is what matters.
                 let _ = undo.run_all();
@@ -302,10 +379,11 @@ pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
     Ok(removed)
 }
 
+///
+/// Read from /proc/self/mountinfo, never by a stat of the mount: that waits for the server, which
+/// may not answer yet (before INIT, or while suspended) or ever again (dead).
 fn fuse_connection(mnt: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(mnt).ok()?.dev();
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let (major, minor) = crate::mkfs::mount_device_number(mnt)?;
     Some((major << 20) | minor)
 }
 
@@ -333,249 +411,4 @@ fn read_sys(path: &Path) -> Result<String, FrontendError> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .map_err(|e| FrontendError::io(format!("reading {}", path.display()), e))
-}
-
-/// The FUSE filesystem: a root directory holding the one `volume` file.
-struct VolumeFs {
-    dev: Arc<dyn BlockDevice>,
-}
-
-impl VolumeFs {
-    fn attr(&self, ino: INodeNo) -> Option<FileAttr> {
-        let (kind, perm, nlink, size) = match ino {
-            INodeNo::ROOT => (FileType::Directory, 0o700, 2, 0),
-            VOLUME_INO => (FileType::RegularFile, 0o600, 1, self.dev.size()),
-            _ => return None,
-        };
-        let now = SystemTime::UNIX_EPOCH;
-        Some(FileAttr {
-            ino,
-            size,
-            blocks: size.div_ceil(512),
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-            kind,
-            perm,
-            nlink,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        })
-    }
-
-    /// Clamps a request to the device: `None` if it starts at or beyond the end.
-    fn clamp(&self, offset: u64, len: u64) -> Option<u64> {
-        let size = self.dev.size();
-        (offset < size).then(|| len.min(size - offset))
-    }
-}
-
-fn errno(e: &std::io::Error) -> Errno {
-    e.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
-}
-
-impl Filesystem for VolumeFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Each is best effort: an older kernel without one still works, only slower.
-        let _ = config.set_max_write(MAX_WRITE);
-        // Lets the kernel keep several direct-I/O requests of one file in flight (the loop
-        // device submits asynchronously); they are background requests, whose count is capped
-        // by max_background, so raise that above any queue depth we care about.
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        let _ = config.set_max_background(256);
-        let _ = config.set_congestion_threshold(192);
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.attr(VOLUME_INO) {
-            Some(attr) if parent == INodeNo::ROOT && name == VOLUME_FILE => reply.entry(&TTL, &attr, Generation(0)),
-            _ => reply.error(Errno::ENOENT),
-        }
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(ino) {
-            Some(attr) => reply.attr(&TTL, &attr),
-            None => reply.error(Errno::ENOENT),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        // The size is the device's; a truncate (e.g. O_TRUNC) to anything else is refused.
-        // Other attribute changes are accepted and ignored: nothing depends on them.
-        match self.attr(ino) {
-            Some(attr) if size.is_none_or(|s| s == attr.size) => reply.attr(&TTL, &attr),
-            Some(_) => reply.error(Errno::EPERM),
-            None => reply.error(Errno::ENOENT),
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino != VOLUME_INO {
-            return reply.error(Errno::EISDIR);
-        }
-        // DIRECT_IO: no page cache in the FUSE layer (the loop device above has its own
-        // semantics and flushes must reach the device). PARALLEL_DIRECT_WRITES: without it the
-        // kernel serialises direct writes to one file on the inode lock, i.e. queue depth 1.
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        if ino != VOLUME_INO {
-            return reply.error(Errno::EISDIR);
-        }
-        let Some(len) = self.clamp(offset, u64::from(size)) else {
-            return reply.data(&[]);
-        };
-        // len <= size, which the kernel bounds by max_read (far below usize::MAX).
-        self.dev.submit_read(
-            offset,
-            len as usize,
-            Box::new(move |result| match result {
-                Ok(data) => reply.data(data),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        );
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        if ino != VOLUME_INO {
-            return reply.error(Errno::EISDIR);
-        }
-        // A block device does not grow: writing at or past the end is "no space".
-        let Some(len) = self.clamp(offset, data.len() as u64) else {
-            return reply.error(Errno::ENOSPC);
-        };
-        let data = &data[..len as usize];
-        self.dev.submit_write(
-            data,
-            offset,
-            Box::new(move |result| match result {
-                // len <= data.len() <= max_write, which fits u32.
-                Ok(()) => reply.written(len as u32),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        );
-    }
-
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        // Called on every close(2); not a durability point (fsync is), so nothing to do.
-        reply.ok();
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // The loop device turns REQ_PREFLUSH/FUA into fdatasync of this file.
-        match self.dev.flush() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        if ino != INodeNo::ROOT {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let entries = [
-            (INodeNo::ROOT, FileType::Directory, "."),
-            (INodeNo::ROOT, FileType::Directory, ".."),
-            (VOLUME_INO, FileType::RegularFile, VOLUME_FILE),
-        ];
-        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
-            // The offset given is that of the next entry.
-            if reply.add(*ino, i as u64 + 1, *kind, name) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        // The loop device derives its discard granularity from the backing fs's block size.
-        let blocks = self.dev.size() / 4096;
-        reply.statfs(blocks, 0, 0, 2, 0, 4096, 255, 4096);
-    }
-
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        if ino != VOLUME_INO {
-            return reply.error(Errno::EISDIR);
-        }
-        let mode = FallocateFlags::from_bits_retain(mode);
-        let keep = FallocateFlags::FALLOC_FL_KEEP_SIZE;
-        let Some(len) = self.clamp(offset, length) else {
-            return reply.error(Errno::EINVAL);
-        };
-        let result = if mode == keep || mode.is_empty() {
-            // Plain preallocation: every byte of the device already exists.
-            Ok(())
-        } else if mode == FallocateFlags::FALLOC_FL_PUNCH_HOLE | keep
-            || mode == FallocateFlags::FALLOC_FL_ZERO_RANGE | keep
-            || mode == FallocateFlags::FALLOC_FL_ZERO_RANGE
-        {
-            // The loop device's discard and write-zeroes. Both are served by discard, which the
-            // BlockDevice contract defines to read back as zeros.
-            self.dev.discard(offset, len)
-        } else {
-            return reply.error(Errno::EOPNOTSUPP);
-        };
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
 }

@@ -164,7 +164,7 @@ pub enum FrontendError {
 }
 
 impl FrontendError {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Self::Io { context: context.into(), source }
     }
 }
@@ -227,6 +227,8 @@ pub struct Attached {
     device: PathBuf,
     undo: Undo,
     refresh: RefreshSize,
+    /// The FUSE connection behind the device: what a handover suspends and passes on.
+    session: Option<fuse::Session>,
 }
 
 /// Makes the kernel device take on the `BlockDevice`'s current size; returns it.
@@ -240,7 +242,41 @@ impl std::fmt::Debug for Attached {
 
 impl Attached {
     pub(crate) fn new(device: PathBuf, undo: Undo, refresh: RefreshSize) -> Self {
-        Self { device, undo, refresh }
+        Self { device, undo, refresh, session: None }
+    }
+
+    /// Stops serving the device at a request boundary, every request read answered, and keeps
+    /// everything attached: the kernel's requests wait until [`Self::resume`], or until another
+    /// process serves [`Self::session_fd`] ([`FuseLoopFrontend::adopt`]). Returns how long the
+    /// in-flight requests took to drain.
+    pub fn suspend(&self) -> Result<std::time::Duration, FrontendError> {
+        let session =
+            self.session.as_ref().ok_or_else(|| FrontendError::Invalid("no FUSE session to suspend".into()))?;
+        session.server.suspend().map_err(|e| FrontendError::io(format!("suspending {}", self.device.display()), e))
+    }
+
+    /// Serves the device again after [`Self::suspend`].
+    pub fn resume(&self) -> Result<(), FrontendError> {
+        let session =
+            self.session.as_ref().ok_or_else(|| FrontendError::Invalid("no FUSE session to resume".into()))?;
+        session.server.resume().map_err(|e| FrontendError::io(format!("resuming {}", self.device.display()), e))
+    }
+
+    /// The FUSE connection's fd (the one its mount was made with), while attached.
+    pub fn session_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.session.as_ref().map(|s| s.server.session().as_fd())
+    }
+
+    /// Forgets the teardown: the mount, the loop device and the FUSE connection stay as they are,
+    /// for whoever holds the session fd now (after [`Self::suspend`], a handover).
+    pub fn release(mut self) {
+        self.undo.steps.clear();
+    }
+
+    /// Where the FUSE connection is mounted.
+    pub fn mount_point(&self) -> Option<&Path> {
+        self.session.as_ref().map(|s| s.mount.as_path())
     }
 
     /// Online expansion: after the `BlockDevice` grew, make the kernel device show the new size

@@ -625,3 +625,46 @@ fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fu
     drop(dev);
     assert_clean(&runtime, &(deferred as Arc<dyn BlockDevice>));
 }
+
+/// The handover of a served volume, in one process: writes at queue depth 16 run while the FUSE
+/// server is suspended, its connection handed (as a duplicated fd) to a new server over a new
+/// device handle, and suspended and resumed again; none fails, every block reads back, and the
+/// adopted volume detaches leaving nothing behind.
+#[test]
+fn a_suspended_volume_is_adopted_by_a_new_server_without_an_io_error() {
+    require!("losetup");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let backing = tmp.path().join("backing.img");
+    let first: Arc<dyn BlockDevice> = Arc::new(FileDevice::create(&backing, SIZE).expect("backing file"));
+    let attached = FuseLoopFrontend::new(&runtime).attach(first.clone(), "handed").expect("attach");
+    let device = attached.device().to_owned();
+    let disk = open_direct(&device);
+
+    let writer = std::thread::scope(|s| {
+        let writing = s.spawn(|| write_passes(&disk));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let drained = attached.suspend().expect("suspend");
+        let session = attached.session_fd().expect("a FUSE session").try_clone_to_owned().expect("dup");
+        let mount = attached.mount_point().expect("a mount point").to_owned();
+        attached.release();
+        // The requests queued meanwhile go to a new server over a new handle of the same data.
+        let second: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&backing).expect("reopen"));
+        let adopted =
+            FuseLoopFrontend::new(&runtime).adopt(second.clone(), "handed", session, &mount, &device).expect("adopt");
+        assert_eq!(adopted.device(), device, "the same loop device");
+        adopted.suspend().expect("suspend the adopted one");
+        adopted.resume().expect("resume it");
+        let written = writing.join().expect("writer");
+        (adopted, second, written, drained)
+    });
+    let (mut adopted, second, written, drained) = writer;
+    assert!(written > BLOCKS, "both passes wrote (every write succeeded, or it panicked)");
+    eprintln!("drained the first server in {drained:?}");
+    discard_and_sync(&device, &disk);
+    verify_via_loop(&disk);
+    drop(disk);
+    adopted.detach().expect("detach the adopted volume");
+    assert_eq!(Arc::strong_count(&first), 1, "the first server let go of its device");
+    assert_clean(&runtime, &second);
+}

@@ -88,6 +88,18 @@ impl DataPathClient {
         Ok(self.call(Request::Hello).await?.pid)
     }
 
+    /// Asks the data path to hand its volumes to `binary`; the report before it starts.
+    pub async fn upgrade(&self, binary: &Path) -> Result<super::handover::HandoverReport, EnginesError> {
+        let reply = self.call(Request::Upgrade { binary: binary.to_owned() }).await?;
+        Ok(reply.handover.unwrap_or_default())
+    }
+
+    /// The data path's pid and its handover report, when one answers.
+    pub async fn report(&self) -> Result<(u32, super::handover::HandoverReport), EnginesError> {
+        let reply = self.call(Request::Hello).await?;
+        Ok((reply.pid, reply.handover.unwrap_or_default()))
+    }
+
     /// Waits until a data path answers, at most `wait`.
     pub async fn wait_ready(&self, wait: Duration) -> Result<u32, EnginesError> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -112,7 +124,7 @@ pub enum Engines {
 
 fn local_err(e: DataPathError) -> EnginesError {
     match e {
-        DataPathError::Busy(_) => EnginesError::Busy(e.to_string()),
+        DataPathError::Busy(_) | DataPathError::HandingOver => EnginesError::Busy(e.to_string()),
         other => EnginesError::Failed(other.to_string()),
     }
 }

@@ -12,19 +12,26 @@
 //! (`wasmcsi datapath`) that serves it on a unix socket ([`socket`], [`wire`]) so that the
 //! plugin can die, restart or be upgraded without an I/O error on any volume: the plugin then
 //! reaches it through [`client::Engines`], the same handle either way.
+//!
+//! A data-path process hands its volumes to a new binary live ([`handover`]): every volume is
+//! suspended ([`DataPath::suspend_all`]), the process image is replaced, and the new one adopts
+//! them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the kernel
+//! already has.
 
 pub mod client;
+pub mod handover;
 pub mod socket;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::attach::{AttachConfig, AttachError, AttachedVolume};
+use crate::attach::{AttachConfig, AttachError, AttachedVolume, SuspendedVolume};
 use crate::catalog::AttachInfo;
 use crate::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
 use crate::engine::ReplicaHealth;
@@ -55,6 +62,8 @@ pub struct DataPathConfig {
 #[derive(Default)]
 struct Volumes {
     map: Mutex<HashMap<String, Arc<AttachedVolume>>>,
+    /// What each attached volume's engine was started with: what a handover passes on.
+    infos: Mutex<HashMap<String, AttachInfo>>,
 }
 
 impl Volumes {
@@ -62,6 +71,9 @@ impl Volumes {
         self.map.lock().unwrap_or_else(PoisonError::into_inner).get(id).cloned()
     }
 }
+
+/// How long a handover waits for the attaches and detaches running when it starts.
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The node's data path (see the module docs).
 pub struct DataPath {
@@ -74,6 +86,13 @@ pub struct DataPath {
     /// One attach or detach per volume at a time (the CSI layer's guard already ensures it; this
     /// keeps the data path safe on its own).
     busy: Mutex<std::collections::HashSet<String>>,
+    /// The replica server's listening socket (a second fd of it): what a handover passes on, so
+    /// that connections queue instead of being refused while the new process starts.
+    listener: TcpListener,
+    /// Set while the volumes are handed over: attaches and detaches answer busy.
+    handing_over: AtomicBool,
+    /// Handovers this data path went through, and the last one's outcome.
+    handovers: Mutex<handover::HandoverReport>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,12 +105,28 @@ pub enum DataPathError {
     Attach(#[from] AttachError),
     #[error("volume {0} is being attached or detached by another call")]
     Busy(String),
+    #[error("the data path is handing its volumes to a new binary; retry")]
+    HandingOver,
+    #[error("the replica listener: {0}")]
+    Listener(std::io::Error),
 }
 
 impl DataPath {
     /// Opens this node's replicas and serves them; engines attach on demand.
     #[tracing::instrument(name = "datapath.start", skip_all, fields(node = %config.identity.node, listen = %config.listen))]
     pub async fn start(config: DataPathConfig) -> Result<Self, DataPathError> {
+        Self::start_on(config, None).await
+    }
+
+    /// Like [`Self::start`], serving replicas on `listener` (inherited from the data path this
+    /// one takes over from) instead of binding `config.listen`.
+    #[tracing::instrument(name = "datapath.start", skip_all, fields(node = %config.identity.node, listen = %config.listen))]
+    pub async fn start_on(config: DataPathConfig, listener: Option<TcpListener>) -> Result<Self, DataPathError> {
+        let listener = match listener {
+            Some(l) => l,
+            None => bind(config.listen).map_err(|e| DataPathError::Server(ServerError::Bind(e)))?,
+        };
+        let kept = listener.try_clone().map_err(DataPathError::Listener)?;
         let root = config.replica_root.clone();
         let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&root))
             .await
@@ -100,10 +135,19 @@ impl DataPath {
         let volumes = Arc::new(Volumes::default());
         let server_config = ServerConfig { identity: config.identity.clone(), ..ServerConfig::default() };
         let engines: Arc<dyn EngineCalls> = volumes.clone();
-        let server =
-            ReplicaServer::serve_with_engines(config.listen, Arc::new(node), server_config, Some(engines)).await?;
+        let server = ReplicaServer::serve_on_listener(listener, Arc::new(node), server_config, Some(engines)).await?;
         let (local_addr, node) = (server.local_addr(), server.node().clone());
-        Ok(Self { config, server: Mutex::new(Some(server)), local_addr, node, volumes, busy: Mutex::default() })
+        Ok(Self {
+            config,
+            server: Mutex::new(Some(server)),
+            local_addr,
+            node,
+            volumes,
+            busy: Mutex::default(),
+            listener: kept,
+            handing_over: AtomicBool::new(false),
+            handovers: Mutex::default(),
+        })
     }
 
     pub fn identity(&self) -> &NodeIdentity {
@@ -146,6 +190,9 @@ impl DataPath {
 
     fn begin(&self, id: &str) -> Result<BusyGuard<'_>, DataPathError> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.handing_over.load(Ordering::SeqCst) {
+            return Err(DataPathError::HandingOver);
+        }
         if !busy.insert(id.to_owned()) {
             return Err(DataPathError::Busy(id.to_owned()));
         }
@@ -160,29 +207,163 @@ impl DataPath {
             return Ok(v);
         }
         let _guard = self.begin(id)?;
+        let volume = Arc::new(AttachedVolume::start(self.attach_config(id, info)?).await?);
+        self.insert(id, info, volume.clone());
+        Ok(volume)
+    }
+
+    fn insert(&self, id: &str, info: &AttachInfo, volume: Arc<AttachedVolume>) {
+        self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), info.clone());
+        self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), volume);
+    }
+
+    fn remove(&self, id: &str) {
+        self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+    }
+
+    /// How the engine of `id` is started on this node, from the record's members and epoch.
+    fn attach_config(&self, id: &str, info: &AttachInfo) -> Result<AttachConfig, DataPathError> {
         // A member no discovery ever found has no address: its slot never connects, the volume
         // serves degraded, and the control plane replaces it.
         let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
         let replicas: Vec<SocketAddr> = info.members.iter().map(|(_, a)| a.unwrap_or(unknown)).collect();
         let local = info.members.iter().position(|(name, _)| *name == self.config.identity.node);
+        let dir = crate::replica::replica_dir_name(id)
+            .map_err(|e| DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() })?;
         let mut config =
-            AttachConfig::new(
-                id,
-                replicas.clone(),
-                self.config.engine_root.join(crate::replica::replica_dir_name(id).map_err(|e| {
-                    DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() }
-                })?),
-                &self.config.runtime_root,
-            );
+            AttachConfig::new(id, replicas.clone(), self.config.engine_root.join(dir), &self.config.runtime_root);
         config.local = local;
         config.epoch = info.epoch;
         config.request_timeout = self.config.request_timeout;
         config.attach_timeout = self.config.attach_timeout;
         // The engine's own replica is served in-process: the slot whose address is ours.
         config.in_process = local.map(|l| InProcessNode { addr: replicas[l], node: self.node.clone() });
-        let volume = Arc::new(AttachedVolume::start(config).await?);
-        self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), volume.clone());
+        Ok(config)
+    }
+
+    /// The replica listener (another fd of it), for a handover.
+    pub fn replica_listener(&self) -> std::io::Result<TcpListener> {
+        self.listener.try_clone()
+    }
+
+    /// Handovers so far and how the last one went.
+    pub fn handover_report(&self) -> handover::HandoverReport {
+        self.handovers.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records the outcome of a handover (this process adopted, or it failed and serves on).
+    pub fn record_handover(&self, report: handover::HandoverReport) {
+        *self.handovers.lock().unwrap_or_else(PoisonError::into_inner) = report;
+    }
+
+    /// Suspends every attached volume for a handover (see [`AttachedVolume::suspend`]), all at
+    /// once, after the attaches and detaches running now finished; later ones answer
+    /// [`DataPathError::HandingOver`] until [`Self::end_handover`]. The volumes leave this data
+    /// path: hand them to [`Self::adopt`], here or in the next process image. If one cannot be
+    /// suspended, those already suspended are adopted again and the error returned.
+    #[tracing::instrument(name = "datapath.suspend_all", skip_all)]
+    pub async fn suspend_all(&self) -> Result<Vec<(AttachInfo, SuspendedVolume)>, DataPathError> {
+        if self.handing_over.swap(true, Ordering::SeqCst) {
+            return Err(DataPathError::HandingOver);
+        }
+        let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+        while !self.busy.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                self.end_handover();
+                return Err(DataPathError::Busy("an attach or detach that does not end".into()));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let volumes: Vec<(String, AttachInfo, Arc<AttachedVolume>)> = {
+            let map = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner);
+            let infos = self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner);
+            map.iter().filter_map(|(id, v)| Some((id.clone(), infos.get(id)?.clone(), v.clone()))).collect()
+        };
+        let tasks: Vec<_> = volumes
+            .iter()
+            .map(|(_, _, v)| {
+                let v = v.clone();
+                tokio::spawn(async move { v.suspend().await })
+            })
+            .collect();
+        let mut suspended = Vec::new();
+        let mut failed = None;
+        for ((id, info, _), task) in volumes.into_iter().zip(tasks) {
+            let result = task.await.unwrap_or_else(|e| {
+                Err(AttachError::Task { volume_id: id.clone(), what: "suspend", message: e.to_string() })
+            });
+            match result {
+                Ok(s) => {
+                    self.remove(&id);
+                    suspended.push((info, s));
+                }
+                Err(e) => {
+                    tracing::error!(volume.id = %id, error = %e, "suspending a volume for a handover");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            self.adopt_all(suspended).await;
+            self.end_handover();
+            return Err(e.into());
+        }
+        Ok(suspended)
+    }
+
+    /// Adopts every suspended volume (see [`Self::adopt`]), all at once; returns each one's
+    /// pause (from its suspend until it serves again). A volume that cannot be adopted is lost
+    /// to this data path, as after a crash (logged).
+    pub async fn adopt_all(&self, volumes: Vec<(AttachInfo, SuspendedVolume)>) -> Vec<(String, std::time::Duration)> {
+        let mut tasks = Vec::new();
+        for (info, s) in volumes {
+            let (id, since) = (s.volume_id.clone(), s.suspended_at);
+            match self.attach_config(&id, &info) {
+                Ok(config) => tasks.push((
+                    id,
+                    info,
+                    tokio::spawn(async move {
+                        let adopted = AttachedVolume::adopt(config, s).await;
+                        (adopted, since.elapsed().unwrap_or_default())
+                    }),
+                )),
+                Err(e) => tracing::error!(volume.id = %id, error = %e, "a handed-over volume could not be adopted"),
+            }
+        }
+        let mut pauses = Vec::new();
+        for (id, info, task) in tasks {
+            match task.await {
+                Ok((Ok(volume), pause)) => {
+                    self.insert(&id, &info, Arc::new(volume));
+                    pauses.push((id, pause));
+                }
+                Ok((Err(e), _)) => {
+                    tracing::error!(volume.id = %id, error = %e, "a handed-over volume could not be adopted")
+                }
+                Err(e) => tracing::error!(volume.id = %id, error = %e, "adopting a handed-over volume"),
+            }
+        }
+        pauses
+    }
+
+    /// Serves a volume suspended by a data path of this node (this one, or the process image
+    /// before this one), started with `info`: see [`AttachedVolume::adopt`].
+    #[tracing::instrument(name = "datapath.adopt", skip_all, fields(volume.id = %suspended.volume_id))]
+    pub async fn adopt(
+        &self,
+        info: &AttachInfo,
+        suspended: SuspendedVolume,
+    ) -> Result<Arc<AttachedVolume>, DataPathError> {
+        let id = suspended.volume_id.clone();
+        let volume = Arc::new(AttachedVolume::adopt(self.attach_config(&id, info)?, suspended).await?);
+        self.insert(&id, info, volume.clone());
         Ok(volume)
+    }
+
+    /// Attaches and detaches are served again.
+    pub fn end_handover(&self) {
+        self.handing_over.store(false, Ordering::SeqCst);
     }
 
     /// Stops the engine of `id` (its device must no longer be mounted); absent succeeds.
@@ -193,7 +374,7 @@ impl DataPath {
         let result = volume.stop().await;
         // Stopped, or the final flush failed after a complete teardown: either way it is gone.
         if !matches!(result, Err(AttachError::InUse(_))) {
-            self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+            self.remove(id);
         }
         Ok(result?)
     }
@@ -211,6 +392,15 @@ impl DataPath {
         }
         Ok(())
     }
+}
+
+/// Binds the replica listener as tokio would (`SO_REUSEADDR`: a data path restarted after a
+/// crash binds again while its old connections linger in TIME_WAIT).
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)?.into_std()
 }
 
 struct BusyGuard<'a> {

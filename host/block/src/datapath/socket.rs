@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::wire::{self, ErrorKind, FrameError, Reply, Request, RequestFrame, WIRE_VERSION};
 use super::{DataPath, DataPathError, view};
@@ -36,6 +36,16 @@ pub enum SocketError {
 /// Binds `path` (replacing a stale socket a killed data path left, never a live one) and serves
 /// `datapath` on it until the returned task is aborted.
 pub async fn serve(datapath: Arc<DataPath>, path: &Path) -> Result<tokio::task::JoinHandle<()>, SocketError> {
+    let listener = bind(path).await?;
+    serve_on(datapath, listener, None).map_err(|source| SocketError::Io {
+        what: "serving",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Binds `path` (replacing a stale socket a killed data path left, never a live one), root-only.
+pub async fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError> {
     let io = |what, source| SocketError::Io { what, path: path.to_owned(), source };
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
@@ -46,18 +56,31 @@ pub async fn serve(datapath: Arc<DataPath>, path: &Path) -> Result<tokio::task::
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| io("creating the directory of", e))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| io("binding", e))?;
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| io("binding", e))?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .map_err(|e| io("restricting", e))?;
+    Ok(listener)
+}
+
+/// Serves `datapath` on `listener` (bound by [`bind`], or inherited from the data path this one
+/// took over from) until the returned task is aborted; the listener closes with the task.
+/// `upgrades` receives the binaries of `upgrade` requests (none: they are refused).
+pub fn serve_on(
+    datapath: Arc<DataPath>,
+    listener: std::os::unix::net::UnixListener,
+    upgrades: Option<mpsc::UnboundedSender<PathBuf>>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    let listener = UnixListener::from_std(listener)?;
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
             let Ok(permit) = slots.clone().acquire_owned().await else { return };
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    let datapath = datapath.clone();
+                    let (datapath, upgrades) = (datapath.clone(), upgrades.clone());
                     tokio::spawn(async move {
-                        connection(&datapath, stream).await;
+                        connection(&datapath, upgrades.as_ref(), stream).await;
                         drop(permit);
                     });
                 }
@@ -67,14 +90,14 @@ pub async fn serve(datapath: Arc<DataPath>, path: &Path) -> Result<tokio::task::
     }))
 }
 
-async fn connection(datapath: &DataPath, mut stream: UnixStream) {
+async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<PathBuf>>, mut stream: UnixStream) {
     loop {
         let reply = match wire::read_frame::<RequestFrame>(&mut stream).await {
             Ok(frame) if frame.version != WIRE_VERSION => Reply::error(
                 ErrorKind::Version,
                 format!("the plugin speaks data-path wire version {}, this data path {WIRE_VERSION}", frame.version),
             ),
-            Ok(frame) => answer(datapath, frame.request).await,
+            Ok(frame) => answer(datapath, upgrades, frame.request).await,
             Err(FrameError::Closed) => return,
             Err(e @ (FrameError::TooLarge(_) | FrameError::Malformed(_))) => {
                 // Answer once, then hang up: the stream's framing can no longer be trusted.
@@ -94,16 +117,25 @@ async fn connection(datapath: &DataPath, mut stream: UnixStream) {
 
 fn failed(e: DataPathError) -> Reply {
     let kind = match e {
-        DataPathError::Busy(_) => ErrorKind::Busy,
+        DataPathError::Busy(_) | DataPathError::HandingOver => ErrorKind::Busy,
         _ => ErrorKind::Failed,
     };
     Reply::error(kind, e.to_string())
 }
 
 #[tracing::instrument(name = "datapath.request", skip_all, fields(op = request.name()))]
-async fn answer(datapath: &DataPath, request: Request) -> Reply {
+async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<PathBuf>>, request: Request) -> Reply {
     match request {
-        Request::Hello => Reply::ok(),
+        Request::Hello => Reply { handover: Some(datapath.handover_report()), ..Reply::ok() },
+        Request::Upgrade { binary } => {
+            if !binary.is_absolute() {
+                return Reply::error(ErrorKind::Invalid, format!("{} is not an absolute path", binary.display()));
+            }
+            match upgrades.map(|u| u.send(binary)) {
+                Some(Ok(())) => Reply { handover: Some(datapath.handover_report()), ..Reply::ok() },
+                _ => Reply::error(ErrorKind::Failed, "this data path does not upgrade live"),
+            }
+        }
         Request::Attach { volume, size, epoch, members } => {
             if crate::replica::replica_dir_name(&volume).is_err() {
                 return Reply::error(ErrorKind::Invalid, format!("{volume:?} is not a volume id"));

@@ -49,6 +49,9 @@ pub enum Request {
     Status { volume: String },
     /// Every attached volume.
     List,
+    /// Hand every volume to the wasmcsi binary at `binary` (a live upgrade): answered before
+    /// it starts; `hello` shows the outcome ([`Reply::handover`]).
+    Upgrade { binary: PathBuf },
 }
 
 impl Request {
@@ -60,6 +63,7 @@ impl Request {
             Self::Detach { .. } => "detach",
             Self::Status { .. } => "status",
             Self::List => "list",
+            Self::Upgrade { .. } => "upgrade",
         }
     }
 
@@ -127,6 +131,9 @@ pub struct Reply {
     pub volume: Option<VolumeView>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeView>,
+    /// Live upgrades of this data path so far (`hello` and `upgrade` answer it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<super::handover::HandoverReport>,
 }
 
 impl Reply {

@@ -159,6 +159,28 @@ impl ReplicaServer {
         engines: Option<Arc<dyn EngineCalls>>,
     ) -> Result<Self, ServerError> {
         let listener = TcpListener::bind(addr).await.map_err(ServerError::Bind)?;
+        Self::serve_listener(listener, node, config, engines)
+    }
+
+    /// Like [`ReplicaServer::serve_with_engines`] on a socket bound already (one a data path
+    /// inherited from the process it took over from).
+    pub async fn serve_on_listener(
+        listener: std::net::TcpListener,
+        node: Arc<ReplicaNode>,
+        config: ServerConfig,
+        engines: Option<Arc<dyn EngineCalls>>,
+    ) -> Result<Self, ServerError> {
+        listener.set_nonblocking(true).map_err(ServerError::Bind)?;
+        let listener = TcpListener::from_std(listener).map_err(ServerError::Bind)?;
+        Self::serve_listener(listener, node, config, engines)
+    }
+
+    fn serve_listener(
+        listener: TcpListener,
+        node: Arc<ReplicaNode>,
+        config: ServerConfig,
+        engines: Option<Arc<dyn EngineCalls>>,
+    ) -> Result<Self, ServerError> {
         let local_addr = listener.local_addr().map_err(ServerError::Bind)?;
         let (shutdown, rx) = watch::channel(false);
         let shared = Arc::new(Shared { node: node.clone(), config, engines });

@@ -835,6 +835,11 @@ impl ReplicatedVolume {
         let _ = self.stop.send(());
     }
 
+    /// Whether the driver stopped and let go of its connections (soon after [`Self::shutdown`]).
+    pub fn is_stopped(&self) -> bool {
+        self.shared.with_driver(|d| d.stopped)
+    }
+
     /// Submits `request`; the answer arrives on the receiver (an error once the driver stopped).
     fn submit(&self, request: Request) -> oneshot::Receiver<io::Result<ClientReply>> {
         let (tx, rx) = oneshot::channel();
