@@ -142,10 +142,17 @@ mod tests {
     #[test]
     fn a_bundled_backend_composes_into_a_command() {
         let composed = compose(wasmcsi_artifacts::HOSTPATH).expect("composes");
-        let mut exports = Vec::new();
+        // The outer component's exports only: nested components and modules open with a
+        // `Version` payload and close with an `End` one.
+        let (mut exports, mut depth) = (Vec::new(), 0);
         for payload in wasmparser::Parser::new(0).parse_all(&composed) {
-            if let Ok(wasmparser::Payload::ComponentExportSection(section)) = payload {
-                exports.extend(section.into_iter().filter_map(Result::ok).map(|e| e.name.0.to_owned()));
+            match payload.expect("parses") {
+                wasmparser::Payload::Version { .. } => depth += 1,
+                wasmparser::Payload::End(_) => depth -= 1,
+                wasmparser::Payload::ComponentExportSection(section) if depth == 1 => {
+                    exports.extend(section.into_iter().map(|e| e.expect("export").name.name.to_owned()));
+                }
+                _ => {}
             }
         }
         assert!(exports.iter().any(|e| e.starts_with("wasi:cli/run@")), "exports: {exports:?}");

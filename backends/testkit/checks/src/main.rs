@@ -1,7 +1,8 @@
 //! The checks component of a composed backend test (`wasmcsi backend compose`): the controller
 //! checks of `wasmcsi backend check`, at the WIT level. It calls the backend's `driver` exports
 //! directly (the `wasmcsi:testkit/checks` world), prints the same PASS/FAIL/SKIP report, and
-//! exits 1 when a check failed, 2 when it could not start.
+//! exits 1 when a check failed or its arguments are wrong (WASI 0.2's `exit` carries no other
+//! code: the usage on stderr tells the two apart).
 //!
 //! ```text
 //! wasmtime run --dir ROOT::/ BACKEND-test.wasm [--param KEY=VALUE]... [--secret KEY]...
@@ -65,7 +66,7 @@ fn main() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}\n{USAGE}");
-            std::process::exit(2);
+            std::process::exit(1);
         }
     };
     let report = suite::run(&args.params, &args.secrets);
