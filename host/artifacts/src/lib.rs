@@ -2,7 +2,9 @@
 //! test fixtures (hostile, and backends built against the previous contract), as bytes. `ALL`
 //! lists them with the file stem the host would load them as (`hostpath.wasm` → backend
 //! `hostpath`); `bundled` is what an operator gets (the image's backends directory, `wasmcsi
-//! backend export`). Building them is `build.rs`'s job; this crate holds no logic.
+//! backend export`). `TESTKIT_CAPABILITIES` and `TESTKIT_CHECKS` are the test kit's parts that
+//! `wasmcsi backend compose` wraps around a backend: not backends, so not in `ALL`. Building
+//! them is `build.rs`'s job; this crate holds no logic.
 include!(concat!(env!("OUT_DIR"), "/artifacts.rs"));
 
 /// Components built only to test the host: never shipped to an operator.

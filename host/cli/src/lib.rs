@@ -7,6 +7,7 @@ pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
 pub mod check;
+pub mod compose;
 pub mod conformance;
 pub mod datapath_cmd;
 pub mod datapath_upgrade;

@@ -21,7 +21,8 @@ use wasmcsi::host::{Host, HostOptions};
 #[command(name = "wasmcsi", version, propagate_version = true)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info`, `wasmcsi=debug`.
-    #[arg(long, env = "RUST_LOG", default_value = "info", global = true)]
+    // wasm-compose (`backend compose`) narrates every step at info.
+    #[arg(long, env = "RUST_LOG", default_value = "info,wasm_compose=warn", global = true)]
     log: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -134,6 +135,11 @@ enum BackendCommand {
     /// (dir, nfs, rbd or block) with unit tests against the SDK's in-memory host, that builds
     /// with `cargo build --release --target wasm32-wasip2` and passes `backend check` as it is.
     New(wasmcsi::scaffold::NewArgs),
+    /// Wrap a backend into one test component for the plain `wasmtime` CLI, no wasmcsi host:
+    /// in-memory capabilities (`dir` over the directory given as `--dir ROOT::/`) and the
+    /// controller checks, which `wasmtime run --dir ROOT::/ FILE-test.wasm` runs, printing the
+    /// PASS/FAIL report and exiting non-zero when a check fails.
+    Compose(wasmcsi::compose::ComposeArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -342,6 +348,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
             Command::Backend(BackendCommand::New(args)) => wasmcsi::scaffold::run(args).map(|()| true),
+            Command::Backend(BackendCommand::Compose(args)) => wasmcsi::compose::run(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
             Command::Upgrade(UpgradeCommand::Datapath(args)) => {
