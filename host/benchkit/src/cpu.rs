@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
+
 /// Busy and total jiffies of all CPUs so far (`/proc/stat`; zeros where it cannot be read).
 fn jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -21,9 +24,81 @@ pub fn measure<T>(job: impl FnOnce() -> (T, f64)) -> (T, f64) {
     let (busy0, total0) = jiffies();
     let (res, iops) = job();
     let (busy1, total1) = jiffies();
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    // The machine's CPUs, not this thread's share of them (`available_parallelism` follows the
+    // affinity, which a node-confined layout narrows).
+    let cpus = online_cpus() as f64;
     let share = busy1.saturating_sub(busy0) as f64 / total1.saturating_sub(total0).max(1) as f64;
     (res, share * cpus * 1e6 / iops.max(1.0))
+}
+
+/// The CPUs `/proc/stat` counts (`cpuN` lines); at least one.
+pub fn online_cpus() -> usize {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let n = stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
+    n.max(1)
+}
+
+/// One CPU's jiffies so far (`/proc/stat`'s `cpuN` line): busy, softirq and total; zeros where it
+/// cannot be read.
+pub fn cpu_jiffies(cpu: usize) -> CpuJiffies {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let name = format!("cpu{cpu}");
+    let fields: Vec<u64> = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    CpuJiffies { busy: total.saturating_sub(idle), softirq: fields.get(6).copied().unwrap_or(0), total }
+}
+
+/// See [`cpu_jiffies`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuJiffies {
+    pub busy: u64,
+    pub softirq: u64,
+    pub total: u64,
+}
+
+impl CpuJiffies {
+    /// Busy and softirq µs of this CPU between `self` and `later`.
+    pub fn spent_until(&self, later: &CpuJiffies) -> (f64, f64) {
+        (
+            later.busy.saturating_sub(self.busy) as f64 * TICK_US,
+            later.softirq.saturating_sub(self.softirq) as f64 * TICK_US,
+        )
+    }
+}
+
+/// Confines the calling thread to `cpus`; threads (and processes) it starts from now on inherit
+/// that. Panics if the kernel refuses (a CPU that is not online or not in this cgroup's set).
+pub fn pin(cpus: &[usize]) {
+    let mut set = CpuSet::new();
+    for cpu in cpus {
+        set.set(*cpu).expect("CPU number within the set's size");
+    }
+    sched_setaffinity(Pid::from_raw(0), &set).expect("sched_setaffinity");
+}
+
+/// The CPUs the calling thread may run on.
+pub fn allowed() -> Vec<usize> {
+    let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else { return Vec::new() };
+    (0..CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).collect()
+}
+
+/// CPU time of this process's live threads so far, ns (each thread's `schedstat`: nanosecond
+/// precision where `/proc/*/stat` counts 10 ms ticks, for costs of microseconds per call).
+pub fn process_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|ns| ns.parse::<u64>().ok()))
+        .sum()
 }
 
 /// `/proc` times are in USER_HZ ticks, which Linux fixes at 100 per second for user space.
@@ -97,5 +172,28 @@ mod tests {
         let seen = spinner.join().expect("spinner");
         assert!(seen >= 50_000.0, "spinner charged {seen} µs");
         assert!(before.values().all(|(group, _)| group != "spinner"));
+    }
+
+    #[test]
+    fn a_pinned_thread_and_the_threads_it_starts_stay_on_its_cpu() {
+        let all = super::allowed();
+        let first = *all.first().expect("at least one CPU");
+        std::thread::spawn(move || {
+            super::pin(&[first]);
+            assert_eq!(super::allowed(), [first]);
+            let inherited = std::thread::spawn(super::allowed).join().expect("child");
+            assert_eq!(inherited, [first]);
+            let before = super::cpu_jiffies(first);
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_millis(100) {
+                std::hint::black_box(0);
+            }
+            let (busy, _) = before.spent_until(&super::cpu_jiffies(first));
+            // 100 ms of spinning on that CPU: at least some of it shows as busy.
+            assert!(busy >= 10_000.0, "{busy}");
+        })
+        .join()
+        .expect("pinned thread");
+        assert_eq!(super::allowed(), all, "the test thread itself is not pinned");
     }
 }

@@ -46,6 +46,9 @@ pub struct Res {
     pub lat_us: f64,
     /// The whole machine's CPU time per I/O, µs (see [`crate::cpu`]).
     pub cpu_us: f64,
+    /// fio's own CPU time (user + system) per I/O, µs, as fio counts it for itself (zero for
+    /// runs without fio): unlike [`Self::cpu_us`], other tenants' load does not enter it.
+    pub fio_cpu_us: f64,
 }
 
 impl Res {
@@ -101,6 +104,55 @@ fn run_fio(target: &Path, shape: &Shape, ws: u64, secs: f64) -> Res {
         bytes_per_sec: j["bw_bytes"].as_f64().unwrap_or(0.0),
         lat_us: j["lat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1e3,
         cpu_us: 0.0,
+        fio_cpu_us: fio_cpu_per_io(&json["jobs"][0], j["iops"].as_f64().unwrap_or(0.0)),
+    }
+}
+
+/// fio's `usr_cpu` and `sys_cpu` are percent of one CPU over the job's run: per I/O at `iops`.
+fn fio_cpu_per_io(job: &serde_json::Value, iops: f64) -> f64 {
+    let percent = job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0);
+    percent / 100.0 * 1e6 / iops.max(1.0)
+}
+
+/// Several runs of one job: tables show the median and the spread, goals are judged on the
+/// median (one run swings too much on a shared machine).
+#[derive(Debug, Clone, Default)]
+pub struct Runs(pub Vec<Res>);
+
+impl Runs {
+    /// Runs `job` `n` times (at least once).
+    pub fn of(n: usize, mut job: impl FnMut() -> Res) -> Self {
+        Self((0..n.max(1)).map(|_| job()).collect())
+    }
+
+    /// The median of each field on its own (an all-zero result for no runs).
+    pub fn median(&self) -> Res {
+        let field = |f: fn(&Res) -> f64| median(self.0.iter().map(f).collect());
+        Res {
+            iops: field(|r| r.iops),
+            bytes_per_sec: field(|r| r.bytes_per_sec),
+            lat_us: field(|r| r.lat_us),
+            cpu_us: field(|r| r.cpu_us),
+            fio_cpu_us: field(|r| r.fio_cpu_us),
+        }
+    }
+
+    /// (largest − smallest) / median of the headline numbers, as a fraction.
+    pub fn spread(&self, shape: &Shape) -> f64 {
+        let heads: Vec<f64> = self.0.iter().map(|r| r.headline(shape)).collect();
+        let (lo, hi) = heads.iter().fold((f64::MAX, f64::MIN), |(lo, hi), h| (lo.min(*h), hi.max(*h)));
+        if heads.is_empty() { 0.0 } else { (hi - lo) / median(heads).max(f64::MIN_POSITIVE) }
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count); zero for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 
@@ -115,4 +167,25 @@ pub fn prefill(target: &Path, ws: u64) {
         .status()
         .expect("running fio (scripts/setup installs it)");
     assert!(st.success(), "prefill of {}", target.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(iops: f64, lat_us: f64) -> Res {
+        Res { iops, bytes_per_sec: iops * 4096.0, lat_us, cpu_us: 0.0, fio_cpu_us: 0.0 }
+    }
+
+    #[test]
+    fn runs_report_the_median_of_each_field_and_the_spread_of_the_headline() {
+        let shape = &SHAPES[1];
+        let runs = Runs(vec![res(100.0, 9.0), res(300.0, 1.0), res(200.0, 5.0)]);
+        let m = runs.median();
+        assert_eq!((m.iops, m.lat_us), (200.0, 5.0));
+        assert_eq!(runs.spread(shape), 1.0);
+        assert_eq!(Runs(vec![res(7.0, 1.0)]).spread(shape), 0.0);
+        assert_eq!(Runs::default().median().iops, 0.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
 use wasmcsi::replica_process::ReplicaProcess;
-use wasmcsi_benchkit::fio::{self, MIB, Res, SHAPES};
+use wasmcsi_benchkit::fio::{self, MIB, Runs, SHAPES};
 use wasmcsi_proto::csi::v1 as csi;
 
-use super::{Aligned, DirectFile, Target, fio_split};
+use super::{Aligned, DirectFile, Placement, Split, Target, fio_split};
 
 type Ctl = csi::controller_client::ControllerClient<tonic::transport::Channel>;
 type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
@@ -30,9 +30,9 @@ const NODE: &str = "bench-node";
 
 /// What the CSI part measured.
 pub struct CsiResults {
-    /// (f): one result per job shape, and the CPU split of each.
-    pub io: Vec<Res>,
-    pub split: Vec<Vec<(String, f64)>>,
+    /// (f): the runs of each job shape, and the CPU split of each.
+    pub io: Vec<Runs>,
+    pub split: Vec<Split>,
     pub create: Vec<Duration>,
     pub delete: Vec<Duration>,
     pub heal: Heal,
@@ -225,7 +225,7 @@ impl Drop for Sweep {
 }
 
 /// Runs every CSI measurement under `root` (see the module docs).
-pub fn run(root: &Path, ws: u64, secs: f64, heal_size: u64) -> CsiResults {
+pub fn run(root: &Path, ws: u64, secs: f64, runs: usize, cpus: Placement, heal_size: u64) -> CsiResults {
     let rt = tokio::runtime::Builder::new_multi_thread().thread_name("plugin").enable_all().build().unwrap();
     let dir = root.join("csi");
     let _sweep = Sweep(dir.clone());
@@ -250,7 +250,7 @@ pub fn run(root: &Path, ws: u64, secs: f64, heal_size: u64) -> CsiResults {
     let (mut io, mut split) = (Vec::new(), Vec::new());
     for shape in &SHAPES {
         eprintln!("(f) CSI: {}", shape.name);
-        let (res, s) = fio_split(&staged.target, shape, ws, secs);
+        let (res, s) = fio_split(&staged.target, shape, ws, secs, runs, cpus);
         io.push(res);
         split.push(s);
     }
