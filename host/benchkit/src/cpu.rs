@@ -34,7 +34,8 @@ pub fn measure<T>(job: impl FnOnce() -> (T, f64)) -> (T, f64) {
 /// The CPUs `/proc/stat` counts (`cpuN` lines); at least one.
 pub fn online_cpus() -> usize {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let n = stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
+    let n =
+        stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
     n.max(1)
 }
 

@@ -146,12 +146,12 @@ pub struct NodeInfo {
 
 /// Control requests to one replica server (a "node" of the data path).
 #[derive(Debug, Clone, Copy)]
-pub struct NodeClient {
+pub struct ReplicaServerClient {
     pub addr: SocketAddr,
     pub timeout: Duration,
 }
 
-impl NodeClient {
+impl ReplicaServerClient {
     pub fn new(addr: SocketAddr, timeout: Duration) -> Self {
         Self { addr, timeout }
     }
@@ -417,7 +417,7 @@ impl ReplicaSet {
             return Err(ControlError::Invalid(format!("size {size} is not a positive multiple of 4096")));
         }
         for addr in &self.nodes {
-            NodeClient::new(*addr, self.timeout).create_replica(&self.volume_id, size).await?;
+            ReplicaServerClient::new(*addr, self.timeout).create_replica(&self.volume_id, size).await?;
         }
         Ok(())
     }
@@ -426,7 +426,7 @@ impl ReplicaSet {
     pub async fn delete(&self) -> Result<(), ControlError> {
         self.check()?;
         for addr in &self.nodes {
-            NodeClient::new(*addr, self.timeout).delete_replica(&self.volume_id).await?;
+            ReplicaServerClient::new(*addr, self.timeout).delete_replica(&self.volume_id).await?;
         }
         Ok(())
     }
@@ -620,7 +620,7 @@ async fn close_all(sessions: Vec<ReplicaSession>) -> Result<(), ControlError> {
 pub async fn list_nodes(nodes: &[SocketAddr], timeout: Duration) -> Vec<Result<NodeInfo, ControlError>> {
     let mut set = tokio::task::JoinSet::new();
     for (i, addr) in nodes.iter().enumerate() {
-        let client = NodeClient::new(*addr, timeout);
+        let client = ReplicaServerClient::new(*addr, timeout);
         set.spawn(async move { (i, client.node_info().await) });
     }
     let mut out: Vec<Option<Result<NodeInfo, ControlError>>> = nodes.iter().map(|_| None).collect();

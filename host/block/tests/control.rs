@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use wasmcsi_block::control::{ControlError, NodeClient, ReplicaSession, ReplicaSet, list_nodes};
+use wasmcsi_block::control::{ControlError, ReplicaServerClient, ReplicaSession, ReplicaSet, list_nodes};
 use wasmcsi_block::protocol::Status;
 use wasmcsi_block::replica::ReplicaServer;
 
@@ -167,7 +167,8 @@ async fn unreachable_servers_fail_fast_with_their_address() {
     // A port nothing listens on: bind, learn the port, close.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let started = Instant::now();
-    let err = NodeClient::new(dead, Duration::from_millis(500)).node_info().await.expect_err("nothing listens");
+    let err =
+        ReplicaServerClient::new(dead, Duration::from_millis(500)).node_info().await.expect_err("nothing listens");
     assert!(matches!(err, ControlError::Unreachable { addr, .. } if addr == dead), "{err}");
     assert!(err.to_string().contains(&dead.to_string()));
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -568,7 +568,8 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
     cluster
         .rt
         .block_on(
-            wasmcsi_block::control::NodeClient::new(new_addr, Duration::from_secs(5)).create_replica(VOLUME, SIZE),
+            wasmcsi_block::control::ReplicaServerClient::new(new_addr, Duration::from_secs(5))
+                .create_replica(VOLUME, SIZE),
         )
         .unwrap();
     vol.replace_replica(1, new_addr).unwrap();

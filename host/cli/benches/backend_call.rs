@@ -299,7 +299,11 @@ async fn run() {
     if !only_create {
         let (info50, info99) = (pct(&mut info, 0.5), pct(&mut info, 0.99));
         row(&format!("backend call: instantiate + info() (n={n})"), us(info50), us(info99));
-        row("backend call: instantiate + get-capacity (1 host import)", us(pct(&mut cap, 0.5)), us(pct(&mut cap, 0.99)));
+        row(
+            "backend call: instantiate + get-capacity (1 host import)",
+            us(pct(&mut cap, 0.5)),
+            us(pct(&mut cap, 0.99)),
+        );
     }
     let mut goals = Vec::new();
     for (place, w, nat, goal, stretch) in

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use wasmcsi_block::attach::{AttachConfig, AttachError, AttachedVolume};
-use wasmcsi_block::control::{self, NodeClient, ReplicaSet};
+use wasmcsi_block::control::{self, ReplicaServerClient, ReplicaSet};
 use wasmcsi_block::replica::ReplicaServer;
 
 use crate::block_ctl as ctl;
@@ -482,7 +482,7 @@ async fn clone(a: CloneArgs) -> anyhow::Result<()> {
 async fn rebuild(a: RebuildArgs) -> anyhow::Result<()> {
     if let (Some(index), Some(addr)) = (a.replace, a.with) {
         let status = online_only(&a.online, &ctl::Request::Status).await?.status.context("no status")?;
-        NodeClient::new(addr, Duration::from_secs(10))
+        ReplicaServerClient::new(addr, Duration::from_secs(10))
             .create_replica(&a.online.volume_id, status.size)
             .await
             .with_context(|| format!("creating the new replica on {addr}"))?;

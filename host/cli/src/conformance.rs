@@ -28,8 +28,8 @@ use std::pin::Pin;
 use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
-use wasmcsi_csi::driver::BACKEND_PARAMETER;
 use wasmcsi_csi::node::mountinfo;
+use wasmcsi_csi::plugin::BACKEND_PARAMETER;
 use wasmcsi_proto::csi::v1 as csi;
 
 mod names;

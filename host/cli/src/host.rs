@@ -14,7 +14,7 @@ use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
-use wasmcsi_csi::{Driver, Mode};
+use wasmcsi_csi::{Mode, Plugin};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::engine::EngineSettings;
 use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
@@ -79,7 +79,7 @@ pub enum DataPathPlace {
 
 /// A running host; dropping it (or `shutdown`) stops serving.
 pub struct Host {
-    pub driver: Arc<Driver>,
+    pub driver: Arc<Plugin>,
     pub registry: Arc<Registry>,
     pub socket: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
@@ -160,7 +160,7 @@ impl Host {
             _ => None,
         };
 
-        let driver = Arc::new(Driver {
+        let driver = Arc::new(Plugin {
             name: opts.driver_name.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             mode: opts.mode,

@@ -181,7 +181,7 @@ async fn each_hostile_behaviour_is_one_clean_grpc_error_and_hostpath_keeps_servi
     assert_eq!(status.code(), Code::Internal, "{status:?}");
     assert!(status.message().contains("invalid volume id"), "{status:?}");
     let garbage_id = format!("hostile:../{}\0", "x".repeat(4096));
-    assert!(host.registry.runtime().store.volume(&garbage_id).unwrap().is_none());
+    assert!(host.registry.runtime().metadata.volume(&garbage_id).unwrap().is_none());
     // Bytes that are not UTF-8 where the ABI wants a string: the lift fails, the call is INTERNAL.
     let (status, _) = hostile_call(channel.clone(), "bad-utf8", &[("mode", "bad-utf8")]).await;
     assert_eq!(status.code(), Code::Internal, "{status:?}");
@@ -291,7 +291,10 @@ async fn each_answer_outside_the_contract_is_refused_or_clipped_before_the_co_se
     {
         let (status, _) = hostile_call(channel.clone(), mode, &[("mode", mode)]).await;
         refused(mode, &status);
-        assert!(host.registry.runtime().store.volume(&format!("hostile:{mode}")).unwrap().is_none(), "{mode} recorded");
+        assert!(
+            host.registry.runtime().metadata.volume(&format!("hostile:{mode}")).unwrap().is_none(),
+            "{mode} recorded"
+        );
     }
 
     for mode in ["min-above-max", "max-capacity"] {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::process::{BIN, Proc};
 use tonic::Code;
-use wasmcsi_csi::driver::TOPOLOGY_NODE_KEY;
+use wasmcsi_csi::plugin::TOPOLOGY_NODE_KEY;
 use wasmcsi_proto::csi::v1 as csi;
 
 const TMPFS_BYTES: u64 = 64 << 20;

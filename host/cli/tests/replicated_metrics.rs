@@ -97,7 +97,7 @@ async fn volume_status(set: &str, replicas: &[SocketAddr]) -> String {
 #[test]
 fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
     use wasmcsi::replica_process::ReplicaProcess;
-    use wasmcsi_block::control::{NodeClient, ReplicaSession};
+    use wasmcsi_block::control::{ReplicaServerClient, ReplicaSession};
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
@@ -105,8 +105,8 @@ fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
         let mut node = ReplicaProcess::start(exe, &dir.path().join("n"), "node-n").await.unwrap();
         let (addr, pid) = (node.addr(), node.pid().unwrap());
         let timeout = Duration::from_secs(5);
-        assert_eq!(NodeClient::new(addr, timeout).identify().await.unwrap().node, "node-n");
-        NodeClient::new(addr, timeout).create_replica("vol-k", 8 * MIB).await.unwrap();
+        assert_eq!(ReplicaServerClient::new(addr, timeout).identify().await.unwrap().node, "node-n");
+        ReplicaServerClient::new(addr, timeout).create_replica("vol-k", 8 * MIB).await.unwrap();
         let mut session = ReplicaSession::open(addr, "vol-k", timeout).await.unwrap();
         session.write(MIB, vec![0x7e; 4096]).await.unwrap();
         session.flush().await.unwrap();
@@ -115,7 +115,7 @@ fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
         node.kill();
         assert!(node.pid().is_none());
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} is reaped");
-        assert!(NodeClient::new(addr, timeout).identify().await.is_err(), "nothing answers on {addr}");
+        assert!(ReplicaServerClient::new(addr, timeout).identify().await.is_err(), "nothing answers on {addr}");
 
         node.restart().await.unwrap();
         assert_eq!(node.addr(), addr);

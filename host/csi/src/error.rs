@@ -124,7 +124,7 @@ pub fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// The one conversion to a Status. It logs nothing: `Driver::observe`, where every RPC ends,
+/// The one conversion to a Status. It logs nothing: `Plugin::observe`, where every RPC ends,
 /// logs each failure once with its method, code and duration.
 impl From<CsiError> for tonic::Status {
     fn from(e: CsiError) -> Self {

@@ -1,12 +1,12 @@
 //! CSI Identity: who we are, what we offer, and whether we are ready.
-use crate::driver::Driver;
+use crate::plugin::Plugin;
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::identity_server::Identity;
 use wasmcsi_proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 
 #[derive(Clone)]
-pub struct IdentityService(pub Arc<Driver>);
+pub struct IdentityService(pub Arc<Plugin>);
 
 #[tonic::async_trait]
 impl Identity for IdentityService {

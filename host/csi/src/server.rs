@@ -1,9 +1,9 @@
 //! Serving the CSI services on a unix socket, as kubelet and the sidecars expect.
 use crate::authority::AuthorityFix;
 use crate::controller::ControllerService;
-use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::node::NodeService;
+use crate::plugin::Plugin;
 use futures::TryStreamExt as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, ServeError> {
 /// Serve on a bound listener until `shutdown` resolves. Identity always; Controller and
 /// Node as the driver's mode says.
 pub async fn serve(
-    driver: Arc<Driver>,
+    driver: Arc<Plugin>,
     listener: tokio::net::UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {

@@ -11,10 +11,10 @@
 //! (nfs, rbd, block) are untouched: they run where the call arrives and have no node
 //! constraint. A standalone host (controller and node in one process, no peers) keeps the
 //! plain ids it always made: there is only one node to be on.
-use crate::driver::{Driver, TOPOLOGY_NODE_KEY};
 use crate::error::{CsiError, CsiResult};
 use crate::ids::{MAX_LOCAL_ID, MAX_NAME_BYTES, ObjectId};
 use crate::peer::Peers;
+use crate::plugin::{Plugin, TOPOLOGY_NODE_KEY};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
@@ -108,7 +108,7 @@ pub fn node_topology(node: &str) -> csi::Topology {
     csi::Topology { segments: [(TOPOLOGY_NODE_KEY.to_string(), node.to_string())].into_iter().collect() }
 }
 
-impl Driver {
+impl Plugin {
     /// Whether this process is node `tag` for `backend`'s ids.
     fn is_this_node(&self, backend: &str, tag: &str) -> bool {
         self.mode.node() && node_tag(backend, &self.node_id) == tag
@@ -216,7 +216,7 @@ impl Driver {
         Ok(())
     }
 
-    /// A node-local object's id as this node hands it out (see [`Driver::pin_volume`]).
+    /// A node-local object's id as this node hands it out (see [`Plugin::pin_volume`]).
     pub fn pin_id(&self, backend: &Backend, id: &str) -> CsiResult<String> {
         if !is_node_local(backend) || !self.mode.node() || !self.node_local.pinned {
             return Ok(id.to_string());

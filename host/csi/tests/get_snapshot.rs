@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use tonic::Code;
 use wasmcsi_csi::controller::{ControllerService, controller_capabilities};
-use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
+use wasmcsi_csi::plugin::{Mode, Plugin};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::bindings::driver::*;
@@ -113,7 +113,7 @@ fn controller(dir: &Path) -> ControllerService {
     ] {
         registry.insert(runtime.load_native(name, driver).expect("native backend"));
     }
-    let driver = Driver {
+    let driver = Plugin {
         name: "wasmcsi.test".into(),
         version: "0".into(),
         mode: Mode::Controller,

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tonic::Code;
-use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::plugin::{Mode, Plugin};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_runtime::bindings::driver::*;
@@ -79,7 +79,7 @@ fn node() -> TestNode {
     .expect("runtime");
     let registry = Registry::new(runtime.clone(), None, None);
     registry.insert(runtime.load_native("overreach", NativeDriver::of::<Overreach>()).expect("native backend"));
-    let driver = Driver {
+    let driver = Plugin {
         name: "wasmcsi.test".into(),
         version: "0".into(),
         mode: Mode::Node,

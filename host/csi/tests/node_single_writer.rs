@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
-use wasmcsi_csi::driver::{Driver, Mode as ServiceMode};
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::plugin::{Mode as ServiceMode, Plugin};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_runtime::bindings::driver::*;
@@ -83,7 +83,7 @@ fn service(tree: &Tree, state: &str) -> NodeService {
     .expect("runtime");
     let registry = Registry::new(runtime.clone(), None, None);
     registry.insert(runtime.load_native("dirs", NativeDriver::of::<Dirs>()).expect("native backend"));
-    NodeService(Arc::new(Driver {
+    NodeService(Arc::new(Plugin {
         name: "wasmcsi.test".into(),
         version: "0".into(),
         mode: ServiceMode::Node,

@@ -16,10 +16,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
-use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::NodeService;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
+use wasmcsi_csi::plugin::{Mode, Plugin};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_rbd::testing::{CLUSTER, Ceph};
@@ -118,7 +118,7 @@ fn node(f: &Fixture, id: &str) -> TestNode {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().canonicalize().expect("canonical");
     let state = root.join("state");
-    let driver = Driver {
+    let driver = Plugin {
         name: "wasmcsi.test".into(),
         version: "0".into(),
         mode: Mode::Node,
@@ -457,7 +457,7 @@ async fn a_second_node_is_refused_until_the_first_unstages() {
 
 /// A node service with `other`'s id and state directory: the plugin of that node, restarted.
 fn node_with_state(f: &Fixture, other: &TestNode) -> NodeService {
-    NodeService(Arc::new(Driver {
+    NodeService(Arc::new(Plugin {
         name: "wasmcsi.test".into(),
         version: "0".into(),
         mode: Mode::Node,

@@ -96,7 +96,7 @@ fn clip_message(message: String) -> String {
         return message;
     }
     const MARK: &str = " [clipped]";
-    let kept = crate::host::log::clip(&message, MAX_ERROR_MESSAGE - MARK.len());
+    let kept = crate::imports::log::clip(&message, MAX_ERROR_MESSAGE - MARK.len());
     format!("{kept}{MARK}")
 }
 

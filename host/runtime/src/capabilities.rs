@@ -4,7 +4,7 @@
 //! version lacks.
 use crate::compat::ContractVersion;
 use crate::config::Grants;
-use crate::store::MetaStore;
+use crate::metadata::MetaStore;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -129,19 +129,19 @@ impl ImportSummary {
 /// The resolved grants of one loaded backend, shared by all its calls.
 pub struct Capabilities {
     pub backend: String,
-    pub store: Arc<MetaStore>,
+    pub metadata: Arc<MetaStore>,
     pub dir_roots: BTreeMap<String, PathBuf>,
     /// The userspace NFS client scoped to the granted exports; `None` without an nfs grant.
     pub nfs: Option<wasmcsi_nfs::NfsClient>,
     /// The librbd client scoped to the granted clusters and pools; `None` without an rbd grant.
-    pub rbd: Option<Arc<crate::host::rbd::RbdProvider>>,
+    pub rbd: Option<Arc<crate::imports::rbd::RbdProvider>>,
     /// The replica sets on the granted replica nodes; `None` without a block grant.
     pub block: Option<wasmcsi_block::catalog::Catalog>,
     pub import_timeout: Duration,
     /// `dir` copies running in the background, shared by every backend of the runtime.
-    pub copies: Arc<crate::host::dir::CopyJobs>,
+    pub copies: Arc<crate::imports::dir::CopyJobs>,
     /// How much of the store this backend's `kv` namespace may use.
-    pub kv_quota: crate::store::KvQuota,
+    pub kv_quota: crate::metadata::KvQuota,
     /// Where capabilities report what they measure (`kv` usage).
     pub metrics: Arc<crate::metrics::Metrics>,
 }
@@ -152,7 +152,7 @@ pub struct Capabilities {
 /// `block_in_place` ~20 µs per import (CreateVolume via hostpath: 1.20x native with it, 1.07x
 /// without). The price: a syscall that hangs in the kernel (a dead disk under a dir root) holds
 /// this worker thread. Work that grows with a tree never runs here: `dir`'s copy-tree,
-/// remove-all and usage run off the workers under a deadline (`host::dir`). Network
+/// remove-all and usage run off the workers under a deadline (`imports::dir`). Network
 /// capabilities (nfs, block, rbd) do async I/O under `import_timeout`.
 pub(crate) fn local_io<T>(work: impl FnOnce() -> T) -> T {
     work()

@@ -88,8 +88,8 @@ impl Limits {
     pub fn import_timeout(&self) -> Duration {
         Duration::from_millis(self.import_timeout_ms)
     }
-    pub fn kv_quota(&self) -> crate::store::KvQuota {
-        crate::store::KvQuota { bytes: self.kv_quota_bytes, keys: self.kv_quota_keys }
+    pub fn kv_quota(&self) -> crate::metadata::KvQuota {
+        crate::metadata::KvQuota { bytes: self.kv_quota_bytes, keys: self.kv_quota_keys }
     }
 }
 

@@ -12,20 +12,20 @@ pub mod compat;
 pub mod config;
 pub mod engine;
 pub mod executor;
-mod host;
+mod imports;
+pub mod metadata;
 pub mod metrics;
 pub mod native;
 pub mod registry;
 pub mod runtime;
 mod state;
-pub mod store;
 
 pub use backend::{Backend, CallError, Secrets, describe, secret_refs};
 pub use bindings::driver;
 pub use bindings::types::Error as WitError;
 pub use compat::ContractVersion;
 /// Map a backend-relative path under a granted dir root onto the host, refusing escapes.
-pub use host::dir::resolve as resolve_dir_path;
+pub use imports::dir::resolve as resolve_dir_path;
 pub use registry::Registry;
 pub use runtime::{LoadError, Runtime, RuntimeOptions};
 pub use state::CallState;

@@ -129,7 +129,7 @@ impl Metrics {
     }
 
     /// Show a backend's `kv` usage.
-    pub fn kv_usage(&self, backend: &str, usage: crate::store::KvUsage) {
+    pub fn kv_usage(&self, backend: &str, usage: crate::metadata::KvUsage) {
         let labels = BackendLabels { backend: backend.into() };
         self.kv_bytes.get_or_create(&labels).set(usage.bytes);
         self.kv_keys.get_or_create(&labels).set(usage.keys);

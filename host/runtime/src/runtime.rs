@@ -10,9 +10,9 @@ use crate::capabilities::{Capabilities, Capability, ImportSummary};
 use crate::compat::{ComponentPre, ContractError, ContractVersion};
 use crate::config::{HostConfig, is_valid_name};
 use crate::engine::{EngineSettings, EpochTicker, build_engine};
+use crate::metadata::{MetaStore, StoreError};
 use crate::metrics::{BackendLabels, Metrics};
 use crate::state::CallState;
-use crate::store::{MetaStore, StoreError};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -70,10 +70,10 @@ pub struct Runtime {
     /// ([`Runtime::reconfigure`]). A backend is assembled from one snapshot of it and keeps
     /// that snapshot's grants and limits until it is loaded again ([`Backend::config`]).
     config: RwLock<Arc<HostConfig>>,
-    pub store: Arc<MetaStore>,
+    pub metadata: Arc<MetaStore>,
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
-    copies: Arc<crate::host::dir::CopyJobs>,
+    copies: Arc<crate::imports::dir::CopyJobs>,
     /// Each backend's guest threads, by name: shared by its versions across hot reloads.
     executors: crate::executor::Executors,
     cache: CompileCache,
@@ -83,13 +83,13 @@ pub struct Runtime {
 impl Runtime {
     pub fn new(opts: RuntimeOptions) -> Result<Arc<Self>, RuntimeError> {
         let engine = build_engine(&opts.engine)?;
-        let store = Arc::new(MetaStore::open(&opts.store_path)?);
+        let metadata = Arc::new(MetaStore::open(&opts.store_path)?);
         Ok(Arc::new(Self {
             cache: CompileCache::new(&engine, opts.cache_dir),
             _ticker: EpochTicker::start(engine.clone()),
             engine,
             config: RwLock::new(Arc::new(opts.config)),
-            store,
+            metadata,
             metrics: Arc::new(Metrics::new()),
             copies: Arc::default(),
             executors: Default::default(),
@@ -245,7 +245,7 @@ impl Runtime {
     ) -> Backend {
         let limits = config.limits_for(name);
         let grants = config.grants_for(name);
-        match self.store.kv_usage(name) {
+        match self.metadata.kv_usage(name) {
             Ok(usage) => self.metrics.kv_usage(name, usage),
             Err(e) => tracing::warn!(backend = name, error = %e, "cannot read kv usage"),
         }
@@ -260,10 +260,14 @@ impl Runtime {
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
                 backend: name.into(),
-                store: self.store.clone(),
+                metadata: self.metadata.clone(),
                 nfs: nfs_client(&grants.nfs, limits.import_timeout()),
-                rbd: crate::host::rbd::RbdProvider::from_grants(&grants.rbd, &config.clusters, limits.import_timeout())
-                    .map(Arc::new),
+                rbd: crate::imports::rbd::RbdProvider::from_grants(
+                    &grants.rbd,
+                    &config.clusters,
+                    limits.import_timeout(),
+                )
+                .map(Arc::new),
                 block: grants
                     .block
                     .filter(|b| !b.is_empty())

@@ -16,7 +16,7 @@ pub struct CallState {
     /// Secret values of this call; the guest only ever sees indexes into this list.
     pub(crate) secrets: crate::backend::Secrets,
     /// What the guest may still make the host log in this call.
-    pub(crate) log_budget: crate::host::log::LogBudget,
+    pub(crate) log_budget: crate::imports::log::LogBudget,
     /// When the call must be over: imports that can run long stop before it.
     pub(crate) deadline: std::time::Instant,
 }

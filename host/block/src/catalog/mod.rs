@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 
-use crate::control::{ControlError, NodeClient, ReplicaSet};
+use crate::control::{ControlError, ReplicaServerClient, ReplicaSet};
 use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
@@ -187,8 +187,8 @@ impl Catalog {
         discover(&self.sources, self.timeout).await
     }
 
-    fn client(&self, addr: SocketAddr) -> NodeClient {
-        NodeClient::new(addr, self.timeout)
+    fn client(&self, addr: SocketAddr) -> ReplicaServerClient {
+        ReplicaServerClient::new(addr, self.timeout)
     }
 
     /// Every replica of `id` on the nodes that answered.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::{ControlError, NodeClient};
+use crate::control::{ControlError, ReplicaServerClient};
 use crate::protocol::ReplicaSummary;
 
 /// Where the replica nodes of a grant are found (`[backends.NAME.grants] block = { ... }`).
@@ -119,7 +119,7 @@ pub async fn discover(sources: &NodeSources, budget: Duration) -> Discovery {
     let mut tasks = tokio::task::JoinSet::new();
     for addr in addrs {
         tasks.spawn(async move {
-            let client = NodeClient::new(addr, timeout);
+            let client = ReplicaServerClient::new(addr, timeout);
             let asked = async {
                 let identity = client.identify().await?;
                 let info = client.node_info().await?;

@@ -900,7 +900,7 @@ impl ReplicatedVolume {
 
     /// The volume's snapshots, oldest first, as the engine last knew them.
     /// Moves replica `index` to a new, empty replica served at `addr` (created there first, e.g.
-    /// with `control::NodeClient::create_replica`): the way to replace a replica whose node is
+    /// with `control::ReplicaServerClient::create_replica`): the way to replace a replica whose node is
     /// gone. The new replica is fully rebuilt while I/O continues; the volume must keep another
     /// healthy replica meanwhile.
     pub fn replace_replica(&self, index: usize, addr: SocketAddr) -> io::Result<()> {

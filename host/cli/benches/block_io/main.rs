@@ -320,7 +320,14 @@ impl Cluster {
     /// through its node instead of its server.
     /// With a `placement`, the replica servers' threads run on its remote CPU and the engine's
     /// on its node CPU (threads inherit the affinity of the thread that starts them).
-    fn start(id: &str, size: u64, nodes: Vec<PathBuf>, state: &Path, in_process: bool, placement: Option<Placement>) -> Self {
+    fn start(
+        id: &str,
+        size: u64,
+        nodes: Vec<PathBuf>,
+        state: &Path,
+        in_process: bool,
+        placement: Option<Placement>,
+    ) -> Self {
         let allowed = cpu::allowed();
         if let Some(p) = placement {
             cpu::pin(&[p.remote]);
@@ -896,12 +903,7 @@ fn main() {
                 se.remote_cpu,
             );
         }
-        println!(
-            "{:<18} {:>11} {:>11}",
-            "QD1 write lat",
-            lat(fio_node_file_m.first()),
-            lat(fio_node_local_m.first())
-        );
+        println!("{:<18} {:>11} {:>11}", "QD1 write lat", lat(fio_node_file_m.first()), lat(fio_node_local_m.first()));
         println!(
             "  node = µs per I/O of fio's own CPU + this process's threads except the remote replica server's (robust \
              under other tenants' load; the loop device's kernel work is outside it, and about equal in both); \

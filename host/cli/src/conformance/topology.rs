@@ -6,7 +6,7 @@
 //! spec's code for "cannot be provisioned in the requisite topology") and answer GetCapacity
 //! per node: this node's answers, one that does not exist has none.
 use super::{Code, Outcome, Suite, call, csi, expect_code, made_volume, status};
-use wasmcsi_csi::driver::TOPOLOGY_NODE_KEY;
+use wasmcsi_csi::plugin::TOPOLOGY_NODE_KEY;
 
 /// A node name no cluster of the suite has.
 const NO_SUCH_NODE: &str = "wasmcsi-conformance-no-such-node";

@@ -9,9 +9,9 @@
 use super::ControllerService;
 use crate::answer;
 use crate::convert::bytes;
-use crate::driver::DIGEST_CONTEXT_KEY;
 use crate::error::{CsiError, CsiResult};
 use crate::ids::ObjectId;
+use crate::plugin::DIGEST_CONTEXT_KEY;
 use crate::topology::{Holder, Route, is_node_tag};
 use std::future::Future;
 use std::sync::Arc;
@@ -130,7 +130,7 @@ impl ControllerService {
     /// abnormal with why (the CO's health monitor shows that as the volume's condition).
     pub(super) async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
         let d = &self.0;
-        let store = &d.registry.runtime().store;
+        let store = &d.registry.runtime().metadata;
         let loaded = self.capable(Feature::ListVolumes);
         let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
         let journal = store.backends_with_volumes().map_err(|e| CsiError::Internal(e.to_string()))?;
@@ -180,7 +180,7 @@ impl ControllerService {
         take: u32,
         why: &str,
     ) -> CsiResult<(Vec<csi::list_volumes_response::Entry>, Option<Cursor>)> {
-        let store = &self.0.registry.runtime().store;
+        let store = &self.0.registry.runtime().metadata;
         let mut records =
             store.volumes_of(name, from, take as usize + 1).map_err(|e| CsiError::Internal(e.to_string()))?;
         let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));

@@ -12,10 +12,10 @@ mod listing;
 
 use crate::answer;
 use crate::convert::{self, bytes};
-use crate::driver::{DIGEST_CONTEXT_KEY, Driver, required};
 use crate::error::{CsiError, CsiResult};
 use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
+use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, required};
 use crate::topology::Route;
 use std::future::Future;
 use std::sync::Arc;
@@ -24,11 +24,11 @@ use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::driver::{self as wit, Feature};
-use wasmcsi_runtime::store::VolumeRecord;
+use wasmcsi_runtime::metadata::VolumeRecord;
 use wasmcsi_runtime::{Backend, secret_refs};
 
 #[derive(Clone)]
-pub struct ControllerService(pub Arc<Driver>);
+pub struct ControllerService(pub Arc<Plugin>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
@@ -42,7 +42,7 @@ fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
 
 /// A content source must name an object of the same backend (a volume cannot be cloned
 /// across backends: each owns its storage).
-fn content_source(d: &Driver, backend: &Backend, src: &csi::VolumeContentSource) -> CsiResult<wit::ContentSource> {
+fn content_source(d: &Plugin, backend: &Backend, src: &csi::VolumeContentSource) -> CsiResult<wit::ContentSource> {
     use csi::volume_content_source::Type;
     let (id, is_snapshot) = match &src.r#type {
         Some(Type::Snapshot(s)) => (required(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?, true),
@@ -88,7 +88,7 @@ fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalo
 /// object of one backend never run at once, whatever ids the backend gives names. A call
 /// waits for the other side at most one backend deadline (what the other side's call can
 /// take), then answers ABORTED.
-async fn enter(d: &Driver, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
+async fn enter(d: &Plugin, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
     d.inflight.gates.enter(&backend.name, side, backend.limits.call_deadline(), what).await
 }
 
@@ -179,8 +179,8 @@ impl ControllerService {
         d.pin_volume(&backend, &mut volume)?;
 
         // The first creation records which build made the volume; retries keep that record.
-        let store = &d.registry.runtime().store;
-        let internal = |e: wasmcsi_runtime::store::StoreError| CsiError::Internal(e.to_string());
+        let store = &d.registry.runtime().metadata;
+        let internal = |e: wasmcsi_runtime::metadata::StoreError| CsiError::Internal(e.to_string());
         let digest = match store.volume(&volume.volume_id).map_err(internal)? {
             Some(r) => r.digest,
             None => {
@@ -214,7 +214,7 @@ impl ControllerService {
         let _guard = d.inflight.try_start(id.to_string())?;
         let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
-        d.registry.runtime().store.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
+        d.registry.runtime().metadata.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
         tracing::info!(volume.id = %id, "volume deleted");
         Ok(csi::DeleteVolumeResponse {})
     }
@@ -238,7 +238,7 @@ impl ControllerService {
                 .await;
         }
         let mut params = req.parameters.clone();
-        params.remove(crate::driver::BACKEND_PARAMETER);
+        params.remove(crate::plugin::BACKEND_PARAMETER);
         let mut context = req.volume_context.clone();
         context.remove(DIGEST_CONTEXT_KEY);
         let verdict = backend
@@ -269,14 +269,14 @@ impl ControllerService {
         let topology = req.accessible_topology.as_ref().map(convert::topology);
         // With a StorageClass: that backend. Without one: the sum over every backend that
         // reports capacity, so a bare GetCapacity still answers.
-        let (backends, params) = if req.parameters.contains_key(crate::driver::BACKEND_PARAMETER) {
+        let (backends, params) = if req.parameters.contains_key(crate::plugin::BACKEND_PARAMETER) {
             let (b, p) = self.0.backend_for_parameters(&req.parameters)?;
             need(&b, Feature::GetCapacity, "GetCapacity")?;
             (vec![b], p)
         } else {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
         };
-        let single = backends.len() == 1 && req.parameters.contains_key(crate::driver::BACKEND_PARAMETER);
+        let single = backends.len() == 1 && req.parameters.contains_key(crate::plugin::BACKEND_PARAMETER);
         if single && let Some(elsewhere) = self.capacity_elsewhere(&backends[0], &req).await? {
             return Ok(elsewhere);
         }
@@ -320,7 +320,7 @@ impl ControllerService {
         if !crate::topology::is_node_local(backend) {
             return Ok(None);
         }
-        let asked = req.accessible_topology.as_ref().and_then(|t| t.segments.get(crate::driver::TOPOLOGY_NODE_KEY));
+        let asked = req.accessible_topology.as_ref().and_then(|t| t.segments.get(crate::plugin::TOPOLOGY_NODE_KEY));
         let peers = d.node_local.peers.as_ref();
         let forward = |node: String| {
             let mut req = req.clone();
@@ -368,7 +368,7 @@ impl ControllerService {
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
         let mut params = req.parameters.clone();
-        params.remove(crate::driver::BACKEND_PARAMETER);
+        params.remove(crate::plugin::BACKEND_PARAMETER);
         let local_source = oid.local.clone();
         let s =
             backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;

@@ -26,8 +26,8 @@ pub mod usage;
 pub use attacher::{Attachers, ConfigSource, NodeSetup};
 
 use crate::convert;
-use crate::driver::{DIGEST_CONTEXT_KEY, Driver, TOPOLOGY_NODE_KEY, required};
 use crate::error::{CsiError, CsiResult};
+use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, TOPOLOGY_NODE_KEY, required};
 use attacher::{Expand, Publish, Stage, Stats, Volume, blocking, is_read_only_mode};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -39,7 +39,7 @@ use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver::{self as wit, Attachment};
 
 #[derive(Clone)]
-pub struct NodeService(pub Arc<Driver>);
+pub struct NodeService(pub Arc<Plugin>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 

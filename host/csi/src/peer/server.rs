@@ -3,8 +3,8 @@
 //! the controller's key for this node before it reaches the service (`auth`).
 use super::auth::Verifier;
 use crate::controller::ControllerService;
-use crate::driver::Driver;
 use crate::identity::IdentityService;
+use crate::plugin::Plugin;
 use crate::server::ServeError;
 use futures::future::Either;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use wasmcsi_proto::csi::v1::{controller_server::ControllerServer, identity_serve
 
 /// Serve the peer endpoint on `listener` until `shutdown` resolves.
 pub async fn serve(
-    driver: Arc<Driver>,
+    driver: Arc<Plugin>,
     listener: tokio::net::TcpListener,
     verifier: Verifier,
     shutdown: impl std::future::Future<Output = ()>,

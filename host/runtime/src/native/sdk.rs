@@ -5,7 +5,7 @@
 //! SDK) have the same shapes under different types; [`Conv`] maps one onto the other.
 use super::{NativeDriver, ROOTS};
 use crate::bindings::types as h;
-use crate::host::dir as ops;
+use crate::imports::dir as ops;
 use std::path::PathBuf;
 use wasmcsi_backend_sdk::dir::{FileKind, FileStat, Space};
 use wasmcsi_backend_sdk::log::Level;

@@ -3,7 +3,7 @@
 //! imports under a deadline, off the async workers, across retries.
 use super::*;
 use crate::capabilities::Capabilities;
-use crate::store::MetaStore;
+use crate::metadata::MetaStore;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
@@ -214,7 +214,7 @@ fn a_writer_killed_mid_write_leaves_nothing_read_dir_shows() {
     mkdir(root, "meta", 0o700).expect("mkdir");
     write_file(root, "meta/a", b"x").expect("write");
     let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "host::dir::tests::killed_writer", "--ignored", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "imports::dir::tests::killed_writer", "--ignored", "--nocapture", "--test-threads=1"])
         .env("WASMCSI_KILLED_WRITER_ROOT", root)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -254,26 +254,26 @@ fn killed_writer() {
 /// What the calls of one test share: the runtime's background copies and metadata store.
 struct Shared {
     copies: Arc<CopyJobs>,
-    store: Arc<MetaStore>,
+    metadata: Arc<MetaStore>,
 }
 
 impl Shared {
     fn new(dir: &Path) -> Self {
-        Self { copies: Arc::default(), store: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")) }
+        Self { copies: Arc::default(), metadata: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")) }
     }
 }
 
 fn state(root: &Path, deadline: Duration, import_timeout: Duration, shared: &Shared) -> CallState {
     let caps = Capabilities {
         backend: "dir-test".into(),
-        store: shared.store.clone(),
+        metadata: shared.metadata.clone(),
         dir_roots: [("default".to_string(), root.to_path_buf())].into(),
         nfs: None,
         rbd: None,
         block: None,
         import_timeout,
         copies: shared.copies.clone(),
-        kv_quota: crate::store::KvQuota::UNLIMITED,
+        kv_quota: crate::metadata::KvQuota::UNLIMITED,
         metrics: Default::default(),
     };
     CallState::new(Arc::new(caps), 64 << 20, Vec::new(), Instant::now() + deadline)

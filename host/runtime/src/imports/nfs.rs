@@ -152,20 +152,20 @@ mod tests {
 
     use super::*;
     use crate::capabilities::Capabilities;
-    use crate::store::MetaStore;
+    use crate::metadata::MetaStore;
     use wasmcsi_nfs::testing::Ganesha;
 
     fn state(dir: &std::path::Path, client: Option<NfsClient>, timeout: Duration) -> CallState {
         let caps = Capabilities {
             backend: "nfs-test".into(),
-            store: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
+            metadata: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
             dir_roots: Default::default(),
             nfs: client,
             rbd: None,
             block: None,
             import_timeout: timeout,
             copies: Default::default(),
-            kv_quota: crate::store::KvQuota::UNLIMITED,
+            kv_quota: crate::metadata::KvQuota::UNLIMITED,
             metrics: Default::default(),
         };
         CallState::new(

@@ -441,7 +441,7 @@ mod tests {
 
     use super::*;
     use crate::capabilities::Capabilities;
-    use crate::store::MetaStore;
+    use crate::metadata::MetaStore;
 
     const KEY: &str = "AQBnBwFnAAAAABAAzlZ6nYv8w3G0fLrYL0aoNg==";
 
@@ -458,14 +458,14 @@ mod tests {
     fn state(dir: &std::path::Path, rbd: Option<RbdProvider>, secrets: &[(&str, &str)]) -> CallState {
         let caps = Capabilities {
             backend: "rbd-test".into(),
-            store: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
+            metadata: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
             dir_roots: Default::default(),
             nfs: None,
             rbd: rbd.map(Arc::new),
             block: None,
             import_timeout: Duration::from_secs(1),
             copies: Default::default(),
-            kv_quota: crate::store::KvQuota::UNLIMITED,
+            kv_quota: crate::metadata::KvQuota::UNLIMITED,
             metrics: Default::default(),
         };
         let secrets = secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();

@@ -3,8 +3,8 @@
 use crate::bindings::types::Error;
 use crate::bindings::wasmcsi::backend::kv::Host;
 use crate::capabilities::local_io;
+use crate::metadata::StoreError;
 use crate::state::CallState;
-use crate::store::StoreError;
 
 fn to_wit(e: StoreError) -> Error {
     match e {
@@ -18,7 +18,7 @@ impl CallState {
     /// Show the backend's usage after a write (a failed read only leaves the gauge behind).
     fn kv_written<T>(&self, result: Result<T, StoreError>) -> Result<T, Error> {
         let c = &self.caps;
-        if let Ok(usage) = c.store.kv_usage(&c.backend) {
+        if let Ok(usage) = c.metadata.kv_usage(&c.backend) {
             c.metrics.kv_usage(&c.backend, usage);
         }
         result.map_err(to_wit)
@@ -29,19 +29,19 @@ impl Host for CallState {
     #[tracing::instrument(name = "import.kv.get", skip_all, fields(backend = %self.caps.backend))]
     async fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, Error> {
         let c = &self.caps;
-        local_io(|| c.store.kv_get(&c.backend, &key).map_err(to_wit))
+        local_io(|| c.metadata.kv_get(&c.backend, &key).map_err(to_wit))
     }
 
     #[tracing::instrument(name = "import.kv.set", skip_all, fields(backend = %self.caps.backend))]
     async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
         let c = &self.caps;
-        self.kv_written(local_io(|| c.store.kv_set(&c.backend, &key, &value, c.kv_quota)))
+        self.kv_written(local_io(|| c.metadata.kv_set(&c.backend, &key, &value, c.kv_quota)))
     }
 
     #[tracing::instrument(name = "import.kv.delete", skip_all, fields(backend = %self.caps.backend))]
     async fn delete(&mut self, key: String) -> Result<(), Error> {
         let c = &self.caps;
-        self.kv_written(local_io(|| c.store.kv_delete(&c.backend, &key)))
+        self.kv_written(local_io(|| c.metadata.kv_delete(&c.backend, &key)))
     }
 
     #[tracing::instrument(name = "import.kv.compare_and_swap", skip_all, fields(backend = %self.caps.backend))]
@@ -52,8 +52,9 @@ impl Host for CallState {
         new: Option<Vec<u8>>,
     ) -> Result<bool, Error> {
         let c = &self.caps;
-        let swapped =
-            local_io(|| c.store.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref(), c.kv_quota));
+        let swapped = local_io(|| {
+            c.metadata.kv_compare_and_swap(&c.backend, &key, expected.as_deref(), new.as_deref(), c.kv_quota)
+        });
         self.kv_written(swapped)
     }
 
@@ -65,6 +66,6 @@ impl Host for CallState {
         limit: u32,
     ) -> Result<Vec<String>, Error> {
         let c = &self.caps;
-        local_io(|| c.store.kv_list(&c.backend, &prefix, start_after.as_deref(), limit.min(10_000)).map_err(to_wit))
+        local_io(|| c.metadata.kv_list(&c.backend, &prefix, start_after.as_deref(), limit.min(10_000)).map_err(to_wit))
     }
 }

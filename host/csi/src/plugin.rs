@@ -34,7 +34,7 @@ impl Mode {
     }
 }
 
-pub struct Driver {
+pub struct Plugin {
     pub name: String,
     pub version: String,
     pub mode: Mode,
@@ -48,7 +48,7 @@ pub struct Driver {
     pub node_local: crate::topology::NodeLocal,
 }
 
-impl Driver {
+impl Plugin {
     /// The backend a StorageClass selects, and the parameters it gets (ours removed).
     pub fn backend_for_parameters(
         &self,
@@ -76,7 +76,7 @@ impl Driver {
 
     /// Whether the host's journal records volumes of backend `name` (made on this host).
     pub fn journal_knows(&self, name: &str) -> bool {
-        self.registry.runtime().store.volumes_of(name, 0, 1).is_ok_and(|v| !v.is_empty())
+        self.registry.runtime().metadata.volumes_of(name, 0, 1).is_ok_and(|v| !v.is_empty())
     }
 
     /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide
