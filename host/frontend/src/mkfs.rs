@@ -174,7 +174,7 @@ pub fn mount_device_number(path: &Path) -> Option<(u64, u64)> {
             let (major, minor) = line.split(' ').nth(2)?.split_once(':')?;
             Some((major.parse().ok()?, minor.parse().ok()?))
         })
-        .last()
+        .next_back()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.

@@ -473,6 +473,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a failed listing is the failure")]
     use super::*;
     use std::collections::BTreeMap;
 
