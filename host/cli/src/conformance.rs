@@ -98,60 +98,9 @@ impl Profile {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Pass,
-    Fail(String),
-    Skip(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub name: String,
-    pub outcome: Outcome,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub checks: Vec<Check>,
-}
-
-impl Report {
-    /// No check failed.
-    pub fn passed(&self) -> bool {
-        !self.checks.iter().any(|c| matches!(c.outcome, Outcome::Fail(_)))
-    }
-
-    /// (passed, failed, skipped)
-    pub fn counts(&self) -> (usize, usize, usize) {
-        self.checks.iter().fold((0, 0, 0), |(p, f, s), c| match c.outcome {
-            Outcome::Pass => (p + 1, f, s),
-            Outcome::Fail(_) => (p, f + 1, s),
-            Outcome::Skip(_) => (p, f, s + 1),
-        })
-    }
-
-    /// The outcome of the check called `name`.
-    pub fn outcome(&self, name: &str) -> Option<&Outcome> {
-        self.checks.iter().find(|c| c.name == name).map(|c| &c.outcome)
-    }
-
-    /// One line per check, then a summary line.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        for c in &self.checks {
-            let line = match &c.outcome {
-                Outcome::Pass => format!("PASS {}\n", c.name),
-                Outcome::Fail(why) => format!("FAIL {}: {why}\n", c.name),
-                Outcome::Skip(why) => format!("SKIP {}: {why}\n", c.name),
-            };
-            out.push_str(&line);
-        }
-        let (p, f, s) = self.counts();
-        out.push_str(&format!("{p} passed, {f} failed, {s} skipped\n"));
-        out
-    }
-}
+// The report (its checks and their rendering) is the one the composed wasmtime checks print
+// too, so both say PASS/FAIL/SKIP alike.
+pub use wasmcsi_check_report::{Check, Outcome, Report};
 
 /// Run the whole suite against the CSI socket at `socket`. `Err` only when the suite cannot
 /// start (no `backend` parameter, no socket, `work_dir` unusable); everything else is a check.
