@@ -6,7 +6,7 @@ use std::fs;
 use std::io::Write;
 use std::time::{Duration, Instant};
 use wasmcsi_nfs::NfsClient;
-use wasmcsi_nfs::testing::Ganesha;
+use wasmcsi_ganesha::Ganesha;
 
 fn cp_a(g: &Ganesha, from: &str, to: &str) -> Duration {
     let t = Instant::now();

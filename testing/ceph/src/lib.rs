@@ -3,7 +3,7 @@
 //! (ceph-authtool, monmaptool, `ceph-mon --mkfs`, `ceph osd new`, `ceph-osd --mkfs`), no systemd,
 //! no /etc/ceph: everything lives in a temporary directory.
 //!
-//! Isolation, as for the ganesha harness (`wasmcsi_nfs::testing`): the daemons run in a private
+//! Isolation, as for the ganesha harness (`wasmcsi-ganesha`): the daemons run in a private
 //! network + mount + pid namespace whose pid 1 is a small shell reading commands on its stdin.
 //! The test process stays in the root namespace and reaches the monitor *and the OSDs* (RADOS
 //! clients talk to OSDs directly) through a veth pair on a private /30 from 10.202.0.0/16
@@ -21,12 +21,12 @@
 //! a failure.
 //!
 //! ```no_run
-//! let Some(ceph) = wasmcsi_rbd::testing::Ceph::shared() else { return };
+//! let Some(ceph) = wasmcsi_ceph::Ceph::shared() else { return };
 //! ceph.create_pool("p1").expect("pool");
 //! let client = wasmcsi_rbd::RbdClient::new(ceph.config(&["p1"]));
-//! let pool = client.pool(wasmcsi_rbd::testing::CLUSTER, "p1", &ceph.admin()).expect("granted");
+//! let pool = client.pool(wasmcsi_ceph::CLUSTER, "p1", &ceph.admin()).expect("granted");
 //! ```
-use crate::{RbdCluster, RbdConfig, RbdCredentials};
+use wasmcsi_rbd::{RbdCluster, RbdConfig, RbdCredentials};
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

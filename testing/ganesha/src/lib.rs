@@ -16,11 +16,11 @@
 //! rpcbind, iproute2); installs nothing itself.
 //!
 //! ```no_run
-//! let g = wasmcsi_nfs::testing::Ganesha::start().expect("ganesha");
+//! let g = wasmcsi_ganesha::Ganesha::start().expect("ganesha");
 //! let client = wasmcsi_nfs::NfsClient::new(g.config());
 //! // ... client.mkdir(&g.export(), "vol", 0o755, 0, 0) ...; check g.export_dir() directly
 //! ```
-use crate::{NfsConfig, NfsExport};
+use wasmcsi_nfs::{NfsConfig, NfsExport};
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

@@ -125,12 +125,12 @@ fn ls_reports_loaded_and_rejected_backends_with_their_contract_version() {
 }
 
 /// The ceph-rbd-shim component against a real Ceph cluster (1 mon, 1 mgr, 2 memstore OSDs in a
-/// private namespace; `wasmcsi_rbd::testing`), with a cephx user limited to the test's pool
+/// private namespace; `wasmcsi_ceph`), with a cephx user limited to the test's pool
 /// passed as ceph-csi's `userID`/`userKey` secrets through `--secret`. The node checks need
 /// krbd or rbd-nbd (or the rbd-fuse executor); here the controller part of the suite.
 #[test]
 fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
-    let Some(ceph) = wasmcsi_rbd::testing::Ceph::shared() else { return };
+    let Some(ceph) = wasmcsi_ceph::Ceph::shared() else { return };
     let pool = "check";
     ceph.create_pool(pool).unwrap();
     let key = ceph.create_user("csi-check", pool).unwrap();
@@ -138,7 +138,7 @@ fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
     let file = d.path().join("ceph-rbd-shim.wasm");
     std::fs::write(&file, wasmcsi_artifacts::CEPH_RBD_SHIM).unwrap();
     let config = d.path().join("config.toml");
-    let cluster = wasmcsi_rbd::testing::CLUSTER;
+    let cluster = wasmcsi_ceph::CLUSTER;
     std::fs::write(
         &config,
         format!(
@@ -181,14 +181,14 @@ fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
 
 /// The nfs component against a real nfs-ganesha (private namespace, NFSv3 through the host's
 /// userspace client). The node checks need a kernel NFS client, which this machine lacks: they
-/// run in the kernel-VM tier (`tests/nfs_flow_vm.rs`); here the controller part of the suite.
+/// run in the kernel-VM tier (`nfs_flow_vm`); here the controller part of the suite.
 #[test]
 fn check_passes_the_nfs_component_against_ganesha() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIPPED: not root (ganesha runs in a private namespace)");
         return;
     }
-    let g = wasmcsi_nfs::testing::Ganesha::start().unwrap();
+    let g = wasmcsi_ganesha::Ganesha::start().unwrap();
     let d = tempfile::tempdir().unwrap();
     let file = d.path().join("nfs.wasm");
     std::fs::write(&file, wasmcsi_artifacts::NFS).unwrap();
@@ -198,12 +198,12 @@ fn check_passes_the_nfs_component_against_ganesha() {
         format!(
             "[backends.nfs.grants]\nnfs = [{{ server = {:?}, share = {:?} }}]\n",
             g.server(),
-            wasmcsi_nfs::testing::SHARE
+            wasmcsi_ganesha::SHARE
         ),
     )
     .unwrap();
     let server = format!("server={}", g.server());
-    let share = format!("share={}", wasmcsi_nfs::testing::SHARE);
+    let share = format!("share={}", wasmcsi_ganesha::SHARE);
     let (code, out, err) = wasmcsi(&[
         "backend",
         "check",
@@ -328,23 +328,23 @@ fn backend_new_writes_crates_that_build_and_pass_check_for_every_capability() {
 
     let d = tempfile::tempdir().unwrap();
     if nix::unistd::geteuid().is_root() {
-        let g = wasmcsi_nfs::testing::Ganesha::start().unwrap();
+        let g = wasmcsi_ganesha::Ganesha::start().unwrap();
         let config = d.path().join("nfs.toml");
-        let grant = format!("nfs = [{{ server = {:?}, share = {:?} }}]", g.server(), wasmcsi_nfs::testing::SHARE);
+        let grant = format!("nfs = [{{ server = {:?}, share = {:?} }}]", g.server(), wasmcsi_ganesha::SHARE);
         std::fs::write(&config, format!("[backends.new-nfs.grants]\n{grant}\n")).unwrap();
-        let (server, share) = (format!("server={}", g.server()), format!("share={}", wasmcsi_nfs::testing::SHARE));
+        let (server, share) = (format!("server={}", g.server()), format!("share={}", wasmcsi_ganesha::SHARE));
         let config = config.to_str().unwrap();
         let out = check(&["--no-node", "--config", config, "--param", &server, "--param", &share, file("nfs")]);
         assert!(out.contains("grants needed: nfs\n"), "{out}");
     } else {
         eprintln!("SKIPPED the nfs template's check: not root (ganesha runs in a private namespace)");
     }
-    if let Some(ceph) = wasmcsi_rbd::testing::Ceph::shared() {
+    if let Some(ceph) = wasmcsi_ceph::Ceph::shared() {
         let pool = "newrbd";
         ceph.create_pool(pool).unwrap();
         let key = ceph.create_user("csi-new", pool).unwrap();
         let config = d.path().join("rbd.toml");
-        let cluster = wasmcsi_rbd::testing::CLUSTER;
+        let cluster = wasmcsi_ceph::CLUSTER;
         let monitors = ceph.monitors();
         std::fs::write(
             &config,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use wasmcsi_block::replica::{ReplicaStore, replica_dir_name};
 
-mod support;
+use crate::support;
 
 use support::direct::Aligned;
 use support::process::{BIN, Proc};

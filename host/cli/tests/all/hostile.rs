@@ -2,7 +2,7 @@
 //! example side by side in its backends directory, and a real gRPC client on the CSI socket.
 //! Each way the hostile guest misbehaves must come back as one clean gRPC error for that
 //! call, within its deadline, while hostpath keeps serving; an ungranted import keeps the
-//! component out and shows in the metrics endpoint. (`host/runtime/tests/sandbox.rs` pins
+//! component out and shows in the metrics endpoint. (`host/runtime/tests/all/sandbox.rs` pins
 //! the same limits one layer down, without gRPC.)
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::net::SocketAddr;

@@ -1,9 +1,9 @@
 //! The nfs backend end to end through the CSI socket, as kubelet and the sidecars drive it:
 //! a real host (controller + node, the nfs component loaded from disk) against a real
 //! nfs-ganesha, the node mounting with the kernel NFS client. This machine's kernel has no NFS
-//! client, so the body runs in the kernel-VM tier (`host/vmtest`, docs/vm-test-tier.md); it
+//! client, so the body runs in the kernel-VM tier (`testing/vmtest`, docs/vm-test-tier.md); it
 //! skips only where that tier cannot run at all. Ganesha runs inside the VM in its private
-//! namespace (`wasmcsi_nfs::testing::Ganesha`), exactly as the controller tests run it here.
+//! namespace (`wasmcsi_ganesha::Ganesha`), exactly as the controller tests run it here.
 //!
 //! Flow: create (mode 0770, owner 1000:1000) → stage → publish → write as uid 1000 → snapshot
 //! → clone from the snapshot and from the volume → publish the clone and read → expand →
@@ -17,11 +17,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use tonic::Code;
-use wasmcsi_nfs::testing::{Ganesha, SHARE};
+use wasmcsi_ganesha::{Ganesha, SHARE};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_vmtest::guest::sh;
 
-mod support;
+use crate::support;
 use support::{from_snapshot, from_volume};
 
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;

@@ -13,7 +13,7 @@
 //! another node. Runs as root (tmpfs and bind mounts); takes a few seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test")]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! The ceph-rbd-shim backend end to end through the CSI socket, as kubelet and the sidecars
 //! drive it: a real host (controller + node in one process, the component loaded from disk)
-//! against a real Ceph cluster (`wasmcsi_rbd::testing::Ceph`: 1 mon, 1 mgr, 2 OSDs, pool
+//! against a real Ceph cluster (`wasmcsi_ceph::Ceph`: 1 mon, 1 mgr, 2 OSDs, pool
 //! size 2), the node attaching with rbd-fuse + loop (this kernel has neither krbd nor rbd-nbd)
 //! and mounting XFS. Credentials are ceph-csi's `userID`/`userKey` secrets of a cephx user
 //! limited to the test's pool.
@@ -12,7 +12,7 @@
 //! (mount, loop device, rbd-fuse).
 //!
 //! The same flow runs twice: here, where the node attaches with rbd-fuse + loop (this kernel
-//! has neither krbd nor rbd-nbd), and in the kernel-VM tier (`host/vmtest`), where the node
+//! has neither krbd nor rbd-nbd), and in the kernel-VM tier (`testing/vmtest`), where the node
 //! maps with krbd and Ceph runs inside the VM.
 //!
 //! Skipped (saying why) when not root or where Ceph cannot run; `WASMCSI_CEPH_TESTS=require`
@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 
-mod support;
+use crate::support;
 use support::{from_snapshot, from_volume};
 
 fn mount_xfs() -> csi::VolumeCapability {

@@ -1,5 +1,5 @@
 //! The node's NFS executor against a real kernel NFS client and server. This machine's kernel
-//! has neither, so the test body runs in the kernel-VM tier (`host/vmtest`, a qemu TCG VM with
+//! has neither, so the test body runs in the kernel-VM tier (`testing/vmtest`, a qemu TCG VM with
 //! a Debian kernel that has them); it skips only where that tier cannot run at all (see
 //! docs/vm-test-tier.md). Covers: staging mount with options, the staged-retry plan, a write
 //! as a non-root uid, and an unstage whose server died, which must end (forced or detached)

@@ -1,4 +1,4 @@
-//! The node's rbd executor against a real Ceph cluster (`wasmcsi_rbd::testing::Ceph`, shared
+//! The node's rbd executor against a real Ceph cluster (`wasmcsi_ceph::Ceph`, shared
 //! by the tests of this binary): real rbd-fuse, real loop devices, real ext4/XFS mounts, driven
 //! through the CSI Node service (the tonic handlers, as the gRPC server calls them) of one or
 //! two "nodes" — node services with their own node id and state directory.
@@ -22,7 +22,7 @@ use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCredentials, RbdPool};
 use wasmcsi_runtime::bindings::driver::*;
 use wasmcsi_runtime::bindings::types::Error;

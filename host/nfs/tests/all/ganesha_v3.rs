@@ -1,11 +1,11 @@
 //! The `nfs` capability's client against a real nfs-ganesha over NFSv3, each test with its own
-//! server in its own namespaces (`wasmcsi_nfs::testing::Ganesha`). Needs root and
+//! server in its own namespaces (`wasmcsi_ganesha::Ganesha`). Needs root and
 //! `scripts/nfs-setup`. Results are checked on the server's exported directory directly.
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use wasmcsi_nfs::testing::Ganesha;
+use wasmcsi_ganesha::Ganesha;
 use wasmcsi_nfs::{FileKind, NfsClient, NfsError, NfsExport};
 
 fn setup() -> (Ganesha, NfsClient, NfsExport) {

@@ -1,14 +1,14 @@
 //! The bluestore option of the harness (for benchmarks): OSDs on sparse files. Ignored by
 //! default (a memstore cluster covers the client; this one takes longer to start); run with
-//! `cargo test -p wasmcsi-rbd --test bluestore -- --ignored`.
+//! `cargo test --release --workspace --locked --test all -- bluestore:: --ignored`.
 use std::time::Instant;
-use wasmcsi_rbd::testing::{CLUSTER, Ceph, Store};
+use wasmcsi_ceph::{CLUSTER, Ceph, Store};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 
 #[tokio::test]
 #[ignore = "slower start; the harness option for benchmarks"]
 async fn bluestore_cluster_starts_and_serves_an_image() {
-    if wasmcsi_rbd::testing::unavailable().is_some() {
+    if wasmcsi_ceph::unavailable().is_some() {
         return;
     }
     let t = Instant::now();

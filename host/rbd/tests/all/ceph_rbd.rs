@@ -1,9 +1,9 @@
 //! The `rbd` capability's client against a real Ceph cluster (1 mon, 1 mgr, 2 memstore OSDs),
-//! shared by every test of this binary (`wasmcsi_rbd::testing::Ceph::shared`); each test uses
+//! shared by every test of this binary (`wasmcsi_ceph::Ceph::shared`); each test uses
 //! its own pool. Needs root and `scripts/ceph-setup` (run automatically when tools are missing).
 //! Results are checked behind the client's back with the `rbd` CLI where that says more.
 use std::time::{Duration, Instant};
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCredentials, RbdError, RbdPool};
 
 const MIB: u64 = 1 << 20;

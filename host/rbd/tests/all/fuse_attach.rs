@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use wasmcsi_frontend::mkfs::{self, FsType};
 use wasmcsi_rbd::fuse_attach::{FuseAttachRequest, attach};
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 
 const SIZE: u64 = 64 << 20;

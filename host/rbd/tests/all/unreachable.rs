@@ -2,7 +2,7 @@
 //! within the configured timeout, never a hang; and the client recovers when it is back. These
 //! tests freeze and kill daemons, so they run on a cluster of their own (not the shared one).
 use std::time::{Duration, Instant};
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError};
 
 const SLACK: Duration = Duration::from_millis(1500);

@@ -1,12 +1,12 @@
 //! The nfs backend component (`wasmcsi_artifacts::NFS`) loaded into a real `Runtime` and driven
-//! through its exports against a real nfs-ganesha (`wasmcsi_nfs::testing::Ganesha`, in a private
+//! through its exports against a real nfs-ganesha (`wasmcsi_ganesha::Ganesha`, in a private
 //! namespace; needs root and the packages `scripts/nfs-setup` installs). Results are checked on
 //! the server's side of the export, behind the protocol.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::path::Path;
 use std::sync::Arc;
 
-use wasmcsi_nfs::testing::Ganesha;
+use wasmcsi_ganesha::Ganesha;
 use wasmcsi_runtime::bindings::types::{AccessMode, AccessType, MountVolume};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{Attachment, CapacityRange, ContentSource, CreateVolumeRequest, Pair, VolumeCapability};

@@ -1,6 +1,6 @@
 //! The ceph-rbd-shim component (`wasmcsi_artifacts::CEPH_RBD_SHIM`) loaded into a real `Runtime`
 //! with an `rbd` grant and driven through its exports against a real Ceph cluster
-//! (`wasmcsi_rbd::testing::Ceph`: 1 mon, 1 mgr, 2 memstore OSDs in a private namespace; needs
+//! (`wasmcsi_ceph::Ceph`: 1 mon, 1 mgr, 2 memstore OSDs in a private namespace; needs
 //! root and `scripts/ceph-setup`, skipped with a message otherwise, required in CI with
 //! `WASMCSI_CEPH_TESTS=require`). Each test uses its own pool and a cephx user limited to it, as
 //! ceph-csi's docs set one up. Results are checked behind the backend's back with the `rbd` CLI
@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{RbdClient, RbdPool};
 use wasmcsi_runtime::bindings::types::{AccessMode, AccessType, MountVolume};
 use wasmcsi_runtime::config::HostConfig;
