@@ -1,7 +1,7 @@
 //! `wasmcsi backend check`: what a component imports and exports, which grants it needs, and
 //! whether it keeps CSI's semantics (the conformance suite, run through a real host on a
 //! scratch directory with real capabilities). `backend ls` and `export` are `backend_dir`.
-use crate::conformance::{self, Profile};
+use wasmcsi_conformance::{self as conformance, Profile};
 use crate::host::{Host, HostOptions, ReplicaOptions};
 use anyhow::Context;
 use std::collections::HashMap;

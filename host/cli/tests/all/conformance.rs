@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::Code;
-use wasmcsi::conformance::{self, Outcome, Profile};
+use wasmcsi_conformance::{self as conformance, Outcome, Profile};
 use wasmcsi::host::{Host, HostOptions, ReplicaOptions, connect};
 use wasmcsi_csi::Mode;
 use wasmcsi_csi::driver::DIGEST_CONTEXT_KEY;
