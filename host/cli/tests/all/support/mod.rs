@@ -1,41 +1,21 @@
-//! Shared by this crate's CSI-socket flow tests (`mod support;`) and its benches
-//! (`#[path = "../tests/support/mod.rs"] mod support;`): request pieces, and a real host
+//! Shared by this crate's CSI-socket flow tests (`crate::support` of `tests/all`) and its benches
+//! (`#[path = "../tests/all/support/mod.rs"] mod support;`): request pieces, and a real host
 //! serving a bundled backend against a real cluster.
 #![allow(dead_code, reason = "each test or bench binary uses a part")]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support")]
 
+pub mod csi;
 pub mod direct;
 pub mod lan;
 pub mod process;
+
+pub use csi::{from_snapshot, from_volume, single_node_writer};
 
 use std::path::Path;
 use std::time::Duration;
 
 use wasmcsi::host::{Host, HostOptions};
-use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_rbd::testing::{CLUSTER, Ceph};
-
-/// Single-node-writer access: a raw block volume (`fs_type` None) or a filesystem mount.
-pub fn single_node_writer(fs_type: Option<&str>) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(match fs_type {
-            None => AccessType::Block(BlockVolume {}),
-            Some(fs) => AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() }),
-        }),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
-
-pub fn from_snapshot(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{SnapshotSource, Type};
-    csi::VolumeContentSource { r#type: Some(Type::Snapshot(SnapshotSource { snapshot_id: id.into() })) }
-}
-
-pub fn from_volume(id: &str) -> csi::VolumeContentSource {
-    use csi::volume_content_source::{Type, VolumeSource};
-    csi::VolumeContentSource { r#type: Some(Type::Volume(VolumeSource { volume_id: id.into() })) }
-}
+use wasmcsi_ceph::{CLUSTER, Ceph};
 
 /// A host (controller + node, node id `node_id`) serving the ceph-rbd-shim component loaded
 /// from disk, granted `pool` of `ceph`'s cluster; component, state and socket under `dir`.
