@@ -25,10 +25,12 @@ use tonic::Code;
 use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
 use wasmcsi_proto::csi::v1 as csi;
 
-mod support;
+use crate::support;
+use crate::support::csi::{
+    Controller, Node, Paths, clients, controller_publish as publish_to, controller_unpublish as unpublish_from, mounts_under,
+    publish_at, stage_request, stats, unpublish_and_unstage,
+};
 
-type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
-type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
 
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;
@@ -96,11 +98,6 @@ async fn three_nodes(dir: &Path) -> [Host; 3] {
     [a, b, c]
 }
 
-async fn clients(host: &Host) -> (Controller, Node) {
-    let channel = wasmcsi::host::connect(&host.socket).await.unwrap();
-    (csi::controller_client::ControllerClient::new(channel.clone()), csi::node_client::NodeClient::new(channel))
-}
-
 /// Sends `n` copies of one call at once; each either succeeds or is ABORTED (a concurrent
 /// retry); then one more, alone, must succeed. Returns every success.
 async fn at_once<T, F, Fut>(n: usize, what: &str, call: F) -> Vec<T>
@@ -139,43 +136,11 @@ fn create_request(name: &str, params: HashMap<String, String>) -> csi::CreateVol
     }
 }
 
-struct Paths {
-    staging: PathBuf,
-    target: PathBuf,
-}
-
 fn paths(dir: &Path, node: &str, pod: &str) -> Paths {
     Paths {
         staging: dir.join(node).join("kubelet/staging").join(pod),
         target: dir.join(node).join("kubelet/pods").join(pod).join("mount"),
     }
-}
-
-async fn publish_to(
-    ctl: &mut Controller,
-    v: &csi::Volume,
-    node: &str,
-    cap: &csi::VolumeCapability,
-) -> Result<HashMap<String, String>, tonic::Status> {
-    ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node.into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .map(|r| r.into_inner().publish_context)
-}
-
-async fn unpublish_from(ctl: &mut Controller, v: &csi::Volume, node: &str) {
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
 }
 
 /// NodeStage (three at once) and NodePublish.
@@ -186,68 +151,23 @@ async fn mount_on(
     p: &Paths,
     cap: &csi::VolumeCapability,
 ) {
-    let stage = csi::NodeStageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context: publish_context.clone(),
-        ..Default::default()
-    };
+    let stage = stage_request(v, publish_context, p, cap);
     at_once(3, "stage", || {
         let (mut node, req) = (node.clone(), stage.clone());
         async move { node.node_stage_volume(req).await }
     })
     .await;
-    node.clone()
-        .node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            staging_target_path: p.staging.to_string_lossy().into(),
-            target_path: p.target.to_string_lossy().into(),
-            volume_capability: Some(cap.clone()),
-            volume_context: v.volume_context.clone(),
-            publish_context: publish_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    publish_at(&mut node.clone(), v, publish_context, p, cap).await;
 }
 
 async fn unmount_on(node: &Node, v: &csi::Volume, p: &Paths) {
-    let mut node = node.clone();
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        target_path: p.target.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
+    unpublish_and_unstage(&mut node.clone(), v, p).await;
 }
 
 async fn condition(node: &Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {
-    let stats = node
-        .clone()
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: v.volume_id.clone(),
-            volume_path: p.target.to_string_lossy().into(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut node.clone(), v, &p.target).await;
     assert!(stats.usage.iter().any(|u| u.total > 0), "usage reported: {stats:?}");
     stats.volume_condition.expect("a volume condition")
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    let dir = dir.to_string_lossy();
-    table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
 }
 
 fn block_cap() -> csi::VolumeCapability {
@@ -297,9 +217,9 @@ fn replicated_volume_through_the_csi_socket_on_three_nodes() {
 async fn flow() {
     let dir = tempfile::tempdir().unwrap();
     let [a, b, c] = three_nodes(dir.path()).await;
-    let (mut ctl, _) = clients(&a).await;
-    let (_, node_b) = clients(&b).await;
-    let (_, node_c) = clients(&c).await;
+    let (mut ctl, _) = clients(&a.socket).await;
+    let (_, node_b) = clients(&b.socket).await;
+    let (_, node_c) = clients(&c.socket).await;
 
     // Bad parameters: refused, nothing made.
     let bad = ctl.create_volume(create_request("bad", params(&[("numberOfReplicas", "three")]))).await.unwrap_err();
@@ -447,8 +367,8 @@ fn a_lost_replica_node_shows_as_a_degraded_condition_while_writes_go_on() {
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let [a, b, c] = three_nodes(dir.path()).await;
-        let (mut ctl, _) = clients(&a).await;
-        let (_, node_b) = clients(&b).await;
+        let (mut ctl, _) = clients(&a.socket).await;
+        let (_, node_b) = clients(&b.socket).await;
 
         let v = ctl
             .create_volume(create_request("pvc-degraded", params(&[("numberOfReplicas", "3")])))

@@ -20,7 +20,8 @@ use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_proto::csi::v1 as csi;
 
-mod support;
+use crate::support;
+use crate::support::csi::{Paths, clients, controller_publish, controller_unpublish, stage_and_publish, unpublish_and_unstage};
 
 const BACKEND: &str = "replicated-block";
 const MIB: u64 = 1 << 20;
@@ -211,9 +212,7 @@ async fn flow() {
     std::fs::write(&nodes_file, format!("{a_addr}\n{b_addr}\n")).unwrap();
     let metrics = a.metrics_addr.expect("node-a serves /metrics");
 
-    let channel = wasmcsi::host::connect(&a.socket).await.unwrap();
-    let mut ctl = csi::controller_client::ControllerClient::new(channel.clone());
-    let mut node = csi::node_client::NodeClient::new(channel);
+    let (mut ctl, mut node) = clients(&a.socket).await;
     let cap = support::single_node_writer(None);
     let params: HashMap<String, String> = [("backend", BACKEND), ("numberOfReplicas", "2")]
         .iter()
@@ -234,41 +233,12 @@ async fn flow() {
         .unwrap();
     // The metrics' label is the replica set's id: the CSI id without its backend.
     let set = v.volume_id.split_once(':').map(|(_, s)| s.to_owned()).unwrap();
-    let publish_context = ctl
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: "node-a".into(),
-            volume_capability: Some(cap.clone()),
-            volume_context: v.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let staging = dir.path().join("kubelet/staging/pvc-metrics");
-    let target = dir.path().join("kubelet/pods/pod/dev");
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context: publish_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging.to_string_lossy().into(),
-        target_path: target.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let publish_context = controller_publish(&mut ctl, &v, "node-a", &cap).await.unwrap();
+    let p = Paths {
+        staging: dir.path().join("kubelet/staging/pvc-metrics"),
+        target: dir.path().join("kubelet/pods/pod/dev"),
+    };
+    stage_and_publish(&mut node, &v, &publish_context, &p, &cap).await;
 
     let healthy = |n: f64| {
         let set = set.clone();
@@ -285,7 +255,7 @@ async fn flow() {
     b.shutdown().await.unwrap();
     drop(b);
     let written = 4 * MIB;
-    let device = target.clone();
+    let device = p.target.clone();
     tokio::task::spawn_blocking(move || {
         use std::io::{Seek, SeekFrom, Write};
         let mut f = std::fs::OpenOptions::new().write(true).open(&device).unwrap();
@@ -318,27 +288,10 @@ async fn flow() {
     assert!(status.contains("2/2 healthy") && !status.contains("degraded"), "{status}");
 
     // Unstaged: the engine stops and its series go with it.
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        target_path: target.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: staging.to_string_lossy().into(),
-    })
-    .await
-    .unwrap();
+    unpublish_and_unstage(&mut node, &v, &p).await;
     let text = scrape(metrics).await;
     assert_eq!(value(&text, "wasmcsi_replicated_volume_replicas", &set), None, "{text}");
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: "node-a".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    controller_unpublish(&mut ctl, &v, "node-a").await;
     ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }).await.unwrap();
     drop((ctl, node));
     a.shutdown().await.unwrap();

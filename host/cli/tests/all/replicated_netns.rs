@@ -30,14 +30,16 @@ use std::time::{Duration, Instant};
 use wasmcsi_block::replica::ReplicaStore;
 use wasmcsi_proto::csi::v1 as csi;
 
-mod support;
+use crate::support;
+use crate::support::csi::{
+    Controller, Node, Paths, controller_publish, controller_unpublish as unpublish, mounts_under, publish_at, stage_and_publish,
+    stats, unpublish_and_unstage, unpublish_at,
+};
 
 use support::direct::Aligned;
 use support::lan::{Lan, Member};
 use support::process::Proc;
 
-type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
-type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
 
 const MIB: i64 = 1 << 20;
 const O_DIRECT: i32 = nix::fcntl::OFlag::O_DIRECT.bits();
@@ -348,11 +350,6 @@ fn alive_datapath(pid: i32, home: &Path) -> bool {
 
 // ----- CSI calls ----------------------------------------------------------------------------------
 
-struct Paths {
-    staging: PathBuf,
-    target: PathBuf,
-}
-
 fn mount_cap(fs: Option<&str>) -> csi::VolumeCapability {
     support::single_node_writer(fs)
 }
@@ -386,66 +383,7 @@ async fn publish(
     node: &str,
     cap: &csi::VolumeCapability,
 ) -> HashMap<String, String> {
-    ctl.controller_publish_volume(csi::ControllerPublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node.into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("ControllerPublish to {node}: {s:?}"))
-    .into_inner()
-    .publish_context
-}
-
-async fn unpublish(ctl: &mut Controller, v: &csi::Volume, node: &str) {
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("ControllerUnpublish from {node}: {s:?}"));
-}
-
-async fn stage_and_publish(
-    node: &mut Node,
-    v: &csi::Volume,
-    ctx: &HashMap<String, String>,
-    p: &Paths,
-    cap: &csi::VolumeCapability,
-) {
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context: ctx.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeStage: {s:?}"));
-    publish_at(node, v, ctx, p, cap).await;
-}
-
-async fn unpublish_at(node: &mut Node, v: &csi::Volume, target: &Path) {
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        target_path: target.to_string_lossy().into(),
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeUnpublish of {} at {}: {s:?}", v.volume_id, target.display()));
-}
-
-async fn unpublish_and_unstage(node: &mut Node, v: &csi::Volume, p: &Paths) {
-    unpublish_at(node, v, &p.target).await;
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeUnstage: {s:?}"));
+    controller_publish(ctl, v, node, cap).await.unwrap_or_else(|s| panic!("ControllerPublish to {node}: {s:?}"))
 }
 
 async fn condition(node: &mut Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {
@@ -469,12 +407,6 @@ async fn wait_condition(
         assert!(start.elapsed() < Duration::from_secs(180), "never {what}: last {c:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    let dir = dir.to_string_lossy();
-    table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
 }
 
 // ----- fio ----------------------------------------------------------------------------------------
@@ -719,37 +651,6 @@ fn split_brain_the_cut_off_node_s_late_writes_never_reach_the_volume() {
 }
 
 // ----- the data path in a process of its own ------------------------------------------------------
-
-async fn stats(node: &mut Node, v: &csi::Volume, path: &Path) -> csi::NodeGetVolumeStatsResponse {
-    node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-        volume_id: v.volume_id.clone(),
-        volume_path: path.to_string_lossy().into(),
-        staging_target_path: String::new(),
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodeGetVolumeStats of {}: {s:?}", v.volume_id))
-    .into_inner()
-}
-
-async fn publish_at(
-    node: &mut Node,
-    v: &csi::Volume,
-    ctx: &HashMap<String, String>,
-    p: &Paths,
-    cap: &csi::VolumeCapability,
-) {
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        staging_target_path: p.staging.to_string_lossy().into(),
-        target_path: p.target.to_string_lossy().into(),
-        volume_capability: Some(cap.clone()),
-        volume_context: v.volume_context.clone(),
-        publish_context: ctx.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("NodePublish of {} at {}: {s:?}", v.volume_id, p.target.display()));
-}
 
 #[test]
 fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {

@@ -5,97 +5,28 @@
 //! The volumes are directories planned by a natively linked backend (`bind` under a granted
 //! root). Skipped, saying why, when not root.
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tonic::Code;
-use wasmcsi_csi::driver::{Driver, Mode};
-use wasmcsi_csi::node::mounts::KernelMounts;
-use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::node::{NodeService, mountinfo};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
-use wasmcsi_runtime::bindings::driver::*;
-use wasmcsi_runtime::bindings::types::Error;
-use wasmcsi_runtime::config::HostConfig;
-use wasmcsi_runtime::native::{Guest, NativeDriver};
-use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
 
-/// Plans every volume as the directory of its id under the root `data`.
-struct Dirs;
-
-impl Guest for Dirs {
-    fn info() -> BackendInfo {
-        BackendInfo { name: "dirs".into(), version: "0".into(), parameters: vec![], features: vec![] }
-    }
-    fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
-        Ok(Attachment::Bind(BindPlan { root: "data".into(), path: volume_id, capacity_bytes: 1 << 20 }))
-    }
-}
+use crate::bind_node::{Tree, service, tree};
 
 /// A node over a fresh directory: `data/` (the granted root), `real/` (kubelet's directory)
 /// and `kubelet -> real`. Dropping it detaches every mount under it first, also after a
-/// failed assertion.
+/// failed assertion (its [`Tree`]'s drop).
 struct TestNode {
     svc: NodeService,
     root: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for TestNode {
-    fn drop(&mut self) {
-        for _ in 0..16 {
-            let Ok(table) = mountinfo::read_current() else { return };
-            let mut inside: Vec<_> = table.iter().filter(|e| e.mount_point.starts_with(&self.root)).collect();
-            if inside.is_empty() {
-                return;
-            }
-            inside.sort_by_key(|e| std::cmp::Reverse(e.mount_id));
-            for entry in inside {
-                let _ = nix::mount::umount2(&entry.mount_point, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-    }
+    _tree: Tree,
 }
 
 fn node() -> Option<TestNode> {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: bind mounts need root");
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().canonicalize().expect("canonical");
-    for sub in ["data/v1", "real/staging/v1", "real/pods", "elsewhere"] {
-        std::fs::create_dir_all(root.join(sub)).expect("tree");
-    }
+    let tree = tree(&["data/v1", "real/staging/v1", "real/pods", "elsewhere"])?;
+    let root = tree.root.clone();
     std::os::unix::fs::symlink(root.join("real"), root.join("kubelet")).expect("symlink");
-    let toml = format!("[backends.dirs.grants]\ndir = {{ data = \"{}/data\" }}\n", root.display());
-    let config = HostConfig::parse(&toml, Path::new("test")).expect("config");
-    let runtime = Runtime::new(RuntimeOptions {
-        config: config.clone(),
-        cache_dir: None,
-        store_path: root.join("meta.redb"),
-        engine: Default::default(),
-    })
-    .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None, None);
-    registry.insert(runtime.load_native("dirs", NativeDriver::of::<Dirs>()).expect("native backend"));
-    let driver = Driver {
-        name: "wasmcsi.test".into(),
-        version: "0".into(),
-        mode: Mode::Node,
-        node_id: "node-1".into(),
-        registry,
-        inflight: Default::default(),
-        node_local: Default::default(),
-        attachers: Attachers::new(NodeSetup {
-            node_id: "node-1".into(),
-            state_dir: root.join("state"),
-            config: Arc::new(config),
-            mounts: Arc::new(KernelMounts),
-            runtime_dir: root.join("run"),
-            datapath: None,
-        }),
-    };
-    Some(TestNode { svc: NodeService(Arc::new(driver)), root, _dir: dir })
+    Some(TestNode { svc: service(&tree, "meta.redb", "state"), root, _tree: tree })
 }
 
 fn cap() -> csi::VolumeCapability {

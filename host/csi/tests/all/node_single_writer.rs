@@ -5,101 +5,23 @@
 //! same node) refuses the second target too. SINGLE_NODE_WRITER keeps allowing several targets
 //! (kubelet publishes a RWO volume once per pod on the node). The volumes are directories planned
 //! by a natively linked backend (`bind` under a granted root). Skipped, saying why, when not root.
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
 use csi::volume_capability::access_mode::Mode;
 use tonic::Code;
-use wasmcsi_csi::driver::{Driver, Mode as ServiceMode};
-use wasmcsi_csi::node::mounts::KernelMounts;
-use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::node::{NodeService, mountinfo};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
-use wasmcsi_runtime::bindings::driver::*;
-use wasmcsi_runtime::bindings::types::Error;
-use wasmcsi_runtime::config::HostConfig;
-use wasmcsi_runtime::native::{Guest, NativeDriver};
-use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
 
-/// Plans every volume as the directory of its id under the root `data`.
-struct Dirs;
-
-impl Guest for Dirs {
-    fn info() -> BackendInfo {
-        BackendInfo { name: "dirs".into(), version: "0".into(), parameters: vec![], features: vec![] }
-    }
-    fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
-        Ok(Attachment::Bind(BindPlan { root: "data".into(), path: volume_id, capacity_bytes: 1 << 20 }))
-    }
-}
-
-/// A node's directories (`data/` the granted root, `staging/`, `pods/`); dropping it detaches
-/// every mount under it first, also after a failed assertion.
-struct Tree {
-    root: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        for _ in 0..16 {
-            let Ok(table) = mountinfo::read_current() else { return };
-            let mut inside: Vec<_> = table.iter().filter(|e| e.mount_point.starts_with(&self.root)).collect();
-            if inside.is_empty() {
-                return;
-            }
-            inside.sort_by_key(|e| std::cmp::Reverse(e.mount_id));
-            for entry in inside {
-                let _ = nix::mount::umount2(&entry.mount_point, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-    }
-}
+use crate::bind_node::{self, Tree};
 
 fn tree() -> Option<Tree> {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: bind mounts need root");
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().canonicalize().expect("canonical");
-    for sub in ["data/v1", "data/v2", "staging/v1", "staging/v2", "pods"] {
-        std::fs::create_dir_all(root.join(sub)).expect("tree");
-    }
-    Some(Tree { root, _dir: dir })
+    bind_node::tree(&["data/v1", "data/v2", "staging/v1", "staging/v2", "pods"])
 }
 
 /// A node plugin over `tree`, as freshly started: nothing in memory.
 fn service(tree: &Tree, state: &str) -> NodeService {
-    let root = &tree.root;
-    let toml = format!("[backends.dirs.grants]\ndir = {{ data = \"{}/data\" }}\n", root.display());
-    let config = HostConfig::parse(&toml, Path::new("test")).expect("config");
-    let runtime = Runtime::new(RuntimeOptions {
-        config: config.clone(),
-        cache_dir: None,
-        store_path: root.join(format!("{state}.redb")),
-        engine: Default::default(),
-    })
-    .expect("runtime");
-    let registry = Registry::new(runtime.clone(), None, None);
-    registry.insert(runtime.load_native("dirs", NativeDriver::of::<Dirs>()).expect("native backend"));
-    NodeService(Arc::new(Driver {
-        name: "wasmcsi.test".into(),
-        version: "0".into(),
-        mode: ServiceMode::Node,
-        node_id: "node-1".into(),
-        registry,
-        inflight: Default::default(),
-        node_local: Default::default(),
-        attachers: Attachers::new(NodeSetup {
-            node_id: "node-1".into(),
-            state_dir: root.join(state),
-            config: Arc::new(config),
-            mounts: Arc::new(KernelMounts),
-            runtime_dir: root.join("run"),
-            datapath: None,
-        }),
-    }))
+    bind_node::service(tree, &format!("{state}.redb"), state)
 }
 
 fn cap(mode: Mode) -> csi::VolumeCapability {
