@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use wasmcsi::host::connect;
 use wasmcsi_benchkit::fio::{self, MIB, Res, SHAPES};
 use wasmcsi_benchkit::{knob, ms, pct};
-use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_ceph::{CLUSTER, Ceph, Store};
+use wasmcsi_proto::csi::v1 as csi;
 
 #[path = "../tests/all/support/mod.rs"]
 mod support;

@@ -1,10 +1,10 @@
 //! Bookkeeping and cleanup: every object a call of the suite made (also one the driver should
 //! have refused but made anyway), every stage, publish and ControllerPublishVolume tried, and
 //! [`Suite::clean_up`](crate::Suite::clean_up), which undoes them at the end whatever the checks found.
+use crate::{Suite, call, mounts_under, path_str, status};
 use std::path::PathBuf;
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{Suite, call, mounts_under, path_str, status};
 
 /// What a call the suite made left behind, so that it can be removed again.
 pub(crate) enum Made {
@@ -33,17 +33,17 @@ pub(crate) struct Created {
 }
 
 impl Created {
-    fn volume(&mut self, id: &str) {
+    pub(crate) fn volume(&mut self, id: &str) {
         if !id.is_empty() && !self.volumes.iter().any(|v| v == id) {
             self.volumes.push(id.to_string());
         }
     }
-    fn snapshot(&mut self, id: &str) {
+    pub(crate) fn snapshot(&mut self, id: &str) {
         if !id.is_empty() && !self.snapshots.iter().any(|s| s == id) {
             self.snapshots.push(id.to_string());
         }
     }
-    fn made(&mut self, made: &Made) {
+    pub(crate) fn made(&mut self, made: &Made) {
         match made {
             Made::Nothing => {}
             Made::Volume(id) => self.volume(id),

@@ -1,6 +1,10 @@
 //! The Controller service's volume calls: the `backend` parameter, unknown ids, CreateVolume
 //! (idempotent, under concurrent retries), GetCapacity, ControllerGetVolume,
 //! ControllerExpandVolume, ListVolumes (paging) and DeleteVolume.
+use crate::{
+    CALL_TIMEOUT, FOREIGN_ID, MAX_PAGES, NO_VOLUME, Objects, Outcome, PARALLEL, Suite, UNKNOWN_BACKEND, call,
+    expect_code, made_snapshot, made_volume, path_str, status,
+};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use std::collections::HashMap;
@@ -10,7 +14,6 @@ use tonic::Code;
 use tonic::Status;
 use wasmcsi_csi::driver::BACKEND_PARAMETER;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{CALL_TIMEOUT, FOREIGN_ID, MAX_PAGES, NO_VOLUME, Objects, Outcome, PARALLEL, Suite, UNKNOWN_BACKEND, call, expect_code, made_snapshot, made_volume, path_str, status};
 
 impl Suite<'_> {
     /// The `backend` parameter: missing or unknown is INVALID_ARGUMENT naming the choices.
@@ -407,7 +410,10 @@ impl Suite<'_> {
     /// CreateVolume, called again while it answers ABORTED ("an operation is pending for this
     /// volume": a clone a backend fills in the background), as the external-provisioner does;
     /// for at most [`CALL_TIMEOUT`].
-    pub(crate) async fn create_pending(&mut self, request: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, Status> {
+    pub(crate) async fn create_pending(
+        &mut self,
+        request: csi::CreateVolumeRequest,
+    ) -> Result<csi::CreateVolumeResponse, Status> {
         let started = std::time::Instant::now();
         loop {
             match call(self.ctl().create_volume(request.clone())).await {

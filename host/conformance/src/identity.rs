@@ -1,11 +1,11 @@
 //! The Identity service (GetPluginInfo, GetPluginCapabilities, Probe) and the capabilities the
 //! controller and node services offer, which gate the checks after them.
+use crate::{Outcome, Suite, call, status};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use std::collections::HashSet;
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{Outcome, Suite, call, status};
 
 impl Suite<'_> {
     pub(crate) async fn identity_checks(&mut self) {

@@ -208,7 +208,8 @@ macro_rules! rpc {
     ($client:expr, $method:ident, $request:expr, $made:expr) => {{
         let mut client = $client;
         let request = $request;
-        let pending: $crate::Pending = Box::pin(async move { client.$method(request).await.map(|r| ($made)(r.into_inner())) });
+        let pending: $crate::Pending =
+            Box::pin(async move { client.$method(request).await.map(|r| ($made)(r.into_inner())) });
         pending
     }};
 }

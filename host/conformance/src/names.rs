@@ -4,10 +4,10 @@
 //! U+000E–U+001F, U+007F–U+009F), is INVALID_ARGUMENT. CreateVolume and CreateSnapshot alike.
 //! What these checks make they delete again at once, so the checks after them see the suite's
 //! usual objects only.
+use crate::{NO_VOLUME, Outcome, Suite, call, made_snapshot, made_volume, status};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{NO_VOLUME, Outcome, Suite, call, made_snapshot, made_volume, status};
 
 /// CSI's limit on a name, in bytes.
 const MAX_NAME: usize = 128;

@@ -1,6 +1,7 @@
 //! The Node service: stage, publish (read-write and read-only), use, unpublish and unstage a
 //! volume on this machine, checked against the mount table, with ControllerPublishVolume first
 //! when the controller offers it, as a CO does.
+use crate::{DATA_FILE, NO_VOLUME, Objects, Suite, call, expect_code, path_str, status};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use std::collections::HashMap;
@@ -9,7 +10,6 @@ use std::path::PathBuf;
 use tonic::Code;
 use wasmcsi_csi::node::mountinfo;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{DATA_FILE, NO_VOLUME, Objects, Suite, call, expect_code, path_str, status};
 
 /// Mount points at or under `dir`, deepest first.
 pub(crate) fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>, String> {

@@ -3,14 +3,12 @@
 //! table of the spec), the same target again is OK, and once the first target is unpublished the
 //! volume may be published at another. The mode comes with the node's SINGLE_NODE_MULTI_WRITER
 //! capability; without it these checks are skipped.
+use crate::{Suite, call, expect_code, is_mounted, is_unmounted, path_str, status};
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use std::collections::HashMap;
 use std::path::Path;
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{Suite, call, expect_code, is_mounted, is_unmounted, path_str, status};
-use std::collections::HashMap;
-use std::path::Path;
 
 impl Suite<'_> {
     /// On a volume staged at `staging` and published nowhere.

@@ -1,11 +1,11 @@
 //! Snapshots (CreateSnapshot idempotent, GetSnapshot, ListSnapshots with its filters and
 //! paging, DeleteSnapshot) and clones (CreateVolume from a snapshot and from a volume, with the
 //! node flow's data in them).
+use crate::{DATA_FILE, FOREIGN_ID, MAX_PAGES, NO_VOLUME, Objects, Suite, call, made_snapshot, made_volume, status};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use tonic::Code;
 use tonic::Status;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{DATA_FILE, FOREIGN_ID, MAX_PAGES, NO_VOLUME, Objects, Suite, call, made_snapshot, made_volume, status};
 
 impl Suite<'_> {
     pub(crate) async fn snapshot_checks(&mut self, objects: &Objects) -> Option<csi::Snapshot> {
@@ -170,7 +170,10 @@ impl Suite<'_> {
     }
 
     /// Every snapshot a filter matches, following pages.
-    pub(crate) async fn list_snapshots(&mut self, request: csi::ListSnapshotsRequest) -> Result<Vec<csi::Snapshot>, Status> {
+    pub(crate) async fn list_snapshots(
+        &mut self,
+        request: csi::ListSnapshotsRequest,
+    ) -> Result<Vec<csi::Snapshot>, Status> {
         let mut found = Vec::new();
         let mut token = String::new();
         for _ in 0..MAX_PAGES {

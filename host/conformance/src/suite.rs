@@ -2,6 +2,7 @@
 //! checks so far), how one answer is awaited and judged (a bounded [`call`], [`expect_code`],
 //! optional features' UNIMPLEMENTED as a skip, gates that skip a check with the reason), the
 //! requests most checks build, and the order the checks run in ([`Suite::all_checks`]).
+use crate::{CALL_TIMEOUT, Check, Created, Outcome, Pending, Profile, Secreted};
 use csi::controller_client::ControllerClient;
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::identity_client::IdentityClient;
@@ -15,7 +16,6 @@ use tonic::Code;
 use tonic::Status;
 use tonic::transport::Channel;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{CALL_TIMEOUT, Check, Created, Outcome, Pending, Profile, Secreted};
 
 /// Await one answer, bounded by [`CALL_TIMEOUT`].
 pub(crate) async fn call<T>(fut: impl Future<Output = Result<tonic::Response<T>, Status>>) -> Result<T, Status> {
@@ -77,7 +77,6 @@ pub(crate) struct Objects {
 }
 
 impl Suite<'_> {
-
     pub(crate) fn record(&mut self, name: &str, outcome: Outcome) {
         self.checks.push(Check { name: name.to_string(), outcome });
     }
@@ -134,7 +133,14 @@ impl Suite<'_> {
         self.expect_answer(name, gate, want, rpc, true).await
     }
 
-    pub(crate) async fn expect_answer(&mut self, name: &str, gate: Option<String>, want: Code, rpc: Pending, optional: bool) {
+    pub(crate) async fn expect_answer(
+        &mut self,
+        name: &str,
+        gate: Option<String>,
+        want: Code,
+        rpc: Pending,
+        optional: bool,
+    ) {
         if !self.open(name, &gate) {
             return;
         }
@@ -215,11 +221,9 @@ impl Suite<'_> {
         request
     }
 
-
     pub(crate) fn data(&self) -> Vec<u8> {
         format!("written through the target path by conformance run {}\n", self.run).into_bytes()
     }
-
 
     // ---- the suite ---------------------------------------------------------------------
 

@@ -5,10 +5,10 @@
 //! also refuse a volume only a node that does not exist could take (RESOURCE_EXHAUSTED, the
 //! spec's code for "cannot be provisioned in the requisite topology") and answer GetCapacity
 //! per node: this node's answers, one that does not exist has none.
-use tonic::Code;
-use wasmcsi_proto::csi::v1 as csi;
 use crate::{Outcome, Suite, call, expect_code, made_volume, status};
+use tonic::Code;
 use wasmcsi_csi::driver::TOPOLOGY_NODE_KEY;
+use wasmcsi_proto::csi::v1 as csi;
 
 /// A node name no cluster of the suite has.
 const NO_SUCH_NODE: &str = "wasmcsi-conformance-no-such-node";

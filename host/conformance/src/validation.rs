@@ -1,9 +1,9 @@
 //! Missing required fields are INVALID_ARGUMENT, on every RPC of every service that has them.
+use crate::{Pending, Suite, made_snapshot, made_volume, path_str};
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use tonic::Code;
 use wasmcsi_proto::csi::v1 as csi;
-use crate::{Pending, Suite, made_snapshot, made_volume, path_str};
 
 impl Suite<'_> {
     /// Missing required fields are INVALID_ARGUMENT, on every RPC that has them.

@@ -26,7 +26,6 @@
 //! let client = wasmcsi_rbd::RbdClient::new(ceph.config(&["p1"]));
 //! let pool = client.pool(wasmcsi_ceph::CLUSTER, "p1", &ceph.admin()).expect("granted");
 //! ```
-use wasmcsi_rbd::{RbdCluster, RbdConfig, RbdCredentials};
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -34,6 +33,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use wasmcsi_netns::{NsOptions, NsShell};
+use wasmcsi_rbd::{RbdCluster, RbdConfig, RbdCredentials};
 
 /// The cluster name [`Ceph::config`] grants (a name of the operator's choosing, not Ceph's).
 pub const CLUSTER: &str = "test";

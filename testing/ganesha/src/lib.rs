@@ -20,12 +20,12 @@
 //! let client = wasmcsi_nfs::NfsClient::new(g.config());
 //! // ... client.mkdir(&g.export(), "vol", 0o755, 0, 0) ...; check g.export_dir() directly
 //! ```
-use wasmcsi_nfs::{NfsConfig, NfsExport};
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use wasmcsi_netns::{NsOptions, NsShell};
+use wasmcsi_nfs::{NfsConfig, NfsExport};
 
 /// The pseudo path of the one export (`mount_path_pseudo = true`: v3 mounts use it too).
 pub const SHARE: &str = "/export";

@@ -19,4 +19,4 @@ mod replicated_flow;
 mod replicated_metrics;
 mod replicated_netns;
 mod serve_cli;
-use crate::support;
+mod support;

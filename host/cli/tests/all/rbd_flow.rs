@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::Code;
-use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_ceph::{CLUSTER, Ceph};
+use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
 use support::{from_snapshot, from_volume};

@@ -27,10 +27,9 @@ use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
 use crate::support::csi::{
-    Controller, Node, Paths, clients, controller_publish as publish_to, controller_unpublish as unpublish_from, mounts_under,
-    publish_at, stage_request, stats, unpublish_and_unstage,
+    Controller, Node, Paths, clients, controller_publish as publish_to, controller_unpublish as unpublish_from,
+    mounts_under, publish_at, stage_request, stats, unpublish_and_unstage,
 };
-
 
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;

@@ -21,7 +21,9 @@ use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
-use crate::support::csi::{Paths, clients, controller_publish, controller_unpublish, stage_and_publish, unpublish_and_unstage};
+use crate::support::csi::{
+    Paths, clients, controller_publish, controller_unpublish, stage_and_publish, unpublish_and_unstage,
+};
 
 const BACKEND: &str = "replicated-block";
 const MIB: u64 = 1 << 20;

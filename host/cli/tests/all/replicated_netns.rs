@@ -32,14 +32,13 @@ use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
 use crate::support::csi::{
-    Controller, Node, Paths, controller_publish, controller_unpublish as unpublish, mounts_under, publish_at, stage_and_publish,
-    stats, unpublish_and_unstage, unpublish_at,
+    Controller, Node, Paths, controller_publish, controller_unpublish as unpublish, mounts_under, publish_at,
+    stage_and_publish, stats, unpublish_and_unstage, unpublish_at,
 };
 
 use support::direct::Aligned;
 use support::lan::{Lan, Member};
 use support::process::Proc;
-
 
 const MIB: i64 = 1 << 20;
 const O_DIRECT: i32 = nix::fcntl::OFlag::O_DIRECT.bits();

@@ -16,13 +16,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_csi::driver::{Driver, Mode};
 use wasmcsi_csi::node::NodeService;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
-use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCredentials, RbdPool};
 use wasmcsi_runtime::bindings::driver::*;
 use wasmcsi_runtime::bindings::types::Error;

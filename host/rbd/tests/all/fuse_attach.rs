@@ -4,9 +4,9 @@
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_frontend::mkfs::{self, FsType};
 use wasmcsi_rbd::fuse_attach::{FuseAttachRequest, attach};
-use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 
 const SIZE: u64 = 64 << 20;

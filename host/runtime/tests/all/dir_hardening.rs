@@ -295,7 +295,13 @@ async fn a_host_killed_mid_write_does_not_break_list_volumes() {
     while !leftover(&meta) {
         assert!(kills < 200, "no kill landed inside a write in {kills} tries");
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "dir_hardening::creating_volumes_until_killed", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "dir_hardening::creating_volumes_until_killed",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("WASMCSI_CHILD_DIR", d.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
