@@ -1,7 +1,7 @@
 //! The driver against the SDK's in-memory `rbd`: deterministic names, idempotent creates,
 //! snapshots, restores and clones (and their temporary snapshots), deferred deletion while
 //! snapshots exist, flattening before data could be lost, and the errors on the way.
-//! (Against a real Ceph: `host/runtime/tests/rbd_backend.rs` and `host/cli/tests/rbd_flow.rs`.)
+//! (Against a real Ceph: `host/runtime/tests/all/rbd_backend.rs` and `host/cli/tests/all/rbd_flow.rs`.)
 #![allow(clippy::unwrap_used, reason = "tests")]
 use super::*;
 use wasmcsi_backend_sdk::fake::FakeHost;

@@ -1,6 +1,6 @@
 //! The driver against the SDK's in-memory host: ids, idempotent creates, the commit point,
 //! snapshots and restores through background copies, the three onDelete policies, listing
-//! and attach plans. (Against a real ganesha: `host/runtime/tests/nfs_backend.rs`.)
+//! and attach plans. (Against a real ganesha: `host/runtime/tests/all/nfs_backend.rs`.)
 #![allow(clippy::unwrap_used, reason = "tests")]
 use super::*;
 use wasmcsi_backend_sdk::fake::FakeHost;

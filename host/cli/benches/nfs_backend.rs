@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use wasmcsi::host::{Host, HostOptions, connect};
 use wasmcsi_benchkit::{knob, ms, pct};
-use wasmcsi_nfs::testing::{Ganesha, SHARE};
+use wasmcsi_ganesha::{Ganesha, SHARE};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::config::HostConfig;
 

@@ -1,6 +1,6 @@
 //! `scripts/bench-rbd` (= `cargo bench --workspace --bench rbd_backend`): the ceph-rbd-shim
 //! backend through the CSI socket against a real Ceph cluster (1 mon, 1 mgr, 2 BlueStore OSDs
-//! on sparse files, pool size 2; `wasmcsi_rbd::testing`), and the same fio jobs on a Ceph RBD
+//! on sparse files, pool size 2; `wasmcsi_ceph`), and the same fio jobs on a Ceph RBD
 //! image and on a 2-replica wasmcsi volume. One run, one table:
 //!
 //! 1. CreateVolume + DeleteVolume through the socket: p50/p99 of each call, a retried
@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use wasmcsi::host::connect;
 use wasmcsi_benchkit::fio::{self, MIB, Res, SHAPES};
 use wasmcsi_benchkit::{knob, ms, pct};
+use wasmcsi_ceph::{CLUSTER, Ceph, Store};
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_rbd::testing::{CLUSTER, Ceph, Store};
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/all/support/mod.rs"]
 mod support;
 
 type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;

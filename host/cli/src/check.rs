@@ -1,7 +1,6 @@
 //! `wasmcsi backend check`: what a component imports and exports, which grants it needs, and
 //! whether it keeps CSI's semantics (the conformance suite, run through a real host on a
 //! scratch directory with real capabilities). `backend ls` and `export` are `backend_dir`.
-use crate::conformance::{self, Profile};
 use crate::host::{Host, HostOptions, ReplicaOptions};
 use anyhow::Context;
 use std::collections::HashMap;
@@ -10,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig};
+use wasmcsi_conformance::{self as conformance, Profile};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
 use wasmcsi_runtime::engine::EngineSettings;

@@ -1,5 +1,5 @@
-//! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
-//! suite (shared by `backend check` and the tests), the metrics endpoint, the node's data path
+//! The `wasmcsi` binary's library: starting a host, the CLI commands (`backend check` runs the
+//! CSI conformance suite of `wasmcsi-conformance`), the metrics endpoint, the node's data path
 //! as a process of its own (`wasmcsi datapath`) and its live upgrade, and replica nodes as
 //! child processes (the demo's and the benchmark's). `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
@@ -8,7 +8,6 @@ pub mod block_cmd;
 pub mod block_ctl;
 pub mod check;
 pub mod compose;
-pub mod conformance;
 pub mod datapath_cmd;
 pub mod datapath_upgrade;
 pub mod demo;

@@ -5,8 +5,8 @@
 use std::fs;
 use std::io::Write;
 use std::time::{Duration, Instant};
+use wasmcsi_ganesha::Ganesha;
 use wasmcsi_nfs::NfsClient;
-use wasmcsi_nfs::testing::Ganesha;
 
 fn cp_a(g: &Ganesha, from: &str, to: &str) -> Duration {
     let t = Instant::now();

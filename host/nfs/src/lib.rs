@@ -1,5 +1,6 @@
 //! The userspace NFS client behind the host's `nfs` capability (`wit/backend.wit`, interface
-//! `nfs`), and a reusable nfs-ganesha test harness ([`testing`]).
+//! `nfs`). The nfs-ganesha its tests run against is
+//! test machinery of its own (`testing/ganesha`, crate `wasmcsi-ganesha`).
 //!
 //! What it owns: NFSv3 over TCP to the exports an operator granted a backend (portmapper → MOUNT
 //! → NFS, as `nfs3_client` does it), a connection pool per export with reconnect after failure,
@@ -21,7 +22,6 @@ mod client;
 mod copy;
 mod error;
 mod path;
-pub mod testing;
 
 pub use background::CopyProgress;
 pub use client::NfsClient;

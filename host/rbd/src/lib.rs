@@ -1,6 +1,7 @@
 //! The Ceph RBD client behind the host's `rbd` capability (`wit/backend.wit`, interface
-//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`]),
-//! and a reusable real-Ceph test harness ([`testing`]).
+//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`]).
+//! The Ceph cluster its tests run against is test machinery of its own (`testing/ceph`, crate
+//! `wasmcsi-ceph`).
 //!
 //! What it owns: librados + librbd 16.2 through a small hand-written FFI; the grants of one
 //! backend (which clusters, which pools: anything else is [`RbdError::PermissionDenied`] before
@@ -23,7 +24,6 @@ pub mod fuse_attach;
 mod image;
 pub mod krbd;
 mod names;
-pub mod testing;
 
 pub use client::{RbdClient, RbdPool};
 pub use error::RbdError;

@@ -22,8 +22,7 @@ use wasmcsi_proto::csi::v1 as csi;
 
 use super::{Aligned, DirectFile, Placement, Split, Target, fio_split};
 
-type Ctl = csi::controller_client::ControllerClient<tonic::transport::Channel>;
-type Node = csi::node_client::NodeClient<tonic::transport::Channel>;
+use super::support::csi::{self as calls, Controller as Ctl, Node, Paths};
 
 const BACKEND: &str = "replicated-block";
 const NODE: &str = "bench-node";
@@ -54,11 +53,7 @@ pub struct Heal {
 }
 
 fn block_cap() -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
+    calls::single_node_writer(None)
 }
 
 fn create_request(name: &str, size: u64, replicas: u32) -> csi::CreateVolumeRequest {
@@ -79,8 +74,7 @@ fn create_request(name: &str, size: u64, replicas: u32) -> csi::CreateVolumeRequ
 /// A volume published as a raw block device on this node.
 struct Staged {
     volume: csi::Volume,
-    staging: PathBuf,
-    target: PathBuf,
+    paths: Paths,
 }
 
 impl Staged {
@@ -93,65 +87,17 @@ impl Staged {
 async fn create_and_stage(ctl: &mut Ctl, node: &mut Node, dir: &Path, name: &str, size: u64, n: u32) -> Staged {
     let volume = ctl.create_volume(create_request(name, size, n)).await.expect("CreateVolume").into_inner();
     let volume = volume.volume.expect("a volume");
-    let publish_context = ctl
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            node_id: NODE.into(),
-            volume_capability: Some(block_cap()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .expect("ControllerPublishVolume")
-        .into_inner()
-        .publish_context;
-    let staged =
-        Staged { volume, staging: dir.join("staging").join(name), target: dir.join("pods").join(name).join("dev") };
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: staged.volume.volume_id.clone(),
-        staging_target_path: staged.staging.display().to_string(),
-        volume_capability: Some(block_cap()),
-        volume_context: staged.volume.volume_context.clone(),
-        publish_context: publish_context.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("NodeStageVolume");
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: staged.volume.volume_id.clone(),
-        staging_target_path: staged.staging.display().to_string(),
-        target_path: staged.target.display().to_string(),
-        volume_capability: Some(block_cap()),
-        volume_context: staged.volume.volume_context.clone(),
-        publish_context,
-        ..Default::default()
-    })
-    .await
-    .expect("NodePublishVolume");
-    staged
+    let publish_context =
+        calls::controller_publish(ctl, &volume, NODE, &block_cap()).await.expect("ControllerPublishVolume");
+    let paths = Paths { staging: dir.join("staging").join(name), target: dir.join("pods").join(name).join("dev") };
+    calls::stage_and_publish(node, &volume, &publish_context, &paths, &block_cap()).await;
+    Staged { volume, paths }
 }
 
 async fn unstage_and_delete(ctl: &mut Ctl, node: &mut Node, s: Staged) {
+    calls::unpublish_and_unstage(node, &s.volume, &s.paths).await;
+    calls::controller_unpublish(ctl, &s.volume, NODE).await;
     let id = s.volume.volume_id.clone();
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: s.target.display().to_string(),
-    })
-    .await
-    .expect("NodeUnpublishVolume");
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: s.staging.display().to_string(),
-    })
-    .await
-    .expect("NodeUnstageVolume");
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: NODE.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("ControllerUnpublishVolume");
     ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await.expect("DeleteVolume");
 }
 
@@ -239,18 +185,16 @@ pub fn run(root: &Path, ws: u64, secs: f64, runs: usize, cpus: Placement, heal_s
         .iter()
         .map(|name| rt.block_on(ReplicaProcess::start(exe, &dir.join(name), name)).expect("a replica node"))
         .collect();
-    let channel = rt.block_on(wasmcsi::host::connect(&host.socket)).unwrap();
-    let mut ctl = Ctl::new(channel.clone());
-    let mut node = Node::new(channel);
+    let (mut ctl, mut node) = rt.block_on(calls::clients(&host.socket));
 
     // (f): two replicas, this node's and replica-b's (the only nodes granted for now).
     std::fs::write(&nodes_file, format!("{local}\n{}\n", nodes[0].addr())).unwrap();
     let staged = rt.block_on(create_and_stage(&mut ctl, &mut node, &dir, "bench-csi", ws, 2));
-    fio::prefill(&staged.target, ws);
+    fio::prefill(&staged.paths.target, ws);
     let (mut io, mut split) = (Vec::new(), Vec::new());
     for shape in &SHAPES {
         eprintln!("(f) CSI: {}", shape.name);
-        let (res, s) = fio_split(&staged.target, shape, ws, secs, runs, cpus);
+        let (res, s) = fio_split(&staged.paths.target, shape, ws, secs, runs, cpus);
         io.push(res);
         split.push(s);
     }
@@ -300,7 +244,7 @@ async fn heal(
     let victim = &mut nodes[1];
     let killed = Instant::now();
     victim.kill();
-    let target = staged.target.clone();
+    let target = staged.paths.target.clone();
     let written = tokio::task::spawn_blocking(move || {
         let dev = DirectFile::open(&target);
         let buf = Aligned::new(MIB as usize, 0xa5);

@@ -62,6 +62,9 @@ use wasmcsi_block::volume::{InProcessNode, ReplicatedVolume, VolumeConfig};
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 mod csi;
+// The CSI calls the flow tests make, once (`tests/all/support/csi.rs`).
+#[path = "../../tests/all/support/mod.rs"]
+mod support;
 
 const REGION: u64 = MIB;
 

@@ -144,7 +144,7 @@ impl Host for CallState {
 
 #[cfg(test)]
 mod tests {
-    //! The provider against a real nfs-ganesha (started by `wasmcsi_nfs::testing` in a private
+    //! The provider against a real nfs-ganesha (started by `wasmcsi_ganesha` in a private
     //! namespace; needs root and the packages `scripts/nfs-setup` installs): the WIT calls a
     //! guest would make, their error cases, and the import timeout.
     use std::sync::Arc;
@@ -153,7 +153,7 @@ mod tests {
     use super::*;
     use crate::capabilities::Capabilities;
     use crate::metadata::MetaStore;
-    use wasmcsi_nfs::testing::Ganesha;
+    use wasmcsi_ganesha::Ganesha;
 
     fn state(dir: &std::path::Path, client: Option<NfsClient>, timeout: Duration) -> CallState {
         let caps = Capabilities {

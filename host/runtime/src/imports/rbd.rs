@@ -435,7 +435,7 @@ impl Host for CallState {
 mod tests {
     //! Credential resolution, grants and the error mapping, without a cluster (no traffic
     //! happens before these checks). The operations against a real cluster are exercised through
-    //! the ceph-rbd-shim component in `tests/rbd_backend.rs`.
+    //! the ceph-rbd-shim component in `tests/all/rbd_backend.rs`.
     use std::collections::BTreeMap;
     use std::sync::Arc;
 

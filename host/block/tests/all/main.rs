@@ -1,0 +1,11 @@
+//! The integration tests of `wasmcsi-block`: replica servers, the catalog, the control surface
+//! and replicated volumes over real TCP on loopback.
+//!
+//! One binary per crate, one module per area (as wasmtime's `tests/all`): the crate and its
+//! dependencies are linked once, not once per file. Run one area with
+//! `cargo test --release --workspace --locked --test all -- MODULE::`.
+
+mod catalog;
+mod control;
+mod replica_server;
+mod replicated_volume;

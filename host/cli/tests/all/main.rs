@@ -1,0 +1,23 @@
+//! The integration tests of the `wasmcsi` crate: whole hosts in this process or as the real
+//! binary, driven over the CSI socket as kubelet and the sidecars drive them.
+//!
+//! One binary per crate, one module per area (as wasmtime's `tests/all`): the crate and its
+//! dependencies are linked once, not once per file. Run one area with
+//! `cargo test --release --workspace --locked --test all -- MODULE::`.
+
+mod backend_check;
+mod block_cli;
+mod block_netns;
+mod compose;
+mod conformance;
+mod controller_faults;
+mod hostile;
+mod hot_reload;
+mod nfs_flow_vm;
+mod node_local;
+mod rbd_flow;
+mod replicated_flow;
+mod replicated_metrics;
+mod replicated_netns;
+mod serve_cli;
+mod support;

@@ -1,0 +1,56 @@
+//! Shared by this crate's CSI-socket flow tests (`crate::support` of `tests/all`) and its benches
+//! (`#[path = "../tests/all/support/mod.rs"] mod support;`): request pieces, and a real host
+//! serving a bundled backend against a real cluster.
+#![allow(dead_code, unused_imports, reason = "each test or bench binary uses a part")]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support")]
+
+pub mod csi;
+pub mod direct;
+pub mod lan;
+pub mod process;
+
+pub use csi::{from_snapshot, from_volume, single_node_writer};
+
+use std::path::Path;
+use std::time::Duration;
+
+use wasmcsi::host::{Host, HostOptions};
+use wasmcsi_ceph::{CLUSTER, Ceph};
+
+/// A host (controller + node, node id `node_id`) serving the ceph-rbd-shim component loaded
+/// from disk, granted `pool` of `ceph`'s cluster; component, state and socket under `dir`.
+pub async fn ceph_rbd_shim_host(ceph: &Ceph, pool: &str, dir: &Path, node_id: &str) -> Host {
+    let config = format!(
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
+         [clusters.{CLUSTER}]\nmonitors = {:?}\n\
+         [backends.ceph-rbd-shim.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{pool:?}] }}]\n",
+        ceph.monitors()
+    );
+    host_with("ceph-rbd-shim", wasmcsi_artifacts::CEPH_RBD_SHIM, "rbd.wasmcsi.io", node_id, &config, dir).await
+}
+
+/// A host (controller + node) serving one component, `backend`, loaded from disk with `config`;
+/// component, state and socket under `dir`.
+pub async fn host_with(backend: &str, wasm: &[u8], driver: &str, node_id: &str, config: &str, dir: &Path) -> Host {
+    let backends = dir.join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::write(backends.join(format!("{backend}.wasm")), wasm).unwrap();
+    let host = Host::start(HostOptions {
+        driver_name: driver.into(),
+        mode: wasmcsi_csi::Mode::All,
+        node_id: node_id.into(),
+        socket: dir.join("csi.sock"),
+        config: wasmcsi_runtime::config::HostConfig::parse(config, Path::new("test")).unwrap(),
+        config_file: None,
+        backends_dir: Some(backends),
+        state_dir: dir.join("state"),
+        reload_interval: Duration::from_secs(3600),
+        metrics_addr: None,
+        replicas: None,
+        reconcile_interval: None,
+    })
+    .await
+    .expect("host");
+    assert!(host.registry.get(backend).is_some(), "the {backend} component loads");
+    host
+}

@@ -1,0 +1,8 @@
+//! The integration tests of `wasmcsi-vmtest`: the kernel frontends this machine's kernel lacks,
+//! in the VM.
+//!
+//! One binary per crate, one module per area (as wasmtime's `tests/all`): the crate and its
+//! dependencies are linked once, not once per file. Run one area with
+//! `cargo test --release --workspace --locked --test all -- MODULE::`.
+
+mod kernel;
