@@ -187,17 +187,11 @@ async fn one_failing_backend_does_not_take_down_calls_over_every_backend() {
         assert!(c.abnormal && c.message.contains("not loaded"), "{id}: {c:?}");
     }
     // Paged one entry at a time, the same three come back in order.
-    let mut token = String::new();
-    let mut paged = vec![];
-    loop {
-        let request = csi::ListVolumesRequest { max_entries: 1, starting_token: token.clone() };
-        let page = controller.list_volumes(request).await.unwrap().into_inner();
-        paged.extend(list_entries(&page).into_iter().map(|(id, _)| id));
-        if page.next_token.is_empty() {
-            break;
-        }
-        token = page.next_token;
-    }
+    let paged: Vec<_> = crate::support::csi::list_volumes(&mut controller, 1)
+        .await
+        .into_iter()
+        .map(|e| e.volume.unwrap().volume_id)
+        .collect();
     assert_eq!(paged, ["hostile:h-1", "hostpath:default.pvc-a", "hostpath:default.pvc-b"]);
     drop((controller, channel));
     host.shutdown().await.unwrap();

@@ -323,42 +323,24 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
         .into_inner()
         .snapshot
         .unwrap();
-    let (mut volumes, mut token) = (vec![], String::new());
-    loop {
-        let page = controller
-            .list_volumes(csi::ListVolumesRequest { max_entries: 1, starting_token: token })
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(page.entries.len() <= 1, "{page:?}");
-        for e in page.entries {
+    let mut volumes: Vec<_> = support::csi::list_volumes(&mut controller, 1)
+        .await
+        .into_iter()
+        .map(|e| {
             let v = e.volume.unwrap();
-            volumes.push((v.volume_id, v.accessible_topology));
-        }
-        if page.next_token.is_empty() {
-            break;
-        }
-        token = page.next_token;
-    }
+            (v.volume_id, v.accessible_topology)
+        })
+        .collect();
     volumes.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(
         volumes,
         vec![(on_a.volume_id.clone(), vec![topology("node-a")]), (volume.volume_id.clone(), vec![topology("node-b")])]
     );
-    let (mut snapshots, mut token) = (vec![], String::new());
-    loop {
-        let page = controller
-            .list_snapshots(csi::ListSnapshotsRequest { max_entries: 1, starting_token: token, ..Default::default() })
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(page.entries.len() <= 1, "{page:?}");
-        snapshots.extend(page.entries.into_iter().map(|e| e.snapshot.unwrap().snapshot_id));
-        if page.next_token.is_empty() {
-            break;
-        }
-        token = page.next_token;
-    }
+    let mut snapshots: Vec<_> = support::csi::list_snapshots(&mut controller, 1)
+        .await
+        .into_iter()
+        .map(|e| e.snapshot.unwrap().snapshot_id)
+        .collect();
     snapshots.sort();
     assert_eq!(snapshots, vec![snap_a.snapshot_id.clone(), snap.snapshot_id.clone()]);
     let forged = controller

@@ -520,14 +520,7 @@ fn the_node_plugin_killed_while_staged_restages_with_every_flushed_write() {
         let mut node_a = cluster.nodes[0].node().await;
         stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
 
-        // Flushed writes: fsync'd files, then a sync of the filesystem.
-        let payload: Vec<u8> = (0..4 * MIB).map(|i| (i * 13 % 251) as u8).collect();
-        for i in 0..4 {
-            let f = std::fs::File::create(p.target.join(format!("flushed-{i}.bin"))).unwrap();
-            f.write_all_at(&payload, 0).unwrap();
-            f.sync_all().unwrap();
-        }
-        nix::unistd::sync();
+        let payload = write_flushed(&p.target);
 
         // The plugin that runs the engine dies; kubelet restarts it and goes on.
         cluster.nodes[0].kill9();
@@ -536,10 +529,7 @@ fn the_node_plugin_killed_while_staged_restages_with_every_flushed_write() {
         unpublish_and_unstage(&mut node_a, &v, &p).await;
         assert_eq!(mounts_under(&cluster.nodes[0].home), Vec::<String>::new(), "unstage leaves nothing mounted");
         stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
-        for i in 0..4 {
-            let back = std::fs::read(p.target.join(format!("flushed-{i}.bin"))).unwrap();
-            assert!(back == payload, "flushed-{i}.bin is whole after the plugin's kill -9");
-        }
+        assert_flushed(&p.target, &payload, "the plugin's kill -9");
         unpublish_and_unstage(&mut node_a, &v, &p).await;
         unpublish(&mut ctl, &v, "node-a").await;
         ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })
@@ -548,6 +538,27 @@ fn the_node_plugin_killed_while_staged_restages_with_every_flushed_write() {
         assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
         cluster.stop();
     });
+}
+
+/// Flushed writes under `dir`: four files of 4 MiB, each fsync'd, then a sync of the
+/// filesystem. What a kill -9 must not lose; the payload each file holds.
+fn write_flushed(dir: &Path) -> Vec<u8> {
+    let payload: Vec<u8> = (0..4 * MIB).map(|i| (i * 13 % 251) as u8).collect();
+    for i in 0..4 {
+        let f = std::fs::File::create(dir.join(format!("flushed-{i}.bin"))).unwrap();
+        f.write_all_at(&payload, 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    nix::unistd::sync();
+    payload
+}
+
+/// Every file [`write_flushed`] wrote under `dir` is whole after `what`.
+fn assert_flushed(dir: &Path, payload: &[u8], what: &str) {
+    for i in 0..4 {
+        let back = std::fs::read(dir.join(format!("flushed-{i}.bin"))).unwrap();
+        assert!(back == payload, "flushed-{i}.bin is whole after {what}");
+    }
 }
 
 /// One MiB of `tag` repeated, for the raw block split-brain test.
@@ -791,13 +802,7 @@ fn the_data_path_killed_while_staged_restages_with_every_flushed_write_and_agree
         let mut node_a = cluster.nodes[0].node().await;
         stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
 
-        let payload: Vec<u8> = (0..4 * MIB).map(|i| (i * 13 % 251) as u8).collect();
-        for i in 0..4 {
-            let f = std::fs::File::create(p.target.join(format!("flushed-{i}.bin"))).unwrap();
-            f.write_all_at(&payload, 0).unwrap();
-            f.sync_all().unwrap();
-        }
-        nix::unistd::sync();
+        let payload = write_flushed(&p.target);
 
         // The data path dies; the plugin (which started it) starts another.
         let old = cluster.nodes[0].kill_datapath().expect("a data path ran");
@@ -815,10 +820,7 @@ fn the_data_path_killed_while_staged_restages_with_every_flushed_write_and_agree
         assert_eq!(mounts_under(&cluster.nodes[0].home), Vec::<String>::new(), "unstage leaves nothing mounted");
         stage_and_publish(&mut node_a, &v, &ctx, &p, &cap).await;
         assert_eq!(cluster.nodes[0].datapath_pid(), Some(new), "the new data path serves the volume");
-        for i in 0..4 {
-            let back = std::fs::read(p.target.join(format!("flushed-{i}.bin"))).unwrap();
-            assert!(back == payload, "flushed-{i}.bin is whole after the data path's kill -9");
-        }
+        assert_flushed(&p.target, &payload, "the data path's kill -9");
         // Let the new engine finish resyncing the replicas before they are compared.
         wait_condition(&mut node_a, &v, &p, "healthy", |c| !c.abnormal).await;
         unpublish_and_unstage(&mut node_a, &v, &p).await;

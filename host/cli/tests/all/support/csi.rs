@@ -166,3 +166,40 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
     let dir = dir.to_string_lossy();
     table.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&*dir))).map(str::to_owned).collect()
 }
+
+/// Every ListVolumes entry, page by page with `max_entries` per page (each page checked to
+/// hold no more), following the tokens until the last.
+pub async fn list_volumes(ctl: &mut Controller, max_entries: i32) -> Vec<csi::list_volumes_response::Entry> {
+    let (mut entries, mut token) = (vec![], String::new());
+    loop {
+        let page = ctl
+            .list_volumes(csi::ListVolumesRequest { max_entries, starting_token: token })
+            .await
+            .expect("ListVolumes")
+            .into_inner();
+        assert!(page.entries.len() <= max_entries as usize, "more than {max_entries} entries: {page:?}");
+        entries.extend(page.entries);
+        if page.next_token.is_empty() {
+            return entries;
+        }
+        token = page.next_token;
+    }
+}
+
+/// Every ListSnapshots entry (no filter), page by page as [`list_volumes`].
+pub async fn list_snapshots(ctl: &mut Controller, max_entries: i32) -> Vec<csi::list_snapshots_response::Entry> {
+    let (mut entries, mut token) = (vec![], String::new());
+    loop {
+        let page = ctl
+            .list_snapshots(csi::ListSnapshotsRequest { max_entries, starting_token: token, ..Default::default() })
+            .await
+            .expect("ListSnapshots")
+            .into_inner();
+        assert!(page.entries.len() <= max_entries as usize, "more than {max_entries} entries: {page:?}");
+        entries.extend(page.entries);
+        if page.next_token.is_empty() {
+            return entries;
+        }
+        token = page.next_token;
+    }
+}
