@@ -12,19 +12,20 @@
 //!   it written while the node is down, the node restarted at once, the time until every
 //!   replica is healthy again.
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
+use wasmcsi::host::Host;
 use wasmcsi::replica_process::ReplicaProcess;
 use wasmcsi_benchkit::fio::{self, MIB, Runs, SHAPES};
 use wasmcsi_proto::csi::v1 as csi;
 
 use super::{Aligned, DirectFile, Placement, Split, Target, fio_split};
 
+use super::support;
 use super::support::csi::{self as calls, Controller as Ctl, Node, Paths};
+use super::support::replicated::{BACKEND, Sweep};
 
-const BACKEND: &str = "replicated-block";
 const NODE: &str = "bench-node";
 
 /// What the CSI part measured.
@@ -101,75 +102,6 @@ async fn unstage_and_delete(ctl: &mut Ctl, node: &mut Node, s: Staged) {
     ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() }).await.expect("DeleteVolume");
 }
 
-/// This process's node plugin, with the replicated-block backend granted the nodes in
-/// `nodes_file`.
-async fn node_plugin(dir: &Path, nodes_file: &Path) -> Host {
-    let backends = dir.join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join(format!("{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [backends.{BACKEND}.grants.block]\nnodes_file = {:?}\n",
-        nodes_file.display().to_string()
-    );
-    Host::start(HostOptions {
-        driver_name: "bench.wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: NODE.into(),
-        socket: dir.join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("bench")).unwrap(),
-        config_file: None,
-        backends_dir: Some(backends),
-        state_dir: dir.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-        replicas: Some(ReplicaOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            root: dir.join("replicas"),
-            labels: vec![],
-        }),
-        reconcile_interval: None,
-    })
-    .await
-    .expect("the node plugin")
-}
-
-/// On a panic, takes down by force what the CSI part left under its directory (the engines
-/// die with the process, their mounts would not): every mount but FUSE's, the loop devices
-/// whose backing file is there, then the FUSE mounts.
-struct Sweep(PathBuf);
-
-impl Drop for Sweep {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let prefix = format!("{}/", self.0.display());
-        let table = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let mut mounts: Vec<(&str, bool)> = table
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(' ');
-                let (point, fs) = (f.nth(1)?, f.next()?);
-                point.starts_with(&prefix).then_some((point, fs.starts_with("fuse")))
-            })
-            .collect();
-        mounts.sort_by_key(|(p, fuse)| (*fuse, std::cmp::Reverse(p.len())));
-        let unmount = |p: &str| {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        };
-        mounts.iter().filter(|(_, fuse)| !fuse).for_each(|(p, _)| unmount(p));
-        for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
-            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
-            if backing.starts_with(&prefix) {
-                let dev = Path::new("/dev").join(entry.file_name());
-                let _ = std::process::Command::new("losetup").arg("-d").arg(&dev).status();
-            }
-        }
-        mounts.iter().filter(|(_, fuse)| *fuse).for_each(|(p, _)| unmount(p));
-    }
-}
-
 /// Runs every CSI measurement under `root` (see the module docs).
 pub fn run(root: &Path, ws: u64, secs: f64, runs: usize, cpus: Placement, heal_size: u64) -> CsiResults {
     let rt = tokio::runtime::Builder::new_multi_thread().thread_name("plugin").enable_all().build().unwrap();
@@ -178,7 +110,8 @@ pub fn run(root: &Path, ws: u64, secs: f64, runs: usize, cpus: Placement, heal_s
     let nodes_file = dir.join("replica-nodes");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(&nodes_file, "").unwrap();
-    let host = rt.block_on(node_plugin(&dir, &nodes_file));
+    let host =
+        rt.block_on(support::replicated::host(&dir, NODE, wasmcsi_csi::Mode::All, &nodes_file, Default::default()));
     let local = host.datapath.as_ref().expect("the plugin's data path").local_addr();
     let exe = Path::new(env!("CARGO_BIN_EXE_wasmcsi"));
     let mut nodes: Vec<ReplicaProcess> = ["replica-b", "replica-c"]

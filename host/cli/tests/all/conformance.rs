@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::Code;
-use wasmcsi::host::{Host, HostOptions, ReplicaOptions, connect};
+use wasmcsi::host::{Host, HostOptions, connect};
 use wasmcsi_conformance::{self as conformance, Outcome, Profile};
 use wasmcsi_csi::Mode;
 use wasmcsi_csi::node::mountinfo;
@@ -286,40 +286,6 @@ async fn the_suite_fails_when_the_node_flow_is_expected_of_a_controller_only_hos
     host.shutdown().await.unwrap();
 }
 
-/// A host for the replicated-block backend: node `name` with its replica server on loopback,
-/// its replica nodes listed in `nodes_file` (as a headless Service's DNS would).
-async fn replicated_host(dir: &Path, name: &str, mode: Mode, nodes_file: &Path) -> Host {
-    let home = dir.join(name);
-    let backends = home.join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join("replicated-block.wasm"), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [backends.replicated-block.grants.block]\nnodes_file = {:?}\n",
-        nodes_file.display().to_string()
-    );
-    Host::start(HostOptions {
-        driver_name: "replicated.wasmcsi.io".into(),
-        mode,
-        node_id: name.into(),
-        socket: home.join("csi.sock"),
-        config: HostConfig::parse(&config, Path::new("test")).unwrap(),
-        config_file: None,
-        backends_dir: Some(backends),
-        state_dir: home.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-        replicas: Some(ReplicaOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            root: home.join("replicas"),
-            labels: vec![],
-        }),
-        reconcile_interval: None,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("host {name} did not start: {e:#}"))
-}
-
 /// replicated-block, fully: two replicas on two nodes, the suite on node-a (controller and
 /// node), ext4 volumes staged through the engine's FUSE + loop device, published to the node by
 /// ControllerPublishVolume first. Skipped, saying why, when not root or without /dev/fuse.
@@ -332,8 +298,22 @@ async fn replicated_block_passes_the_conformance_suite() {
     let env = Env::new();
     let nodes_file = env.base.join("replica-nodes");
     std::fs::write(&nodes_file, "").unwrap();
-    let a = replicated_host(&env.base, "node-a", Mode::All, &nodes_file).await;
-    let b = replicated_host(&env.base, "node-b", Mode::Node, &nodes_file).await;
+    let a = crate::support::replicated::host(
+        &env.base.join("node-a"),
+        "node-a",
+        Mode::All,
+        &nodes_file,
+        Default::default(),
+    )
+    .await;
+    let b = crate::support::replicated::host(
+        &env.base.join("node-b"),
+        "node-b",
+        Mode::Node,
+        &nodes_file,
+        Default::default(),
+    )
+    .await;
     let addrs: Vec<String> =
         [&a, &b].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
     std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();

@@ -20,7 +20,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,6 +29,7 @@ use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
+use support::csi::at_once;
 use support::{from_snapshot, from_volume};
 
 fn mount_xfs() -> csi::VolumeCapability {
@@ -53,33 +53,6 @@ struct Flow {
     work: PathBuf,
     /// What the node mounts: `/dev/rbd` (krbd) or `/dev/loop` (rbd-fuse + loop).
     device_prefix: &'static str,
-}
-
-/// Sends `n` copies of one call at once and returns the answers that succeeded. A copy may be
-/// refused with ABORTED while another is in flight (the CSI answer to a concurrent retry);
-/// any other error fails the test. Then one more call, alone, must succeed, and its answer is
-/// returned with the others.
-async fn at_once<T, F, Fut>(n: usize, what: &str, call: F) -> Vec<T>
-where
-    T: Send + 'static,
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        set.spawn(call());
-    }
-    let mut ok = vec![];
-    while let Some(r) = set.join_next().await {
-        match r.unwrap() {
-            Ok(v) => ok.push(v.into_inner()),
-            Err(s) if s.code() == Code::Aborted => {}
-            Err(s) => panic!("{what}: {s:?}"),
-        }
-    }
-    assert!(!ok.is_empty() || n == 0 || what.contains("may abort"), "{what}: every concurrent copy was refused");
-    ok.push(call().await.unwrap_or_else(|s| panic!("{what}, retried alone: {s:?}")).into_inner());
-    ok
 }
 
 impl Flow {

@@ -17,23 +17,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::Code;
-use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
+use wasmcsi::host::Host;
 use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
 use crate::support::csi::{
-    Controller, Node, Paths, clients, controller_publish as publish_to, controller_unpublish as unpublish_from,
-    mounts_under, publish_at, stage_request, stats, unpublish_and_unstage,
+    Controller, Node, Paths, at_once, clients, controller_publish as publish_to,
+    controller_unpublish as unpublish_from, mounts_under, publish_at, stage_request, stats, unpublish_and_unstage,
 };
+use crate::support::replicated::{BACKEND, Options};
 
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;
-const BACKEND: &str = "replicated-block";
 
 fn skip_reason() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
@@ -49,39 +48,10 @@ fn ext4() -> csi::VolumeCapability {
     support::single_node_writer(Some("ext4"))
 }
 
-/// A node (and, for node-a, the controller) with its replica server on loopback.
+/// A node (and, for node-a, the controller) with its replica server on loopback, in its zone.
 async fn start_node(dir: &Path, name: &str, mode: wasmcsi_csi::Mode, nodes_file: &Path) -> Host {
-    let home = dir.join(name);
-    let backends = home.join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join(format!("{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [backends.{BACKEND}.grants.block]\nnodes_file = {:?}\n",
-        nodes_file.display().to_string()
-    );
-    let host = Host::start(HostOptions {
-        driver_name: "replicated.wasmcsi.io".into(),
-        mode,
-        node_id: name.into(),
-        socket: home.join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
-        config_file: None,
-        backends_dir: Some(backends),
-        state_dir: home.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: None,
-        replicas: Some(ReplicaOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            root: home.join("replicas"),
-            labels: vec![("topology.kubernetes.io/zone".into(), format!("zone-{name}"))],
-        }),
-        reconcile_interval: None,
-    })
-    .await
-    .expect("host");
-    assert!(host.registry.get(BACKEND).is_some(), "the {BACKEND} component loads");
-    host
+    let labels = vec![("topology.kubernetes.io/zone".into(), format!("zone-{name}"))];
+    support::replicated::host(&dir.join(name), name, mode, nodes_file, Options { labels, ..Default::default() }).await
 }
 
 /// Three nodes (node-a also the controller) whose replica servers the grant's nodes file lists.
@@ -95,30 +65,6 @@ async fn three_nodes(dir: &Path) -> [Host; 3] {
         [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
     std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
     [a, b, c]
-}
-
-/// Sends `n` copies of one call at once; each either succeeds or is ABORTED (a concurrent
-/// retry); then one more, alone, must succeed. Returns every success.
-async fn at_once<T, F, Fut>(n: usize, what: &str, call: F) -> Vec<T>
-where
-    T: Send + 'static,
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        set.spawn(call());
-    }
-    let mut ok = vec![];
-    while let Some(r) = set.join_next().await {
-        match r.unwrap() {
-            Ok(v) => ok.push(v.into_inner()),
-            Err(s) if s.code() == Code::Aborted => {}
-            Err(s) => panic!("{what}: {s:?}"),
-        }
-    }
-    ok.push(call().await.unwrap_or_else(|s| panic!("{what}, retried alone: {s:?}")).into_inner());
-    ok
 }
 
 fn params(extra: &[(&str, &str)]) -> HashMap<String, String> {

@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wasmcsi::host::{Host, HostOptions, ReplicaOptions};
 use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_proto::csi::v1 as csi;
@@ -24,8 +23,8 @@ use crate::support;
 use crate::support::csi::{
     Paths, clients, controller_publish, controller_unpublish, stage_and_publish, unpublish_and_unstage,
 };
+use crate::support::replicated::{BACKEND, Options, Sweep};
 
-const BACKEND: &str = "replicated-block";
 const MIB: u64 = 1 << 20;
 
 fn skip_reason() -> Option<String> {
@@ -137,76 +136,13 @@ fn metrics_show_a_staged_volume_degraded_then_rebuilt() {
     rt.block_on(flow());
 }
 
-/// A failed assertion leaves the volume staged: its mounts and loop device (whose backing file
-/// is under the test's directory) are taken down by force, so no failure leaves them behind.
-struct Sweep(std::path::PathBuf);
-
-impl Drop for Sweep {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let prefix = format!("{}/", self.0.display());
-        let table = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let mut mounts: Vec<(String, bool)> = table
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(' ');
-                let (point, fs) = (f.nth(1)?, f.next()?);
-                point.starts_with(&prefix).then(|| (point.to_owned(), fs.starts_with("fuse")))
-            })
-            .collect();
-        mounts.sort_by_key(|(p, fuse)| (*fuse, std::cmp::Reverse(p.len())));
-        let unmount = |p: &str| {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        };
-        mounts.iter().filter(|(_, fuse)| !fuse).for_each(|(p, _)| unmount(p));
-        for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
-            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
-            if backing.starts_with(&prefix) {
-                let _ = std::process::Command::new("losetup")
-                    .arg("-d")
-                    .arg(Path::new("/dev").join(entry.file_name()))
-                    .status();
-            }
-        }
-        mounts.iter().filter(|(_, fuse)| *fuse).for_each(|(p, _)| unmount(p));
-    }
-}
-
 async fn flow() {
     let dir = tempfile::tempdir().unwrap();
     let _sweep = Sweep(dir.path().to_owned());
     let nodes_file = dir.path().join("replica-nodes");
     let home_a = dir.path().join("node-a");
-    let backends = home_a.join("backends");
-    std::fs::create_dir_all(&backends).unwrap();
-    std::fs::write(backends.join(format!("{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
-    let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
-         [backends.{BACKEND}.grants.block]\nnodes_file = {:?}\n",
-        nodes_file.display().to_string()
-    );
-    let a = Host::start(HostOptions {
-        driver_name: "replicated.wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: "node-a".into(),
-        socket: home_a.join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
-        config_file: None,
-        backends_dir: Some(backends),
-        state_dir: home_a.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
-        replicas: Some(ReplicaOptions {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            root: home_a.join("replicas"),
-            labels: vec![],
-        }),
-        reconcile_interval: None,
-    })
-    .await
-    .expect("node-a");
+    let options = Options { metrics: true, ..Default::default() };
+    let a = support::replicated::host(&home_a, "node-a", wasmcsi_csi::Mode::All, &nodes_file, options).await;
     let home_b = dir.path().join("node-b");
     let b = replica_node(&home_b, "127.0.0.1:0".parse().unwrap()).await;
     let b_addr = b.local_addr();

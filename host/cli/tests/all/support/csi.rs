@@ -4,8 +4,10 @@
 //! panics, naming the call and the volume, when the driver refuses). A test that examines a
 //! refusal builds the request itself or uses the `Result` of [`controller_publish`].
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 
+use tonic::Code;
 use tonic::transport::Channel;
 use wasmcsi_proto::csi::v1 as csi;
 
@@ -202,4 +204,31 @@ pub async fn list_snapshots(ctl: &mut Controller, max_entries: i32) -> Vec<csi::
         }
         token = page.next_token;
     }
+}
+
+/// Sends `n` copies of one call at once and returns the answers that succeeded. A copy may be
+/// refused with ABORTED while another is in flight (the CSI answer to a concurrent retry);
+/// any other error fails the test. Then one more call, alone, must succeed, and its answer is
+/// returned with the others.
+pub async fn at_once<T, F, Fut>(n: usize, what: &str, call: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        set.spawn(call());
+    }
+    let mut ok = vec![];
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            Ok(v) => ok.push(v.into_inner()),
+            Err(s) if s.code() == Code::Aborted => {}
+            Err(s) => panic!("{what}: {s:?}"),
+        }
+    }
+    assert!(!ok.is_empty() || n == 0 || what.contains("may abort"), "{what}: every concurrent copy was refused");
+    ok.push(call().await.unwrap_or_else(|s| panic!("{what}, retried alone: {s:?}")).into_inner());
+    ok
 }

@@ -8,6 +8,7 @@ pub mod csi;
 pub mod direct;
 pub mod lan;
 pub mod process;
+pub mod replicated;
 
 pub use csi::{from_snapshot, from_volume, single_node_writer};
 
