@@ -17,7 +17,8 @@
 //! - Deleting marks the record first, then removes the replicas: a node that was down during the
 //!   delete is finished when it answers again.
 //!
-//! Not here: placement (the backend's policy chooses nodes) and the engine itself (`driver`).
+//! Not here: placement (the backend's policy chooses nodes) and the engine itself
+//! ([`crate::engine`], driven by [`crate::volume`]).
 
 pub mod engine_call;
 pub mod nodes;
