@@ -163,7 +163,8 @@ mod tests {
 
     #[test]
     fn an_endpoint_names_its_address_and_whether_reads_prefer_it() {
-        let (a, b): (SocketAddr, SocketAddr) = ("10.0.0.1:9501".parse().unwrap(), "10.0.0.2:9501".parse().unwrap());
+        let (a, b): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:9501".parse().expect("address"), "10.0.0.2:9501".parse().expect("address"));
         assert_eq!((ReplicaEndpoint::Remote(a).addr(), ReplicaEndpoint::Remote(a).is_local()), (a, false));
         assert_eq!((ReplicaEndpoint::Local(b).addr(), ReplicaEndpoint::Local(b).is_local()), (b, true));
         assert!(ReplicaEndpoint::Local(a).engine_config().local);
@@ -171,7 +172,8 @@ mod tests {
 
     #[test]
     fn a_replaced_replica_is_remote_unless_it_stays_where_it_was() {
-        let (a, b): (SocketAddr, SocketAddr) = ("10.0.0.1:9501".parse().unwrap(), "10.0.0.2:9501".parse().unwrap());
+        let (a, b): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:9501".parse().expect("address"), "10.0.0.2:9501".parse().expect("address"));
         assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(a), ReplicaEndpoint::Local(x) if x == a));
         assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(b), ReplicaEndpoint::Remote(x) if x == b));
     }
