@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
 
 use crate::control::{self, ControlError};
-use crate::engine::{EngineConfig, ReplicaConfig};
+use crate::engine::EngineConfig;
 use crate::protocol::SnapshotInfo;
-use crate::volume::{InProcessNode, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
+use crate::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
 
 /// Engine settings of an attached volume.
 const REGION_SIZE: u64 = 1 << 20;
@@ -44,10 +44,9 @@ const ATTACH_POLL: Duration = Duration::from_millis(5);
 pub struct AttachConfig {
     /// Every replica must have been created with this id.
     pub volume_id: String,
-    /// The replica servers, one per replica, in the volume's replica order.
-    pub replicas: Vec<SocketAddr>,
-    /// Index in `replicas` of the replica on this node: preferred for reads.
-    pub local: Option<usize>,
+    /// Where each replica is served, in the volume's replica order; at most one on this node
+    /// (preferred for reads, reached in-process when it is this process's own node).
+    pub replicas: Vec<ReplicaEndpoint>,
     /// Where the engine persists its state (revision, out-of-sync replicas, dirty maps); keep
     /// it across attaches of the volume on this node.
     pub state_dir: PathBuf,
@@ -57,30 +56,26 @@ pub struct AttachConfig {
     pub request_timeout: Duration,
     /// How long the engine may take to attach to a healthy replica.
     pub attach_timeout: Duration,
-    /// This process's own replica node, reached in-process (see [`VolumeConfig::in_process`]).
-    pub in_process: Option<InProcessNode>,
     /// The epoch the engine claims on every replica (from the volume's record); 0 for a volume
     /// driven by hand, which claims nothing.
     pub epoch: u64,
 }
 
 impl AttachConfig {
-    /// A configuration with default timing (10 s per request, 30 s to attach), no local replica.
+    /// A configuration with default timing (10 s per request, 30 s to attach).
     pub fn new(
         volume_id: impl Into<String>,
-        replicas: Vec<SocketAddr>,
+        replicas: Vec<ReplicaEndpoint>,
         state_dir: impl Into<PathBuf>,
         runtime_dir: impl Into<PathBuf>,
     ) -> Self {
         Self {
             volume_id: volume_id.into(),
             replicas,
-            local: None,
             state_dir: state_dir.into(),
             runtime_dir: runtime_dir.into(),
             request_timeout: Duration::from_secs(10),
             attach_timeout: Duration::from_secs(30),
-            in_process: None,
             epoch: 0,
         }
     }
@@ -134,7 +129,7 @@ fn summary(healthy: usize, replicas: usize, connected: usize, rebuilds_finished:
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AttachError {
-    /// The configuration cannot describe a volume (no replica, local index out of range).
+    /// The configuration cannot describe a volume (no replica, two replicas on this node).
     #[error("volume {volume_id}: {message}")]
     Invalid { volume_id: String, message: String },
     /// No replica server answered with a replica of the volume.
@@ -247,10 +242,9 @@ impl AttachedVolume {
         if n == 0 {
             return Err(invalid("a volume needs at least one replica".into()));
         }
-        if let Some(l) = config.local
-            && l >= n
-        {
-            return Err(invalid(format!("local replica {l} is out of range: there are {n} replicas (indices 0..{n})")));
+        let mut local = (0..n).filter(|i| config.replicas[*i].is_local());
+        if let (Some(first), Some(second)) = (local.next(), local.next()) {
+            return Err(invalid(format!("replicas {first} and {second} are both on this node; at most one may be")));
         }
         let size = replica_size(&config).await?;
         let volume = start_engine(&config, size, Duration::ZERO).await?;
@@ -557,15 +551,13 @@ async fn start_engine(
     let engine = EngineConfig {
         volume_id: volume_id.clone(),
         size,
-        replicas: (0..n).map(|i| ReplicaConfig { local: config.local == Some(i) }).collect(),
         region_size: REGION_SIZE,
         request_timeout: ENGINE_REQUEST_TIMEOUT_MS,
         attach_timeout: ENGINE_ATTACH_TIMEOUT_MS,
         rebuild_parallelism: REBUILD_PARALLELISM,
         epoch: config.epoch,
     };
-    let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
-    driver.in_process = config.in_process.clone();
+    let driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
     let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
         .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
     let volume = Arc::new(volume);
@@ -614,7 +606,8 @@ async fn run_blocking<T: Send + 'static>(
 async fn replica_size(config: &AttachConfig) -> Result<u64, AttachError> {
     let mut size = None;
     let mut errors = Vec::new();
-    for info in control::list_nodes(&config.replicas, config.request_timeout).await {
+    let addrs: Vec<SocketAddr> = config.replicas.iter().map(ReplicaEndpoint::addr).collect();
+    for info in control::list_nodes(&addrs, config.request_timeout).await {
         match info {
             Ok(info) => {
                 if let Some(r) = info.replicas.iter().find(|r| r.volume_id == config.volume_id) {
@@ -624,11 +617,7 @@ async fn replica_size(config: &AttachConfig) -> Result<u64, AttachError> {
             Err(e) => errors.push(e),
         }
     }
-    size.ok_or_else(|| AttachError::NoReplica {
-        volume_id: config.volume_id.clone(),
-        replicas: config.replicas.clone(),
-        errors,
-    })
+    size.ok_or_else(|| AttachError::NoReplica { volume_id: config.volume_id.clone(), replicas: addrs, errors })
 }
 
 fn describe(s: &VolumeStatus, replicas: usize) -> String {
@@ -653,11 +642,12 @@ mod tests {
         let dir = std::env::temp_dir();
         let none = AttachConfig::new("pvc-1", vec![], &dir, &dir);
         assert!(matches!(AttachedVolume::start(none).await, Err(AttachError::Invalid { .. })));
-        let addr: SocketAddr = "127.0.0.1:9".parse().expect("address");
-        let mut out_of_range = AttachConfig::new("pvc-1", vec![addr], &dir, &dir);
-        out_of_range.local = Some(1);
-        let err = AttachedVolume::start(out_of_range).await.expect_err("refused");
-        assert!(err.to_string().contains("local replica 1 is out of range"), "{err}");
+        let (a, b): (SocketAddr, SocketAddr) =
+            ("127.0.0.1:9".parse().expect("address"), "127.0.0.2:9".parse().expect("address"));
+        let endpoints = vec![ReplicaEndpoint::Local(a), ReplicaEndpoint::Remote(b), ReplicaEndpoint::Local(b)];
+        let two_local = AttachConfig::new("pvc-1", endpoints, &dir, &dir);
+        let err = AttachedVolume::start(two_local).await.expect_err("refused");
+        assert!(err.to_string().contains("replicas 0 and 2 are both on this node"), "{err}");
     }
 
     #[tokio::test]
@@ -667,7 +657,12 @@ mod tests {
         let addr = listener.local_addr().expect("address");
         drop(listener);
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = AttachConfig::new("pvc-1", vec![addr], dir.path().join("state"), dir.path().join("run"));
+        let mut config = AttachConfig::new(
+            "pvc-1",
+            vec![ReplicaEndpoint::Remote(addr)],
+            dir.path().join("state"),
+            dir.path().join("run"),
+        );
         config.request_timeout = Duration::from_millis(500);
         let err = AttachedVolume::start(config).await.expect_err("nobody holds it");
         assert!(matches!(&err, AttachError::NoReplica { errors, .. } if errors.len() == 1), "{err:?}");

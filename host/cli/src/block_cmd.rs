@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use wasmcsi_block::attach::{AttachConfig, AttachError, AttachedVolume};
 use wasmcsi_block::control::{self, ReplicaServerClient, ReplicaSet};
 use wasmcsi_block::replica::ReplicaServer;
+use wasmcsi_block::volume::ReplicaEndpoint;
 
 use crate::block_ctl as ctl;
 
@@ -567,8 +568,13 @@ async fn attach(a: VolumeAttachArgs) -> anyhow::Result<()> {
     let ctl_server = ctl::serve(socket.clone(), ctl_tx).await?;
     let _socket_guard = RemoveOnDrop(socket);
 
-    let mut config = AttachConfig::new(a.volume_id.clone(), a.replicas.clone(), &a.state_dir, &a.runtime_dir);
-    config.local = a.local;
+    // The replica on this node is served by another process (`replica serve`): over TCP.
+    let replicas = (a.replicas.iter().enumerate())
+        .map(
+            |(i, addr)| if a.local == Some(i) { ReplicaEndpoint::Local(*addr) } else { ReplicaEndpoint::Remote(*addr) },
+        )
+        .collect();
+    let mut config = AttachConfig::new(a.volume_id.clone(), replicas, &a.state_dir, &a.runtime_dir);
     config.request_timeout = a.timeout.get();
     let vol = match AttachedVolume::start(config).await {
         Ok(vol) => vol,

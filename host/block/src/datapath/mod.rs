@@ -37,7 +37,7 @@ use crate::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, Eng
 use crate::engine::ReplicaHealth;
 use crate::protocol::Status;
 use crate::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
-use crate::volume::InProcessNode;
+use crate::volume::{InProcessNode, ReplicaEndpoint};
 
 /// Where this node's data path keeps what, and who it is.
 #[derive(Debug, Clone)]
@@ -227,18 +227,25 @@ impl DataPath {
         // A member no discovery ever found has no address: its slot never connects, the volume
         // serves degraded, and the control plane replaces it.
         let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
-        let replicas: Vec<SocketAddr> = info.members.iter().map(|(_, a)| a.unwrap_or(unknown)).collect();
-        let local = info.members.iter().position(|(name, _)| *name == self.config.identity.node);
+        // The engine's own replica (the member named like this node) is served in-process.
+        let replicas = info
+            .members
+            .iter()
+            .map(|(name, addr)| {
+                let addr = addr.unwrap_or(unknown);
+                if *name == self.config.identity.node {
+                    ReplicaEndpoint::InProcess(InProcessNode { addr, node: self.node.clone() })
+                } else {
+                    ReplicaEndpoint::Remote(addr)
+                }
+            })
+            .collect();
         let dir = crate::replica::replica_dir_name(id)
             .map_err(|e| DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() })?;
-        let mut config =
-            AttachConfig::new(id, replicas.clone(), self.config.engine_root.join(dir), &self.config.runtime_root);
-        config.local = local;
+        let mut config = AttachConfig::new(id, replicas, self.config.engine_root.join(dir), &self.config.runtime_root);
         config.epoch = info.epoch;
         config.request_timeout = self.config.request_timeout;
         config.attach_timeout = self.config.attach_timeout;
-        // The engine's own replica is served in-process: the slot whose address is ours.
-        config.in_process = local.map(|l| InProcessNode { addr: replicas[l], node: self.node.clone() });
         Ok(config)
     }
 

@@ -206,7 +206,7 @@ impl Engine {
             return;
         }
         let healthy = self.healthy();
-        let Some(source) = healthy.iter().copied().find(|r| self.cfg.replicas[*r].local).or(healthy.first().copied())
+        let Some(source) = healthy.iter().copied().find(|r| self.replica_cfg[*r].local).or(healthy.first().copied())
         else {
             return;
         };

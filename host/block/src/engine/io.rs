@@ -189,7 +189,7 @@ impl Engine {
         match op {
             Op::Read { client, offset, len } => {
                 let healthy = self.healthy();
-                let local = healthy.iter().copied().find(|r| self.cfg.replicas[*r].local);
+                let local = healthy.iter().copied().find(|r| self.replica_cfg[*r].local);
                 let Some(r) = local.or_else(|| {
                     self.round_robin = self.round_robin.wrapping_add(1);
                     healthy.get(self.round_robin % healthy.len().max(1)).copied()

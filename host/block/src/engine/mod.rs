@@ -8,8 +8,8 @@
 //! keeps a stale replica from serving reads or being a rebuild source, online expansion,
 //! crash-consistent snapshots, and per-replica tracking of what each out-of-sync replica lacks
 //! plus the resumable rebuilds that repair it ([`rebuild`]). It does not own sockets, timers,
-//! disks or the frontend, nor snapshot revert and clones (the protocol has `Revert`; nothing here
-//! sends it yet).
+//! disks or the frontend, nor snapshot revert and clones: those are offline operations of the
+//! control plane on a detached volume ([`crate::control`]).
 //!
 //! Ordering: the engine never has two conflicting operations on overlapping bytes in flight (a
 //! write, an unmap or a rebuild copy excludes everything else on its range; reads share). That
@@ -188,6 +188,8 @@ struct Known {
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
+    /// One per replica, in replica order; their number never changes.
+    replica_cfg: Vec<ReplicaConfig>,
     now: Millis,
     revision: u64,
     size: u64,
@@ -236,9 +238,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine that starts attaching: it waits for `ReplicaConnected` events. `persisted` is
-    /// the last [`Action::Persist`] state from a previous run, if any.
-    pub fn new(cfg: EngineConfig, persisted: Option<PersistedState>, now: Millis) -> Self {
+    /// An engine that starts attaching to `replicas` (replica `i` is [`ReplicaId`] `i`): it
+    /// waits for `ReplicaConnected` events. `persisted` is the last [`Action::Persist`] state
+    /// from a previous run, if any.
+    pub fn new(
+        cfg: EngineConfig,
+        replicas: Vec<ReplicaConfig>,
+        persisted: Option<PersistedState>,
+        now: Millis,
+    ) -> Self {
         // A bad region size is a configuration bug; fall back to 1 MiB rather than panic.
         if DirtyMap::new(0, cfg.region_size).is_err() {
             tracing::error!(region_size = cfg.region_size, "region size is not a power of two; using 1 MiB");
@@ -267,8 +275,9 @@ impl Engine {
         let mut cfg = cfg;
         cfg.region_size = region_size;
         Self {
-            replicas: vec![ReplicaState::Down; cfg.replicas.len()],
-            known: vec![Known::default(); cfg.replicas.len()],
+            replicas: vec![ReplicaState::Down; replicas.len()],
+            known: vec![Known::default(); replicas.len()],
+            replica_cfg: replicas,
             attach_deadline: now + cfg.attach_timeout,
             unflushed: empty_map(size, region_size),
             intent: empty_map(size, region_size),

@@ -173,7 +173,7 @@ impl Engine {
         // the copy's ReadExtent carries that revision so the replica itself refuses otherwise.
         // A remote one is preferred so the local replica keeps serving reads undisturbed.
         let healthy = self.healthy();
-        let Some(source) = healthy.iter().copied().find(|r| !self.cfg.replicas[*r].local).or(healthy.first().copied())
+        let Some(source) = healthy.iter().copied().find(|r| !self.replica_cfg[*r].local).or(healthy.first().copied())
         else {
             return;
         };

@@ -4,17 +4,21 @@ use super::*;
 
 const SIZE: u64 = 1 << 20;
 
-fn config(locals: &[bool]) -> EngineConfig {
+fn config() -> EngineConfig {
     EngineConfig {
         volume_id: "vol".into(),
         size: SIZE,
-        replicas: locals.iter().map(|l| ReplicaConfig { local: *l }).collect(),
         region_size: 64 * 1024,
         request_timeout: 100,
         attach_timeout: 1000,
         rebuild_parallelism: 4,
         epoch: 0,
     }
+}
+
+/// One replica per entry of `locals`, local where it says so.
+fn replicas(locals: &[bool]) -> Vec<ReplicaConfig> {
+    locals.iter().map(|l| ReplicaConfig { local: *l }).collect()
 }
 
 fn header(revision: u64) -> ReplicaHeader {
@@ -34,7 +38,7 @@ fn ok(id: u64) -> Frame {
 
 /// Attaches an engine whose replicas report the given revisions.
 fn attached(locals: &[bool], revisions: &[u64]) -> (Engine, Vec<Action>) {
-    let mut e = Engine::new(config(locals), None, 0);
+    let mut e = Engine::new(config(), replicas(locals), None, 0);
     let mut out = Vec::new();
     for (r, rev) in revisions.iter().enumerate() {
         let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
@@ -215,11 +219,11 @@ fn resize_waits_for_writes_in_flight_and_grows_the_missing_maps_keeping_marks() 
 /// spans two intent linger intervals.
 #[test]
 fn intent_map_persists_per_random_write_workload() {
-    let mut cfg = config(&[true, false]);
+    let mut cfg = config();
     cfg.size = 1 << 30;
     cfg.region_size = 1 << 20;
     let run = |hot: u64| {
-        let mut e = Engine::new(cfg.clone(), None, 0);
+        let mut e = Engine::new(cfg.clone(), replicas(&[true, false]), None, 0);
         let mut pending = Vec::new();
         for r in 0..2 {
             let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
@@ -267,7 +271,7 @@ fn hello_and_claim(e: &mut Engine, r: ReplicaId, revision: u64) -> (u64, Vec<Act
 
 #[test]
 fn an_engine_with_an_epoch_attaches_a_replica_only_after_its_claim_succeeded() {
-    let mut e = Engine::new(EngineConfig { epoch: 7, ..config(&[false, false]) }, None, 0);
+    let mut e = Engine::new(EngineConfig { epoch: 7, ..config() }, replicas(&[false, false]), None, 0);
     let (claim0, _) = hello_and_claim(&mut e, 0, 3);
     assert!(!e.is_attached());
     e.handle(0, Event::Received(0, ok(claim0)));
@@ -279,7 +283,7 @@ fn an_engine_with_an_epoch_attaches_a_replica_only_after_its_claim_succeeded() {
 
 #[test]
 fn a_fenced_claim_fences_the_whole_engine_and_every_request_fails() {
-    let mut e = Engine::new(EngineConfig { epoch: 7, ..config(&[true, false]) }, None, 0);
+    let mut e = Engine::new(EngineConfig { epoch: 7, ..config() }, replicas(&[true, false]), None, 0);
     let (claim0, _) = hello_and_claim(&mut e, 0, 3);
     e.handle(0, Event::Received(0, ok(claim0)));
     let (claim1, _) = hello_and_claim(&mut e, 1, 3);
@@ -332,7 +336,7 @@ fn first_revision_sync(e: &mut Engine, actions: &[Action]) -> u64 {
 /// after the move would be lost.
 #[test]
 fn revisions_of_a_newer_epoch_are_above_any_an_older_epoch_counted() {
-    let mut e7 = Engine::new(EngineConfig { epoch: 7, ..config(&[false, false, false]) }, None, 0);
+    let mut e7 = Engine::new(EngineConfig { epoch: 7, ..config() }, replicas(&[false, false, false]), None, 0);
     for r in [1, 2] {
         let (claim, _) = hello_and_claim(&mut e7, r, 8);
         e7.handle(0, Event::Received(r, ok(claim)));
@@ -345,7 +349,7 @@ fn revisions_of_a_newer_epoch_are_above_any_an_older_epoch_counted() {
 
     // Even with every replica current at attach, an engine moves them into its epoch's range:
     // otherwise an older engine cut off with one of them could count past them.
-    let mut e9 = Engine::new(EngineConfig { epoch: 9, ..config(&[false, false]) }, None, 0);
+    let mut e9 = Engine::new(EngineConfig { epoch: 9, ..config() }, replicas(&[false, false]), None, 0);
     let mut out = Vec::new();
     for r in [0, 1] {
         let (claim, _) = hello_and_claim(&mut e9, r, ours);
@@ -362,7 +366,7 @@ fn revisions_of_a_newer_epoch_are_above_any_an_older_epoch_counted() {
     assert_eq!(first_revision_sync(&mut e9, &both), 9 << EPOCH_REVISION_BITS, "before its first write");
 
     // The next engine sees replica 0 (counted to 10 by epoch 6) as behind.
-    let mut next = Engine::new(EngineConfig { epoch: 11, ..config(&[false, false, false]) }, None, 0);
+    let mut next = Engine::new(EngineConfig { epoch: 11, ..config() }, replicas(&[false, false, false]), None, 0);
     for (r, rev) in [(0, 10), (1, ours), (2, ours)] {
         let (claim, _) = hello_and_claim(&mut next, r, rev);
         next.handle(0, Event::Received(r, ok(claim)));

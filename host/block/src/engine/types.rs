@@ -10,7 +10,7 @@ use thiserror::Error;
 use crate::dirty::DirtyMap;
 use crate::protocol::{Frame, MAX_NAME_LEN, Status};
 
-/// Index of a replica in [`EngineConfig::replicas`].
+/// Index of a replica in the list the engine was started with (see [`crate::engine::Engine::new`]).
 pub type ReplicaId = usize;
 /// The driver's handle for a client request, echoed in [`Action::Reply`].
 pub type ClientId = u64;
@@ -37,18 +37,21 @@ pub const MAX_IO: u64 = 4 * 1024 * 1024;
 /// large discard from stalling every other request on the volume until all replicas punched it.
 pub const MAX_UNMAP: u64 = 64 * 1024 * 1024;
 
+/// What the engine knows of one replica besides its index: the rest of where it is (its
+/// address, how it is reached) is the driver's (`crate::volume::ReplicaEndpoint`).
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
     /// On the engine's own node: preferred for reads (no network hop).
     pub local: bool,
 }
 
+/// The engine's settings; the replicas it replicates to are given beside them
+/// (see [`crate::engine::Engine::new`]).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub volume_id: String,
     /// Initial size; after the first attach the persisted and the replicas' sizes win.
     pub size: u64,
-    pub replicas: Vec<ReplicaConfig>,
     /// Granularity of dirty tracking and of rebuild copies (power of two, e.g. 1 MiB).
     pub region_size: u64,
     /// A replica that has not answered a request within this long is failed.

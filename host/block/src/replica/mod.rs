@@ -2,8 +2,8 @@
 //! [`chain`]), every replica of a node held under one root ([`node`]), and served over TCP with
 //! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It
 //! owns the replica side of the protocol's semantics (fencing by revision, flush = fdatasync,
-//! unmap, snapshots, the dirty flag); the engine side is [`crate::engine`] plus its driver, not built
-//! here.
+//! unmap, snapshots, the dirty flag); the engine side is [`crate::engine`], driven by
+//! [`crate::volume`].
 
 mod block_map;
 pub mod chain;

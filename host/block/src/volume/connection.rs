@@ -2,7 +2,22 @@
 //! is queued ([`Conn`], [`Outbox`]), the task that connects and reports every frame read, and the
 //! writer task for what the socket did not take at once.
 
-use super::*;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf as _, Bytes};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::driver::{ConnEvent, Link};
+use crate::engine::ReplicaId;
+use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc};
 
 /// Most buffers the writer task hands to one vectored write.
 const MAX_IOVECS: usize = 64;
@@ -113,6 +128,7 @@ impl Outbox {
 }
 
 /// Connects after `delay`, then reports every frame the replica sends until the connection ends.
+/// Its writer task runs in the caller's span (the replica's, see `Driver::spawn_connect`).
 pub(super) async fn connection(
     replica: ReplicaId,
     generation: u64,
@@ -222,5 +238,3 @@ pub(super) async fn write_all_vectored(stream: &OwnedWriteHalf, bufs: &[Bytes]) 
     }
     Ok(())
 }
-
-// ----- the synchronous handle -----------------------------------------------------------------

@@ -18,14 +18,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
-use super::ConnEvent;
+use super::driver::ConnEvent;
 use crate::engine::ReplicaId;
 use crate::protocol::{DEFAULT_MAX_PAYLOAD, Frame, Message};
 use crate::replica::session::{self, Placement};
 use crate::replica::{Replica, ReplicaNode};
 
-/// This process's own replica node and the address its server is reached at: a replica of the
-/// volume at that address is served in-process (see the module docs).
+/// This process's own replica node and the address its server is reached at (how the control
+/// plane names it): a replica on it is served in-process ([`super::ReplicaEndpoint::InProcess`],
+/// see the module docs).
 #[derive(Debug, Clone)]
 pub struct InProcessNode {
     pub addr: SocketAddr,
@@ -37,6 +38,8 @@ pub(super) struct LocalLink {
     node: Arc<ReplicaNode>,
     /// Set once `Hello` opened the session.
     session: Option<Arc<LocalSession>>,
+    /// The replica's span (volume and replica), which requests run on the blocking pool enter.
+    span: tracing::Span,
 }
 
 /// One engine session on an in-process replica; ends when the link and every request still
@@ -50,6 +53,8 @@ struct LocalSession {
     /// Whether the session, if it ended now, ended cleanly: its last request was a flush with no
     /// mutation still running, and the link was not reset.
     clean: AtomicBool,
+    /// The link's span: what runs on the blocking pool logs in the volume's name.
+    span: tracing::Span,
 }
 
 impl Drop for LocalSession {
@@ -93,6 +98,7 @@ impl LocalJob {
             Placement::SmallRead | Placement::Blocking => {
                 let events = events.clone();
                 runtime.spawn_blocking(move || {
+                    let _span = s.span.enter();
                     let message = session::execute(&s.replica, &s.rules, frame.message, DEFAULT_MAX_PAYLOAD);
                     s.finished(mutation);
                     // The driver drops it if the link is gone by now, like bytes of a closed
@@ -117,8 +123,9 @@ impl LocalSession {
 }
 
 impl LocalLink {
-    pub(super) fn new(node: Arc<ReplicaNode>) -> Self {
-        Self { node, session: None }
+    /// A link to `node` whose requests log in `span`.
+    pub(super) fn new(node: Arc<ReplicaNode>, span: tracing::Span) -> Self {
+        Self { node, session: None, span }
     }
 
     /// Takes one frame of the engine (under the driver's lock, in the engine's order); an error
@@ -136,6 +143,7 @@ impl LocalLink {
                     rules: session::Session::default(),
                     mutations: AtomicUsize::new(0),
                     clean: AtomicBool::new(false),
+                    span: self.span.clone(),
                 })
             });
             return Ok(Taken::Answered(Frame { request_id, message: Message::HelloReply { status, header } }));

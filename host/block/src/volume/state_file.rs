@@ -2,7 +2,14 @@
 //! crash leaves either the old or the new state, and read back (older versions included) when the
 //! volume is attached again.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write as _};
+use std::path::Path;
+
+use super::VolumeError;
+use crate::dirty::DirtyMap;
+use crate::engine::PersistedState;
 
 /// Name of the engine's state file inside [`VolumeConfig::state_dir`].
 pub const STATE_FILE: &str = "engine-state";

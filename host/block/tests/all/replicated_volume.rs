@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
-use wasmcsi_block::engine::{EngineConfig, ReplicaConfig};
+use wasmcsi_block::engine::EngineConfig;
 use wasmcsi_block::replica::store::DATA_FILE;
 use wasmcsi_block::replica::{ReplicaNode, ReplicaServer, ReplicaStore};
-use wasmcsi_block::volume::{InProcessNode, ReplicatedVolume, STATE_FILE, VolumeConfig, load_state};
+use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, ReplicatedVolume, STATE_FILE, VolumeConfig, load_state};
 use wasmcsi_frontend::BlockDevice;
 
 const VOLUME: &str = "pvc-driver";
@@ -69,18 +69,19 @@ impl Cluster {
         let engine = EngineConfig {
             volume_id: VOLUME.into(),
             size: SIZE,
-            replicas: (0..self.addrs.len())
-                .map(|i| ReplicaConfig { local: i == 0 && self.in_process.is_some() })
-                .collect(),
             region_size: 1 << 20,
             request_timeout: 5_000,
             attach_timeout: 5_000,
             rebuild_parallelism: 4,
             epoch: 0,
         };
-        let mut cfg = VolumeConfig::new(engine, self.addrs.clone(), self.state.path());
-        cfg.in_process = self.in_process.clone().map(|node| InProcessNode { addr: self.addrs[0], node });
-        cfg
+        let replicas = (self.addrs.iter().enumerate())
+            .map(|(i, addr)| match (i, &self.in_process) {
+                (0, Some(node)) => ReplicaEndpoint::InProcess(InProcessNode { addr: *addr, node: node.clone() }),
+                _ => ReplicaEndpoint::Remote(*addr),
+            })
+            .collect();
+        VolumeConfig::new(engine, replicas, self.state.path())
     }
 
     /// The node holding replica `i`, in this process either way.
@@ -326,7 +327,6 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
     let engine = EngineConfig {
         volume_id: VOLUME.into(),
         size: SIZE,
-        replicas: vec![ReplicaConfig { local: false }; 2],
         region_size: 1 << 20,
         request_timeout: 5_000,
         attach_timeout: 5_000,
@@ -335,7 +335,11 @@ fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
     };
     let vol = Arc::new(
         ReplicatedVolume::start(
-            VolumeConfig::new(engine, cluster.addrs.clone(), cluster.state.path()),
+            VolumeConfig::new(
+                engine,
+                cluster.addrs.iter().map(|a| ReplicaEndpoint::Remote(*a)).collect(),
+                cluster.state.path(),
+            ),
             engine_rt.handle(),
         )
         .unwrap(),

@@ -56,9 +56,9 @@ use std::time::{Duration, Instant};
 
 use wasmcsi_benchkit::fio::{self, MIB, Res, Runs, Rw, SHAPES, Shape};
 use wasmcsi_benchkit::{cpu, knob, knob_f64, ms, pct};
-use wasmcsi_block::engine::{EngineConfig, ReplicaConfig};
+use wasmcsi_block::engine::EngineConfig;
 use wasmcsi_block::replica::{ReplicaServer, ReplicaStore, replica_dir_name};
-use wasmcsi_block::volume::{InProcessNode, ReplicatedVolume, VolumeConfig};
+use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, ReplicatedVolume, VolumeConfig};
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 mod csi;
@@ -308,7 +308,6 @@ fn engine_config(id: &str, size: u64) -> EngineConfig {
     EngineConfig {
         volume_id: id.into(),
         size,
-        replicas: vec![ReplicaConfig { local: true }, ReplicaConfig { local: false }],
         region_size: REGION,
         request_timeout: 5_000,
         attach_timeout: 10_000,
@@ -348,14 +347,16 @@ impl Cluster {
         if placement.is_some() {
             cpu::pin(&allowed);
         }
-        let mut cfg = VolumeConfig::new(engine_config(id, size), addrs.clone(), state);
+        // Replica 0 is this node's (reads go there): in-process, or its server over TCP.
+        let mut replicas = vec![ReplicaEndpoint::Local(addrs[0]), ReplicaEndpoint::Remote(addrs[1])];
+        if in_process {
+            let node = servers[0].as_ref().unwrap().node().clone();
+            replicas[0] = ReplicaEndpoint::InProcess(InProcessNode { addr: addrs[0], node });
+        }
+        let mut cfg = VolumeConfig::new(engine_config(id, size), replicas, state);
         // A restarted replica is found within a few ms, so rebuild timings are not backoff.
         cfg.backoff_min = Duration::from_millis(5);
         cfg.backoff_max = Duration::from_millis(20);
-        if in_process {
-            let node = servers[0].as_ref().unwrap().node().clone();
-            cfg.in_process = Some(InProcessNode { addr: addrs[0], node });
-        }
         let volume = Arc::new(ReplicatedVolume::start(cfg, engine_rt.handle()).expect("engine"));
         Self { volume, servers, nodes, addrs, server_rt, _engine_rt: engine_rt }
     }

@@ -256,7 +256,10 @@ impl Server {
                 inflight: self.inflight.clone(),
             };
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            // What a worker logs (and the device it calls, on this thread) names the volume.
+            let span = tracing::info_span!("frontend.fuse", volume.id = %self.name, worker = i);
             let handle = std::thread::Builder::new().name(format!("fuse-{}-{i}", self.name)).spawn(move || {
+                let _span = span.entered();
                 let _ = tx.send(pthread_self());
                 worker.run()
             })?;

@@ -1,0 +1,214 @@
+//! Creating a replica set: checking the request, writing the record and empty replicas on every
+//! node, and for a clone (of a snapshot or of a volume) the fill that copies the source into the
+//! new replicas in the background and then clears `fill` in the record.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+use super::{
+    Catalog, CatalogError, Discovery, Fill, FillSource, MemberState, Result, SetView, VolumeRecord, lock, now_ns,
+};
+use crate::control::{ControlError, ReplicaSet};
+use crate::protocol::{RecordInfo, Status};
+
+impl Catalog {
+    /// Creates a set (see the `block.create` contract in `wit/backend.wit`).
+    #[tracing::instrument(name = "catalog.create", skip(self, metadata), fields(source = ?source))]
+    pub async fn create(
+        &self,
+        id: &str,
+        size: u64,
+        nodes: &[String],
+        source: Option<(String, Option<String>)>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SetView> {
+        if size == 0 || !size.is_multiple_of(4096) {
+            return Err(CatalogError::Invalid(format!("size {size} is not a positive multiple of 4096")));
+        }
+        let distinct: BTreeSet<&String> = nodes.iter().collect();
+        if nodes.is_empty() || distinct.len() != nodes.len() {
+            return Err(CatalogError::Invalid("a replica set needs distinct nodes, at least one".into()));
+        }
+        let d = self.discover().await;
+        for node in nodes {
+            if d.node(node).is_none() {
+                return Err(CatalogError::Unavailable(format!(
+                    "node {node} is not among the granted replica nodes that answer"
+                )));
+            }
+        }
+        let holders = self.holders(&d, id).await;
+        let (info, record) = match Self::newest(&holders)? {
+            Some((info, record)) if !record.deleting => {
+                if record.members != nodes {
+                    return Err(CatalogError::AlreadyExists(format!(
+                        "replica set {id} exists on nodes {:?}",
+                        record.members
+                    )));
+                }
+                let have = holders.iter().map(|h| h.header.size).max().unwrap_or(size);
+                if have < size {
+                    return Err(CatalogError::AlreadyExists(format!("replica set {id} exists with {have} bytes")));
+                }
+                (info, record)
+            }
+            Some((_, _)) => {
+                return Err(CatalogError::Unavailable(format!("replica set {id} is being deleted; retry")));
+            }
+            None => {
+                for node in nodes {
+                    let available = d.node(node).map(|n| n.available).unwrap_or(0);
+                    if available < size && !holders.iter().any(|h| &h.node == node) {
+                        return Err(CatalogError::ResourceExhausted(format!(
+                            "node {node} has {available} bytes free, the volume needs {size}"
+                        )));
+                    }
+                }
+                let fill = match source {
+                    None => None,
+                    Some((volume, Some(snapshot))) => {
+                        let src = self.view(&d, &volume).await?;
+                        if !src.as_ref().is_some_and(|v| v.snapshots.iter().any(|s| s.name == snapshot)) {
+                            return Err(CatalogError::NotFound(format!(
+                                "volume {volume} has no snapshot {snapshot:?}"
+                            )));
+                        }
+                        Some(FillSource { volume_id: volume, snapshot, temporary: false })
+                    }
+                    Some((volume, None)) => {
+                        let snapshot = format!("clone-{id}");
+                        self.snapshot_in(&d, &volume, &snapshot).await?;
+                        Some(FillSource { volume_id: volume, snapshot, temporary: true })
+                    }
+                };
+                if let Some(f) = &fill {
+                    let src = self.view(&d, &f.volume_id).await?;
+                    if src.is_some_and(|v| v.size > size) {
+                        return Err(CatalogError::OutOfRange(format!(
+                            "the clone must be at least as large as its source {}",
+                            f.volume_id
+                        )));
+                    }
+                }
+                let record = VolumeRecord {
+                    members: nodes.to_vec(),
+                    addresses: nodes.iter().filter_map(|m| d.node(m).map(|n| (m.clone(), n.addr))).collect(),
+                    owner: None,
+                    metadata,
+                    created_ns: now_ns(),
+                    fill,
+                    deleting: false,
+                };
+                let info = RecordInfo {
+                    version: 1,
+                    epoch: 0,
+                    data: record.encode().map_err(|e| CatalogError::Invalid(e.to_string()))?,
+                };
+                (info, record)
+            }
+        };
+        // Every member gets its replica and the record (a retry completes what a crash left).
+        for node in nodes {
+            let Some(n) = d.node(node) else { continue };
+            let client = self.client(n.addr);
+            if !holders.iter().any(|h| &h.node == node) {
+                client.create_replica(id, size).await?;
+            }
+            match client.set_record(id, &info).await {
+                Ok(()) => {}
+                // A newer record is there already (a retry after an update): fine.
+                Err(ControlError::Refused { status: Status::StaleRevision, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if record.fill.is_some() {
+            self.ensure_fill(&d, id, &record).await?;
+        }
+        self.view(&self.discover().await, id)
+            .await?
+            .ok_or_else(|| CatalogError::Unavailable(format!("replica set {id} vanished while it was created")))
+    }
+
+    /// Starts the copy of `record.fill` into `id` in the background unless it runs or is done.
+    async fn ensure_fill(&self, d: &Discovery, id: &str, record: &VolumeRecord) -> Result<()> {
+        let Some(fill) = record.fill.clone() else { return Ok(()) };
+        {
+            let mut fills = lock(&self.fills);
+            match fills.get_mut(id) {
+                Some(f) if !f.finished && f.error.is_none() => return Ok(()),
+                Some(f) if f.error.is_some() => {
+                    let e = f.error.take().unwrap_or_default();
+                    fills.remove(id);
+                    return Err(CatalogError::Unavailable(format!("filling {id} failed, retrying: {e}")));
+                }
+                _ => {
+                    fills.insert(id.to_owned(), Fill::default());
+                }
+            }
+        }
+        let src_view = self
+            .view(d, &fill.volume_id)
+            .await?
+            .ok_or_else(|| CatalogError::NotFound(format!("source volume {} is gone", fill.volume_id)))?;
+        let src_addr = src_view
+            .members
+            .iter()
+            .filter(|m| m.state == MemberState::Healthy)
+            .find_map(|m| d.node(&m.node).map(|n| n.addr))
+            .ok_or_else(|| CatalogError::Unavailable(format!("no healthy replica of {} answers", fill.volume_id)))?;
+        let source = ReplicaSet::new(fill.volume_id.clone(), vec![src_addr], self.timeout).with_epoch(src_view.epoch);
+        let targets: Vec<SocketAddr> = record.members.iter().filter_map(|m| d.node(m).map(|n| n.addr)).collect();
+        if targets.len() != record.members.len() {
+            lock(&self.fills).remove(id);
+            return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its fill waits")));
+        }
+        let target = ReplicaSet::new(id.to_owned(), targets, self.timeout);
+        let (catalog, id) = (self.clone(), id.to_owned());
+        let span =
+            tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let fills = catalog.fills.clone();
+                let progress = |done, total| {
+                    if let Some(f) = lock(&fills).get_mut(&id) {
+                        f.done = done;
+                        f.total = total;
+                    }
+                };
+                let result = match target.clone_from(&source, &fill.snapshot, progress).await {
+                    Ok(()) => catalog.finish_fill(&id, &fill).await,
+                    Err(e) => Err(CatalogError::from(e)),
+                };
+                let mut fills = lock(&catalog.fills);
+                match result {
+                    Ok(()) => {
+                        tracing::info!("clone filled");
+                        fills.remove(&id);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "filling a clone failed; the next create or get retries");
+                        if let Some(f) = fills.get_mut(&id) {
+                            f.error = Some(e.to_string());
+                        }
+                    }
+                }
+            },
+            span,
+        ));
+        Ok(())
+    }
+
+    /// The copy is whole: drop a temporary source snapshot, clear `fill` in the record.
+    async fn finish_fill(&self, id: &str, fill: &FillSource) -> Result<()> {
+        let d = self.discover().await;
+        if fill.temporary {
+            self.delete_snapshot_in(&d, &fill.volume_id, &fill.snapshot, Some(id)).await?;
+        }
+        let holders = self.holders(&d, id).await;
+        let (info, mut record) =
+            Self::newest(&holders)?.ok_or_else(|| CatalogError::NotFound(format!("{id} vanished while filled")))?;
+        record.fill = None;
+        let next = Self::next(&info, &record, info.epoch)?;
+        self.write_record(&d, id, &next, &record.members).await.map(|_| ())
+    }
+}

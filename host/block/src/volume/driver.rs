@@ -1,0 +1,701 @@
+//! The driver of one volume's engine: the engine is fed events — client requests (by the
+//! callers' threads, see below), frames and connection changes from one connection per replica
+//! and a periodic tick (by one tokio task) — and its actions are carried out in order: `Send` is
+//! encoded and queued on the replica's connection, `Reply` completes the waiting client request,
+//! `Persist` is written to the state file (atomic write + rename + fsync) *before* any later
+//! action of the batch, and `ReplicaFailed` closes the connection and reconnects with
+//! exponential backoff. The engine itself starts the handshake (`Hello`) when told a connection
+//! is up.
+//!
+//! The engine sits behind a lock shared by the driver task and the handle's callers: a request
+//! is queued and fed to the engine by whichever thread holds the lock (the caller itself when it
+//! is free), which also writes the frames to the sockets, so a lone request is on the wire
+//! without waking a runtime thread and a burst is carried in one batch. Its answer comes from
+//! the thread that holds the lock when the replicas' replies arrive (a completion for
+//! `submit_read`/`submit_write`, a oneshot for the blocking calls).
+//!
+//! Connections carry a generation number: every event a connection task reports is tagged with
+//! it, and the driver drops events of connections it has already given up on, like bytes of a
+//! closed socket. The engine therefore never hears of a stale connection.
+//!
+//! Every task the driver spawns (its own, each replica's connection and writer, an in-process
+//! replica's connect and the requests it runs on the blocking pool) runs in a span that names the
+//! volume, so everything a volume's background work logs says which volume it is.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument as _;
+
+use super::connection::{Conn, Outbox, connection};
+use super::local::{LocalJob, LocalLink, Taken};
+use super::state_file::{load_state, save_state};
+use super::{ReplicaEndpoint, VolumeConfig, VolumeError, VolumeStatus};
+use crate::engine::{Action, ClientId, ClientReply, Engine, Event, IoError, Millis, ReplicaHealth, ReplicaId};
+use crate::protocol::{Frame, PayloadCrc};
+
+/// Most queued commands and events the driver handles before it sends what they produced.
+const MAX_DRAIN: usize = 256;
+
+/// What a handle asks of the engine.
+pub(super) enum Request {
+    Read { offset: u64, len: u64 },
+    Write { offset: u64, data: Bytes },
+    Flush,
+    Unmap { offset: u64, len: u64 },
+    Resize { size: u64 },
+    Snapshot { name: String },
+    DeleteSnapshot { name: String },
+}
+
+/// Where a request's result goes: a thread blocked on it, or a completion the frontend gave
+/// (run on whichever thread releases the driver after the answer, so it must not block).
+pub(super) enum ReplyTx {
+    Wait(oneshot::Sender<io::Result<ClientReply>>),
+    Call(Box<dyn FnOnce(io::Result<ClientReply>) + Send>),
+}
+
+impl ReplyTx {
+    fn send(self, result: io::Result<ClientReply>) {
+        match self {
+            // The caller may have given up waiting; nothing to do then.
+            ReplyTx::Wait(tx) => {
+                let _ = tx.send(result);
+            }
+            ReplyTx::Call(done) => done(result),
+        }
+    }
+}
+
+/// The driver, shared by the task that serves its connections and timer and by the handles'
+/// callers. A request is queued, and whoever holds the driver feeds everything queued to the
+/// engine and writes the frames it produced: a lone request is on the wire from the caller's
+/// own thread without waking a runtime thread, and under load one thread carries many
+/// requests per lock and per socket write while the others go back to their work.
+pub(super) struct Shared {
+    driver: Mutex<Driver>,
+    /// Requests and in-process replies not fed to the engine yet.
+    queued: Mutex<Vec<Queued>>,
+}
+
+enum Queued {
+    Request(Request, ReplyTx),
+    /// What an in-process replica answered (see `super::local`).
+    Answer(ConnEvent),
+}
+
+/// A panic while a lock was held is a bug already reported; the state is still the best there
+/// is, and every caller must get an answer.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    pub(super) fn submit(&self, request: Request, reply: ReplyTx) {
+        lock(&self.queued).push(Queued::Request(request, reply));
+        self.drive_if_free();
+    }
+
+    /// Runs `f` on the driver, then as [`Self::drive`].
+    pub(super) fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> T {
+        let value = self.drive(lock(&self.driver), f);
+        self.drive_if_free();
+        value
+    }
+
+    /// Feeds what is queued unless another thread holds the driver: that one will, as it checks
+    /// the queue again after letting go (so no request is left behind).
+    fn drive_if_free(&self) {
+        while !lock(&self.queued).is_empty() {
+            let driver = match self.driver.try_lock() {
+                Ok(d) => d,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.drive(driver, |_| ());
+        }
+    }
+
+    /// Runs `f`, then a batch of queued requests, sends the frames they produced, lets go of the
+    /// driver, runs what in-process replicas got (queueing their replies) and completes what was
+    /// answered (a completion may write to a FUSE device, or call back in).
+    fn drive<T>(&self, mut d: MutexGuard<'_, Driver>, f: impl FnOnce(&mut Driver) -> T) -> T {
+        let value = f(&mut d);
+        let batch = std::mem::take(&mut *lock(&self.queued));
+        for queued in batch {
+            match queued {
+                Queued::Request(request, reply) => d.on_request(request, reply),
+                Queued::Answer(event) => d.on_conn_event(event),
+            }
+        }
+        d.send_out();
+        let done = std::mem::take(&mut d.done);
+        let jobs = std::mem::take(&mut d.local_jobs);
+        let route = (!jobs.is_empty()).then(|| (d.events.clone(), d.runtime.clone()));
+        drop(d);
+        if let Some((events, runtime)) = route {
+            let answers: Vec<Queued> =
+                jobs.into_iter().filter_map(|job| job.run(&events, &runtime)).map(Queued::Answer).collect();
+            // The caller's `drive_if_free` (or the thread holding the driver now) feeds them.
+            lock(&self.queued).extend(answers);
+        }
+        for (tx, result) in done {
+            tx.send(result);
+        }
+        value
+    }
+}
+
+/// How the driver reaches one replica.
+pub(super) enum Link {
+    Tcp(Conn),
+    Local(LocalLink),
+}
+
+/// What a connection task (or an in-process request) reports, tagged with the connection's
+/// generation.
+pub(super) enum ConnEvent {
+    Connected {
+        replica: ReplicaId,
+        generation: u64,
+        link: Link,
+    },
+    ConnectFailed {
+        replica: ReplicaId,
+        generation: u64,
+        error: String,
+    },
+    /// Every frame one read of the socket completed, in order.
+    Received {
+        replica: ReplicaId,
+        generation: u64,
+        frames: Vec<Frame>,
+    },
+    Closed {
+        replica: ReplicaId,
+        generation: u64,
+        error: String,
+    },
+}
+
+struct Slot {
+    /// Where the replica is served; changes when it is replaced.
+    endpoint: ReplicaEndpoint,
+    /// Generation of the current connection attempt; events of older ones are ignored.
+    generation: u64,
+    /// Set while connected: the connection's write side, or the in-process link.
+    link: Option<Link>,
+    /// Frames encoded for this replica during the current driver iteration, sent at its end
+    /// (one write for everything a burst of requests produced).
+    out: Outbox,
+    /// Frames for an in-process replica during the current driver iteration, run at its end.
+    local_out: Vec<Frame>,
+    /// Connect-and-read task of the current generation.
+    task: Option<JoinHandle<()>>,
+    backoff: Duration,
+}
+
+pub(super) struct Driver {
+    engine: Engine,
+    epoch: Instant,
+    /// The configuration; its `replicas` are moved to `slots` (they change with replacements).
+    cfg: VolumeConfig,
+    slots: Vec<Slot>,
+    waiting: HashMap<ClientId, ReplyTx>,
+    /// Answers produced while the lock was held, completed by whoever holds it once released.
+    done: Vec<(ReplyTx, io::Result<ClientReply>)>,
+    /// Requests for in-process replicas, run by whoever holds the lock once released.
+    local_jobs: Vec<LocalJob>,
+    /// Set once the driver task ended: later requests fail at once.
+    pub(super) stopped: bool,
+    runtime: tokio::runtime::Handle,
+    next_client: ClientId,
+    events: mpsc::UnboundedSender<ConnEvent>,
+    status: watch::Sender<VolumeStatus>,
+    /// Shared with the handles: the engine's size, updated before any reply of a batch.
+    size: Arc<AtomicU64>,
+    rebuilds_finished: u64,
+    /// Time spent rebuilding by rebuilds that ended, and since when the running one runs.
+    rebuild_time: Duration,
+    rebuild_since: Option<Instant>,
+    /// Since when each replica is not healthy (see [`VolumeStatus::replicas`]).
+    down_since: Vec<Option<SystemTime>>,
+    /// Checksum of the last large write payload encoded, shared by the replicas' frames.
+    payload_crc: PayloadCrc,
+    /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
+    /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
+    poisoned: Option<String>,
+}
+
+impl Driver {
+    fn now(&self) -> Millis {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn on_request(&mut self, request: Request, reply: ReplyTx) {
+        if self.stopped {
+            self.done.push((reply, Err(stopped())));
+            return;
+        }
+        if let Some(why) = &self.poisoned {
+            let why = io::Error::other(format!("volume stopped acknowledging I/O: {why}"));
+            self.done.push((reply, Err(why)));
+            return;
+        }
+        let client = self.next_client;
+        self.next_client += 1;
+        self.waiting.insert(client, reply);
+        let event = match request {
+            Request::Read { offset, len } => Event::ClientRead { client, offset, len },
+            Request::Write { offset, data } => Event::ClientWrite { client, offset, data },
+            Request::Flush => Event::ClientFlush { client },
+            Request::Unmap { offset, len } => Event::ClientUnmap { client, offset, len },
+            Request::Resize { size } => Event::ClientResize { client, size },
+            Request::Snapshot { name } => {
+                let created_ns = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                Event::ClientSnapshot { client, name, created_ns }
+            }
+            Request::DeleteSnapshot { name } => Event::ClientDeleteSnapshot { client, name },
+        };
+        self.feed(event);
+    }
+
+    /// Points replica `index` at a new (empty) replica on `addr`; the engine fully rebuilds it.
+    pub(super) fn replace_replica(&mut self, index: ReplicaId, addr: SocketAddr) -> io::Result<()> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if index >= self.slots.len() {
+            return Err(invalid(format!("replica {index} does not exist ({} replicas)", self.slots.len())));
+        }
+        if self.slots.iter().enumerate().any(|(i, s)| i != index && s.endpoint.addr() == addr) {
+            return Err(invalid(format!("{addr} already holds another replica of this volume")));
+        }
+        if self.engine.is_healthy(index) && self.engine.healthy_count() == 1 {
+            return Err(invalid(format!(
+                "replica {index} is the only healthy one; replacing it would lose the volume"
+            )));
+        }
+        let slot = &mut self.slots[index];
+        tracing::warn!(replica = index, old = %slot.endpoint.addr(), new = %addr, "replacing replica");
+        slot.endpoint = slot.endpoint.replaced_by(addr);
+        self.feed(Event::ReplicaReplaced(index));
+        self.close(index);
+        self.slots[index].backoff = self.cfg.backoff_min;
+        self.spawn_connect(index, Duration::ZERO);
+        Ok(())
+    }
+
+    fn on_conn_event(&mut self, event: ConnEvent) {
+        match event {
+            ConnEvent::Connected { replica, generation, link } => {
+                if self.slots[replica].generation != generation {
+                    return;
+                }
+                tracing::debug!(replica, addr = %self.slots[replica].endpoint.addr(), "replica connected");
+                self.slots[replica].link = Some(link);
+                self.feed(Event::ReplicaConnected(replica));
+            }
+            ConnEvent::ConnectFailed { replica, generation, error } => {
+                if self.slots[replica].generation != generation {
+                    return;
+                }
+                tracing::debug!(replica, addr = %self.slots[replica].endpoint.addr(), %error, "replica connect failed");
+                self.slots[replica].task = None;
+                self.reconnect_later(replica);
+            }
+            ConnEvent::Received { replica, generation, frames } => {
+                for frame in frames {
+                    // Re-checked per frame: one of them may make the engine drop the replica.
+                    let slot = &self.slots[replica];
+                    if slot.generation == generation && slot.link.is_some() {
+                        self.feed(Event::Received(replica, frame));
+                    }
+                }
+            }
+            ConnEvent::Closed { replica, generation, error } => {
+                let slot = &self.slots[replica];
+                if slot.generation != generation || slot.link.is_none() {
+                    return;
+                }
+                tracing::warn!(replica, addr = %slot.endpoint.addr(), %error, "replica connection lost");
+                self.feed(Event::ReplicaDisconnected(replica));
+                // The engine reports `ReplicaFailed` (and we reconnect) only for a replica it
+                // counted as up; otherwise reconnect here.
+                if self.slots[replica].generation == generation {
+                    self.drop_connection(replica);
+                }
+            }
+        }
+    }
+
+    fn feed(&mut self, event: Event) {
+        let actions = self.engine.handle(self.now(), event);
+        // Before any reply: a caller whose resize returned must see the new size.
+        self.size.store(self.engine.size(), Ordering::SeqCst);
+        // Replies go out after the status is published: a caller whose snapshot returned must
+        // see it in `snapshots()` (a slow persist in the batch made that race visible).
+        let mut replies = Vec::new();
+        for action in actions {
+            match action {
+                Action::Reply { .. } => replies.push(action),
+                other => self.execute(other),
+            }
+        }
+        for r in 0..self.slots.len() {
+            if self.engine.is_healthy(r) {
+                self.slots[r].backoff = self.cfg.backoff_min;
+            }
+        }
+        let health = self.engine.replica_health();
+        self.down_since.resize(health.len(), None);
+        for (since, h) in self.down_since.iter_mut().zip(&health) {
+            match h {
+                ReplicaHealth::Healthy => *since = None,
+                _ => *since = since.or_else(|| Some(SystemTime::now())),
+            }
+        }
+        let rebuild = self.engine.rebuild_status();
+        match (rebuild.is_some(), self.rebuild_since) {
+            (true, None) => self.rebuild_since = Some(Instant::now()),
+            (false, Some(since)) => {
+                self.rebuild_time += since.elapsed();
+                self.rebuild_since = None;
+            }
+            _ => {}
+        }
+        let status = VolumeStatus {
+            replicas: health.into_iter().zip(self.down_since.iter().copied()).collect(),
+            attached: self.engine.is_attached(),
+            revision: self.engine.revision(),
+            healthy: self.engine.healthy_count(),
+            connected: self.slots.iter().filter(|s| s.link.is_some()).count(),
+            rebuilds_finished: self.rebuilds_finished,
+            rebuilt_bytes: self.engine.rebuilt_bytes(),
+            rebuild_time: self.rebuild_time + self.rebuild_since.map_or(Duration::ZERO, |t| t.elapsed()),
+            size: self.engine.size(),
+            rebuild,
+            snapshots: self.engine.snapshots().to_vec(),
+            fenced: self.engine.is_fenced(),
+        };
+        self.status.send_if_modified(|old| {
+            let changed = *old != status;
+            *old = status;
+            changed
+        });
+        for reply in replies {
+            self.execute(reply);
+        }
+    }
+
+    fn execute(&mut self, action: Action) {
+        match action {
+            Action::Send { replica, frame } => {
+                // No connection: the frame is lost like on a dead socket; the engine hears of
+                // the disconnect (or times the request out) and resolves it.
+                let slot = &mut self.slots[replica];
+                match &slot.link {
+                    None => {}
+                    Some(Link::Local(_)) => slot.local_out.push(frame),
+                    Some(Link::Tcp(_)) => {
+                        if let Err(e) = slot.out.push(&frame, &mut self.payload_crc) {
+                            tracing::error!(replica, error = %e, "engine produced an unencodable frame");
+                        }
+                    }
+                }
+            }
+            Action::Reply { client, result } => {
+                let Some(tx) = self.waiting.remove(&client) else { return };
+                let result = match (&self.poisoned, result) {
+                    (Some(why), Ok(_)) => Err(io::Error::other(format!("volume stopped acknowledging I/O: {why}"))),
+                    (_, r) => r.map_err(to_io_error),
+                };
+                self.done.push((tx, result));
+            }
+            Action::ReplicaFailed { replica, reason } => {
+                tracing::warn!(replica, addr = %self.slots[replica].endpoint.addr(), %reason, "replica failed");
+                if self.slots[replica].link.is_some() || self.slots[replica].task.is_some() {
+                    self.drop_connection(replica);
+                }
+            }
+            Action::Persist(state) => {
+                // Synchronous on purpose: the engine requires it durable before the next action
+                // of the batch, and it happens only when the replica set changes or a degraded
+                // write touches a new region, so blocking the driver briefly is acceptable.
+                if let Err(e) = save_state(&self.cfg.state_dir, &state) {
+                    tracing::error!(dir = %self.cfg.state_dir.display(), error = %e, "persisting engine state failed");
+                    self.poisoned.get_or_insert(format!("persisting engine state failed: {e}"));
+                }
+            }
+            Action::RebuildStarted { replica, source, kind, regions } => {
+                tracing::info!(replica, source, ?kind, regions, "rebuild started");
+            }
+            Action::RebuildProgress { replica, done, total } => {
+                tracing::debug!(replica, done, total, "rebuild progress");
+            }
+            Action::RebuildFinished { replica } => {
+                self.rebuilds_finished += 1;
+                tracing::info!(replica, "rebuild finished; replica healthy");
+            }
+        }
+    }
+
+    /// Closes the replica's connection and schedules a new one after the backoff.
+    fn drop_connection(&mut self, replica: ReplicaId) {
+        self.close(replica);
+        self.reconnect_later(replica);
+    }
+
+    /// Resets the replica's connection (see [`Conn::reset`]) and aborts its reader; frames not
+    /// sent yet are lost like on a dead socket.
+    fn close(&mut self, replica: ReplicaId) {
+        let slot = &mut self.slots[replica];
+        slot.out.clear();
+        slot.local_out.clear();
+        match slot.link.take() {
+            Some(Link::Tcp(conn)) => conn.reset(),
+            Some(Link::Local(link)) => link.reset(),
+            None => {}
+        }
+        if let Some(t) = slot.task.take() {
+            t.abort();
+        }
+    }
+
+    /// Sends every replica the frames this iteration produced for it (in-process ones: see
+    /// [`Self::take_local`]). What an in-process `Hello` reply produces goes out too.
+    fn send_out(&mut self) {
+        loop {
+            for slot in &mut self.slots {
+                match &slot.link {
+                    Some(Link::Tcp(conn)) => conn.send(&mut slot.out),
+                    _ => slot.out.clear(),
+                }
+            }
+            if !self.take_local() {
+                return;
+            }
+        }
+    }
+
+    /// Takes the frames queued for in-process replicas: requests become jobs run once the
+    /// driver is released, what is answered at once is fed to the engine; false if nothing was.
+    fn take_local(&mut self) -> bool {
+        let mut answered = Vec::new();
+        for (replica, slot) in self.slots.iter_mut().enumerate() {
+            if slot.local_out.is_empty() {
+                continue;
+            }
+            let frames = std::mem::take(&mut slot.local_out);
+            let Some(Link::Local(link)) = &mut slot.link else { continue };
+            let mut replies = Vec::new();
+            for frame in frames {
+                match link.take(frame, replica, slot.generation) {
+                    Ok(Taken::Answered(reply)) => replies.push(reply),
+                    Ok(Taken::Job(job)) => self.local_jobs.push(job),
+                    Err(error) => {
+                        // Like a protocol error on a socket: the link ends, the engine hears of it.
+                        let error = format!("in-process replica: {error}");
+                        let _ = self.events.send(ConnEvent::Closed { replica, generation: slot.generation, error });
+                        break;
+                    }
+                }
+            }
+            if !replies.is_empty() {
+                answered.push(ConnEvent::Received { replica, generation: slot.generation, frames: replies });
+            }
+        }
+        let ran = !answered.is_empty();
+        for event in answered {
+            self.on_conn_event(event);
+        }
+        ran
+    }
+
+    fn reconnect_later(&mut self, replica: ReplicaId) {
+        if self.engine.is_fenced() {
+            // Nothing a replica says can change that: stay disconnected.
+            return;
+        }
+        let delay = self.slots[replica].backoff;
+        self.slots[replica].backoff = (delay * 2).clamp(self.cfg.backoff_min, self.cfg.backoff_max);
+        self.spawn_connect(replica, delay);
+    }
+
+    fn spawn_connect(&mut self, replica: ReplicaId, delay: Duration) {
+        let slot = &mut self.slots[replica];
+        slot.generation += 1;
+        let (events, generation) = (self.events.clone(), slot.generation);
+        // The connection's tasks log in the volume's and the replica's name.
+        let span = tracing::info_span!(
+            "volume.replica",
+            volume.id = %self.cfg.engine.volume_id,
+            replica,
+            addr = %slot.endpoint.addr()
+        );
+        let task = match &slot.endpoint {
+            ReplicaEndpoint::InProcess(local) => {
+                let node = local.node.clone();
+                self.runtime.spawn(
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let link = Link::Local(LocalLink::new(node, tracing::Span::current()));
+                        let _ = events.send(ConnEvent::Connected { replica, generation, link });
+                    }
+                    .instrument(span),
+                )
+            }
+            ReplicaEndpoint::Remote(addr) | ReplicaEndpoint::Local(addr) => self.runtime.spawn(
+                connection(replica, generation, *addr, delay, self.cfg.connect_timeout, events).instrument(span),
+            ),
+        };
+        slot.task = Some(task);
+    }
+}
+
+/// What a handle keeps of a driver it started.
+pub(super) struct Started {
+    pub(super) shared: Arc<Shared>,
+    /// The engine's size, updated by the driver before any reply of a batch.
+    pub(super) size: Arc<AtomicU64>,
+    /// Stops the driver task when sent to or dropped.
+    pub(super) stop: mpsc::UnboundedSender<()>,
+    pub(super) status: watch::Receiver<VolumeStatus>,
+}
+
+/// Loads the persisted engine state from `cfg.state_dir` and starts the driver task on
+/// `runtime`; it connects to every replica and attaches in the background.
+pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Started, VolumeError> {
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
+    let persisted = load_state(&cfg.state_dir)?;
+    let endpoints = std::mem::take(&mut cfg.replicas);
+    let replicas = endpoints.iter().map(ReplicaEndpoint::engine_config).collect();
+    let engine = Engine::new(cfg.engine.clone(), replicas, persisted, 0);
+    let size = Arc::new(AtomicU64::new(engine.size()));
+    let (stop, stop_rx) = mpsc::unbounded_channel();
+    let (events, event_rx) = mpsc::unbounded_channel();
+    let (status_tx, status) = watch::channel(VolumeStatus::default());
+    let slots = endpoints
+        .into_iter()
+        .map(|endpoint| Slot {
+            endpoint,
+            generation: 0,
+            link: None,
+            out: Outbox::default(),
+            local_out: Vec::new(),
+            task: None,
+            backoff: cfg.backoff_min,
+        })
+        .collect();
+    // Everything the driver task logs names its volume.
+    let span = tracing::info_span!("volume", volume.id = %cfg.engine.volume_id);
+    let driver = Driver {
+        engine,
+        epoch: Instant::now(),
+        cfg,
+        slots,
+        waiting: HashMap::new(),
+        done: Vec::new(),
+        local_jobs: Vec::new(),
+        stopped: false,
+        runtime: runtime.clone(),
+        next_client: 1,
+        events,
+        status: status_tx,
+        size: size.clone(),
+        rebuilds_finished: 0,
+        rebuild_time: Duration::ZERO,
+        rebuild_since: None,
+        down_since: Vec::new(),
+        payload_crc: PayloadCrc::default(),
+        poisoned: None,
+    };
+    let shared = Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()) });
+    runtime.spawn(run(shared.clone(), stop_rx, event_rx).instrument(span));
+    Ok(Started { shared, size, stop, status })
+}
+
+/// Serves the driver's connections and timer until the handle asks it to stop (or is dropped).
+async fn run(
+    shared: Arc<Shared>,
+    mut stop: mpsc::UnboundedReceiver<()>,
+    mut events: mpsc::UnboundedReceiver<ConnEvent>,
+) {
+    // Also when the runtime drops this task unfinished (it shut down under a live handle): the
+    // handles must see the driver gone rather than wait for answers nobody will read.
+    let _stopped = StopOnDrop(shared.clone());
+    let tick_every = shared.with_driver(|d| {
+        for r in 0..d.slots.len() {
+            d.spawn_connect(r, Duration::ZERO);
+        }
+        d.cfg.tick
+    });
+    let mut tick = tokio::time::interval(tick_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            // A stop request, or every handle is gone.
+            _ = stop.recv() => break,
+            Some(event) = events.recv() => shared.with_driver(|d| {
+                d.on_conn_event(event);
+                // Whatever else is queued already, before sending what it all produced.
+                for _ in 0..MAX_DRAIN {
+                    match events.try_recv() {
+                        Ok(event) => d.on_conn_event(event),
+                        Err(_) => break,
+                    }
+                }
+            }),
+            _ = tick.tick() => shared.with_driver(|d| d.feed(Event::Tick)),
+        }
+    }
+}
+
+/// Stops the driver when the task serving it ends, however it ends.
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.with_driver(|d| {
+            d.stopped = true;
+            d.send_out();
+            for slot in &mut d.slots {
+                slot.link = None;
+                if let Some(t) = slot.task.take() {
+                    t.abort();
+                }
+            }
+            // Every outstanding request fails: a blocked caller would see its channel close,
+            // but a completion must be called.
+            let waiting: Vec<_> = d.waiting.drain().map(|(_, tx)| (tx, Err(stopped()))).collect();
+            d.done.extend(waiting);
+        });
+    }
+}
+
+fn to_io_error(e: IoError) -> io::Error {
+    let kind = match e {
+        IoError::OutOfRange { .. }
+        | IoError::TooLarge { .. }
+        | IoError::Shrink { .. }
+        | IoError::BadSnapshotName { .. } => io::ErrorKind::InvalidInput,
+        // Retryable once the volume is whole again.
+        IoError::Degraded { .. } => io::ErrorKind::ResourceBusy,
+        IoError::NoHealthyReplica { .. } => io::ErrorKind::Other,
+        // Final: the kernel sees EIO, the volume lives on with another engine.
+        IoError::Fenced { .. } => io::ErrorKind::PermissionDenied,
+    };
+    io::Error::new(kind, e)
+}
+
+pub(super) fn stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the volume's driver has stopped")
+}
