@@ -1,6 +1,6 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands, the CSI conformance
 //! suite (shared by `backend check` and the tests), the metrics endpoint, the node's data path
-//! as a process of its own (`wasmcsi datapath`) and its live upgrade, and replica nodes as
+//! as a process of its own (`wasmcsi datapath`), the rbd-fuse daemons it keeps, and its live upgrade, and replica nodes as
 //! child processes (the demo's and the benchmark's). `anyhow` lives
 //! here, at the edge; the libraries below use typed errors.
 pub mod backend_dir;
@@ -10,6 +10,7 @@ pub mod check;
 pub mod compose;
 pub mod conformance;
 pub mod datapath_cmd;
+pub mod datapath_rbd_fuse;
 pub mod datapath_upgrade;
 pub mod demo;
 pub mod host;

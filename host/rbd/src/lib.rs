@@ -1,5 +1,6 @@
 //! The Ceph RBD client behind the host's `rbd` capability (`wit/backend.wit`, interface
-//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`]),
+//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`]; [`fuse_daemons`] keeps
+//! many of them for a long-lived process),
 //! and a reusable real-Ceph test harness ([`testing`]).
 //!
 //! What it owns: librados + librbd 16.2 through a small hand-written FFI; the grants of one
@@ -20,6 +21,7 @@ mod error;
 pub mod fence;
 mod ffi;
 pub mod fuse_attach;
+pub mod fuse_daemons;
 mod image;
 pub mod krbd;
 mod names;

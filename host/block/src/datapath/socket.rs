@@ -118,6 +118,7 @@ async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender
 fn failed(e: DataPathError) -> Reply {
     let kind = match e {
         DataPathError::Busy(_) | DataPathError::HandingOver => ErrorKind::Busy,
+        DataPathError::RbdFuse(super::rbd_fuse::RbdFuseError::Invalid(_)) => ErrorKind::Invalid,
         _ => ErrorKind::Failed,
     };
     Reply::error(kind, e.to_string())
@@ -151,6 +152,18 @@ async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<Pat
         },
         Request::Status { volume } => {
             Reply { volume: datapath.volume(&volume).map(|v| view(&volume, &v)), ..Reply::ok() }
+        }
+        Request::RbdFuseAttach { attachment } => match datapath.rbd_fuse_attach(attachment).await {
+            Ok(view) => Reply { rbd_fuse: vec![view], ..Reply::ok() },
+            Err(e) => failed(e),
+        },
+        Request::RbdFuseDetach { volume } => match datapath.rbd_fuse_detach(&volume).await {
+            Ok(()) => Reply::ok(),
+            Err(e) => failed(e),
+        },
+        Request::RbdFuseList => {
+            let daemons = datapath.rbd_fuse_list();
+            Reply { rbd_fuse: daemons, ..Reply::ok() }
         }
         Request::List => {
             let volumes =
