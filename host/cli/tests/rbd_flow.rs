@@ -899,6 +899,20 @@ async fn survive(ceph: &Ceph) {
     assert!(read(&target.join("more.bin")) == more, "flushed before the crash: more.bin");
     assert!(read(&target.join("last.bin")) == last, "flushed before the crash: last.bin");
     stream_holds_its_writes(&target.join("stream.bin"), &seeds);
+    // Outside a pod only the data path dies: its rbd-fuse, orphaned, serves on, and the
+    // restarted data path adopts it (not its child: init reaps it) and detaches it at unstage.
+    let (fuse_pid, _) = rbd_fuse_and_parent(&dir);
+    procs.datapath.kill9();
+    procs.datapath = Proc::spawn("datapath", None, &datapath_args);
+    dp.wait_ready(Duration::from_secs(60)).await.expect("the restarted data path answers");
+    let listed = dp.call(wasmcsi_block::datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
+    assert!(
+        listed.len() == 1 && listed[0].alive && listed[0].pid == u32::try_from(fuse_pid).unwrap(),
+        "the restarted data path adopted the orphaned rbd-fuse: {listed:?}"
+    );
+    let stats = stats_of(&mut node, &v.volume_id, &target, &staging).await;
+    assert_eq!(stats.volume_condition.as_ref().map(|c| c.abnormal), Some(false), "{stats:?}");
+    write_durably(&target.join("last.bin"), &last);
     f.unpublish_and_unstage(&v.volume_id, "pvc-survive").await;
     nothing_left(&dir);
     // The killed rbd-fuse's watch on the image lingers until the OSDs time it out (30 s), and
