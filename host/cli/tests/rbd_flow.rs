@@ -507,10 +507,13 @@ fn zombies_of(pid: i32) -> Vec<String> {
 /// what each block should hold.
 struct Writer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: Option<std::thread::JoinHandle<(usize, usize, Duration, Vec<u64>)>>,
+    task: Option<std::thread::JoinHandle<Written>>,
     /// The slowest write since [`Writer::lap`], in microseconds.
     slowest: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// What a [`Writer`] did: writes, errors, the slowest, and the seed each block holds.
+type Written = (usize, usize, Duration, Vec<u64>);
 
 const BLOCK: usize = 64 << 10;
 const RING: usize = 64;
@@ -554,7 +557,7 @@ impl Writer {
         Duration::from_micros(self.slowest.swap(0, std::sync::atomic::Ordering::SeqCst))
     }
 
-    fn finish(mut self) -> (usize, usize, Duration, Vec<u64>) {
+    fn finish(mut self) -> Written {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.task.take().unwrap().join().unwrap()
     }
