@@ -1,5 +1,6 @@
 //! `wasmcsi datapath`: this node's data path (the replica server, every attached volume's
-//! engine, its FUSE session and loop device) in a process of its own, served to the node plugin
+//! engine, its FUSE session and loop device, and the rbd-fuse daemons of RBD volumes staged
+//! here) in a process of its own, served to the node plugin
 //! on a unix socket (`wasmcsi_block::datapath::socket`). The plugin (`serve --datapath-socket`)
 //! can then crash, restart or be upgraded while every mounted volume keeps its I/O; it finds
 //! the volumes again through the socket. The plugin starts this process itself when asked
@@ -95,6 +96,9 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
     let datapath = Arc::new(DataPath::start_on(config, replica_listener).await.with_context(|| {
         format!("serving replicas from {} on {}", args.replica_root.display(), args.replica_listen)
     })?);
+    // Before the socket answers: the daemons a previous image (or a crashed process) left are
+    // adopted, so the plugin's first question about them finds them.
+    crate::datapath_rbd_fuse::serve(&datapath, &args.state_dir)?;
     let socket_listener = match socket_listener {
         Some(l) => l,
         None => socket::bind(&args.socket).await?,

@@ -285,7 +285,11 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Resul
         request_timeout: Duration::from_secs(10),
         attach_timeout: Duration::from_secs(30),
     };
-    DataPath::start(config).await.with_context(|| format!("serving replicas from {} on {}", r.root.display(), r.listen))
+    let datapath = DataPath::start(config)
+        .await
+        .with_context(|| format!("serving replicas from {} on {}", r.root.display(), r.listen))?;
+    crate::datapath_rbd_fuse::serve(&datapath, &opts.state_dir)?;
+    Ok(datapath)
 }
 
 /// The data path answering at `socket`; with `start`, one started (detached) when none answers.

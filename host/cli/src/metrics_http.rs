@@ -58,7 +58,9 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
     let _ = wasmcsi_csi::metrics::global().encode_without_eof(&mut out);
     if let Some(d) = datapath {
         let _ = wasmcsi_csi::metrics::encode_replicated(&d.statuses(), &mut out);
-        let _ = encode_handovers(&d.handover_report(), d.attached().len(), &mut out);
+        let rbd_fuse = d.rbd_fuse_list();
+        let alive = rbd_fuse.iter().filter(|v| v.alive).count();
+        let _ = encode_handovers(&d.handover_report(), d.attached().len(), (alive, rbd_fuse.len() - alive), &mut out);
     }
     let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
     build.register(
@@ -70,11 +72,12 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
     out
 }
 
-/// The data path's own series: volumes it serves, live upgrades it went through, and the longest
-/// I/O pause of a volume in the last one.
+/// The data path's own series: volumes it serves, the rbd-fuse daemons it runs (alive, dead),
+/// live upgrades it went through, and the longest I/O pause of a volume in the last one.
 fn encode_handovers(
     report: &wasmcsi_block::datapath::handover::HandoverReport,
     volumes: usize,
+    (alive, dead): (usize, usize),
     out: &mut String,
 ) -> std::fmt::Result {
     use prometheus_client::metrics::counter::Counter;
@@ -83,6 +86,15 @@ fn encode_handovers(
     let served = Gauge::<i64>::default();
     served.set(i64::try_from(volumes).unwrap_or(i64::MAX));
     registry.register("volumes", "Replicated volumes this data path serves", served);
+    let daemons =
+        prometheus_client::metrics::family::Family::<Vec<(&'static str, &'static str)>, Gauge<i64>>::default();
+    daemons.get_or_create(&vec![("state", "alive")]).set(i64::try_from(alive).unwrap_or(i64::MAX));
+    daemons.get_or_create(&vec![("state", "dead")]).set(i64::try_from(dead).unwrap_or(i64::MAX));
+    registry.register(
+        "rbd_fuse_attachments",
+        "rbd-fuse daemons this data path runs for RBD volumes staged here (dead: exited, not yet detached)",
+        daemons,
+    );
     let handovers = Counter::<u64>::default();
     handovers.inc_by(report.handovers);
     registry.register(
@@ -155,7 +167,7 @@ mod tests {
             last_pause_us: Some(40_000),
             ..Default::default()
         };
-        super::encode_handovers(&report, 3, &mut out).unwrap();
+        super::encode_handovers(&report, 3, (2, 1), &mut out).unwrap();
         out
     }
 
@@ -165,6 +177,8 @@ mod tests {
         assert!(text.contains("wasmcsi_datapath_handovers_total 2"), "{text}");
         assert!(text.contains("wasmcsi_datapath_last_handover_pause_seconds 0.04"), "{text}");
         assert!(text.contains("wasmcsi_datapath_volumes 3"), "{text}");
+        assert!(text.contains("wasmcsi_datapath_rbd_fuse_attachments{state=\"alive\"} 2"), "{text}");
+        assert!(text.contains("wasmcsi_datapath_rbd_fuse_attachments{state=\"dead\"} 1"), "{text}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The Ceph RBD client behind the host's `rbd` capability (`wit/backend.wit`, interface
-//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`]).
-//! The Ceph cluster its tests run against is test machinery of its own (`testing/ceph`, crate
-//! `wasmcsi-ceph`).
+//! `rbd`), the node-side `rbd-fuse` attach for kernels without krbd/rbd-nbd ([`fuse_attach`];
+//! [`fuse_daemons`] keeps many of them for a long-lived process). The Ceph cluster its tests
+//! run against is test machinery of its own (`testing/ceph`, crate `wasmcsi-ceph`).
 //!
 //! What it owns: librados + librbd 16.2 through a small hand-written FFI; the grants of one
 //! backend (which clusters, which pools: anything else is [`RbdError::PermissionDenied`] before
@@ -21,6 +21,7 @@ mod error;
 pub mod fence;
 mod ffi;
 pub mod fuse_attach;
+pub mod fuse_daemons;
 mod image;
 pub mod krbd;
 mod names;

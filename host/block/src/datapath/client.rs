@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::net::UnixStream;
 
+use super::rbd_fuse::{RbdFuseSpec, RbdFuseView};
 use super::wire::{self, ErrorKind, Reply, Request, RequestFrame, VolumeView, WIRE_VERSION};
 use super::{DataPath, DataPathError};
 use crate::catalog::AttachInfo;
@@ -55,7 +56,10 @@ impl DataPathClient {
     /// Sends `request` and waits for its reply; an error reply becomes an [`EnginesError`].
     #[tracing::instrument(name = "datapath.call", skip_all, fields(op = request.name()))]
     pub async fn call(&self, request: Request) -> Result<Reply, EnginesError> {
-        let deadline = if matches!(request, Request::Attach { .. }) { ATTACH_DEADLINE } else { REQUEST_DEADLINE };
+        // rbd-fuse's start and its teardown are each bounded by 30 s per step in the data path.
+        let long =
+            matches!(request, Request::Attach { .. } | Request::RbdFuseAttach { .. } | Request::RbdFuseDetach { .. });
+        let deadline = if long { ATTACH_DEADLINE } else { REQUEST_DEADLINE };
         let exchange = async {
             let mut stream = UnixStream::connect(&self.socket).await.map_err(|e| self.unreachable(e))?;
             wire::write_frame(&mut stream, &RequestFrame { version: WIRE_VERSION, request })
@@ -129,6 +133,17 @@ fn local_err(e: DataPathError) -> EnginesError {
     }
 }
 
+/// A data path of the previous version refuses the rbd-fuse requests as malformed (an unknown
+/// `op`): say what to do instead of the serde message.
+fn old_datapath(e: EnginesError) -> EnginesError {
+    match e {
+        EnginesError::Failed(m) if m.contains("unknown variant") => EnginesError::Failed(format!(
+            "the data path runs no rbd-fuse: an older binary (upgrade it live: wasmcsi upgrade datapath): {m}"
+        )),
+        other => other,
+    }
+}
+
 impl Engines {
     /// Starts the engine of `id` and exposes it as a block device; the running one when it is.
     pub async fn attach(&self, id: &str, info: &AttachInfo) -> Result<VolumeView, EnginesError> {
@@ -156,6 +171,39 @@ impl Engines {
             Self::InProcess(d) => Ok(d.volume(id).map(|v| super::view(id, &v))),
             Self::Remote(c) => Ok(c.call(Request::Status { volume: id.to_owned() }).await?.volume),
         }
+    }
+
+    /// Starts rbd-fuse for an RBD volume in the data path; the running one when it is.
+    pub async fn rbd_fuse_attach(&self, spec: RbdFuseSpec) -> Result<RbdFuseView, EnginesError> {
+        let volume = spec.volume.clone();
+        let views = match self {
+            Self::InProcess(d) => return d.rbd_fuse_attach(spec).await.map_err(local_err),
+            Self::Remote(c) => {
+                c.call(Request::RbdFuseAttach { attachment: spec }).await.map_err(old_datapath)?.rbd_fuse
+            }
+        };
+        views.into_iter().find(|v| v.volume == volume).ok_or_else(|| {
+            EnginesError::Failed(format!("the data path attached rbd-fuse for {volume} but sent no attachment"))
+        })
+    }
+
+    /// Stops an RBD volume's rbd-fuse; absent succeeds.
+    pub async fn rbd_fuse_detach(&self, volume: &str) -> Result<(), EnginesError> {
+        match self {
+            Self::InProcess(d) => d.rbd_fuse_detach(volume).await.map_err(local_err),
+            Self::Remote(c) => {
+                c.call(Request::RbdFuseDetach { volume: volume.to_owned() }).await.map_err(old_datapath).map(drop)
+            }
+        }
+    }
+
+    /// The rbd-fuse attachment of `volume`, if the data path has one.
+    pub async fn rbd_fuse_status(&self, volume: &str) -> Result<Option<RbdFuseView>, EnginesError> {
+        let views = match self {
+            Self::InProcess(d) => d.rbd_fuse_list(),
+            Self::Remote(c) => c.call(Request::RbdFuseList).await.map_err(old_datapath)?.rbd_fuse,
+        };
+        Ok(views.into_iter().find(|v| v.volume == volume))
     }
 
     /// Every attached volume.

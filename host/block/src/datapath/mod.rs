@@ -17,9 +17,14 @@
 //! suspended ([`DataPath::suspend_all`]), the process image is replaced, and the new one adopts
 //! them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the kernel
 //! already has.
+//!
+//! It also keeps the node's rbd-fuse daemons ([`rbd_fuse`]) for the plugin's RBD staging, so
+//! they outlive the plugin too; they are plain children of this process, which an `execve`
+//! keeps, and the binary's [`rbd_fuse::RbdFuseDaemons`] finds them again from its records.
 
 pub mod client;
 pub mod handover;
+pub mod rbd_fuse;
 pub mod socket;
 pub mod wire;
 
@@ -93,6 +98,8 @@ pub struct DataPath {
     handing_over: AtomicBool,
     /// Handovers this data path went through, and the last one's outcome.
     handovers: Mutex<handover::HandoverReport>,
+    /// What runs rbd-fuse for RBD volumes staged here, when the binary registered it.
+    rbd_fuse: std::sync::OnceLock<Arc<dyn rbd_fuse::RbdFuseDaemons>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +116,10 @@ pub enum DataPathError {
     HandingOver,
     #[error("the replica listener: {0}")]
     Listener(std::io::Error),
+    #[error("rbd-fuse: {0}")]
+    RbdFuse(#[from] rbd_fuse::RbdFuseError),
+    #[error("this data path runs no rbd-fuse daemons")]
+    NoRbdFuse,
 }
 
 impl DataPath {
@@ -147,6 +158,7 @@ impl DataPath {
             listener: kept,
             handing_over: AtomicBool::new(false),
             handovers: Mutex::default(),
+            rbd_fuse: std::sync::OnceLock::new(),
         })
     }
 
@@ -373,6 +385,48 @@ impl DataPath {
         self.handing_over.store(false, Ordering::SeqCst);
     }
 
+    /// Runs rbd-fuse for the RBD volumes staged here with `daemons` (once; a second call is
+    /// ignored and says so).
+    pub fn serve_rbd_fuse(&self, daemons: Arc<dyn rbd_fuse::RbdFuseDaemons>) -> bool {
+        self.rbd_fuse.set(daemons).is_ok()
+    }
+
+    fn rbd_fuse(&self) -> Result<Arc<dyn rbd_fuse::RbdFuseDaemons>, DataPathError> {
+        self.rbd_fuse.get().cloned().ok_or(DataPathError::NoRbdFuse)
+    }
+
+    /// Starts rbd-fuse for an RBD volume; the running attachment when it has one. Ordered
+    /// with the volume's other rbd-fuse calls and with handovers like an attach.
+    #[tracing::instrument(name = "datapath.rbd_fuse_attach", skip_all, fields(volume.id = %spec.volume, pool = %spec.pool, image = %spec.image))]
+    pub async fn rbd_fuse_attach(&self, spec: rbd_fuse::RbdFuseSpec) -> Result<rbd_fuse::RbdFuseView, DataPathError> {
+        let daemons = self.rbd_fuse()?;
+        let _guard = self.begin(&rbd_fuse_key(&spec.volume))?;
+        let id = spec.volume.clone();
+        Ok(tokio::task::spawn_blocking(move || daemons.attach(&spec)).await.map_err(|e| AttachError::Task {
+            volume_id: id,
+            what: "rbd-fuse attach",
+            message: e.to_string(),
+        })??)
+    }
+
+    /// Tears an RBD volume's rbd-fuse down; absent succeeds.
+    #[tracing::instrument(name = "datapath.rbd_fuse_detach", skip(self))]
+    pub async fn rbd_fuse_detach(&self, volume: &str) -> Result<(), DataPathError> {
+        let daemons = self.rbd_fuse()?;
+        let _guard = self.begin(&rbd_fuse_key(volume))?;
+        let id = volume.to_owned();
+        Ok(tokio::task::spawn_blocking(move || daemons.detach(&id)).await.map_err(|e| AttachError::Task {
+            volume_id: volume.to_owned(),
+            what: "rbd-fuse detach",
+            message: e.to_string(),
+        })??)
+    }
+
+    /// Every rbd-fuse attachment (none when this data path runs no rbd-fuse).
+    pub fn rbd_fuse_list(&self) -> Vec<rbd_fuse::RbdFuseView> {
+        self.rbd_fuse.get().map(|d| d.list()).unwrap_or_default()
+    }
+
     /// Stops the engine of `id` (its device must no longer be mounted); absent succeeds.
     #[tracing::instrument(name = "datapath.detach", skip(self))]
     pub async fn detach(&self, id: &str) -> Result<(), DataPathError> {
@@ -408,6 +462,11 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(1024)?.into_std()
+}
+
+/// The busy-set key of a volume's rbd-fuse (apart from a replicated volume of the same id).
+fn rbd_fuse_key(volume: &str) -> String {
+    format!("rbd-fuse/{volume}")
 }
 
 struct BusyGuard<'a> {

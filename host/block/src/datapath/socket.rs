@@ -118,6 +118,7 @@ async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender
 fn failed(e: DataPathError) -> Reply {
     let kind = match e {
         DataPathError::Busy(_) | DataPathError::HandingOver => ErrorKind::Busy,
+        DataPathError::RbdFuse(super::rbd_fuse::RbdFuseError::Invalid(_)) => ErrorKind::Invalid,
         _ => ErrorKind::Failed,
     };
     Reply::error(kind, e.to_string())
@@ -152,10 +153,68 @@ async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<Pat
         Request::Status { volume } => {
             Reply { volume: datapath.volume(&volume).map(|v| view(&volume, &v)), ..Reply::ok() }
         }
+        Request::RbdFuseAttach { attachment } => match datapath.rbd_fuse_attach(attachment).await {
+            Ok(view) => Reply { rbd_fuse: vec![view], ..Reply::ok() },
+            Err(e) => failed(e),
+        },
+        Request::RbdFuseDetach { volume } => match datapath.rbd_fuse_detach(&volume).await {
+            Ok(()) => Reply::ok(),
+            Err(e) => failed(e),
+        },
+        Request::RbdFuseList => {
+            let daemons = datapath.rbd_fuse_list();
+            Reply { rbd_fuse: daemons, ..Reply::ok() }
+        }
         Request::List => {
             let volumes =
                 datapath.attached().into_iter().filter_map(|id| datapath.volume(&id).map(|v| view(&id, &v))).collect();
             Reply { volumes, ..Reply::ok() }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use std::time::Duration;
+
+    use super::*;
+    use crate::datapath::DataPathConfig;
+    use crate::datapath::client::{DataPathClient, Engines, EnginesError};
+    use crate::datapath::rbd_fuse::{CephKey, RbdFuseSpec};
+    use crate::replica::NodeIdentity;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_path_without_rbd_fuse_refuses_an_attachment_and_lists_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = DataPathConfig {
+            identity: NodeIdentity { node: "n".into(), labels: vec![] },
+            replica_root: dir.path().join("replicas"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            engine_root: dir.path().join("engines"),
+            runtime_root: dir.path().join("run"),
+            request_timeout: Duration::from_secs(1),
+            attach_timeout: Duration::from_secs(1),
+        };
+        let datapath = Arc::new(DataPath::start(config).await.unwrap());
+        let socket = dir.path().join("datapath.sock");
+        let task = serve(datapath.clone(), &socket).await.unwrap();
+        let engines = Engines::Remote(DataPathClient::new(&socket));
+        let spec = RbdFuseSpec {
+            volume: "ceph:v1".into(),
+            monitors: vec!["10.0.0.1:6789".into()],
+            pool: "p".into(),
+            image: "i".into(),
+            user: "csi".into(),
+            key: CephKey("AQBsecret==".into()),
+            size: 1 << 20,
+        };
+        let err = engines.rbd_fuse_attach(spec).await.unwrap_err();
+        assert!(matches!(&err, EnginesError::Failed(m) if m.contains("runs no rbd-fuse")), "{err:?}");
+        assert!(!err.to_string().contains("AQBsecret"), "never the key in an error: {err}");
+        assert_eq!(engines.rbd_fuse_status("ceph:v1").await.unwrap(), None);
+        engines.rbd_fuse_detach("ceph:v1").await.unwrap_err();
+        task.abort();
+        datapath.shutdown().await.unwrap();
     }
 }

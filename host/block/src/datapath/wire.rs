@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::catalog::AttachInfo;
 use crate::catalog::engine_call::EngineStatus;
 
+use super::rbd_fuse::{RbdFuseSpec, RbdFuseView};
+
 /// Bumped on any change a peer of the previous version would misread.
 pub const WIRE_VERSION: u32 = 1;
 /// Largest frame either side sends or accepts: a list of every attached volume fits many
@@ -52,6 +54,15 @@ pub enum Request {
     /// Hand every volume to the wasmcsi binary at `binary` (a live upgrade): answered before
     /// it starts; `hello` shows the outcome ([`Reply::handover`]).
     Upgrade { binary: PathBuf },
+    /// Start rbd-fuse for an RBD volume ([`super::rbd_fuse`]); the running one when it is.
+    /// Added without a version bump: a data path of the previous version refuses it as
+    /// malformed, and everything else it answers as before.
+    RbdFuseAttach { attachment: RbdFuseSpec },
+    /// Stop an RBD volume's rbd-fuse (its file must not be under a loop device); absent
+    /// succeeds.
+    RbdFuseDetach { volume: String },
+    /// Every rbd-fuse attachment.
+    RbdFuseList,
 }
 
 impl Request {
@@ -64,6 +75,9 @@ impl Request {
             Self::Status { .. } => "status",
             Self::List => "list",
             Self::Upgrade { .. } => "upgrade",
+            Self::RbdFuseAttach { .. } => "rbd-fuse-attach",
+            Self::RbdFuseDetach { .. } => "rbd-fuse-detach",
+            Self::RbdFuseList => "rbd-fuse-list",
         }
     }
 
@@ -134,6 +148,9 @@ pub struct Reply {
     /// Live upgrades of this data path so far (`hello` and `upgrade` answer it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handover: Option<super::handover::HandoverReport>,
+    /// rbd-fuse attachments (`rbd-fuse-attach`: the one made; `rbd-fuse-list`: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rbd_fuse: Vec<RbdFuseView>,
 }
 
 impl Reply {

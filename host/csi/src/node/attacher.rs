@@ -194,8 +194,8 @@ pub struct NodeSetup {
     pub mounts: Arc<dyn MountSystem>,
     /// Where FUSE mounts of block frontends live (the replicated volumes' devices).
     pub runtime_dir: PathBuf,
-    /// This node's engines (in this process or a data-path process); `None` when the plugin
-    /// serves no replicated volumes.
+    /// This node's engines and rbd-fuse daemons (in this process or a data-path process);
+    /// `None` when the plugin serves no replicated volumes (rbd-fuse then runs in this process).
     pub datapath: Option<wasmcsi_block::datapath::client::Engines>,
 }
 
@@ -220,9 +220,9 @@ impl Attachers {
                 runtime_dir,
                 config.clone(),
                 mounts.clone(),
-                datapath,
+                datapath.clone(),
             ),
-            rbd: RbdAttacher::new(node_id, &state_dir, config, mounts.clone()),
+            rbd: RbdAttacher::new(node_id, &state_dir, config, mounts.clone(), datapath),
             mounts,
         }
     }

@@ -16,7 +16,7 @@ use wasmcsi_rbd::RbdCredentials;
 use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver as wit;
 
-pub use staging::{RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
+pub use staging::{FuseOwner, RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode,
@@ -36,9 +36,16 @@ pub struct RbdAttacher {
 }
 
 impl RbdAttacher {
-    /// Staged volumes keep their state in `<state_dir>/rbd/<volume id>`.
-    pub fn new(node_id: String, state_dir: &Path, config: Arc<dyn ConfigSource>, mounts: Arc<dyn MountSystem>) -> Self {
-        Self { node_id, config, mounts, node: Arc::new(RbdNode::new(state_dir)) }
+    /// Staged volumes keep their state in `<state_dir>/rbd/<volume id>`; rbd-fuse runs in
+    /// `datapath` when the node has one (see `staging`).
+    pub fn new(
+        node_id: String,
+        state_dir: &Path,
+        config: Arc<dyn ConfigSource>,
+        mounts: Arc<dyn MountSystem>,
+        datapath: Option<wasmcsi_block::datapath::client::Engines>,
+    ) -> Self {
+        Self { node_id, config, mounts, node: Arc::new(RbdNode::new(state_dir, datapath)) }
     }
 
     /// NodeStageVolume's plan, resolved on this node: the cluster's monitors from the

@@ -11,8 +11,17 @@
 //! written before each step that creates something, so whatever a crash leaves behind is named
 //! there; a retried stage finds the volume healthy (live rbd-fuse, loop device backed by its
 //! file, mount of that loop device at the staging path) and does nothing, or finds it broken
-//! and rebuilds the local parts. rbd-fuse is not a child that dies with the plugin: a restarted
-//! plugin finds it through the state file.
+//! and rebuilds the local parts.
+//!
+//! **Who runs rbd-fuse.** Where the plugin has a data path (the node's `wasmcsi datapath`, or
+//! the one in its own process: the same condition replicated volumes use), the data path runs
+//! it ([`wasmcsi_block::datapath::rbd_fuse`]) and the plugin only asks: for the image's file at
+//! stage, whether it still runs, and to stop it at unstage. In a pod a restart of the plugin's
+//! container kills every process in it, so only a daemon outside it keeps the loop device and
+//! the filesystem above it served. Without a data path (`serve` with neither replicas nor
+//! `--datapath-socket`, and tests that build the attachers alone) the plugin spawns rbd-fuse
+//! itself, as its own process group's member that outlives the plugin's process but not its
+//! container; a restarted plugin finds it through the state file.
 //!
 //! **Fencing (RWO).** Before anything is attached the node takes the image's fence
 //! ([`wasmcsi_rbd::fence`]: an exclusive RADOS lock with the node id as cookie on the image
@@ -32,6 +41,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use wasmcsi_block::datapath::client::{Engines, EnginesError};
+use wasmcsi_block::datapath::rbd_fuse::{CephKey, RbdFuseSpec};
 use wasmcsi_frontend::loop_dev::{self, LoopOptions};
 use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
 use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};
@@ -78,6 +89,20 @@ pub struct RbdState {
     /// The kernel mapping, where the kernel maps RBD (then there is no rbd-fuse nor loop).
     #[serde(default)]
     pub krbd: Option<KrbdRecord>,
+    /// Who runs `fuse` (a state written before the data path ran rbd-fuse: this plugin).
+    #[serde(default)]
+    pub fuse_owner: FuseOwner,
+}
+
+/// Who runs a staged volume's rbd-fuse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FuseOwner {
+    /// This plugin spawned it (it has no data path): found again by its pid record.
+    #[default]
+    Plugin,
+    /// The node's data path runs it: asked whether it runs, and told to stop it.
+    DataPath,
 }
 
 /// What NodeStageVolume asks for, resolved (monitors from the host config, credentials from
@@ -112,6 +137,8 @@ pub struct RbdNode {
     clients: Mutex<HashMap<ClientKey, RbdClient>>,
     /// Whether this kernel maps RBD images (krbd); decided on the first stage.
     kernel_rbd: std::sync::OnceLock<bool>,
+    /// The node's data path, which runs rbd-fuse when there is one.
+    datapath: Option<Engines>,
 }
 
 impl std::fmt::Debug for RbdNode {
@@ -131,10 +158,27 @@ fn rbd_err(e: RbdError) -> CsiError {
     }
 }
 
+/// A data-path failure as the CSI call's error: a concurrent call for the volume is retried by
+/// the CO (ABORTED), everything else is UNAVAILABLE (the data path may come back).
+fn datapath_err(e: EnginesError) -> CsiError {
+    match e {
+        EnginesError::Busy(m) => CsiError::InProgress(m),
+        other => CsiError::Unavailable(format!("the data path's rbd-fuse: {other}")),
+    }
+}
+
+/// Runs a data-path call from a blocking task (the stage and teardown steps run on one).
+fn block_on<T>(f: impl std::future::Future<Output = Result<T, EnginesError>>) -> CsiResult<T> {
+    let handle = tokio::runtime::Handle::try_current()
+        .map_err(|e| CsiError::Internal(format!("a data-path call outside the runtime: {e}")))?;
+    handle.block_on(f).map_err(datapath_err)
+}
+
 impl RbdState {
-    /// Everything attached and alive: rbd-fuse runs, the loop device is backed by its file,
-    /// and (filesystem) that loop device is mounted at the staging path.
-    fn healthy(&self, mounts: &[mountinfo::MountEntry]) -> bool {
+    /// Everything attached and alive: rbd-fuse runs (`fuse_alive`, which its owner says), the
+    /// loop device is backed by its file, and (filesystem) that loop device is mounted at the
+    /// staging path.
+    fn healthy(&self, mounts: &[mountinfo::MountEntry], fuse_alive: bool) -> bool {
         let device = if let Some(k) = &self.krbd {
             if !krbd::is_mapped(k) {
                 return false;
@@ -142,7 +186,7 @@ impl RbdState {
             &k.device
         } else {
             let (Some(fuse), Some(device)) = (&self.fuse, &self.loop_device) else { return false };
-            if !fuse_attach::is_alive(fuse) || loop_dev::backing_file(device).as_deref() != Some(fuse.file.as_path()) {
+            if !fuse_alive || loop_dev::backing_file(device).as_deref() != Some(fuse.file.as_path()) {
                 return false;
             }
             device
@@ -176,11 +220,52 @@ impl RbdState {
 }
 
 impl RbdNode {
-    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+    /// Volume state under `state_dir`; rbd-fuse run by `datapath` when there is one, else by
+    /// this process.
+    pub fn new(state_dir: impl Into<PathBuf>, datapath: Option<Engines>) -> Self {
         Self {
             state_dir: state_dir.into(),
             clients: Mutex::new(HashMap::new()),
             kernel_rbd: std::sync::OnceLock::new(),
+            datapath,
+        }
+    }
+
+    /// The data path that runs the rbd-fuse of `state`.
+    fn datapath_of(&self, state: &RbdState) -> CsiResult<&Engines> {
+        self.datapath.as_ref().ok_or_else(|| {
+            CsiError::Unavailable(format!(
+                "volume {} was staged with rbd-fuse in the node's data path, which this plugin is not given \
+                 (--datapath-socket)",
+                state.volume_id
+            ))
+        })
+    }
+
+    /// Whether the rbd-fuse of `state` runs, as its owner says: its pid (this plugin's), or the
+    /// data path's answer (its pid namespace may not be ours). A data path that does not
+    /// answer is an error, not "dead": a blip of it must never make a stage tear a healthy
+    /// volume down.
+    async fn fuse_alive(&self, state: &RbdState) -> CsiResult<bool> {
+        let Some(fuse) = &state.fuse else { return Ok(false) };
+        match state.fuse_owner {
+            FuseOwner::Plugin => Ok(fuse_attach::is_alive(fuse)),
+            FuseOwner::DataPath => {
+                let view = self.datapath_of(state)?.rbd_fuse_status(&state.volume_id).await.map_err(datapath_err)?;
+                Ok(view.is_some_and(|v| v.alive && v.pid == fuse.pid && v.file == fuse.file))
+            }
+        }
+    }
+
+    /// [`Self::fuse_alive`] from a blocking task.
+    fn fuse_alive_blocking(&self, state: &RbdState) -> CsiResult<bool> {
+        match state.fuse_owner {
+            FuseOwner::Plugin => Ok(state.fuse.as_ref().is_some_and(fuse_attach::is_alive)),
+            FuseOwner::DataPath => {
+                let handle = tokio::runtime::Handle::try_current()
+                    .map_err(|e| CsiError::Internal(format!("a data-path call outside the runtime: {e}")))?;
+                handle.block_on(self.fuse_alive(state))
+            }
         }
     }
 
@@ -247,7 +332,7 @@ impl RbdNode {
         let dir = self.volume_dir(&req.volume_id);
         if let Some(state) = self.load(&req.volume_id)? {
             let mounts = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
-            let healthy = state.healthy(&mounts);
+            let healthy = state.healthy(&mounts, self.fuse_alive(&state).await?);
             if let Some(why) = state.conflict(&req) {
                 if healthy {
                     return Err(CsiError::AlreadyExists(format!(
@@ -295,6 +380,7 @@ impl RbdNode {
             fuse: None,
             loop_device: None,
             krbd: None,
+            fuse_owner: FuseOwner::Plugin,
         };
         self.save_credentials(&req.volume_id, &req.creds)?;
         self.save(&state)?;
@@ -401,24 +487,52 @@ impl RbdNode {
         creds: RbdCredentials,
         size: u64,
     ) -> CsiResult<loop_dev::LoopDevice> {
-        let dir = self.volume_dir(&state.volume_id);
         let t = Instant::now();
-        let attachment = fuse_attach::attach(&FuseAttachRequest {
-            monitors: state.monitors.clone(),
-            pool: state.pool.clone(),
-            image: state.image.clone(),
-            creds,
-            size_bytes: size,
-            runtime_dir: dir.clone(),
-            timeout: FUSE_TIMEOUT,
-            private_dir: Some(dir.join("fuse")),
-        })
-        .map_err(|e| match e {
-            fuse_attach::FuseAttachError::InvalidArgument(m) => CsiError::Invalid(m),
-            other => CsiError::Unavailable(other.to_string()),
-        })?;
-        let record = attachment.persist().map_err(|e| CsiError::Internal(e.to_string()))?;
-        tracing::debug!(pid = record.pid, took = ?t.elapsed(), "rbd-fuse attached");
+        // Recorded before the daemon exists: a plugin that dies before it records the daemon
+        // leaves a state that sends its unstage to the data path.
+        state.fuse_owner = if self.datapath.is_some() { FuseOwner::DataPath } else { FuseOwner::Plugin };
+        self.save(state)?;
+        let record = match state.fuse_owner {
+            FuseOwner::DataPath => {
+                let spec = RbdFuseSpec {
+                    volume: state.volume_id.clone(),
+                    monitors: state.monitors.clone(),
+                    pool: state.pool.clone(),
+                    image: state.image.clone(),
+                    user: creds.user.clone(),
+                    key: CephKey(creds.key().to_owned()),
+                    size,
+                };
+                let view = block_on(self.datapath_of(state)?.rbd_fuse_attach(spec))?;
+                // The data path's own files (conf, keyring, log) are its to remove.
+                FuseRecord {
+                    pid: view.pid,
+                    mount_point: view.mount_point,
+                    file: view.file,
+                    connection: view.connection,
+                    private_dir: PathBuf::new(),
+                }
+            }
+            FuseOwner::Plugin => {
+                let dir = self.volume_dir(&state.volume_id);
+                let attachment = fuse_attach::attach(&FuseAttachRequest {
+                    monitors: state.monitors.clone(),
+                    pool: state.pool.clone(),
+                    image: state.image.clone(),
+                    creds,
+                    size_bytes: size,
+                    runtime_dir: dir.clone(),
+                    timeout: FUSE_TIMEOUT,
+                    private_dir: Some(dir.join("fuse")),
+                })
+                .map_err(|e| match e {
+                    fuse_attach::FuseAttachError::InvalidArgument(m) => CsiError::Invalid(m),
+                    other => CsiError::Unavailable(other.to_string()),
+                })?;
+                attachment.persist().map_err(|e| CsiError::Internal(e.to_string()))?
+            }
+        };
+        tracing::debug!(pid = record.pid, owner = ?state.fuse_owner, took = ?t.elapsed(), "rbd-fuse attached");
         let file = record.file.clone();
         state.fuse = Some(record);
         self.save(state)?;
@@ -472,11 +586,29 @@ impl RbdNode {
             state.loop_device = None;
             self.save(state)?;
         }
-        if let Some(fuse) = state.fuse.clone() {
-            // Any other loop device on our file (a crash between attach and recording it).
-            loop_dev::detach_all_of(&fuse.file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
-            fuse_attach::detach_recorded(&fuse, FUSE_TIMEOUT).map_err(|e| CsiError::Internal(e.to_string()))?;
-            state.fuse = None;
+        match state.fuse_owner {
+            FuseOwner::Plugin => {
+                if let Some(fuse) = state.fuse.clone() {
+                    // Any other loop device on our file (a crash between attach and recording it).
+                    loop_dev::detach_all_of(&fuse.file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+                    fuse_attach::detach_recorded(&fuse, FUSE_TIMEOUT).map_err(|e| CsiError::Internal(e.to_string()))?;
+                }
+            }
+            // Asked even when the state names no daemon: a plugin that died between the data
+            // path's attach and its own record left one there.
+            FuseOwner::DataPath => {
+                let engines = self.datapath_of(state)?;
+                let file = match &state.fuse {
+                    Some(fuse) => Some(fuse.file.clone()),
+                    None => block_on(engines.rbd_fuse_status(&state.volume_id))?.map(|v| v.file),
+                };
+                if let Some(file) = file {
+                    loop_dev::detach_all_of(&file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+                }
+                block_on(engines.rbd_fuse_detach(&state.volume_id))?;
+            }
+        }
+        if state.fuse.take().is_some() {
             self.save(state)?;
         }
         Ok(())
@@ -524,7 +656,7 @@ impl RbdNode {
         let not_staged = || CsiError::FailedPrecondition(format!("volume {volume_id} is not staged on this node"));
         let state = self.load(volume_id)?.ok_or_else(not_staged)?;
         let mounts = mountinfo::read_current().map_err(|e| CsiError::Mount(e.to_string()))?;
-        if !state.healthy(&mounts) {
+        if !state.healthy(&mounts, self.fuse_alive_blocking(&state)?) {
             return Err(CsiError::FailedPrecondition(format!(
                 "the staging of volume {volume_id} is broken (its rbd device is gone); unstage and stage it again"
             )));
@@ -585,7 +717,11 @@ impl RbdNode {
         let state = self.load(volume_id).ok()??;
         let mounts = mountinfo::read_current().ok()?;
         let parts = if state.krbd.is_some() { "the kernel mapping" } else { "rbd-fuse or the loop device" };
-        (!state.healthy(&mounts)).then(|| format!("{parts} of this volume is gone; restage it"))
+        let alive = match self.fuse_alive_blocking(&state) {
+            Ok(alive) => alive,
+            Err(e) => return Some(format!("whether rbd-fuse of this volume runs is unknown: {e}")),
+        };
+        (!state.healthy(&mounts, alive)).then(|| format!("{parts} of this volume is gone; restage it"))
     }
 }
 
@@ -612,6 +748,7 @@ mod tests {
             fuse: None,
             loop_device: None,
             krbd: None,
+            fuse_owner: FuseOwner::Plugin,
         }
     }
 
@@ -642,6 +779,6 @@ mod tests {
         let mut other_path = request(StagedAs::Block);
         other_path.staging_path = "/elsewhere".into();
         assert!(state(StagedAs::Block).conflict(&other_path).is_some());
-        assert!(!state(StagedAs::Block).healthy(&[]), "nothing attached is not healthy");
+        assert!(!state(StagedAs::Block).healthy(&[], true), "nothing attached is not healthy");
     }
 }
