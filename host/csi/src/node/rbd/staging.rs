@@ -33,6 +33,9 @@
 //! bounded: an unmount that hangs on a dead cluster gets the FUSE connection aborted under it,
 //! which fails the pending I/O instead of waiting forever. Each step tolerates its object
 //! being gone already (rbd-fuse killed, loop device autocleared, mount removed by hand).
+//!
+//! Long (~780 lines) because its unit tests live beside it; the code itself is ~730 lines of one
+//! flow (stage, the health check a retry makes, unstage) that reads best in one place.
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
