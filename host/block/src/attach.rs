@@ -248,24 +248,13 @@ impl AttachedVolume {
         }
         let size = replica_size(&config).await?;
         let volume = start_engine(&config, size, Duration::ZERO).await?;
-        // The frontend blocks (FUSE mount, loop setup); it undoes its own steps on failure.
         let (dev, runtime_dir, name) = (volume.clone(), config.runtime_dir.clone(), volume_id.clone());
-        let attached =
-            tokio::task::spawn_blocking(move || FuseLoopFrontend::new(&runtime_dir).attach(dev, &name)).await;
-        let attached = match attached {
-            Ok(Ok(attached)) => attached,
-            Ok(Err(source)) => {
-                volume.shutdown();
-                return Err(AttachError::Frontend { volume_id, source });
-            }
-            Err(e) => {
-                volume.shutdown();
-                return Err(AttachError::Task { volume_id, what: "frontend attach", message: e.to_string() });
-            }
-        };
-        let device = attached.device().to_path_buf();
-        tracing::debug!(device = %device.display(), size, "volume attached");
-        Ok(Self { inner: Arc::new(Inner { volume_id, device, volume, frontend: Mutex::new(Some(attached)) }) })
+        let attached = Self::serve(volume_id, volume, "frontend attach", move || {
+            FuseLoopFrontend::new(&runtime_dir).attach(dev, &name)
+        })
+        .await?;
+        tracing::debug!(device = %attached.inner.device.display(), size, "volume attached");
+        Ok(attached)
     }
 
     /// Serves, in this process, a volume suspended by [`Self::suspend`] (in this process, or in
@@ -287,11 +276,24 @@ impl AttachedVolume {
         let volume = start_engine(&config, suspended.size, ADOPT_ALL_HEALTHY).await?;
         let (dev, runtime_dir, name) = (volume.clone(), config.runtime_dir.clone(), volume_id.clone());
         let SuspendedVolume { session, mount, device, .. } = suspended;
-        let adopted = tokio::task::spawn_blocking(move || {
+        let adopted = Self::serve(volume_id, volume, "frontend adopt", move || {
             FuseLoopFrontend::new(&runtime_dir).adopt(dev, &name, session, &mount, &device)
         })
-        .await;
-        let attached = match adopted {
+        .await?;
+        tracing::info!(device = %adopted.inner.device.display(), "volume adopted");
+        Ok(adopted)
+    }
+
+    /// Serves the started engine `volume` through the frontend `frontend` sets up (blocking:
+    /// FUSE mount, loop device) on the blocking pool. The frontend undoes its own steps on
+    /// failure; the engine is shut down here, so a failed attach or adopt leaves nothing running.
+    async fn serve(
+        volume_id: String,
+        volume: Arc<ReplicatedVolume>,
+        what: &'static str,
+        frontend: impl FnOnce() -> Result<Attached, FrontendError> + Send + 'static,
+    ) -> Result<Self, AttachError> {
+        let attached = match tokio::task::spawn_blocking(frontend).await {
             Ok(Ok(attached)) => attached,
             Ok(Err(source)) => {
                 volume.shutdown();
@@ -299,11 +301,10 @@ impl AttachedVolume {
             }
             Err(e) => {
                 volume.shutdown();
-                return Err(AttachError::Task { volume_id, what: "frontend adopt", message: e.to_string() });
+                return Err(AttachError::Task { volume_id, what, message: e.to_string() });
             }
         };
         let device = attached.device().to_path_buf();
-        tracing::info!(device = %device.display(), "volume adopted");
         Ok(Self { inner: Arc::new(Inner { volume_id, device, volume, frontend: Mutex::new(Some(attached)) }) })
     }
 

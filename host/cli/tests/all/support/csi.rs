@@ -172,38 +172,44 @@ pub fn mounts_under(dir: &Path) -> Vec<String> {
 /// Every ListVolumes entry, page by page with `max_entries` per page (each page checked to
 /// hold no more), following the tokens until the last.
 pub async fn list_volumes(ctl: &mut Controller, max_entries: i32) -> Vec<csi::list_volumes_response::Entry> {
-    let (mut entries, mut token) = (vec![], String::new());
+    let mut entries = vec![];
+    let mut token = String::new();
     loop {
         let page = ctl
             .list_volumes(csi::ListVolumesRequest { max_entries, starting_token: token })
             .await
             .expect("ListVolumes")
             .into_inner();
-        assert!(page.entries.len() <= max_entries as usize, "more than {max_entries} entries: {page:?}");
-        entries.extend(page.entries);
-        if page.next_token.is_empty() {
-            return entries;
+        match next_page(&mut entries, page.entries, page.next_token, max_entries) {
+            Some(next) => token = next,
+            None => return entries,
         }
-        token = page.next_token;
     }
 }
 
 /// Every ListSnapshots entry (no filter), page by page as [`list_volumes`].
 pub async fn list_snapshots(ctl: &mut Controller, max_entries: i32) -> Vec<csi::list_snapshots_response::Entry> {
-    let (mut entries, mut token) = (vec![], String::new());
+    let mut entries = vec![];
+    let mut token = String::new();
     loop {
         let page = ctl
             .list_snapshots(csi::ListSnapshotsRequest { max_entries, starting_token: token, ..Default::default() })
             .await
             .expect("ListSnapshots")
             .into_inner();
-        assert!(page.entries.len() <= max_entries as usize, "more than {max_entries} entries: {page:?}");
-        entries.extend(page.entries);
-        if page.next_token.is_empty() {
-            return entries;
+        match next_page(&mut entries, page.entries, page.next_token, max_entries) {
+            Some(next) => token = next,
+            None => return entries,
         }
-        token = page.next_token;
     }
+}
+
+/// One page of a listing taken: checked to hold at most `max_entries`, added to `entries`; the
+/// token of the next page, `None` after the last.
+fn next_page<E: std::fmt::Debug>(entries: &mut Vec<E>, page: Vec<E>, next: String, max_entries: i32) -> Option<String> {
+    assert!(page.len() <= max_entries as usize, "more than {max_entries} entries: {page:?}");
+    entries.extend(page);
+    (!next.is_empty()).then_some(next)
 }
 
 /// Sends `n` copies of one call at once and returns the answers that succeeded. A copy may be
