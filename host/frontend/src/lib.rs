@@ -13,6 +13,7 @@
 pub mod fuse;
 pub mod loop_dev;
 pub mod mkfs;
+pub mod plug;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fuse::{FailPoint, FuseLoopFrontend};
+pub use plug::{Plug, is_plugged};
 
 /// A virtual disk of fixed size, addressed in bytes.
 ///
@@ -59,6 +61,11 @@ pub trait BlockDevice: Send + Sync + 'static {
             Err(e) => done(Err(e)),
         }
     }
+
+    /// Sends whatever `submit_*` calls held back while the calling thread was plugged (see
+    /// [`plug`]). A frontend calls it after it unplugs and before it waits for the next request;
+    /// a device that holds nothing back needs nothing here.
+    fn unplug(&self) {}
 }
 
 /// Completion of [`BlockDevice::submit_write`].

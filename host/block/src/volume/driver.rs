@@ -14,6 +14,12 @@
 //! the thread that holds the lock when the replicas' replies arrive (a completion for
 //! `submit_read`/`submit_write`, a oneshot for the blocking calls).
 //!
+//! A frontend thread that is plugged (`wasmcsi_frontend::plug`: it takes a burst of requests
+//! already queued) has the frames of its completions held in the replicas' outboxes and sent
+//! by its `unplug`, so a burst costs one send per replica (a 4 KiB write's send over TCP costs
+//! the node more than the rest of the write). Whoever drives unplugged sends everything held,
+//! and a pass that carries a blocking call is never held: its caller is about to wait.
+//!
 //! Connections carry a generation number: every event a connection task reports is tagged with
 //! it, and the driver drops events of connections it has already given up on, like bytes of a
 //! closed socket. The engine therefore never hears of a stale connection.
@@ -25,7 +31,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -83,6 +89,9 @@ pub(super) struct Shared {
     driver: Mutex<Driver>,
     /// Requests and in-process replies not fed to the engine yet.
     queued: Mutex<Vec<Queued>>,
+    /// A plugged pass left frames in an outbox (set under the driver's lock after it did):
+    /// `unplug` has something to send.
+    held: AtomicBool,
 }
 
 enum Queued {
@@ -110,6 +119,14 @@ impl Shared {
         value
     }
 
+    /// Sends what plugged passes held back (see the module docs); nothing to do, and no lock
+    /// taken, when none did.
+    pub(super) fn unplug(&self) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            self.with_driver(|_| ());
+        }
+    }
+
     /// Feeds what is queued unless another thread holds the driver: that one will, as it checks
     /// the queue again after letting go (so no request is left behind).
     fn drive_if_free(&self) {
@@ -129,13 +146,20 @@ impl Shared {
     fn drive<T>(&self, mut d: MutexGuard<'_, Driver>, f: impl FnOnce(&mut Driver) -> T) -> T {
         let value = f(&mut d);
         let batch = std::mem::take(&mut *lock(&self.queued));
+        // Held back only for a plugged thread, and never when someone is about to wait for an
+        // answer (the plugged thread itself, in `write_at` or `flush`, or another thread).
+        let hold =
+            wasmcsi_frontend::is_plugged() && !batch.iter().any(|q| matches!(q, Queued::Request(_, ReplyTx::Wait(_))));
         for queued in batch {
             match queued {
                 Queued::Request(request, reply) => d.on_request(request, reply),
                 Queued::Answer(event) => d.on_conn_event(event),
             }
         }
-        d.send_out();
+        if d.send_out(!hold) {
+            self.held.store(true, Ordering::Release);
+        }
+        d.publish_status();
         let done = std::mem::take(&mut d.done);
         let jobs = std::mem::take(&mut d.local_jobs);
         let route = (!jobs.is_empty()).then(|| (d.events.clone(), d.runtime.clone()));
@@ -340,20 +364,21 @@ impl Driver {
         let actions = self.engine.handle(self.now(), event);
         // Before any reply: a caller whose resize returned must see the new size.
         self.size.store(self.engine.size(), Ordering::SeqCst);
-        // Replies go out after the status is published: a caller whose snapshot returned must
-        // see it in `snapshots()` (a slow persist in the batch made that race visible).
-        let mut replies = Vec::new();
         for action in actions {
-            match action {
-                Action::Reply { .. } => replies.push(action),
-                other => self.execute(other),
-            }
+            self.execute(action);
         }
         for r in 0..self.slots.len() {
             if self.engine.is_healthy(r) {
                 self.slots[r].backoff = self.cfg.backoff_min;
             }
         }
+    }
+
+    /// Publishes the status as the engine shows it now: once per pass over the driver (see
+    /// `Shared::drive`), before the pass's answers are completed, so a caller whose snapshot
+    /// returned sees it in `snapshots()`. Not per event: building it allocates, and every I/O
+    /// is several events that change nothing it shows.
+    fn publish_status(&mut self) {
         let health = self.engine.replica_health();
         self.down_since.resize(health.len(), None);
         for (since, h) in self.down_since.iter_mut().zip(&health) {
@@ -390,9 +415,6 @@ impl Driver {
             *old = status;
             changed
         });
-        for reply in replies {
-            self.execute(reply);
-        }
     }
 
     fn execute(&mut self, action: Action) {
@@ -470,17 +492,20 @@ impl Driver {
     }
 
     /// Sends every replica the frames this iteration produced for it (in-process ones: see
-    /// [`Self::take_local`]). What an in-process `Hello` reply produces goes out too.
-    fn send_out(&mut self) {
+    /// [`Self::take_local`]), those over TCP only if `network` (else they stay in the outboxes
+    /// for a later call). What an in-process `Hello` reply produces goes out too. Returns
+    /// whether frames stay held back.
+    fn send_out(&mut self, network: bool) -> bool {
         loop {
             for slot in &mut self.slots {
                 match &slot.link {
-                    Some(Link::Tcp(conn)) => conn.send(&mut slot.out),
+                    Some(Link::Tcp(conn)) if network => conn.send(&mut slot.out),
+                    Some(Link::Tcp(_)) => {}
                     _ => slot.out.clear(),
                 }
             }
             if !self.take_local() {
-                return;
+                return self.slots.iter().any(|s| !s.out.is_empty());
             }
         }
     }
@@ -618,7 +643,8 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         payload_crc: PayloadCrc::default(),
         poisoned: None,
     };
-    let shared = Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()) });
+    let shared =
+        Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()), held: AtomicBool::new(false) });
     runtime.spawn(run(shared.clone(), stop_rx, event_rx).instrument(span));
     Ok(Started { shared, size, stop, status })
 }
@@ -666,7 +692,7 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.with_driver(|d| {
             d.stopped = true;
-            d.send_out();
+            d.send_out(true);
             for slot in &mut d.slots {
                 slot.link = None;
                 if let Some(t) = slot.task.take() {

@@ -252,6 +252,10 @@ impl BlockDevice for ReplicatedVolume {
         );
     }
 
+    fn unplug(&self) {
+        self.shared.unplug();
+    }
+
     fn flush(&self) -> io::Result<()> {
         match Self::wait(self.submit(Request::Flush))? {
             ClientReply::Flushed => Ok(()),

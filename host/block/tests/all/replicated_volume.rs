@@ -149,6 +149,7 @@ over_tcp_and_in_process!(
     eight_threads_round_trip_checksummed_blocks_and_replicas_end_byte_identical,
     a_session_with_a_write_after_its_last_flush_leaves_every_replica_dirty,
     requests_submitted_with_completions_are_answered_without_waiting_and_fail_once_the_driver_stopped,
+    a_plugged_threads_writes_go_out_at_its_unplug_and_a_blocking_call_is_never_held,
     losing_a_replica_mid_workload_keeps_io_going_every_acknowledged_write_reads_back_and_it_is_rebuilt,
     discard_unmaps_on_every_replica_and_a_degraded_unmap_is_rebuilt,
     online_resize_grows_every_replica_and_the_volume_size_follows,
@@ -318,6 +319,56 @@ fn requests_submitted_with_completions_are_answered_without_waiting_and_fail_onc
         }
     });
     assert!(stopped, "requests kept succeeding after shutdown");
+}
+
+/// The plug (`wasmcsi_frontend::plug`): what a plugged thread submits with a completion is held
+/// (the replica over TCP never sees it, so nothing is acknowledged) until the thread unplugs; a
+/// blocking call on that thread is never held, and sends what was held before it.
+fn a_plugged_threads_writes_go_out_at_its_unplug_and_a_blocking_call_is_never_held(cluster: Cluster) {
+    let mut cfg = cluster.driver_config();
+    // The driver's tick sends whatever is held (a bound on how long anything is): none here, so
+    // the hold shows.
+    cfg.tick = Duration::from_secs(3600);
+    let vol = ReplicatedVolume::start(cfg, cluster.rt.handle()).unwrap();
+    assert!(vol.wait_for(Duration::from_secs(10), |s| s.attached && s.healthy == 2), "{:?}", vol.status());
+    let block = |i: u64| {
+        let mut buf = vec![0u8; BLOCK as usize];
+        Rng::new(i + 99).fill(&mut buf);
+        buf
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, std::io::Result<()>)>();
+    let submit = |i: u64| {
+        let tx = tx.clone();
+        vol.submit_write(&block(i), i * BLOCK, Box::new(move |r| drop(tx.send((i, r)))));
+    };
+    let completed = |n: usize| {
+        for _ in 0..n {
+            let (i, r) = rx.recv_timeout(Duration::from_secs(10)).expect("a write completion");
+            r.unwrap_or_else(|e| panic!("write {i}: {e}"));
+        }
+    };
+    {
+        let _plug = wasmcsi_frontend::Plug::new();
+        (0..8).for_each(submit);
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a write held for the unplug was acknowledged");
+        // A blocking write from the plugged thread: not held (it would wait forever), and the
+        // eight before it go out with it.
+        vol.write_at(&block(8), 8 * BLOCK).unwrap();
+        completed(8);
+        (9..16).for_each(submit);
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a write held for the unplug was acknowledged");
+    }
+    vol.unplug();
+    completed(7);
+    // Nothing is held for an unplugged thread.
+    submit(16);
+    completed(1);
+    for i in 0..17 {
+        let mut got = vec![0u8; BLOCK as usize];
+        vol.read_at(&mut got, i * BLOCK).unwrap();
+        assert!(got == block(i), "block {i} reads back wrong");
+    }
+    vol.shutdown();
 }
 
 #[test]

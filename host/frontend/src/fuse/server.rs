@@ -8,6 +8,16 @@
 //! own clone of it (`FUSE_DEV_IOC_CLONE`, so the kernel spreads requests over the workers), and
 //! answers on the fd it read from (the kernel matches a reply against that fd's requests).
 //!
+//! A worker that took a request looks for a second one before it handles the first: it reads a
+//! second clone of its own, opened non-blocking. If there is one, it handles both and whatever
+//! else is queued (up to [`MAX_BURST`]) with the thread plugged ([`crate::plug`]), then unplugs
+//! the device and goes back to its blocking read: a burst the loop device queued is taken by
+//! one thread and carried to the replicas in one send. A lone request is handled unplugged, so
+//! at queue depth 1 nothing waits (its send to a replica is not put behind its local write). The
+//! second clone, not `O_NONBLOCK` toggled on one fd or a `poll`: a blocking read wakes one
+//! waiting worker per request, a poll would wake them all, and a read that blocks after a poll
+//! said "ready" (another worker took the request) would sleep on what the plug held back.
+//!
 //! [`Server::suspend`] sets a flag and interrupts the workers' blocking reads with a signal
 //! (SIGUSR2, whose handler does nothing and is installed without `SA_RESTART`, so `read`
 //! returns `EINTR`); each worker answers the request it holds and stops. Then it waits until
@@ -29,6 +39,7 @@ use nix::sys::signal::Signal;
 
 use super::abi::{self, Attr, op};
 use crate::BlockDevice;
+use crate::plug::Plug;
 
 /// The name of the one file and its inode.
 pub const VOLUME_FILE: &str = "volume";
@@ -44,6 +55,9 @@ const TTL_SECS: u64 = 3600;
 const WAKE: Signal = Signal::SIGUSR2;
 /// How long a suspend waits for the device to answer what it was handed.
 const DRAIN: Duration = Duration::from_secs(60);
+/// Most requests one worker takes under one plug: bounds what a device holds back, and so the
+/// latency the first request of a burst can gain.
+const MAX_BURST: usize = 32;
 
 /// Requests handed to the device and not answered yet.
 #[derive(Default)]
@@ -184,6 +198,20 @@ fn clone_fd(fd: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(clone)
 }
 
+/// A clone of `fd` whose reads never block (see the module docs).
+fn clone_nonblocking(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let clone = clone_fd(fd)?;
+    nix::fcntl::fcntl(&clone, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+    Ok(clone)
+}
+
+/// What one worker reads: a blocking fd it sleeps on and a non-blocking clone it drains a burst
+/// from (see the module docs). Each answers the requests read from it.
+struct WorkerFds {
+    blocking: Arc<OwnedFd>,
+    nonblocking: Arc<OwnedFd>,
+}
+
 extern "C" fn interrupted(_: nix::libc::c_int) {}
 
 /// Installs the do-nothing handler of [`WAKE`], without `SA_RESTART`, once per process.
@@ -211,8 +239,8 @@ struct Worker {
 pub struct Server {
     name: String,
     session: Arc<OwnedFd>,
-    /// One fd per worker: the session fd and its clones.
-    fds: Vec<Arc<OwnedFd>>,
+    /// Per worker: the session fd or a clone of it, and a non-blocking clone.
+    fds: Vec<WorkerFds>,
     /// Given up when the connection ended ([`Self::join`]): the device is its owner's again.
     dev: Mutex<Option<Arc<dyn BlockDevice>>>,
     stop: Arc<AtomicBool>,
@@ -226,9 +254,10 @@ impl Server {
     pub fn start(session: OwnedFd, dev: Arc<dyn BlockDevice>, threads: usize, name: &str) -> io::Result<Self> {
         install_wake_handler()?;
         let session = Arc::new(session);
-        let mut fds = vec![session.clone()];
-        for _ in 1..threads.max(1) {
-            fds.push(Arc::new(clone_fd(&session)?));
+        let mut fds = Vec::new();
+        for i in 0..threads.max(1) {
+            let blocking = if i == 0 { session.clone() } else { Arc::new(clone_fd(&session)?) };
+            fds.push(WorkerFds { blocking, nonblocking: Arc::new(clone_nonblocking(&session)?) });
         }
         let server = Self {
             name: name.to_owned(),
@@ -250,7 +279,8 @@ impl Server {
         let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
         for (i, fd) in self.fds.iter().enumerate() {
             let worker = WorkerLoop {
-                fd: fd.clone(),
+                fd: fd.blocking.clone(),
+                burst: fd.nonblocking.clone(),
                 dev: dev.clone(),
                 stop: self.stop.clone(),
                 inflight: self.inflight.clone(),
@@ -331,6 +361,8 @@ impl Server {
 
 struct WorkerLoop {
     fd: Arc<OwnedFd>,
+    /// The non-blocking clone a burst is drained from.
+    burst: Arc<OwnedFd>,
     dev: Arc<dyn BlockDevice>,
     stop: Arc<AtomicBool>,
     inflight: Arc<Inflight>,
@@ -339,6 +371,7 @@ struct WorkerLoop {
 impl WorkerLoop {
     fn run(self) -> io::Result<()> {
         let mut buf = vec![0u8; BUFFER];
+        let mut next = vec![0u8; BUFFER];
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -351,10 +384,61 @@ impl WorkerLoop {
                 Err(Errno::ENODEV) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
-            match abi::parse(&buf[..n]) {
-                Some((header, args)) => self.handle(header, args),
-                None => tracing::warn!(len = n, "malformed FUSE request ignored"),
+            let second = match self.read_queued(&mut next) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    self.take(&self.fd, &buf[..n]);
+                    continue;
+                }
+                Err(e) => {
+                    self.take(&self.fd, &buf[..n]);
+                    return Err(e);
+                }
+            };
+            let plug = Plug::new();
+            self.take(&self.fd, &buf[..n]);
+            self.take(&self.burst, &next[..second]);
+            let ended = self.burst(&mut buf);
+            drop(plug);
+            // Before this thread sleeps (or stops): nothing it submitted may stay held back.
+            self.dev.unplug();
+            ended?;
+        }
+    }
+
+    /// Takes what else is queued, up to [`MAX_BURST`] requests in all.
+    fn burst(&self, buf: &mut [u8]) -> io::Result<()> {
+        for _ in 2..MAX_BURST {
+            match self.read_queued(buf)? {
+                Some(n) => self.take(&self.burst, &buf[..n]),
+                None => return Ok(()),
             }
+        }
+        Ok(())
+    }
+
+    /// Reads a request that is already queued from the non-blocking clone; `None` if there is
+    /// none (or the worker is to stop, or the connection ended: the blocking read says so next).
+    fn read_queued(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            return match nix::unistd::read(self.burst.as_fd(), buf) {
+                Ok(n) => Ok(Some(n)),
+                Err(Errno::EAGAIN | Errno::EINTR | Errno::ENODEV) => Ok(None),
+                // A request the kernel withdrew: look again.
+                Err(Errno::ENOENT) => continue,
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
+
+    /// Handles one request read from `fd`, which its reply goes to.
+    fn take(&self, fd: &Arc<OwnedFd>, request: &[u8]) {
+        match abi::parse(request) {
+            Some((header, args)) => self.handle(fd, header, args),
+            None => tracing::warn!(len = request.len(), "malformed FUSE request ignored"),
         }
     }
 
@@ -372,12 +456,12 @@ impl WorkerLoop {
         (offset < size).then(|| len.min(size - offset))
     }
 
-    fn handle(&self, header: abi::InHeader, args: &[u8]) {
+    fn handle(&self, fd: &Arc<OwnedFd>, header: abi::InHeader, args: &[u8]) {
         // Requests that get no reply.
         if matches!(header.opcode, op::FORGET | op::BATCH_FORGET | op::INTERRUPT) {
             return;
         }
-        let reply = Reply::new(&self.fd, header.unique, &self.inflight);
+        let reply = Reply::new(fd, header.unique, &self.inflight);
         let ino = header.nodeid;
         match header.opcode {
             op::LOOKUP => {

@@ -528,12 +528,19 @@ fn detach_completes_while_another_mount_namespace_holds_a_copy_of_the_fuse_mount
 }
 
 /// A device that completes every request later, on its own thread, in reverse order of arrival:
-/// what the replicated engine does (its answers come from the network, in any order).
+/// what the replicated engine does (its answers come from the network, in any order). Made
+/// with `hold`, it also does what the engine does for a plugged thread: it starts nothing that
+/// thread submits until the thread unplugs (a frontend that forgot to would hang).
 struct DeferredDevice {
     inner: Arc<FileDevice>,
     jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job>>,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: AtomicUsize,
+    /// Requests held for their plugged threads, by thread; `None` when the device never holds.
+    held: Option<std::sync::Mutex<std::collections::HashMap<std::thread::ThreadId, Vec<Job>>>>,
+    /// Unplugs that released something, and the most one of them released.
+    unplugs: AtomicUsize,
+    max_burst: AtomicUsize,
 }
 
 enum Job {
@@ -542,7 +549,7 @@ enum Job {
 }
 
 impl DeferredDevice {
-    fn new(inner: FileDevice) -> Self {
+    fn new(inner: FileDevice, hold: bool) -> Self {
         let inner = Arc::new(inner);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -569,12 +576,26 @@ impl DeferredDevice {
                 }
             }
         });
-        Self { inner, jobs: std::sync::Mutex::new(tx), in_flight, max_in_flight: AtomicUsize::new(0) }
+        Self {
+            inner,
+            jobs: std::sync::Mutex::new(tx),
+            in_flight,
+            max_in_flight: AtomicUsize::new(0),
+            held: hold.then(Default::default),
+            unplugs: AtomicUsize::new(0),
+            max_burst: AtomicUsize::new(0),
+        }
     }
 
     fn queue(&self, job: Job) {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        if let Some(held) = &self.held
+            && wasmcsi_frontend::is_plugged()
+        {
+            held.lock().expect("held").entry(std::thread::current().id()).or_default().push(job);
+            return;
+        }
         self.jobs.lock().expect("job queue").send(job).expect("completion thread alive");
     }
 }
@@ -601,6 +622,19 @@ impl BlockDevice for DeferredDevice {
     fn submit_read(&self, offset: u64, len: usize, done: wasmcsi_frontend::ReadDone) {
         self.queue(Job::Read(len, offset, done));
     }
+    fn unplug(&self) {
+        let Some(held) = &self.held else { return };
+        let jobs = held.lock().expect("held").remove(&std::thread::current().id()).unwrap_or_default();
+        if jobs.is_empty() {
+            return;
+        }
+        self.unplugs.fetch_add(1, Ordering::SeqCst);
+        self.max_burst.fetch_max(jobs.len(), Ordering::SeqCst);
+        let queue = self.jobs.lock().expect("job queue");
+        for job in jobs {
+            queue.send(job).expect("completion thread alive");
+        }
+    }
 }
 
 #[test]
@@ -608,7 +642,8 @@ fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fu
     require!("losetup", "blkdiscard");
     let tmp = tempfile::tempdir().expect("tempdir");
     let runtime = tmp.path().join("run");
-    let deferred = Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("b.img"), SIZE).expect("file")));
+    let deferred =
+        Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("b.img"), SIZE).expect("file"), false));
     let dev: Arc<dyn BlockDevice> = deferred.clone();
     // Two FUSE threads against 16 submitters: only answering out of line serves more than two.
     let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "deferred").expect("attach");
@@ -624,6 +659,34 @@ fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fu
     drop(attached);
     drop(dev);
     assert_clean(&runtime, &(deferred as Arc<dyn BlockDevice>));
+}
+
+/// The plug (`wasmcsi_frontend::plug`): a device that starts nothing a plugged FUSE thread
+/// submits until that thread unplugs serves O_DIRECT writes at queue depth 16 and a discard,
+/// every block verified, so every worker unplugs before it waits; and a worker takes a burst of
+/// queued requests under one plug (what lets the engine send them to a replica in one go).
+#[test]
+fn a_device_that_holds_what_a_plugged_worker_submits_until_it_unplugs_serves_every_request() {
+    require!("losetup", "blkdiscard");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let runtime = tmp.path().join("run");
+    let holding =
+        Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("h.img"), SIZE).expect("file"), true));
+    let dev: Arc<dyn BlockDevice> = holding.clone();
+    let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "holding").expect("attach");
+    let disk = open_direct(attached.device());
+    write_passes(&disk);
+    discard_and_sync(attached.device(), &disk);
+    verify_via_loop(&disk);
+    let (unplugs, burst) = (holding.unplugs.load(Ordering::SeqCst), holding.max_burst.load(Ordering::SeqCst));
+    eprintln!("{unplugs} unplugs released held requests, up to {burst} at once");
+    assert!(unplugs > 0, "nothing was ever held: the workers do not plug");
+    assert!(burst > 1, "no worker took more than one queued request under a plug");
+    drop(disk);
+    attached.detach().expect("detach");
+    drop(attached);
+    drop(dev);
+    assert_clean(&runtime, &(holding as Arc<dyn BlockDevice>));
 }
 
 /// The handover of a served volume, in one process: writes at queue depth 16 run while the FUSE
