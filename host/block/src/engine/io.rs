@@ -132,8 +132,8 @@ impl Engine {
         if !self.attached {
             return;
         }
-        let writes_in_flight = self.locks.iter().any(|l| l.exclusive);
-        if self.revision_sync_wanted && !self.revision_sync_in_flight && !writes_in_flight {
+        // Runs on every event: the scan of the locks only when a sync is wanted.
+        if self.revision_sync_wanted && !self.revision_sync_in_flight && !self.locks.iter().any(|l| l.exclusive) {
             self.start_revision_sync();
         }
         let mut i = 0;

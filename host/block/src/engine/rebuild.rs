@@ -154,10 +154,14 @@ impl Engine {
         if self.rebuild.is_none() {
             self.start_rebuild();
         }
-        let growing = self.ops.values().any(|op| matches!(op, Op::Rebuild(RebuildOp::Grow { .. })));
-        let resizing = self.ops.values().any(|op| matches!(op, Op::Fanout { kind: super::Fanout::Resize { .. }, .. }));
-        if self.rebuild.as_ref().is_some_and(|b| b.phase == Phase::Resize) && !growing && !resizing {
-            self.after_resize();
+        // Runs on every event: the scans of every op in flight only in the resize phase.
+        if self.rebuild.as_ref().is_some_and(|b| b.phase == Phase::Resize) {
+            let growing = self.ops.values().any(|op| matches!(op, Op::Rebuild(RebuildOp::Grow { .. })));
+            let resizing =
+                self.ops.values().any(|op| matches!(op, Op::Fanout { kind: super::Fanout::Resize { .. }, .. }));
+            if !growing && !resizing {
+                self.after_resize();
+            }
         }
         self.pump_copies();
     }

@@ -253,6 +253,8 @@ pub(super) struct Driver {
     down_since: Vec<Option<SystemTime>>,
     /// Checksum of the last large write payload encoded, shared by the replicas' frames.
     payload_crc: PayloadCrc,
+    /// The engine's actions of the event being fed (kept for its capacity, see `feed`).
+    actions: Vec<Action>,
     /// A `Persist` failed: the engine's crash recovery can no longer be trusted, so nothing is
     /// acknowledged any more (a write acknowledged now might be lost to a stale replica later).
     poisoned: Option<String>,
@@ -361,12 +363,16 @@ impl Driver {
     }
 
     fn feed(&mut self, event: Event) {
-        let actions = self.engine.handle(self.now(), event);
+        // One buffer for every event's actions (taken, so a nested feed gets its own).
+        let mut actions = std::mem::take(&mut self.actions);
+        let now = self.now();
+        self.engine.handle_into(now, event, &mut actions);
         // Before any reply: a caller whose resize returned must see the new size.
         self.size.store(self.engine.size(), Ordering::SeqCst);
-        for action in actions {
+        for action in actions.drain(..) {
             self.execute(action);
         }
+        self.actions = actions;
         for r in 0..self.slots.len() {
             if self.engine.is_healthy(r) {
                 self.slots[r].backoff = self.cfg.backoff_min;
@@ -641,6 +647,7 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         rebuild_since: None,
         down_since: Vec::new(),
         payload_crc: PayloadCrc::default(),
+        actions: Vec::new(),
         poisoned: None,
     };
     let shared =
