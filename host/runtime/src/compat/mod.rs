@@ -8,7 +8,10 @@
 //!
 //! It does not decide which capabilities a backend may import (`capabilities`), nor run calls
 //! under limits (`backend`).
+mod current;
 pub mod v0_1;
+
+pub use current::Current;
 
 use crate::bindings::driver::{
     Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, SecretRef, Snapshot,
@@ -138,16 +141,18 @@ pub(crate) fn link(
     add(&mut linker.instance(&version.interface(capability.name()))?, |s| s)
 }
 
-/// A linked, type-checked component of either version, ready to instantiate per call.
+/// A linked, type-checked component of either version, ready to instantiate per call. A
+/// 0.1.0 guest goes through bindgen's instantiation (its exports type-checked per instance);
+/// a current one through [`current`], which checks them once, here.
 pub(crate) enum ComponentPre {
     V0_1(bindings::v0_1::BackendPre<CallState>),
-    V0_2(bindings::BackendPre<CallState>),
+    V0_2 { pre: InstancePre<CallState>, exports: current::Exports },
 }
 
 /// One fresh instance (one call's).
 pub(crate) enum Instance {
     V0_1(bindings::v0_1::Backend),
-    V0_2(bindings::Backend),
+    V0_2(Current),
 }
 
 impl ComponentPre {
@@ -155,14 +160,14 @@ impl ComponentPre {
     pub(crate) fn new(version: ContractVersion, pre: InstancePre<CallState>) -> wasmtime::Result<Self> {
         Ok(match version {
             ContractVersion::V0_1 => Self::V0_1(bindings::v0_1::BackendPre::new(pre)?),
-            ContractVersion::V0_2 => Self::V0_2(bindings::BackendPre::new(pre)?),
+            ContractVersion::V0_2 => Self::V0_2 { exports: current::Exports::new(&pre)?, pre },
         })
     }
 
     pub(crate) async fn instantiate(&self, store: &mut Store<CallState>) -> wasmtime::Result<Instance> {
         Ok(match self {
             Self::V0_1(pre) => Instance::V0_1(pre.instantiate_async(store).await?),
-            Self::V0_2(pre) => Instance::V0_2(pre.instantiate_async(store).await?),
+            Self::V0_2 { pre, exports } => Instance::V0_2(Current::new(pre.instantiate_async(store).await?, *exports)),
         })
     }
 }
@@ -171,7 +176,7 @@ impl Instance {
     pub(crate) fn driver(&self) -> Driver<'_> {
         match self {
             Self::V0_1(i) => Driver::V0_1(i.wasmcsi_backend_driver()),
-            Self::V0_2(i) => Driver::V0_2(i.wasmcsi_backend_driver()),
+            Self::V0_2(i) => Driver::V0_2(i),
         }
     }
 }
@@ -182,7 +187,7 @@ impl Instance {
 #[derive(Clone, Copy)]
 pub enum Driver<'a> {
     V0_1(&'a bindings::v0_1::driver::Guest),
-    V0_2(&'a bindings::driver::Guest),
+    V0_2(&'a Current),
 }
 
 /// Per export: a 0.2.0 guest is called as is; a `forward`ed export takes the same arguments in
