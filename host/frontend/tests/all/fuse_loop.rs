@@ -637,56 +637,57 @@ impl BlockDevice for DeferredDevice {
     }
 }
 
-#[test]
-fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fuse_threads() {
-    require!("losetup", "blkdiscard");
+/// Serves O_DIRECT writes at queue depth 16 and a discard from a [`DeferredDevice`] (holding or
+/// not) behind two FUSE threads, verifies every block and detaches, leaving nothing behind;
+/// returns the device's counters: most requests in flight, unplugs that released something,
+/// most released by one.
+fn serve_qd16_from_a_deferred_device(hold: bool) -> Option<(usize, usize, usize)> {
+    if let Some(why) = skip_reason(&["losetup", "blkdiscard"]) {
+        eprintln!("SKIPPED: {why}");
+        return None;
+    }
     let tmp = tempfile::tempdir().expect("tempdir");
     let runtime = tmp.path().join("run");
-    let deferred =
-        Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("b.img"), SIZE).expect("file"), false));
-    let dev: Arc<dyn BlockDevice> = deferred.clone();
-    // Two FUSE threads against 16 submitters: only answering out of line serves more than two.
+    let device =
+        Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("d.img"), SIZE).expect("file"), hold));
+    let dev: Arc<dyn BlockDevice> = device.clone();
+    // Two FUSE threads against 16 submitters.
     let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "deferred").expect("attach");
     let disk = open_direct(attached.device());
     write_passes(&disk);
     discard_and_sync(attached.device(), &disk);
     verify_via_loop(&disk);
-    let max_in_flight = deferred.max_in_flight.load(Ordering::SeqCst);
-    eprintln!("up to {max_in_flight} requests in flight at the device with 2 FUSE threads");
-    assert!(max_in_flight > 2, "the frontend waited for each request on its own thread");
     drop(disk);
     attached.detach().expect("detach");
     drop(attached);
     drop(dev);
-    assert_clean(&runtime, &(deferred as Arc<dyn BlockDevice>));
+    let counts = (
+        device.max_in_flight.load(Ordering::SeqCst),
+        device.unplugs.load(Ordering::SeqCst),
+        device.max_burst.load(Ordering::SeqCst),
+    );
+    assert_clean(&runtime, &(device as Arc<dyn BlockDevice>));
+    Some(counts)
+}
+
+#[test]
+fn requests_completed_out_of_order_on_another_thread_keep_more_in_flight_than_fuse_threads() {
+    let Some((max_in_flight, _, _)) = serve_qd16_from_a_deferred_device(false) else { return };
+    eprintln!("up to {max_in_flight} requests in flight at the device with 2 FUSE threads");
+    // Only answering out of line serves more than the two threads.
+    assert!(max_in_flight > 2, "the frontend waited for each request on its own thread");
 }
 
 /// The plug (`wasmcsi_frontend::plug`): a device that starts nothing a plugged FUSE thread
-/// submits until that thread unplugs serves O_DIRECT writes at queue depth 16 and a discard,
-/// every block verified, so every worker unplugs before it waits; and a worker takes a burst of
-/// queued requests under one plug (what lets the engine send them to a replica in one go).
+/// submits until that thread unplugs serves every request (so every worker unplugs before it
+/// waits), and a worker takes a burst of queued requests under one plug (what lets the engine
+/// send them to a replica in one go).
 #[test]
 fn a_device_that_holds_what_a_plugged_worker_submits_until_it_unplugs_serves_every_request() {
-    require!("losetup", "blkdiscard");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let runtime = tmp.path().join("run");
-    let holding =
-        Arc::new(DeferredDevice::new(FileDevice::create(&tmp.path().join("h.img"), SIZE).expect("file"), true));
-    let dev: Arc<dyn BlockDevice> = holding.clone();
-    let mut attached = FuseLoopFrontend::new(&runtime).with_threads(2).attach(dev.clone(), "holding").expect("attach");
-    let disk = open_direct(attached.device());
-    write_passes(&disk);
-    discard_and_sync(attached.device(), &disk);
-    verify_via_loop(&disk);
-    let (unplugs, burst) = (holding.unplugs.load(Ordering::SeqCst), holding.max_burst.load(Ordering::SeqCst));
+    let Some((_, unplugs, burst)) = serve_qd16_from_a_deferred_device(true) else { return };
     eprintln!("{unplugs} unplugs released held requests, up to {burst} at once");
     assert!(unplugs > 0, "nothing was ever held: the workers do not plug");
     assert!(burst > 1, "no worker took more than one queued request under a plug");
-    drop(disk);
-    attached.detach().expect("detach");
-    drop(attached);
-    drop(dev);
-    assert_clean(&runtime, &(holding as Arc<dyn BlockDevice>));
 }
 
 /// The handover of a served volume, in one process: writes at queue depth 16 run while the FUSE
