@@ -87,17 +87,24 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
+    impl RbdFuseSpec {
+        /// A spec for volume `ceph:v1` whose key is `AQBsecret==` (what the tests look for).
+        pub(crate) fn example() -> Self {
+            RbdFuseSpec {
+                volume: "ceph:v1".into(),
+                monitors: vec!["10.0.0.1:6789".into()],
+                pool: "p".into(),
+                image: "i".into(),
+                user: "csi".into(),
+                key: CephKey("AQBsecret==".into()),
+                size: 1 << 20,
+            }
+        }
+    }
+
     #[test]
     fn the_key_never_shows_in_debug_output() {
-        let spec = RbdFuseSpec {
-            volume: "ceph:v1".into(),
-            monitors: vec!["10.0.0.1:6789".into()],
-            pool: "p".into(),
-            image: "i".into(),
-            user: "csi".into(),
-            key: CephKey("AQBsecret==".into()),
-            size: 1 << 30,
-        };
+        let spec = RbdFuseSpec::example();
         assert!(!format!("{spec:?}").contains("AQBsecret"));
         let json = serde_json::to_string(&spec).unwrap();
         assert!(json.contains("\"key\":\"AQBsecret==\""), "the wire carries it: {json}");

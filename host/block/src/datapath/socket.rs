@@ -181,7 +181,7 @@ mod tests {
     use super::*;
     use crate::datapath::DataPathConfig;
     use crate::datapath::client::{DataPathClient, Engines, EnginesError};
-    use crate::datapath::rbd_fuse::{CephKey, RbdFuseSpec};
+    use crate::datapath::rbd_fuse::RbdFuseSpec;
     use crate::replica::NodeIdentity;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,16 +200,7 @@ mod tests {
         let socket = dir.path().join("datapath.sock");
         let task = serve(datapath.clone(), &socket).await.unwrap();
         let engines = Engines::Remote(DataPathClient::new(&socket));
-        let spec = RbdFuseSpec {
-            volume: "ceph:v1".into(),
-            monitors: vec!["10.0.0.1:6789".into()],
-            pool: "p".into(),
-            image: "i".into(),
-            user: "csi".into(),
-            key: CephKey("AQBsecret==".into()),
-            size: 1 << 20,
-        };
-        let err = engines.rbd_fuse_attach(spec).await.unwrap_err();
+        let err = engines.rbd_fuse_attach(RbdFuseSpec::example()).await.unwrap_err();
         assert!(matches!(&err, EnginesError::Failed(m) if m.contains("runs no rbd-fuse")), "{err:?}");
         assert!(!err.to_string().contains("AQBsecret"), "never the key in an error: {err}");
         assert_eq!(engines.rbd_fuse_status("ceph:v1").await.unwrap(), None);

@@ -386,13 +386,11 @@ impl WorkerLoop {
             };
             let second = match self.read_queued(&mut next) {
                 Ok(Some(m)) => m,
-                Ok(None) => {
+                // A lone request (or the look for another failed): handled unplugged.
+                other => {
                     self.take(&self.fd, &buf[..n]);
+                    other?;
                     continue;
-                }
-                Err(e) => {
-                    self.take(&self.fd, &buf[..n]);
-                    return Err(e);
                 }
             };
             let plug = Plug::new();
