@@ -35,6 +35,15 @@ impl Engine {
         }
         let op_id = p.op;
         self.pending.remove(&frame.request_id);
+        // The common case, a replica's answer to a write: counted in place.
+        if let (Some(Op::Fanout { kind, waiting, acked, .. }), Message::Reply { status }) =
+            (self.ops.get_mut(&op_id), &frame.message)
+            && (*status == Status::Ok || tolerated(kind, *status))
+        {
+            waiting.remove(r);
+            acked.insert(r);
+            return self.maybe_complete(op_id);
+        }
         let Some(op) = self.ops.remove(&op_id) else { return };
         let op_and_reason = match (op, frame.message) {
             (Op::Hello, Message::HelloReply { status: Status::Ok, header }) if self.cfg.epoch > 0 => {
@@ -48,14 +57,6 @@ impl Engine {
             {
                 self.unlock(op_id);
                 return self.reply(client, Ok(ClientReply::Read(data)));
-            }
-            (Op::Fanout { client, kind, mut waiting, mut acked }, Message::Reply { status })
-                if status == Status::Ok || tolerated(&kind, status) =>
-            {
-                waiting.remove(&r);
-                acked.insert(r);
-                self.ops.insert(op_id, Op::Fanout { client, kind, waiting, acked });
-                return self.maybe_complete(op_id);
             }
             (Op::Rebuild(step), message) => match self.on_rebuild_reply(op_id, step, message) {
                 Ok(()) => return,
@@ -178,15 +179,15 @@ impl Engine {
         // The replicas may hold writes of the previous engine that never were flushed, which
         // this engine's `unflushed` does not know of. Until this flush is done, a replica that
         // fails is marked as lacking everything.
-        let healthy: BTreeSet<ReplicaId> = self.healthy().into_iter().collect();
+        let healthy = self.healthy();
         if !healthy.is_empty() {
             let op = self.alloc_op();
             for r in &healthy {
-                self.send(*r, op, Message::Flush);
+                self.send(r, op, Message::Flush);
             }
             let covered = full_map(self.size, self.cfg.region_size);
             let kind = Fanout::Flush { covered, window: empty_map(self.size, self.cfg.region_size) };
-            self.ops.insert(op, Op::Fanout { client: None, kind, waiting: healthy, acked: BTreeSet::new() });
+            self.ops.insert(op, Op::Fanout { client: None, kind, waiting: healthy, acked: ReplicaSet::new() });
         }
     }
 
@@ -206,8 +207,7 @@ impl Engine {
             return;
         }
         let healthy = self.healthy();
-        let Some(source) = healthy.iter().copied().find(|r| self.replica_cfg[*r].local).or(healthy.first().copied())
-        else {
+        let Some(source) = healthy.iter().find(|r| self.replica_cfg[*r].local).or(healthy.first()) else {
             return;
         };
         let region_size = self.cfg.region_size;
@@ -301,7 +301,7 @@ impl Engine {
                     }
                 }
                 Some(Op::Fanout { waiting, .. }) => {
-                    waiting.remove(&r);
+                    waiting.remove(r);
                     self.maybe_complete(op_id);
                 }
                 // Rebuild requests go to the source or the target; the abort above removed them.

@@ -14,8 +14,7 @@ impl Engine {
         self.unlock(op_id);
         // Success needs an acknowledgment from a replica that is still healthy now: one that
         // acknowledged and then failed may have lost the data.
-        let healthy_acked: BTreeSet<ReplicaId> =
-            acked.iter().copied().filter(|r| self.replicas[*r] == ReplicaState::Healthy).collect();
+        let healthy_acked = acked.intersection(self.healthy());
         let ok = !healthy_acked.is_empty();
         // Snapshot operations must reach every configured replica, or the chains diverge.
         let everyone = ok && healthy_acked.len() == self.replicas.len();
@@ -39,9 +38,9 @@ impl Engine {
             Fanout::Resize { size } => {
                 if ok {
                     for r in &acked {
-                        self.known[*r].size = size;
+                        self.known[r].size = size;
                     }
-                    if let Some(b) = self.rebuild.as_mut().filter(|b| acked.contains(&b.target)) {
+                    if let Some(b) = self.rebuild.as_mut().filter(|b| acked.contains(b.target)) {
                         b.target_size = size;
                     }
                     tracing::info!(size, "volume resized");
@@ -58,20 +57,20 @@ impl Engine {
             Fanout::Snapshot { name, created_ns } => {
                 let info = SnapshotInfo { name, revision: self.revision, created_ns };
                 for r in &acked {
-                    self.known[*r].chain.push(info.clone());
+                    self.known[r].chain.push(info.clone());
                 }
                 // Recorded when every replica still healthy has it, even if one failed: the
                 // chain is the healthy replicas' chain, and a retry must find it.
-                if ok && self.healthy().iter().all(|r| acked.contains(r)) {
+                if ok && self.healthy().is_subset(acked) {
                     self.chain.push(info);
                 }
                 everyone.then_some(ClientReply::SnapshotTaken).ok_or_else(|| self.degraded_error("a snapshot"))
             }
             Fanout::DeleteSnapshot { name } => {
                 for r in &acked {
-                    self.known[*r].chain.retain(|s| s.name != name);
+                    self.known[r].chain.retain(|s| s.name != name);
                 }
-                if ok && self.healthy().iter().all(|r| acked.contains(r)) {
+                if ok && self.healthy().is_subset(acked) {
                     self.chain.retain(|s| s.name != name);
                 }
                 everyone
@@ -82,7 +81,7 @@ impl Engine {
                 self.revision_sync_in_flight = false;
                 if let Some(t) = self.promote
                     && revision == self.revision
-                    && acked.contains(&t)
+                    && acked.contains(t)
                     && self.replicas[t] == ReplicaState::Rebuilding
                 {
                     self.promote = None;
@@ -159,7 +158,7 @@ impl Engine {
 
     pub(super) fn start_revision_sync(&mut self) {
         self.revision_sync_wanted = false;
-        let mut targets: BTreeSet<ReplicaId> = self.healthy().into_iter().collect();
+        let mut targets = self.healthy();
         if let Some(t) = self.promote
             && self.replicas[t] == ReplicaState::Rebuilding
         {
@@ -172,7 +171,7 @@ impl Engine {
         let op = self.alloc_op();
         let revision = self.revision;
         for r in &targets {
-            self.send(*r, op, Message::SetRevision { revision });
+            self.send(r, op, Message::SetRevision { revision });
         }
         self.ops.insert(
             op,
@@ -180,7 +179,7 @@ impl Engine {
                 client: None,
                 kind: Fanout::SetRevision { revision },
                 waiting: targets,
-                acked: BTreeSet::new(),
+                acked: ReplicaSet::new(),
             },
         );
     }
@@ -189,10 +188,10 @@ impl Engine {
         match op {
             Op::Read { client, offset, len } => {
                 let healthy = self.healthy();
-                let local = healthy.iter().copied().find(|r| self.replica_cfg[*r].local);
+                let local = healthy.iter().find(|r| self.replica_cfg[*r].local);
                 let Some(r) = local.or_else(|| {
                     self.round_robin = self.round_robin.wrapping_add(1);
-                    healthy.get(self.round_robin % healthy.len().max(1)).copied()
+                    healthy.iter().nth(self.round_robin % healthy.len().max(1))
                 }) else {
                     self.unlock(id);
                     return self.reply(client, Err(self.volume_error()));
@@ -214,7 +213,7 @@ impl Engine {
             return self.reply(client, Err(self.volume_error()));
         }
         let revision = self.revision;
-        let (targets, message): (BTreeSet<ReplicaId>, Box<dyn Fn() -> Message>) = match &kind {
+        let (targets, message): (ReplicaSet, Box<dyn Fn() -> Message>) = match &kind {
             Fanout::Write { offset, len, data } => {
                 // Marked before any replica sees the write: if the engine crashes right after
                 // sending, the persisted maps already cover what the missing replicas lack.
@@ -229,7 +228,7 @@ impl Engine {
                     self.intent_touched.insert(r, now);
                 }
                 for (r, map) in self.missing.iter_mut() {
-                    if !targets.contains(r) {
+                    if !targets.contains(*r) {
                         changed |= map.mark(*offset, *len);
                     }
                 }
@@ -282,7 +281,7 @@ impl Engine {
                 } else {
                     Box::new(move || Message::DeleteSnapshot { name: name.clone(), revision })
                 };
-                (self.healthy().into_iter().collect(), message)
+                (self.healthy(), message)
             }
             Fanout::SetRevision { .. } => return,
         };
@@ -291,10 +290,10 @@ impl Engine {
             let covered = std::mem::replace(&mut self.unflushed, empty_map(self.size, self.cfg.region_size));
             let window = std::mem::replace(&mut self.touched, empty_map(self.size, self.cfg.region_size));
             for r in &targets {
-                self.send(*r, id, Message::Flush);
+                self.send(r, id, Message::Flush);
             }
             let kind = Fanout::Flush { covered, window };
-            self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: BTreeSet::new() });
+            self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: ReplicaSet::new() });
             return;
         }
         let mut kind = kind;
@@ -305,19 +304,19 @@ impl Engine {
             let offset = *offset;
             let payload = std::mem::take(data);
             for r in &targets {
-                self.send(*r, id, Message::Write { offset, revision, data: payload.clone() });
+                self.send(r, id, Message::Write { offset, revision, data: payload.clone() });
             }
         } else {
             for r in &targets {
-                self.send(*r, id, message());
+                self.send(r, id, message());
             }
         }
-        self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: BTreeSet::new() });
+        self.ops.insert(id, Op::Fanout { client: Some(client), kind, waiting: targets, acked: ReplicaSet::new() });
     }
 }
 
 pub(super) fn fanout(client: ClientId, kind: Fanout) -> Op {
-    Op::Fanout { client: Some(client), kind, waiting: BTreeSet::new(), acked: BTreeSet::new() }
+    Op::Fanout { client: Some(client), kind, waiting: ReplicaSet::new(), acked: ReplicaSet::new() }
 }
 
 /// The byte range a queued request locks; barriers lock the whole volume.

@@ -72,15 +72,19 @@ mod attach;
 mod dirty_maps;
 mod io;
 mod rebuild;
+mod replica_set;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
 mod types;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
+// Ids here are the engine's own counters, never chosen from outside, so a hash that is not
+// flood-resistant is safe, and it is several times cheaper than SipHash per write.
+use rustc_hash::FxHashMap;
 
 use crate::dirty::DirtyMap;
 use crate::protocol::{Frame, MAX_NAME_LEN, Message, PROTOCOL_VERSION, ReplicaHeader, SnapshotInfo, Status};
@@ -89,6 +93,7 @@ use dirty_maps::{empty_map, full_map};
 use io::{fanout, lock_range, mismatch, tolerated};
 use rebuild::{Rebuild, RebuildOp};
 pub use rebuild::{RebuildPhase, RebuildStatus};
+pub use replica_set::{MAX_REPLICAS, ReplicaSet};
 pub use types::{
     Action, ClientId, ClientReply, EPOCH_REVISION_BITS, EngineConfig, Event, FailReason, INTENT_LINGER, IoError,
     MAX_IO, MAX_UNMAP, Millis, PersistedState, RebuildKind, ReplicaConfig, ReplicaHealth, ReplicaId,
@@ -156,8 +161,8 @@ enum Op {
     Fanout {
         client: Option<ClientId>,
         kind: Fanout,
-        waiting: BTreeSet<ReplicaId>,
-        acked: BTreeSet<ReplicaId>,
+        waiting: ReplicaSet,
+        acked: ReplicaSet,
     },
     Rebuild(RebuildOp),
 }
@@ -218,8 +223,8 @@ pub struct Engine {
     intent_touched: BTreeMap<u64, Millis>,
     next_request: u64,
     next_op: OpId,
-    pending: HashMap<u64, Pending>,
-    ops: HashMap<OpId, Op>,
+    pending: FxHashMap<u64, Pending>,
+    ops: FxHashMap<OpId, Op>,
     /// Client requests not yet started, in arrival order.
     queue: VecDeque<(OpId, Op)>,
     locks: Vec<Lock>,
@@ -293,8 +298,8 @@ impl Engine {
             missing,
             next_request: 1,
             next_op: 1,
-            pending: HashMap::new(),
-            ops: HashMap::new(),
+            pending: FxHashMap::default(),
+            ops: FxHashMap::default(),
             queue: VecDeque::new(),
             locks: Vec::new(),
             revision_sync_wanted: false,
@@ -492,12 +497,12 @@ impl Engine {
         }));
     }
 
-    fn healthy(&self) -> Vec<ReplicaId> {
+    fn healthy(&self) -> ReplicaSet {
         (0..self.replicas.len()).filter(|r| self.replicas[*r] == ReplicaState::Healthy).collect()
     }
 
     /// Replicas that receive writes: the healthy ones and the one in a rebuild's head phase.
-    fn writable(&self) -> BTreeSet<ReplicaId> {
+    fn writable(&self) -> ReplicaSet {
         (0..self.replicas.len())
             .filter(|r| matches!(self.replicas[*r], ReplicaState::Healthy | ReplicaState::Rebuilding))
             .collect()

@@ -177,8 +177,7 @@ impl Engine {
         // the copy's ReadExtent carries that revision so the replica itself refuses otherwise.
         // A remote one is preferred so the local replica keeps serving reads undisturbed.
         let healthy = self.healthy();
-        let Some(source) = healthy.iter().copied().find(|r| !self.replica_cfg[*r].local).or(healthy.first().copied())
-        else {
+        let Some(source) = healthy.iter().find(|r| !self.replica_cfg[*r].local).or(healthy.first()) else {
             return;
         };
         let names = |c: &[crate::protocol::SnapshotInfo]| c.iter().map(|s| s.name.clone()).collect::<Vec<_>>();

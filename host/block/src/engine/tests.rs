@@ -1,6 +1,7 @@
 //! Unit tests of the engine: one scenario per rule, driven by hand-made replica replies.
 
 use super::*;
+use std::collections::BTreeSet;
 
 const SIZE: u64 = 1 << 20;
 

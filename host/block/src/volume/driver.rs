@@ -28,7 +28,6 @@
 //! replica's connect and the requests it runs on the blocking pool) runs in a span that names the
 //! volume, so everything a volume's background work logs says which volume it is.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
+use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
@@ -44,7 +44,9 @@ use super::connection::{Conn, Outbox, connection};
 use super::local::{LocalJob, LocalLink, Taken};
 use super::state_file::{load_state, save_state};
 use super::{ReplicaEndpoint, VolumeConfig, VolumeError, VolumeStatus};
-use crate::engine::{Action, ClientId, ClientReply, Engine, Event, IoError, Millis, ReplicaHealth, ReplicaId};
+use crate::engine::{
+    Action, ClientId, ClientReply, Engine, Event, IoError, MAX_REPLICAS, Millis, ReplicaHealth, ReplicaId,
+};
 use crate::protocol::{Frame, PayloadCrc};
 
 /// Most queued commands and events the driver handles before it sends what they produced.
@@ -232,7 +234,8 @@ pub(super) struct Driver {
     /// The configuration; its `replicas` are moved to `slots` (they change with replacements).
     cfg: VolumeConfig,
     slots: Vec<Slot>,
-    waiting: HashMap<ClientId, ReplyTx>,
+    /// Keyed by the driver's own client counter (see the engine's maps for the hasher).
+    waiting: FxHashMap<ClientId, ReplyTx>,
     /// Answers produced while the lock was held, completed by whoever holds it once released.
     done: Vec<(ReplyTx, io::Result<ClientReply>)>,
     /// Requests for in-process replicas, run by whoever holds the lock once released.
@@ -606,6 +609,9 @@ pub(super) struct Started {
 pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Started, VolumeError> {
     std::fs::create_dir_all(&cfg.state_dir)
         .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
+    if cfg.replicas.len() > MAX_REPLICAS {
+        return Err(VolumeError::TooManyReplicas { count: cfg.replicas.len(), max: MAX_REPLICAS });
+    }
     let persisted = load_state(&cfg.state_dir)?;
     let endpoints = std::mem::take(&mut cfg.replicas);
     let replicas = endpoints.iter().map(ReplicaEndpoint::engine_config).collect();
@@ -633,7 +639,7 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         epoch: Instant::now(),
         cfg,
         slots,
-        waiting: HashMap::new(),
+        waiting: FxHashMap::default(),
         done: Vec::new(),
         local_jobs: Vec::new(),
         stopped: false,

@@ -127,6 +127,8 @@ pub enum VolumeError {
     },
     #[error("engine state file {path} is corrupt: {what}")]
     CorruptState { path: PathBuf, what: String },
+    #[error("a volume has at most {max} replicas, this one {count}")]
+    TooManyReplicas { count: usize, max: usize },
 }
 
 /// What the driver publishes after every batch of actions, for callers and tests.
