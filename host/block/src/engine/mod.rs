@@ -333,15 +333,17 @@ impl Engine {
 
     /// Every replica's part, in configuration order.
     pub fn replica_health(&self) -> Vec<ReplicaHealth> {
-        self.replicas
-            .iter()
-            .map(|s| match s {
-                ReplicaState::Healthy => ReplicaHealth::Healthy,
-                ReplicaState::Seeding | ReplicaState::Rebuilding => ReplicaHealth::Rebuilding,
-                ReplicaState::Stale | ReplicaState::Attached(_) => ReplicaHealth::Stale,
-                ReplicaState::Down | ReplicaState::Handshaking => ReplicaHealth::Down,
-            })
-            .collect()
+        self.replica_health_iter().collect()
+    }
+
+    /// [`Self::replica_health`] without allocating, for comparing with a status already sent.
+    pub fn replica_health_iter(&self) -> impl ExactSizeIterator<Item = ReplicaHealth> + '_ {
+        self.replicas.iter().map(|s| match s {
+            ReplicaState::Healthy => ReplicaHealth::Healthy,
+            ReplicaState::Seeding | ReplicaState::Rebuilding => ReplicaHealth::Rebuilding,
+            ReplicaState::Stale | ReplicaState::Attached(_) => ReplicaHealth::Stale,
+            ReplicaState::Down | ReplicaState::Handshaking => ReplicaHealth::Down,
+        })
     }
 
     pub fn is_healthy(&self, replica: ReplicaId) -> bool {

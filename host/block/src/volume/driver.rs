@@ -39,6 +39,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
+use wasmcsi_frontend::{ReadDone, WriteDone};
 
 use super::connection::{Conn, Outbox, connection};
 use super::local::{LocalJob, LocalLink, Taken};
@@ -64,10 +65,13 @@ pub(super) enum Request {
 }
 
 /// Where a request's result goes: a thread blocked on it, or a completion the frontend gave
-/// (run on whichever thread releases the driver after the answer, so it must not block).
+/// (run on whichever thread releases the driver after the answer, so it must not block). The
+/// frontend's completions are kept as given, not wrapped in another closure: one allocation
+/// less per I/O.
 pub(super) enum ReplyTx {
     Wait(oneshot::Sender<io::Result<ClientReply>>),
-    Call(Box<dyn FnOnce(io::Result<ClientReply>) + Send>),
+    Written(WriteDone),
+    Read { len: usize, done: ReadDone },
 }
 
 impl ReplyTx {
@@ -77,9 +81,24 @@ impl ReplyTx {
             ReplyTx::Wait(tx) => {
                 let _ = tx.send(result);
             }
-            ReplyTx::Call(done) => done(result),
+            ReplyTx::Written(done) => match result {
+                Ok(ClientReply::Written) => done(Ok(())),
+                Ok(other) => done(Err(unexpected(&other))),
+                Err(e) => done(Err(e)),
+            },
+            ReplyTx::Read { len, done } => match result {
+                Ok(ClientReply::Read(data)) if data.len() == len => done(Ok(&data)),
+                Ok(other) => done(Err(unexpected(&other))),
+                Err(e) => done(Err(e)),
+            },
         }
     }
+}
+
+/// The engine answered a request with a reply of another kind (a bug, never the peer's doing:
+/// the engine checks what replicas send).
+pub(super) fn unexpected(reply: &ClientReply) -> io::Error {
+    io::Error::other(format!("engine answered with the wrong reply kind: {reply:?}"))
 }
 
 /// The driver, shared by the task that serves its connections and timer and by the handles'
@@ -388,6 +407,9 @@ impl Driver {
     /// returned sees it in `snapshots()`. Not per event: building it allocates, and every I/O
     /// is several events that change nothing it shows.
     fn publish_status(&mut self) {
+        if self.status_unchanged() {
+            return;
+        }
         let health = self.engine.replica_health();
         self.down_since.resize(health.len(), None);
         for (since, h) in self.down_since.iter_mut().zip(&health) {
@@ -424,6 +446,30 @@ impl Driver {
             *old = status;
             changed
         });
+    }
+
+    /// True when the status last sent is what [`Self::publish_status`] would build now. Checked
+    /// first, without allocating: it holds for nearly every pass (a pass per I/O burst), and
+    /// building a status allocates. With no rebuild running, every field is the engine's state
+    /// or a counter that moves only with it (a replica's `since` changes only with its health).
+    fn status_unchanged(&self) -> bool {
+        let e = &self.engine;
+        let old = self.status.borrow();
+        old.rebuild.is_none()
+            && self.rebuild_since.is_none()
+            && e.rebuild_status().is_none()
+            && old.attached == e.is_attached()
+            && old.revision == e.revision()
+            && old.healthy == e.healthy_count()
+            && old.connected == self.slots.iter().filter(|s| s.link.is_some()).count()
+            && old.rebuilds_finished == self.rebuilds_finished
+            && old.rebuilt_bytes == e.rebuilt_bytes()
+            && old.rebuild_time == self.rebuild_time
+            && old.size == e.size()
+            && old.fenced == e.is_fenced()
+            && old.snapshots.as_slice() == e.snapshots()
+            && old.replicas.len() == e.replica_health_iter().len()
+            && old.replicas.iter().zip(e.replica_health_iter()).all(|((was, _), now)| *was == now)
     }
 
     fn execute(&mut self, action: Action) {

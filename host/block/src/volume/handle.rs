@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use wasmcsi_frontend::{BlockDevice, ReadDone, WriteDone};
 
-use super::driver::{self, ReplyTx, Request, Shared, stopped};
+use super::driver::{self, ReplyTx, Request, Shared, stopped, unexpected};
 use super::{VolumeConfig, VolumeError, VolumeStatus};
 use crate::engine::{ClientReply, MAX_IO, MAX_UNMAP};
 use crate::protocol::SnapshotInfo;
@@ -95,10 +95,6 @@ impl ReplicatedVolume {
 
     /// Submits `request` with a completion, which runs on whichever thread sees the answer (this
     /// one, if it is immediate).
-    fn submit_then(&self, request: Request, done: Box<dyn FnOnce(io::Result<ClientReply>) + Send>) {
-        self.shared.submit(request, ReplyTx::Call(done));
-    }
-
     fn wait(rx: oneshot::Receiver<io::Result<ClientReply>>) -> io::Result<ClientReply> {
         rx.blocking_recv().map_err(|_| stopped())?
     }
@@ -170,10 +166,6 @@ impl ReplicatedVolume {
     }
 }
 
-fn unexpected(reply: &ClientReply) -> io::Error {
-    io::Error::other(format!("engine answered with the wrong reply kind: {reply:?}"))
-}
-
 impl Drop for ReplicatedVolume {
     fn drop(&mut self) {
         self.shutdown();
@@ -221,14 +213,7 @@ impl BlockDevice for ReplicatedVolume {
             return done(self.write_at(data, offset));
         }
         let data = Bytes::copy_from_slice(data);
-        self.submit_then(
-            Request::Write { offset, data },
-            Box::new(move |reply| match reply {
-                Ok(ClientReply::Written) => done(Ok(())),
-                Ok(other) => done(Err(unexpected(&other))),
-                Err(e) => done(Err(e)),
-            }),
-        );
+        self.shared.submit(Request::Write { offset, data }, ReplyTx::Written(done));
     }
 
     fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
@@ -242,14 +227,7 @@ impl BlockDevice for ReplicatedVolume {
                 Err(e) => done(Err(e)),
             };
         }
-        self.submit_then(
-            Request::Read { offset, len: len as u64 },
-            Box::new(move |reply| match reply {
-                Ok(ClientReply::Read(data)) if data.len() == len => done(Ok(&data)),
-                Ok(other) => done(Err(unexpected(&other))),
-                Err(e) => done(Err(e)),
-            }),
-        );
+        self.shared.submit(Request::Read { offset, len: len as u64 }, ReplyTx::Read { len, done });
     }
 
     fn unplug(&self) {
