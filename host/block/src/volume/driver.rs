@@ -28,6 +28,7 @@
 //! replica's connect and the requests it runs on the blocking pool) runs in a span that names the
 //! volume, so everything a volume's background work logs says which volume it is.
 
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -166,36 +167,54 @@ impl Shared {
     /// answered (a completion may write to a FUSE device, or call back in).
     fn drive<T>(&self, mut d: MutexGuard<'_, Driver>, f: impl FnOnce(&mut Driver) -> T) -> T {
         let value = f(&mut d);
-        let batch = std::mem::take(&mut *lock(&self.queued));
+        // Swapped with the driver's spare, so neither vector is allocated anew per pass.
+        let mut batch = std::mem::take(&mut d.spare_batch);
+        std::mem::swap(&mut batch, &mut *lock(&self.queued));
         // Held back only for a plugged thread, and never when someone is about to wait for an
         // answer (the plugged thread itself, in `write_at` or `flush`, or another thread).
         let hold =
             wasmcsi_frontend::is_plugged() && !batch.iter().any(|q| matches!(q, Queued::Request(_, ReplyTx::Wait(_))));
-        for queued in batch {
+        for queued in batch.drain(..) {
             match queued {
                 Queued::Request(request, reply) => d.on_request(request, reply),
                 Queued::Answer(event) => d.on_conn_event(event),
             }
         }
+        d.spare_batch = batch;
         if d.send_out(!hold) {
             self.held.store(true, Ordering::Release);
         }
         d.publish_status();
-        let done = std::mem::take(&mut d.done);
-        let jobs = std::mem::take(&mut d.local_jobs);
+        // Handed out in exchange for this thread's spares, which come back empty below.
+        let mut done = std::mem::replace(&mut d.done, SPARE_DONE.take());
+        let mut jobs = std::mem::replace(&mut d.local_jobs, SPARE_JOBS.take());
         let route = (!jobs.is_empty()).then(|| (d.events.clone(), d.runtime.clone()));
         drop(d);
         if let Some((events, runtime)) = route {
-            let answers: Vec<Queued> =
-                jobs.into_iter().filter_map(|job| job.run(&events, &runtime)).map(Queued::Answer).collect();
-            // The caller's `drive_if_free` (or the thread holding the driver now) feeds them.
-            lock(&self.queued).extend(answers);
+            for job in jobs.drain(..) {
+                if let Some(answer) = job.run(&events, &runtime) {
+                    // The caller's `drive_if_free` (or the thread holding the driver now) feeds
+                    // it. Queued one by one: the lock is cheaper than collecting them first.
+                    lock(&self.queued).push(Queued::Answer(answer));
+                }
+            }
         }
-        for (tx, result) in done {
+        SPARE_JOBS.set(jobs);
+        for (tx, result) in done.drain(..) {
             tx.send(result);
         }
+        SPARE_DONE.set(done);
         value
     }
+}
+
+thread_local! {
+    // What a pass hands out of the driver (answers to complete, in-process jobs to run) is
+    // swapped for these, and they come back emptied: no allocation per pass, at most one spare
+    // of each per thread that drives. A completion that drives again (nested) finds them empty,
+    // which is correct, only not reused.
+    static SPARE_DONE: Cell<Vec<(ReplyTx, io::Result<ClientReply>)>> = const { Cell::new(Vec::new()) };
+    static SPARE_JOBS: Cell<Vec<LocalJob>> = const { Cell::new(Vec::new()) };
 }
 
 /// How the driver reaches one replica.
@@ -222,6 +241,13 @@ pub(super) enum ConnEvent {
         replica: ReplicaId,
         generation: u64,
         frames: Vec<Frame>,
+    },
+    /// One reply of an in-process replica, run on the driving thread: a pass mostly runs one,
+    /// and a vector for it would be an allocation per I/O.
+    Answered {
+        replica: ReplicaId,
+        generation: u64,
+        frame: Frame,
     },
     Closed {
         replica: ReplicaId,
@@ -259,6 +285,8 @@ pub(super) struct Driver {
     done: Vec<(ReplyTx, io::Result<ClientReply>)>,
     /// Requests for in-process replicas, run by whoever holds the lock once released.
     local_jobs: Vec<LocalJob>,
+    /// The queue's previous buffer, swapped in when a pass takes the queue (see `Shared::drive`).
+    spare_batch: Vec<Queued>,
     /// Set once the driver task ended: later requests fail at once.
     pub(super) stopped: bool,
     runtime: tokio::runtime::Handle,
@@ -361,13 +389,10 @@ impl Driver {
             }
             ConnEvent::Received { replica, generation, frames } => {
                 for frame in frames {
-                    // Re-checked per frame: one of them may make the engine drop the replica.
-                    let slot = &self.slots[replica];
-                    if slot.generation == generation && slot.link.is_some() {
-                        self.feed(Event::Received(replica, frame));
-                    }
+                    self.on_frame(replica, generation, frame);
                 }
             }
+            ConnEvent::Answered { replica, generation, frame } => self.on_frame(replica, generation, frame),
             ConnEvent::Closed { replica, generation, error } => {
                 let slot = &self.slots[replica];
                 if slot.generation != generation || slot.link.is_none() {
@@ -381,6 +406,14 @@ impl Driver {
                     self.drop_connection(replica);
                 }
             }
+        }
+    }
+
+    fn on_frame(&mut self, replica: ReplicaId, generation: u64, frame: Frame) {
+        // Checked per frame: the one before may have made the engine drop the replica.
+        let slot = &self.slots[replica];
+        if slot.generation == generation && slot.link.is_some() {
+            self.feed(Event::Received(replica, frame));
         }
     }
 
@@ -573,10 +606,13 @@ impl Driver {
             if slot.local_out.is_empty() {
                 continue;
             }
-            let frames = std::mem::take(&mut slot.local_out);
-            let Some(Link::Local(link)) = &mut slot.link else { continue };
+            let Some(Link::Local(link)) = &mut slot.link else {
+                slot.local_out.clear();
+                continue;
+            };
             let mut replies = Vec::new();
-            for frame in frames {
+            // Drained, not taken: the buffer is kept for the next pass.
+            for frame in slot.local_out.drain(..) {
                 match link.take(frame, replica, slot.generation) {
                     Ok(Taken::Answered(reply)) => replies.push(reply),
                     Ok(Taken::Job(job)) => self.local_jobs.push(job),
@@ -688,6 +724,7 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         waiting: FxHashMap::default(),
         done: Vec::new(),
         local_jobs: Vec::new(),
+        spare_batch: Vec::new(),
         stopped: false,
         runtime: runtime.clone(),
         next_client: 1,

@@ -103,14 +103,14 @@ impl LocalJob {
                     s.finished(mutation);
                     // The driver drops it if the link is gone by now, like bytes of a closed
                     // socket.
-                    let frames = vec![Frame { request_id, message }];
-                    let _ = events.send(ConnEvent::Received { replica, generation, frames });
+                    let frame = Frame { request_id, message };
+                    let _ = events.send(ConnEvent::Answered { replica, generation, frame });
                 });
                 return None;
             }
         };
         s.finished(mutation);
-        Some(ConnEvent::Received { replica, generation, frames: vec![Frame { request_id, message }] })
+        Some(ConnEvent::Answered { replica, generation, frame: Frame { request_id, message } })
     }
 }
 

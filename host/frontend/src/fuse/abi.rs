@@ -295,11 +295,11 @@ pub fn encode_open_out(open_flags: u32) -> Vec<u8> {
     out.0
 }
 
-/// `fuse_write_out`.
-pub fn encode_write_out(size: u32) -> Vec<u8> {
-    let mut out = Out::default();
-    out.u32(size).u32(0);
-    out.0
+/// `fuse_write_out`. On the stack: it answers every write, and a vector was an allocation each.
+pub fn encode_write_out(size: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&size.to_le_bytes());
+    out
 }
 
 /// `fuse_statfs_out`.
@@ -351,6 +351,7 @@ mod tests {
         assert_eq!(attr.encode_entry_out(1).len(), 128);
         assert_eq!(encode_open_out(0).len(), 16);
         assert_eq!(encode_write_out(0).len(), 8);
+        assert_eq!(encode_write_out(0x0102_0304), [4, 3, 2, 1, 0, 0, 0, 0]);
         assert_eq!(encode_statfs_out(1, 4096).len(), 80);
         assert_eq!(encode_inval_inode(2).len(), 24);
         let init = InitOut {
