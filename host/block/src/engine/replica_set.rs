@@ -97,15 +97,6 @@ impl IntoIterator for &ReplicaSet {
     }
 }
 
-impl IntoIterator for ReplicaSet {
-    type Item = ReplicaId;
-    type IntoIter = Iter;
-
-    fn into_iter(self) -> Iter {
-        self.iter()
-    }
-}
-
 impl FromIterator<ReplicaId> for ReplicaSet {
     fn from_iter<I: IntoIterator<Item = ReplicaId>>(iter: I) -> Self {
         let mut set = Self::new();

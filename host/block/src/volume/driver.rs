@@ -488,21 +488,36 @@ impl Driver {
     fn status_unchanged(&self) -> bool {
         let e = &self.engine;
         let old = self.status.borrow();
-        old.rebuild.is_none()
-            && self.rebuild_since.is_none()
+        // Every field named (no `..`): a field added to the status must be compared here too.
+        let VolumeStatus {
+            attached,
+            revision,
+            healthy,
+            connected,
+            rebuilds_finished,
+            rebuilt_bytes,
+            rebuild_time,
+            size,
+            rebuild,
+            snapshots,
+            fenced,
+            replicas,
+        } = &*old;
+        // No rebuild at the last publish (so `rebuild_since` is unset) nor now.
+        rebuild.is_none()
             && e.rebuild_status().is_none()
-            && old.attached == e.is_attached()
-            && old.revision == e.revision()
-            && old.healthy == e.healthy_count()
-            && old.connected == self.slots.iter().filter(|s| s.link.is_some()).count()
-            && old.rebuilds_finished == self.rebuilds_finished
-            && old.rebuilt_bytes == e.rebuilt_bytes()
-            && old.rebuild_time == self.rebuild_time
-            && old.size == e.size()
-            && old.fenced == e.is_fenced()
-            && old.snapshots.as_slice() == e.snapshots()
-            && old.replicas.len() == e.replica_health_iter().len()
-            && old.replicas.iter().zip(e.replica_health_iter()).all(|((was, _), now)| *was == now)
+            && *attached == e.is_attached()
+            && *revision == e.revision()
+            && *healthy == e.healthy_count()
+            && *connected == self.slots.iter().filter(|s| s.link.is_some()).count()
+            && *rebuilds_finished == self.rebuilds_finished
+            && *rebuilt_bytes == e.rebuilt_bytes()
+            && *rebuild_time == self.rebuild_time
+            && *size == e.size()
+            && *fenced == e.is_fenced()
+            && snapshots.as_slice() == e.snapshots()
+            && replicas.len() == e.replica_health_iter().len()
+            && replicas.iter().zip(e.replica_health_iter()).all(|((was, _), now)| *was == now)
     }
 
     fn execute(&mut self, action: Action) {
@@ -689,11 +704,12 @@ pub(super) struct Started {
 /// Loads the persisted engine state from `cfg.state_dir` and starts the driver task on
 /// `runtime`; it connects to every replica and attaches in the background.
 pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Started, VolumeError> {
-    std::fs::create_dir_all(&cfg.state_dir)
-        .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
+    // Refused before anything is created.
     if cfg.replicas.len() > MAX_REPLICAS {
         return Err(VolumeError::TooManyReplicas { count: cfg.replicas.len(), max: MAX_REPLICAS });
     }
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
     let persisted = load_state(&cfg.state_dir)?;
     let endpoints = std::mem::take(&mut cfg.replicas);
     let replicas = endpoints.iter().map(ReplicaEndpoint::engine_config).collect();

@@ -93,8 +93,6 @@ impl ReplicatedVolume {
         rx
     }
 
-    /// Submits `request` with a completion, which runs on whichever thread sees the answer (this
-    /// one, if it is immediate).
     fn wait(rx: oneshot::Receiver<io::Result<ClientReply>>) -> io::Result<ClientReply> {
         rx.blocking_recv().map_err(|_| stopped())?
     }

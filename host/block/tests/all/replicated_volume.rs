@@ -14,10 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
-use wasmcsi_block::engine::EngineConfig;
+use wasmcsi_block::engine::{EngineConfig, MAX_REPLICAS};
 use wasmcsi_block::replica::store::DATA_FILE;
 use wasmcsi_block::replica::{ReplicaNode, ReplicaServer, ReplicaStore};
-use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, ReplicatedVolume, STATE_FILE, VolumeConfig, load_state};
+use wasmcsi_block::volume::{
+    InProcessNode, ReplicaEndpoint, ReplicatedVolume, STATE_FILE, VolumeConfig, VolumeError, load_state,
+};
 use wasmcsi_frontend::BlockDevice;
 
 const VOLUME: &str = "pvc-driver";
@@ -369,6 +371,32 @@ fn a_plugged_threads_writes_go_out_at_its_unplug_and_a_blocking_call_is_never_he
         assert!(got == block(i), "block {i} reads back wrong");
     }
     vol.shutdown();
+}
+
+#[test]
+fn a_volume_with_more_replicas_than_the_engine_counts_is_refused_before_anything_is_created() {
+    let rt = Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let engine = EngineConfig {
+        volume_id: VOLUME.into(),
+        size: SIZE,
+        region_size: 1 << 20,
+        request_timeout: 5_000,
+        attach_timeout: 5_000,
+        rebuild_parallelism: 4,
+        epoch: 0,
+    };
+    // Nothing listens there; a refused volume never connects.
+    let replicas = vec![ReplicaEndpoint::Remote("127.0.0.1:9".parse().unwrap()); MAX_REPLICAS + 1];
+    let Err(err) = ReplicatedVolume::start(VolumeConfig::new(engine, replicas, &state), rt.handle()) else {
+        panic!("a volume of {} replicas started", MAX_REPLICAS + 1);
+    };
+    assert!(
+        matches!(err, VolumeError::TooManyReplicas { count, max } if count == MAX_REPLICAS + 1 && max == MAX_REPLICAS),
+        "{err:?}"
+    );
+    assert!(!state.exists(), "a refused volume leaves no state directory");
 }
 
 #[test]
