@@ -27,6 +27,19 @@ const SIZE: u64 = 32 << 20;
 const BLOCK: u64 = 4096;
 const THREADS: u64 = 8;
 
+/// The engine of every volume these tests start.
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        volume_id: VOLUME.into(),
+        size: SIZE,
+        region_size: 1 << 20,
+        request_timeout: 5_000,
+        attach_timeout: 5_000,
+        rebuild_parallelism: 4,
+        epoch: 0,
+    }
+}
+
 struct Cluster {
     rt: Runtime,
     _dirs: Vec<tempfile::TempDir>,
@@ -68,22 +81,13 @@ impl Cluster {
 
     /// Replica 0 is the local one (reads go there) exactly when it is in-process.
     fn driver_config(&self) -> VolumeConfig {
-        let engine = EngineConfig {
-            volume_id: VOLUME.into(),
-            size: SIZE,
-            region_size: 1 << 20,
-            request_timeout: 5_000,
-            attach_timeout: 5_000,
-            rebuild_parallelism: 4,
-            epoch: 0,
-        };
         let replicas = (self.addrs.iter().enumerate())
             .map(|(i, addr)| match (i, &self.in_process) {
                 (0, Some(node)) => ReplicaEndpoint::InProcess(InProcessNode { addr: *addr, node: node.clone() }),
                 _ => ReplicaEndpoint::Remote(*addr),
             })
             .collect();
-        VolumeConfig::new(engine, replicas, self.state.path())
+        VolumeConfig::new(engine_config(), replicas, self.state.path())
     }
 
     /// The node holding replica `i`, in this process either way.
@@ -378,18 +382,9 @@ fn a_volume_with_more_replicas_than_the_engine_counts_is_refused_before_anything
     let rt = Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let engine = EngineConfig {
-        volume_id: VOLUME.into(),
-        size: SIZE,
-        region_size: 1 << 20,
-        request_timeout: 5_000,
-        attach_timeout: 5_000,
-        rebuild_parallelism: 4,
-        epoch: 0,
-    };
     // Nothing listens there; a refused volume never connects.
     let replicas = vec![ReplicaEndpoint::Remote("127.0.0.1:9".parse().unwrap()); MAX_REPLICAS + 1];
-    let Err(err) = ReplicatedVolume::start(VolumeConfig::new(engine, replicas, &state), rt.handle()) else {
+    let Err(err) = ReplicatedVolume::start(VolumeConfig::new(engine_config(), replicas, &state), rt.handle()) else {
         panic!("a volume of {} replicas started", MAX_REPLICAS + 1);
     };
     assert!(
@@ -403,19 +398,10 @@ fn a_volume_with_more_replicas_than_the_engine_counts_is_refused_before_anything
 fn a_volume_whose_runtime_shut_down_fails_requests_instead_of_hanging() {
     let cluster = Cluster::new(2);
     let engine_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let engine = EngineConfig {
-        volume_id: VOLUME.into(),
-        size: SIZE,
-        region_size: 1 << 20,
-        request_timeout: 5_000,
-        attach_timeout: 5_000,
-        rebuild_parallelism: 4,
-        epoch: 0,
-    };
     let vol = Arc::new(
         ReplicatedVolume::start(
             VolumeConfig::new(
-                engine,
+                engine_config(),
                 cluster.addrs.iter().map(|a| ReplicaEndpoint::Remote(*a)).collect(),
                 cluster.state.path(),
             ),
