@@ -20,6 +20,7 @@
 //! [`FuseLoopFrontend::adopt`] serves the same connection, mount and loop device there.
 
 pub mod abi;
+pub mod connection;
 pub mod server;
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -124,7 +125,7 @@ impl FuseLoopFrontend {
         let session = mount(&mnt, name)?;
         // The connection's number, known while mounted: after the unmount it is gone from the
         // mount table. Pushed before the handshake: a failed INIT still unmounts.
-        let connection = fuse_connection(&mnt);
+        let connection = connection::connection_at(&mnt);
         let server = Arc::new(std::sync::OnceLock::<Arc<Server>>::new());
         push_unmount(undo, &mnt, connection, server.clone());
         server::handshake(&session).map_err(|e| FrontendError::io(format!("FUSE INIT on {}", mnt.display()), e))?;
@@ -204,7 +205,7 @@ impl FuseLoopFrontend {
             Server::start(session, dev.clone(), self.threads, name)
                 .map_err(|e| FrontendError::io("serving the adopted FUSE connection", e))?,
         );
-        let connection = fuse_connection(mount);
+        let connection = connection::connection_at(mount);
         let mut undo = Undo::default();
         push_remove_dir(&mut undo, mount);
         push_unmount(&mut undo, mount, connection, Arc::new(std::sync::OnceLock::from(server.clone())));
@@ -237,16 +238,19 @@ fn push_detach_loops(undo: &mut Undo, file: &Path) {
 fn push_unmount(undo: &mut Undo, mnt: &Path, connection: Option<u64>, server: Arc<std::sync::OnceLock<Arc<Server>>>) {
     let mnt = mnt.to_owned();
     undo.push(format!("unmount FUSE {}", mnt.display()), move || {
-        umount_retrying(&mnt, PATIENCE)?;
         // A copy of the mount in another mount namespace (a container, `ip netns exec`,
         // `unshare -m`, kubelet's mount propagation) keeps the connection alive after our
-        // unmount, and the server threads would wait on /dev/fuse forever. Aborting the
-        // connection ends it everywhere; the copies then fail with ENOTCONN.
+        // unmount, and the server threads would wait on /dev/fuse forever: abort it, which ends
+        // it everywhere. Before the unmount, while our mount pins the number: after it, the
+        // number is free, and another volume attached meanwhile may have it. Nothing is lost:
+        // the loop devices are detached (and flushed) before this step, and FUSE writes are
+        // write-through, so no request is pending.
         if let Some(id) = connection {
-            abort_fuse_connection(id);
+            connection::abort_if_mounted_at(&mnt, id);
         }
-        // The connection ended, so every worker sees ENODEV and returns; joining cannot hang
-        // once the unmount succeeded.
+        umount_retrying(&mnt, PATIENCE)?;
+        // The connection ended, so every worker's read fails (ECONNABORTED, or ENODEV) and it
+        // returns; joining cannot hang once the unmount succeeded.
         match server.get() {
             Some(server) => server.join().map_err(|e| FrontendError::io("FUSE server", e)),
             None => Ok(()),
@@ -332,8 +336,6 @@ impl Frontend for FuseLoopFrontend {
     }
 }
 
-/// The FUSE connection's number in `/sys/fs/fuse/connections`: the kernel's encoding of the
-/// mount's anonymous device number.
 /// Tears down what an attach of `name` under `runtime_dir` left when its process died (killed,
 /// OOM, a crash): every FUSE mount point `fuse-NAME.*` there, whose server is gone, and the loop
 /// devices on its volume file. Whatever is mounted from those loop devices (a staged filesystem)
@@ -360,16 +362,17 @@ pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
             continue;
         }
         let mnt = entry.path();
-        let connection = fuse_connection(&mnt);
+        let connection = connection::connection_at(&mnt);
         loop_dev::detach_all_of(&mnt.join(VOLUME_FILE), PATIENCE)?;
         if crate::mkfs::is_mount_point(&mnt).unwrap_or(true) {
+            // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
+            if let Some(id) = connection {
+                connection::abort_if_mounted_at(&mnt, id);
+            }
             // The server is gone: the mount answers ENOTCONN; unmount it, lazily if it must.
             if umount_retrying(&mnt, PATIENCE).is_err() {
                 nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH)
                     .map_err(|e| FrontendError::io(format!("lazy unmount of {}", mnt.display()), e.into()))?;
-            }
-            if let Some(id) = connection {
-                abort_fuse_connection(id);
             }
         }
         std::fs::remove_dir(&mnt).map_err(|e| FrontendError::io(format!("removing {}", mnt.display()), e))?;
@@ -377,34 +380,6 @@ pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
         removed += 1;
     }
     Ok(removed)
-}
-
-///
-/// Read from /proc/self/mountinfo, never by a stat of the mount: that waits for the server, which
-/// may not answer yet (before INIT, or while suspended) or ever again (dead).
-fn fuse_connection(mnt: &Path) -> Option<u64> {
-    let (major, minor) = crate::mkfs::mount_device_number(mnt)?;
-    Some((major << 20) | minor)
-}
-
-/// Best effort: mounts fusectl if needed and aborts connection `id`; a connection that is
-/// already gone (the usual case: no other namespace held the mount) is fine.
-fn abort_fuse_connection(id: u64) {
-    let root = Path::new("/sys/fs/fuse/connections");
-    let abort = root.join(id.to_string()).join("abort");
-    if !root.join(id.to_string()).exists() && !fusectl_mounted() {
-        let _ = nix::mount::mount(Some("fusectl"), root, Some("fusectl"), nix::mount::MsFlags::empty(), None::<&str>);
-    }
-    match std::fs::write(&abort, "1") {
-        Ok(()) => tracing::debug!(connection = id, "aborted the FUSE connection after unmount"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(connection = id, error = %e, "could not abort the FUSE connection"),
-    }
-}
-
-fn fusectl_mounted() -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .is_ok_and(|m| m.lines().any(|l| l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fusectl "))))
 }
 
 fn read_sys(path: &Path) -> Result<String, FrontendError> {

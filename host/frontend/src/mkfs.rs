@@ -164,21 +164,8 @@ pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     Ok(info.lines().any(|line| line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)))
 }
 
-/// The device number (major, minor) of the filesystem mounted at `path`, from
-/// /proc/self/mountinfo (the last mount there, the one on top).
-pub fn mount_device_number(path: &Path) -> Option<(u64, u64)> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .filter(|line| line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path))
-        .filter_map(|line| {
-            let (major, minor) = line.split(' ').nth(2)?.split_once(':')?;
-            Some((major.parse().ok()?, minor.parse().ok()?))
-        })
-        .next_back()
-}
-
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape_mountinfo(field: &str) -> String {
+pub(crate) fn unescape_mountinfo(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

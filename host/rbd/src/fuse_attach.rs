@@ -23,6 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use wasmcsi_frontend::fuse::connection::{abort_if_mounted_at, connection_at};
+
 /// Errors of attaching and detaching.
 #[derive(Debug, thiserror::Error)]
 pub enum FuseAttachError {
@@ -210,7 +212,7 @@ impl FuseAttachment {
 
         let deadline = Instant::now() + req.timeout;
         loop {
-            if let Some(c) = self.connection.or_else(|| fuse_connection_of(&self.mount_point)) {
+            if let Some(c) = self.connection.or_else(|| connection_at(&self.mount_point)) {
                 self.connection = Some(c);
                 // Only stat once mounted: before that the path is our empty directory.
                 if let Ok(m) = std::fs::metadata(&self.file) {
@@ -359,7 +361,7 @@ fn remove_private(dir: &Path) -> Result<(), FuseAttachError> {
 
 /// Unmount the rbd-fuse mount at `mount_point` if there is one.
 fn unmount_fuse(mount_point: &Path) -> Result<(), FuseAttachError> {
-    if fuse_connection_of(mount_point).is_none() {
+    if connection_at(mount_point).is_none() {
         return Ok(());
     }
     match wasmcsi_frontend::mkfs::unmount(mount_point) {
@@ -446,36 +448,5 @@ impl Drop for FuseAttachment {
         if let Err(e) = self.detach() {
             tracing::warn!(image = %self.image, error = %e, "detaching a dropped rbd-fuse attachment");
         }
-    }
-}
-
-/// The FUSE connection number of the mount at `mnt`, from /proc/self/mountinfo (never from
-/// stat, which a stuck daemon would block); `None` when nothing is mounted there.
-fn fuse_connection_of(mnt: &Path) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mnt.to_str()?;
-    info.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
-        if f.get(4) != Some(&want) || !fstype.starts_with("fuse") {
-            return None;
-        }
-        let (major, minor) = f.get(2)?.split_once(':')?;
-        Some((major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?)
-    })
-}
-
-/// Abort FUSE connection `id` if the mount at `mount_point` still is that connection; any
-/// other mount that got the number since is left alone.
-pub fn abort_if_mounted_at(mount_point: &Path, id: u64) {
-    if fuse_connection_of(mount_point) != Some(id) {
-        tracing::debug!(connection = id, mount = %mount_point.display(), "not aborting: the connection is no longer mounted there");
-        return;
-    }
-    let abort = Path::new("/sys/fs/fuse/connections").join(id.to_string()).join("abort");
-    match std::fs::write(&abort, "1") {
-        Ok(()) => tracing::debug!(connection = id, "aborted a FUSE connection left after rbd-fuse"),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(connection = id, error = %e, "could not abort the FUSE connection"),
     }
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags};
 use serde::{Deserialize, Serialize};
+use wasmcsi_frontend::fuse::connection::abort_if_mounted_at;
 use wasmcsi_frontend::{loop_dev, mkfs};
-use wasmcsi_rbd::fuse_attach;
 
 use crate::error::{CsiError, CsiResult};
 use crate::node::{bounded, mountinfo};
@@ -223,7 +223,7 @@ pub fn unmount_all(path: &Path, fuse_connection: Option<(&Path, u64)>) -> CsiRes
             None => {
                 tracing::warn!(path = %path.display(), "unmount does not finish; aborting the FUSE connection under it");
                 if let Some((mount_point, id)) = fuse_connection {
-                    fuse_attach::abort_if_mounted_at(mount_point, id);
+                    abort_if_mounted_at(mount_point, id);
                 }
                 if unmount.wait(PATIENCE).is_none() {
                     nix::mount::umount2(path, MntFlags::MNT_DETACH)

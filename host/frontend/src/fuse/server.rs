@@ -380,8 +380,10 @@ impl WorkerLoop {
                 Ok(n) => n,
                 // EINTR: woken to look at the flag; ENOENT: a request the kernel withdrew.
                 Err(Errno::EINTR | Errno::EAGAIN | Errno::ENOENT) => continue,
-                // The connection ended (unmounted or aborted).
-                Err(Errno::ENODEV) => return Ok(()),
+                // The connection ended: unmounted or aborted (a detach aborts it to end copies
+                // of the mount in other namespaces). An abort reads as ENODEV or, depending on
+                // the kernel and the moment, ECONNABORTED: either is the end, not a failure.
+                Err(Errno::ENODEV | Errno::ECONNABORTED) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
             let second = match self.read_queued(&mut next) {
@@ -424,7 +426,7 @@ impl WorkerLoop {
             }
             return match nix::unistd::read(self.burst.as_fd(), buf) {
                 Ok(n) => Ok(Some(n)),
-                Err(Errno::EAGAIN | Errno::EINTR | Errno::ENODEV) => Ok(None),
+                Err(Errno::EAGAIN | Errno::EINTR | Errno::ENODEV | Errno::ECONNABORTED) => Ok(None),
                 // A request the kernel withdrew: look again.
                 Err(Errno::ENOENT) => continue,
                 Err(e) => Err(e.into()),
