@@ -161,11 +161,16 @@ pub fn mounts_of_device(device: &Path) -> io::Result<Vec<PathBuf>> {
 /// Whether `path` is a mount point, from /proc/self/mountinfo.
 pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info.lines().any(|line| line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)))
+    Ok(info.lines().any(|line| is_mount_at(line, path)))
+}
+
+/// Whether the /proc/self/mountinfo line `line` is a mount at `path`.
+pub(crate) fn is_mount_at(line: &str, path: &Path) -> bool {
+    line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-pub(crate) fn unescape_mountinfo(field: &str) -> String {
+fn unescape_mountinfo(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -19,9 +19,7 @@ pub fn connection_at(mnt: &Path) -> Option<u64> {
 
 fn connection_in(mountinfo: &str, mnt: &Path) -> Option<u64> {
     // The last line at `mnt` is the mount on top, the one the path reaches.
-    let line = mountinfo.lines().rfind(|line| {
-        line.split(' ').nth(4).is_some_and(|mp| Path::new(&crate::mkfs::unescape_mountinfo(mp)) == mnt)
-    })?;
+    let line = mountinfo.lines().rfind(|line| crate::mkfs::is_mount_at(line, mnt))?;
     let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
     if fstype != "fuse" && !fstype.starts_with("fuse.") {
         return None;

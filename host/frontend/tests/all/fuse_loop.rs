@@ -540,7 +540,7 @@ fn a_connection_is_aborted_only_through_the_mount_that_has_its_number() {
     let frontend = FuseLoopFrontend::new(&runtime);
     let first: Arc<dyn BlockDevice> =
         Arc::new(FileDevice::create(&tmp.path().join("first.img"), SIZE).expect("backing file"));
-    let mut attached = frontend.attach(first.clone(), "first").expect("attach first");
+    let mut attached = frontend.attach(first, "first").expect("attach first");
     let gone_mount = attached.mount_point().expect("a FUSE mount").to_path_buf();
     let gone = connection_at(&gone_mount).expect("the first volume's connection");
     attached.detach().expect("detach first");
