@@ -141,6 +141,11 @@ impl Shared {
         value
     }
 
+    /// See [`super::ReplicatedVolume::is_idle`].
+    pub(super) fn is_idle(&self) -> bool {
+        self.with_driver(|d| d.engine.is_idle() && d.waiting.is_empty() && lock(&self.queued).is_empty())
+    }
+
     /// Sends what plugged passes held back (see the module docs); nothing to do, and no lock
     /// taken, when none did.
     pub(super) fn unplug(&self) {

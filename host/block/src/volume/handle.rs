@@ -86,6 +86,13 @@ impl ReplicatedVolume {
         self.shared.with_driver(|d| d.stopped)
     }
 
+    /// Whether the volume waits for nothing: no request queued or unanswered, no rebuild, and
+    /// none of the engine's own operations (the flush that follows an attach, a revision
+    /// update) in flight. Only then is a replica's next frame an answer to something sent later.
+    pub fn is_idle(&self) -> bool {
+        self.shared.is_idle()
+    }
+
     /// Submits `request`; the answer arrives on the receiver (an error once the driver stopped).
     fn submit(&self, request: Request) -> oneshot::Receiver<io::Result<ClientReply>> {
         let (tx, rx) = oneshot::channel();

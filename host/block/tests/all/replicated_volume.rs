@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
 use wasmcsi_block::engine::{EngineConfig, MAX_REPLICAS};
@@ -101,9 +101,9 @@ impl Cluster {
     /// Waits until no engine session is open on any replica (a stopped driver's links and
     /// connections end in the background), then returns each replica's dirty flag.
     fn dirty_after_sessions_ended(&self) -> Vec<bool> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         while (0..self.addrs.len()).any(|i| self.node(i).replica(VOLUME).unwrap().open_sessions() > 0) {
-            assert!(std::time::Instant::now() < deadline, "engine sessions still open 10 s after shutdown");
+            assert!(Instant::now() < deadline, "engine sessions still open 10 s after shutdown");
             std::thread::sleep(Duration::from_millis(10));
         }
         (0..self.addrs.len()).map(|i| self.node(i).store(VOLUME).unwrap().header().dirty).collect()
@@ -337,6 +337,16 @@ fn a_plugged_threads_writes_go_out_at_its_unplug_and_a_blocking_call_is_never_he
     cfg.tick = Duration::from_secs(3600);
     let vol = ReplicatedVolume::start(cfg, cluster.rt.handle()).unwrap();
     assert!(vol.wait_for(Duration::from_secs(10), |s| s.attached && s.healthy == 2), "{:?}", vol.status());
+    // The attach's own flush is answered to the driver task, and its pass, which is not plugged,
+    // sends whatever is held: the hold shows only once nothing is in flight.
+    let idle = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !vol.is_idle() {
+            assert!(Instant::now() < deadline, "the volume never went idle: {:?}", vol.status());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    idle();
     let block = |i: u64| {
         let mut buf = vec![0u8; BLOCK as usize];
         Rng::new(i + 99).fill(&mut buf);
@@ -361,6 +371,7 @@ fn a_plugged_threads_writes_go_out_at_its_unplug_and_a_blocking_call_is_never_he
         // eight before it go out with it.
         vol.write_at(&block(8), 8 * BLOCK).unwrap();
         completed(8);
+        idle();
         (9..16).for_each(submit);
         assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a write held for the unplug was acknowledged");
     }
