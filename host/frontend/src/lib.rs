@@ -13,6 +13,7 @@
 pub mod fuse;
 pub mod loop_dev;
 pub mod mkfs;
+pub mod mountinfo;
 pub mod plug;
 
 use std::fs::{File, OpenOptions};

@@ -15,6 +15,7 @@ use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 
 use crate::FrontendError;
+use crate::mountinfo;
 
 /// Filesystems the helpers can create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,61 +143,17 @@ pub(crate) fn umount_retrying(target: &Path, patience: Duration) -> Result<(), F
 /// Every mount point of the block device `device`, from /proc/self/mountinfo.
 pub fn mounts_of_device(device: &Path) -> io::Result<Vec<PathBuf>> {
     let rdev = std::fs::metadata(device)?.rdev();
-    // The glibc dev_t encoding (what the kernel's new_encode_dev produces for stat).
-    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
-    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
-    let wanted = format!("{major}:{minor}");
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let dev = fields.nth(2)?;
-            let mount_point = fields.nth(1)?;
-            (dev == wanted).then(|| PathBuf::from(unescape_mountinfo(mount_point)))
-        })
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    let table = mountinfo::read_current().map_err(io::Error::other)?;
+    Ok(table
+        .into_iter()
+        .filter(|e| u64::from(e.major) == major && u64::from(e.minor) == minor)
+        .map(|e| e.mount_point)
         .collect())
 }
 
 /// Whether `path` is a mount point, from /proc/self/mountinfo.
 pub fn is_mount_point(path: &Path) -> io::Result<bool> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info.lines().any(|line| is_mount_at(line, path)))
-}
-
-/// Whether the /proc/self/mountinfo line `line` is a mount at `path`.
-pub(crate) fn is_mount_at(line: &str, path: &Path) -> bool {
-    line.split(' ').nth(4).is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == path)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(digits) = bytes.get(i + 1..i + 4)
-            && let Ok(v) = u8::from_str_radix(&String::from_utf8_lossy(digits), 8)
-        {
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_fields() {
-        assert_eq!(unescape_mountinfo(r"/run/a\040b"), "/run/a b");
-        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
-        assert_eq!(unescape_mountinfo(r"/end\"), r"/end\");
-    }
+    let table = mountinfo::read_current().map_err(io::Error::other)?;
+    Ok(!mountinfo::mounts_at(&table, path).is_empty())
 }

@@ -12,7 +12,9 @@ pub mod attacher;
 pub mod bind;
 pub mod bounded;
 pub mod filesystem;
-pub mod mountinfo;
+// The mount table's parser is the frontend crate's, which reads the table too (teardown, FUSE
+// connections): one parser for the whole node.
+pub use wasmcsi_frontend::mountinfo;
 pub mod mounts;
 pub mod nfs;
 pub mod paths;

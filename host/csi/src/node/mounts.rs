@@ -396,8 +396,8 @@ mod tests {
     use crate::node::sandbox::Sandbox;
     use std::sync::Mutex;
 
-    const KUBELET_NODE: &str = include_str!("../../tests/fixtures/mountinfo/kubelet-node.txt");
-    const STACKED: &str = include_str!("../../tests/fixtures/mountinfo/stacked.txt");
+    const KUBELET_NODE: &str = include_str!("../../../frontend/tests/fixtures/mountinfo/kubelet-node.txt");
+    const STACKED: &str = include_str!("../../../frontend/tests/fixtures/mountinfo/stacked.txt");
 
     const VOLUME_DIR: &str = "/var/lib/wasmcsi/volumes/pvc-3f1c9a2e-8b7d-4c6e-a5f4-0b1c2d3e4f5a";
     const STAGING: &str = "/var/lib/kubelet/plugins/kubernetes.io/csi/wasmcsi.example.io/\

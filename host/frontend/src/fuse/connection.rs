@@ -7,25 +7,24 @@
 
 use std::path::Path;
 
+use crate::mountinfo::{self, MountEntry};
+
 /// The connection number of the FUSE filesystem mounted on top at `mnt`; `None` if what is
 /// mounted there (if anything) is not FUSE.
 ///
 /// Read from /proc/self/mountinfo, never by a stat of the mount: that waits for the server, which
 /// may not answer yet (before INIT, or while suspended) or ever again (dead).
 pub fn connection_at(mnt: &Path) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    connection_in(&info, mnt)
+    connection_in(&mountinfo::read_current().ok()?, mnt)
 }
 
-fn connection_in(mountinfo: &str, mnt: &Path) -> Option<u64> {
-    // The last line at `mnt` is the mount on top, the one the path reaches.
-    let line = mountinfo.lines().rfind(|line| crate::mkfs::is_mount_at(line, mnt))?;
-    let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
-    if fstype != "fuse" && !fstype.starts_with("fuse.") {
+fn connection_in(table: &[MountEntry], mnt: &Path) -> Option<u64> {
+    // The last entry at `mnt` is the mount on top, the one the path reaches.
+    let top = mountinfo::mounts_at(table, mnt).pop()?;
+    if top.fs_type != "fuse" && !top.fs_type.starts_with("fuse.") {
         return None;
     }
-    let (major, minor) = line.split(' ').nth(2)?.split_once(':')?;
-    Some((major.parse::<u64>().ok()? << 20) | minor.parse::<u64>().ok()?)
+    Some((u64::from(top.major) << 20) | u64::from(top.minor))
 }
 
 /// Best effort: aborts connection `id` if it still is what is mounted at `mnt`, mounting fusectl
@@ -54,8 +53,7 @@ pub fn abort_if_mounted_at(mnt: &Path, id: u64) {
 }
 
 fn fusectl_mounted() -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .is_ok_and(|m| m.lines().any(|l| l.split(" - ").nth(1).is_some_and(|t| t.starts_with("fusectl "))))
+    mountinfo::read_current().is_ok_and(|table| table.iter().any(|e| e.fs_type == "fusectl"))
 }
 
 #[cfg(test)]
@@ -70,17 +68,21 @@ mod tests {
 93 22 259:3 / /run/wasmcsi/fuse-c.1.0 rw - fuse.wasmcsi wasmcsi-c rw
 ";
 
+    fn table() -> Vec<MountEntry> {
+        mountinfo::parse(INFO).expect("the fixture parses")
+    }
+
     #[test]
     fn the_number_is_the_top_fuse_mounts_device_number() {
-        assert_eq!(connection_in(INFO, Path::new("/run/wasmcsi/fuse b")), Some(78));
-        assert_eq!(connection_in(INFO, Path::new("/run/wasmcsi/fuse-c.1.0")), Some((259 << 20) | 3));
-        assert_eq!(connection_in(INFO, Path::new("/run/wasmcsi/none")), None);
+        assert_eq!(connection_in(&table(), Path::new("/run/wasmcsi/fuse b")), Some(78));
+        assert_eq!(connection_in(&table(), Path::new("/run/wasmcsi/fuse-c.1.0")), Some((259 << 20) | 3));
+        assert_eq!(connection_in(&table(), Path::new("/run/wasmcsi/none")), None);
     }
 
     #[test]
     fn a_mount_on_top_that_is_not_fuse_has_no_connection() {
         // The FUSE mount under it still pins its number, but what the path reaches is the tmpfs.
-        assert_eq!(connection_in(INFO, Path::new("/run/wasmcsi/fuse-a.1.0")), None);
-        assert_eq!(connection_in(INFO, Path::new("/proc")), None);
+        assert_eq!(connection_in(&table(), Path::new("/run/wasmcsi/fuse-a.1.0")), None);
+        assert_eq!(connection_in(&table(), Path::new("/proc")), None);
     }
 }
