@@ -364,7 +364,7 @@ pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
         let mnt = entry.path();
         let connection = connection::connection_at(&mnt);
         loop_dev::detach_all_of(&mnt.join(VOLUME_FILE), PATIENCE)?;
-        if crate::mkfs::is_mount_point(&mnt).unwrap_or(true) {
+        if crate::mountinfo::is_mount_point(&mnt).unwrap_or(true) {
             // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
             if let Some(id) = connection {
                 connection::abort_if_mounted_at(&mnt, id);

@@ -151,9 +151,3 @@ pub fn mounts_of_device(device: &Path) -> io::Result<Vec<PathBuf>> {
         .map(|e| e.mount_point)
         .collect())
 }
-
-/// Whether `path` is a mount point, from /proc/self/mountinfo.
-pub fn is_mount_point(path: &Path) -> io::Result<bool> {
-    let table = mountinfo::read_current().map_err(io::Error::other)?;
-    Ok(!mountinfo::mounts_at(&table, path).is_empty())
-}

@@ -90,6 +90,12 @@ pub fn mounts_at<'a>(entries: &'a [MountEntry], path: &Path) -> Vec<&'a MountEnt
     entries.iter().filter(|e| e.mount_point == path).collect()
 }
 
+/// Whether anything is mounted at `path` in the current mount table (spelled as for
+/// [`mounts_at`]).
+pub fn is_mount_point(path: &Path) -> Result<bool, MountInfoError> {
+    Ok(!mounts_at(&read_current()?, path).is_empty())
+}
+
 fn parse_bytes(bytes: &[u8]) -> Result<Vec<MountEntry>, MountInfoError> {
     bytes
         .split(|&b| b == b'\n')
@@ -341,6 +347,13 @@ mod tests {
         assert!(mounts_at(&entries, Path::new("/var/lib/kubelet")).is_empty());
         // A prefix of a mount point is not the mount point.
         assert!(mounts_at(&entries, Path::new("/sys/fs")).is_empty());
+    }
+
+    #[test]
+    fn the_live_table_has_proc_mounted_and_not_a_fresh_directory() {
+        assert!(is_mount_point(Path::new("/proc")).expect("mount table"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(!is_mount_point(dir.path()).expect("mount table"));
     }
 
     #[test]

@@ -71,10 +71,7 @@ impl Attacher for BindAttacher {
         let walk = path.clone();
         let (used, inodes_used) = blocking(move || usage::directory_usage(&walk).map_err(mount_err)).await?;
         let fs = nix::sys::statvfs::statvfs(&path).map_err(mount_err)?;
-        let mounted = blocking(move || {
-            Ok(!mountinfo::mounts_at(&mountinfo::read_current().map_err(mount_err)?, &path).is_empty())
-        })
-        .await?;
+        let mounted = blocking(move || mountinfo::is_mount_point(&path).map_err(mount_err)).await?;
         let (abnormal, message) = if !mounted {
             (true, "volume path is not mounted".to_string())
         } else if used > plan.capacity_bytes {

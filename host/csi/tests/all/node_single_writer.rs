@@ -33,7 +33,7 @@ fn cap(mode: Mode) -> csi::VolumeCapability {
 }
 
 fn mounted(path: &Path) -> bool {
-    !mountinfo::mounts_at(&mountinfo::read_current().expect("mount table"), path).is_empty()
+    mountinfo::is_mount_point(path).expect("mount table")
 }
 
 async fn stage(svc: &NodeService, tree: &Tree, volume: &str) {

@@ -6,13 +6,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_frontend::mkfs::{self, FsType};
+use wasmcsi_frontend::mountinfo;
 use wasmcsi_rbd::fuse_attach::{FuseAttachRequest, attach};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 
 const SIZE: u64 = 64 << 20;
 
 fn mounted(path: &std::path::Path) -> bool {
-    mkfs::is_mount_point(path).expect("mountinfo")
+    mountinfo::is_mount_point(path).expect("mountinfo")
 }
 
 #[tokio::test]
