@@ -87,7 +87,7 @@ impl fmt::Display for ExpectedRole {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum VerifyError {
     #[error("the CA bundle is empty")]
     NoAnchors,
@@ -99,6 +99,14 @@ pub enum VerifyError {
     Identity(#[from] IdentityError),
     #[error("the peer is {found}, expected {expected}")]
     UnexpectedRole { found: Role, expected: ExpectedRole },
+}
+
+/// As its message: rustls prints a verifier's error with `{:?}` in its own messages (and so
+/// in the handshake errors callers log).
+impl fmt::Debug for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 /// The CA bundle (`ca.crt`): every certificate in it is a trust anchor, so a bundle of the old
