@@ -118,7 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn reads_stop_at_the_budget_and_resume_when_lifted() {
-        let data = vec![7u8; 100];
+        let data = [7u8; 100];
         let mut bounded = HandshakeBudget::new(&data[..], 30);
         let mut buf = [0u8; 64];
         let mut total = 0;

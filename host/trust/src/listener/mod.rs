@@ -154,10 +154,8 @@ pub struct PlainConnection {
 /// What a permissive listener accepted.
 #[derive(Debug)]
 pub enum Transport {
-    Tls {
-        stream: ServerTlsStream,
-        role: Role,
-    },
+    /// Boxed: a TLS stream is over a kilobyte, the plain one a few words.
+    Tls { stream: Box<ServerTlsStream>, role: Role },
     /// A peer whose first byte was not a TLS record; that byte is still unread.
     Plain(TcpStream),
 }
@@ -272,7 +270,7 @@ impl Listener {
                 let transport = match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
                     Ok(Ok(1)) if first[0] == TLS_HANDSHAKE_RECORD => {
                         match handshake(tcp, config, deadline, &limits, &stats).await {
-                            Ok((stream, role)) => Transport::Tls { stream, role },
+                            Ok((stream, role)) => Transport::Tls { stream: Box::new(stream), role },
                             Err(error) => return tracing::debug!(%peer, %error, "connection refused"),
                         }
                     }
