@@ -1,11 +1,12 @@
 //! What TLS costs the engine's data connections: one 4 KiB write (a 16-byte frame header and
 //! a 4 KiB payload, vectored) sent from a synchronous thread straight into the socket, over
 //! mutual TLS ([`wasmcsi_trust::stream`]) and over plain TCP, to a loopback server that reads
-//! and discards; and one full mutual-TLS handshake.
+//! and discards; the sender's encryption alone (into memory); and one full mutual-TLS
+//! handshake.
 //!
 //! `cargo bench --workspace --locked --bench tls_stream`
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,6 +120,28 @@ fn bench(c: &mut Criterion) {
         })
         .expect("handshake");
     group.bench_function("tls", |b| b.iter(|| send_tls(&rt, &writer, &bufs)));
+
+    // The sender's CPU alone: record framing and AES-128-GCM into memory, no socket and no
+    // receiver (on a shared 2-core machine the loopback receiver's decryption competes with the
+    // sender for the same cores).
+    let mut session = rt
+        .block_on(async {
+            let tcp = TcpStream::connect(tls_addr).await.expect("connect");
+            tokio_rustls::TlsConnector::from(config.clone()).connect(server_name(), tcp).await
+        })
+        .expect("handshake")
+        .into_inner()
+        .1;
+    session.set_buffer_limit(None);
+    group.bench_function("tls_encrypt_only", |b| {
+        b.iter(|| {
+            let taken = session.writer().write_vectored(&bufs).expect("encrypt");
+            assert_eq!(taken, HEADER + PAYLOAD);
+            while session.wants_write() {
+                session.write_tls(&mut io::sink()).expect("drain");
+            }
+        })
+    });
     group.finish();
 
     c.bench_function("mtls_handshake", |b| {

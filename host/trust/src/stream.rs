@@ -92,9 +92,9 @@ pub struct TlsReader {
     eof_fed: bool,
 }
 
-/// Dials done: the TLS handshake as a client over `tcp`, within `timeout`, then the connection
+/// The client's TLS handshake over a connected `tcp`, within `timeout`, then the connection
 /// split for shared use. Returns the server's role (already checked against the config's
-/// [`crate::ExpectedRole`]).
+/// [`crate::ExpectedRole`] during the handshake).
 pub async fn connect(
     tcp: TcpStream,
     config: Arc<ClientConfig>,
