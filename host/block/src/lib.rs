@@ -1,4 +1,4 @@
-//! The host's replicated block data path, in the words its docs use: an *engine* replicates one
+//! Replicated block volumes, in the words their docs use: an *engine* replicates one
 //! volume to its *replicas*; a *volume* is what a frontend holds.
 //!
 //! Pure logic: the replica wire protocol ([`protocol`]), the dirty-region bitmap that makes
@@ -9,16 +9,15 @@
 //! files (snapshots, resize) and serves the protocol over TCP; the replicated volume
 //! ([`volume`]): the engine's driver task, its replica connections and state file, and the
 //! handle that exposes it as a synchronous `wasmcsi_frontend::BlockDevice` for the FUSE
-//! frontend, with unmap, online expansion and snapshots; the control surface ([`control`],
-//! [`catalog`]) that creates, deletes, reverts and clones replica sets and lists nodes; a volume
-//! attached on this node ([`attach`]: the engine, a frontend's block device, the online
-//! operations and the teardown), which the CLI's `volume attach` and the node plugin hold; and
-//! the node's data path ([`datapath`]: its replica server and attached volumes).
+//! frontend, with unmap, online expansion and snapshots; and the control surface ([`control`],
+//! [`catalog`]) that creates, deletes, reverts and clones replica sets and lists nodes.
+//!
+//! It does not attach volumes to the kernel nor keep the node's attached volumes: that is the
+//! node's data path (`wasmcsi-datapath`), which holds this crate's engines and replica server.
+//! Of `wasmcsi-frontend` it uses only the device contract (`BlockDevice`) a frontend calls.
 
-pub mod attach;
 pub mod catalog;
 pub mod control;
-pub mod datapath;
 pub mod dirty;
 pub mod engine;
 pub mod protocol;

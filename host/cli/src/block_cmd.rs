@@ -2,7 +2,7 @@
 //! server per node (`replica serve`, `replica nodes`); volumes created, deleted, reverted,
 //! cloned and (when detached) snapshotted or expanded through the servers' control requests
 //! (`wasmcsi_block::control`); and a volume attached to the kernel (`volume attach`, through
-//! `wasmcsi_block::attach`: engine + FUSE + loop) that stays in the foreground and serves the same
+//! `wasmcsi_datapath::attach`: engine + FUSE + loop) that stays in the foreground and serves the same
 //! operations online on its control socket (`block_ctl`).
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use wasmcsi_block::attach::{AttachConfig, AttachError, AttachedVolume};
 use wasmcsi_block::control::{self, ReplicaServerClient, ReplicaSet};
 use wasmcsi_block::replica::ReplicaServer;
 use wasmcsi_block::volume::ReplicaEndpoint;
+use wasmcsi_datapath::attach::{AttachConfig, AttachError, AttachedVolume};
 
 use crate::block_ctl as ctl;
 
@@ -663,7 +663,7 @@ async fn online_request(vol: &AttachedVolume, request: ctl::Request) -> ctl::Rep
 }
 
 /// What the control socket answers for a failed operation: the engine's or frontend's own
-/// words, as before the attach moved into `wasmcsi_block::attach`.
+/// words, as before the attach moved into `wasmcsi_datapath::attach`.
 fn online_error(e: AttachError) -> String {
     match e {
         AttachError::Io { source, .. } => source.to_string(),

@@ -3,7 +3,7 @@
 //! volume is attached, so online operations (snapshot, expand, replica replacement, detach) are
 //! ordered with client I/O by the engine that owns the replicas. One JSON request per line, one
 //! JSON reply per line; the socket is root-only (mode 0600), like the device it controls. The
-//! status it sends is the attached volume's own view (`wasmcsi_block::attach::AttachStatus`).
+//! status it sends is the attached volume's own view (`wasmcsi_datapath::attach::AttachStatus`).
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
-use wasmcsi_block::attach::AttachStatus;
+use wasmcsi_datapath::attach::AttachStatus;
 
 /// Where the control socket of `volume_id` lives.
 pub fn socket_path(runtime_dir: &Path, volume_id: &str) -> PathBuf {

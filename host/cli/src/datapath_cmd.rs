@@ -1,29 +1,23 @@
-//! `wasmcsi datapath`: this node's data path (the replica server, every attached volume's
-//! engine, its FUSE session and loop device, and the rbd-fuse daemons of RBD volumes staged
-//! here) in a process of its own, served to the node plugin
-//! on a unix socket (`wasmcsi_block::datapath::socket`). The plugin (`serve --datapath-socket`)
-//! can then crash, restart or be upgraded while every mounted volume keeps its I/O; it finds
-//! the volumes again through the socket. The plugin starts this process itself when asked
-//! (`--datapath-start`, [`spawn_detached`]), or Kubernetes runs it as its own DaemonSet.
-//!
-//! What it does not own: CSI, backends, mounts of filesystems (the plugin formats and mounts
-//! the devices this process makes). A data path that is stopped or killed takes its volumes'
-//! devices with it: writes acknowledged and flushed before are on every replica; the plugin
-//! reclaims the dead devices at the next stage or unstage, and the next engine resyncs the
-//! replicas from their dirty flags.
+//! `wasmcsi datapath`: its arguments, and how a node plugin starts one. The process itself
+//! (this node's replica server, every attached volume's engine with its FUSE session and loop
+//! device, the rbd-fuse daemons of RBD volumes staged here, served to the node plugin on a unix
+//! socket, and its live upgrade) is `wasmcsi_datapath::process`'s; this command adds the
+//! metrics endpoint. The plugin (`serve --datapath-socket`) starts this process itself when
+//! asked (`--datapath-start`, [`spawn_detached`]), or Kubernetes runs it as its own DaemonSet.
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use wasmcsi_block::datapath::client::DataPathClient;
-use wasmcsi_block::datapath::{DataPath, DataPathConfig, socket};
 use wasmcsi_block::replica::NodeIdentity;
+use wasmcsi_datapath::DataPathConfig;
+use wasmcsi_datapath::client::DataPathClient;
+use wasmcsi_datapath::process::{DataPathProcess, ProcessConfig};
 
 /// How long a plugin waits for the data path it started to answer.
 const START_WAIT: Duration = Duration::from_secs(30);
@@ -68,54 +62,24 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Where a data path with state in `state_dir` writes its pid.
-pub fn pid_file(state_dir: &Path) -> PathBuf {
-    state_dir.join("datapath.pid")
-}
-
 /// Runs the data path until SIGINT or SIGTERM.
 pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
-    let config = DataPathConfig {
-        identity: NodeIdentity { node: args.node_id.clone(), labels: args.node_labels.clone() },
-        replica_root: args.replica_root.clone(),
-        listen: args.replica_listen,
-        engine_root: args.state_dir.join("engines"),
-        runtime_root: args.state_dir.join("run"),
-        request_timeout: Duration::from_secs(10),
-        attach_timeout: Duration::from_secs(30),
+    let config = ProcessConfig {
+        socket: args.socket.clone(),
+        state_dir: args.state_dir.clone(),
+        datapath: DataPathConfig {
+            identity: NodeIdentity { node: args.node_id.clone(), labels: args.node_labels.clone() },
+            replica_root: args.replica_root.clone(),
+            listen: args.replica_listen,
+            engine_root: args.state_dir.join("engines"),
+            runtime_root: args.state_dir.join("run"),
+            request_timeout: Duration::from_secs(10),
+            attach_timeout: Duration::from_secs(30),
+        },
+        adopt: args.adopt.clone(),
     };
-    // Inherited fds are taken before anything else opens a file (see `datapath_upgrade::inherit`).
-    let inherited = match &args.adopt {
-        Some(state) => Some(crate::datapath_upgrade::take_over(state).context("taking over a handed-over data path")?),
-        None => None,
-    };
-    let (replica_listener, socket_listener, adopted) = match inherited {
-        Some(i) => (Some(i.replica_listener), Some(i.socket_listener), Some((i.state.handovers, i.volumes))),
-        None => (None, None, None),
-    };
-    let datapath = Arc::new(DataPath::start_on(config, replica_listener).await.with_context(|| {
-        format!("serving replicas from {} on {}", args.replica_root.display(), args.replica_listen)
-    })?);
-    // Before the socket answers: the daemons a previous image (or a crashed process) left are
-    // adopted, so the plugin's first question about them finds them.
-    crate::datapath_rbd_fuse::serve(&datapath, &args.state_dir)?;
-    let socket_listener = match socket_listener {
-        Some(l) => l,
-        None => socket::bind(&args.socket).await?,
-    };
-    if let Some((handovers, volumes)) = adopted {
-        // Before the socket is served: requests queued during the handover see the volumes.
-        crate::datapath_upgrade::adopt(&datapath, handovers, volumes).await;
-    }
-    let (upgrades, mut upgrade_requests) = tokio::sync::mpsc::unbounded_channel();
-    // Written whole (renamed into place) before the socket answers: whoever reads it, also
-    // during a live upgrade (same pid), finds the pid, never an empty file.
-    let pid_tmp = pid_file(&args.state_dir).with_extension("pid.tmp");
-    std::fs::write(&pid_tmp, format!("{}\n", std::process::id()))
-        .and_then(|()| std::fs::rename(&pid_tmp, pid_file(&args.state_dir)))
-        .with_context(|| format!("writing {}", pid_file(&args.state_dir).display()))?;
-    let task = socket::serve_on(datapath.clone(), socket_listener.try_clone()?, Some(upgrades.clone()))?;
-    let mut served = crate::datapath_upgrade::Served { socket_listener, task };
+    let process = DataPathProcess::start(config).await?;
+    let datapath = process.datapath();
     let metrics = match args.metrics_addr {
         Some(addr) => Some(
             crate::metrics_http::serve(
@@ -135,22 +99,7 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         handovers = datapath.handover_report().handovers,
         "serving the data path"
     );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => break r.context("waiting for a signal")?,
-            _ = term.recv() => break,
-            Some(binary) = upgrade_requests.recv() => {
-                let state = args.state_dir.join("handover.json");
-                crate::datapath_upgrade::hand_over(&datapath, &binary, &state, &mut served, &upgrades).await;
-            }
-        }
-    }
-    tracing::info!(attached = ?datapath.attached(), "stopping the data path");
-    served.task.abort();
-    let _ = std::fs::remove_file(&args.socket);
-    let _ = std::fs::remove_file(pid_file(&args.state_dir));
-    datapath.shutdown().await.context("stopping the data path")
+    Ok(process.run().await?)
 }
 
 /// Starts `wasmcsi datapath` (this executable) detached from the calling plugin: its own

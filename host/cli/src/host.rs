@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use wasmcsi_block::datapath::client::{DataPathClient, Engines, EnginesError};
-use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_csi::{Mode, Plugin};
+use wasmcsi_datapath::client::{DataPathClient, Engines, EnginesError};
+use wasmcsi_datapath::{DataPath, DataPathConfig};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::engine::EngineSettings;
 use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
@@ -288,7 +288,7 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Resul
     let datapath = DataPath::start(config)
         .await
         .with_context(|| format!("serving replicas from {} on {}", r.root.display(), r.listen))?;
-    crate::datapath_rbd_fuse::serve(&datapath, &opts.state_dir)?;
+    wasmcsi_datapath::rbd_fuse::daemons::serve(&datapath, &opts.state_dir)?;
     Ok(datapath)
 }
 

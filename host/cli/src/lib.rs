@@ -1,16 +1,14 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands (`backend check` runs the
-//! CSI conformance suite of `wasmcsi-conformance`), the metrics endpoint, the node's data path
-//! as a process of its own (`wasmcsi datapath`), the rbd-fuse daemons it keeps, and its live
-//! upgrade, and replica nodes as
-//! child processes (the demo's and the benchmark's). `anyhow` lives
-//! here, at the edge; the libraries below use typed errors.
+//! CSI conformance suite of `wasmcsi-conformance`; `wasmcsi datapath` and `wasmcsi upgrade
+//! datapath` parse their arguments here and leave the data-path process to `wasmcsi-datapath`),
+//! the metrics endpoint, and replica nodes as child processes (the demo's and the benchmark's).
+//! `anyhow` lives here, at the edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
 pub mod check;
 pub mod compose;
 pub mod datapath_cmd;
-pub mod datapath_rbd_fuse;
 pub mod datapath_upgrade;
 pub mod demo;
 pub mod host;

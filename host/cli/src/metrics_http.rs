@@ -8,7 +8,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use wasmcsi_block::datapath::DataPath;
+use wasmcsi_datapath::DataPath;
 use wasmcsi_runtime::metrics::Metrics;
 
 /// Bind `addr` and serve in the background; returns the bound address (port 0 picks one).
@@ -75,7 +75,7 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
 /// The data path's own series: volumes it serves, the rbd-fuse daemons it runs (alive, dead),
 /// live upgrades it went through, and the longest I/O pause of a volume in the last one.
 fn encode_handovers(
-    report: &wasmcsi_block::datapath::handover::HandoverReport,
+    report: &wasmcsi_datapath::handover::HandoverReport,
     volumes: usize,
     (alive, dead): (usize, usize),
     out: &mut String,
@@ -162,7 +162,7 @@ mod tests {
         // A node's replicated volumes (their families are written only where engines run).
         let volume = wasmcsi_block::volume::VolumeStatus { healthy: 1, ..Default::default() };
         wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
-        let report = wasmcsi_block::datapath::handover::HandoverReport {
+        let report = wasmcsi_datapath::handover::HandoverReport {
             handovers: 2,
             last_pause_us: Some(40_000),
             ..Default::default()

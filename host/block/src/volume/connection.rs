@@ -15,7 +15,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::driver::{ConnEvent, Link};
+use super::event::ConnEvent;
 use crate::engine::ReplicaId;
 use crate::protocol::{self, DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, PayloadCrc};
 
@@ -127,15 +127,16 @@ impl Outbox {
     }
 }
 
-/// Connects after `delay`, then reports every frame the replica sends until the connection ends.
+/// Connects after `delay`, then reports every frame the replica sends until the connection ends;
+/// the link it reports connected is the driver's (`L`), made of the connection's write side.
 /// Its writer task runs in the caller's span (the replica's, see `Driver::spawn_connect`).
-pub(super) async fn connection(
+pub(super) async fn connection<L: From<Conn> + Send + 'static>(
     replica: ReplicaId,
     generation: u64,
     addr: SocketAddr,
     delay: Duration,
     connect_timeout: Duration,
-    events: mpsc::UnboundedSender<ConnEvent>,
+    events: mpsc::UnboundedSender<ConnEvent<L>>,
 ) {
     tokio::time::sleep(delay).await;
     let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(addr)).await {
@@ -163,7 +164,7 @@ pub(super) async fn connection(
         generation,
         events.clone(),
     )));
-    let link = Link::Tcp(Conn { wr, queue, pending, task });
+    let link = L::from(Conn { wr, queue, pending, task });
     // On failure the driver is gone; dropping the link's queue ends its writer task.
     if events.send(ConnEvent::Connected { replica, generation, link }).is_err() {
         return;
@@ -196,13 +197,13 @@ pub(super) async fn connection(
 
 /// Writes what the driver queued (whatever the socket did not take at once), many buffers per
 /// vectored write and without copying them together. Ends when the driver drops the queue.
-pub(super) async fn write_loop(
+pub(super) async fn write_loop<L>(
     wr: Arc<OwnedWriteHalf>,
     mut queue: mpsc::UnboundedReceiver<Bytes>,
     pending: Arc<AtomicUsize>,
     replica: ReplicaId,
     generation: u64,
-    events: mpsc::UnboundedSender<ConnEvent>,
+    events: mpsc::UnboundedSender<ConnEvent<L>>,
 ) {
     let mut bufs = Vec::new();
     while let Some(buf) = queue.recv().await {

@@ -43,6 +43,7 @@ use tracing::Instrument as _;
 use wasmcsi_frontend::{ReadDone, WriteDone};
 
 use super::connection::{Conn, Outbox, connection};
+use super::event::ConnEvent;
 use super::local::{LocalJob, LocalLink, Taken};
 use super::state_file::{load_state, save_state};
 use super::{ReplicaEndpoint, VolumeConfig, VolumeError, VolumeStatus};
@@ -119,7 +120,7 @@ pub(super) struct Shared {
 enum Queued {
     Request(Request, ReplyTx),
     /// What an in-process replica answered (see `super::local`).
-    Answer(ConnEvent),
+    Answer(ConnEvent<Link>),
 }
 
 /// A panic while a lock was held is a bug already reported; the state is still the best there
@@ -222,43 +223,17 @@ thread_local! {
     static SPARE_JOBS: Cell<Vec<LocalJob>> = const { Cell::new(Vec::new()) };
 }
 
-/// How the driver reaches one replica.
+/// How the driver reaches one replica: what a `Connected` event hands over.
 pub(super) enum Link {
     Tcp(Conn),
     Local(LocalLink),
 }
 
-/// What a connection task (or an in-process request) reports, tagged with the connection's
-/// generation.
-pub(super) enum ConnEvent {
-    Connected {
-        replica: ReplicaId,
-        generation: u64,
-        link: Link,
-    },
-    ConnectFailed {
-        replica: ReplicaId,
-        generation: u64,
-        error: String,
-    },
-    /// Every frame one read of the socket completed, in order.
-    Received {
-        replica: ReplicaId,
-        generation: u64,
-        frames: Vec<Frame>,
-    },
-    /// One reply of an in-process replica, run on the driving thread: a pass mostly runs one,
-    /// and a vector for it would be an allocation per I/O.
-    Answered {
-        replica: ReplicaId,
-        generation: u64,
-        frame: Frame,
-    },
-    Closed {
-        replica: ReplicaId,
-        generation: u64,
-        error: String,
-    },
+/// A TCP connection reports itself connected with its write side (see `super::connection`).
+impl From<Conn> for Link {
+    fn from(conn: Conn) -> Self {
+        Self::Tcp(conn)
+    }
 }
 
 struct Slot {
@@ -296,7 +271,7 @@ pub(super) struct Driver {
     pub(super) stopped: bool,
     runtime: tokio::runtime::Handle,
     next_client: ClientId,
-    events: mpsc::UnboundedSender<ConnEvent>,
+    events: mpsc::UnboundedSender<ConnEvent<Link>>,
     status: watch::Sender<VolumeStatus>,
     /// Shared with the handles: the engine's size, updated before any reply of a batch.
     size: Arc<AtomicU64>,
@@ -374,7 +349,7 @@ impl Driver {
         Ok(())
     }
 
-    fn on_conn_event(&mut self, event: ConnEvent) {
+    fn on_conn_event(&mut self, event: ConnEvent<Link>) {
         match event {
             ConnEvent::Connected { replica, generation, link } => {
                 if self.slots[replica].generation != generation {
@@ -770,7 +745,7 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
 async fn run(
     shared: Arc<Shared>,
     mut stop: mpsc::UnboundedReceiver<()>,
-    mut events: mpsc::UnboundedReceiver<ConnEvent>,
+    mut events: mpsc::UnboundedReceiver<ConnEvent<Link>>,
 ) {
     // Also when the runtime drops this task unfinished (it shut down under a live handle): the
     // handles must see the driver gone rather than wait for answers nobody will read.

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
-use super::driver::ConnEvent;
+use super::event::ConnEvent;
 use crate::engine::ReplicaId;
 use crate::protocol::{DEFAULT_MAX_PAYLOAD, Frame, Message};
 use crate::replica::session::{self, Placement};
@@ -85,11 +85,11 @@ impl LocalJob {
     /// Runs the request on this thread when it costs microseconds (a small write, a read the
     /// page cache holds) and returns its reply; anything that may wait for the disk goes to the
     /// blocking pool, which reports through `events` like a socket's reader.
-    pub(super) fn run(
+    pub(super) fn run<L: Send + 'static>(
         self,
-        events: &mpsc::UnboundedSender<ConnEvent>,
+        events: &mpsc::UnboundedSender<ConnEvent<L>>,
         runtime: &tokio::runtime::Handle,
-    ) -> Option<ConnEvent> {
+    ) -> Option<ConnEvent<L>> {
         let LocalJob { session: s, frame, mutation, replica, generation } = self;
         let request_id = frame.request_id;
         let message = match session::place(&s.replica, &frame.message) {

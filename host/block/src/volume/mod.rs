@@ -15,10 +15,12 @@
 //! - `connection`: one replica's TCP connection (its write side and the task that reads it).
 //! - `local`: a replica of this process's own node, reached without a socket
 //!   ([`ReplicaEndpoint::InProcess`]), under the same session rules as the server's.
+//! - `event`: what those two report to the driver (`ConnEvent`), in a module of its own so
+//!   that they do not import the driver.
 //! - `state_file`: the engine's persisted state (`Persist`), crash-safe on disk ([`STATE_FILE`]).
 //!
 //! It does not own the replication rules (the engine), the replicas' storage ([`crate::replica`])
-//! nor the kernel device a frontend makes of the handle ([`crate::attach`]).
+//! nor the kernel device a frontend makes of the handle (`wasmcsi_datapath::attach`).
 //!
 //! Size: [`ReplicatedVolume::size`] follows the engine's size (online expansion, and the size
 //! the replicas report at attach); the driver updates it before it answers any request of the
@@ -33,6 +35,7 @@ use thiserror::Error;
 
 mod connection;
 mod driver;
+mod event;
 mod handle;
 mod local;
 mod state_file;

@@ -740,7 +740,7 @@ async fn survive(ceph: &Ceph) {
     .map(|s| (*s).to_string())
     .collect();
     let datapath = Proc::spawn("datapath", None, &datapath_args);
-    let dp = wasmcsi_block::datapath::client::DataPathClient::new(dir.join("datapath.sock"));
+    let dp = wasmcsi_datapath::client::DataPathClient::new(dir.join("datapath.sock"));
     let dp_pid = i32::try_from(dp.wait_ready(Duration::from_secs(60)).await.expect("the data path answers")).unwrap();
     let mut procs = Processes { dir: dir.clone(), datapath, plugin: None };
     procs.start_plugin();
@@ -815,7 +815,7 @@ async fn survive(ceph: &Ceph) {
         (fuse_pid, dp_pid),
         "rbd-fuse survives the upgrade, still the data path's child"
     );
-    let listed = dp.call(wasmcsi_block::datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
+    let listed = dp.call(wasmcsi_datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
     assert!(
         listed.len() == 1 && listed[0].alive && listed[0].pid == u32::try_from(fuse_pid).unwrap(),
         "the new image adopted rbd-fuse: {listed:?}"
@@ -850,7 +850,7 @@ async fn survive(ceph: &Ceph) {
     f.unpublish_and_unstage(&v.volume_id, "pvc-survive").await;
     nothing_left(&dir);
     assert_eq!(zombies_of(dp_pid), Vec::<String>::new(), "the upgraded data path reaped rbd-fuse");
-    let listed = dp.call(wasmcsi_block::datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
+    let listed = dp.call(wasmcsi_datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
     assert!(listed.is_empty(), "the data path forgot the attachment: {listed:?}");
 
     // the data path's container crashes: rbd-fuse dies with it, the volume says so, and
@@ -866,7 +866,7 @@ async fn survive(ceph: &Ceph) {
     let stats = stats_of(&mut node, &v.volume_id, &target, &staging).await;
     let condition = stats.volume_condition.clone().unwrap_or_default();
     assert!(condition.abnormal && condition.message.contains("gone"), "{stats:?}");
-    let listed = dp.call(wasmcsi_block::datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
+    let listed = dp.call(wasmcsi_datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
     assert!(listed.len() == 1 && !listed[0].alive, "the restarted data path lists the dead daemon: {listed:?}");
     f.unpublish_and_unstage(&v.volume_id, "pvc-survive").await;
     nothing_left(&dir);
@@ -881,7 +881,7 @@ async fn survive(ceph: &Ceph) {
     procs.datapath.kill9();
     procs.datapath = Proc::spawn("datapath", None, &datapath_args);
     dp.wait_ready(Duration::from_secs(60)).await.expect("the restarted data path answers");
-    let listed = dp.call(wasmcsi_block::datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
+    let listed = dp.call(wasmcsi_datapath::wire::Request::RbdFuseList).await.unwrap().rbd_fuse;
     assert!(
         listed.len() == 1 && listed[0].alive && listed[0].pid == u32::try_from(fuse_pid).unwrap(),
         "the restarted data path adopted the orphaned rbd-fuse: {listed:?}"

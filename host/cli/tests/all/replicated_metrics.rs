@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wasmcsi_block::datapath::{DataPath, DataPathConfig};
 use wasmcsi_block::replica::NodeIdentity;
+use wasmcsi_datapath::{DataPath, DataPathConfig};
 use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;

@@ -774,9 +774,9 @@ fn three_volumes_under_verified_io_outlive_a_kill_9_of_the_node_plugin() {
             unpublish(&mut ctl, v, "node-a").await;
         }
         assert_eq!(mounts_under(cluster.dir.path()), Vec::<String>::new(), "nothing left mounted");
-        let listed = wasmcsi_block::datapath::client::Engines::Remote(
-            wasmcsi_block::datapath::client::DataPathClient::new(cluster.nodes[0].home.join("datapath.sock")),
-        )
+        let listed = wasmcsi_datapath::client::Engines::Remote(wasmcsi_datapath::client::DataPathClient::new(
+            cluster.nodes[0].home.join("datapath.sock"),
+        ))
         .list()
         .await
         .unwrap();

@@ -196,7 +196,7 @@ pub struct NodeSetup {
     pub runtime_dir: PathBuf,
     /// This node's engines and rbd-fuse daemons (in this process or a data-path process);
     /// `None` when the plugin serves no replicated volumes (rbd-fuse then runs in this process).
-    pub datapath: Option<wasmcsi_block::datapath::client::Engines>,
+    pub datapath: Option<wasmcsi_datapath::client::Engines>,
 }
 
 /// The attacher of every kind this node carries out.

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use wasmcsi_block::datapath::client::{Engines, EnginesError};
-use wasmcsi_block::datapath::wire::VolumeView;
+use wasmcsi_datapath::client::{Engines, EnginesError};
+use wasmcsi_datapath::wire::VolumeView;
 use wasmcsi_frontend::{fuse, loop_dev};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::bindings::types as wt;

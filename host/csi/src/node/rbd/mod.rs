@@ -43,7 +43,7 @@ impl RbdAttacher {
         state_dir: &Path,
         config: Arc<dyn ConfigSource>,
         mounts: Arc<dyn MountSystem>,
-        datapath: Option<wasmcsi_block::datapath::client::Engines>,
+        datapath: Option<wasmcsi_datapath::client::Engines>,
     ) -> Self {
         Self { node_id, config, mounts, node: Arc::new(RbdNode::new(state_dir, datapath)) }
     }

@@ -15,7 +15,7 @@
 //!
 //! **Who runs rbd-fuse.** Where the plugin has a data path (the node's `wasmcsi datapath`, or
 //! the one in its own process: the same condition replicated volumes use), the data path runs
-//! it ([`wasmcsi_block::datapath::rbd_fuse`]) and the plugin only asks: for the image's file at
+//! it ([`wasmcsi_datapath::rbd_fuse`]) and the plugin only asks: for the image's file at
 //! stage, whether it still runs, and to stop it at unstage. In a pod a restart of the plugin's
 //! container kills every process in it, so only a daemon outside it keeps the loop device and
 //! the filesystem above it served. Without a data path (`serve` with neither replicas nor
@@ -44,8 +44,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use wasmcsi_block::datapath::client::{Engines, EnginesError};
-use wasmcsi_block::datapath::rbd_fuse::{CephKey, RbdFuseSpec};
+use wasmcsi_datapath::client::{Engines, EnginesError};
+use wasmcsi_datapath::rbd_fuse::{CephKey, RbdFuseSpec};
 use wasmcsi_frontend::loop_dev::{self, LoopOptions};
 use wasmcsi_rbd::fuse_attach::{self, FuseAttachRequest, FuseRecord};
 use wasmcsi_rbd::krbd::{self, KrbdRecord, KrbdRequest};

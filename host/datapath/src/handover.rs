@@ -1,14 +1,14 @@
 //! Live upgrade of the data path: what one process image hands the next. The old image
-//! suspends every volume ([`super::DataPath::suspend_all`]), writes a [`HandoverState`] naming
+//! suspends every volume ([`crate::DataPath::suspend_all`]), writes a [`HandoverState`] naming
 //! each volume's FUSE connection by the number of an fd it keeps open across `execve`, with the
 //! replica listener and the data-path socket's listener, and replaces itself with the new
 //! binary (same pid: the attacher's "is the data path that served this volume still there"
 //! check and a container's main process both stay true). The new image takes those fds,
-//! adopts every volume ([`super::DataPath::adopt_all`]), and records the pause in its
+//! adopts every volume ([`crate::DataPath::adopt_all`]), and records the pause in its
 //! [`HandoverReport`].
 //!
 //! This module owns the description and its file; the `execve` and the taking of inherited fds
-//! are the binary's (`wasmcsi datapath`).
+//! are [`crate::upgrade`]'s.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -24,12 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use wasmcsi_block::control::{self, ControlError};
+use wasmcsi_block::engine::EngineConfig;
+use wasmcsi_block::protocol::SnapshotInfo;
+use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
-
-use crate::control::{self, ControlError};
-use crate::engine::EngineConfig;
-use crate::protocol::SnapshotInfo;
-use crate::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
 
 /// Engine settings of an attached volume.
 const REGION_SIZE: u64 = 1 << 20;

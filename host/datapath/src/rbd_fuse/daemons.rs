@@ -1,18 +1,18 @@
 //! The data path's rbd-fuse daemons: `wasmcsi_rbd::fuse_daemons` (which runs them and keeps
-//! their records) behind `wasmcsi_block`'s [`RbdFuseDaemons`] (what the data path serves on its
-//! socket). The glue lives here, in the binary that links both, so that the block crate never
-//! links librados and the rbd crate never knows the data path: each keeps its own concern, and
-//! this file only converts between their types.
+//! their records) behind [`RbdFuseDaemons`] (what the data path serves on its socket). The rbd
+//! crate never knows the data path and the data path's wire never names an rbd type: this
+//! file only converts between their types.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmcsi_block::datapath::DataPath;
-use wasmcsi_block::datapath::rbd_fuse::{RbdFuseDaemons, RbdFuseError, RbdFuseSpec, RbdFuseView};
 use wasmcsi_rbd::RbdCredentials;
 use wasmcsi_rbd::fuse_attach::FuseAttachError;
 use wasmcsi_rbd::fuse_daemons::{DaemonSpec, DaemonState, FuseDaemons};
+
+use super::{RbdFuseDaemons, RbdFuseError, RbdFuseSpec, RbdFuseView};
+use crate::DataPath;
 
 /// Bound on rbd-fuse's start and on each of its teardown steps (as the plugin's own was).
 const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,10 +64,10 @@ impl RbdFuseDaemons for Daemons {
 
 /// Adopts the daemons recorded under `<state_dir>/rbd-fuse` (a previous image of this process,
 /// or one that crashed) and has `datapath` serve rbd-fuse with them.
-pub fn serve(datapath: &DataPath, state_dir: &Path) -> anyhow::Result<()> {
+pub fn serve(datapath: &DataPath, state_dir: &Path) -> Result<(), RbdFuseError> {
     let root = state_dir.join("rbd-fuse");
     let daemons = FuseDaemons::open(&root, FUSE_TIMEOUT)
-        .map_err(|e| anyhow::anyhow!("opening the rbd-fuse records in {}: {e}", root.display()))?;
+        .map_err(|e| RbdFuseError::Failed(format!("opening the rbd-fuse records in {}: {e}", root.display())))?;
     datapath.serve_rbd_fuse(Arc::new(Daemons(daemons)));
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The plugin's side of the data-path socket ([`super::socket`]): one connection per request
+//! The plugin's side of the data-path socket ([`crate::socket`]): one connection per request
 //! (a data path that restarted between two calls is simply found again), each bounded in time,
 //! and [`Engines`], the one handle the node attacher holds whether the engines run in its own
 //! process or in a data-path process of their own.
@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixStream;
+use wasmcsi_block::catalog::AttachInfo;
 
-use super::rbd_fuse::{RbdFuseSpec, RbdFuseView};
-use super::wire::{self, ErrorKind, Reply, Request, RequestFrame, VolumeView, WIRE_VERSION};
-use super::{DataPath, DataPathError};
-use crate::catalog::AttachInfo;
+use crate::rbd_fuse::{RbdFuseSpec, RbdFuseView};
+use crate::wire::{self, ErrorKind, Reply, Request, RequestFrame, VolumeView, WIRE_VERSION};
+use crate::{DataPath, DataPathError};
 
 /// Bound of an attach: the engine's own attach timeout (30 s) and the FUSE + loop setup, with
 /// room to spare; a request that takes longer means a data path that hangs.
@@ -93,13 +93,13 @@ impl DataPathClient {
     }
 
     /// Asks the data path to hand its volumes to `binary`; the report before it starts.
-    pub async fn upgrade(&self, binary: &Path) -> Result<super::handover::HandoverReport, EnginesError> {
+    pub async fn upgrade(&self, binary: &Path) -> Result<crate::handover::HandoverReport, EnginesError> {
         let reply = self.call(Request::Upgrade { binary: binary.to_owned() }).await?;
         Ok(reply.handover.unwrap_or_default())
     }
 
     /// The data path's pid and its handover report, when one answers.
-    pub async fn report(&self) -> Result<(u32, super::handover::HandoverReport), EnginesError> {
+    pub async fn report(&self) -> Result<(u32, crate::handover::HandoverReport), EnginesError> {
         let reply = self.call(Request::Hello).await?;
         Ok((reply.pid, reply.handover.unwrap_or_default()))
     }
@@ -148,7 +148,7 @@ impl Engines {
     /// Starts the engine of `id` and exposes it as a block device; the running one when it is.
     pub async fn attach(&self, id: &str, info: &AttachInfo) -> Result<VolumeView, EnginesError> {
         match self {
-            Self::InProcess(d) => d.attach(id, info).await.map(|v| super::view(id, &v)).map_err(local_err),
+            Self::InProcess(d) => d.attach(id, info).await.map(|v| crate::view(id, &v)).map_err(local_err),
             Self::Remote(c) => c
                 .call(Request::attach(id, info))
                 .await?
@@ -168,7 +168,7 @@ impl Engines {
     /// The attached volume `id`, when its engine runs.
     pub async fn view(&self, id: &str) -> Result<Option<VolumeView>, EnginesError> {
         match self {
-            Self::InProcess(d) => Ok(d.volume(id).map(|v| super::view(id, &v))),
+            Self::InProcess(d) => Ok(d.volume(id).map(|v| crate::view(id, &v))),
             Self::Remote(c) => Ok(c.call(Request::Status { volume: id.to_owned() }).await?.volume),
         }
     }
@@ -210,7 +210,7 @@ impl Engines {
     pub async fn list(&self) -> Result<Vec<VolumeView>, EnginesError> {
         match self {
             Self::InProcess(d) => {
-                Ok(d.attached().into_iter().filter_map(|id| d.volume(&id).map(|v| super::view(&id, &v))).collect())
+                Ok(d.attached().into_iter().filter_map(|id| d.volume(&id).map(|v| crate::view(&id, &v))).collect())
             }
             Self::Remote(c) => Ok(c.call(Request::List).await?.volumes),
         }

@@ -5,19 +5,18 @@
 //! another version gets a `version` error naming both, so a plugin and a data path of different
 //! builds fail loudly instead of misreading each other.
 //!
-//! This module owns the bytes and nothing else: the server ([`super::socket`]) and the client
-//! ([`super::client`]) do the I/O.
+//! This module owns the bytes and nothing else: the server ([`crate::socket`]) and the client
+//! ([`crate::client`]) do the I/O.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use wasmcsi_block::catalog::AttachInfo;
+use wasmcsi_block::catalog::engine_call::EngineStatus;
 
-use crate::catalog::AttachInfo;
-use crate::catalog::engine_call::EngineStatus;
-
-use super::rbd_fuse::{RbdFuseSpec, RbdFuseView};
+use crate::rbd_fuse::{RbdFuseSpec, RbdFuseView};
 
 /// Bumped on any change a peer of the previous version would misread.
 pub const WIRE_VERSION: u32 = 1;
@@ -54,7 +53,7 @@ pub enum Request {
     /// Hand every volume to the wasmcsi binary at `binary` (a live upgrade): answered before
     /// it starts; `hello` shows the outcome ([`Reply::handover`]).
     Upgrade { binary: PathBuf },
-    /// Start rbd-fuse for an RBD volume ([`super::rbd_fuse`]); the running one when it is.
+    /// Start rbd-fuse for an RBD volume ([`crate::rbd_fuse`]); the running one when it is.
     /// Added without a version bump: a data path of the previous version refuses it as
     /// malformed, and everything else it answers as before.
     RbdFuseAttach { attachment: RbdFuseSpec },
@@ -147,7 +146,7 @@ pub struct Reply {
     pub volumes: Vec<VolumeView>,
     /// Live upgrades of this data path so far (`hello` and `upgrade` answer it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub handover: Option<super::handover::HandoverReport>,
+    pub handover: Option<crate::handover::HandoverReport>,
     /// rbd-fuse attachments (`rbd-fuse-attach`: the one made; `rbd-fuse-list`: all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rbd_fuse: Vec<RbdFuseView>,
@@ -251,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_view_counts_healthy_replicas_and_finds_the_rebuild() {
-        use crate::catalog::engine_call::EngineReplica;
+        use wasmcsi_block::catalog::engine_call::EngineReplica;
         let replica = |state: &str, rebuilt, total| EngineReplica {
             state: state.into(),
             down_since_ns: None,

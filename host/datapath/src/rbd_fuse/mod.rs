@@ -6,10 +6,13 @@
 //! user and key, a size; never a path nor a command line) and gets the image's file back
 //! ([`RbdFuseView`]); it then puts a loop device on it and mounts as before.
 //!
-//! This crate does not know how to run rbd-fuse (that is `wasmcsi-rbd`, which links librados):
-//! the data path's binary registers an [`RbdFuseDaemons`] ([`super::DataPath::serve_rbd_fuse`]).
-//! The implementation keeps its own records, so a data path that replaced its image in a live
-//! upgrade (same pid: the daemons stay its children) or restarted after a crash adopts them.
+//! The data path serves whatever [`RbdFuseDaemons`] is registered with it
+//! ([`crate::DataPath::serve_rbd_fuse`]); how rbd-fuse runs is `wasmcsi-rbd`'s (it links
+//! librados), behind that trait in [`daemons`]. The implementation keeps its own records, so a
+//! data path that replaced its image in a live upgrade (same pid: the daemons stay its children)
+//! or restarted after a crash adopts them.
+
+pub mod daemons;
 
 use std::path::PathBuf;
 
@@ -70,8 +73,9 @@ pub enum RbdFuseError {
     Failed(String),
 }
 
-/// What runs rbd-fuse for the data path (registered by its binary). Blocking calls: the data
-/// path runs them on blocking threads, one at a time per volume, never during a handover.
+/// What runs rbd-fuse for the data path (registered with [`crate::DataPath::serve_rbd_fuse`]:
+/// [`daemons::serve`]). Blocking calls: the data path runs them on blocking threads, one at a
+/// time per volume, never during a handover.
 pub trait RbdFuseDaemons: Send + Sync {
     /// Starts rbd-fuse for the spec; the running attachment when the volume has it already.
     fn attach(&self, spec: &RbdFuseSpec) -> Result<RbdFuseView, RbdFuseError>;

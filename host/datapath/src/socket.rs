@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
+use wasmcsi_block::catalog::AttachInfo;
 
-use super::wire::{self, ErrorKind, FrameError, Reply, Request, RequestFrame, WIRE_VERSION};
-use super::{DataPath, DataPathError, view};
-use crate::catalog::AttachInfo;
+use crate::wire::{self, ErrorKind, FrameError, Reply, Request, RequestFrame, WIRE_VERSION};
+use crate::{DataPath, DataPathError, view};
 
 /// Connections served at once; more wait to be accepted.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -118,7 +118,7 @@ async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender
 fn failed(e: DataPathError) -> Reply {
     let kind = match e {
         DataPathError::Busy(_) | DataPathError::HandingOver => ErrorKind::Busy,
-        DataPathError::RbdFuse(super::rbd_fuse::RbdFuseError::Invalid(_)) => ErrorKind::Invalid,
+        DataPathError::RbdFuse(crate::rbd_fuse::RbdFuseError::Invalid(_)) => ErrorKind::Invalid,
         _ => ErrorKind::Failed,
     };
     Reply::error(kind, e.to_string())
@@ -138,7 +138,7 @@ async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<Pat
             }
         }
         Request::Attach { volume, size, epoch, members } => {
-            if crate::replica::replica_dir_name(&volume).is_err() {
+            if wasmcsi_block::replica::replica_dir_name(&volume).is_err() {
                 return Reply::error(ErrorKind::Invalid, format!("{volume:?} is not a volume id"));
             }
             match datapath.attach(&volume, &AttachInfo { size, epoch, members }).await {
@@ -178,11 +178,12 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use std::time::Duration;
 
+    use wasmcsi_block::replica::NodeIdentity;
+
     use super::*;
-    use crate::datapath::DataPathConfig;
-    use crate::datapath::client::{DataPathClient, Engines, EnginesError};
-    use crate::datapath::rbd_fuse::RbdFuseSpec;
-    use crate::replica::NodeIdentity;
+    use crate::DataPathConfig;
+    use crate::client::{DataPathClient, Engines, EnginesError};
+    use crate::rbd_fuse::RbdFuseSpec;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_data_path_without_rbd_fuse_refuses_an_attachment_and_lists_none() {

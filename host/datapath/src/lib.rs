@@ -1,31 +1,44 @@
-//! This node's data path: the replica server holding every replica on the node, and the engine
-//! (with its frontend) of every replicated volume attached here. The node plugin keeps one; the
-//! CSI node attacher attaches and detaches volumes through it, and the control plane reaches the
-//! engines through the replica server's `EngineCall` (see `catalog::engine_call`), so an
-//! operation on an attached volume is ordered with its I/O wherever the controller runs.
+//! The node's data path: the process that holds the volumes attached on a node, as Longhorn's
+//! instance-manager holds its engines and replicas. It owns this node's replica server (every
+//! replica on the node), the engine of every replicated volume attached here with the frontend
+//! that exposes it to the kernel (FUSE + loop, [`attach`]), and the node's rbd-fuse daemons
+//! ([`rbd_fuse`]). It decides nothing about CSI, backends or filesystems: the node plugin asks
+//! the backend for the plan and the replica nodes for the members and epoch, then hands them
+//! here, and formats and mounts the devices this crate makes. The replication itself (protocol,
+//! engine, replica storage, control plane) is `wasmcsi-block`'s; how a volume becomes a kernel
+//! device is `wasmcsi-frontend`'s; how rbd-fuse runs is `wasmcsi-rbd`'s.
 //!
-//! A volume's engine reaches the replica on this node in-process (no socket), the others over
-//! TCP; its persisted state lives under `engine_root/VOLUME`, kept across attaches, so a
-//! re-attach after a crash resumes rebuilds instead of restarting them.
+//! [`DataPath`] is the node's data path in one value: the node plugin keeps one, or a process
+//! of its own does. The CSI node attacher attaches and detaches volumes through it, and the
+//! control plane reaches the engines through the replica server's `EngineCall` (see
+//! `wasmcsi_block::catalog::engine_call`), so an operation on an attached volume is ordered
+//! with its I/O wherever the controller runs. A volume's engine reaches the replica on this
+//! node in-process (no socket), the others over TCP; its persisted state lives under
+//! `engine_root/VOLUME`, kept across attaches, so a re-attach after a crash resumes rebuilds
+//! instead of restarting them.
 //!
 //! The data path runs in the node plugin's process, or in a process of its own
-//! (`wasmcsi datapath`) that serves it on a unix socket ([`socket`], [`wire`]) so that the
-//! plugin can die, restart or be upgraded without an I/O error on any volume: the plugin then
-//! reaches it through [`client::Engines`], the same handle either way.
+//! (`wasmcsi datapath`, [`process`]) that serves it on a unix socket ([`socket`], [`wire`]) so
+//! that the plugin can die, restart or be upgraded without an I/O error on any volume: the
+//! plugin then reaches it through [`client::Engines`], the same handle either way.
 //!
-//! A data-path process hands its volumes to a new binary live ([`handover`]): every volume is
-//! suspended ([`DataPath::suspend_all`]), the process image is replaced, and the new one adopts
-//! them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the kernel
-//! already has.
+//! A data-path process hands its volumes to a new binary live ([`handover`]: what one process
+//! image hands the next; [`upgrade`]: the `execve` and the taking of the inherited fds): every
+//! volume is suspended ([`DataPath::suspend_all`]), the process image is replaced, and the new
+//! one adopts them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the
+//! kernel already has.
 //!
 //! It also keeps the node's rbd-fuse daemons ([`rbd_fuse`]) for the plugin's RBD staging, so
 //! they outlive the plugin too; they are plain children of this process, which an `execve`
-//! keeps, and the binary's [`rbd_fuse::RbdFuseDaemons`] finds them again from its records.
+//! keeps, and [`rbd_fuse::daemons`] finds them again from their records.
 
+pub mod attach;
 pub mod client;
 pub mod handover;
+pub mod process;
 pub mod rbd_fuse;
 pub mod socket;
+pub mod upgrade;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -36,13 +49,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
+use wasmcsi_block::catalog::AttachInfo;
+use wasmcsi_block::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
+use wasmcsi_block::engine::ReplicaHealth;
+use wasmcsi_block::protocol::Status;
+use wasmcsi_block::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
+use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint};
+
 use crate::attach::{AttachConfig, AttachError, AttachedVolume, SuspendedVolume};
-use crate::catalog::AttachInfo;
-use crate::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
-use crate::engine::ReplicaHealth;
-use crate::protocol::Status;
-use crate::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
-use crate::volume::{InProcessNode, ReplicaEndpoint};
 
 /// Where this node's data path keeps what, and who it is.
 #[derive(Debug, Clone)]
@@ -190,7 +204,7 @@ impl DataPath {
 
     /// Every volume attached here with its engine's status, by volume id: what the node's
     /// `/metrics` shows of its replicated volumes.
-    pub fn statuses(&self) -> Vec<(String, crate::volume::VolumeStatus)> {
+    pub fn statuses(&self) -> Vec<(String, wasmcsi_block::volume::VolumeStatus)> {
         let volumes: Vec<(String, Arc<AttachedVolume>)> = {
             let map = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner);
             map.iter().map(|(id, v)| (id.clone(), v.clone())).collect()
@@ -252,7 +266,7 @@ impl DataPath {
                 }
             })
             .collect();
-        let dir = crate::replica::replica_dir_name(id)
+        let dir = wasmcsi_block::replica::replica_dir_name(id)
             .map_err(|e| DataPathError::Root { path: self.config.engine_root.clone(), message: e.to_string() })?;
         let mut config = AttachConfig::new(id, replicas, self.config.engine_root.join(dir), &self.config.runtime_root);
         config.epoch = info.epoch;
