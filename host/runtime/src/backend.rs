@@ -4,13 +4,17 @@
 //! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
 use crate::bindings::driver::{self, BackendInfo};
 use crate::bindings::types::Error as WitError;
-use crate::capabilities::{Capabilities, ImportSummary};
-use crate::compat::{ComponentPre, ContractVersion, Driver};
+pub use crate::call_error::MAX_ERROR_MESSAGE;
+use crate::call_error::{CallError, clip_message, clip_wit};
+use crate::capabilities::ImportSummary;
+use crate::compat::{ComponentPre, Driver};
 use crate::config::Limits;
+use crate::contract::ContractVersion;
 use crate::engine::EPOCH_TICK;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
 use crate::native::NativeDriver;
-use crate::state::CallState;
+use crate::secrets::{Secrets, secret_refs};
+use crate::state::{CallState, Capabilities};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -19,123 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-
-/// Why a backend call produced no result of its own.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// The guest answered with a WIT error: its own, well-formed failure.
-    #[error("backend {backend}: {op}: {}", describe(error).1)]
-    Backend { backend: String, op: &'static str, error: WitError },
-    #[error("backend {backend}: {op}: stopped at its deadline of {deadline:?}")]
-    Timeout { backend: String, op: &'static str, deadline: Duration },
-    #[error("backend {backend}: {op}: exceeded its memory limit of {limit_mib} MiB")]
-    OutOfMemory { backend: String, op: &'static str, limit_mib: u64 },
-    #[error("backend {backend}: {op}: used up its fuel budget")]
-    OutOfFuel { backend: String, op: &'static str },
-    #[error("backend {backend}: {op}: trapped: {message}")]
-    Trap { backend: String, op: &'static str, message: String },
-    /// The guest returned something the host cannot accept (malformed or out of contract).
-    #[error("backend {backend}: {op}: returned invalid output: {message}")]
-    BadOutput { backend: String, op: &'static str, message: String },
-    #[error("backend {backend}: {op}: {limit} calls already running; retry later")]
-    Busy { backend: String, op: &'static str, limit: u32 },
-}
-
-impl CallError {
-    /// How the call failed, for the `kind` label of `wasmcsi_backend_errors_total`: `error`
-    /// when the backend answered a WIT error, else how the host stopped it.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Backend { .. } => "error",
-            Self::Timeout { .. } => "timeout",
-            Self::OutOfMemory { .. } => "out-of-memory",
-            Self::OutOfFuel { .. } => "out-of-fuel",
-            Self::Trap { .. } => "trap",
-            Self::BadOutput { .. } => "bad-output",
-            Self::Busy { .. } => "busy",
-        }
-    }
-
-    /// The gRPC code the CSI caller gets for this failure, spelled as grpc-go and the
-    /// kubernetes-csi sidecars spell it (`NotFound`, `DeadlineExceeded`): the `code` label of
-    /// every metric. `wasmcsi_csi::error` maps the same failures to `tonic::Code`; its tests
-    /// hold the two to one answer.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Backend { error, .. } => match error {
-                WitError::InvalidArgument(_) => "InvalidArgument",
-                WitError::NotFound(_) => "NotFound",
-                WitError::AlreadyExists(_) => "AlreadyExists",
-                WitError::FailedPrecondition(_) => "FailedPrecondition",
-                WitError::OutOfRange(_) => "OutOfRange",
-                WitError::ResourceExhausted(_) => "ResourceExhausted",
-                WitError::Unavailable(_) => "Unavailable",
-                WitError::Aborted(_) => "Aborted",
-                WitError::Unimplemented(_) => "Unimplemented",
-                WitError::DeadlineExceeded(_) => "DeadlineExceeded",
-                WitError::PermissionDenied(_) => "PermissionDenied",
-                WitError::Internal(_) => "Internal",
-            },
-            // The call may have done part of its work; the CO retries DEADLINE_EXCEEDED.
-            Self::Timeout { .. } => "DeadlineExceeded",
-            Self::OutOfMemory { .. } | Self::OutOfFuel { .. } => "ResourceExhausted",
-            Self::Busy { .. } => "Unavailable",
-            Self::Trap { .. } | Self::BadOutput { .. } => "Internal",
-        }
-    }
-}
-
-/// Longest message of a [`CallError`] (a backend's error message, a trap's text, a rejected
-/// answer's reason): what the host logs for a failed call and hands the CO, so a backend cannot
-/// flood the node's log or a CO's gRPC client through an error. Longer messages are clipped.
-pub const MAX_ERROR_MESSAGE: usize = 1024;
-
-/// `message` clipped to [`MAX_ERROR_MESSAGE`], saying so.
-fn clip_message(message: String) -> String {
-    if message.len() <= MAX_ERROR_MESSAGE {
-        return message;
-    }
-    const MARK: &str = " [clipped]";
-    let kept = crate::imports::log::clip(&message, MAX_ERROR_MESSAGE - MARK.len());
-    format!("{kept}{MARK}")
-}
-
-/// A backend's WIT error with its message clipped (see [`MAX_ERROR_MESSAGE`]).
-fn clip_wit(e: WitError) -> WitError {
-    use WitError::*;
-    match e {
-        InvalidArgument(m) => InvalidArgument(clip_message(m)),
-        NotFound(m) => NotFound(clip_message(m)),
-        AlreadyExists(m) => AlreadyExists(clip_message(m)),
-        FailedPrecondition(m) => FailedPrecondition(clip_message(m)),
-        OutOfRange(m) => OutOfRange(clip_message(m)),
-        ResourceExhausted(m) => ResourceExhausted(clip_message(m)),
-        Unavailable(m) => Unavailable(clip_message(m)),
-        Aborted(m) => Aborted(clip_message(m)),
-        Unimplemented(m) => Unimplemented(clip_message(m)),
-        DeadlineExceeded(m) => DeadlineExceeded(clip_message(m)),
-        PermissionDenied(m) => PermissionDenied(clip_message(m)),
-        Internal(m) => Internal(clip_message(m)),
-    }
-}
-
-/// The case name and message of a WIT error.
-pub fn describe(e: &WitError) -> (&'static str, &str) {
-    match e {
-        WitError::InvalidArgument(m) => ("invalid-argument", m),
-        WitError::NotFound(m) => ("not-found", m),
-        WitError::AlreadyExists(m) => ("already-exists", m),
-        WitError::FailedPrecondition(m) => ("failed-precondition", m),
-        WitError::OutOfRange(m) => ("out-of-range", m),
-        WitError::ResourceExhausted(m) => ("resource-exhausted", m),
-        WitError::Unavailable(m) => ("unavailable", m),
-        WitError::Aborted(m) => ("aborted", m),
-        WitError::Unimplemented(m) => ("unimplemented", m),
-        WitError::DeadlineExceeded(m) => ("deadline-exceeded", m),
-        WitError::PermissionDenied(m) => ("permission-denied", m),
-        WitError::Internal(m) => ("internal", m),
-    }
-}
 
 /// The future a call body returns: the export's result, or a wasmtime error (trap).
 pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result<R, WitError>>> + Send + 'a>>;
@@ -184,7 +71,7 @@ const OUTER_GRACE: Duration = Duration::from_millis(50);
 impl Backend {
     /// Dir roots granted to this backend (the node side resolves bind plans with them).
     pub fn dir_root(&self, root: &str) -> Option<&std::path::Path> {
-        self.caps.dir_roots.get(root).map(PathBuf::as_path)
+        self.caps.dir.root(root)
     }
 
     /// The caller found this backend's answer outside the contract (an invalid id, a size
@@ -208,7 +95,7 @@ impl Backend {
     /// The replica sets this backend's `block` grant reaches (the host's own control plane
     /// uses it too: publishing a replicated volume, the node's attach).
     pub fn block_catalog(&self) -> Option<&wasmcsi_block::catalog::Catalog> {
-        self.caps.block.as_ref()
+        self.caps.block.catalog.as_ref()
     }
 
     pub fn has_feature(&self, f: driver::Feature) -> bool {
@@ -267,7 +154,7 @@ impl Backend {
         let this = self.clone();
         let call = async move {
             let _permit = this.permit(op, Instant::now() + this.limits.call_deadline()).await?;
-            crate::capabilities::local_io(|| crate::native::with_roots(&this.caps.dir_roots, f))
+            crate::local_io::local_io(|| crate::native::with_roots(&this.caps.dir.roots, f))
                 .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error: clip_wit(error) })
         };
         self.detached(op, self.on_guest_threads(op, call)).await
@@ -585,17 +472,4 @@ impl Backend {
         })
         .await
     }
-}
-
-/// CSI secrets of one call, `(key, value)`. Values stay in the host's store; the guest
-/// gets [`secret_refs`]: each key with its index as an opaque handle.
-pub type Secrets = Vec<(String, String)>;
-
-/// The handles the guest sees for `secrets` (valid for the call they are passed to).
-pub fn secret_refs(secrets: &[(String, String)]) -> Vec<driver::SecretRef> {
-    secrets
-        .iter()
-        .enumerate()
-        .map(|(i, (key, _))| driver::SecretRef { key: key.clone(), handle: u32::try_from(i).unwrap_or(u32::MAX) })
-        .collect()
 }

@@ -9,17 +9,13 @@
 //! - a `replicated-block` attach plan has no filesystem of its own (`fs-type` ""; the node's
 //!   default).
 //!
-//! 0.1.0's `block` import is never served ([`BLOCK_REFUSED`]): it had no provider, so no 0.1.0
-//! backend can have used it.
+//! 0.1.0's `block` import is never served (`contract::BLOCK_REFUSED`): it had no provider, so no
+//! 0.1.0 backend can have used it.
 use crate::bindings::driver as new;
 use crate::bindings::types::Error;
 use crate::bindings::v0_1::driver::{self as old, Guest};
 use crate::state::CallState;
 use wasmtime::Store;
-
-/// Why a 0.1.0 component importing `block` does not load.
-pub const BLOCK_REFUSED: &str = "the block capability needs wasmcsi:backend@0.2.0 (0.1.0's block never had a \
-     provider); rebuild the backend against wit/backend.wit";
 
 /// What `reconcile-volume` answers for a 0.1.0 backend.
 const RECONCILE_UNIMPLEMENTED: &str =
