@@ -2,17 +2,23 @@
 //! pre-instantiated component per call, with the backend's memory cap, wall-clock deadline
 //! (epoch interruption), fuel and concurrency limit. Whatever the guest does, the caller gets
 //! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
-use crate::bindings::driver::{self, BackendInfo};
-use crate::bindings::types::Error as WitError;
+//!
+//! Callers use the typed entry points (`Backend::create_volume` and the rest), one per
+//! `driver` export, generated from the export table (`crate::exports`).
+use crate::bindings::driver::{
+    self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot,
+    SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
 pub use crate::call_error::MAX_ERROR_MESSAGE;
 use crate::call_error::{CallError, clip_message, clip_wit};
 use crate::capabilities::ImportSummary;
+pub use crate::compat::CallFuture;
 use crate::compat::{ComponentPre, Driver};
 use crate::config::Limits;
 use crate::contract::ContractVersion;
 use crate::engine::EPOCH_TICK;
+use crate::exports::for_each_export;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
-use crate::native::NativeDriver;
 use crate::secrets::{Secrets, secret_refs};
 use crate::state::{CallState, Capabilities};
 use std::future::Future;
@@ -23,9 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-
-/// The future a call body returns: the export's result, or a wasmtime error (trap).
-pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result<R, WitError>>> + Send + 'a>>;
 
 /// A loaded, checked, ready-to-call backend. Immutable: hot reload swaps in a new one, and
 /// calls holding this `Arc` finish on this version.
@@ -58,7 +61,7 @@ pub(crate) enum Kind {
     /// a sandboxed component (production), of any contract version this host serves
     Wasm { engine: Engine, pre: ComponentPre },
     /// the same guest source linked into the host (benchmarks, tests): no sandbox
-    Native(NativeDriver),
+    Native(crate::native::NativeDriver),
 }
 
 /// Epoch ticks between deadline checks (each check may yield the worker).
@@ -110,7 +113,7 @@ impl Backend {
     pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
     {
         let this = self.clone();
         self.detached(op, self.on_guest_threads(op, async move { this.call_inner(op, secrets, body).await })).await
@@ -138,7 +141,7 @@ impl Backend {
     /// Like [`Backend::call`], in the caller's task (loading: `info` before the backend is shared).
     pub(crate) async fn call_in_place<R, F>(&self, op: &'static str, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         self.observed(op, self.call_inner(op, vec![], body)).await
     }
@@ -149,7 +152,7 @@ impl Backend {
     async fn call_native<R: Send + 'static>(
         self: &Arc<Self>,
         op: &'static str,
-        f: impl FnOnce() -> Result<R, WitError> + Send + 'static,
+        f: impl FnOnce() -> Result<R, crate::bindings::types::Error> + Send + 'static,
     ) -> Result<R, CallError> {
         let this = self.clone();
         let call = async move {
@@ -222,15 +225,18 @@ impl Backend {
 
     async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         let backend = || self.name.clone();
-        let Kind::Wasm { engine, pre } = &self.kind else {
-            return Err(CallError::Trap {
-                backend: backend(),
-                op,
-                message: "a native backend has no component to call".into(),
-            });
+        let (engine, pre) = match &self.kind {
+            Kind::Wasm { engine, pre } => (engine, pre),
+            Kind::Native(_) => {
+                return Err(CallError::Trap {
+                    backend: backend(),
+                    op,
+                    message: "a native backend has no component to call".into(),
+                });
+            }
         };
         let started = Instant::now();
         let deadline_len = self.limits.call_deadline();
@@ -297,179 +303,45 @@ fn classify(
     }
 }
 
-/// Typed entry points, one per export, so callers never touch stores or closures. Each
-/// runs the component, or for a native backend the same export linked into the host.
-impl Backend {
-    pub async fn create_volume(
-        self: &Arc<Self>,
-        req: driver::CreateVolumeRequest,
-        secrets: Secrets,
-    ) -> Result<driver::Volume, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.create_volume;
-            return self.call_native("create_volume", move || f(req)).await;
-        }
-        self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await }))
-            .await
-    }
-    pub async fn delete_volume(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.delete_volume;
-            return self.call_native("delete_volume", move || f(id, refs)).await;
-        }
-        self.call("delete_volume", secrets, move |g, s| {
-            Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })
-        })
-        .await
-    }
-    pub async fn expand_volume(
-        self: &Arc<Self>,
-        id: String,
-        capacity: driver::CapacityRange,
-        capability: Option<driver::VolumeCapability>,
-        secrets: Secrets,
-    ) -> Result<driver::Expansion, CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.expand_volume;
-            return self.call_native("expand_volume", move || f(id, capacity, capability, refs)).await;
-        }
-        self.call("expand_volume", secrets, move |g, s| {
-            Box::pin(async move { g.call_expand_volume(s, &id, capacity, capability.as_ref(), &refs).await })
-        })
-        .await
-    }
-    pub async fn get_volume(self: &Arc<Self>, id: String) -> Result<driver::VolumeStatus, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_volume;
-            return self.call_native("get_volume", move || f(id)).await;
-        }
-        self.call("get_volume", vec![], move |g, s| Box::pin(async move { g.call_get_volume(s, &id).await })).await
-    }
-    pub async fn list_volumes(
-        self: &Arc<Self>,
-        max_entries: u32,
-        token: String,
-    ) -> Result<driver::VolumePage, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.list_volumes;
-            return self.call_native("list_volumes", move || f(max_entries, token)).await;
-        }
-        self.call("list_volumes", vec![], move |g, s| {
-            Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })
-        })
-        .await
-    }
-    pub async fn validate_volume_capabilities(
-        self: &Arc<Self>,
-        id: String,
-        context: Vec<driver::Pair>,
-        caps: Vec<driver::VolumeCapability>,
-        params: Vec<driver::Pair>,
-    ) -> Result<Option<String>, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.validate_volume_capabilities;
-            return self.call_native("validate_volume_capabilities", move || f(id, context, caps, params)).await;
-        }
-        self.call("validate_volume_capabilities", vec![], move |g, s| {
-            Box::pin(async move { g.call_validate_volume_capabilities(s, &id, &context, &caps, &params).await })
-        })
-        .await
-    }
-    pub async fn create_snapshot(
-        self: &Arc<Self>,
-        name: String,
-        source: String,
-        params: Vec<driver::Pair>,
-        secrets: Secrets,
-    ) -> Result<driver::Snapshot, CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.create_snapshot;
-            return self.call_native("create_snapshot", move || f(name, source, params, refs)).await;
-        }
-        self.call("create_snapshot", secrets, move |g, s| {
-            Box::pin(async move { g.call_create_snapshot(s, &name, &source, &params, &refs).await })
-        })
-        .await
-    }
-    pub async fn delete_snapshot(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.delete_snapshot;
-            return self.call_native("delete_snapshot", move || f(id, refs)).await;
-        }
-        self.call("delete_snapshot", secrets, move |g, s| {
-            Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })
-        })
-        .await
-    }
-    pub async fn list_snapshots(
-        self: &Arc<Self>,
-        snapshot_id: Option<String>,
-        source_volume_id: Option<String>,
-        max_entries: u32,
-        token: String,
-    ) -> Result<driver::SnapshotPage, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.list_snapshots;
-            return self
-                .call_native("list_snapshots", move || f(snapshot_id, source_volume_id, max_entries, token))
-                .await;
-        }
-        self.call("list_snapshots", vec![], move |g, s| {
-            Box::pin(async move {
-                g.call_list_snapshots(s, snapshot_id.as_deref(), source_volume_id.as_deref(), max_entries, &token).await
-            })
-        })
-        .await
-    }
-    pub async fn get_capacity(
-        self: &Arc<Self>,
-        caps: Vec<driver::VolumeCapability>,
-        params: Vec<driver::Pair>,
-        topology: Option<driver::Topology>,
-    ) -> Result<driver::Capacity, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_capacity;
-            return self.call_native("get_capacity", move || f(caps, params, topology)).await;
-        }
-        self.call("get_capacity", vec![], move |g, s| {
-            Box::pin(async move { g.call_get_capacity(s, &caps, &params, topology.as_ref()).await })
-        })
-        .await
-    }
-    pub async fn get_snapshot(self: &Arc<Self>, id: String) -> Result<driver::Snapshot, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_snapshot;
-            return self.call_native("get_snapshot", move || f(id)).await;
-        }
-        self.call("get_snapshot", vec![], move |g, s| Box::pin(async move { g.call_get_snapshot(s, &id).await })).await
-    }
-    pub async fn reconcile_volume(self: &Arc<Self>, id: String) -> Result<(), CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.reconcile_volume;
-            return self.call_native("reconcile_volume", move || f(id)).await;
-        }
-        self.call("reconcile_volume", vec![], move |g, s| {
-            Box::pin(async move { g.call_reconcile_volume(s, &id).await })
-        })
-        .await
-    }
-    pub async fn attach_plan(
-        self: &Arc<Self>,
-        id: String,
-        context: Vec<driver::Pair>,
-        capability: driver::VolumeCapability,
-    ) -> Result<driver::Attachment, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.attach_plan;
-            return self.call_native("attach_plan", move || f(id, context, capability)).await;
-        }
-        self.call("attach_plan", vec![], move |g, s| {
-            Box::pin(async move { g.call_attach_plan(s, &id, &context, &capability).await })
-        })
-        .await
-    }
+/// Secrets for the store: a `+ secrets` or `with secrets` row's argument, else none.
+macro_rules! call_secrets {
+    () => {
+        Secrets::new()
+    };
+    ($secrets:ident) => {
+        $secrets
+    };
 }
+
+/// The typed entry points, one per export of the table, so callers never touch stores or
+/// closures. Each runs the component (or a native backend's function) under the backend's
+/// limits; its `op` (metrics label, span field) is its name.
+macro_rules! entry_points {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+    )*) => {
+        impl Backend {
+            $(
+                $(#[$doc])*
+                pub async fn $f(
+                    self: &Arc<Self>,
+                    $($a: $t,)*
+                    $($refs: Secrets,)?
+                    $($values: Secrets,)?
+                ) -> Result<$r, CallError> {
+                    let values: Secrets = call_secrets!($($refs)? $($values)?);
+                    // The guest gets the secrets' handles; the values stay in the store.
+                    $(let $refs = secret_refs(&values);)?
+                    if let Kind::Native(native) = &self.kind {
+                        let f = native.$f;
+                        return self.call_native(stringify!($f), move || f($($a,)* $($refs,)?)).await;
+                    }
+                    self.call(stringify!($f), values, move |driver, store| driver.$f(store, $($a,)* $($refs,)?)).await
+                }
+            )*
+        }
+    };
+}
+
+for_each_export!(entry_points);

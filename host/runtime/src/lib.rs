@@ -5,8 +5,22 @@
 //! timeouts). Traps, timeouts and OOMs come back as [`CallError`] values; nothing a guest does
 //! can take the process down. It knows nothing of CSI or gRPC: that is `wasmcsi-csi`.
 //!
-//! Each capability sees only its own view of a call (`imports::NAME`'s `…CtxView`); `state.rs`
-//! holds the call's store data and lends each capability its view.
+//! # The boundary, where each part of it is written
+//!
+//! - The contract's names and versions: `contract.rs`; each version's Rust types:
+//!   `bindings.rs` (one `bindgen!` per version).
+//! - **An export** (what the host calls): one row in the export table, `exports.rs`, which
+//!   generates the `compat::Driver` trait, the current version's calls (`compat/current.rs`),
+//!   the typed entry points (`Backend::create_volume`, …, in `backend.rs`) and the native test
+//!   backend's table; plus one entry per previous contract version in its `impl Driver`
+//!   (`compat/v0_1.rs`). `exports.rs` lists the steps.
+//! - **An import** (what a backend calls): its host function in `imports/NAME.rs`, on that
+//!   capability's view of the call (`…CtxView`); bindgen's `Host` trait makes a missing one a
+//!   compile error. A new *capability*: a module in `imports/` (its `…Ctx`, `…CtxView`,
+//!   `…View`, `add_to_instance`), a case of `capabilities::Capability` with its grant check,
+//!   its context in `state::Capabilities` (built in `Runtime::assemble`) and its view in
+//!   `state.rs`, an arm in `compat::link`.
+//! - What one call's store holds and lends each capability: `state.rs`.
 pub mod backend;
 pub mod bindings;
 pub mod cache;
@@ -17,6 +31,7 @@ pub mod config;
 pub mod contract;
 pub mod engine;
 pub mod executor;
+mod exports;
 mod imports;
 mod limiter;
 mod local_io;

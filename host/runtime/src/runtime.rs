@@ -216,7 +216,7 @@ impl Runtime {
         backend.path = path;
         backend.cache_hit = cache_hit;
         let info = backend
-            .call_in_place("info", |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
+            .call_in_place("info", |driver, store| driver.info(store))
             .await
             .map_err(|e| LoadError::Info { name: name.into(), source: Box::new(e) })?;
         if info.name.is_empty() || info.name.len() > 64 || info.version.len() > 64 {

@@ -1,23 +1,34 @@
 //! The contract versions this host serves side by side, and the one place that tells them
 //! apart once a component's version is known (`contract::ContractVersion::detect`): [`link`]
-//! links the host's capabilities under that version's names, and [`ComponentPre`] /
-//! [`Driver`] instantiate it and call its exports through the current (0.2.0) Rust types, so
-//! nothing outside this module knows an older guest from a current one. What 0.1.0 does
-//! differently lives in [`v0_1`].
+//! links the host's capabilities under that version's names, and [`ComponentPre`] instantiates
+//! it and hands out its exports as a [`Driver`], called with and answering the current Rust
+//! types, so nothing outside this module knows an older guest from a current one.
+//!
+//! - `driver.rs`: the [`Driver`] trait, generated from the export table (`crate::exports`);
+//! - `current.rs`: the current version's exports, generated from the same table;
+//! - `v0_1.rs`: what `wasmcsi:backend@0.1.0` guests answer, and the record conversions;
+//! - `lend.rs`: `forward!`, for a previous version's exports that take the current arguments.
+//!
+//! # A new contract version
+//!
+//! When `@0.N.0` becomes current, the one it replaces becomes a previous version like 0.1.0:
+//! its WIT moves to `wit/previous/`, it gets a `bindgen!` in `bindings.rs` (the interfaces it
+//! shares with the new version through `with`), a variant in `contract::ContractVersion`, a
+//! module here whose `impl Driver for …::driver::Guest` forwards what did not change and
+//! converts what did, and an arm in [`ComponentPre`] and [`link`]. The current version's
+//! exports are the table's rows (`crate::exports`); its `DRIVER` name is in `current.rs`.
 //!
 //! It does not decide which capabilities a backend may import (`capabilities`), nor run calls
 //! under limits (`backend`).
 mod current;
+mod driver;
+mod lend;
 pub mod v0_1;
 
 pub use current::Current;
+pub use driver::{CallFuture, Driver};
 
 use crate::bindings;
-use crate::bindings::driver::{
-    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, SecretRef, Snapshot,
-    SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
-};
-use crate::bindings::types::Error;
 use crate::capabilities::Capability;
 use crate::contract::{BLOCK_REFUSED, ContractVersion};
 use crate::imports;
@@ -82,79 +93,11 @@ impl ComponentPre {
 }
 
 impl Instance {
-    pub(crate) fn driver(&self) -> Driver<'_> {
+    /// The instance's `driver` exports, in the current types.
+    pub(crate) fn driver(&self) -> &dyn Driver {
         match self {
-            Self::V0_1(i) => Driver::V0_1(i.wasmcsi_backend_driver()),
-            Self::V0_2(i) => Driver::V0_2(i),
+            Self::V0_1(i) => i.wasmcsi_backend_driver(),
+            Self::V0_2(i) => i,
         }
-    }
-}
-
-/// The `driver` exports of one instance, whatever version it was built against, called with
-/// and answering the current types. Method names and arguments are those of the current
-/// bindings' `Guest`.
-#[derive(Clone, Copy)]
-pub enum Driver<'a> {
-    V0_1(&'a bindings::v0_1::driver::Guest),
-    V0_2(&'a Current),
-}
-
-/// Per export: a 0.2.0 guest is called as is; a `forward`ed export takes the same arguments in
-/// 0.1.0 and its answer is converted, an `adapt`ed one is answered by [`v0_1`].
-macro_rules! dispatch {
-    (
-        forward { $(fn $f:ident($($fa:ident: $ft:ty),*) -> $fr:ty;)* }
-        adapt { $(fn $a:ident($($aa:ident: $at:ty),*) -> $ar:ty;)* }
-    ) => {
-        impl Driver<'_> {
-            $(pub async fn $f(self, store: &mut Store<CallState>, $($fa: $ft),*) -> wasmtime::Result<Result<$fr, Error>> {
-                match self {
-                    Self::V0_1(g) => g.$f(store, $($fa),*).await.map(|answer| answer.map(Into::into)),
-                    Self::V0_2(g) => g.$f(store, $($fa),*).await,
-                }
-            })*
-            $(pub async fn $a(self, store: &mut Store<CallState>, $($aa: $at),*) -> wasmtime::Result<$ar> {
-                match self {
-                    Self::V0_1(g) => v0_1::$a(g, store, $($aa),*).await,
-                    Self::V0_2(g) => g.$a(store, $($aa),*).await,
-                }
-            })*
-        }
-    };
-}
-
-dispatch! {
-    forward {
-        fn call_delete_volume(volume_id: &str, secrets: &[SecretRef]) -> ();
-        fn call_expand_volume(
-            volume_id: &str,
-            capacity: CapacityRange,
-            capability: Option<&VolumeCapability>,
-            secrets: &[SecretRef]
-        ) -> Expansion;
-        fn call_get_volume(volume_id: &str) -> VolumeStatus;
-        fn call_list_volumes(max_entries: u32, starting_token: &str) -> VolumePage;
-        fn call_validate_volume_capabilities(
-            volume_id: &str,
-            volume_context: &[Pair],
-            capabilities: &[VolumeCapability],
-            parameters: &[Pair]
-        ) -> Option<String>;
-        fn call_create_snapshot(name: &str, source_volume_id: &str, parameters: &[Pair], secrets: &[SecretRef]) -> Snapshot;
-        fn call_delete_snapshot(snapshot_id: &str, secrets: &[SecretRef]) -> ();
-        fn call_list_snapshots(
-            snapshot_id: Option<&str>,
-            source_volume_id: Option<&str>,
-            max_entries: u32,
-            starting_token: &str
-        ) -> SnapshotPage;
-        fn call_get_capacity(capabilities: &[VolumeCapability], parameters: &[Pair], topology: Option<&Topology>) -> Capacity;
-        fn call_attach_plan(volume_id: &str, volume_context: &[Pair], capability: &VolumeCapability) -> Attachment;
-    }
-    adapt {
-        fn call_info() -> BackendInfo;
-        fn call_create_volume(req: &CreateVolumeRequest) -> Result<Volume, Error>;
-        fn call_get_snapshot(snapshot_id: &str) -> Result<Snapshot, Error>;
-        fn call_reconcile_volume(volume_id: &str) -> Result<(), Error>;
     }
 }
