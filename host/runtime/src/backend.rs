@@ -60,7 +60,9 @@ pub struct Backend {
 pub(crate) enum Kind {
     /// a sandboxed component (production), of any contract version this host serves
     Wasm { engine: Engine, pre: ComponentPre },
-    /// the same guest source linked into the host (benchmarks, tests): no sandbox
+    /// the same guest source linked into the host (benchmarks, tests; feature `native`): no
+    /// sandbox
+    #[cfg(feature = "native")]
     Native(crate::native::NativeDriver),
 }
 
@@ -149,6 +151,7 @@ impl Backend {
     /// Run one export of a native backend with this backend's dir roots, in its own task
     /// like a component call. A native call cannot be interrupted; its caller stops waiting
     /// at the deadline.
+    #[cfg(feature = "native")]
     async fn call_native<R: Send + 'static>(
         self: &Arc<Self>,
         op: &'static str,
@@ -230,6 +233,7 @@ impl Backend {
         let backend = || self.name.clone();
         let (engine, pre) = match &self.kind {
             Kind::Wasm { engine, pre } => (engine, pre),
+            #[cfg(feature = "native")]
             Kind::Native(_) => {
                 return Err(CallError::Trap {
                     backend: backend(),
@@ -314,8 +318,8 @@ macro_rules! call_secrets {
 }
 
 /// The typed entry points, one per export of the table, so callers never touch stores or
-/// closures. Each runs the component (or a native backend's function) under the backend's
-/// limits; its `op` (metrics label, span field) is its name.
+/// closures. Each runs the component (or, with the `native` feature, a native backend's
+/// function) under the backend's limits; its `op` (metrics label, span field) is its name.
 macro_rules! entry_points {
     ($(
         $(#[$doc:meta])*
@@ -333,6 +337,7 @@ macro_rules! entry_points {
                     let values: Secrets = call_secrets!($($refs)? $($values)?);
                     // The guest gets the secrets' handles; the values stay in the store.
                     $(let $refs = secret_refs(&values);)?
+                    #[cfg(feature = "native")]
                     if let Kind::Native(native) = &self.kind {
                         let f = native.$f;
                         return self.call_native(stringify!($f), move || f($($a,)* $($refs,)?)).await;

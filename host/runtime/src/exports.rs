@@ -7,7 +7,8 @@
 //! - the current version's calls into a component (`compat/current.rs`);
 //! - the typed entry points callers use, `Backend::create_volume` and the rest
 //!   (`backend.rs`);
-//! - the native test backend's `Guest` trait and function table (`native/`).
+//! - with the `native` feature, the native test backend's `Guest` trait and function table
+//!   (`native/`).
 //!
 //! `info` is not in the list: it is the one export every version has, that cannot fail and
 //! that only loading calls; each of those places writes it out.

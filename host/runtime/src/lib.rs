@@ -21,6 +21,9 @@
 //!   its context in `state::Capabilities` (built in `Runtime::assemble`) and its view in
 //!   `state.rs`, an arm in `compat::link`.
 //! - What one call's store holds and lends each capability: `state.rs`.
+//!
+//! With the `native` feature (benchmarks and tests only), `native` links backends into the
+//! host instead of loading components; production builds carry none of it.
 pub mod backend;
 pub mod bindings;
 pub mod cache;
@@ -37,6 +40,7 @@ mod limiter;
 mod local_io;
 pub mod metadata;
 pub mod metrics;
+#[cfg(feature = "native")]
 pub mod native;
 pub mod registry;
 pub mod runtime;

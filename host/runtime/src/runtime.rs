@@ -230,7 +230,9 @@ impl Runtime {
     }
 
     /// A backend whose guest source is linked into this process (see [`crate::native`]):
-    /// same grants, limits and metrics, no sandbox. For benchmarks and tests.
+    /// same grants, limits and metrics, no sandbox. For benchmarks and tests (feature
+    /// `native`).
+    #[cfg(feature = "native")]
     pub fn load_native(&self, name: &str, driver: crate::native::NativeDriver) -> Result<Arc<Backend>, LoadError> {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));

@@ -1,15 +1,14 @@
-//! Backends linked natively instead of loaded as components, for benchmarks and tests: a
-//! [`NativeDriver`] is a backend's exports as plain functions over the host's binding types.
-//! It exists to measure what the sandbox costs (the same backend, `.wasm` vs native, through
-//! the same CSI path) and to let host tests plug in a planner without compiling a component.
-//! Production loads `.wasm`; a native backend has no memory cap, deadline trap or fuel, only
-//! the import-side checks (`dir` resolution).
+//! Backends linked natively instead of loaded as components, for benchmarks and tests only
+//! (feature `native`; production builds have none of this module): a [`NativeDriver`] is a
+//! backend's exports as plain functions over the host's binding types. It exists to measure
+//! what the sandbox costs (the same backend, `.wasm` vs native, through the same CSI path) and
+//! to let host tests plug in a planner without compiling a component. A native backend has no
+//! memory cap, deadline trap or fuel, only the import-side checks (`dir` resolution).
 //!
 //! Two ways in: [`NativeDriver::of`] a type implementing [`Guest`] (host types, for host
-//! tests), and, with the `native` feature (benches and tests only, it links the guest SDK),
-//! `NativeDriver::of_backend` a `wasmcsi_backend_sdk::Backend`: the backend's own crate,
-//! compiled for the host, with `dir` and `log` served by the host and nothing else granted.
-//! Both are generated from the export table (`crate::exports`).
+//! tests), and [`NativeDriver::of_backend`] a `wasmcsi_backend_sdk::Backend`: the backend's
+//! own crate, compiled for the host, with `dir` and `log` served by the host and nothing else
+//! granted. Both are generated from the export table (`crate::exports`).
 use crate::bindings::driver::{
     Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot, SnapshotPage,
     Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
@@ -20,7 +19,6 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-#[cfg(feature = "native")]
 mod sdk;
 
 thread_local! {

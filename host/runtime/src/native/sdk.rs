@@ -1,4 +1,4 @@
-//! A guest-SDK backend linked natively (feature `native`): [`NativeDriver::of_backend`] calls a
+//! A guest-SDK backend linked natively: [`NativeDriver::of_backend`] calls a
 //! `wasmcsi_backend_sdk::Backend` with a host that serves `dir` (the backend's granted roots,
 //! through the same checked operations as the component's import) and `log` (tracing), and
 //! grants nothing else. The two bindings of the one WIT (wasmtime's here, wit-bindgen's in the
