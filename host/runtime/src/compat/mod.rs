@@ -16,7 +16,11 @@
 //! shares with the new version through `with`), a variant in `contract::ContractVersion`, a
 //! module here whose `impl Driver for …::driver::Guest` forwards what did not change and
 //! converts what did, and an arm in [`ComponentPre`] and [`link`]. The current version's
-//! exports are the table's rows (`crate::exports`); its `DRIVER` name is in `current.rs`.
+//! exports are the table's rows (`crate::exports`); its `DRIVER` name is in `current.rs`. An
+//! imported interface whose shape changed keeps serving the previous version's guests through
+//! that version's `Host` trait implemented on the same view (`impl v0_N::…::rbd::Host for
+//! RbdCtxView<'_>`, converting to the current functions) and its own arm in [`link`]; one
+//! whose shape did not is shared through `with` and needs nothing.
 //!
 //! It does not decide which capabilities a backend may import (`capabilities`), nor run calls
 //! under limits (`backend`).
