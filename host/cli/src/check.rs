@@ -99,7 +99,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
     for e in &exports {
         println!("  {e}");
     }
-    match ContractVersion::detect(&imports, &exports) {
+    match ContractVersion::detect(&imports.wasmcsi, &exports) {
         Ok(v) if v == ContractVersion::CURRENT => println!("contract: {v}"),
         Ok(v) => println!("contract: {v} (previous version, served beside {})", ContractVersion::CURRENT),
         Err(e) => println!("contract: none this host serves: {e}"),

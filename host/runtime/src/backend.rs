@@ -2,15 +2,25 @@
 //! pre-instantiated component per call, with the backend's memory cap, wall-clock deadline
 //! (epoch interruption), fuel and concurrency limit. Whatever the guest does, the caller gets
 //! a value: its result, its WIT error, or a [`CallError`] saying why the call was stopped.
-use crate::bindings::driver::{self, BackendInfo};
-use crate::bindings::types::Error as WitError;
-use crate::capabilities::{Capabilities, ImportSummary};
-use crate::compat::{ComponentPre, ContractVersion, Driver};
+//!
+//! Callers use the typed entry points (`Backend::create_volume` and the rest), one per
+//! `driver` export, generated from the export table (`crate::exports`).
+use crate::bindings::driver::{
+    self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot,
+    SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
+pub use crate::call_error::MAX_ERROR_MESSAGE;
+use crate::call_error::{CallError, clip_message, clip_wit};
+use crate::capabilities::ImportSummary;
+pub use crate::compat::CallFuture;
+use crate::compat::{ComponentPre, Driver};
 use crate::config::Limits;
+use crate::contract::ContractVersion;
 use crate::engine::EPOCH_TICK;
+use crate::exports::for_each_export;
 use crate::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
-use crate::native::NativeDriver;
-use crate::state::CallState;
+use crate::secrets::{Secrets, secret_refs};
+use crate::state::{CallState, Capabilities};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -19,126 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-
-/// Why a backend call produced no result of its own.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// The guest answered with a WIT error: its own, well-formed failure.
-    #[error("backend {backend}: {op}: {}", describe(error).1)]
-    Backend { backend: String, op: &'static str, error: WitError },
-    #[error("backend {backend}: {op}: stopped at its deadline of {deadline:?}")]
-    Timeout { backend: String, op: &'static str, deadline: Duration },
-    #[error("backend {backend}: {op}: exceeded its memory limit of {limit_mib} MiB")]
-    OutOfMemory { backend: String, op: &'static str, limit_mib: u64 },
-    #[error("backend {backend}: {op}: used up its fuel budget")]
-    OutOfFuel { backend: String, op: &'static str },
-    #[error("backend {backend}: {op}: trapped: {message}")]
-    Trap { backend: String, op: &'static str, message: String },
-    /// The guest returned something the host cannot accept (malformed or out of contract).
-    #[error("backend {backend}: {op}: returned invalid output: {message}")]
-    BadOutput { backend: String, op: &'static str, message: String },
-    #[error("backend {backend}: {op}: {limit} calls already running; retry later")]
-    Busy { backend: String, op: &'static str, limit: u32 },
-}
-
-impl CallError {
-    /// How the call failed, for the `kind` label of `wasmcsi_backend_errors_total`: `error`
-    /// when the backend answered a WIT error, else how the host stopped it.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Backend { .. } => "error",
-            Self::Timeout { .. } => "timeout",
-            Self::OutOfMemory { .. } => "out-of-memory",
-            Self::OutOfFuel { .. } => "out-of-fuel",
-            Self::Trap { .. } => "trap",
-            Self::BadOutput { .. } => "bad-output",
-            Self::Busy { .. } => "busy",
-        }
-    }
-
-    /// The gRPC code the CSI caller gets for this failure, spelled as grpc-go and the
-    /// kubernetes-csi sidecars spell it (`NotFound`, `DeadlineExceeded`): the `code` label of
-    /// every metric. `wasmcsi_csi::error` maps the same failures to `tonic::Code`; its tests
-    /// hold the two to one answer.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Backend { error, .. } => match error {
-                WitError::InvalidArgument(_) => "InvalidArgument",
-                WitError::NotFound(_) => "NotFound",
-                WitError::AlreadyExists(_) => "AlreadyExists",
-                WitError::FailedPrecondition(_) => "FailedPrecondition",
-                WitError::OutOfRange(_) => "OutOfRange",
-                WitError::ResourceExhausted(_) => "ResourceExhausted",
-                WitError::Unavailable(_) => "Unavailable",
-                WitError::Aborted(_) => "Aborted",
-                WitError::Unimplemented(_) => "Unimplemented",
-                WitError::DeadlineExceeded(_) => "DeadlineExceeded",
-                WitError::PermissionDenied(_) => "PermissionDenied",
-                WitError::Internal(_) => "Internal",
-            },
-            // The call may have done part of its work; the CO retries DEADLINE_EXCEEDED.
-            Self::Timeout { .. } => "DeadlineExceeded",
-            Self::OutOfMemory { .. } | Self::OutOfFuel { .. } => "ResourceExhausted",
-            Self::Busy { .. } => "Unavailable",
-            Self::Trap { .. } | Self::BadOutput { .. } => "Internal",
-        }
-    }
-}
-
-/// Longest message of a [`CallError`] (a backend's error message, a trap's text, a rejected
-/// answer's reason): what the host logs for a failed call and hands the CO, so a backend cannot
-/// flood the node's log or a CO's gRPC client through an error. Longer messages are clipped.
-pub const MAX_ERROR_MESSAGE: usize = 1024;
-
-/// `message` clipped to [`MAX_ERROR_MESSAGE`], saying so.
-fn clip_message(message: String) -> String {
-    if message.len() <= MAX_ERROR_MESSAGE {
-        return message;
-    }
-    const MARK: &str = " [clipped]";
-    let kept = crate::imports::log::clip(&message, MAX_ERROR_MESSAGE - MARK.len());
-    format!("{kept}{MARK}")
-}
-
-/// A backend's WIT error with its message clipped (see [`MAX_ERROR_MESSAGE`]).
-fn clip_wit(e: WitError) -> WitError {
-    use WitError::*;
-    match e {
-        InvalidArgument(m) => InvalidArgument(clip_message(m)),
-        NotFound(m) => NotFound(clip_message(m)),
-        AlreadyExists(m) => AlreadyExists(clip_message(m)),
-        FailedPrecondition(m) => FailedPrecondition(clip_message(m)),
-        OutOfRange(m) => OutOfRange(clip_message(m)),
-        ResourceExhausted(m) => ResourceExhausted(clip_message(m)),
-        Unavailable(m) => Unavailable(clip_message(m)),
-        Aborted(m) => Aborted(clip_message(m)),
-        Unimplemented(m) => Unimplemented(clip_message(m)),
-        DeadlineExceeded(m) => DeadlineExceeded(clip_message(m)),
-        PermissionDenied(m) => PermissionDenied(clip_message(m)),
-        Internal(m) => Internal(clip_message(m)),
-    }
-}
-
-/// The case name and message of a WIT error.
-pub fn describe(e: &WitError) -> (&'static str, &str) {
-    match e {
-        WitError::InvalidArgument(m) => ("invalid-argument", m),
-        WitError::NotFound(m) => ("not-found", m),
-        WitError::AlreadyExists(m) => ("already-exists", m),
-        WitError::FailedPrecondition(m) => ("failed-precondition", m),
-        WitError::OutOfRange(m) => ("out-of-range", m),
-        WitError::ResourceExhausted(m) => ("resource-exhausted", m),
-        WitError::Unavailable(m) => ("unavailable", m),
-        WitError::Aborted(m) => ("aborted", m),
-        WitError::Unimplemented(m) => ("unimplemented", m),
-        WitError::DeadlineExceeded(m) => ("deadline-exceeded", m),
-        WitError::PermissionDenied(m) => ("permission-denied", m),
-        WitError::Internal(m) => ("internal", m),
-    }
-}
-
-/// The future a call body returns: the export's result, or a wasmtime error (trap).
-pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result<R, WitError>>> + Send + 'a>>;
 
 /// A loaded, checked, ready-to-call backend. Immutable: hot reload swaps in a new one, and
 /// calls holding this `Arc` finish on this version.
@@ -170,8 +60,10 @@ pub struct Backend {
 pub(crate) enum Kind {
     /// a sandboxed component (production), of any contract version this host serves
     Wasm { engine: Engine, pre: ComponentPre },
-    /// the same guest source linked into the host (benchmarks, tests): no sandbox
-    Native(NativeDriver),
+    /// the same guest source linked into the host (benchmarks, tests; feature `native`): no
+    /// sandbox
+    #[cfg(feature = "native")]
+    Native(crate::native::NativeDriver),
 }
 
 /// Epoch ticks between deadline checks (each check may yield the worker).
@@ -184,7 +76,7 @@ const OUTER_GRACE: Duration = Duration::from_millis(50);
 impl Backend {
     /// Dir roots granted to this backend (the node side resolves bind plans with them).
     pub fn dir_root(&self, root: &str) -> Option<&std::path::Path> {
-        self.caps.dir_roots.get(root).map(PathBuf::as_path)
+        self.caps.dir.root(root)
     }
 
     /// The caller found this backend's answer outside the contract (an invalid id, a size
@@ -208,7 +100,7 @@ impl Backend {
     /// The replica sets this backend's `block` grant reaches (the host's own control plane
     /// uses it too: publishing a replicated volume, the node's attach).
     pub fn block_catalog(&self) -> Option<&wasmcsi_block::catalog::Catalog> {
-        self.caps.block.as_ref()
+        self.caps.block.catalog.as_ref()
     }
 
     pub fn has_feature(&self, f: driver::Feature) -> bool {
@@ -223,7 +115,7 @@ impl Backend {
     pub async fn call<R, F>(self: &Arc<Self>, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R> + Send + 'static,
     {
         let this = self.clone();
         self.detached(op, self.on_guest_threads(op, async move { this.call_inner(op, secrets, body).await })).await
@@ -251,7 +143,7 @@ impl Backend {
     /// Like [`Backend::call`], in the caller's task (loading: `info` before the backend is shared).
     pub(crate) async fn call_in_place<R, F>(&self, op: &'static str, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         self.observed(op, self.call_inner(op, vec![], body)).await
     }
@@ -259,15 +151,16 @@ impl Backend {
     /// Run one export of a native backend with this backend's dir roots, in its own task
     /// like a component call. A native call cannot be interrupted; its caller stops waiting
     /// at the deadline.
+    #[cfg(feature = "native")]
     async fn call_native<R: Send + 'static>(
         self: &Arc<Self>,
         op: &'static str,
-        f: impl FnOnce() -> Result<R, WitError> + Send + 'static,
+        f: impl FnOnce() -> Result<R, crate::bindings::types::Error> + Send + 'static,
     ) -> Result<R, CallError> {
         let this = self.clone();
         let call = async move {
             let _permit = this.permit(op, Instant::now() + this.limits.call_deadline()).await?;
-            crate::capabilities::local_io(|| crate::native::with_roots(&this.caps.dir_roots, f))
+            crate::local_io::local_io(|| crate::native::with_roots(&this.caps.dir.roots, f))
                 .map_err(|error| CallError::Backend { backend: this.name.clone(), op, error: clip_wit(error) })
         };
         self.detached(op, self.on_guest_threads(op, call)).await
@@ -335,15 +228,19 @@ impl Backend {
 
     async fn call_inner<R, F>(&self, op: &'static str, secrets: Secrets, body: F) -> Result<R, CallError>
     where
-        F: for<'a> FnOnce(Driver<'a>, &'a mut Store<CallState>) -> CallFuture<'a, R>,
+        F: for<'a> FnOnce(&'a dyn Driver, &'a mut Store<CallState>) -> CallFuture<'a, R>,
     {
         let backend = || self.name.clone();
-        let Kind::Wasm { engine, pre } = &self.kind else {
-            return Err(CallError::Trap {
-                backend: backend(),
-                op,
-                message: "a native backend has no component to call".into(),
-            });
+        let (engine, pre) = match &self.kind {
+            Kind::Wasm { engine, pre } => (engine, pre),
+            #[cfg(feature = "native")]
+            Kind::Native(_) => {
+                return Err(CallError::Trap {
+                    backend: backend(),
+                    op,
+                    message: "a native backend has no component to call".into(),
+                });
+            }
         };
         let started = Instant::now();
         let deadline_len = self.limits.call_deadline();
@@ -410,192 +307,46 @@ fn classify(
     }
 }
 
-/// Typed entry points, one per export, so callers never touch stores or closures. Each
-/// runs the component, or for a native backend the same export linked into the host.
-impl Backend {
-    pub async fn create_volume(
-        self: &Arc<Self>,
-        req: driver::CreateVolumeRequest,
-        secrets: Secrets,
-    ) -> Result<driver::Volume, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.create_volume;
-            return self.call_native("create_volume", move || f(req)).await;
-        }
-        self.call("create_volume", secrets, move |g, s| Box::pin(async move { g.call_create_volume(s, &req).await }))
-            .await
-    }
-    pub async fn delete_volume(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.delete_volume;
-            return self.call_native("delete_volume", move || f(id, refs)).await;
-        }
-        self.call("delete_volume", secrets, move |g, s| {
-            Box::pin(async move { g.call_delete_volume(s, &id, &refs).await })
-        })
-        .await
-    }
-    pub async fn expand_volume(
-        self: &Arc<Self>,
-        id: String,
-        capacity: driver::CapacityRange,
-        capability: Option<driver::VolumeCapability>,
-        secrets: Secrets,
-    ) -> Result<driver::Expansion, CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.expand_volume;
-            return self.call_native("expand_volume", move || f(id, capacity, capability, refs)).await;
-        }
-        self.call("expand_volume", secrets, move |g, s| {
-            Box::pin(async move { g.call_expand_volume(s, &id, capacity, capability.as_ref(), &refs).await })
-        })
-        .await
-    }
-    pub async fn get_volume(self: &Arc<Self>, id: String) -> Result<driver::VolumeStatus, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_volume;
-            return self.call_native("get_volume", move || f(id)).await;
-        }
-        self.call("get_volume", vec![], move |g, s| Box::pin(async move { g.call_get_volume(s, &id).await })).await
-    }
-    pub async fn list_volumes(
-        self: &Arc<Self>,
-        max_entries: u32,
-        token: String,
-    ) -> Result<driver::VolumePage, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.list_volumes;
-            return self.call_native("list_volumes", move || f(max_entries, token)).await;
-        }
-        self.call("list_volumes", vec![], move |g, s| {
-            Box::pin(async move { g.call_list_volumes(s, max_entries, &token).await })
-        })
-        .await
-    }
-    pub async fn validate_volume_capabilities(
-        self: &Arc<Self>,
-        id: String,
-        context: Vec<driver::Pair>,
-        caps: Vec<driver::VolumeCapability>,
-        params: Vec<driver::Pair>,
-    ) -> Result<Option<String>, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.validate_volume_capabilities;
-            return self.call_native("validate_volume_capabilities", move || f(id, context, caps, params)).await;
-        }
-        self.call("validate_volume_capabilities", vec![], move |g, s| {
-            Box::pin(async move { g.call_validate_volume_capabilities(s, &id, &context, &caps, &params).await })
-        })
-        .await
-    }
-    pub async fn create_snapshot(
-        self: &Arc<Self>,
-        name: String,
-        source: String,
-        params: Vec<driver::Pair>,
-        secrets: Secrets,
-    ) -> Result<driver::Snapshot, CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.create_snapshot;
-            return self.call_native("create_snapshot", move || f(name, source, params, refs)).await;
-        }
-        self.call("create_snapshot", secrets, move |g, s| {
-            Box::pin(async move { g.call_create_snapshot(s, &name, &source, &params, &refs).await })
-        })
-        .await
-    }
-    pub async fn delete_snapshot(self: &Arc<Self>, id: String, secrets: Secrets) -> Result<(), CallError> {
-        let refs = secret_refs(&secrets);
-        if let Kind::Native(n) = &self.kind {
-            let f = n.delete_snapshot;
-            return self.call_native("delete_snapshot", move || f(id, refs)).await;
-        }
-        self.call("delete_snapshot", secrets, move |g, s| {
-            Box::pin(async move { g.call_delete_snapshot(s, &id, &refs).await })
-        })
-        .await
-    }
-    pub async fn list_snapshots(
-        self: &Arc<Self>,
-        snapshot_id: Option<String>,
-        source_volume_id: Option<String>,
-        max_entries: u32,
-        token: String,
-    ) -> Result<driver::SnapshotPage, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.list_snapshots;
-            return self
-                .call_native("list_snapshots", move || f(snapshot_id, source_volume_id, max_entries, token))
-                .await;
-        }
-        self.call("list_snapshots", vec![], move |g, s| {
-            Box::pin(async move {
-                g.call_list_snapshots(s, snapshot_id.as_deref(), source_volume_id.as_deref(), max_entries, &token).await
-            })
-        })
-        .await
-    }
-    pub async fn get_capacity(
-        self: &Arc<Self>,
-        caps: Vec<driver::VolumeCapability>,
-        params: Vec<driver::Pair>,
-        topology: Option<driver::Topology>,
-    ) -> Result<driver::Capacity, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_capacity;
-            return self.call_native("get_capacity", move || f(caps, params, topology)).await;
-        }
-        self.call("get_capacity", vec![], move |g, s| {
-            Box::pin(async move { g.call_get_capacity(s, &caps, &params, topology.as_ref()).await })
-        })
-        .await
-    }
-    pub async fn get_snapshot(self: &Arc<Self>, id: String) -> Result<driver::Snapshot, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.get_snapshot;
-            return self.call_native("get_snapshot", move || f(id)).await;
-        }
-        self.call("get_snapshot", vec![], move |g, s| Box::pin(async move { g.call_get_snapshot(s, &id).await })).await
-    }
-    pub async fn reconcile_volume(self: &Arc<Self>, id: String) -> Result<(), CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.reconcile_volume;
-            return self.call_native("reconcile_volume", move || f(id)).await;
-        }
-        self.call("reconcile_volume", vec![], move |g, s| {
-            Box::pin(async move { g.call_reconcile_volume(s, &id).await })
-        })
-        .await
-    }
-    pub async fn attach_plan(
-        self: &Arc<Self>,
-        id: String,
-        context: Vec<driver::Pair>,
-        capability: driver::VolumeCapability,
-    ) -> Result<driver::Attachment, CallError> {
-        if let Kind::Native(n) = &self.kind {
-            let f = n.attach_plan;
-            return self.call_native("attach_plan", move || f(id, context, capability)).await;
-        }
-        self.call("attach_plan", vec![], move |g, s| {
-            Box::pin(async move { g.call_attach_plan(s, &id, &context, &capability).await })
-        })
-        .await
-    }
+/// Secrets for the store: a `+ secrets` or `with secrets` row's argument, else none.
+macro_rules! call_secrets {
+    () => {
+        Secrets::new()
+    };
+    ($secrets:ident) => {
+        $secrets
+    };
 }
 
-/// CSI secrets of one call, `(key, value)`. Values stay in the host's store; the guest
-/// gets [`secret_refs`]: each key with its index as an opaque handle.
-pub type Secrets = Vec<(String, String)>;
-
-/// The handles the guest sees for `secrets` (valid for the call they are passed to).
-pub fn secret_refs(secrets: &[(String, String)]) -> Vec<driver::SecretRef> {
-    secrets
-        .iter()
-        .enumerate()
-        .map(|(i, (key, _))| driver::SecretRef { key: key.clone(), handle: u32::try_from(i).unwrap_or(u32::MAX) })
-        .collect()
+/// The typed entry points, one per export of the table, so callers never touch stores or
+/// closures. Each runs the component (or, with the `native` feature, a native backend's
+/// function) under the backend's limits; its `op` (metrics label, span field) is its name.
+macro_rules! entry_points {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+    )*) => {
+        impl Backend {
+            $(
+                $(#[$doc])*
+                pub async fn $f(
+                    self: &Arc<Self>,
+                    $($a: $t,)*
+                    $($refs: Secrets,)?
+                    $($values: Secrets,)?
+                ) -> Result<$r, CallError> {
+                    let values: Secrets = call_secrets!($($refs)? $($values)?);
+                    // The guest gets the secrets' handles; the values stay in the store.
+                    $(let $refs = secret_refs(&values);)?
+                    #[cfg(feature = "native")]
+                    if let Kind::Native(native) = &self.kind {
+                        let f = native.$f;
+                        return self.call_native(stringify!($f), move || f($($a,)* $($refs,)?)).await;
+                    }
+                    self.call(stringify!($f), values, move |driver, store| driver.$f(store, $($a,)* $($refs,)?)).await
+                }
+            )*
+        }
+    };
 }
+
+for_each_export!(entry_points);

@@ -1,17 +1,10 @@
-//! What one backend was granted, resolved once at load: its `kv` namespace, its `dir`
-//! roots, and the import timeout. The WIT trait impls in `host/` read it from the store.
-//! Also the check that a component imports nothing beyond its grants, and nothing its contract
-//! version lacks.
-use crate::compat::ContractVersion;
+//! The capabilities: the `wasmcsi:backend` interfaces a backend may import ([`Capability`]),
+//! what a component imports, sorted ([`ImportSummary`]), and the check that it imports nothing
+//! beyond its operator's grants and nothing its contract version lacks
+//! ([`ImportSummary::violations`]). What a capability does is `imports::NAME`; what one
+//! backend was granted of each, resolved at load, is `state::Capabilities`.
 use crate::config::Grants;
-use crate::metadata::MetaStore;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-
-/// WIT package prefix of our own interfaces.
-pub const PACKAGE: &str = "wasmcsi:backend/";
+use crate::contract::{BLOCK_REFUSED, ContractVersion, PACKAGE};
 
 /// A capability interface a backend may import.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -101,7 +94,7 @@ impl ImportSummary {
             let import = format!("{PACKAGE}{}", c.name());
             match c {
                 Capability::Block if version == ContractVersion::V0_1 => {
-                    out.push(format!("import {}: {}", version.interface("block"), crate::compat::v0_1::BLOCK_REFUSED))
+                    out.push(format!("import {}: {}", version.interface("block"), BLOCK_REFUSED))
                 }
                 Capability::Types | Capability::Log | Capability::Kv => {}
                 Capability::Dir if grants.dir.is_empty() => out.push(format!(
@@ -124,38 +117,6 @@ impl ImportSummary {
         }
         out
     }
-}
-
-/// The resolved grants of one loaded backend, shared by all its calls.
-pub struct Capabilities {
-    pub backend: String,
-    pub metadata: Arc<MetaStore>,
-    pub dir_roots: BTreeMap<String, PathBuf>,
-    /// The userspace NFS client scoped to the granted exports; `None` without an nfs grant.
-    pub nfs: Option<wasmcsi_nfs::NfsClient>,
-    /// The librbd client scoped to the granted clusters and pools; `None` without an rbd grant.
-    pub rbd: Option<Arc<crate::imports::rbd::RbdProvider>>,
-    /// The replica sets on the granted replica nodes; `None` without a block grant.
-    pub block: Option<wasmcsi_block::catalog::Catalog>,
-    pub import_timeout: Duration,
-    /// `dir` copies running in the background, shared by every backend of the runtime.
-    pub copies: Arc<crate::imports::dir::CopyJobs>,
-    /// How much of the store this backend's `kv` namespace may use.
-    pub kv_quota: crate::metadata::KvQuota,
-    /// Where capabilities report what they measure (`kv` usage).
-    pub metrics: Arc<crate::metrics::Metrics>,
-}
-
-/// Run local blocking work of one entry (a file system syscall or a few, a metadata-store
-/// commit) inline on the calling worker. It takes microseconds, and every alternative measured
-/// on these machines costs more than the work: a hop to the blocking pool 40-80 µs per import,
-/// `block_in_place` ~20 µs per import (CreateVolume via hostpath: 1.20x native with it, 1.07x
-/// without). The price: a syscall that hangs in the kernel (a dead disk under a dir root) holds
-/// this worker thread. Work that grows with a tree never runs here: `dir`'s copy-tree,
-/// remove-all and usage run off the workers under a deadline (`imports::dir`). Network
-/// capabilities (nfs, block, rbd) do async I/O under `import_timeout`.
-pub(crate) fn local_io<T>(work: impl FnOnce() -> T) -> T {
-    work()
 }
 
 #[cfg(test)]

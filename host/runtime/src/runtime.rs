@@ -3,16 +3,23 @@
 //! (or take from cache) → tell which contract version it is built against → check imports
 //! against grants → link only what is granted, under that version's names → pre-instantiate →
 //! call `info` once under the backend's limits.
-use crate::backend::{Backend, CallError, Kind};
+use crate::backend::{Backend, Kind};
 use crate::bindings::driver::BackendInfo;
 use crate::cache::CompileCache;
-use crate::capabilities::{Capabilities, Capability, ImportSummary};
-use crate::compat::{ComponentPre, ContractError, ContractVersion};
+use crate::call_error::CallError;
+use crate::capabilities::{Capability, ImportSummary};
+use crate::compat::ComponentPre;
 use crate::config::{HostConfig, is_valid_name};
+use crate::contract::{ContractError, ContractVersion};
 use crate::engine::{EngineSettings, EpochTicker, build_engine};
+use crate::imports::block::BlockCtx;
+use crate::imports::dir::{CopyJobs, DirCtx};
+use crate::imports::kv::KvCtx;
+use crate::imports::nfs::NfsCtx;
+use crate::imports::rbd::{RbdCtx, RbdProvider};
 use crate::metadata::{MetaStore, StoreError};
 use crate::metrics::{BackendLabels, Metrics};
-use crate::state::CallState;
+use crate::state::{CallState, Capabilities};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -73,7 +80,7 @@ pub struct Runtime {
     pub metadata: Arc<MetaStore>,
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
-    copies: Arc<crate::imports::dir::CopyJobs>,
+    copies: Arc<CopyJobs>,
     /// Each backend's guest threads, by name: shared by its versions across hot reloads.
     executors: crate::executor::Executors,
     cache: CompileCache,
@@ -170,7 +177,7 @@ impl Runtime {
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("compile task failed: {e}") })?
             .map_err(|e| LoadError::Compile { name: name.into(), message: format!("{e:#}") })?;
         let (imports, exports) = self.summarize(&component);
-        let contract = ContractVersion::detect(&imports, &exports)
+        let contract = ContractVersion::detect(&imports.wasmcsi, &exports)
             .map_err(|source| LoadError::Contract { name: name.into(), source })?;
         // One snapshot for the whole load: the grants checked are the grants linked.
         let config = self.config();
@@ -209,7 +216,7 @@ impl Runtime {
         backend.path = path;
         backend.cache_hit = cache_hit;
         let info = backend
-            .call_in_place("info", |g, s| Box::pin(async move { g.call_info(s).await.map(Ok) }))
+            .call_in_place("info", |driver, store| driver.info(store))
             .await
             .map_err(|e| LoadError::Info { name: name.into(), source: Box::new(e) })?;
         if info.name.is_empty() || info.name.len() > 64 || info.version.len() > 64 {
@@ -223,7 +230,9 @@ impl Runtime {
     }
 
     /// A backend whose guest source is linked into this process (see [`crate::native`]):
-    /// same grants, limits and metrics, no sandbox. For benchmarks and tests.
+    /// same grants, limits and metrics, no sandbox. For benchmarks and tests (feature
+    /// `native`).
+    #[cfg(feature = "native")]
     pub fn load_native(&self, name: &str, driver: crate::native::NativeDriver) -> Result<Arc<Backend>, LoadError> {
         if !is_valid_name(name) {
             return Err(LoadError::InvalidName(name.into()));
@@ -260,23 +269,33 @@ impl Runtime {
             permits: Arc::new(Semaphore::new(limits.max_concurrent_calls as usize)),
             caps: Arc::new(Capabilities {
                 backend: name.into(),
-                metadata: self.metadata.clone(),
-                nfs: nfs_client(&grants.nfs, limits.import_timeout()),
-                rbd: crate::imports::rbd::RbdProvider::from_grants(
-                    &grants.rbd,
-                    &config.clusters,
-                    limits.import_timeout(),
-                )
-                .map(Arc::new),
-                block: grants
-                    .block
-                    .filter(|b| !b.is_empty())
-                    .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
-                dir_roots: grants.dir,
-                import_timeout: limits.import_timeout(),
-                copies: self.copies.clone(),
-                kv_quota: limits.kv_quota(),
-                metrics: self.metrics.clone(),
+                kv: KvCtx {
+                    backend: name.into(),
+                    metadata: self.metadata.clone(),
+                    quota: limits.kv_quota(),
+                    metrics: self.metrics.clone(),
+                },
+                dir: DirCtx {
+                    backend: name.into(),
+                    roots: grants.dir,
+                    import_timeout: limits.import_timeout(),
+                    copies: self.copies.clone(),
+                },
+                nfs: NfsCtx::new(name, &grants.nfs, limits.import_timeout()),
+                rbd: RbdCtx {
+                    backend: name.into(),
+                    provider: RbdProvider::from_grants(&grants.rbd, &config.clusters, limits.import_timeout())
+                        .map(Arc::new),
+                    import_timeout: limits.import_timeout(),
+                },
+                block: BlockCtx {
+                    backend: name.into(),
+                    catalog: grants
+                        .block
+                        .filter(|b| !b.is_empty())
+                        .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
+                    import_timeout: limits.import_timeout(),
+                },
             }),
             limits,
             cache_hit: false,
@@ -301,22 +320,4 @@ fn is_types_only(engine: &wasmtime::Engine, item: &wasmtime::component::types::C
         }
         _ => false,
     }
-}
-
-/// One pooled NFS client per backend, scoped to its granted exports; its own timeouts are
-/// kept below the import timeout so the client reports which server failed before the import's
-/// deadline cuts it off.
-fn nfs_client(
-    grants: &[crate::config::NfsGrant],
-    import_timeout: std::time::Duration,
-) -> Option<wasmcsi_nfs::NfsClient> {
-    if grants.is_empty() {
-        return None;
-    }
-    let exports = grants.iter().map(|g| wasmcsi_nfs::NfsExport::new(g.server.clone(), g.share.clone())).collect();
-    let mut config = wasmcsi_nfs::NfsConfig::new(exports);
-    let budget = import_timeout.mul_f32(0.8);
-    config.connect_timeout = config.connect_timeout.min(budget);
-    config.op_timeout = config.op_timeout.min(budget);
-    Some(wasmcsi_nfs::NfsClient::new(config))
 }

@@ -1,33 +1,53 @@
-//! What one backend call's store holds: deny-by-default WASI, the memory limiter, and the
-//! handles of the capabilities this backend was granted. Built fresh for every call and
-//! dropped with it, so nothing leaks from one call into the next.
-use crate::capabilities::Capabilities;
+//! What a backend call's store holds, and the view each capability gets of it.
+//!
+//! [`Capabilities`] is what one backend was granted of each capability, resolved once at load
+//! and shared by all its calls. [`CallState`] is one call's store data: those capabilities,
+//! the call's own secrets, log budget and deadline, deny-by-default WASI and the memory
+//! limiter. It is built fresh for every call and dropped with it, so nothing leaks from one
+//! call into the next. Each capability sees only its own slice of it, through the view
+//! `CallState` lends it (`imports::NAME::NAMEView`), as wasmtime's WASI sees only its
+//! `WasiCtxView`: this file is the one place that knows every capability.
+use crate::imports::block::{BlockCtx, BlockCtxView, BlockView};
+use crate::imports::dir::{DirCtx, DirCtxView, DirView};
+use crate::imports::kv::{KvCtx, KvCtxView, KvView};
+use crate::imports::log::{LogBudget, LogCtxView, LogView};
+use crate::imports::nfs::{NfsCtx, NfsCtxView, NfsView};
+use crate::imports::rbd::{RbdCtx, RbdCtxView, RbdView};
+use crate::limiter::MemoryLimiter;
+use crate::secrets::Secrets;
 use std::sync::Arc;
-use wasmtime::ResourceLimiter;
+use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+/// What one backend was granted of each capability, resolved once at load and shared by all
+/// its calls. A capability without a grant still has its context: it answers
+/// `permission-denied` (the loader refuses a component importing it anyway).
+pub struct Capabilities {
+    pub backend: String,
+    pub kv: KvCtx,
+    pub dir: DirCtx,
+    pub nfs: NfsCtx,
+    pub rbd: RbdCtx,
+    pub block: BlockCtx,
+}
+
 /// Store data of one call.
 pub struct CallState {
-    pub(crate) wasi: WasiCtx,
-    pub(crate) table: ResourceTable,
+    wasi: WasiCtx,
+    table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
-    pub(crate) caps: Arc<Capabilities>,
+    caps: Arc<Capabilities>,
     /// Secret values of this call; the guest only ever sees indexes into this list.
-    pub(crate) secrets: crate::backend::Secrets,
+    secrets: Secrets,
     /// What the guest may still make the host log in this call.
-    pub(crate) log_budget: crate::imports::log::LogBudget,
+    log_budget: LogBudget,
     /// When the call must be over: imports that can run long stop before it.
-    pub(crate) deadline: std::time::Instant,
+    deadline: Instant,
 }
 
 impl CallState {
-    pub(crate) fn new(
-        caps: Arc<Capabilities>,
-        memory_limit: usize,
-        secrets: crate::backend::Secrets,
-        deadline: std::time::Instant,
-    ) -> Self {
+    pub(crate) fn new(caps: Arc<Capabilities>, memory_limit: usize, secrets: Secrets, deadline: Instant) -> Self {
         // Deny by default: no preopened directories, no env, no args, no network, no stdio
         // inheritance. Clocks and randomness stay (harmless, and std needs them).
         let wasi = WasiCtx::builder().allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).build();
@@ -37,14 +57,9 @@ impl CallState {
             limiter: MemoryLimiter::new(memory_limit),
             caps,
             secrets,
-            log_budget: Default::default(),
+            log_budget: LogBudget::default(),
             deadline,
         }
-    }
-
-    /// The secret value behind a handle the guest passed back, for capabilities that need it.
-    pub fn secret(&self, handle: u32) -> Option<&str> {
-        self.secrets.get(handle as usize).map(|(_, v)| v.as_str())
     }
 }
 
@@ -54,77 +69,38 @@ impl WasiView for CallState {
     }
 }
 
-/// Caps linear memory and remembers the peak and whether the cap was hit, so an OOM can be
-/// told apart from any other trap. "The cap" is every limit a growth can meet: this limiter's,
-/// but also the engine's own ceilings, which it never sees in `memory_growing` (the pooling
-/// allocator's slot size, the memory type's maximum) and which wasmtime reports through the
-/// `*_grow_failed` hooks; without those, a guest stopped by them was counted as a trap.
-#[derive(Debug)]
-pub(crate) struct MemoryLimiter {
-    limit: usize,
-    pub(crate) peak: usize,
-    pub(crate) hit_limit: bool,
-}
-
-impl MemoryLimiter {
-    fn new(limit: usize) -> Self {
-        Self { limit, peak: 0, hit_limit: false }
+impl LogView for CallState {
+    fn log(&mut self) -> LogCtxView<'_> {
+        LogCtxView { backend: &self.caps.backend, budget: &mut self.log_budget }
     }
 }
 
-/// Elements a guest's table may grow to.
-const MAX_TABLE_ELEMENTS: usize = 100_000;
-
-impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.hit_limit = true;
-            return Ok(false);
-        }
-        self.peak = self.peak.max(desired);
-        Ok(true)
-    }
-
-    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
-        self.hit_limit = true;
-        Ok(())
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        // Tables hold function references; a policy guest needs few. Bound them so a guest
-        // cannot use tables to get around the memory cap (and count it as that cap).
-        if desired > MAX_TABLE_ELEMENTS {
-            self.hit_limit = true;
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
-        self.hit_limit = true;
-        Ok(())
+impl KvView for CallState {
+    fn kv(&mut self) -> KvCtxView<'_> {
+        KvCtxView { ctx: &self.caps.kv }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl DirView for CallState {
+    fn dir(&mut self) -> DirCtxView<'_> {
+        DirCtxView { ctx: &self.caps.dir, deadline: self.deadline }
+    }
+}
 
-    #[test]
-    fn every_refused_growth_counts_as_hitting_the_memory_cap() {
-        let mut l = MemoryLimiter::new(1 << 20);
-        assert!(l.memory_growing(0, 1 << 20, None).unwrap_or(false));
-        assert!(!l.hit_limit);
-        assert!(l.table_growing(0, MAX_TABLE_ELEMENTS, None).unwrap_or(false));
-        assert!(!l.hit_limit);
-        assert!(!l.table_growing(0, MAX_TABLE_ELEMENTS + 1, None).unwrap_or(true));
-        assert!(l.hit_limit);
-        let mut l = MemoryLimiter::new(1 << 20);
-        // The engine refused what the limiter allowed (its own ceiling).
-        l.memory_grow_failed(wasmtime::Error::msg("Memory maximum size exceeded")).ok();
-        assert!(l.hit_limit);
-        let mut l = MemoryLimiter::new(1 << 20);
-        l.table_grow_failed(wasmtime::Error::msg("table maximum size exceeded")).ok();
-        assert!(l.hit_limit);
+impl NfsView for CallState {
+    fn nfs(&mut self) -> NfsCtxView<'_> {
+        NfsCtxView { ctx: &self.caps.nfs }
+    }
+}
+
+impl RbdView for CallState {
+    fn rbd(&mut self) -> RbdCtxView<'_> {
+        RbdCtxView { ctx: &self.caps.rbd, secrets: &self.secrets }
+    }
+}
+
+impl BlockView for CallState {
+    fn block(&mut self) -> BlockCtxView<'_> {
+        BlockCtxView { ctx: &self.caps.block }
     }
 }

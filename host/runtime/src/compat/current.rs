@@ -5,16 +5,19 @@
 //! that cannot change, since every instance comes from the same component. Here every export is
 //! found and type-checked once, when the component is loaded ([`Exports::new`]); a call
 //! type-checks only the one export it calls, against the same types, and calls it as bindgen
-//! would.
+//! would. Generated from [`crate::exports::for_each_export!`]: the exports' names and types
+//! are the table's, which this check holds to the component's WIT.
+use super::driver::{CallFuture, Driver};
 use crate::bindings::driver::{
-    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, SecretRef, Snapshot,
-    SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot, SnapshotPage,
+    Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
 };
 use crate::bindings::types::Error;
+use crate::exports::{for_each_export, secret_refs_type};
 use crate::state::CallState;
 use wasmtime::Store;
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{ComponentExportIndex, Instance, InstancePre};
+use wasmtime::component::{ComponentExportIndex, ComponentNamedList, Instance, InstancePre, Lift, Lower};
 use wasmtime::error::Context as _;
 
 /// The export this module calls into.
@@ -31,94 +34,89 @@ impl Current {
     pub(crate) fn new(instance: Instance, exports: Exports) -> Self {
         Self { instance, exports }
     }
+
+    /// Call the export at `index` (found and type-checked at load with these types).
+    async fn call<P, R>(
+        &self,
+        store: &mut Store<CallState>,
+        index: &ComponentExportIndex,
+        params: P,
+    ) -> wasmtime::Result<R>
+    where
+        P: ComponentNamedList + Lower + Send + Sync,
+        R: Lift + Send + Sync + 'static,
+    {
+        let func = self.instance.get_typed_func::<P, (R,)>(&mut *store, index)?;
+        Ok(func.call_async(store, params).await?.0)
+    }
 }
 
-/// Per export (the name of its `call_…` method, its WIT name, its arguments and answer as
-/// bindgen types them): where it is and, once, its type check; and the call.
-macro_rules! exports {
-    ($($f:ident = $name:literal ($($a:ident: $t:ty),*) -> $r:ty;)*) => {
-        /// Where each `driver` export is in one component (a field per `call_…` method).
+/// Where `name` is in the component's `driver` export, once its type is checked against `P`
+/// and `R` as bindgen's instantiation would check it on every instance: a component whose
+/// exports do not match is refused when it is loaded.
+fn find<P, R>(
+    pre: &InstancePre<CallState>,
+    driver: &ComponentExportIndex,
+    name: &str,
+) -> wasmtime::Result<ComponentExportIndex>
+where
+    P: ComponentNamedList + Lower,
+    R: Lift,
+{
+    let component = pre.component();
+    let (item, index) = component
+        .get_export(Some(driver), name)
+        .ok_or_else(|| wasmtime::format_err!("instance export `{DRIVER}` does not have export `{name}`"))?;
+    let ComponentItem::ComponentFunc(func) = item else {
+        wasmtime::bail!("export `{name}` is not a function");
+    };
+    // The instantiated types (the linker's resources included), as bindgen checks them.
+    func.typecheck::<P, (R,)>(&pre.instance_type()).with_context(|| format!("type-checking export func `{name}`"))?;
+    Ok(index)
+}
+
+macro_rules! current {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+    )*) => {
+        /// Where each `driver` export is in one component.
         #[derive(Clone, Copy)]
         pub(crate) struct Exports {
+            info: ComponentExportIndex,
             $($f: ComponentExportIndex,)*
         }
 
         impl Exports {
-            /// Find every export and check its type, as bindgen's instantiation would on every
-            /// instance: a component whose exports do not match is refused when it is loaded.
+            /// Find every export and check its type (see [`find`]).
             pub(crate) fn new(pre: &InstancePre<CallState>) -> wasmtime::Result<Self> {
-                let component = pre.component();
-                let driver = component
+                let driver = pre
+                    .component()
                     .get_export_index(None, DRIVER)
                     .ok_or_else(|| wasmtime::format_err!("no exported instance named `{DRIVER}`"))?;
-                // The instantiated types (the linker's resources included), as bindgen checks them.
-                let types = pre.instance_type();
                 Ok(Self {
-                    $($f: {
-                        let (item, index) = component.get_export(Some(&driver), $name).ok_or_else(|| {
-                            wasmtime::format_err!("instance export `{DRIVER}` does not have export `{}`", $name)
-                        })?;
-                        let ComponentItem::ComponentFunc(func) = item else {
-                            wasmtime::bail!("export `{}` is not a function", $name);
-                        };
-                        func.typecheck::<($($t,)*), ($r,)>(&types)
-                            .with_context(|| format!("type-checking export func `{}`", $name))?;
-                        index
-                    },)*
+                    info: find::<(), BackendInfo>(pre, &driver, "info")?,
+                    $($f: find::<($($t,)* $(secret_refs_type!($refs),)?), Result<$r, Error>>(pre, &driver, $wit)?,)*
                 })
             }
         }
 
-        impl Current {
-            $(pub async fn $f(&self, store: &mut Store<CallState>, $($a: $t),*) -> wasmtime::Result<$r> {
-                let func = self.instance.get_typed_func::<($($t,)*), ($r,)>(&mut *store, &self.exports.$f)?;
-                Ok(func.call_async(store, ($($a,)*)).await?.0)
-            })*
+        impl Driver for Current {
+            fn info<'a>(&'a self, store: &'a mut Store<CallState>) -> CallFuture<'a, BackendInfo> {
+                Box::pin(async move { self.call::<(), BackendInfo>(store, &self.exports.info, ()).await.map(Ok) })
+            }
+            $(
+                fn $f<'a>(
+                    &'a self,
+                    store: &'a mut Store<CallState>,
+                    $($a: $t,)*
+                    $($refs: secret_refs_type!($refs),)?
+                ) -> CallFuture<'a, $r> {
+                    Box::pin(self.call(store, &self.exports.$f, ($($a,)* $($refs,)?)))
+                }
+            )*
         }
     };
 }
 
-exports! {
-    call_info = "info"() -> BackendInfo;
-    call_create_volume = "create-volume"(req: &CreateVolumeRequest) -> Result<Volume, Error>;
-    call_delete_volume = "delete-volume"(volume_id: &str, secrets: &[SecretRef]) -> Result<(), Error>;
-    call_expand_volume = "expand-volume"(
-        volume_id: &str,
-        capacity: CapacityRange,
-        capability: Option<&VolumeCapability>,
-        secrets: &[SecretRef]
-    ) -> Result<Expansion, Error>;
-    call_get_volume = "get-volume"(volume_id: &str) -> Result<VolumeStatus, Error>;
-    call_list_volumes = "list-volumes"(max_entries: u32, starting_token: &str) -> Result<VolumePage, Error>;
-    call_validate_volume_capabilities = "validate-volume-capabilities"(
-        volume_id: &str,
-        volume_context: &[Pair],
-        capabilities: &[VolumeCapability],
-        parameters: &[Pair]
-    ) -> Result<Option<String>, Error>;
-    call_create_snapshot = "create-snapshot"(
-        name: &str,
-        source_volume_id: &str,
-        parameters: &[Pair],
-        secrets: &[SecretRef]
-    ) -> Result<Snapshot, Error>;
-    call_delete_snapshot = "delete-snapshot"(snapshot_id: &str, secrets: &[SecretRef]) -> Result<(), Error>;
-    call_list_snapshots = "list-snapshots"(
-        snapshot_id: Option<&str>,
-        source_volume_id: Option<&str>,
-        max_entries: u32,
-        starting_token: &str
-    ) -> Result<SnapshotPage, Error>;
-    call_get_snapshot = "get-snapshot"(snapshot_id: &str) -> Result<Snapshot, Error>;
-    call_reconcile_volume = "reconcile-volume"(volume_id: &str) -> Result<(), Error>;
-    call_get_capacity = "get-capacity"(
-        capabilities: &[VolumeCapability],
-        parameters: &[Pair],
-        topology: Option<&Topology>
-    ) -> Result<Capacity, Error>;
-    call_attach_plan = "attach-plan"(
-        volume_id: &str,
-        volume_context: &[Pair],
-        capability: &VolumeCapability
-    ) -> Result<Attachment, Error>;
-}
+for_each_export!(current);

@@ -9,17 +9,18 @@
 //! - a `replicated-block` attach plan has no filesystem of its own (`fs-type` ""; the node's
 //!   default).
 //!
-//! 0.1.0's `block` import is never served ([`BLOCK_REFUSED`]): it had no provider, so no 0.1.0
-//! backend can have used it.
-use crate::bindings::driver as new;
+//! 0.1.0's `block` import is never served (`contract::BLOCK_REFUSED`): it had no provider, so no
+//! 0.1.0 backend can have used it.
+use super::driver::{CallFuture, Driver};
+use super::lend::forward;
+use crate::bindings::driver::{
+    self as new, Attachment, Capacity, CapacityRange, Expansion, Pair, SecretRef, Snapshot, SnapshotPage, Topology,
+    VolumeCapability, VolumePage, VolumeStatus,
+};
 use crate::bindings::types::Error;
 use crate::bindings::v0_1::driver::{self as old, Guest};
 use crate::state::CallState;
 use wasmtime::Store;
-
-/// Why a 0.1.0 component importing `block` does not load.
-pub const BLOCK_REFUSED: &str = "the block capability needs wasmcsi:backend@0.2.0 (0.1.0's block never had a \
-     provider); rebuild the backend against wit/backend.wit";
 
 /// What `reconcile-volume` answers for a 0.1.0 backend.
 const RECONCILE_UNIMPLEMENTED: &str =
@@ -95,51 +96,79 @@ fn upgrade_info(info: old::BackendInfo) -> new::BackendInfo {
     info
 }
 
-pub(super) async fn call_info(g: &Guest, store: &mut Store<CallState>) -> wasmtime::Result<new::BackendInfo> {
-    g.call_info(store).await.map(upgrade_info)
-}
-
-pub(super) async fn call_create_volume(
-    g: &Guest,
-    store: &mut Store<CallState>,
-    req: &new::CreateVolumeRequest,
-) -> wasmtime::Result<Result<new::Volume, Error>> {
-    g.call_create_volume(store, &req.clone().into()).await
-}
-
-/// `get-snapshot` from `list-snapshots`: every page of the list filtered to `id`, searched for
-/// an entry with exactly that id (the guest's filter is not trusted to be exact).
-pub(super) async fn call_get_snapshot(
-    g: &Guest,
-    store: &mut Store<CallState>,
-    id: &str,
-) -> wasmtime::Result<Result<new::Snapshot, Error>> {
-    let mut token = String::new();
-    for _ in 0..MAX_PAGES {
-        let page = match g.call_list_snapshots(&mut *store, Some(id), None, 0, &token).await? {
-            Ok(page) => page,
-            Err(e) => return Ok(Err(e)),
-        };
-        if let Some(found) = page.entries.into_iter().find(|s| s.snapshot_id == id) {
-            return Ok(Ok(found));
-        }
-        if page.next_token.is_empty() {
-            return Ok(Err(Error::NotFound(format!("snapshot {id} not found"))));
-        }
-        if page.next_token == token {
-            return Err(wasmtime::Error::msg(format!("list-snapshots returned its starting token {token:?} again")));
-        }
-        token = page.next_token;
+/// 0.1.0's `driver`, in the current types: the exports it has with the current arguments are
+/// forwarded (their answers converted), the others answered here.
+impl Driver for Guest {
+    forward! {
+        delete_volume = call_delete_volume(volume_id: String, secrets: Vec<SecretRef>) -> ();
+        expand_volume = call_expand_volume(
+            volume_id: String,
+            capacity: CapacityRange,
+            capability: Option<VolumeCapability>,
+            secrets: Vec<SecretRef>
+        ) -> Expansion;
+        get_volume = call_get_volume(volume_id: String) -> VolumeStatus;
+        list_volumes = call_list_volumes(max_entries: u32, starting_token: String) -> VolumePage;
+        validate_volume_capabilities = call_validate_volume_capabilities(
+            volume_id: String,
+            volume_context: Vec<Pair>,
+            capabilities: Vec<VolumeCapability>,
+            parameters: Vec<Pair>
+        ) -> Option<String>;
+        create_snapshot = call_create_snapshot(name: String, source_volume_id: String, parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Snapshot;
+        delete_snapshot = call_delete_snapshot(snapshot_id: String, secrets: Vec<SecretRef>) -> ();
+        list_snapshots = call_list_snapshots(
+            snapshot_id: Option<String>,
+            source_volume_id: Option<String>,
+            max_entries: u32,
+            starting_token: String
+        ) -> SnapshotPage;
+        get_capacity = call_get_capacity(capabilities: Vec<VolumeCapability>, parameters: Vec<Pair>, topology: Option<Topology>) -> Capacity;
+        attach_plan = call_attach_plan(volume_id: String, volume_context: Vec<Pair>, capability: VolumeCapability) -> Attachment;
     }
-    Err(wasmtime::Error::msg(format!("list-snapshots did not end within {MAX_PAGES} pages")))
-}
 
-pub(super) async fn call_reconcile_volume(
-    _: &Guest,
-    _: &mut Store<CallState>,
-    _: &str,
-) -> wasmtime::Result<Result<(), Error>> {
-    Ok(Err(Error::Unimplemented(RECONCILE_UNIMPLEMENTED.into())))
+    fn info<'a>(&'a self, store: &'a mut Store<CallState>) -> CallFuture<'a, new::BackendInfo> {
+        Box::pin(async move { self.call_info(store).await.map(|info| Ok(upgrade_info(info))) })
+    }
+
+    fn create_volume<'a>(
+        &'a self,
+        store: &'a mut Store<CallState>,
+        req: new::CreateVolumeRequest,
+    ) -> CallFuture<'a, new::Volume> {
+        Box::pin(async move { self.call_create_volume(store, &req.into()).await })
+    }
+
+    /// `get-snapshot` from `list-snapshots`: every page of the list filtered to `id`, searched
+    /// for an entry with exactly that id (the guest's filter is not trusted to be exact).
+    fn get_snapshot<'a>(&'a self, store: &'a mut Store<CallState>, id: String) -> CallFuture<'a, new::Snapshot> {
+        Box::pin(async move {
+            let mut token = String::new();
+            for _ in 0..MAX_PAGES {
+                let page = match self.call_list_snapshots(&mut *store, Some(&id), None, 0, &token).await? {
+                    Ok(page) => page,
+                    Err(e) => return Ok(Err(e)),
+                };
+                if let Some(found) = page.entries.into_iter().find(|s| s.snapshot_id == id) {
+                    return Ok(Ok(found));
+                }
+                if page.next_token.is_empty() {
+                    return Ok(Err(Error::NotFound(format!("snapshot {id} not found"))));
+                }
+                if page.next_token == token {
+                    return Err(wasmtime::Error::msg(format!(
+                        "list-snapshots returned its starting token {token:?} again"
+                    )));
+                }
+                token = page.next_token;
+            }
+            Err(wasmtime::Error::msg(format!("list-snapshots did not end within {MAX_PAGES} pages")))
+        })
+    }
+
+    fn reconcile_volume<'a>(&'a self, _: &'a mut Store<CallState>, _: String) -> CallFuture<'a, ()> {
+        Box::pin(async { Ok(Err(Error::Unimplemented(RECONCILE_UNIMPLEMENTED.into()))) })
+    }
 }
 
 #[cfg(test)]

@@ -4,18 +4,52 @@
 //! sources; every call is bounded by the backend's `import_timeout` as a whole, on top of the
 //! catalog's per-request timeout, so a dead node answers `unavailable` or `deadline-exceeded`,
 //! never a hung call.
+//!
+//! Its host functions see a [`BlockCtxView`]: the backend's [`BlockCtx`], nothing of the call.
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
 use wasmcsi_block::catalog::{Catalog, CatalogError, Member, MemberState, NodeView, SetView};
 use wasmcsi_block::protocol::SnapshotInfo;
+use wasmtime::component::{HasData, LinkerInstance};
 
 use crate::bindings::types::{Error, Pair, Timestamp};
 use crate::bindings::wasmcsi::backend::block::{
-    BlockSnapshot, BlockSource, Host, NodeInfo, Replica, ReplicaSet, ReplicaState,
+    self as wit, BlockSnapshot, BlockSource, Host, NodeInfo, Replica, ReplicaSet, ReplicaState,
 };
-use crate::state::CallState;
+
+/// What `block` needs of one backend, resolved at load and shared by its calls.
+pub struct BlockCtx {
+    pub backend: String,
+    /// the replica sets on the granted replica nodes; `None` without a block grant
+    pub catalog: Option<Catalog>,
+    /// how long one import may take
+    pub import_timeout: Duration,
+}
+
+/// What `block` sees of a call.
+pub struct BlockCtxView<'a> {
+    pub ctx: &'a BlockCtx,
+}
+
+/// A store whose calls can reach `block`: it lends `block` its view.
+pub trait BlockView: Send {
+    fn block(&mut self) -> BlockCtxView<'_>;
+}
+
+/// `block` for the linker: its host functions get a [`BlockCtxView`].
+pub struct Block;
+
+impl HasData for Block {
+    type Data<'a> = BlockCtxView<'a>;
+}
+
+/// Link `block`'s host functions into `instance` (named as the component's contract version
+/// names the interface).
+pub fn add_to_instance<T: BlockView + 'static>(instance: &mut LinkerInstance<'_, T>) -> wasmtime::Result<()> {
+    wit::add_to_linker_instance::<T, Block>(instance, T::block)
+}
 
 /// Most metadata a backend may keep with a replica set (keys and values, in bytes), far below
 /// what a replica's record holds, so members and owners always fit beside it.
@@ -106,16 +140,15 @@ fn metadata(list: Vec<Pair>) -> Result<BTreeMap<String, String>, Error> {
     Ok(map)
 }
 
-impl CallState {
-    /// The catalog and the deadline of one import, taken out of the call state so the future
-    /// awaiting the nodes holds nothing of it (the state is not `Sync`).
-    fn block(&self) -> Result<(Catalog, Duration), Error> {
+impl BlockCtxView<'_> {
+    /// The catalog and the deadline of one import.
+    fn catalog(&self) -> Result<(Catalog, Duration), Error> {
         let catalog = self
-            .caps
-            .block
+            .ctx
+            .catalog
             .clone()
-            .ok_or_else(|| Error::PermissionDenied(format!("backend {} has no block grant", self.caps.backend)))?;
-        Ok((catalog, self.caps.import_timeout))
+            .ok_or_else(|| Error::PermissionDenied(format!("backend {} has no block grant", self.ctx.backend)))?;
+        Ok((catalog, self.ctx.import_timeout))
     }
 }
 
@@ -132,10 +165,10 @@ where
     }
 }
 
-impl Host for CallState {
-    #[tracing::instrument(name = "import.block.list_nodes", skip_all, fields(backend = %self.caps.backend))]
+impl Host for BlockCtxView<'_> {
+    #[tracing::instrument(name = "import.block.list_nodes", skip_all, fields(backend = %self.ctx.backend))]
     async fn list_nodes(&mut self) -> Result<Vec<NodeInfo>, Error> {
-        block_call(self.block(), "list-nodes", |c| async move {
+        block_call(self.catalog(), "list-nodes", |c| async move {
             let d = c.discover().await;
             if d.nodes.is_empty() && !d.unreachable.is_empty() {
                 let tried: Vec<String> = d.unreachable.iter().map(|(a, why)| format!("{a}: {why}")).collect();
@@ -149,7 +182,7 @@ impl Host for CallState {
         .await
     }
 
-    #[tracing::instrument(name = "import.block.create", skip_all, fields(backend = %self.caps.backend, %id, size_bytes))]
+    #[tracing::instrument(name = "import.block.create", skip_all, fields(backend = %self.ctx.backend, %id, size_bytes))]
     async fn create(
         &mut self,
         id: String,
@@ -163,56 +196,56 @@ impl Host for CallState {
             BlockSource::Snapshot((volume, snapshot)) => (volume, Some(snapshot)),
             BlockSource::Volume(volume) => (volume, None),
         });
-        block_call(self.block(), "create", |c| async move {
+        block_call(self.catalog(), "create", |c| async move {
             c.create(&id, size_bytes, &nodes, source, metadata).await.map(|v| set_to_wit(&v))
         })
         .await
     }
 
-    #[tracing::instrument(name = "import.block.get", skip_all, fields(backend = %self.caps.backend, %id))]
+    #[tracing::instrument(name = "import.block.get", skip_all, fields(backend = %self.ctx.backend, %id))]
     async fn get(&mut self, id: String) -> Result<Option<ReplicaSet>, Error> {
-        block_call(self.block(), "get", |c| async move { c.get(&id).await.map(|v| v.as_ref().map(set_to_wit)) }).await
+        block_call(self.catalog(), "get", |c| async move { c.get(&id).await.map(|v| v.as_ref().map(set_to_wit)) }).await
     }
 
-    #[tracing::instrument(name = "import.block.list_sets", skip_all, fields(backend = %self.caps.backend))]
+    #[tracing::instrument(name = "import.block.list_sets", skip_all, fields(backend = %self.ctx.backend))]
     async fn list_sets(&mut self, start_after: Option<String>, limit: u32) -> Result<Vec<ReplicaSet>, Error> {
-        block_call(self.block(), "list-sets", |c| async move {
+        block_call(self.catalog(), "list-sets", |c| async move {
             let sets = c.list(start_after.as_deref(), limit as usize).await?;
             Ok(sets.iter().map(set_to_wit).collect())
         })
         .await
     }
 
-    #[tracing::instrument(name = "import.block.set_metadata", skip_all, fields(backend = %self.caps.backend, %id))]
+    #[tracing::instrument(name = "import.block.set_metadata", skip_all, fields(backend = %self.ctx.backend, %id))]
     async fn set_metadata(&mut self, id: String, metadata_list: Vec<Pair>) -> Result<(), Error> {
         let metadata = metadata(metadata_list)?;
-        block_call(self.block(), "set-metadata", |c| async move { c.set_metadata(&id, metadata).await }).await
+        block_call(self.catalog(), "set-metadata", |c| async move { c.set_metadata(&id, metadata).await }).await
     }
 
-    #[tracing::instrument(name = "import.block.delete", skip_all, fields(backend = %self.caps.backend, %id))]
+    #[tracing::instrument(name = "import.block.delete", skip_all, fields(backend = %self.ctx.backend, %id))]
     async fn delete(&mut self, id: String) -> Result<(), Error> {
-        block_call(self.block(), "delete", |c| async move { c.delete(&id).await }).await
+        block_call(self.catalog(), "delete", |c| async move { c.delete(&id).await }).await
     }
 
-    #[tracing::instrument(name = "import.block.expand", skip_all, fields(backend = %self.caps.backend, %id, size_bytes))]
+    #[tracing::instrument(name = "import.block.expand", skip_all, fields(backend = %self.ctx.backend, %id, size_bytes))]
     async fn expand(&mut self, id: String, size_bytes: u64) -> Result<ReplicaSet, Error> {
-        block_call(self.block(), "expand", |c| async move { c.expand(&id, size_bytes).await.map(|v| set_to_wit(&v)) })
+        block_call(self.catalog(), "expand", |c| async move { c.expand(&id, size_bytes).await.map(|v| set_to_wit(&v)) })
             .await
     }
 
-    #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.caps.backend, %id, %node, %with))]
+    #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.ctx.backend, %id, %node, %with))]
     async fn replace(&mut self, id: String, node: String, with: String) -> Result<ReplicaSet, Error> {
         block_call(
-            self.block(),
+            self.catalog(),
             "replace",
             |c| async move { c.replace(&id, &node, &with).await.map(|v| set_to_wit(&v)) },
         )
         .await
     }
 
-    #[tracing::instrument(name = "import.block.snapshot", skip_all, fields(backend = %self.caps.backend, %id, %name))]
+    #[tracing::instrument(name = "import.block.snapshot", skip_all, fields(backend = %self.ctx.backend, %id, %name))]
     async fn snapshot(&mut self, id: String, name: String) -> Result<BlockSnapshot, Error> {
-        block_call(self.block(), "snapshot", |c| async move {
+        block_call(self.catalog(), "snapshot", |c| async move {
             let s = c.snapshot(&id, &name).await?;
             let size = c.get(&id).await?.map(|v| v.size).unwrap_or(0);
             Ok(snapshot_to_wit(&id, &s, size))
@@ -220,14 +253,14 @@ impl Host for CallState {
         .await
     }
 
-    #[tracing::instrument(name = "import.block.delete_snapshot", skip_all, fields(backend = %self.caps.backend, %id, %name))]
+    #[tracing::instrument(name = "import.block.delete_snapshot", skip_all, fields(backend = %self.ctx.backend, %id, %name))]
     async fn delete_snapshot(&mut self, id: String, name: String) -> Result<(), Error> {
-        block_call(self.block(), "delete-snapshot", |c| async move { c.delete_snapshot(&id, &name).await }).await
+        block_call(self.catalog(), "delete-snapshot", |c| async move { c.delete_snapshot(&id, &name).await }).await
     }
 
-    #[tracing::instrument(name = "import.block.list_snapshots", skip_all, fields(backend = %self.caps.backend))]
+    #[tracing::instrument(name = "import.block.list_snapshots", skip_all, fields(backend = %self.ctx.backend))]
     async fn list_snapshots(&mut self, id: Option<String>) -> Result<Vec<BlockSnapshot>, Error> {
-        block_call(self.block(), "list-snapshots", |c| async move {
+        block_call(self.catalog(), "list-snapshots", |c| async move {
             let found = c.list_snapshots(id.as_deref()).await?;
             Ok(found.iter().map(|(volume, s, size)| snapshot_to_wit(volume, s, *size)).collect())
         })

@@ -2,15 +2,19 @@
 //! paid for out of the call's [`LogBudget`], so a chatty or hostile guest cannot flood the
 //! node's logs: however it calls `log`, with whatever field names, counts and sizes, one call
 //! makes the host write at most [`BYTES_PER_CALL`] bytes of guest text.
-use crate::bindings::wasmcsi::backend::log::{Host, Level};
-use crate::state::CallState;
+//!
+//! Its host functions see a [`LogCtxView`]: the backend's name and the call's budget, nothing
+//! else of the call (as wasmtime's `WasiCtxView` gives WASI its context and table).
+use crate::bindings::wasmcsi::backend::log::{self as wit, Host, Level};
+use crate::call_error::{MAX_ERROR_MESSAGE, clip};
+use wasmtime::component::{HasData, LinkerInstance};
 
 /// Everything one backend call can make the host write: its log lines (message, field names
 /// and values) and, when it fails, its error message (see [`ERROR_RESERVE`]).
 pub const BYTES_PER_CALL: usize = 16 << 10;
 /// Of [`BYTES_PER_CALL`], what is kept for the error message the host logs when the call
 /// fails (and hands the CO): the longest error message a backend can return.
-pub const ERROR_RESERVE: usize = crate::backend::MAX_ERROR_MESSAGE;
+pub const ERROR_RESERVE: usize = MAX_ERROR_MESSAGE;
 /// Lines one call may log, however short.
 pub const LINES_PER_CALL: u32 = 64;
 /// Longest message of one line.
@@ -39,18 +43,6 @@ impl Default for LogBudget {
 fn is_secret_field(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     ["secret", "password", "token", "key", "credential"].iter().any(|s| n.contains(s))
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-pub fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// One guest line as the host writes it: the message and `name=value` fields, each clipped,
@@ -99,10 +91,36 @@ impl LogBudget {
     }
 }
 
-impl Host for CallState {
+/// What `log` sees of a call.
+pub struct LogCtxView<'a> {
+    /// the backend whose lines these are
+    pub backend: &'a str,
+    /// what the call may still log
+    pub budget: &'a mut LogBudget,
+}
+
+/// A store whose calls can log: it lends `log` its view.
+pub trait LogView: Send {
+    fn log(&mut self) -> LogCtxView<'_>;
+}
+
+/// `log` for the linker: its host functions get a [`LogCtxView`].
+pub struct Log;
+
+impl HasData for Log {
+    type Data<'a> = LogCtxView<'a>;
+}
+
+/// Link `log`'s host functions into `instance` (named as the component's contract version
+/// names the interface).
+pub fn add_to_instance<T: LogView + 'static>(instance: &mut LinkerInstance<'_, T>) -> wasmtime::Result<()> {
+    wit::add_to_linker_instance::<T, Log>(instance, T::log)
+}
+
+impl Host for LogCtxView<'_> {
     async fn log(&mut self, level: Level, message: String, fields: Vec<(String, String)>) {
-        let backend = &self.caps.backend;
-        if let Some((message, fields)) = self.log_budget.spend(&message, &fields) {
+        let backend = self.backend;
+        if let Some((message, fields)) = self.budget.spend(&message, &fields) {
             match level {
                 Level::Trace => tracing::trace!(target: "wasmcsi::guest", backend, fields, "{message}"),
                 Level::Debug => tracing::debug!(target: "wasmcsi::guest", backend, fields, "{message}"),
@@ -111,7 +129,7 @@ impl Host for CallState {
                 Level::Error => tracing::error!(target: "wasmcsi::guest", backend, fields, "{message}"),
             }
         }
-        if self.log_budget.mute() {
+        if self.budget.mute() {
             tracing::warn!(
                 target: "wasmcsi::guest",
                 backend,

@@ -17,17 +17,54 @@
 //! `find-by-metadata`, `snapshot-list`, `children`, `stats`). Anything that changes the cluster
 //! needs the call's own secrets. After a restart the read-only calls answer `unavailable` until
 //! a call with secrets has succeeded on that pool.
+//!
+//! Its host functions see an [`RbdCtxView`]: the backend's [`RbdCtx`] and the call's secrets.
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
+use wasmtime::component::{HasData, LinkerInstance};
 
 use crate::bindings::types::{Error, SecretRef, Timestamp};
-use crate::bindings::wasmcsi::backend::rbd::{Host, ImageInfo, ImageSnapshot, PoolStats};
+use crate::bindings::wasmcsi::backend::rbd::{self as wit, Host, ImageInfo, ImageSnapshot, PoolStats};
 use crate::config::{CephCluster, RbdGrant};
-use crate::state::CallState;
+use crate::secrets::Secrets;
+
+/// What `rbd` needs of one backend, resolved at load and shared by its calls.
+pub struct RbdCtx {
+    pub backend: String,
+    /// the client of the granted clusters and pools; `None` without an rbd grant
+    pub provider: Option<Arc<RbdProvider>>,
+    /// how long one import may take
+    pub import_timeout: Duration,
+}
+
+/// What `rbd` sees of a call.
+pub struct RbdCtxView<'a> {
+    pub ctx: &'a RbdCtx,
+    /// the call's secrets, which the guest names by handle
+    pub secrets: &'a Secrets,
+}
+
+/// A store whose calls can reach `rbd`: it lends `rbd` its view.
+pub trait RbdView: Send {
+    fn rbd(&mut self) -> RbdCtxView<'_>;
+}
+
+/// `rbd` for the linker: its host functions get an [`RbdCtxView`].
+pub struct Rbd;
+
+impl HasData for Rbd {
+    type Data<'a> = RbdCtxView<'a>;
+}
+
+/// Link `rbd`'s host functions into `instance` (named as the component's contract version
+/// names the interface).
+pub fn add_to_instance<T: RbdView + 'static>(instance: &mut LinkerInstance<'_, T>) -> wasmtime::Result<()> {
+    wit::add_to_linker_instance::<T, Rbd>(instance, T::rbd)
+}
 
 /// ceph-csi's secret keys: the user (`userID`, `userKey`) and, accepted for provisioning, the
 /// admin pair. The user pair wins when both are given.
@@ -139,18 +176,18 @@ enum Access {
     Write,
 }
 
-/// Everything one import needs, taken out of the call state so the future awaiting the cluster
-/// holds none of it (the state is not `Sync`).
+/// Everything one import needs, taken out of the view so the future awaiting the cluster holds
+/// none of it.
 struct Prepared {
     pool: RbdPool,
     creds: RbdCredentials,
     /// credentials came from this call's secrets (remember them on success)
     explicit: bool,
-    provider: std::sync::Arc<RbdProvider>,
+    provider: Arc<RbdProvider>,
     timeout: Duration,
 }
 
-impl CallState {
+impl RbdCtxView<'_> {
     /// Credentials from the guest's secret-refs: the handles are checked against this call's
     /// secrets by *their* key (a guest cannot pass a key's handle off as another key), values
     /// stay here. `Ok(None)`: the guest passed no credential keys at all.
@@ -193,10 +230,10 @@ impl CallState {
 
     fn rbd_prepare(&self, cluster: &str, pool: &str, refs: &[SecretRef], access: Access) -> Result<Prepared, Error> {
         let provider = self
-            .caps
-            .rbd
+            .ctx
+            .provider
             .clone()
-            .ok_or_else(|| Error::PermissionDenied(format!("backend {} has no rbd grant", self.caps.backend)))?;
+            .ok_or_else(|| Error::PermissionDenied(format!("backend {} has no rbd grant", self.ctx.backend)))?;
         let (creds, explicit) = match self.rbd_credentials(refs)? {
             Some(c) => (c, true),
             None if access == Access::Read => match provider.remembered(cluster, pool) {
@@ -216,7 +253,7 @@ impl CallState {
             }
         };
         let pool = provider.client.pool(cluster, pool, &creds).map_err(to_wit)?;
-        Ok(Prepared { pool, creds, explicit, provider, timeout: self.caps.import_timeout })
+        Ok(Prepared { pool, creds, explicit, provider, timeout: self.ctx.import_timeout })
     }
 }
 
@@ -254,8 +291,8 @@ fn snap_to_wit(s: wasmcsi_rbd::ImageSnapshot) -> ImageSnapshot {
     ImageSnapshot { name: s.name, size_bytes: s.size_bytes, protected: s.protected, created: ts(s.created) }
 }
 
-impl Host for CallState {
-    #[tracing::instrument(name = "import.rbd.create", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %name, size_bytes))]
+impl Host for RbdCtxView<'_> {
+    #[tracing::instrument(name = "import.rbd.create", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name, size_bytes))]
     async fn create(
         &mut self,
         cluster: String,
@@ -272,7 +309,7 @@ impl Host for CallState {
         rbd_call(p, "create", |p| async move { p.create(&name, &spec).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.info", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %name))]
+    #[tracing::instrument(name = "import.rbd.info", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name))]
     async fn info(
         &mut self,
         cluster: String,
@@ -291,7 +328,7 @@ impl Host for CallState {
         }))
     }
 
-    #[tracing::instrument(name = "import.rbd.find_by_metadata", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %key))]
+    #[tracing::instrument(name = "import.rbd.find_by_metadata", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %key))]
     async fn find_by_metadata(
         &mut self,
         cluster: String,
@@ -304,7 +341,7 @@ impl Host for CallState {
         rbd_call(p, "find-by-metadata", |p| async move { p.find_by_metadata(&key, &value).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.remove", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %name))]
+    #[tracing::instrument(name = "import.rbd.remove", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name))]
     async fn remove(
         &mut self,
         cluster: String,
@@ -316,7 +353,7 @@ impl Host for CallState {
         rbd_call(p, "remove", |p| async move { p.remove(&name).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.resize", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %name, size_bytes))]
+    #[tracing::instrument(name = "import.rbd.resize", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name, size_bytes))]
     async fn resize(
         &mut self,
         cluster: String,
@@ -329,7 +366,7 @@ impl Host for CallState {
         rbd_call(p, "resize", |p| async move { p.resize(&name, size_bytes).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_create", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image, %snap))]
+    #[tracing::instrument(name = "import.rbd.snapshot_create", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
     async fn snapshot_create(
         &mut self,
         cluster: String,
@@ -342,7 +379,7 @@ impl Host for CallState {
         rbd_call(p, "snapshot-create", |p| async move { p.snapshot_create(&image, &snap).await }).await.map(snap_to_wit)
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_remove", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image, %snap))]
+    #[tracing::instrument(name = "import.rbd.snapshot_remove", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
     async fn snapshot_remove(
         &mut self,
         cluster: String,
@@ -355,7 +392,7 @@ impl Host for CallState {
         rbd_call(p, "snapshot-remove", |p| async move { p.snapshot_remove(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_protect", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image, %snap))]
+    #[tracing::instrument(name = "import.rbd.snapshot_protect", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
     async fn snapshot_protect(
         &mut self,
         cluster: String,
@@ -368,7 +405,7 @@ impl Host for CallState {
         rbd_call(p, "snapshot-protect", |p| async move { p.snapshot_protect(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_list", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image))]
+    #[tracing::instrument(name = "import.rbd.snapshot_list", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image))]
     async fn snapshot_list(
         &mut self,
         cluster: String,
@@ -381,7 +418,7 @@ impl Host for CallState {
         Ok(list.into_iter().map(snap_to_wit).collect())
     }
 
-    #[tracing::instrument(name = "import.rbd.clone", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image, %snap, %child_pool, %child))]
+    #[tracing::instrument(name = "import.rbd.clone", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap, %child_pool, %child))]
     async fn clone(
         &mut self,
         cluster: String,
@@ -398,7 +435,7 @@ impl Host for CallState {
             .await
     }
 
-    #[tracing::instrument(name = "import.rbd.flatten", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image))]
+    #[tracing::instrument(name = "import.rbd.flatten", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image))]
     async fn flatten(
         &mut self,
         cluster: String,
@@ -410,7 +447,7 @@ impl Host for CallState {
         rbd_call(p, "flatten", |p| async move { p.flatten(&image).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.children", skip_all, fields(backend = %self.caps.backend, %cluster, %pool, %image, %snap))]
+    #[tracing::instrument(name = "import.rbd.children", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
     async fn children(
         &mut self,
         cluster: String,
@@ -423,7 +460,7 @@ impl Host for CallState {
         rbd_call(p, "children", |p| async move { p.children(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.stats", skip_all, fields(backend = %self.caps.backend, %cluster, %pool))]
+    #[tracing::instrument(name = "import.rbd.stats", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool))]
     async fn stats(&mut self, cluster: String, pool: String, secrets: Vec<SecretRef>) -> Result<PoolStats, Error> {
         let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
         let s = rbd_call(p, "stats", |p| async move { p.stats().await }).await?;
@@ -437,11 +474,9 @@ mod tests {
     //! happens before these checks). The operations against a real cluster are exercised through
     //! the ceph-rbd-shim component in `tests/all/rbd_backend.rs`.
     use std::collections::BTreeMap;
-    use std::sync::Arc;
 
     use super::*;
-    use crate::capabilities::Capabilities;
-    use crate::metadata::MetaStore;
+    use crate::call_error::describe;
 
     const KEY: &str = "AQBnBwFnAAAAABAAzlZ6nYv8w3G0fLrYL0aoNg==";
 
@@ -455,26 +490,25 @@ mod tests {
         RbdProvider::from_grants(&grants, &clusters, Duration::from_secs(1)).expect("granted")
     }
 
-    fn state(dir: &std::path::Path, rbd: Option<RbdProvider>, secrets: &[(&str, &str)]) -> CallState {
-        let caps = Capabilities {
-            backend: "rbd-test".into(),
-            metadata: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")),
-            dir_roots: Default::default(),
-            nfs: None,
-            rbd: rbd.map(Arc::new),
-            block: None,
-            import_timeout: Duration::from_secs(1),
-            copies: Default::default(),
-            kv_quota: crate::metadata::KvQuota::UNLIMITED,
-            metrics: Default::default(),
-        };
-        let secrets = secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        CallState::new(
-            Arc::new(caps),
-            64 << 20,
-            secrets,
-            std::time::Instant::now() + std::time::Duration::from_secs(60),
-        )
+    /// What one call's `rbd` view borrows: the backend's context and the call's secrets.
+    struct Call {
+        ctx: RbdCtx,
+        secrets: Secrets,
+    }
+
+    impl Call {
+        fn new(rbd: Option<RbdProvider>, secrets: &[(&str, &str)]) -> Self {
+            let ctx = RbdCtx {
+                backend: "rbd-test".into(),
+                provider: rbd.map(Arc::new),
+                import_timeout: Duration::from_secs(1),
+            };
+            Self { ctx, secrets: secrets.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect() }
+        }
+
+        fn view(&self) -> RbdCtxView<'_> {
+            RbdCtxView { ctx: &self.ctx, secrets: &self.secrets }
+        }
     }
 
     fn refs(keys: &[(&str, u32)]) -> Vec<SecretRef> {
@@ -493,12 +527,11 @@ mod tests {
 
     #[test]
     fn credentials_resolve_from_handles_by_the_hosts_key() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let s = state(
-            tmp.path(),
+        let call = Call::new(
             Some(provider()),
             &[("adminID", "admin"), ("adminKey", KEY), ("userID", "csi"), ("userKey", KEY)],
         );
+        let s = call.view();
         let user = s.rbd_credentials(&refs(&[("userID", 2), ("userKey", 3)])).expect("ok").expect("some");
         assert_eq!((user.user.as_str(), user.key()), ("csi", KEY));
         let admin = s.rbd_credentials(&refs(&[("adminID", 0), ("adminKey", 1)])).expect("ok").expect("some");
@@ -526,13 +559,13 @@ mod tests {
 
     #[tokio::test]
     async fn calls_without_grant_or_credentials_fail_before_any_traffic() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut none = state(tmp.path(), None, &[]);
+        let ungranted = Call::new(None, &[]);
+        let mut none = ungranted.view();
         let e = none.info("c".into(), "p".into(), "img".into(), vec![]).await.expect_err("no grant");
         assert!(matches!(e, Error::PermissionDenied(_)), "{e:?}");
 
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = state(tmp.path(), Some(provider()), &[("userID", "csi"), ("userKey", KEY)]);
+        let call = Call::new(Some(provider()), &[("userID", "csi"), ("userKey", KEY)]);
+        let mut s = call.view();
         let e = s.remove("c".into(), "p".into(), "img".into(), vec![]).await.expect_err("write needs secrets");
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("userID")), "{e:?}");
         let e = s.stats("c".into(), "p".into(), vec![]).await.expect_err("nothing remembered yet");
@@ -559,9 +592,9 @@ mod tests {
         ];
         for (e, case) in cases {
             assert_eq!(e.wit_case(), case);
-            assert_eq!(crate::backend::describe(&to_wit(e)).0, case);
+            assert_eq!(describe(&to_wit(e)).0, case);
         }
         let e = redact(Error::Internal(format!("auth with {KEY} failed")), KEY);
-        assert_eq!(crate::backend::describe(&e).1, "auth with <redacted> failed");
+        assert_eq!(describe(&e).1, "auth with <redacted> failed");
     }
 }

@@ -1,10 +1,11 @@
-//! A guest-SDK backend linked natively (feature `native`): [`NativeDriver::of_backend`] calls a
+//! A guest-SDK backend linked natively: [`NativeDriver::of_backend`] calls a
 //! `wasmcsi_backend_sdk::Backend` with a host that serves `dir` (the backend's granted roots,
 //! through the same checked operations as the component's import) and `log` (tracing), and
 //! grants nothing else. The two bindings of the one WIT (wasmtime's here, wit-bindgen's in the
 //! SDK) have the same shapes under different types; [`Conv`] maps one onto the other.
 use super::{NativeDriver, ROOTS};
 use crate::bindings::types as h;
+use crate::exports::for_each_export;
 use crate::imports::dir as ops;
 use std::path::PathBuf;
 use wasmcsi_backend_sdk::dir::{FileKind, FileStat, Space};
@@ -233,101 +234,39 @@ impl wasmcsi_backend_sdk::dir::Dir for NativeDir {
     }
 }
 
-/// The exports of `B`, each converting its arguments to the SDK's types and its answer back.
-mod exports {
-    use super::*;
+macro_rules! of_backend {
+    ($(
+        $(#[$doc:meta])*
+        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+    )*) => {
+        /// The exports of `B`, each converting its arguments to the SDK's types and its answer
+        /// back.
+        mod exports {
+            use super::*;
+            use crate::bindings::driver::{
+                Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, SecretRef,
+                Snapshot, SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+            };
 
-    pub fn info<B: Backend>() -> ht::BackendInfo {
-        B::info().conv()
-    }
-    pub fn create_volume<B: Backend>(req: ht::CreateVolumeRequest) -> Result<ht::Volume, h::Error> {
-        B::create_volume(&NativeHost, req.conv()).conv()
-    }
-    pub fn delete_volume<B: Backend>(id: String, secrets: Vec<ht::SecretRef>) -> Result<(), h::Error> {
-        B::delete_volume(&NativeHost, id, secrets.conv()).conv()
-    }
-    pub fn expand_volume<B: Backend>(
-        id: String,
-        capacity: ht::CapacityRange,
-        capability: Option<ht::VolumeCapability>,
-        secrets: Vec<ht::SecretRef>,
-    ) -> Result<ht::Expansion, h::Error> {
-        B::expand_volume(&NativeHost, id, capacity.conv(), capability.conv(), secrets.conv()).conv()
-    }
-    pub fn get_volume<B: Backend>(id: String) -> Result<ht::VolumeStatus, h::Error> {
-        B::get_volume(&NativeHost, id).conv()
-    }
-    pub fn list_volumes<B: Backend>(max: u32, token: String) -> Result<ht::VolumePage, h::Error> {
-        B::list_volumes(&NativeHost, max, token).conv()
-    }
-    pub fn validate_volume_capabilities<B: Backend>(
-        id: String,
-        context: Vec<ht::Pair>,
-        caps: Vec<ht::VolumeCapability>,
-        params: Vec<ht::Pair>,
-    ) -> Result<Option<String>, h::Error> {
-        B::validate_volume_capabilities(&NativeHost, id, context.conv(), caps.conv(), params.conv()).conv()
-    }
-    pub fn create_snapshot<B: Backend>(
-        name: String,
-        source: String,
-        params: Vec<ht::Pair>,
-        secrets: Vec<ht::SecretRef>,
-    ) -> Result<ht::Snapshot, h::Error> {
-        B::create_snapshot(&NativeHost, name, source, params.conv(), secrets.conv()).conv()
-    }
-    pub fn delete_snapshot<B: Backend>(id: String, secrets: Vec<ht::SecretRef>) -> Result<(), h::Error> {
-        B::delete_snapshot(&NativeHost, id, secrets.conv()).conv()
-    }
-    pub fn list_snapshots<B: Backend>(
-        snapshot_id: Option<String>,
-        source: Option<String>,
-        max: u32,
-        token: String,
-    ) -> Result<ht::SnapshotPage, h::Error> {
-        B::list_snapshots(&NativeHost, snapshot_id, source, max, token).conv()
-    }
-    pub fn get_capacity<B: Backend>(
-        caps: Vec<ht::VolumeCapability>,
-        params: Vec<ht::Pair>,
-        topology: Option<ht::Topology>,
-    ) -> Result<ht::Capacity, h::Error> {
-        B::get_capacity(&NativeHost, caps.conv(), params.conv(), topology.conv()).conv()
-    }
-    pub fn get_snapshot<B: Backend>(id: String) -> Result<ht::Snapshot, h::Error> {
-        B::get_snapshot(&NativeHost, id).conv()
-    }
-    pub fn reconcile_volume<B: Backend>(id: String) -> Result<(), h::Error> {
-        B::reconcile_volume(&NativeHost, id).conv()
-    }
-    pub fn attach_plan<B: Backend>(
-        id: String,
-        context: Vec<ht::Pair>,
-        capability: ht::VolumeCapability,
-    ) -> Result<ht::Attachment, h::Error> {
-        B::attach_plan(&NativeHost, id, context.conv(), capability.conv()).conv()
-    }
-}
-
-impl NativeDriver {
-    /// A backend written on the guest SDK, linked into the host: the same crate as its
-    /// component, `dir` and `log` served by this process, every other capability not granted.
-    pub fn of_backend<B: Backend>() -> Self {
-        Self {
-            info: exports::info::<B>,
-            create_volume: exports::create_volume::<B>,
-            delete_volume: exports::delete_volume::<B>,
-            expand_volume: exports::expand_volume::<B>,
-            get_volume: exports::get_volume::<B>,
-            list_volumes: exports::list_volumes::<B>,
-            validate_volume_capabilities: exports::validate_volume_capabilities::<B>,
-            create_snapshot: exports::create_snapshot::<B>,
-            delete_snapshot: exports::delete_snapshot::<B>,
-            list_snapshots: exports::list_snapshots::<B>,
-            get_capacity: exports::get_capacity::<B>,
-            attach_plan: exports::attach_plan::<B>,
-            get_snapshot: exports::get_snapshot::<B>,
-            reconcile_volume: exports::reconcile_volume::<B>,
+            pub fn info<B: Backend>() -> BackendInfo {
+                B::info().conv()
+            }
+            $(
+                pub fn $f<B: Backend>($($a: $t,)* $($refs: Vec<SecretRef>,)?) -> Result<$r, h::Error> {
+                    B::$f(&NativeHost, $($a.conv(),)* $($refs.conv(),)?).conv()
+                }
+            )*
         }
-    }
+
+        impl NativeDriver {
+            /// A backend written on the guest SDK, linked into the host: the same crate as its
+            /// component, `dir` and `log` served by this process, every other capability not
+            /// granted.
+            pub fn of_backend<B: Backend>() -> Self {
+                Self { info: exports::info::<B>, $($f: exports::$f::<B>,)* }
+            }
+        }
+    };
 }
+
+for_each_export!(of_backend);

@@ -185,7 +185,7 @@ async fn a_0_1_backend_importing_block_is_refused_naming_the_version_block_needs
     let d = tempfile::tempdir().unwrap();
     let rt = runtime(d.path());
     let (imports, exports) = rt.inspect("block-v0-1", wasmcsi_artifacts::BLOCK_V0_1).unwrap();
-    assert_eq!(ContractVersion::detect(&imports, &exports), Ok(ContractVersion::V0_1));
+    assert_eq!(ContractVersion::detect(&imports.wasmcsi, &exports), Ok(ContractVersion::V0_1));
     assert!(imports.wasmcsi.iter().any(|i| i == "wasmcsi:backend/block@0.1.0"), "{imports:?}");
     // Granted block (see `runtime`) and still refused: 0.1.0's block has no provider.
     let e = rt.load("block-v0-1", wasmcsi_artifacts::BLOCK_V0_1, None).await.err();

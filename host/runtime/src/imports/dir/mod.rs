@@ -12,6 +12,8 @@
 //! it stopped), and `copy-tree` runs as a background copy that a retry collects (`copies.rs`).
 //! The host's temporary entries are named and locked so a dead writer's are recognised, hidden
 //! from `read-dir` and swept (`temp.rs`).
+//!
+//! Its host functions see a [`DirCtxView`]: the backend's [`DirCtx`] and the call's deadline.
 mod copies;
 mod ops;
 mod path;
@@ -23,14 +25,52 @@ pub use copies::CopyJobs;
 pub use path::resolve;
 
 use crate::bindings::types::Error;
-use crate::bindings::wasmcsi::backend::dir::{FileStat, Host, Space};
-use crate::capabilities::local_io;
-use crate::state::CallState;
+use crate::bindings::wasmcsi::backend::dir::{self as wit, FileStat, Host, Space};
+use crate::local_io::local_io;
 use path::GuestPath;
 use root::Root;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tree::{Progress, Stop};
+use wasmtime::component::{HasData, LinkerInstance};
+
+/// What `dir` needs of one backend, resolved at load and shared by its calls.
+pub struct DirCtx {
+    pub backend: String,
+    /// the granted roots: name → host directory
+    pub roots: BTreeMap<String, PathBuf>,
+    /// how long one import may take
+    pub import_timeout: Duration,
+    /// `copy-tree`s running in the background, shared by every backend of the runtime
+    pub copies: Arc<CopyJobs>,
+}
+
+/// What `dir` sees of a call.
+pub struct DirCtxView<'a> {
+    pub ctx: &'a DirCtx,
+    /// when the call must be over: tree-sized imports stop before it
+    pub deadline: Instant,
+}
+
+/// A store whose calls can reach `dir`: it lends `dir` its view.
+pub trait DirView: Send {
+    fn dir(&mut self) -> DirCtxView<'_>;
+}
+
+/// `dir` for the linker: its host functions get a [`DirCtxView`].
+pub struct Dir;
+
+impl HasData for Dir {
+    type Data<'a> = DirCtxView<'a>;
+}
+
+/// Link `dir`'s host functions into `instance` (named as the component's contract version
+/// names the interface).
+pub fn add_to_instance<T: DirView + 'static>(instance: &mut LinkerInstance<'_, T>) -> wasmtime::Result<()> {
+    wit::add_to_linker_instance::<T, Dir>(instance, T::dir)
+}
 
 /// Time a tree-sized import leaves its call to turn the answer into the guest's own.
 const ANSWER_MARGIN: Duration = Duration::from_millis(100);
@@ -90,10 +130,17 @@ pub fn space(root: &Path) -> Result<Space, Error> {
     }
 }
 
-impl CallState {
+impl DirCtx {
+    /// The host directory of a granted root.
+    pub fn root(&self, root: &str) -> Option<&Path> {
+        self.roots.get(root).map(PathBuf::as_path)
+    }
+}
+
+impl DirCtxView<'_> {
     fn root(&self, root: &str) -> Result<PathBuf, Error> {
-        self.caps.dir_roots.get(root).cloned().ok_or_else(|| {
-            Error::PermissionDenied(format!("dir root {root:?} is not granted to backend {}", self.caps.backend))
+        self.ctx.roots.get(root).cloned().ok_or_else(|| {
+            Error::PermissionDenied(format!("dir root {root:?} is not granted to backend {}", self.ctx.backend))
         })
     }
 
@@ -106,13 +153,13 @@ impl CallState {
     /// Until when a tree-sized import may work: its import timeout, and never so close to the
     /// call's deadline that the guest cannot answer.
     fn tree_deadline(&self) -> Instant {
-        let by_import = Instant::now() + self.caps.import_timeout;
+        let by_import = Instant::now() + self.ctx.import_timeout;
         let by_call = self.deadline.checked_sub(ANSWER_MARGIN).unwrap_or_else(Instant::now);
         by_import.min(by_call)
     }
 
-    /// A tree walk on the blocking pool, stopping at [`CallState::tree_deadline`]. The future
-    /// holds nothing of the call state (which is not `Sync`).
+    /// A tree walk on the blocking pool, stopping at [`DirCtxView::tree_deadline`]. The future
+    /// holds nothing of the view.
     fn tree_op<T: Send + 'static>(
         &self,
         root: &str,
@@ -130,53 +177,53 @@ impl CallState {
     }
 }
 
-impl Host for CallState {
+impl Host for DirCtxView<'_> {
     async fn roots(&mut self) -> Vec<String> {
-        self.caps.dir_roots.keys().cloned().collect()
+        self.ctx.roots.keys().cloned().collect()
     }
-    #[tracing::instrument(name = "import.dir.mkdir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.mkdir", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn mkdir(&mut self, root: String, path: String, mode: u32) -> Result<(), Error> {
         self.on_root(&root, |r| mkdir(r, &path, mode))
     }
-    #[tracing::instrument(name = "import.dir.stat", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.stat", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn stat(&mut self, root: String, path: String) -> Result<Option<FileStat>, Error> {
         self.on_root(&root, |r| stat(r, &path))
     }
-    #[tracing::instrument(name = "import.dir.read_dir", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.read_dir", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn read_dir(&mut self, root: String, path: String) -> Result<Vec<String>, Error> {
         self.on_root(&root, |r| read_dir(r, &path))
     }
-    #[tracing::instrument(name = "import.dir.read_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.read_file", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn read_file(&mut self, root: String, path: String) -> Result<Vec<u8>, Error> {
         self.on_root(&root, |r| read_file(r, &path))
     }
-    #[tracing::instrument(name = "import.dir.write_file", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.write_file", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn write_file(&mut self, root: String, path: String, data: Vec<u8>) -> Result<(), Error> {
         self.on_root(&root, |r| write_file(r, &path, &data))
     }
-    #[tracing::instrument(name = "import.dir.copy_tree", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
+    #[tracing::instrument(name = "import.dir.copy_tree", skip_all, fields(backend = %self.ctx.backend, %root, %from, %to))]
     async fn copy_tree(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
         let base = self.root(&root)?;
         let wait = self.tree_deadline().saturating_duration_since(Instant::now());
-        let (copies, backend) = (self.caps.copies.clone(), self.caps.backend.clone());
+        let (copies, backend) = (self.ctx.copies.clone(), self.ctx.backend.clone());
         copies.copy_tree(&backend, base, &from, &to, wait).await
     }
-    #[tracing::instrument(name = "import.dir.rename", skip_all, fields(backend = %self.caps.backend, %root, %from, %to))]
+    #[tracing::instrument(name = "import.dir.rename", skip_all, fields(backend = %self.ctx.backend, %root, %from, %to))]
     async fn rename(&mut self, root: String, from: String, to: String) -> Result<(), Error> {
         self.on_root(&root, |r| rename(r, &from, &to))
     }
-    #[tracing::instrument(name = "import.dir.remove_all", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.remove_all", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn remove_all(&mut self, root: String, path: String) -> Result<(), Error> {
         if path.is_empty() {
             return Err(Error::InvalidArgument(format!("refusing to remove dir root {root:?} itself")));
         }
         self.tree_op(&root, "remove-all", move |r, stop| ops::remove_all(r, GuestPath::parse(&path)?, stop)).await
     }
-    #[tracing::instrument(name = "import.dir.usage", skip_all, fields(backend = %self.caps.backend, %root, %path))]
+    #[tracing::instrument(name = "import.dir.usage", skip_all, fields(backend = %self.ctx.backend, %root, %path))]
     async fn usage(&mut self, root: String, path: String) -> Result<u64, Error> {
         self.tree_op(&root, "usage", move |r, stop| ops::usage(r, GuestPath::parse(&path)?, stop)).await
     }
-    #[tracing::instrument(name = "import.dir.fs_stats", skip_all, fields(backend = %self.caps.backend, %root))]
+    #[tracing::instrument(name = "import.dir.fs_stats", skip_all, fields(backend = %self.ctx.backend, %root))]
     async fn fs_stats(&mut self, root: String) -> Result<Space, Error> {
         self.on_root(&root, space)
     }

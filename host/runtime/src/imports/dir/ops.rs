@@ -331,7 +331,7 @@ pub fn copy_to_temp(
         .open_at(from, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
         .map_err(|e| walk(&what(), WalkError::Io { name: from.as_str().into(), errno: e }))?;
     let st = rustix::fs::fstat(&src).map_err(fail)?;
-    temp::sweep_trees(parent.as_fd());
+    tree::sweep_trees(parent.as_fd());
     let tname = cstr(target)?;
     let (held, copied) = match kind(&st) {
         FileType::Directory => {

@@ -110,7 +110,7 @@ pub fn claim_dead(dir: BorrowedFd<'_>, name: &str) -> Option<(OwnedFd, FileType)
 }
 
 /// Unlink dead temporary *files* among `names` of `dir` (cheap: one unlink each); dead
-/// temporary trees are left to `sweep_trees`, which may take long.
+/// temporary trees are left to `tree::sweep_trees`, which may take long.
 pub fn sweep_files(dir: BorrowedFd<'_>, names: &[String]) {
     for name in names {
         if let Some((fd, FileType::RegularFile)) = claim_dead(dir, name) {
@@ -119,25 +119,6 @@ pub fn sweep_files(dir: BorrowedFd<'_>, names: &[String]) {
                 Err(e) => tracing::warn!(name, error = %e, "could not remove a dead writer's temporary file"),
             }
             drop(fd);
-        }
-    }
-}
-
-/// Remove every dead host entry of `dir`, trees included (for a background thread).
-pub fn sweep_trees(dir: BorrowedFd<'_>) {
-    let Ok(names) = super::tree::names(dir) else { return };
-    for name in names.into_iter().filter(|n| is_host_entry(n.as_bytes())) {
-        let Some((fd, kind)) = claim_dead(dir, &name) else { continue };
-        let result = if kind == FileType::Directory {
-            let c = std::ffi::CString::new(name.as_str()).unwrap_or_default();
-            super::tree::remove_tree(dir, &c, &super::tree::Stop::never()).map_err(|e| e.to_string())
-        } else {
-            rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty()).map_err(|e| e.to_string())
-        };
-        drop(fd);
-        match result {
-            Ok(()) => tracing::info!(name, "removed a dead writer's temporary entry"),
-            Err(error) => tracing::warn!(name, error, "could not remove a dead writer's temporary entry"),
         }
     }
 }

@@ -2,8 +2,6 @@
 //! a pod racing symlinks against every walk, dead writers' temporary files, and tree-sized
 //! imports under a deadline, off the async workers, across retries.
 use super::*;
-use crate::capabilities::Capabilities;
-use crate::metadata::MetaStore;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
@@ -252,31 +250,32 @@ fn killed_writer() {
 }
 
 /// What the calls of one test share: the runtime's background copies and metadata store.
+/// What every call of a test shares: the runtime's background copies.
+#[derive(Default)]
 struct Shared {
     copies: Arc<CopyJobs>,
-    metadata: Arc<MetaStore>,
 }
 
-impl Shared {
-    fn new(dir: &Path) -> Self {
-        Self { copies: Arc::default(), metadata: Arc::new(MetaStore::open(&dir.join("meta.redb")).expect("store")) }
+/// One call's `dir`: the backend's context and the call's deadline.
+struct Call {
+    ctx: DirCtx,
+    deadline: Instant,
+}
+
+impl Call {
+    fn view(&self) -> DirCtxView<'_> {
+        DirCtxView { ctx: &self.ctx, deadline: self.deadline }
     }
 }
 
-fn state(root: &Path, deadline: Duration, import_timeout: Duration, shared: &Shared) -> CallState {
-    let caps = Capabilities {
+fn one_call(root: &Path, deadline: Duration, import_timeout: Duration, shared: &Shared) -> Call {
+    let ctx = DirCtx {
         backend: "dir-test".into(),
-        metadata: shared.metadata.clone(),
-        dir_roots: [("default".to_string(), root.to_path_buf())].into(),
-        nfs: None,
-        rbd: None,
-        block: None,
+        roots: [("default".to_string(), root.to_path_buf())].into(),
         import_timeout,
         copies: shared.copies.clone(),
-        kv_quota: crate::metadata::KvQuota::UNLIMITED,
-        metrics: Default::default(),
     };
-    CallState::new(Arc::new(caps), 64 << 20, Vec::new(), Instant::now() + deadline)
+    Call { ctx, deadline: Instant::now() + deadline }
 }
 
 /// A tree of `n` directories with a file in each tenth, under `root/path`.
@@ -313,13 +312,14 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
             }
         })
     };
-    let shared = Shared::new(d.path());
+    let shared = Shared::default();
     let deadline = Duration::from_millis(300);
     let mut tries = 0;
     let started = Instant::now();
     loop {
         tries += 1;
-        let mut s = state(&root, deadline, Duration::from_secs(5), &shared);
+        let c = one_call(&root, deadline, Duration::from_secs(5), &shared);
+        let mut s = c.view();
         let call = Instant::now();
         let r = s.copy_tree("default".into(), "vol".into(), "snap".into()).await;
         assert!(call.elapsed() < deadline + Duration::from_millis(50), "try {tries} took {:?}", call.elapsed());
@@ -331,7 +331,8 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
         assert!(started.elapsed() < Duration::from_secs(120), "the copy never finished");
     }
     assert!(tries > 1, "the tree must be too big for one call for this test to mean anything");
-    let mut s = state(&root, Duration::from_secs(60), Duration::from_secs(60), &shared);
+    let c = one_call(&root, Duration::from_secs(60), Duration::from_secs(60), &shared);
+    let mut s = c.view();
     let (a, b) = (
         s.usage("default".into(), "vol".into()).await.expect("usage"),
         s.usage("default".into(), "snap".into()).await.expect("usage"),
@@ -341,7 +342,8 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
 
     // usage and remove-all of a tree too big for the deadline: stopped at it, not after.
     for op in ["usage", "remove-all"] {
-        let mut s = state(&root, Duration::from_millis(150), Duration::from_secs(5), &shared);
+        let c = one_call(&root, Duration::from_millis(150), Duration::from_secs(5), &shared);
+        let mut s = c.view();
         let call = Instant::now();
         let r = match op {
             "usage" => s.usage("default".into(), "snap".into()).await.map(|_| ()),
@@ -356,7 +358,8 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
     let mut removed = false;
     let retrying = Instant::now();
     while retrying.elapsed() < Duration::from_secs(180) {
-        let mut s = state(&root, Duration::from_millis(400), Duration::from_secs(5), &shared);
+        let c = one_call(&root, Duration::from_millis(400), Duration::from_secs(5), &shared);
+        let mut s = c.view();
         if s.remove_all("default".into(), "snap".into()).await.is_ok() {
             removed = true;
             break;

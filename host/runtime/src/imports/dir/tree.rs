@@ -389,6 +389,25 @@ pub fn finish_top(dst: BorrowedFd<'_>, src: &Stat, name: &CStr) -> Result<(), Wa
     finish(dst, src, name)
 }
 
+/// Remove every dead host entry of `dir` (see `temp`), trees included (for a background thread).
+pub fn sweep_trees(dir: BorrowedFd<'_>) {
+    let Ok(names) = names(dir) else { return };
+    for name in names.into_iter().filter(|n| temp::is_host_entry(n.as_bytes())) {
+        let Some((fd, kind)) = temp::claim_dead(dir, &name) else { continue };
+        let result = if kind == FileType::Directory {
+            let c = std::ffi::CString::new(name.as_str()).unwrap_or_default();
+            remove_tree(dir, &c, &Stop::never()).map_err(|e| e.to_string())
+        } else {
+            rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty()).map_err(|e| e.to_string())
+        };
+        drop(fd);
+        match result {
+            Ok(()) => tracing::info!(name, "removed a dead writer's temporary entry"),
+            Err(error) => tracing::warn!(name, error, "could not remove a dead writer's temporary entry"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
