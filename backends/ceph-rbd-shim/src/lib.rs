@@ -98,8 +98,8 @@ fn is_deleted(snaps: &[ImageSnapshot]) -> bool {
 
 /// A live volume (exists, not deleted): its info and snapshots; `None` otherwise.
 fn live(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<Option<(ImageInfo, Vec<ImageSnapshot>)>, Error> {
-    let Some(info) = h.rbd().info(t, image, s)? else { return Ok(None) };
-    let snaps = match h.rbd().snapshot_list(t, image, s) {
+    let Some(info) = h.rbd().info(&t.pool(s), image)? else { return Ok(None) };
+    let snaps = match h.rbd().snapshot_list(&t.pool(s), image) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(None),
         Err(e) => return Err(e),
@@ -125,7 +125,7 @@ fn depth(h: &impl Host, t: &Target, info: &ImageInfo, s: &[SecretRef]) -> Result
         }
         let Some((pool, image, _)) = policy::parse_parent(&p) else { break };
         let pt = Target { cluster: t.cluster.clone(), pool };
-        parent = h.rbd().info(&pt, &image, s)?.and_then(|i| i.parent);
+        parent = h.rbd().info(&pt.pool(s), &image)?.and_then(|i| i.parent);
     }
     Ok(d)
 }
@@ -165,8 +165,8 @@ fn resolve_source(h: &impl Host, p: &Params, name: &str, src: &ContentSource, s:
         return Err(Error::InvalidArgument(format!("content source {id} is on cluster {}, not {}", target.cluster, p.target.cluster)));
     }
     let gone = || Error::NotFound(format!("content source {id} not found"));
-    let info = h.rbd().info(&target, &image, s)?.ok_or_else(gone)?;
-    let snaps = match h.rbd().snapshot_list(&target, &image, s) {
+    let info = h.rbd().info(&target.pool(s), &image)?.ok_or_else(gone)?;
+    let snaps = match h.rbd().snapshot_list(&target.pool(s), &image) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Err(gone()),
         Err(e) => return Err(e),
@@ -210,13 +210,13 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     let id = policy::encode_volume_id(t, &image);
 
     // Read state: does an earlier attempt's image exist, and is it this request's?
-    let mut existing = h.rbd().info(t, &image, s)?;
+    let mut existing = h.rbd().info(&t.pool(s), &image)?;
     if existing.is_none() {
         remember_pool(h, t)?;
         let made = match &source {
             None => {
                 let metadata = [(policy::META_NAME.to_owned(), req.name.clone()), (policy::META_OWNER.to_owned(), policy::OWNER.to_owned())];
-                h.rbd().create(t, &image, size, &p.features, p.data_pool.as_deref(), &metadata, s)
+                h.rbd().create(&t.pool(s), &image, size, &p.features, p.data_pool.as_deref(), &metadata)
             }
             Some(src) => clone_into(h, &p, src, &image, s),
         };
@@ -225,10 +225,10 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
             Ok(()) | Err(Error::AlreadyExists(_)) => {}
             Err(e) => return Err(e),
         }
-        existing = h.rbd().info(t, &image, s)?;
+        existing = h.rbd().info(&t.pool(s), &image)?;
     }
     let info = existing.ok_or_else(|| Error::Internal(format!("image {image} vanished right after its creation")))?;
-    let snaps = h.rbd().snapshot_list(t, &image, s)?;
+    let snaps = h.rbd().snapshot_list(&t.pool(s), &image)?;
     if is_deleted(&snaps) {
         return Err(Error::Aborted(format!("an earlier volume named {} is still being deleted (its snapshots keep image {image})", req.name)));
     }
@@ -238,12 +238,12 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     let mut size_now = info.size_bytes;
     if let Some(src) = &source {
         if size_now < size {
-            h.rbd().resize(t, &image, size, s)?;
+            h.rbd().resize(&t.pool(s), &image, size)?;
             size_now = size;
         }
         let (_, flatten) = policy::clone_plan(src.depth, p.max_clone_depth);
         if flatten && info.parent.is_some() {
-            h.rbd().flatten(t, &image, s)?;
+            h.rbd().flatten(&t.pool(s), &image)?;
             h.log().info("clone flattened", &[("volume", &id), ("maxCloneDepth", &p.max_clone_depth.to_string())]);
         }
         if src.temporary && (flatten || info.parent.is_none()) {
@@ -258,19 +258,19 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
 /// ones accept it), then grow it to `size` if the request asks for more than the source.
 fn clone_into(h: &impl Host, p: &Params, src: &Source, image: &str, s: &[SecretRef]) -> Result<(), Error> {
     if src.temporary {
-        match h.rbd().snapshot_create(&src.target, &src.image, &src.snap, s) {
+        match h.rbd().snapshot_create(&src.target.pool(s), &src.image, &src.snap) {
             Ok(_) | Err(Error::AlreadyExists(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    h.rbd().snapshot_protect(&src.target, &src.image, &src.snap, s)?;
+    h.rbd().snapshot_protect(&src.target.pool(s), &src.image, &src.snap)?;
     // Clones need layering whatever the StorageClass lists.
     let mut features = p.features.clone();
     if !features.iter().any(|f| f == "layering") {
         features.push("layering".into());
         features.sort();
     }
-    h.rbd().clone_image(&src.target, &src.image, &src.snap, &p.target.pool, image, &features, s)
+    h.rbd().clone_image(&src.target.pool(s), &src.image, &src.snap, &p.target.pool, image, &features)
 }
 
 /// Whether an existing image answers this request (CSI: same name and compatible request →
@@ -304,8 +304,8 @@ fn check_same_request(name: &str, image: &str, info: &ImageInfo, source: Option<
 
 /// Remove a temporary snapshot once no clone hangs off it (absent: fine).
 fn drop_temp_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-    match h.rbd().children(t, image, snap, s) {
-        Ok(c) if c.is_empty() => match h.rbd().snapshot_remove(t, image, snap, s) {
+    match h.rbd().children(&t.pool(s), image, snap) {
+        Ok(c) if c.is_empty() => match h.rbd().snapshot_remove(&t.pool(s), image, snap) {
             Ok(()) | Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         },
@@ -316,7 +316,7 @@ fn drop_temp_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[S
 
 /// Flatten every clone of `image@snap`, so the snapshot can go without taking their data.
 fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let children = match h.rbd().children(t, image, snap, s) {
+    let children = match h.rbd().children(&t.pool(s), image, snap) {
         Ok(c) => c,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -324,7 +324,7 @@ fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[Sec
     for child in children {
         let (pool, name) = child.split_once('/').ok_or_else(|| Error::Internal(format!("child {child:?} is not pool/image")))?;
         let ct = Target { cluster: t.cluster.clone(), pool: pool.into() };
-        h.rbd().flatten(&ct, name, s)?;
+        h.rbd().flatten(&ct.pool(s), name)?;
         h.log().info("clone flattened before its parent snapshot goes", &[("image", &child), ("parent", &format!("{}/{image}@{snap}", t.pool))]);
     }
     Ok(())
@@ -334,8 +334,8 @@ fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[Sec
 /// the image, then release its parent's temporary snapshot and finish a deferred deletion of
 /// the parent that waited for it.
 fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let Some(info) = h.rbd().info(t, image, s)? else { return Ok(()) };
-    for snap in h.rbd().snapshot_list(t, image, s)? {
+    let Some(info) = h.rbd().info(&t.pool(s), image)? else { return Ok(()) };
+    for snap in h.rbd().snapshot_list(&t.pool(s), image)? {
         if snap.name.starts_with(policy::SNAP_PREFIX) {
             return Err(Error::FailedPrecondition(format!("image {image} still has snapshot {}", snap.name)));
         }
@@ -344,12 +344,12 @@ fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(
             return Err(Error::FailedPrecondition(format!("image {image} has snapshot {} this backend did not make", snap.name)));
         }
         flatten_children(h, t, image, &snap.name, s)?;
-        match h.rbd().snapshot_remove(t, image, &snap.name, s) {
+        match h.rbd().snapshot_remove(&t.pool(s), image, &snap.name) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    h.rbd().remove(t, image, s)?;
+    h.rbd().remove(&t.pool(s), image)?;
     h.log().info("image removed", &[("image", &format!("{}/{image}", t.pool))]);
     if let Some((pool, pimage, psnap)) = info.parent.as_deref().and_then(policy::parse_parent) {
         let pt = Target { cluster: t.cluster.clone(), pool };
@@ -363,7 +363,7 @@ fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(
 
 /// A deleted (marked) image whose last CSI snapshot is gone: remove it now.
 fn finish_deferred(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
-    let snaps = match h.rbd().snapshot_list(t, image, s) {
+    let snaps = match h.rbd().snapshot_list(&t.pool(s), image) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -378,14 +378,14 @@ fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> 
     // An id this backend cannot have made names no volume: deleting it succeeds.
     let Some((t, image)) = policy::decode_volume_id(id) else { return Ok(()) };
     require_credentials(s)?;
-    if h.rbd().info(&t, &image, s)?.is_none() {
+    if h.rbd().info(&t.pool(s), &image)?.is_none() {
         return Ok(());
     }
-    let snaps = h.rbd().snapshot_list(&t, &image, s)?;
+    let snaps = h.rbd().snapshot_list(&t.pool(s), &image)?;
     if snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
         // CSI snapshots are independent objects: the volume goes, its data stays for them.
         if !is_deleted(&snaps) {
-            match h.rbd().snapshot_create(&t, &image, policy::DELETED_MARKER, s) {
+            match h.rbd().snapshot_create(&t.pool(s), &image, policy::DELETED_MARKER) {
                 Ok(_) | Err(Error::AlreadyExists(_)) => {}
                 Err(e) => return Err(e),
             }
@@ -402,7 +402,7 @@ fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange, capability: Optio
     let (info, _) = live(h, &t, &image, s)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
     let size = policy::SIZING.resolve(cap.required_bytes, cap.limit_bytes)?;
     let now = if size > info.size_bytes {
-        h.rbd().resize(&t, &image, size, s)?;
+        h.rbd().resize(&t.pool(s), &image, size)?;
         size
     } else {
         info.size_bytes
@@ -422,7 +422,7 @@ fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
 
 /// Images of this backend in a pool (clones included: they inherit the owner key).
 fn owned_images(h: &impl Host, t: &Target) -> Result<Vec<String>, Error> {
-    h.rbd().find_by_metadata(t, policy::META_OWNER, policy::OWNER, &[])
+    h.rbd().find_by_metadata(&t.pool(&[]), policy::META_OWNER, policy::OWNER)
 }
 
 fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Error> {
@@ -505,7 +505,7 @@ fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str,
         if prev != source
             && let Some((pt, pimage)) = policy::decode_volume_id(&prev)
         {
-            let taken = match h.rbd().snapshot_list(&pt, &pimage, s) {
+            let taken = match h.rbd().snapshot_list(&pt.pool(s), &pimage) {
                 Ok(v) => v.iter().any(|x| x.name == policy::snap_name(hash)),
                 Err(Error::NotFound(_)) => false,
                 Err(e) => return Err(e),
@@ -519,7 +519,7 @@ fn check_snapshot_name_free(h: &impl Host, name: &str, hash: &str, source: &str,
 }
 
 fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, source: &str, s: &[SecretRef]) -> Result<ImageSnapshot, Error> {
-    match h.rbd().snapshot_create(t, image, snap, s) {
+    match h.rbd().snapshot_create(&t.pool(s), image, snap) {
         Ok(x) => {
             remember_pool(h, t)?;
             h.log().info("snapshot created", &[("volume", source), ("snapshot", snap)]);
@@ -527,7 +527,7 @@ fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, sourc
         }
         Err(Error::AlreadyExists(_)) => h
             .rbd()
-            .snapshot_list(t, image, s)?
+            .snapshot_list(&t.pool(s), image)?
             .into_iter()
             .find(|x| x.name == snap)
             .ok_or_else(|| Error::Aborted(format!("snapshot {snap} is being changed; retry"))),
@@ -538,7 +538,7 @@ fn create_csi_snapshot(h: &impl Host, t: &Target, image: &str, snap: &str, sourc
 fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> {
     let Some((vid, t, image, snap)) = policy::decode_snapshot_id(id) else { return Ok(()) };
     require_credentials(s)?;
-    let snaps = match h.rbd().snapshot_list(&t, &image, s) {
+    let snaps = match h.rbd().snapshot_list(&t.pool(s), &image) {
         Ok(v) => v,
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
@@ -546,7 +546,7 @@ fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error
     if snaps.iter().any(|x| x.name == snap) {
         // Volumes restored from the snapshot keep their data: they are flattened first.
         flatten_children(h, &t, &image, &snap, s)?;
-        match h.rbd().snapshot_remove(&t, &image, &snap, s) {
+        match h.rbd().snapshot_remove(&t.pool(s), &image, &snap) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -562,7 +562,7 @@ fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error
 
 fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32, token: &str) -> Result<SnapshotPage, Error> {
     let snaps_of = |t: &Target, image: &str| -> Result<Vec<ImageSnapshot>, Error> {
-        match h.rbd().snapshot_list(t, image, &[]) {
+        match h.rbd().snapshot_list(&t.pool(&[]), image) {
             Ok(v) => Ok(v),
             Err(Error::NotFound(_)) => Ok(vec![]),
             Err(e) => Err(e),
@@ -616,21 +616,20 @@ fn validate_volume_capabilities(h: &impl Host, id: &str, caps: &[VolumeCapabilit
 
 fn get_capacity(h: &impl Host, parameters: &[Pair]) -> Result<Capacity, Error> {
     let p = params(parameters)?;
-    let st = h.rbd().stats(&p.target, &[])?;
+    let st = h.rbd().stats(&p.target.pool(&[]))?;
     Ok(Capacity { available_bytes: st.available_bytes, maximum_volume_bytes: 0, minimum_volume_bytes: policy::SIZE_UNIT })
 }
 
-/// The plan is the id's parts: no cluster traffic on the node. Secrets are not in the plan
-/// (attach-plan gets none): the node maps the image with the NodeStage call's own secrets
-/// (ceph-csi's node-stage secret, `userID`/`userKey`).
-fn attach_plan(id: &str, cap: &VolumeCapability) -> Result<Attachment, Error> {
+/// The plan is the id's parts: no cluster traffic on the node. It names ceph-csi's node-stage
+/// secret keys (`userID`/`userKey`), which the node maps the image with, by the handles of the
+/// NodeStage secrets it was given (0 where it was given none: the node resolves them by key).
+fn attach_plan(id: &str, cap: &VolumeCapability, given: &[SecretRef]) -> Result<Attachment, Error> {
     let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("{id} is not a ceph-rbd-shim volume id")))?;
     let block = matches!(cap.access_type, AccessType::Block);
     policy::check_capability(block, is_multi_writer(cap.access_mode)).map_err(|e| Error::FailedPrecondition(e.0))?;
-    // ceph-csi's node-stage secret keys; the host resolves them against NodeStageVolume's
-    // secrets (handles are meaningless here: the guest never sees those secrets).
-    let secrets = ["userID", "userKey"].map(|key| SecretRef { key: key.into(), handle: 0 }).to_vec();
-    Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets }))
+    let handle = |key: &str| given.iter().find(|r| r.key == key).map_or(0, |r| r.handle);
+    let secrets = ["userID", "userKey"].map(|key| SecretRef { key: key.into(), handle: handle(key) }).to_vec();
+    Ok(Attachment::Rbd(RbdPlan { cluster: t.cluster, pool: t.pool, image, secrets, encryption: None }))
 }
 
 impl Backend for CephRbd {
@@ -698,8 +697,8 @@ impl Backend for CephRbd {
     fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
         get_capacity(h, &parameters)
     }
-    fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
-        attach_plan(&id, &cap)
+    fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability, secrets: Vec<SecretRef>) -> Result<Attachment, Error> {
+        attach_plan(&id, &cap, &secrets)
     }
     fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
         let page = Self::list_snapshots(h, Some(id.clone()), None, 1, String::new())?;

@@ -74,7 +74,7 @@ fn create_names_the_image_after_the_request_and_a_retry_finds_it() {
     assert_eq!(create(&h, request("pvc-2", (1 << 20) + 1, &[], None)).unwrap().capacity_bytes, 2 << 20, "whole MiB");
 
     // an image of that name recording another request is never taken over
-    h.rbd.create(&t, &image("pvc-3"), 1 << 20, &[], None, &[(policy::META_NAME.into(), "other".into())], &[]).unwrap();
+    h.rbd.create(&t.pool(&[]), &image("pvc-3"), 1 << 20, &[], None, &[(policy::META_NAME.into(), "other".into())]).unwrap();
     assert!(matches!(create(&h, request("pvc-3", 1 << 20, &[], None)), Err(Error::AlreadyExists(_))));
 }
 
@@ -196,7 +196,7 @@ fn a_volume_with_snapshots_is_deleted_for_csi_and_goes_with_its_last_snapshot() 
 fn snapshots_this_backend_did_not_make_keep_an_image() {
     let (h, t) = host();
     let v = create(&h, request("pvc-1", 1 << 20, &[], None)).unwrap();
-    h.rbd.snapshot_create(&t, &image("pvc-1"), "by-hand", &[]).unwrap();
+    h.rbd.snapshot_create(&t.pool(&[]), &image("pvc-1"), "by-hand").unwrap();
     assert!(matches!(CephRbd::delete_volume(&h, v.volume_id, creds()), Err(Error::FailedPrecondition(_))));
     assert!(h.rbd.image(&t, &image("pvc-1")).is_some());
     CephRbd::delete_volume(&h, "not.an.id.at-all".into(), creds()).unwrap();
@@ -238,15 +238,15 @@ fn expand_list_validate_and_attach() {
     assert_eq!(validate(vec![block(AccessMode::MultiNodeMultiWriter)], &[]), Ok(None), "the id's form is enough then");
     assert!(matches!(CephRbd::validate_volume_capabilities(&h, id("nope"), vec![], vec![], vec![]), Err(Error::NotFound(_))));
 
-    let plan = CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::SingleNodeWriter)).unwrap();
+    let plan = CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::SingleNodeWriter), vec![]).unwrap();
     let Attachment::Rbd(plan) = plan else { panic!("not an rbd plan: {plan:?}") };
     assert_eq!((plan.cluster.as_str(), plan.pool.as_str(), plan.image.clone()), ("ceph", "rbd", image("pvc-1")));
     assert_eq!(plan.secrets.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["userID", "userKey"]);
     assert!(matches!(
-        CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::MultiNodeMultiWriter)),
+        CephRbd::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::MultiNodeMultiWriter), vec![]),
         Err(Error::FailedPrecondition(_))
     ));
-    assert!(matches!(CephRbd::attach_plan(&h, "junk".into(), vec![], mount(AccessMode::SingleNodeWriter)), Err(Error::NotFound(_))));
+    assert!(matches!(CephRbd::attach_plan(&h, "junk".into(), vec![], mount(AccessMode::SingleNodeWriter), vec![]), Err(Error::NotFound(_))));
 
     h.rbd.set_total_bytes(&t, 100 << 20);
     let cap = CephRbd::get_capacity(&h, vec![], pairs([("clusterID", "ceph"), ("pool", "rbd")]), None).unwrap();

@@ -515,7 +515,7 @@ impl Backend for Nfs {
     fn get_capacity(h: &impl Host, _: Vec<VolumeCapability>, parameters: Vec<Pair>, _: Option<Topology>) -> Result<Capacity, Error> {
         get_capacity(h, &parameters)
     }
-    fn attach_plan(h: &impl Host, id: String, context: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, context: Vec<Pair>, cap: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
         attach_plan(h, &id, &context, &cap)
     }
     fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {

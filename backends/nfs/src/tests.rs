@@ -187,19 +187,19 @@ fn expand_list_and_attach() {
     let second = Nfs::list_volumes(&h, 1, first.next_token).unwrap();
     assert_eq!((second.entries[0].volume.volume_id.as_str(), second.next_token.as_str()), ("nfs.example_srv_pvc-2", ""));
 
-    let from_meta = Nfs::attach_plan(&h, ID.into(), vec![], mount()).unwrap();
+    let from_meta = Nfs::attach_plan(&h, ID.into(), vec![], mount(), vec![]).unwrap();
     let plan =
         Attachment::Nfs(NfsPlan { server: "nfs.example".into(), share: "/srv".into(), path: "pvc-1".into(), mount_options: vec!["hard".into()] });
     assert_eq!(from_meta, plan);
     let ctx = pairs([("server", "nfs.example"), ("share", "/srv"), ("subDir", "pvc-1"), ("mountOptions", "hard")]);
     let stats = h.nfs.journal.calls("stat");
-    assert_eq!(Nfs::attach_plan(&h, ID.into(), ctx, mount()).unwrap(), plan);
+    assert_eq!(Nfs::attach_plan(&h, ID.into(), ctx, mount(), vec![]).unwrap(), plan);
     assert_eq!(h.nfs.journal.calls("stat"), stats, "the context carries everything: no nfs traffic on the node");
     let lying = pairs([("server", "elsewhere"), ("share", "/srv"), ("subDir", "pvc-1")]);
-    assert!(matches!(Nfs::attach_plan(&h, ID.into(), lying, mount()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Nfs::attach_plan(&h, ID.into(), lying, mount(), vec![]), Err(Error::InvalidArgument(_))));
     let block = VolumeCapability { access_type: AccessType::Block, access_mode: AccessMode::SingleNodeWriter };
-    assert!(matches!(Nfs::attach_plan(&h, ID.into(), vec![], block), Err(Error::FailedPrecondition(_))));
-    assert!(matches!(Nfs::attach_plan(&h, "junk".into(), vec![], mount()), Err(Error::NotFound(_))));
+    assert!(matches!(Nfs::attach_plan(&h, ID.into(), vec![], block, vec![]), Err(Error::FailedPrecondition(_))));
+    assert!(matches!(Nfs::attach_plan(&h, "junk".into(), vec![], mount(), vec![]), Err(Error::NotFound(_))));
     h.nfs.set_total_bytes(1000);
     let cap = Nfs::get_capacity(&h, vec![], pairs([("server", "nfs.example"), ("share", "/srv")]), None).unwrap();
     assert_eq!(cap.available_bytes, 1000 - h.nfs.usage(&e, "").unwrap());

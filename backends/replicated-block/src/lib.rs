@@ -21,7 +21,7 @@ pub mod policy;
 use std::collections::BTreeMap;
 
 use policy::{Candidate, Policy, ReplicaHealth, ReplicaView};
-use wasmcsi_backend_sdk::block::{BlockSnapshot, BlockSource, NodeInfo, ReplicaSet, ReplicaState};
+use wasmcsi_backend_sdk::block::{BlockSnapshot, BlockSource, NodeInfo, Placement, ReplicaSet, ReplicaState};
 use wasmcsi_backend_sdk::names::check_csi_name;
 use wasmcsi_backend_sdk::prelude::*;
 
@@ -208,7 +208,8 @@ impl Backend for ReplicatedBlock {
             .map_err(|e| Error::ResourceExhausted(e.0))?;
         let metadata: Vec<Pair> =
             policy::policy_metadata(&req.name, &policy).into_iter().map(|(key, value)| Pair { key, value }).collect();
-        let set = h.block().create(&id, size, &placed, source.as_ref(), &metadata)?;
+        let placements: Vec<Placement> = placed.iter().map(Placement::on).collect();
+        let set = h.block().create(&id, size, &placements, source.as_ref(), &metadata)?;
         h.log().info("replica set created", &[("volume", &id), ("nodes", &placed.join(","))]);
         volume_of(&set, req.content_source)
     }
@@ -357,7 +358,7 @@ impl Backend for ReplicatedBlock {
         })
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, capability: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, capability: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
         let set = live(h, &id)?;
         if let Some(why) = unsupported_mode(std::slice::from_ref(&capability)) {
             return Err(Error::FailedPrecondition(why));
@@ -367,17 +368,20 @@ impl Backend for ReplicatedBlock {
             volume_id: set.id,
             size_bytes: set.size_bytes,
             fs_type: policy.fs_type,
+            frontend: None,
+            encryption: None,
         }))
     }
 
-    fn reconcile_volume(h: &impl Host, id: String) -> Result<(), Error> {
+    fn reconcile_volume(h: &impl Host, id: String, now: Timestamp) -> Result<(), Error> {
         if !policy::is_volume_id(&id) {
             return Err(Error::NotFound(format!("volume {id} not found")));
         }
         // A hidden volume still holds snapshots: it is healed too.
         let Some(set) = h.block().get(&id)? else { return Err(Error::NotFound(format!("volume {id} not found"))) };
         let policy: Policy = policy::policy_from_metadata(&metadata_of(&set));
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        // The host's clock: when a replica has been down too long is decided against it.
+        let now = u64::try_from(now.seconds).unwrap_or(0);
         let overdue = policy::overdue(&views(&set), &policy, now);
         if overdue.is_empty() {
             return Ok(());
@@ -401,7 +405,7 @@ impl Backend for ReplicatedBlock {
             match policy::place(&nodes, &policy, set.size_bytes, 1, &members) {
                 Ok(chosen) => {
                     let with = &chosen[0];
-                    h.block().replace(&id, &lost, with)?;
+                    h.block().replace(&id, &Placement::on(lost.as_str()), &Placement::on(with.as_str()))?;
                     h.log().warn(
                         "replica lost for too long replaced",
                         &[("volume", &id), ("lost", &lost), ("with", with)],

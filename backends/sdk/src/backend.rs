@@ -41,7 +41,7 @@ pub fn unsupported<T>(op: &str) -> Result<T, Error> {
 ///     fn validate_volume_capabilities(_: &impl Host, _: String, _: Vec<Pair>, _: Vec<VolumeCapability>, _: Vec<Pair>) -> Result<Option<String>, Error> {
 ///         Ok(None)
 ///     }
-///     fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
+///     fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
 ///         Err(Error::FailedPrecondition(format!("volume {id} has no data to attach")))
 ///     }
 /// }
@@ -128,9 +128,9 @@ pub trait Backend {
     }
 
     /// Check one volume and repair what policy says to ([`Feature::SelfHealing`]: the host
-    /// calls it for each volume periodically).
-    fn reconcile_volume(host: &impl Host, volume_id: String) -> Result<(), Error> {
-        let _ = (host, volume_id);
+    /// calls it for each volume periodically), deciding by time against `now`, the host's clock.
+    fn reconcile_volume(host: &impl Host, volume_id: String, now: Timestamp) -> Result<(), Error> {
+        let _ = (host, volume_id, now);
         unsupported("reconcile-volume")
     }
 
@@ -145,13 +145,60 @@ pub trait Backend {
         unsupported("get-capacity")
     }
 
-    /// How the node attaches the volume. Runs on the node: keep it cheap.
+    /// How the node attaches the volume. Runs on the node: keep it cheap. `secrets` are
+    /// NodeStageVolume's, as handles a plan may name (an RBD user's keys, a passphrase).
     fn attach_plan(
         host: &impl Host,
         volume_id: String,
         volume_context: Vec<Pair>,
         capability: VolumeCapability,
+        secrets: Vec<SecretRef>,
     ) -> Result<Attachment, Error>;
+
+    /// Apply VolumeAttributesClass parameters, all or nothing ([`Feature::ModifyVolume`]).
+    fn modify_volume(
+        host: &impl Host,
+        volume_id: String,
+        mutable_parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<(), Error> {
+        let _ = (host, volume_id, mutable_parameters, secrets);
+        unsupported("modify-volume")
+    }
+
+    /// One crash-consistent snapshot of every source volume ([`Feature::GroupSnapshots`]).
+    fn create_group_snapshot(
+        host: &impl Host,
+        name: String,
+        source_volume_ids: Vec<String>,
+        parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        let _ = (host, name, source_volume_ids, parameters, secrets);
+        unsupported("create-group-snapshot")
+    }
+
+    /// Delete a group snapshot; an unknown id succeeds ([`Feature::GroupSnapshots`]).
+    fn delete_group_snapshot(
+        host: &impl Host,
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<(), Error> {
+        let _ = (host, group_snapshot_id, snapshot_ids, secrets);
+        unsupported("delete-group-snapshot")
+    }
+
+    /// One group snapshot ([`Feature::GroupSnapshots`]).
+    fn get_group_snapshot(
+        host: &impl Host,
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        let _ = (host, group_snapshot_id, snapshot_ids, secrets);
+        unsupported("get-group-snapshot")
+    }
 }
 
 /// A [`Backend`] as the component's `driver` export, over the component's [`Imports`].
@@ -213,8 +260,8 @@ impl<B: Backend + 'static> Guest for Component<B> {
     fn get_snapshot(snapshot_id: String) -> Result<Snapshot, Error> {
         B::get_snapshot(&Imports, snapshot_id)
     }
-    fn reconcile_volume(volume_id: String) -> Result<(), Error> {
-        B::reconcile_volume(&Imports, volume_id)
+    fn reconcile_volume(volume_id: String, now: Timestamp) -> Result<(), Error> {
+        B::reconcile_volume(&Imports, volume_id, now)
     }
     fn get_capacity(
         capabilities: Vec<VolumeCapability>,
@@ -227,7 +274,33 @@ impl<B: Backend + 'static> Guest for Component<B> {
         volume_id: String,
         volume_context: Vec<Pair>,
         capability: VolumeCapability,
+        secrets: Vec<SecretRef>,
     ) -> Result<Attachment, Error> {
-        B::attach_plan(&Imports, volume_id, volume_context, capability)
+        B::attach_plan(&Imports, volume_id, volume_context, capability, secrets)
+    }
+    fn modify_volume(volume_id: String, mutable_parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        B::modify_volume(&Imports, volume_id, mutable_parameters, secrets)
+    }
+    fn create_group_snapshot(
+        name: String,
+        source_volume_ids: Vec<String>,
+        parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        B::create_group_snapshot(&Imports, name, source_volume_ids, parameters, secrets)
+    }
+    fn delete_group_snapshot(
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<(), Error> {
+        B::delete_group_snapshot(&Imports, group_snapshot_id, snapshot_ids, secrets)
+    }
+    fn get_group_snapshot(
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        B::get_group_snapshot(&Imports, group_snapshot_id, snapshot_ids, secrets)
     }
 }

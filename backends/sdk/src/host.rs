@@ -1,22 +1,23 @@
 //! [`Host`]: the capabilities a backend reaches, one accessor each. Three hosts exist:
 //!
 //! ```text
-//!                 ┌──────────── Host ─────────────┐
-//!                 │ kv  log  dir  nfs  rbd  block │   (one trait per capability)
-//!                 └───────────────────────────────┘
+//!                 ┌─────────────── Host ─────────────────┐
+//!                 │ kv  log  dir  nfs  rbd  block backup │   (one trait per capability)
+//!                 └──────────────────────────────────────┘
 //!       Imports (wasm32)     FakeHost (feature "fake")    a native host (wasmcsi-runtime,
 //!   the component's imports   in memory, for unit tests   feature "native", benches only)
 //! ```
 //!
 //! [`Ungranted`] answers every call of a capability with permission-denied: the part of a
 //! host that grants nothing (a native host's `nfs`, a test host without `rbd`).
-use crate::block::{Block, BlockImport, BlockSnapshot, BlockSource, NodeInfo, ReplicaSet};
+use crate::backup::{Backup, BackupImport, BackupInfo, BackupSource};
+use crate::block::{Block, BlockImport, BlockSnapshot, BlockSource, NodeInfo, Placement, ReplicaSet};
 use crate::dir::{Dir, DirImport, FileStat, Space};
 use crate::kv::{Kv, KvImport};
 use crate::log::{Log, LogImport};
 use crate::nfs::{CopyProgress, Nfs, NfsExport, NfsImport};
-use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdImport, Target};
-use crate::types::{Error, Pair, SecretRef};
+use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdImport, RbdPool};
+use crate::types::{Error, IoLimits, Pair, SecretRef};
 
 /// What a backend can import. Reached through `&impl Host` (static dispatch): a capability a
 /// backend never calls is not linked, so its component does not import it.
@@ -27,12 +28,14 @@ pub trait Host {
     type Nfs: Nfs;
     type Rbd: Rbd;
     type Block: Block;
+    type Backup: Backup;
     fn kv(&self) -> &Self::Kv;
     fn log(&self) -> &Self::Log;
     fn dir(&self) -> &Self::Dir;
     fn nfs(&self) -> &Self::Nfs;
     fn rbd(&self) -> &Self::Rbd;
     fn block(&self) -> &Self::Block;
+    fn backup(&self) -> &Self::Backup;
 }
 
 /// The component's imports: the host of a backend loaded by wasmcsi. Natively every call
@@ -47,6 +50,7 @@ impl Host for Imports {
     type Nfs = NfsImport;
     type Rbd = RbdImport;
     type Block = BlockImport;
+    type Backup = BackupImport;
     fn kv(&self) -> &KvImport {
         &KvImport
     }
@@ -65,10 +69,13 @@ impl Host for Imports {
     fn block(&self) -> &BlockImport {
         &BlockImport
     }
+    fn backup(&self) -> &BackupImport {
+        &BackupImport
+    }
 }
 
 /// A capability that is not granted: every call fails with permission-denied naming it
-/// (`dir` lists no roots, `cancel-copy` does nothing).
+/// (`dir` lists no roots, `backup` no targets, `cancel-copy` does nothing).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ungranted;
 
@@ -168,61 +175,52 @@ impl Nfs for Ungranted {
 }
 
 impl Rbd for Ungranted {
-    fn create(
-        &self,
-        _: &Target,
-        _: &str,
-        _: u64,
-        _: &[String],
-        _: Option<&str>,
-        _: &[(String, String)],
-        _: &[SecretRef],
-    ) -> Result<(), Error> {
+    fn create(&self, _: &RbdPool, _: &str, _: u64, _: &[String], _: Option<&str>, _: &[(String, String)]) -> Result<(), Error> {
         denied("rbd")
     }
-    fn info(&self, _: &Target, _: &str, _: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
+    fn info(&self, _: &RbdPool, _: &str) -> Result<Option<ImageInfo>, Error> {
         denied("rbd")
     }
-    fn find_by_metadata(&self, _: &Target, _: &str, _: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+    fn find_by_metadata(&self, _: &RbdPool, _: &str, _: &str) -> Result<Vec<String>, Error> {
         denied("rbd")
     }
-    fn remove(&self, _: &Target, _: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn remove(&self, _: &RbdPool, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
-    fn resize(&self, _: &Target, _: &str, _: u64, _: &[SecretRef]) -> Result<(), Error> {
+    fn resize(&self, _: &RbdPool, _: &str, _: u64) -> Result<(), Error> {
         denied("rbd")
     }
-    fn snapshot_create(&self, _: &Target, _: &str, _: &str, _: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+    fn snapshot_create(&self, _: &RbdPool, _: &str, _: &str) -> Result<ImageSnapshot, Error> {
         denied("rbd")
     }
-    fn snapshot_remove(&self, _: &Target, _: &str, _: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn snapshot_remove(&self, _: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
-    fn snapshot_protect(&self, _: &Target, _: &str, _: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn snapshot_protect(&self, _: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
-    fn snapshot_list(&self, _: &Target, _: &str, _: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
+    fn snapshot_list(&self, _: &RbdPool, _: &str) -> Result<Vec<ImageSnapshot>, Error> {
         denied("rbd")
     }
-    fn clone_image(
-        &self,
-        _: &Target,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: &str,
-        _: &[String],
-        _: &[SecretRef],
-    ) -> Result<(), Error> {
+    fn clone_image(&self, _: &RbdPool, _: &str, _: &str, _: &str, _: &str, _: &[String]) -> Result<(), Error> {
         denied("rbd")
     }
-    fn flatten(&self, _: &Target, _: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn flatten(&self, _: &RbdPool, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
-    fn children(&self, _: &Target, _: &str, _: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+    fn children(&self, _: &RbdPool, _: &str, _: &str) -> Result<Vec<String>, Error> {
         denied("rbd")
     }
-    fn stats(&self, _: &Target, _: &[SecretRef]) -> Result<PoolStats, Error> {
+    fn stats(&self, _: &RbdPool) -> Result<PoolStats, Error> {
+        denied("rbd")
+    }
+    fn set_qos(&self, _: &RbdPool, _: &str, _: &IoLimits) -> Result<(), Error> {
+        denied("rbd")
+    }
+    fn group_snapshot(&self, _: &RbdPool, _: &str, _: &[String], _: &str) -> Result<Vec<ImageSnapshot>, Error> {
+        denied("rbd")
+    }
+    fn group_snapshot_remove(&self, _: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
 }
@@ -231,7 +229,7 @@ impl Block for Ungranted {
     fn list_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
         denied("block")
     }
-    fn create(&self, _: &str, _: u64, _: &[String], _: Option<&BlockSource>, _: &[Pair]) -> Result<ReplicaSet, Error> {
+    fn create(&self, _: &str, _: u64, _: &[Placement], _: Option<&BlockSource>, _: &[Pair]) -> Result<ReplicaSet, Error> {
         denied("block")
     }
     fn get(&self, _: &str) -> Result<Option<ReplicaSet>, Error> {
@@ -249,7 +247,7 @@ impl Block for Ungranted {
     fn expand(&self, _: &str, _: u64) -> Result<ReplicaSet, Error> {
         denied("block")
     }
-    fn replace(&self, _: &str, _: &str, _: &str) -> Result<ReplicaSet, Error> {
+    fn replace(&self, _: &str, _: &Placement, _: &Placement) -> Result<ReplicaSet, Error> {
         denied("block")
     }
     fn snapshot(&self, _: &str, _: &str) -> Result<BlockSnapshot, Error> {
@@ -260,5 +258,41 @@ impl Block for Ungranted {
     }
     fn list_snapshots(&self, _: Option<&str>) -> Result<Vec<BlockSnapshot>, Error> {
         denied("block")
+    }
+    fn set_limits(&self, _: &str, _: &IoLimits, _: u64) -> Result<ReplicaSet, Error> {
+        denied("block")
+    }
+    fn add_replica(&self, _: &str, _: &Placement) -> Result<ReplicaSet, Error> {
+        denied("block")
+    }
+    fn remove_replica(&self, _: &str, _: &Placement) -> Result<ReplicaSet, Error> {
+        denied("block")
+    }
+    fn snapshot_group(&self, _: &[String], _: &str) -> Result<Vec<BlockSnapshot>, Error> {
+        denied("block")
+    }
+    fn follow(&self, _: &str, _: &str, _: &str) -> Result<ReplicaSet, Error> {
+        denied("block")
+    }
+    fn activate(&self, _: &str) -> Result<ReplicaSet, Error> {
+        denied("block")
+    }
+}
+
+impl Backup for Ungranted {
+    fn targets(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn start(&self, _: &str, _: &str, _: &BackupSource, _: &[Pair], _: &[SecretRef]) -> Result<BackupInfo, Error> {
+        denied("backup")
+    }
+    fn get(&self, _: &str, _: &str, _: &[SecretRef]) -> Result<Option<BackupInfo>, Error> {
+        denied("backup")
+    }
+    fn list(&self, _: &str, _: Option<&str>, _: Option<&str>, _: u32, _: &[SecretRef]) -> Result<Vec<BackupInfo>, Error> {
+        denied("backup")
+    }
+    fn delete(&self, _: &str, _: &str, _: &[SecretRef]) -> Result<(), Error> {
+        denied("backup")
     }
 }

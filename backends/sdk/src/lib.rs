@@ -3,7 +3,8 @@
 //! It owns the one `wit_bindgen::generate!` of the guests (of the workspace's `wit/`, hidden in
 //! `wit`), the export glue ([`export!`]), the [`Backend`] trait a backend implements, the
 //! [`Host`] trait through which it reaches the capabilities it imports ([`kv`], [`log`],
-//! [`dir`], [`nfs`], [`rbd`], [`block`]), and the policy helpers every backend needs once:
+//! [`dir`], [`nfs`], [`rbd`], [`block`], [`backup`]), and the policy helpers every backend needs
+//! once:
 //! [`page`], [`capacity`], [`names`] (CSI names → safe local ids), [`targets`] (where volumes
 //! were made, in kv) and [`meta`] (metadata files). On wasm32 the host is the component's
 //! imports ([`Imports`]); natively the `fake` feature gives [`fake::FakeHost`], so a backend's
@@ -24,6 +25,7 @@
 //! `wasmcsi_backend_sdk::export!(MyBackend);`. See [`Backend`] for a whole example and
 //! `examples/hostpath` for the template.
 pub mod backend;
+pub mod backup;
 pub mod block;
 pub mod capacity;
 pub mod dir;
@@ -51,6 +53,7 @@ pub use types::Error;
 /// (a backend called `Nfs`).
 pub mod prelude {
     pub use crate::backend::{Backend, unsupported};
+    pub use crate::backup::Backup as _;
     pub use crate::block::Block as _;
     pub use crate::capacity::{GIB, MIB, Sizing, grow};
     pub use crate::dir::Dir as _;
@@ -64,9 +67,9 @@ pub mod prelude {
     pub use crate::rbd::Rbd as _;
     pub use crate::types::{
         AccessMode, AccessType, Attachment, BackendInfo, BindPlan, BlockPlan, Capacity, CapacityRange, ContentSource,
-        Context, CreateVolumeRequest, Error, Expansion, Feature, MountVolume, NfsPlan, Pair, RbdPlan, SecretRef,
-        Snapshot, SnapshotPage, Timestamp, Topology, TopologyRequirement, Volume, VolumeCapability, VolumeCondition,
-        VolumePage, VolumeStatus,
+        Context, CreateVolumeRequest, Encryption, Error, Expansion, Feature, Frontend, GroupSnapshot, IoLimits,
+        MountVolume, NfsPlan, Pair, RbdPlan, SecretRef, Snapshot, SnapshotPage, Timestamp, Topology,
+        TopologyRequirement, Volume, VolumeCapability, VolumeCondition, VolumePage, VolumeStatus,
     };
 }
 

@@ -1,12 +1,14 @@
 //! `rbd`: RBD images on granted pools of a cluster the host is configured for, through the
-//! host's librbd. Credentials travel as [`SecretRef`] handles the host resolves; the guest never
-//! sees a key. [`Rbd`] is the capability, [`RbdImport`] the component's import of it.
-use crate::types::{Error, SecretRef};
+//! host's librbd. Every call names where and as whom in an [`RbdPool`] (cluster, pool and the
+//! CSI call's secret handles, which the host resolves; the guest never sees a key). [`Rbd`] is
+//! the capability, [`RbdImport`] the component's import of it.
+use crate::types::{Error, IoLimits, SecretRef};
 use crate::wit::wasmcsi::backend::rbd as wit;
 
-pub use wit::{ImageInfo, ImageSnapshot, PoolStats};
+pub use wit::{ImageInfo, ImageSnapshot, PoolStats, RbdPool};
 
-/// Where images live: a configured cluster (ceph-csi's `clusterID`) and one of its pools.
+/// Where images live: a configured cluster (ceph-csi's `clusterID`) and one of its pools. What a
+/// backend keeps in its ids and state; [`Target::pool`] adds the credentials of one call.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Target {
     pub cluster: String,
@@ -17,63 +19,75 @@ impl Target {
     pub fn new(cluster: impl Into<String>, pool: impl Into<String>) -> Self {
         Self { cluster: cluster.into(), pool: pool.into() }
     }
+
+    /// The `rbd-pool` every [`Rbd`] call takes: this cluster and pool, as the user the call's
+    /// `secrets` name (empty: read-only calls on credentials the host remembers).
+    pub fn pool(&self, secrets: &[SecretRef]) -> RbdPool {
+        RbdPool { cluster: self.cluster.clone(), pool: self.pool.clone(), secrets: secrets.to_vec() }
+    }
+
+    /// The cluster and pool an `rbd-pool` names.
+    pub fn of(pool: &RbdPool) -> Self {
+        Self::new(pool.cluster.clone(), pool.pool.clone())
+    }
 }
 
 /// The `rbd` capability: one method per WIT function, same errors (see `wit/backend.wit`).
-/// `secrets` are the CSI call's; empty where CSI passes none.
-#[allow(clippy::too_many_arguments, reason = "mirrors the WIT functions one to one")]
 pub trait Rbd {
     /// Create an image with features and metadata. Errors: already-exists, permission-denied.
     fn create(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         name: &str,
         size_bytes: u64,
         features: &[String],
         data_pool: Option<&str>,
         metadata: &[(String, String)],
-        secrets: &[SecretRef],
     ) -> Result<(), Error>;
     /// An image, `None` when absent.
-    fn info(&self, t: &Target, name: &str, secrets: &[SecretRef]) -> Result<Option<ImageInfo>, Error>;
+    fn info(&self, pool: &RbdPool, name: &str) -> Result<Option<ImageInfo>, Error>;
     /// Images whose metadata `key` equals `value`.
-    fn find_by_metadata(&self, t: &Target, key: &str, value: &str, secrets: &[SecretRef])
-    -> Result<Vec<String>, Error>;
+    fn find_by_metadata(&self, pool: &RbdPool, key: &str, value: &str) -> Result<Vec<String>, Error>;
     /// Remove an image; absent succeeds. Errors: failed-precondition (snapshots).
-    fn remove(&self, t: &Target, name: &str, secrets: &[SecretRef]) -> Result<(), Error>;
+    fn remove(&self, pool: &RbdPool, name: &str) -> Result<(), Error>;
     /// Grow an image. Errors: not-found, out-of-range (shrink).
-    fn resize(&self, t: &Target, name: &str, size_bytes: u64, secrets: &[SecretRef]) -> Result<(), Error>;
+    fn resize(&self, pool: &RbdPool, name: &str, size_bytes: u64) -> Result<(), Error>;
     /// Snapshot an image. Errors: not-found, already-exists.
-    fn snapshot_create(
-        &self,
-        t: &Target,
-        image: &str,
-        snap: &str,
-        secrets: &[SecretRef],
-    ) -> Result<ImageSnapshot, Error>;
+    fn snapshot_create(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<ImageSnapshot, Error>;
     /// Remove a snapshot (absent succeeds). Errors: failed-precondition (clones of it).
-    fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<(), Error>;
+    fn snapshot_remove(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<(), Error>;
     /// Protect a snapshot (already protected succeeds).
-    fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<(), Error>;
+    fn snapshot_protect(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<(), Error>;
     /// Snapshots of an image, oldest first. Errors: not-found.
-    fn snapshot_list(&self, t: &Target, image: &str, secrets: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error>;
-    /// Clone `image@snap` into `child_pool/child` (same cluster).
+    fn snapshot_list(&self, pool: &RbdPool, image: &str) -> Result<Vec<ImageSnapshot>, Error>;
+    /// Clone `image@snap` into `child_pool/child` (same cluster, same credentials).
     fn clone_image(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         image: &str,
         snap: &str,
         child_pool: &str,
         child: &str,
         features: &[String],
-        secrets: &[SecretRef],
     ) -> Result<(), Error>;
     /// Copy the parent's data into a clone and detach it.
-    fn flatten(&self, t: &Target, image: &str, secrets: &[SecretRef]) -> Result<(), Error>;
+    fn flatten(&self, pool: &RbdPool, image: &str) -> Result<(), Error>;
     /// Clones (`pool/image`) of `image@snap`. Errors: not-found.
-    fn children(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<Vec<String>, Error>;
+    fn children(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<Vec<String>, Error>;
     /// Pool usage.
-    fn stats(&self, t: &Target, secrets: &[SecretRef]) -> Result<PoolStats, Error>;
+    fn stats(&self, pool: &RbdPool) -> Result<PoolStats, Error>;
+    /// Set the image's librbd QoS limits (0 removes one).
+    fn set_qos(&self, pool: &RbdPool, image: &str, limits: &IoLimits) -> Result<(), Error>;
+    /// One crash-consistent snapshot `snap` of every image in `images` (an RBD group snapshot).
+    fn group_snapshot(
+        &self,
+        pool: &RbdPool,
+        group: &str,
+        images: &[String],
+        snap: &str,
+    ) -> Result<Vec<ImageSnapshot>, Error>;
+    /// Remove a group snapshot; absent succeeds.
+    fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error>;
 }
 
 /// The component's `rbd` import.
@@ -83,71 +97,72 @@ pub struct RbdImport;
 impl Rbd for RbdImport {
     fn create(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         name: &str,
         size_bytes: u64,
         features: &[String],
         data_pool: Option<&str>,
         metadata: &[(String, String)],
-        secrets: &[SecretRef],
     ) -> Result<(), Error> {
-        wit::create(&t.cluster, &t.pool, name, size_bytes, features, data_pool, metadata, secrets)
+        wit::create(pool, name, size_bytes, features, data_pool, metadata)
     }
-    fn info(&self, t: &Target, name: &str, secrets: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
-        wit::info(&t.cluster, &t.pool, name, secrets)
+    fn info(&self, pool: &RbdPool, name: &str) -> Result<Option<ImageInfo>, Error> {
+        wit::info(pool, name)
     }
-    fn find_by_metadata(
-        &self,
-        t: &Target,
-        key: &str,
-        value: &str,
-        secrets: &[SecretRef],
-    ) -> Result<Vec<String>, Error> {
-        wit::find_by_metadata(&t.cluster, &t.pool, key, value, secrets)
+    fn find_by_metadata(&self, pool: &RbdPool, key: &str, value: &str) -> Result<Vec<String>, Error> {
+        wit::find_by_metadata(pool, key, value)
     }
-    fn remove(&self, t: &Target, name: &str, secrets: &[SecretRef]) -> Result<(), Error> {
-        wit::remove(&t.cluster, &t.pool, name, secrets)
+    fn remove(&self, pool: &RbdPool, name: &str) -> Result<(), Error> {
+        wit::remove(pool, name)
     }
-    fn resize(&self, t: &Target, name: &str, size_bytes: u64, secrets: &[SecretRef]) -> Result<(), Error> {
-        wit::resize(&t.cluster, &t.pool, name, size_bytes, secrets)
+    fn resize(&self, pool: &RbdPool, name: &str, size_bytes: u64) -> Result<(), Error> {
+        wit::resize(pool, name, size_bytes)
     }
-    fn snapshot_create(
-        &self,
-        t: &Target,
-        image: &str,
-        snap: &str,
-        secrets: &[SecretRef],
-    ) -> Result<ImageSnapshot, Error> {
-        wit::snapshot_create(&t.cluster, &t.pool, image, snap, secrets)
+    fn snapshot_create(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<ImageSnapshot, Error> {
+        wit::snapshot_create(pool, image, snap)
     }
-    fn snapshot_remove(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<(), Error> {
-        wit::snapshot_remove(&t.cluster, &t.pool, image, snap, secrets)
+    fn snapshot_remove(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<(), Error> {
+        wit::snapshot_remove(pool, image, snap)
     }
-    fn snapshot_protect(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<(), Error> {
-        wit::snapshot_protect(&t.cluster, &t.pool, image, snap, secrets)
+    fn snapshot_protect(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<(), Error> {
+        wit::snapshot_protect(pool, image, snap)
     }
-    fn snapshot_list(&self, t: &Target, image: &str, secrets: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
-        wit::snapshot_list(&t.cluster, &t.pool, image, secrets)
+    fn snapshot_list(&self, pool: &RbdPool, image: &str) -> Result<Vec<ImageSnapshot>, Error> {
+        wit::snapshot_list(pool, image)
     }
     fn clone_image(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         image: &str,
         snap: &str,
         child_pool: &str,
         child: &str,
         features: &[String],
-        secrets: &[SecretRef],
     ) -> Result<(), Error> {
-        wit::clone(&t.cluster, &t.pool, image, snap, child_pool, child, features, secrets)
+        wit::clone(pool, image, snap, child_pool, child, features)
     }
-    fn flatten(&self, t: &Target, image: &str, secrets: &[SecretRef]) -> Result<(), Error> {
-        wit::flatten(&t.cluster, &t.pool, image, secrets)
+    fn flatten(&self, pool: &RbdPool, image: &str) -> Result<(), Error> {
+        wit::flatten(pool, image)
     }
-    fn children(&self, t: &Target, image: &str, snap: &str, secrets: &[SecretRef]) -> Result<Vec<String>, Error> {
-        wit::children(&t.cluster, &t.pool, image, snap, secrets)
+    fn children(&self, pool: &RbdPool, image: &str, snap: &str) -> Result<Vec<String>, Error> {
+        wit::children(pool, image, snap)
     }
-    fn stats(&self, t: &Target, secrets: &[SecretRef]) -> Result<PoolStats, Error> {
-        wit::stats(&t.cluster, &t.pool, secrets)
+    fn stats(&self, pool: &RbdPool) -> Result<PoolStats, Error> {
+        wit::stats(pool)
+    }
+    fn set_qos(&self, pool: &RbdPool, image: &str, limits: &IoLimits) -> Result<(), Error> {
+        wit::set_qos(pool, image, *limits)
+    }
+    fn group_snapshot(
+        &self,
+        pool: &RbdPool,
+        group: &str,
+        images: &[String],
+        snap: &str,
+    ) -> Result<Vec<ImageSnapshot>, Error> {
+        wit::group_snapshot(pool, group, images, snap)
+    }
+    fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error> {
+        wit::group_snapshot_remove(pool, group, snap)
     }
 }

@@ -1,14 +1,21 @@
 //! The WIT's types under one short path: what the `driver` exports take and return, and the
 //! [`Error`] every capability and export reports. Capability-specific types live with their
-//! capability ([`crate::dir`], [`crate::nfs`], [`crate::rbd`], [`crate::block`]).
+//! capability ([`crate::dir`], [`crate::nfs`], [`crate::rbd`], [`crate::block`],
+//! [`crate::backup`]).
 pub use crate::wit::exports::wasmcsi::backend::driver::{
-    Attachment, BackendInfo, BindPlan, BlockPlan, Capacity, CreateVolumeRequest, Expansion, Feature, NfsPlan, RbdPlan,
-    SnapshotPage, VolumePage, VolumeStatus,
+    Attachment, BackendInfo, BindPlan, BlockPlan, Capacity, CreateVolumeRequest, Encryption, Expansion, Feature,
+    Frontend, GroupSnapshot, NfsPlan, RbdPlan, SnapshotPage, VolumePage, VolumeStatus,
 };
 pub use crate::wit::wasmcsi::backend::types::{
-    AccessMode, AccessType, CapacityRange, ContentSource, Error, MountVolume, Pair, SecretRef, Snapshot, Timestamp,
-    Topology, TopologyRequirement, Volume, VolumeCapability, VolumeCondition,
+    AccessMode, AccessType, CapacityRange, ContentSource, Error, IoLimits, MountVolume, Pair, SecretRef, Snapshot,
+    Timestamp, Topology, TopologyRequirement, Volume, VolumeCapability, VolumeCondition,
 };
+
+impl IoLimits {
+    /// No limit at all.
+    pub const UNLIMITED: IoLimits =
+        IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 };
+}
 
 impl AccessMode {
     /// Modes a volume on one node can serve.

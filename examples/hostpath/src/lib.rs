@@ -199,7 +199,7 @@ impl Backend for HostPath {
         let s = h.dir().fs_stats(&root_param(h, &params)?)?;
         Ok(Capacity { available_bytes: s.available_bytes, maximum_volume_bytes: s.available_bytes, minimum_volume_bytes: 0 })
     }
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Res<Attachment> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability, _: Vec<SecretRef>) -> Res<Attachment> {
         split_id(&id)?;
         if cap.is_block() {
             return Err(Error::FailedPrecondition("hostpath volumes are directories, not block devices".into()));

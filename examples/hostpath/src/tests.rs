@@ -141,10 +141,10 @@ fn listing_pages_over_every_root_and_delete_is_idempotent() {
 fn attach_plans_bind_the_volume_directory() {
     let h = host();
     let v = HostPath::create_volume(&h, request("pvc-1", 7, None)).unwrap();
-    let plan = HostPath::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::SingleNodeWriter)).unwrap();
+    let plan = HostPath::attach_plan(&h, v.volume_id.clone(), vec![], mount(AccessMode::SingleNodeWriter), vec![]).unwrap();
     assert_eq!(plan, Attachment::Bind(BindPlan { root: "default".into(), path: "volumes/pvc-1".into(), capacity_bytes: 7 }));
     let block = VolumeCapability { access_type: AccessType::Block, access_mode: AccessMode::SingleNodeWriter };
-    assert!(matches!(HostPath::attach_plan(&h, v.volume_id.clone(), vec![], block.clone()), Err(Error::FailedPrecondition(_))));
+    assert!(matches!(HostPath::attach_plan(&h, v.volume_id.clone(), vec![], block.clone(), vec![]), Err(Error::FailedPrecondition(_))));
     let why = HostPath::validate_volume_capabilities(&h, v.volume_id.clone(), vec![], vec![block], vec![]).unwrap();
     assert!(why.is_some_and(|m| m.contains("block")));
     assert_eq!(HostPath::validate_volume_capabilities(&h, v.volume_id, vec![], vec![mount(AccessMode::SingleNodeWriter)], vec![]).unwrap(), None);

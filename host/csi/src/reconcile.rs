@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmcsi_runtime::driver::Feature;
+use wasmcsi_runtime::driver::{Feature, Timestamp};
 use wasmcsi_runtime::{Backend, Registry};
 
 /// How often a round starts by default.
@@ -39,7 +39,8 @@ async fn heal(backend: &Arc<Backend>) -> Result<(), String> {
     let ids = volume_ids(backend).await?;
     for id in ids {
         let span = tracing::info_span!("reconcile.volume", backend = %backend.name, volume.id = %id);
-        if let Err(e) = tracing::Instrument::instrument(backend.reconcile_volume(id.clone()), span.clone()).await {
+        let call = backend.reconcile_volume(id.clone(), now());
+        if let Err(e) = tracing::Instrument::instrument(call, span.clone()).await {
             tracing::warn!(parent: &span, error = %e, "reconcile-volume failed; retried next round");
             continue;
         }
@@ -50,6 +51,13 @@ async fn heal(backend: &Arc<Backend>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The host's clock, as `reconcile-volume` takes it: every decision by time is made against
+/// it (a guest has no clock of its own to trust).
+fn now() -> Timestamp {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp { seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX), nanos: since.subsec_nanos() }
 }
 
 async fn volume_ids(backend: &Arc<Backend>) -> Result<Vec<String>, String> {

@@ -10,7 +10,7 @@ use crate::error::Target;
 use crate::fence::{FENCE_LOCK, Fence, FenceHolder, describe, header_oid};
 use crate::image::{Image, features_from_names};
 use crate::names::{check, check_metadata};
-use crate::{ImageInfo, ImageSnapshot, ImageSpec, PoolStats, RbdConfig, RbdCredentials, RbdError};
+use crate::{ImageInfo, ImageSnapshot, ImageSpec, PoolStats, QosLimits, RbdConfig, RbdCredentials, RbdError};
 use std::sync::Arc;
 
 struct Inner {
@@ -236,6 +236,23 @@ impl RbdPool {
                 )));
             }
             if size_bytes == current { Ok(()) } else { image.resize(t, size_bytes) }
+        })
+        .await
+    }
+
+    /// Set the image's QoS limits in its own configuration (see [`QosLimits`]): a limit sets its
+    /// key, 0 removes it. The same limits again change nothing.
+    #[tracing::instrument(name = "rbd.set_qos", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, image = %image))]
+    pub async fn set_qos(&self, image: &str, limits: &QosLimits) -> Result<(), RbdError> {
+        let keys = limits.keys();
+        self.with_image(format!("set-qos {}/{image}", self.pool), image, move |t, img| {
+            for (key, value) in keys {
+                match value {
+                    0 => img.metadata_remove(t, key)?,
+                    v => img.metadata_set(t, key, &v.to_string())?,
+                }
+            }
+            Ok(())
         })
         .await
     }

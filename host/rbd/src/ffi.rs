@@ -170,6 +170,7 @@ unsafe extern "C" {
 
     pub fn rbd_metadata_get(image: rbd_image_t, key: *const c_char, value: *mut c_char, val_len: *mut usize) -> c_int;
     pub fn rbd_metadata_set(image: rbd_image_t, key: *const c_char, value: *const c_char) -> c_int;
+    pub fn rbd_metadata_remove(image: rbd_image_t, key: *const c_char) -> c_int;
     pub fn rbd_metadata_list(
         image: rbd_image_t,
         start: *const c_char,

@@ -352,6 +352,16 @@ impl Image {
         check(t, unsafe { ffi::rbd_metadata_set(self.handle, k.as_ptr(), v.as_ptr()) }, || format!("metadata {key}"))
     }
 
+    /// Remove a metadata key; an absent key succeeds.
+    pub fn metadata_remove(&self, t: &Target, key: &str) -> Result<(), RbdError> {
+        let k = cstring(key, "metadata key")?;
+        // SAFETY: open image, C string.
+        match unsafe { ffi::rbd_metadata_remove(self.handle, k.as_ptr()) } {
+            r if r == -ENOENT => Ok(()),
+            r => check(t, r, || format!("removing metadata {key}")),
+        }
+    }
+
     pub fn resize(&self, t: &Target, size: u64) -> Result<(), RbdError> {
         // SAFETY: open image; no progress callback. allow_shrink false: librbd refuses too.
         let ret = unsafe { ffi::rbd_resize2(self.handle, size, false, None, std::ptr::null_mut()) };

@@ -25,8 +25,10 @@ pub mod fuse_daemons;
 mod image;
 pub mod krbd;
 mod names;
+mod qos;
 
 pub use client::{RbdClient, RbdPool};
+pub use qos::QosLimits;
 pub use error::RbdError;
 pub use fence::{FENCE_LOCK, Fence, FenceHolder};
 pub use names::MAX_NAME;

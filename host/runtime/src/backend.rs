@@ -5,10 +5,7 @@
 //!
 //! Callers use the typed entry points (`Backend::create_volume` and the rest), one per
 //! `driver` export, generated from the export table (`crate::exports`).
-use crate::bindings::driver::{
-    self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot,
-    SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
-};
+use crate::bindings::driver::{ self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
 pub use crate::call_error::MAX_ERROR_MESSAGE;
 use crate::call_error::{CallError, clip_message, clip_wit};
 use crate::capabilities::ImportSummary;
@@ -105,6 +102,21 @@ impl Backend {
 
     pub fn has_feature(&self, f: driver::Feature) -> bool {
         self.info.features.contains(&f)
+    }
+
+    /// An export behind `feature` (a `[FEATURE]` row of the export table) is called only when
+    /// the backend declared it; otherwise the host answers `unimplemented` itself, without
+    /// calling the backend, whatever contract version it is built against.
+    fn require(&self, feature: driver::Feature, op: &'static str, export: &str) -> Result<(), CallError> {
+        if self.has_feature(feature) {
+            return Ok(());
+        }
+        let error = crate::bindings::types::Error::Unimplemented(format!(
+            "{export}: backend {} does not declare the {} feature",
+            self.name,
+            feature_name(feature)
+        ));
+        Err(CallError::Backend { backend: self.name.clone(), op, error })
     }
 
     /// Run one export under every limit. `body` gets the fresh instance's exports (in the
@@ -286,6 +298,20 @@ impl Backend {
     }
 }
 
+/// A feature as the WIT names it (`modify-volume`).
+fn feature_name(feature: driver::Feature) -> String {
+    let debug = format!("{feature:?}");
+    let camel = debug.rsplit("::").next().unwrap_or(&debug);
+    let mut out = String::with_capacity(camel.len() + 4);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 /// Turn a wasmtime error into why the call stopped. An OOM shows up as whatever trap the
 /// guest's allocator raises after `memory.grow` failed, so the limiter's record decides.
 fn classify(
@@ -319,11 +345,13 @@ macro_rules! call_secrets {
 
 /// The typed entry points, one per export of the table, so callers never touch stores or
 /// closures. Each runs the component (or, with the `native` feature, a native backend's
-/// function) under the backend's limits; its `op` (metrics label, span field) is its name.
+/// function) under the backend's limits; its `op` (metrics label, span field) is its name. An
+/// export of a feature the backend did not declare is answered here (see
+/// [`Backend::require`]).
 macro_rules! entry_points {
     ($(
         $(#[$doc:meta])*
-        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+        $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
     )*) => {
         impl Backend {
             $(
@@ -334,6 +362,7 @@ macro_rules! entry_points {
                     $($refs: Secrets,)?
                     $($values: Secrets,)?
                 ) -> Result<$r, CallError> {
+                    $(self.require(driver::Feature::$feature, stringify!($f), $wit)?;)?
                     let values: Secrets = call_secrets!($($refs)? $($values)?);
                     // The guest gets the secrets' handles; the values stay in the store.
                     $(let $refs = secret_refs(&values);)?

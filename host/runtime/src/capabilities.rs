@@ -19,6 +19,8 @@ pub enum Capability {
     Nfs,
     Block,
     Rbd,
+    /// since 0.3.0
+    Backup,
 }
 
 impl Capability {
@@ -31,6 +33,7 @@ impl Capability {
             "nfs" => Self::Nfs,
             "block" => Self::Block,
             "rbd" => Self::Rbd,
+            "backup" => Self::Backup,
             _ => return None,
         })
     }
@@ -44,6 +47,7 @@ impl Capability {
             Self::Nfs => "nfs",
             Self::Block => "block",
             Self::Rbd => "rbd",
+            Self::Backup => "backup",
         }
     }
 }
@@ -96,6 +100,11 @@ impl ImportSummary {
                 Capability::Block if version == ContractVersion::V0_1 => {
                     out.push(format!("import {}: {}", version.interface("block"), BLOCK_REFUSED))
                 }
+                c if !version.has_interface(c.name()) => out.push(format!(
+                    "import {}: {version} has no interface {} (it came later; rebuild the backend against wit/backend.wit)",
+                    version.interface(c.name()),
+                    c.name()
+                )),
                 Capability::Types | Capability::Log | Capability::Kv => {}
                 Capability::Dir if grants.dir.is_empty() => out.push(format!(
                     "import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"
@@ -113,6 +122,10 @@ impl ImportSummary {
                     "import {import} is not granted (add [backends.NAME.grants.block] nodes = [\"HOST:9501\"] or services = [\"NAME:9501\"])"
                 )),
                 Capability::Block => {}
+                Capability::Backup if grants.backup.is_empty() => out.push(format!(
+                    "import {import} is not granted (add [backends.NAME.grants] backup = [\"TARGET\"])"
+                )),
+                Capability::Backup => {}
             }
         }
         out
@@ -177,6 +190,20 @@ mod tests {
             assert_eq!(v.len(), 1, "{v:?}");
             assert!(v[0].contains("wasmcsi:backend/block@0.1.0") && v[0].contains("@0.2.0"), "{v:?}");
         }
+    }
+
+    #[test]
+    fn backup_links_only_with_a_target_granted_and_only_at_0_3() {
+        let s = ImportSummary::classify(["wasmcsi:backend/backup@0.3.0"]);
+        assert_eq!(s.capabilities, [Capability::Backup]);
+        let v = s.violations(&Grants::default(), ContractVersion::V0_3);
+        assert!(v.len() == 1 && v[0].contains("not granted") && v[0].contains("backup = ["), "{v:?}");
+        let g = Grants { backup: vec!["s3-main".into()], ..Default::default() };
+        assert!(s.violations(&g, ContractVersion::V0_3).is_empty());
+        // A component naming backup at a version without it is no backend of that version.
+        let old = ImportSummary::classify(["wasmcsi:backend/backup@0.2.0"]);
+        let v = old.violations(&g, ContractVersion::V0_2);
+        assert!(v.len() == 1 && v[0].contains("backup@0.2.0") && v[0].contains("has no interface"), "{v:?}");
     }
 
     #[test]

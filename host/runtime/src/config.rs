@@ -124,6 +124,10 @@ pub struct Grants {
     /// `rbd`: per cluster, the pools this backend may use.
     #[serde(default)]
     pub rbd: Vec<RbdGrant>,
+    /// `backup`: the names of the backup targets this backend may use (`[a-z0-9-]`, 1–32
+    /// bytes; the targets themselves are the host's).
+    #[serde(default)]
+    pub backup: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -180,6 +184,14 @@ impl HostConfig {
                 }
             }
             Self::validate_limits(name, &self.limits_for(name))?;
+            for (i, target) in b.grants.backup.iter().enumerate() {
+                if !is_valid_name(target) {
+                    return Err(invalid(format!("backup target {target:?}: names are 1-32 of [a-z0-9-]")));
+                }
+                if b.grants.backup[..i].contains(target) {
+                    return Err(invalid(format!("backup target {target:?} is granted twice")));
+                }
+            }
             for g in &b.grants.rbd {
                 if !self.clusters.contains_key(&g.cluster) {
                     return Err(invalid(format!(
@@ -259,6 +271,17 @@ mod tests {
         assert!(HostConfig::parse("[backends.Bad_Name]\n", Path::new("t")).is_err());
         let e = HostConfig::parse("[backends.a.grants]\ndir = { r = \"relative\" }\n", Path::new("t"));
         assert!(matches!(e, Err(ConfigError::Invalid { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn backup_targets_are_granted_by_name() {
+        let cfg = HostConfig::parse("[backends.rb.grants]\nbackup = [\"s3-main\", \"nfs-dr\"]\n", Path::new("t"))
+            .expect("valid config");
+        assert_eq!(cfg.grants_for("rb").backup, ["s3-main", "nfs-dr"]);
+        assert!(cfg.grants_for("other").backup.is_empty());
+        for bad in ["backup = [\"S3\"]", "backup = [\"a\", \"a\"]", "backup = \"a\""] {
+            assert!(HostConfig::parse(&format!("[backends.rb.grants]\n{bad}\n"), Path::new("t")).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `wasmcsi:backend` package as this host serves it: its versions ([`ContractVersion`]),
 //! how a component's version is told from the names it exports and imports
-//! ([`ContractVersion::detect`]), and what a version does not serve ([`BLOCK_REFUSED`]). Names
+//! ([`ContractVersion::detect`]), and what a version does not serve ([`BLOCK_REFUSED`],
+//! [`ContractVersion::has_interface`]). Names
 //! only: what a version's exports answer is `compat`, which capability a component may import
 //! is `capabilities`.
 use std::fmt;
@@ -9,16 +10,19 @@ use std::fmt;
 pub const PACKAGE: &str = "wasmcsi:backend/";
 
 /// Why a 0.1.0 component importing `block` does not load.
-pub const BLOCK_REFUSED: &str = "the block capability needs wasmcsi:backend@0.2.0 (0.1.0's block never had a \
-     provider); rebuild the backend against wit/backend.wit";
+pub const BLOCK_REFUSED: &str = "the block capability needs wasmcsi:backend@0.2.0 or later (0.1.0's block never \
+     had a provider); rebuild the backend against wit/backend.wit";
 
 /// A version of the `wasmcsi:backend` package this host serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ContractVersion {
     /// `wit/previous/0.1.0`: no provider for `block`, no `get-snapshot` / `reconcile-volume`.
     V0_1,
-    /// `wit/backend.wit`, the current contract.
+    /// `wit/previous/0.2.0`: `block` and `rbd` in their earlier shape, no `backup`, no
+    /// `modify-volume` / group snapshots.
     V0_2,
+    /// `wit/backend.wit`, the current contract.
+    V0_3,
 }
 
 /// Why a component's names do not make it a backend of a version this host serves.
@@ -28,7 +32,9 @@ pub enum ContractError {
     NoDriver { exports: Vec<String> },
     #[error("it exports more than one driver ({}); a backend is built against one version", .drivers.join(", "))]
     SeveralDrivers { drivers: Vec<String> },
-    #[error("it names {name}; this host serves {PACKAGE} at @0.1.0 and @0.2.0 (rebuild it against wit/backend.wit)")]
+    #[error(
+        "it names {name}; this host serves {PACKAGE} at @0.1.0, @0.2.0 and @0.3.0 (rebuild it against wit/backend.wit)"
+    )]
     Unsupported { name: String },
     #[error(
         "it mixes contract versions: it exports {export} but imports {import}; \
@@ -39,14 +45,23 @@ pub enum ContractError {
 
 impl ContractVersion {
     /// The version this host's own types are.
-    pub const CURRENT: Self = Self::V0_2;
+    pub const CURRENT: Self = Self::V0_3;
+
+    /// Every version this host serves, oldest first.
+    pub const ALL: [Self; 3] = [Self::V0_1, Self::V0_2, Self::V0_3];
 
     /// The package version as WIT names it.
     pub fn package_version(self) -> &'static str {
         match self {
             Self::V0_1 => "0.1.0",
             Self::V0_2 => "0.2.0",
+            Self::V0_3 => "0.3.0",
         }
+    }
+
+    /// Whether this version's package has the interface `name` (`backup` came with 0.3.0).
+    pub fn has_interface(self, name: &str) -> bool {
+        name != "backup" || self >= Self::V0_3
     }
 
     /// The version a semver string like `0.1.0` belongs to. Versions `0.x.y` of one `x` are
@@ -60,6 +75,7 @@ impl ContractVersion {
         match minor {
             "1" => Some(Self::V0_1),
             "2" => Some(Self::V0_2),
+            "3" => Some(Self::V0_3),
             _ => None,
         }
     }
@@ -125,6 +141,11 @@ mod tests {
             ContractVersion::detect(&new, &exports(&["wasmcsi:backend/driver@0.2.0"])),
             Ok(ContractVersion::V0_2)
         );
+        let current = imports(&["wasmcsi:backend/block@0.3.0", "wasmcsi:backend/backup@0.3.0"]);
+        assert_eq!(
+            ContractVersion::detect(&current, &exports(&["wasmcsi:backend/driver@0.3.0"])),
+            Ok(ContractVersion::V0_3)
+        );
         // A patch release of a version is that version (the linker resolves it the same way).
         assert_eq!(
             ContractVersion::detect(
@@ -165,7 +186,7 @@ mod tests {
         assert!(matches!(lookalike, Err(ContractError::NoDriver { .. })), "{lookalike:?}");
         let both = exports(&["wasmcsi:backend/driver@0.1.0", "wasmcsi:backend/driver@0.2.0"]);
         assert!(matches!(ContractVersion::detect(&imports(&[]), &both), Err(ContractError::SeveralDrivers { .. })));
-        for unserved in ["0.3.0", "1.0.0", "0.2.0-rc1", "0.1", ""] {
+        for unserved in ["0.4.0", "1.0.0", "0.3.0-rc1", "0.1", ""] {
             let driver = if unserved.is_empty() {
                 "wasmcsi:backend/driver".to_string()
             } else {
@@ -173,14 +194,22 @@ mod tests {
             };
             let e = ContractVersion::detect(&imports(&[]), std::slice::from_ref(&driver)).expect_err("unserved");
             assert_eq!(e, ContractError::Unsupported { name: driver.clone() }, "{driver}");
-            assert!(e.to_string().contains("@0.1.0 and @0.2.0"), "{e}");
+            assert!(e.to_string().contains("@0.1.0, @0.2.0 and @0.3.0"), "{e}");
         }
     }
 
     #[test]
     fn interface_names_carry_the_package_version() {
         assert_eq!(ContractVersion::V0_1.interface("kv"), "wasmcsi:backend/kv@0.1.0");
-        assert_eq!(ContractVersion::CURRENT.interface("block"), "wasmcsi:backend/block@0.2.0");
+        assert_eq!(ContractVersion::CURRENT.interface("block"), "wasmcsi:backend/block@0.3.0");
         assert_eq!(ContractVersion::V0_1.to_string(), "wasmcsi:backend@0.1.0");
+    }
+
+    #[test]
+    fn backup_is_an_interface_of_0_3_only() {
+        assert!(ContractVersion::V0_3.has_interface("backup"));
+        assert!(!ContractVersion::V0_2.has_interface("backup") && !ContractVersion::V0_1.has_interface("backup"));
+        assert!(ContractVersion::ALL.iter().all(|v| v.has_interface("rbd") && v.has_interface("block")));
+        assert_eq!(ContractVersion::ALL.last(), Some(&ContractVersion::CURRENT));
     }
 }

@@ -34,9 +34,12 @@
 //!
 //! # The rows
 //!
-//! `NAME = "WIT-NAME"(ARG: TYPE, …) [+ secrets | with secrets] -> ANSWER;` where the types
-//! are those of `crate::bindings::driver`, and the answer is what the export returns in its
-//! `result<_, error>`. A call that carries the CSI call's secrets says how the guest gets
+//! `NAME = "WIT-NAME" [[FEATURE]] (ARG: TYPE, …) [+ secrets | with secrets] -> ANSWER;` where
+//! the types are those of `crate::bindings::driver`, and the answer is what the export returns
+//! in its `result<_, error>`. `[FEATURE]` (a case of `driver::Feature`) makes the typed entry
+//! point answer `unimplemented` without calling the backend when its `info` does not declare
+//! that feature, whatever version it is built against; exports that CSI gates itself (and the
+//! older ones, whose features the CSI service checks before calling) carry none. A call that carries the CSI call's secrets says how the guest gets
 //! them: `+ secrets` appends their handles (`list<secret-ref>`) as the last argument;
 //! `with secrets` means the handles travel inside an argument (the create request), which the
 //! caller filled. Either way the entry point takes the secret values, which stay in the
@@ -85,20 +88,41 @@ macro_rules! for_each_export {
             ) -> SnapshotPage;
             /// GetSnapshot (feature `get-snapshot`).
             get_snapshot = "get-snapshot"(snapshot_id: String) -> Snapshot;
-            /// One volume's check and repair (feature `self-healing`).
-            reconcile_volume = "reconcile-volume"(volume_id: String) -> ();
+            /// One volume's check and repair (feature `self-healing`), against the host's clock.
+            reconcile_volume = "reconcile-volume"(volume_id: String, now: Timestamp) -> ();
             /// GetCapacity.
             get_capacity = "get-capacity"(
                 capabilities: Vec<VolumeCapability>,
                 parameters: Vec<Pair>,
                 topology: Option<Topology>
             ) -> Capacity;
-            /// How the node attaches the volume (NodeStageVolume).
+            /// How the node attaches the volume (NodeStageVolume, whose secrets it is given).
             attach_plan = "attach-plan"(
                 volume_id: String,
                 volume_context: Vec<Pair>,
                 capability: VolumeCapability
-            ) -> Attachment;
+            ) + secrets -> Attachment;
+            /// ControllerModifyVolume: apply mutable parameters, all or nothing.
+            modify_volume = "modify-volume" [ModifyVolume] (
+                volume_id: String,
+                mutable_parameters: Vec<Pair>
+            ) + secrets -> ();
+            /// CreateVolumeGroupSnapshot: one crash-consistent point of every source volume.
+            create_group_snapshot = "create-group-snapshot" [GroupSnapshots] (
+                name: String,
+                source_volume_ids: Vec<String>,
+                parameters: Vec<Pair>
+            ) + secrets -> GroupSnapshot;
+            /// DeleteVolumeGroupSnapshot: an unknown id succeeds.
+            delete_group_snapshot = "delete-group-snapshot" [GroupSnapshots] (
+                group_snapshot_id: String,
+                snapshot_ids: Vec<String>
+            ) + secrets -> ();
+            /// GetVolumeGroupSnapshot.
+            get_group_snapshot = "get-group-snapshot" [GroupSnapshots] (
+                group_snapshot_id: String,
+                snapshot_ids: Vec<String>
+            ) + secrets -> GroupSnapshot;
         }
     };
 }
@@ -119,7 +143,7 @@ mod tests {
     macro_rules! wit_names {
         ($(
             $(#[$doc:meta])*
-            $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+            $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
         )*) => {
             [$($wit),*]
         };

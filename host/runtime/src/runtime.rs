@@ -12,6 +12,7 @@ use crate::compat::ComponentPre;
 use crate::config::{HostConfig, is_valid_name};
 use crate::contract::{ContractError, ContractVersion};
 use crate::engine::{EngineSettings, EpochTicker, build_engine};
+use crate::imports::backup::BackupCtx;
 use crate::imports::block::BlockCtx;
 use crate::imports::dir::{CopyJobs, DirCtx};
 use crate::imports::kv::KvCtx;
@@ -296,6 +297,7 @@ impl Runtime {
                         .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
                     import_timeout: limits.import_timeout(),
                 },
+                backup: BackupCtx { backend: name.into(), targets: grants.backup },
             }),
             limits,
             cache_hit: false,

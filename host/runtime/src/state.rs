@@ -7,6 +7,7 @@
 //! call into the next. Each capability sees only its own slice of it, through the view
 //! `CallState` lends it (`imports::NAME::NAMEView`), as wasmtime's WASI sees only its
 //! `WasiCtxView`: this file is the one place that knows every capability.
+use crate::imports::backup::{BackupCtx, BackupCtxView, BackupView};
 use crate::imports::block::{BlockCtx, BlockCtxView, BlockView};
 use crate::imports::dir::{DirCtx, DirCtxView, DirView};
 use crate::imports::kv::{KvCtx, KvCtxView, KvView};
@@ -30,6 +31,7 @@ pub struct Capabilities {
     pub nfs: NfsCtx,
     pub rbd: RbdCtx,
     pub block: BlockCtx,
+    pub backup: BackupCtx,
 }
 
 /// Store data of one call.
@@ -102,5 +104,11 @@ impl RbdView for CallState {
 impl BlockView for CallState {
     fn block(&mut self) -> BlockCtxView<'_> {
         BlockCtxView { ctx: &self.caps.block }
+    }
+}
+
+impl BackupView for CallState {
+    fn backup(&mut self) -> BackupCtxView<'_> {
+        BackupCtxView { ctx: &self.caps.backup }
     }
 }

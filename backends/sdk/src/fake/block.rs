@@ -5,10 +5,16 @@
 //! mark a set attached ([`FakeBlock::attach`]: delete is then failed-precondition) and change a
 //! replica's state ([`FakeBlock::set_state`], e.g. unreachable since a given time).
 //!
+//! Like the wasmcsi host today, every node has one disk, [`FakeBlock::DISK`] (a placement names
+//! it or none; any other is invalid-argument naming it), and what the host does not provide
+//! answers as the host does (`unimplemented`, "… not provided by this host"): `set-limits`,
+//! `add-replica`, `remove-replica`, `snapshot-group`, `follow`, `activate` and filling from a
+//! backup. A backend's tests thus see what it would see on the host.
+//!
 //! Written to be extended with the interface: one method per WIT function, state in plain maps.
 use super::{Clock, Journal};
-use crate::block::{Block, BlockSnapshot, BlockSource, NodeInfo, Replica, ReplicaSet, ReplicaState};
-use crate::types::{Error, Pair, Timestamp};
+use crate::block::{Block, BlockSnapshot, BlockSource, DiskInfo, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState};
+use crate::types::{Error, IoLimits, Pair, Timestamp};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,6 +48,7 @@ pub struct FakeBlock {
 fn healthy(node: &str) -> Replica {
     Replica {
         node: node.to_owned(),
+        disk: Some(FakeBlock::DISK.to_owned()),
         state: ReplicaState::Healthy,
         down_since: None,
         rebuilt_bytes: 0,
@@ -53,7 +60,44 @@ fn metadata_bytes(metadata: &[Pair]) -> usize {
     metadata.iter().map(|p| p.key.len() + p.value.len()).sum()
 }
 
+/// What the host answers for a function it does not provide.
+fn not_provided(what: &str) -> Error {
+    Error::Unimplemented(format!("{what}: not provided by this host"))
+}
+
+/// The nodes of `placements`, once each names the one disk of its node or none, and no two
+/// fall on one disk (as the host checks them).
+fn placed_nodes(placements: &[Placement]) -> Result<Vec<String>, Error> {
+    let mut nodes: Vec<String> = vec![];
+    for p in placements {
+        let node = placed_node(p)?;
+        if nodes.iter().any(|n| n == node) {
+            return Err(Error::InvalidArgument(format!(
+                "two placements on disk {} of node {node} (replicas of a set need distinct disks)",
+                FakeBlock::DISK
+            )));
+        }
+        nodes.push(node.to_owned());
+    }
+    Ok(nodes)
+}
+
+fn placed_node(p: &Placement) -> Result<&str, Error> {
+    match p.disk.as_deref() {
+        None => Ok(&p.node),
+        Some(d) if d == FakeBlock::DISK => Ok(&p.node),
+        Some(d) => Err(Error::InvalidArgument(format!(
+            "placement on node {}: disk {d:?} does not exist there (its disks: {})",
+            p.node,
+            FakeBlock::DISK
+        ))),
+    }
+}
+
 impl FakeBlock {
+    /// The one disk of every node, as the host names it.
+    pub const DISK: &'static str = "default";
+
     /// Grant a node of `total_bytes` with labels.
     pub fn add_node(&self, name: &str, total_bytes: u64, labels: &[(&str, &str)]) -> &Self {
         let labels = labels.iter().map(|(k, v)| Pair { key: (*k).to_owned(), value: (*v).to_owned() }).collect();
@@ -128,6 +172,7 @@ impl FakeBlock {
                 .get(v)
                 .map(|s| s.set.size_bytes)
                 .ok_or_else(|| Error::NotFound(format!("volume {v} not found"))),
+            BlockSource::Backup((target, id)) => Err(Error::NotFound(format!("backup {id} on {target} not found"))),
         }
     }
 }
@@ -145,6 +190,11 @@ impl Block for FakeBlock {
                 labels: n.labels.clone(),
                 replicas: self.sets.borrow().values().filter(|s| s.set.replicas.iter().any(|r| &r.node == name)).count()
                     as u32,
+                disks: vec![DiskInfo {
+                    name: Self::DISK.to_owned(),
+                    free_bytes: self.free(name),
+                    total_bytes: n.total_bytes,
+                }],
             })
             .collect())
     }
@@ -152,11 +202,16 @@ impl Block for FakeBlock {
         &self,
         id: &str,
         size_bytes: u64,
-        nodes: &[String],
+        placements: &[Placement],
         source: Option<&BlockSource>,
         metadata: &[Pair],
     ) -> Result<ReplicaSet, Error> {
         self.journal.enter("create")?;
+        let placed = placed_nodes(placements)?;
+        let nodes = placed.as_slice();
+        if matches!(source, Some(BlockSource::Backup(_))) {
+            return Err(not_provided("block create from a backup: restores from backups"));
+        }
         if let Some(s) = self.sets.borrow().get(id) {
             return if s.set.size_bytes == size_bytes {
                 Ok(s.set.clone())
@@ -193,6 +248,9 @@ impl Block for FakeBlock {
             metadata: metadata.to_vec(),
             created: self.clock.now(),
             filling: None,
+            limits: IoLimits::UNLIMITED,
+            rebuild_bytes_per_second: 0,
+            standby: None,
         };
         let fake = FakeReplicaSet { set: set.clone(), source: source.cloned() };
         self.sets.borrow_mut().insert(id.to_owned(), fake);
@@ -251,8 +309,9 @@ impl Block for FakeBlock {
         s.set.size_bytes = size_bytes;
         Ok(s.set.clone())
     }
-    fn replace(&self, id: &str, node: &str, with: &str) -> Result<ReplicaSet, Error> {
+    fn replace(&self, id: &str, replica: &Placement, with: &Placement) -> Result<ReplicaSet, Error> {
         self.journal.enter("replace")?;
+        let (node, with) = (placed_node(replica)?, placed_node(with)?);
         self.granted(with)?;
         let (size, members) = match self.sets.borrow().get(id) {
             Some(s) => (s.set.size_bytes, s.set.replicas.iter().map(|r| r.node.clone()).collect::<Vec<_>>()),
@@ -301,6 +360,32 @@ impl Block for FakeBlock {
         all.sort_by_key(|s| (s.created.seconds, s.created.nanos));
         Ok(all)
     }
+    fn set_limits(&self, _: &str, _: &IoLimits, _: u64) -> Result<ReplicaSet, Error> {
+        self.journal.enter("set_limits")?;
+        Err(not_provided("block set-limits: I/O limits and rebuild bandwidth"))
+    }
+    fn add_replica(&self, _: &str, placement: &Placement) -> Result<ReplicaSet, Error> {
+        self.journal.enter("add_replica")?;
+        placed_node(placement)?;
+        Err(not_provided("block add-replica: adding replicas"))
+    }
+    fn remove_replica(&self, _: &str, replica: &Placement) -> Result<ReplicaSet, Error> {
+        self.journal.enter("remove_replica")?;
+        placed_node(replica)?;
+        Err(not_provided("block remove-replica: removing replicas"))
+    }
+    fn snapshot_group(&self, _: &[String], _: &str) -> Result<Vec<BlockSnapshot>, Error> {
+        self.journal.enter("snapshot_group")?;
+        Err(not_provided("block snapshot-group: group snapshots"))
+    }
+    fn follow(&self, _: &str, _: &str, _: &str) -> Result<ReplicaSet, Error> {
+        self.journal.enter("follow")?;
+        Err(not_provided("block follow: standby volumes"))
+    }
+    fn activate(&self, _: &str) -> Result<ReplicaSet, Error> {
+        self.journal.enter("activate")?;
+        Err(not_provided("block activate: standby volumes"))
+    }
 }
 
 #[cfg(test)]
@@ -309,8 +394,8 @@ mod tests {
 
     const B: u64 = 4096;
 
-    fn nodes(names: &[&str]) -> Vec<String> {
-        names.iter().map(|n| (*n).to_owned()).collect()
+    fn nodes(names: &[&str]) -> Vec<Placement> {
+        names.iter().map(|n| Placement::on(*n)).collect()
     }
 
     #[test]
@@ -356,11 +441,47 @@ mod tests {
         b.add_node("n1", 10 * B, &[]).add_node("n2", 10 * B, &[]).add_node("n3", 10 * B, &[]);
         b.create("v", B, &nodes(&["n1", "n2"]), None, &[]).expect("create");
         b.set_state("v", "n2", ReplicaState::Unreachable, Some(Timestamp { seconds: 1, nanos: 0 }));
-        assert!(matches!(b.replace("v", "n3", "n1"), Err(Error::NotFound(_))), "no replica on n3");
-        assert!(matches!(b.replace("v", "n2", "n1"), Err(Error::InvalidArgument(_))), "n1 holds one");
-        assert!(matches!(b.replace("v", "n2", "n4"), Err(Error::PermissionDenied(_))));
-        let set = b.replace("v", "n2", "n3").expect("replace");
+        let on = Placement::on;
+        assert!(matches!(b.replace("v", &on("n3"), &on("n1")), Err(Error::NotFound(_))), "no replica on n3");
+        assert!(matches!(b.replace("v", &on("n2"), &on("n1")), Err(Error::InvalidArgument(_))), "n1 holds one");
+        assert!(matches!(b.replace("v", &on("n2"), &on("n4")), Err(Error::PermissionDenied(_))));
+        let set = b.replace("v", &on("n2"), &on("n3")).expect("replace");
         let on: Vec<(&str, ReplicaState)> = set.replicas.iter().map(|r| (r.node.as_str(), r.state)).collect();
         assert_eq!(on, [("n1", ReplicaState::Healthy), ("n3", ReplicaState::Healthy)]);
+    }
+
+    #[test]
+    fn every_node_has_one_disk_and_a_placement_names_it_or_none() {
+        let b = FakeBlock::default();
+        b.add_node("n1", 10 * B, &[]).add_node("n2", 10 * B, &[]);
+        let nodes = b.list_nodes().expect("nodes");
+        let disks: Vec<(&str, u64)> = nodes[0].disks.iter().map(|d| (d.name.as_str(), d.total_bytes)).collect();
+        assert_eq!(disks, [(FakeBlock::DISK, 10 * B)]);
+        let on_disk = Placement { node: "n2".into(), disk: Some(FakeBlock::DISK.into()) };
+        let set = b.create("v", B, &[Placement::on("n1"), on_disk], None, &[]).expect("create");
+        assert!(set.replicas.iter().all(|r| r.disk.as_deref() == Some(FakeBlock::DISK)), "{set:?}");
+        let elsewhere = Placement { node: "n1".into(), disk: Some("ssd".into()) };
+        let e = b.create("w", B, &[elsewhere], None, &[]).expect_err("no such disk");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("\"ssd\"")), "{e:?}");
+    }
+
+    #[test]
+    fn what_the_host_does_not_provide_answers_as_the_host_does() {
+        let b = FakeBlock::default();
+        b.add_node("n1", 10 * B, &[]);
+        b.create("v", B, &nodes(&["n1"]), None, &[]).expect("create");
+        let backup = BlockSource::Backup(("t".into(), "b".into()));
+        let answers = [
+            b.set_limits("v", &IoLimits::UNLIMITED, 0).map(drop),
+            b.add_replica("v", &Placement::on("n1")).map(drop),
+            b.remove_replica("v", &Placement::on("n1")).map(drop),
+            b.snapshot_group(&["v".into()], "g").map(drop),
+            b.follow("v", "t", "src").map(drop),
+            b.activate("v").map(drop),
+            b.create("w", B, &nodes(&["n1"]), Some(&backup), &[]).map(drop),
+        ];
+        for a in answers {
+            assert!(matches!(&a, Err(Error::Unimplemented(m)) if m.ends_with("not provided by this host")), "{a:?}");
+        }
     }
 }

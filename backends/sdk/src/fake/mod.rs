@@ -1,18 +1,21 @@
 //! [`FakeHost`]: every capability in memory, for unit tests of a backend's policy that run
 //! natively in milliseconds (cargo feature `fake`). Each capability is a public field with
 //! its own state: grant what a test needs (`dir.add_root`, `nfs.add_export`, `rbd.add_pool`,
-//! `block.add_node`), call the backend, then look at the state (`dir.paths`, `rbd.image`, …)
-//! and at what was logged (`log.messages`).
+//! `block.add_node`, `backup.add_target`), call the backend, then look at the state
+//! (`dir.paths`, `rbd.image`, …) and at what was logged (`log.messages`).
 //!
 //! The fakes follow the WIT's documented semantics and the host's behaviour where the WIT is
 //! silent (noted per fake), including its errors: an ungranted root, export, pool or node is
-//! permission-denied. [`Journal`] counts calls per operation and injects failures
+//! permission-denied, and what the host does not provide yet answers as the host does
+//! (`unimplemented`, "… not provided by this host"). [`Journal`] counts calls per operation and
+//! injects failures
 //! (`rbd.fail_next("create", Error::Unavailable(..))`), so a test can check what a retry does
 //! and that errors surface with their case. They are single-threaded (`RefCell`), like a
 //! component instance.
 //!
 //! Not faked: secrets (handles are accepted and ignored), data (volumes have no content), the
 //! host's timeouts and rate limits.
+mod backup;
 mod block;
 mod dir;
 mod kv;
@@ -21,6 +24,7 @@ mod nfs;
 mod rbd;
 mod tree;
 
+pub use backup::FakeBackup;
 pub use block::{FakeBlock, FakeReplicaSet};
 pub use dir::FakeDir;
 pub use kv::FakeKv;
@@ -43,6 +47,7 @@ pub struct FakeHost {
     pub nfs: FakeNfs,
     pub rbd: FakeRbd,
     pub block: FakeBlock,
+    pub backup: FakeBackup,
 }
 
 impl FakeHost {
@@ -58,6 +63,7 @@ impl Host for FakeHost {
     type Nfs = FakeNfs;
     type Rbd = FakeRbd;
     type Block = FakeBlock;
+    type Backup = FakeBackup;
     fn kv(&self) -> &FakeKv {
         &self.kv
     }
@@ -75,6 +81,9 @@ impl Host for FakeHost {
     }
     fn block(&self) -> &FakeBlock {
         &self.block
+    }
+    fn backup(&self) -> &FakeBackup {
+        &self.backup
     }
 }
 

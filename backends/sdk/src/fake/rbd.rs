@@ -4,14 +4,28 @@
 //! snapshot succeeds; a clone copies its parent's metadata (librbd does) and is sized like the
 //! snapshot; flattening detaches it; a protected snapshot without clones is removed (the host
 //! unprotects it first). Clones do not require a protected snapshot (clone v2). Secret handles
-//! are accepted and ignored.
+//! are accepted and ignored. `set-qos` writes the image metadata keys the host writes
+//! ([`QOS_KEYS`]); group snapshots answer as the host does: not provided.
 use super::{Clock, Journal};
-use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, Target};
-use crate::types::{Error, SecretRef};
+use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdPool, Target};
+use crate::types::{Error, IoLimits};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 const TOTAL_BYTES: u64 = 100 << 30;
+
+/// The image metadata keys of the read/write IOPS and bandwidth limits, as librbd reads them
+/// (and ceph-csi and the host set them).
+pub const QOS_KEYS: [&str; 4] = [
+    "conf_rbd_qos_read_iops_limit",
+    "conf_rbd_qos_write_iops_limit",
+    "conf_rbd_qos_read_bps_limit",
+    "conf_rbd_qos_write_bps_limit",
+];
+
+fn not_provided(what: &str) -> Error {
+    Error::Unimplemented(format!("{what}: not provided by this host"))
+}
 
 /// One image as the fake holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,14 +125,14 @@ fn children_of(pools: &BTreeMap<Target, Pool>, t: &Target, image: &str, snap: &s
 impl Rbd for FakeRbd {
     fn create(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         name: &str,
         size_bytes: u64,
         features: &[String],
         data_pool: Option<&str>,
         metadata: &[(String, String)],
-        _: &[SecretRef],
     ) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("create", t, |pools| {
             if let Some(dp) = data_pool {
                 let dt = Target::new(t.cluster.clone(), dp);
@@ -142,7 +156,8 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn info(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<Option<ImageInfo>, Error> {
+    fn info(&self, pool: &RbdPool, name: &str) -> Result<Option<ImageInfo>, Error> {
+        let t = &Target::of(pool);
         self.with("info", t, |pools| {
             Ok(pools.get(t).and_then(|p| p.images.get(name)).map(|i| ImageInfo {
                 name: name.to_owned(),
@@ -153,7 +168,8 @@ impl Rbd for FakeRbd {
             }))
         })
     }
-    fn find_by_metadata(&self, t: &Target, key: &str, value: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+    fn find_by_metadata(&self, pool: &RbdPool, key: &str, value: &str) -> Result<Vec<String>, Error> {
+        let t = &Target::of(pool);
         self.with("find_by_metadata", t, |pools| {
             let images = pools.get(t).map(|p| &p.images).into_iter().flatten();
             Ok(images
@@ -162,7 +178,8 @@ impl Rbd for FakeRbd {
                 .collect())
         })
     }
-    fn remove(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn remove(&self, pool: &RbdPool, name: &str) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("remove", t, |pools| {
             let pool = pools.get_mut(t).ok_or_else(|| not_granted(t))?;
             match pool.images.get(name) {
@@ -177,7 +194,8 @@ impl Rbd for FakeRbd {
             }
         })
     }
-    fn resize(&self, t: &Target, name: &str, size_bytes: u64, _: &[SecretRef]) -> Result<(), Error> {
+    fn resize(&self, pool: &RbdPool, name: &str, size_bytes: u64) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("resize", t, |pools| {
             let i = image(pools, t, name)?;
             if size_bytes < i.size_bytes {
@@ -190,7 +208,8 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn snapshot_create(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<ImageSnapshot, Error> {
+    fn snapshot_create(&self, pool: &RbdPool, name: &str, snap: &str) -> Result<ImageSnapshot, Error> {
+        let t = &Target::of(pool);
         let now = self.clock.now();
         self.with("snapshot_create", t, |pools| {
             let i = image(pools, t, name)?;
@@ -202,7 +221,8 @@ impl Rbd for FakeRbd {
             Ok(s)
         })
     }
-    fn snapshot_remove(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn snapshot_remove(&self, pool: &RbdPool, name: &str, snap: &str) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("snapshot_remove", t, |pools| {
             let children = children_of(pools, t, name, snap);
             let i = image(pools, t, name)?;
@@ -219,7 +239,8 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn snapshot_protect(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn snapshot_protect(&self, pool: &RbdPool, name: &str, snap: &str) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("snapshot_protect", t, |pools| {
             let i = image(pools, t, name)?;
             let s = i
@@ -231,19 +252,20 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn snapshot_list(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<Vec<ImageSnapshot>, Error> {
+    fn snapshot_list(&self, pool: &RbdPool, name: &str) -> Result<Vec<ImageSnapshot>, Error> {
+        let t = &Target::of(pool);
         self.with("snapshot_list", t, |pools| Ok(image(pools, t, name)?.snapshots.clone()))
     }
     fn clone_image(
         &self,
-        t: &Target,
+        pool: &RbdPool,
         name: &str,
         snap: &str,
         child_pool: &str,
         child: &str,
         features: &[String],
-        _: &[SecretRef],
     ) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("clone_image", t, |pools| {
             let ct = Target::new(t.cluster.clone(), child_pool);
             if !pools.contains_key(&ct) {
@@ -271,13 +293,15 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn flatten(&self, t: &Target, name: &str, _: &[SecretRef]) -> Result<(), Error> {
+    fn flatten(&self, pool: &RbdPool, name: &str) -> Result<(), Error> {
+        let t = &Target::of(pool);
         self.with("flatten", t, |pools| {
             image(pools, t, name)?.parent = None;
             Ok(())
         })
     }
-    fn children(&self, t: &Target, name: &str, snap: &str, _: &[SecretRef]) -> Result<Vec<String>, Error> {
+    fn children(&self, pool: &RbdPool, name: &str, snap: &str) -> Result<Vec<String>, Error> {
+        let t = &Target::of(pool);
         self.with("children", t, |pools| {
             if !image(pools, t, name)?.snapshots.iter().any(|s| s.name == snap) {
                 return Err(Error::NotFound(format!("snapshot {name}@{snap} does not exist")));
@@ -285,13 +309,36 @@ impl Rbd for FakeRbd {
             Ok(children_of(pools, t, name, snap))
         })
     }
-    fn stats(&self, t: &Target, _: &[SecretRef]) -> Result<PoolStats, Error> {
+    fn stats(&self, pool: &RbdPool) -> Result<PoolStats, Error> {
+        let t = &Target::of(pool);
         self.with("stats", t, |pools| {
             let pool = pools.get(t).ok_or_else(|| not_granted(t))?;
             let total = pool.total_bytes.unwrap_or(TOTAL_BYTES);
             let used: u64 = pool.images.values().map(|i| i.size_bytes).sum();
             Ok(PoolStats { total_bytes: total, available_bytes: total.saturating_sub(used) })
         })
+    }
+    fn set_qos(&self, pool: &RbdPool, image_name: &str, limits: &IoLimits) -> Result<(), Error> {
+        let t = &Target::of(pool);
+        self.with("set_qos", t, |pools| {
+            let i = image(pools, t, image_name)?;
+            let values = [limits.read_iops, limits.write_iops, limits.read_bytes_per_second, limits.write_bytes_per_second];
+            for (key, value) in QOS_KEYS.iter().zip(values) {
+                match value {
+                    0 => i.metadata.remove(*key),
+                    v => i.metadata.insert((*key).to_owned(), v.to_string()),
+                };
+            }
+            Ok(())
+        })
+    }
+    fn group_snapshot(&self, pool: &RbdPool, _: &str, _: &[String], _: &str) -> Result<Vec<ImageSnapshot>, Error> {
+        let t = &Target::of(pool);
+        self.with("group_snapshot", t, |_| Err(not_provided("rbd group-snapshot: RBD group snapshots")))
+    }
+    fn group_snapshot_remove(&self, pool: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
+        let t = &Target::of(pool);
+        self.with("group_snapshot_remove", t, |_| Err(not_provided("rbd group-snapshot-remove: RBD group snapshots")))
     }
 }
 
@@ -303,27 +350,46 @@ mod tests {
     fn clones_pin_their_snapshot_until_flattened() {
         let r = FakeRbd::default();
         let t = r.add_pool("c", "p");
+        let p = &t.pool(&[]);
         let meta = [("k".to_owned(), "v".to_owned())];
-        r.create(&t, "img", 10, &[], None, &meta, &[]).expect("create");
-        assert!(matches!(r.create(&t, "img", 10, &[], None, &[], &[]), Err(Error::AlreadyExists(_))));
-        r.snapshot_create(&t, "img", "s", &[]).expect("snapshot");
-        r.clone_image(&t, "img", "s", "p", "child", &[], &[]).expect("clone");
-        let info = r.info(&t, "child", &[]).expect("info").expect("exists");
+        r.create(p, "img", 10, &[], None, &meta).expect("create");
+        assert!(matches!(r.create(p, "img", 10, &[], None, &[]), Err(Error::AlreadyExists(_))));
+        r.snapshot_create(p, "img", "s").expect("snapshot");
+        r.clone_image(p, "img", "s", "p", "child", &[]).expect("clone");
+        let info = r.info(p, "child").expect("info").expect("exists");
         assert_eq!(
             (info.parent.as_deref(), info.metadata.as_slice(), info.size_bytes),
             (Some("p/img@s"), &meta[..], 10)
         );
-        assert_eq!(r.children(&t, "img", "s", &[]), Ok(vec!["p/child".to_owned()]));
-        assert!(matches!(r.snapshot_remove(&t, "img", "s", &[]), Err(Error::FailedPrecondition(_))));
-        assert!(matches!(r.remove(&t, "img", &[]), Err(Error::FailedPrecondition(_))), "it has a snapshot");
-        r.flatten(&t, "child", &[]).expect("flatten");
-        r.snapshot_remove(&t, "img", "s", &[]).expect("no clones left");
-        r.snapshot_remove(&t, "img", "s", &[]).expect("absent snapshot");
-        r.remove(&t, "img", &[]).expect("remove");
-        r.remove(&t, "img", &[]).expect("absent image");
-        assert!(matches!(r.snapshot_list(&t, "img", &[]), Err(Error::NotFound(_))));
-        assert!(matches!(r.resize(&t, "child", 5, &[]), Err(Error::OutOfRange(_))));
-        assert!(matches!(r.info(&Target::new("c", "other"), "x", &[]), Err(Error::PermissionDenied(_))));
-        assert_eq!(r.find_by_metadata(&t, "k", "v", &[]), Ok(vec!["child".to_owned()]));
+        assert_eq!(r.children(p, "img", "s"), Ok(vec!["p/child".to_owned()]));
+        assert!(matches!(r.snapshot_remove(p, "img", "s"), Err(Error::FailedPrecondition(_))));
+        assert!(matches!(r.remove(p, "img"), Err(Error::FailedPrecondition(_))), "it has a snapshot");
+        r.flatten(p, "child").expect("flatten");
+        r.snapshot_remove(p, "img", "s").expect("no clones left");
+        r.snapshot_remove(p, "img", "s").expect("absent snapshot");
+        r.remove(p, "img").expect("remove");
+        r.remove(p, "img").expect("absent image");
+        assert!(matches!(r.snapshot_list(p, "img"), Err(Error::NotFound(_))));
+        assert!(matches!(r.resize(p, "child", 5), Err(Error::OutOfRange(_))));
+        assert!(matches!(r.info(&Target::new("c", "other").pool(&[]), "x"), Err(Error::PermissionDenied(_))));
+        assert_eq!(r.find_by_metadata(p, "k", "v"), Ok(vec!["child".to_owned()]));
+    }
+
+    #[test]
+    fn qos_limits_are_image_metadata_and_group_snapshots_are_not_provided() {
+        let r = FakeRbd::default();
+        let p = &r.add_pool("c", "p").pool(&[]);
+        r.create(p, "img", 10, &[], None, &[]).expect("create");
+        let limits = IoLimits { read_iops: 100, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 1 << 20 };
+        r.set_qos(p, "img", &limits).expect("set");
+        let meta = r.image(&Target::of(p), "img").expect("image").metadata;
+        assert_eq!(meta.get("conf_rbd_qos_read_iops_limit").map(String::as_str), Some("100"));
+        assert_eq!(meta.get("conf_rbd_qos_write_bps_limit").map(String::as_str), Some("1048576"));
+        assert!(!meta.contains_key("conf_rbd_qos_write_iops_limit"), "0 sets no limit");
+        r.set_qos(p, "img", &IoLimits::UNLIMITED).expect("lift");
+        assert!(r.image(&Target::of(p), "img").expect("image").metadata.is_empty());
+        assert!(matches!(r.set_qos(p, "nope", &limits), Err(Error::NotFound(_))));
+        let e = r.group_snapshot(p, "g", &["img".into()], "s").expect_err("not provided");
+        assert!(matches!(&e, Error::Unimplemented(m) if m.ends_with("not provided by this host")), "{e:?}");
     }
 }

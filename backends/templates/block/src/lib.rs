@@ -8,7 +8,7 @@
 //!
 //! Build the component with `cargo build --release --target wasm32-wasip2`; README.md says how
 //! to test it and drop it in.
-use wasmcsi_backend_sdk::block::ReplicaSet;
+use wasmcsi_backend_sdk::block::{Placement, ReplicaSet};
 use wasmcsi_backend_sdk::names::is_local_id;
 use wasmcsi_backend_sdk::prelude::*;
 
@@ -72,7 +72,8 @@ impl Backend for MyBackend {
         }
         nodes.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then_with(|| a.name.cmp(&b.name)));
         let placed: Vec<String> = nodes.into_iter().take(REPLICAS).map(|n| n.name).collect();
-        let set = h.block().create(&id, size, &placed, None, &[Pair { key: "csi.name".into(), value: req.name.clone() }])?;
+        let placements: Vec<Placement> = placed.iter().map(Placement::on).collect();
+        let set = h.block().create(&id, size, &placements, None, &[Pair { key: "csi.name".into(), value: req.name.clone() }])?;
         h.log().info("volume created", &[("volume", &id), ("nodes", &placed.join(","))]);
         Ok(Volume::new(id, set.size_bytes))
     }
@@ -109,9 +110,15 @@ impl Backend for MyBackend {
         Ok(check_parameters(&params).err().map(|e| format!("{e:?}")).or_else(|| unsupported_capability(&caps)))
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
         let set = find(h, &id)?;
-        Ok(Attachment::ReplicatedBlock(BlockPlan { volume_id: set.id, size_bytes: set.size_bytes, fs_type: String::new() }))
+        Ok(Attachment::ReplicatedBlock(BlockPlan {
+            volume_id: set.id,
+            size_bytes: set.size_bytes,
+            fs_type: String::new(),
+            frontend: None,
+            encryption: None,
+        }))
     }
 }
 

@@ -33,12 +33,12 @@ fn create_places_replicas_on_the_emptiest_nodes_and_is_idempotent() {
     let listed = MyBackend::list_volumes(&h, 0, String::new()).unwrap().entries;
     assert_eq!(listed, [VolumeStatus { volume: v.clone(), condition: None }]);
     let cap = request("x", 0, &[]).capabilities.remove(0);
-    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone()).unwrap();
+    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone(), vec![]).unwrap();
     assert_eq!(plan, Attachment::ReplicatedBlock(BlockPlan { volume_id: v.volume_id.clone(), size_bytes: 5 << 20, fs_type: String::new() }));
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     assert!(h.block.replica_set(&v.volume_id).is_none());
-    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap), Err(Error::NotFound(_))));
+    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap, vec![]), Err(Error::NotFound(_))));
 }
 
 #[test]

@@ -135,7 +135,7 @@ impl Backend for MyBackend {
         Ok(Capacity { available_bytes: space.available_bytes, maximum_volume_bytes: space.available_bytes, minimum_volume_bytes: 0 })
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Res<Attachment> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability, _: Vec<SecretRef>) -> Res<Attachment> {
         let (root, capacity_bytes) = find(h, &id)?;
         if cap.is_block() {
             return Err(Error::FailedPrecondition("a directory volume is no block device".into()));

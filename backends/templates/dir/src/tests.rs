@@ -33,12 +33,12 @@ fn create_is_idempotent_and_delete_removes_the_volume() {
     assert!(matches!(MyBackend::create_volume(&h, request("pvc-1", 6 << 20)), Err(Error::AlreadyExists(_))));
     let listed = MyBackend::list_volumes(&h, 0, String::new()).unwrap().entries;
     assert_eq!(listed, [VolumeStatus { volume: v.clone(), condition: None }]);
-    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], request("x", 0).capabilities[0].clone()).unwrap();
+    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], request("x", 0).capabilities[0].clone(), vec![]).unwrap();
     assert_eq!(plan, Attachment::Bind(BindPlan { root: "default".into(), path: format!("volumes/{}", v.volume_id), capacity_bytes: 5 << 20 }));
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     assert_eq!(h.dir.paths("default"), ["meta", "volumes"], "nothing of the volume left");
-    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], request("x", 0).capabilities[0].clone()), Err(Error::NotFound(_))));
+    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], request("x", 0).capabilities[0].clone(), vec![]), Err(Error::NotFound(_))));
 }
 
 #[test]

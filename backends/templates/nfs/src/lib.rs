@@ -148,7 +148,7 @@ impl Backend for MyBackend {
         Ok(why.or_else(|| unsupported_capability(&caps)))
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
         let Record { export, .. } = find(h, &id)?;
         if cap.is_block() {
             return Err(Error::FailedPrecondition("an NFS volume is no block device".into()));

@@ -32,14 +32,14 @@ fn create_is_idempotent_and_delete_removes_directory_and_record() {
     let listed = MyBackend::list_volumes(&h, 0, String::new()).unwrap().entries;
     assert_eq!(listed, [VolumeStatus { volume: v.clone(), condition: None }]);
     let cap = request("x", 0, &[]).capabilities.remove(0);
-    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone()).unwrap();
+    let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone(), vec![]).unwrap();
     let path = format!("volumes/{}", v.volume_id);
     assert_eq!(plan, Attachment::Nfs(NfsPlan { server: "nfs.example".into(), share: "/export".into(), path, mount_options: vec![] }));
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     assert_eq!(h.nfs.paths(&export), ["volumes"]);
     assert!(h.kv.entries().is_empty());
-    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap), Err(Error::NotFound(_))));
+    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap, vec![]), Err(Error::NotFound(_))));
 }
 
 #[test]

@@ -105,10 +105,10 @@ impl Backend for MyBackend {
         }
         let secrets = &req.secrets;
         // An image from an earlier attempt that crashed before its record: made by us, reused.
-        let made = match h.rbd().info(&target, &id, secrets)? {
+        let made = match h.rbd().info(&target.pool(secrets), &id)? {
             Some(image) => image.size_bytes,
             None => {
-                h.rbd().create(&target, &id, size, &["layering".into()], None, &[("csi.name".into(), req.name.clone())], secrets)?;
+                h.rbd().create(&target.pool(secrets), &id, size, &["layering".into()], None, &[("csi.name".into(), req.name.clone())])?;
                 size
             }
         };
@@ -121,7 +121,7 @@ impl Backend for MyBackend {
     fn delete_volume(h: &impl Host, id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
         let Some(rec) = record(h, &id)? else { return Ok(()) }; // already gone
         // The image first: the record stays until nothing is left, so a retry finds it again.
-        h.rbd().remove(&rec.target, &id, &secrets)?;
+        h.rbd().remove(&rec.target.pool(&secrets), &id)?;
         h.kv().delete(&format!("volumes/{id}"))
     }
 
@@ -156,11 +156,13 @@ impl Backend for MyBackend {
         Ok(why.or_else(|| unsupported_capability(&caps)))
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability) -> Result<Attachment, Error> {
+    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, _: VolumeCapability, given: Vec<SecretRef>) -> Result<Attachment, Error> {
         let Record { target, .. } = find(h, &id)?;
-        // ceph-csi's node-stage secret keys: the host resolves them against NodeStage's secrets.
-        let secrets = ["userID", "userKey"].map(|key| SecretRef { key: key.into(), handle: 0 }).to_vec();
-        Ok(Attachment::Rbd(RbdPlan { cluster: target.cluster, pool: target.pool, image: id, secrets }))
+        // ceph-csi's node-stage secret keys, by the handles of the NodeStage secrets this call
+        // was given (the node resolves them by key where there are none).
+        let handle = |key: &str| given.iter().find(|r| r.key == key).map_or(0, |r| r.handle);
+        let secrets = ["userID", "userKey"].map(|key| SecretRef { key: key.into(), handle: handle(key) }).to_vec();
+        Ok(Attachment::Rbd(RbdPlan { cluster: target.cluster, pool: target.pool, image: id, secrets, encryption: None }))
     }
 }
 

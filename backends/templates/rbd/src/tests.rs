@@ -32,14 +32,14 @@ fn create_is_idempotent_rounds_to_mib_and_delete_removes_image_and_record() {
     let listed = MyBackend::list_volumes(&h, 0, String::new()).unwrap().entries;
     assert_eq!(listed, [VolumeStatus { volume: v.clone(), condition: None }]);
     let cap = request("x", 0, &[]).capabilities.remove(0);
-    match MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone()).unwrap() {
+    match MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone(), vec![]).unwrap() {
         Attachment::Rbd(plan) => assert_eq!((plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()), ("ceph", "rbd", v.volume_id.as_str())),
         other => panic!("not an rbd plan: {other:?}"),
     }
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     assert!(h.rbd.images(&pool).is_empty() && h.kv.entries().is_empty());
-    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap), Err(Error::NotFound(_))));
+    assert!(matches!(MyBackend::attach_plan(&h, v.volume_id, vec![], cap, vec![]), Err(Error::NotFound(_))));
 }
 
 #[test]

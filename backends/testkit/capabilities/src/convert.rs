@@ -112,6 +112,12 @@ mod r {
 mod sr {
     pub use wasmcsi_backend_sdk::rbd::*;
 }
+mod k {
+    pub use super::ours::backup::*;
+}
+mod sk {
+    pub use wasmcsi_backend_sdk::backup::*;
+}
 
 cases!(payload t::Error, st::Error {
     InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, OutOfRange, ResourceExhausted, Unavailable, Aborted,
@@ -119,22 +125,35 @@ cases!(payload t::Error, st::Error {
 });
 cases!(unit d::FileKind, sd::FileKind { Directory, File, Symlink, Other });
 cases!(unit b::ReplicaState, sb::ReplicaState { Healthy, Rebuilding, Stale, Unreachable });
-cases!(payload b::BlockSource, sb::BlockSource { Snapshot, Volume });
+cases!(payload b::BlockSource, sb::BlockSource { Snapshot, Volume, Backup });
+cases!(payload k::BackupSource, sk::BackupSource { BlockSnapshot, RbdSnapshot });
+cases!(unit k::BackupState, sk::BackupState { InProgress, Ready, Failed });
 record! {
     t::Pair, st::Pair { key, value };
     t::SecretRef, st::SecretRef { key, handle };
     t::Timestamp, st::Timestamp { seconds, nanos };
+    t::IoLimits, st::IoLimits { read_iops, write_iops, read_bytes_per_second, write_bytes_per_second };
     d::FileStat, sd::FileStat { kind, size, mode, uid, gid, modified };
     d::Space, sd::Space { total_bytes, available_bytes };
     n::NfsExport, sn::NfsExport { server, share };
     n::CopyProgress, sn::CopyProgress { done, bytes };
-    b::NodeInfo, sb::NodeInfo { name, free_bytes, total_bytes, labels, replicas };
-    b::Replica, sb::Replica { node, state, down_since, rebuilt_bytes, rebuild_total_bytes };
-    b::ReplicaSet, sb::ReplicaSet { id, size_bytes, replicas, attached_to, metadata, created, filling };
+    b::DiskInfo, sb::DiskInfo { name, free_bytes, total_bytes };
+    b::NodeInfo, sb::NodeInfo { name, free_bytes, total_bytes, labels, replicas, disks };
+    b::Placement, sb::Placement { node, disk };
+    b::Replica, sb::Replica { node, disk, state, down_since, rebuilt_bytes, rebuild_total_bytes };
+    b::Standby, sb::Standby { target, source_volume, last_backup };
+    b::ReplicaSet, sb::ReplicaSet {
+        id, size_bytes, replicas, attached_to, metadata, created, filling, limits, rebuild_bytes_per_second, standby
+    };
     b::BlockSnapshot, sb::BlockSnapshot { name, volume_id, size_bytes, created };
     r::ImageInfo, sr::ImageInfo { name, size_bytes, features, parent, metadata };
     r::ImageSnapshot, sr::ImageSnapshot { name, size_bytes, protected, created };
     r::PoolStats, sr::PoolStats { total_bytes, available_bytes };
+    r::RbdPool, sr::RbdPool { cluster, pool, secrets };
+    k::RbdSnapshot, sk::RbdSnapshot { cluster, pool, image, snapshot };
+    k::BackupInfo, sk::BackupInfo {
+        id, target, volume_id, snapshot, size_bytes, created, state, uploaded_bytes, total_bytes, labels, error
+    };
 }
 
 /// A fake's answer as this world's.
@@ -161,6 +180,7 @@ mod tests {
             size_bytes: 4096,
             replicas: vec![sb::Replica {
                 node: "n1".into(),
+                disk: Some("default".into()),
                 state: sb::ReplicaState::Stale,
                 down_since: Some(st::Timestamp { seconds: 5, nanos: 1 }),
                 rebuilt_bytes: 0,
@@ -170,6 +190,9 @@ mod tests {
             metadata: vec![st::Pair { key: "k".into(), value: "v".into() }],
             created: st::Timestamp { seconds: 1, nanos: 0 },
             filling: Some((1, 2)),
+            limits: st::IoLimits::UNLIMITED,
+            rebuild_bytes_per_second: 0,
+            standby: Some(sb::Standby { target: "t".into(), source_volume: "src".into(), last_backup: None }),
         };
         let ours: b::ReplicaSet = set.clone().to();
         assert_eq!(ours.replicas[0].down_since.map(|t| t.seconds), Some(5));

@@ -1,15 +1,17 @@
 //! The world's exports: each call is one call of the SDK's fake (or of [`PreopenDir`]), its
-//! arguments and answer converted by [`To`]. NFS exports and RBD pools are granted on first use.
+//! arguments and answer converted by [`To`]. NFS exports and RBD pools are granted on first use;
+//! no backup target is granted (a wasmcsi host does not provide backups yet either).
 use crate::convert::{To, answer};
 use crate::dir::PreopenDir;
-use crate::wit::exports::wasmcsi::backend::types::{Error, Pair, SecretRef};
-use crate::wit::exports::wasmcsi::backend::{block, dir, kv, log, nfs, rbd};
+use crate::wit::exports::wasmcsi::backend::types::{Error, IoLimits, Pair, SecretRef};
+use crate::wit::exports::wasmcsi::backend::{backup, block, dir, kv, log, nfs, rbd};
+use wasmcsi_backend_sdk::backup::Backup as _;
 use wasmcsi_backend_sdk::block::Block as _;
 use wasmcsi_backend_sdk::dir::Dir as _;
 use wasmcsi_backend_sdk::fake::FakeHost;
 use wasmcsi_backend_sdk::kv::Kv as _;
 use wasmcsi_backend_sdk::nfs::Nfs as _;
-use wasmcsi_backend_sdk::rbd::{Rbd as _, Target};
+use wasmcsi_backend_sdk::rbd::{Rbd as _, RbdPool};
 use wasmcsi_backend_sdk::{self as sdk};
 
 struct State {
@@ -38,8 +40,11 @@ fn export_of(target: nfs::NfsExport, s: &State) -> sdk::nfs::NfsExport {
     s.fakes.nfs.add_export(&target.server, &target.share)
 }
 
-fn pool(cluster: &str, pool: &str, s: &State) -> Target {
-    s.fakes.rbd.add_pool(cluster, pool)
+/// The pool as the SDK's fake takes it, granted (every pool is, on first use).
+fn granted(pool: rbd::RbdPool, s: &State) -> RbdPool {
+    let pool: RbdPool = pool.to();
+    s.fakes.rbd.add_pool(&pool.cluster, &pool.pool);
+    pool
 }
 
 fn secrets(list: Vec<SecretRef>) -> Vec<sdk::types::SecretRef> {
@@ -160,13 +165,14 @@ impl block::Guest for Provider {
     fn create(
         id: String,
         size_bytes: u64,
-        nodes: Vec<String>,
+        placements: Vec<block::Placement>,
         source: Option<block::BlockSource>,
         metadata: Vec<Pair>,
     ) -> Result<block::ReplicaSet, Error> {
+        let placements: Vec<sdk::block::Placement> = placements.to();
         let source: Option<sdk::block::BlockSource> = source.to();
         let metadata: Vec<sdk::types::Pair> = metadata.to();
-        with(|s| answer(s.fakes.block.create(&id, size_bytes, &nodes, source.as_ref(), &metadata)))
+        with(|s| answer(s.fakes.block.create(&id, size_bytes, &placements, source.as_ref(), &metadata)))
     }
     fn get(id: String) -> Result<Option<block::ReplicaSet>, Error> {
         with(|s| answer(s.fakes.block.get(&id)))
@@ -184,8 +190,9 @@ impl block::Guest for Provider {
     fn expand(id: String, size_bytes: u64) -> Result<block::ReplicaSet, Error> {
         with(|s| answer(s.fakes.block.expand(&id, size_bytes)))
     }
-    fn replace(id: String, node: String, with_node: String) -> Result<block::ReplicaSet, Error> {
-        with(|s| answer(s.fakes.block.replace(&id, &node, &with_node)))
+    fn replace(id: String, replica: block::Placement, with_placement: block::Placement) -> Result<block::ReplicaSet, Error> {
+        let (replica, to): (sdk::block::Placement, sdk::block::Placement) = (replica.to(), with_placement.to());
+        with(|s| answer(s.fakes.block.replace(&id, &replica, &to)))
     }
     fn snapshot(id: String, name: String) -> Result<block::BlockSnapshot, Error> {
         with(|s| answer(s.fakes.block.snapshot(&id, &name)))
@@ -196,127 +203,142 @@ impl block::Guest for Provider {
     fn list_snapshots(id: Option<String>) -> Result<Vec<block::BlockSnapshot>, Error> {
         with(|s| answer(s.fakes.block.list_snapshots(id.as_deref())))
     }
+    fn set_limits(id: String, limits: IoLimits, rebuild_bytes_per_second: u64) -> Result<block::ReplicaSet, Error> {
+        let limits: sdk::types::IoLimits = limits.to();
+        with(|s| answer(s.fakes.block.set_limits(&id, &limits, rebuild_bytes_per_second)))
+    }
+    fn add_replica(id: String, placement: block::Placement) -> Result<block::ReplicaSet, Error> {
+        let placement: sdk::block::Placement = placement.to();
+        with(|s| answer(s.fakes.block.add_replica(&id, &placement)))
+    }
+    fn remove_replica(id: String, replica: block::Placement) -> Result<block::ReplicaSet, Error> {
+        let replica: sdk::block::Placement = replica.to();
+        with(|s| answer(s.fakes.block.remove_replica(&id, &replica)))
+    }
+    fn snapshot_group(ids: Vec<String>, name: String) -> Result<Vec<block::BlockSnapshot>, Error> {
+        with(|s| answer(s.fakes.block.snapshot_group(&ids, &name)))
+    }
+    fn follow(id: String, target: String, source_volume: String) -> Result<block::ReplicaSet, Error> {
+        with(|s| answer(s.fakes.block.follow(&id, &target, &source_volume)))
+    }
+    fn activate(id: String) -> Result<block::ReplicaSet, Error> {
+        with(|s| answer(s.fakes.block.activate(&id)))
+    }
 }
 
 impl rbd::Guest for Provider {
     fn create(
-        cluster: String,
-        pool_name: String,
+        pool: rbd::RbdPool,
         name: String,
         size_bytes: u64,
         features: Vec<String>,
         data_pool: Option<String>,
         metadata: Vec<(String, String)>,
-        secret_refs: Vec<SecretRef>,
     ) -> Result<(), Error> {
         with(|s| {
-            let t = pool(&cluster, &pool_name, s);
-            let sec = secrets(secret_refs);
-            answer(s.fakes.rbd.create(&t, &name, size_bytes, &features, data_pool.as_deref(), &metadata, &sec))
+            let p = granted(pool, s);
+            if let Some(dp) = &data_pool {
+                s.fakes.rbd.add_pool(&p.cluster, dp);
+            }
+            answer(s.fakes.rbd.create(&p, &name, size_bytes, &features, data_pool.as_deref(), &metadata))
         })
     }
-    fn info(
-        cluster: String,
-        pool_name: String,
-        name: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<Option<rbd::ImageInfo>, Error> {
-        with(|s| answer(s.fakes.rbd.info(&pool(&cluster, &pool_name, s), &name, &secrets(secret_refs))))
+    fn info(pool: rbd::RbdPool, name: String) -> Result<Option<rbd::ImageInfo>, Error> {
+        with(|s| answer(s.fakes.rbd.info(&granted(pool, s), &name)))
     }
-    fn find_by_metadata(
-        cluster: String,
-        pool_name: String,
-        key: String,
-        value: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<Vec<String>, Error> {
-        with(|s| {
-            answer(s.fakes.rbd.find_by_metadata(&pool(&cluster, &pool_name, s), &key, &value, &secrets(secret_refs)))
-        })
+    fn find_by_metadata(pool: rbd::RbdPool, key: String, value: String) -> Result<Vec<String>, Error> {
+        with(|s| answer(s.fakes.rbd.find_by_metadata(&granted(pool, s), &key, &value)))
     }
-    fn remove(cluster: String, pool_name: String, name: String, secret_refs: Vec<SecretRef>) -> Result<(), Error> {
-        with(|s| answer(s.fakes.rbd.remove(&pool(&cluster, &pool_name, s), &name, &secrets(secret_refs))))
+    fn remove(pool: rbd::RbdPool, name: String) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.remove(&granted(pool, s), &name)))
     }
-    fn resize(
-        cluster: String,
-        pool_name: String,
-        name: String,
-        size_bytes: u64,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        with(|s| answer(s.fakes.rbd.resize(&pool(&cluster, &pool_name, s), &name, size_bytes, &secrets(secret_refs))))
+    fn resize(pool: rbd::RbdPool, name: String, size_bytes: u64) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.resize(&granted(pool, s), &name, size_bytes)))
     }
-    fn snapshot_create(
-        cluster: String,
-        pool_name: String,
-        image: String,
-        snap: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<rbd::ImageSnapshot, Error> {
-        with(|s| {
-            answer(s.fakes.rbd.snapshot_create(&pool(&cluster, &pool_name, s), &image, &snap, &secrets(secret_refs)))
-        })
+    fn snapshot_create(pool: rbd::RbdPool, image: String, snap: String) -> Result<rbd::ImageSnapshot, Error> {
+        with(|s| answer(s.fakes.rbd.snapshot_create(&granted(pool, s), &image, &snap)))
     }
-    fn snapshot_remove(
-        cluster: String,
-        pool_name: String,
-        image: String,
-        snap: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        with(|s| {
-            answer(s.fakes.rbd.snapshot_remove(&pool(&cluster, &pool_name, s), &image, &snap, &secrets(secret_refs)))
-        })
+    fn snapshot_remove(pool: rbd::RbdPool, image: String, snap: String) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.snapshot_remove(&granted(pool, s), &image, &snap)))
     }
-    fn snapshot_protect(
-        cluster: String,
-        pool_name: String,
-        image: String,
-        snap: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        with(|s| {
-            answer(s.fakes.rbd.snapshot_protect(&pool(&cluster, &pool_name, s), &image, &snap, &secrets(secret_refs)))
-        })
+    fn snapshot_protect(pool: rbd::RbdPool, image: String, snap: String) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.snapshot_protect(&granted(pool, s), &image, &snap)))
     }
-    fn snapshot_list(
-        cluster: String,
-        pool_name: String,
-        image: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<Vec<rbd::ImageSnapshot>, Error> {
-        with(|s| answer(s.fakes.rbd.snapshot_list(&pool(&cluster, &pool_name, s), &image, &secrets(secret_refs))))
+    fn snapshot_list(pool: rbd::RbdPool, image: String) -> Result<Vec<rbd::ImageSnapshot>, Error> {
+        with(|s| answer(s.fakes.rbd.snapshot_list(&granted(pool, s), &image)))
     }
     fn clone(
-        cluster: String,
-        pool_name: String,
+        pool: rbd::RbdPool,
         image: String,
         snap: String,
         child_pool: String,
         child: String,
         features: Vec<String>,
-        secret_refs: Vec<SecretRef>,
     ) -> Result<(), Error> {
         with(|s| {
+            let p = granted(pool, s);
             // The child's pool is granted too (a clone may go to another pool of the cluster).
-            pool(&cluster, &child_pool, s);
-            let t = pool(&cluster, &pool_name, s);
-            answer(s.fakes.rbd.clone_image(&t, &image, &snap, &child_pool, &child, &features, &secrets(secret_refs)))
+            s.fakes.rbd.add_pool(&p.cluster, &child_pool);
+            answer(s.fakes.rbd.clone_image(&p, &image, &snap, &child_pool, &child, &features))
         })
     }
-    fn flatten(cluster: String, pool_name: String, image: String, secret_refs: Vec<SecretRef>) -> Result<(), Error> {
-        with(|s| answer(s.fakes.rbd.flatten(&pool(&cluster, &pool_name, s), &image, &secrets(secret_refs))))
+    fn flatten(pool: rbd::RbdPool, image: String) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.flatten(&granted(pool, s), &image)))
     }
-    fn children(
-        cluster: String,
-        pool_name: String,
-        image: String,
+    fn children(pool: rbd::RbdPool, image: String, snap: String) -> Result<Vec<String>, Error> {
+        with(|s| answer(s.fakes.rbd.children(&granted(pool, s), &image, &snap)))
+    }
+    fn stats(pool: rbd::RbdPool) -> Result<rbd::PoolStats, Error> {
+        with(|s| answer(s.fakes.rbd.stats(&granted(pool, s))))
+    }
+    fn set_qos(pool: rbd::RbdPool, image: String, limits: IoLimits) -> Result<(), Error> {
+        let limits: sdk::types::IoLimits = limits.to();
+        with(|s| answer(s.fakes.rbd.set_qos(&granted(pool, s), &image, &limits)))
+    }
+    fn group_snapshot(
+        pool: rbd::RbdPool,
+        group: String,
+        images: Vec<String>,
         snap: String,
-        secret_refs: Vec<SecretRef>,
-    ) -> Result<Vec<String>, Error> {
-        with(|s| answer(s.fakes.rbd.children(&pool(&cluster, &pool_name, s), &image, &snap, &secrets(secret_refs))))
+    ) -> Result<Vec<rbd::ImageSnapshot>, Error> {
+        with(|s| answer(s.fakes.rbd.group_snapshot(&granted(pool, s), &group, &images, &snap)))
     }
-    fn stats(cluster: String, pool_name: String, secret_refs: Vec<SecretRef>) -> Result<rbd::PoolStats, Error> {
-        with(|s| answer(s.fakes.rbd.stats(&pool(&cluster, &pool_name, s), &secrets(secret_refs))))
+    fn group_snapshot_remove(pool: rbd::RbdPool, group: String, snap: String) -> Result<(), Error> {
+        with(|s| answer(s.fakes.rbd.group_snapshot_remove(&granted(pool, s), &group, &snap)))
+    }
+}
+
+impl backup::Guest for Provider {
+    fn targets() -> Vec<String> {
+        with(|s| s.fakes.backup.targets())
+    }
+    fn start(
+        target: String,
+        name: String,
+        source: backup::BackupSource,
+        labels: Vec<Pair>,
+        secret_refs: Vec<SecretRef>,
+    ) -> Result<backup::BackupInfo, Error> {
+        let source: sdk::backup::BackupSource = source.to();
+        let labels: Vec<sdk::types::Pair> = labels.to();
+        with(|s| answer(s.fakes.backup.start(&target, &name, &source, &labels, &secrets(secret_refs))))
+    }
+    fn get(target: String, id: String, secret_refs: Vec<SecretRef>) -> Result<Option<backup::BackupInfo>, Error> {
+        with(|s| answer(s.fakes.backup.get(&target, &id, &secrets(secret_refs))))
+    }
+    fn list(
+        target: String,
+        volume_id: Option<String>,
+        start_after: Option<String>,
+        limit: u32,
+        secret_refs: Vec<SecretRef>,
+    ) -> Result<Vec<backup::BackupInfo>, Error> {
+        with(|s| {
+            let list = s.fakes.backup.list(&target, volume_id.as_deref(), start_after.as_deref(), limit, &secrets(secret_refs));
+            answer(list)
+        })
+    }
+    fn delete(target: String, id: String, secret_refs: Vec<SecretRef>) -> Result<(), Error> {
+        with(|s| answer(s.fakes.backup.delete(&target, &id, &secrets(secret_refs))))
     }
 }

@@ -3,10 +3,12 @@
 //! no wasmcsi host behind it, so that the plain `wasmtime run` can drive a backend.
 //!
 //! - `log`: one line per call on stderr (`LEVEL message key=value ...`);
-//! - `kv`, `nfs`, `rbd`, `block`: the SDK's in-memory fakes ([`wasmcsi_backend_sdk::fake`]), the
-//!   same semantics the SDK's unit tests run against. They grant what the backend names (any NFS
-//!   export, any cluster's pool) and offer three replica nodes: grant scoping is the real host's
-//!   business, checked by `wasmcsi backend check`;
+//! - `kv`, `nfs`, `rbd`, `block`, `backup`: the SDK's in-memory fakes
+//!   ([`wasmcsi_backend_sdk::fake`]), the same semantics the SDK's unit tests run against,
+//!   answering what a wasmcsi host does not provide yet as the host does (`unimplemented`). They
+//!   grant what the backend names (any NFS export, any cluster's pool), offer three replica nodes
+//!   and no backup target: grant scoping is the real host's business, checked by `wasmcsi
+//!   backend check`;
 //! - `dir`: real files ([`dir`]) under the WASI directory preopened as `/`, granted as the root
 //!   `default` (`wasmtime run --dir ROOT::/`).
 //!

@@ -101,6 +101,8 @@ fn feature_name(f: Feature) -> &'static str {
         Feature::NodeExpansion => "node-expansion",
         Feature::GetSnapshot => "get-snapshot",
         Feature::SelfHealing => "self-healing",
+        Feature::ModifyVolume => "modify-volume",
+        Feature::GroupSnapshots => "group-snapshots",
     }
 }
 
@@ -198,6 +200,7 @@ impl Suite {
             secrets: self.secrets.clone(),
             content_source: None,
             accessibility: None,
+            mutable_parameters: vec![],
         }
     }
 
@@ -345,7 +348,8 @@ impl Suite {
         };
         self.report.judge(VALIDATE, verdict);
 
-        let answer = driver::attach_plan(&v.volume_id, &v.volume_context, &mount_capability());
+        // The profile's secrets stand for NodeStageVolume's.
+        let answer = driver::attach_plan(&v.volume_id, &v.volume_context, &mount_capability(), &self.secrets);
         self.report.judge(PLAN, answer.map(drop).map_err(|e| describe(&e)));
         Some(v)
     }

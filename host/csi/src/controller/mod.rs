@@ -161,6 +161,16 @@ impl ControllerService {
         let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("volume {name}")).await?;
 
+        // The spec lets a CO send these only to a plugin with MODIFY_VOLUME: a backend that
+        // cannot apply them must not create the volume without them.
+        if let Some(key) = req.mutable_parameters.keys().min()
+            && !backend.has_feature(wit::Feature::ModifyVolume)
+        {
+            return Err(CsiError::Invalid(format!(
+                "mutable parameter {key:?}: backend {} does not support modifying volumes",
+                backend.name
+            )));
+        }
         let secrets = convert::secrets(&req.secrets);
         let request = wit::CreateVolumeRequest {
             name: name.clone(),
@@ -173,6 +183,7 @@ impl ControllerService {
                 requisite: t.requisite.iter().map(convert::topology).collect(),
                 preferred: t.preferred.iter().map(convert::topology).collect(),
             }),
+            mutable_parameters: convert::pairs(&req.mutable_parameters),
         };
         let created = backend.create_volume(request, secrets).await?;
         let mut volume = answer::created(&backend, &created, &capacity)?;
@@ -463,7 +474,8 @@ impl ControllerService {
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(None) };
         let mut context = context.clone();
         context.remove(DIGEST_CONTEXT_KEY);
-        match backend.attach_plan(oid.local, convert::pairs(&context), cap).await {
+        // The controller reads a plan for its kind only: no NodeStageVolume secrets to give.
+        match backend.attach_plan(oid.local, convert::pairs(&context), cap, Vec::new()).await {
             Ok(plan) => Ok(Some((backend, plan))),
             Err(wasmcsi_runtime::CallError::Backend { error: wasmcsi_runtime::WitError::NotFound(_), .. }) => Ok(None),
             Err(e) => Err(e.into()),

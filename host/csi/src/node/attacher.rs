@@ -228,8 +228,10 @@ impl Attachers {
     }
 
     /// The attacher of `plan`'s kind, holding the plan. The one place a plan's kind is matched:
-    /// a new kind is its file, an arm here and a line in [`Self::unstage`].
+    /// a new kind is its file, an arm here and a line in [`Self::unstage`]. A plan asking for
+    /// what this node does not provide is refused first ([`provided`]).
     pub fn route(&self, plan: Attachment) -> CsiResult<Box<dyn PlannedVolume + '_>> {
+        provided(&plan)?;
         Ok(match plan {
             Attachment::Bind(plan) => Box::new(Planned { attacher: &self.bind, plan }),
             Attachment::Nfs(plan) => Box::new(Planned { attacher: &self.nfs, plan }),
@@ -277,6 +279,43 @@ impl Attachers {
             Ok(())
         })
         .await
+    }
+}
+
+/// The frontends this node serves replicated volumes through: FUSE + loop only (ublk and NBD
+/// are not provided by this host yet).
+const FRONTENDS: &[wit::Frontend] = &[wit::Frontend::FuseLoop];
+
+/// A plan asking for what this host does not provide is FAILED_PRECONDITION saying so, before
+/// anything is attached: encryption at rest (never an unencrypted volume instead) and a frontend
+/// the node lacks.
+pub fn provided(plan: &Attachment) -> CsiResult<()> {
+    let (encryption, frontend) = match plan {
+        Attachment::ReplicatedBlock(p) => (p.encryption.is_some(), p.frontend),
+        Attachment::Rbd(p) => (p.encryption.is_some(), None),
+        Attachment::Bind(_) | Attachment::Nfs(_) => (false, None),
+    };
+    if encryption {
+        return Err(CsiError::FailedPrecondition(
+            "the plan asks for encryption at rest, which is not provided by this host".into(),
+        ));
+    }
+    match frontend {
+        Some(f) if !FRONTENDS.contains(&f) => Err(CsiError::FailedPrecondition(format!(
+            "the plan asks for frontend {}, which is not provided by this host (it has {})",
+            frontend_name(f),
+            FRONTENDS.iter().map(|f| frontend_name(*f)).collect::<Vec<_>>().join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A frontend as the WIT names it.
+fn frontend_name(f: wit::Frontend) -> &'static str {
+    match f {
+        wit::Frontend::Ublk => "ublk",
+        wit::Frontend::Nbd => "nbd",
+        wit::Frontend::FuseLoop => "fuse-loop",
     }
 }
 
@@ -406,4 +445,48 @@ pub fn publish_device(sys: &dyn MountSystem, device: &Path, to: &Placement) -> C
             .map_err(|e| mount_err(format!("creating {}: {e}", target.display())))?;
     }
     bind_published(sys, device, to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(frontend: Option<wit::Frontend>, encrypted: bool) -> Attachment {
+        Attachment::ReplicatedBlock(wit::BlockPlan {
+            volume_id: "v".into(),
+            size_bytes: 4096,
+            fs_type: String::new(),
+            frontend,
+            encryption: encrypted.then(|| wit::Encryption { passphrase: wt::SecretRef { key: "p".into(), handle: 0 } }),
+        })
+    }
+
+    fn refusal(plan: &Attachment) -> String {
+        match provided(plan) {
+            Err(CsiError::FailedPrecondition(m)) => m,
+            other => panic!("expected FAILED_PRECONDITION for {plan:?}, got {other:?}"),
+        }
+    }
+
+    /// What this host does not provide is refused before anything is attached, saying so; the
+    /// host that provides one flips its line here.
+    #[test]
+    fn a_plan_asking_for_what_this_node_lacks_is_refused_saying_so() {
+        assert!(provided(&block(None, false)).is_ok());
+        assert!(provided(&block(Some(wit::Frontend::FuseLoop), false)).is_ok());
+        for (frontend, name) in [(wit::Frontend::Ublk, "ublk"), (wit::Frontend::Nbd, "nbd")] {
+            let m = refusal(&block(Some(frontend), false));
+            assert!(m.contains(name) && m.contains("not provided by this host") && m.contains("fuse-loop"), "{m}");
+        }
+        let m = refusal(&block(None, true));
+        assert!(m.contains("encryption") && m.contains("not provided by this host"), "{m}");
+        let rbd = Attachment::Rbd(wit::RbdPlan {
+            cluster: "c".into(),
+            pool: "p".into(),
+            image: "i".into(),
+            secrets: vec![],
+            encryption: Some(wit::Encryption { passphrase: wt::SecretRef { key: "p".into(), handle: 0 } }),
+        });
+        assert!(refusal(&rbd).contains("encryption"));
+    }
 }

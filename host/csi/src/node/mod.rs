@@ -92,6 +92,7 @@ impl NodeService {
         volume_id: &str,
         context: &HashMap<String, String>,
         cap: wit::VolumeCapability,
+        secrets: &HashMap<String, String>,
     ) -> CsiResult<Planned> {
         let (backend, oid) = self
             .0
@@ -109,7 +110,7 @@ impl NodeService {
         }
         let mut context = context.clone();
         context.remove(DIGEST_CONTEXT_KEY);
-        let plan = backend.attach_plan(oid.local.clone(), convert::pairs(&context), cap).await?;
+        let plan = backend.attach_plan(oid.local.clone(), convert::pairs(&context), cap, convert::secrets(secrets)).await?;
         Ok(Planned { backend, local_id: oid.local, plan })
     }
 
@@ -118,7 +119,7 @@ impl NodeService {
         let staging = staging_path(&req.staging_target_path)?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
-        let Planned { backend, local_id, plan } = self.plan(id, &req.volume_context, cap.clone()).await?;
+        let Planned { backend, local_id, plan } = self.plan(id, &req.volume_context, cap.clone(), &req.secrets).await?;
         let call = Stage {
             volume: Volume { id, local_id: &local_id, backend: &backend },
             staging: &staging,
@@ -149,7 +150,9 @@ impl NodeService {
         let _guard = self.0.inflight.try_start(id.to_string())?;
         // The backend says whether the volume exists (NOT_FOUND) before the mount table is
         // consulted (FAILED_PRECONDITION when it is not staged).
-        let Planned { backend, local_id, plan } = self.plan(id, &req.volume_context, cap.clone()).await?;
+        // The plan's secrets are NodeStageVolume's; publishing needs none of them.
+        let Planned { backend, local_id, plan } =
+            self.plan(id, &req.volume_context, cap.clone(), &Default::default()).await?;
         let call = Publish {
             volume: Volume { id, local_id: &local_id, backend: &backend },
             staging: &staging,
@@ -174,7 +177,8 @@ impl NodeService {
     async fn stats(&self, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let path = volume_path(&req.volume_path).await?;
-        let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), plain_mount()).await?;
+        let Planned { backend, local_id, plan } =
+            self.plan(id, &Default::default(), plain_mount(), &Default::default()).await?;
         let call = Stats { volume: Volume { id, local_id: &local_id, backend: &backend }, path: &path };
         self.attachers().route(plan)?.stats(&call).await
     }
@@ -186,7 +190,7 @@ impl NodeService {
         let cap = req.volume_capability.as_ref().map(convert::capability).transpose()?.unwrap_or_else(plain_mount);
         let path = volume_path(&req.volume_path).await?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
-        let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), cap).await?;
+        let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), cap, &Default::default()).await?;
         let call = Expand {
             volume: Volume { id, local_id: &local_id, backend: &backend },
             path: &path,

@@ -8,10 +8,7 @@
 //! would. Generated from [`crate::exports::for_each_export!`]: the exports' names and types
 //! are the table's, which this check holds to the component's WIT.
 use super::driver::{CallFuture, Driver};
-use crate::bindings::driver::{
-    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot, SnapshotPage,
-    Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
-};
+use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use crate::state::CallState;
@@ -21,7 +18,7 @@ use wasmtime::component::{ComponentExportIndex, ComponentNamedList, Instance, In
 use wasmtime::error::Context as _;
 
 /// The export this module calls into.
-const DRIVER: &str = "wasmcsi:backend/driver@0.2.0";
+const DRIVER: &str = "wasmcsi:backend/driver@0.3.0";
 
 /// One fresh instance's `driver` exports.
 #[derive(Clone, Copy)]
@@ -78,7 +75,7 @@ where
 macro_rules! current {
     ($(
         $(#[$doc:meta])*
-        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+        $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
     )*) => {
         /// Where each `driver` export is in one component.
         #[derive(Clone, Copy)]

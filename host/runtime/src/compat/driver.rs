@@ -2,10 +2,7 @@
 //! against, called with and answering the current types. Generated from
 //! [`crate::exports::for_each_export!`]; each served version implements it (`current.rs`,
 //! `v0_1.rs`).
-use crate::bindings::driver::{
-    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot, SnapshotPage,
-    Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
-};
+use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use crate::state::CallState;
@@ -20,7 +17,7 @@ pub type CallFuture<'a, R> = Pin<Box<dyn Future<Output = wasmtime::Result<Result
 macro_rules! driver_trait {
     ($(
         $(#[$doc:meta])*
-        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+        $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
     )*) => {
         /// The `driver` exports of one instance, in the current types (see the module docs). A
         /// method's future borrows the instance and the store for the call.

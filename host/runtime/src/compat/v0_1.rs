@@ -1,60 +1,38 @@
 //! Guests built against `wasmcsi:backend@0.1.0`: what their exports answer, in the current
-//! types. Owns the conversions between 0.1.0's `driver` records and 0.2.0's (every other type is
-//! shared, see [`crate::bindings::v0_1`]) and the exports 0.1.0 lacks:
+//! types. Owns the conversions between 0.1.0's `driver` records and the current ones (every
+//! other type is shared, see [`crate::bindings::v0_1`]) and the exports 0.1.0 lacks:
 //! - `get-snapshot` is answered from `list-snapshots` filtered by the id (NOT_FOUND when no
 //!   entry has it), and a backend that lists snapshots is given the `get-snapshot` feature;
-//! - `reconcile-volume` is `unimplemented` without calling the guest, as it is for a 0.2.0
-//!   backend without the `self-healing` feature: a 0.1.0 backend never has that feature, so the
-//!   host's reconcile rounds never ask it;
+//! - `reconcile-volume`, `modify-volume` and the group snapshot exports are `unimplemented`
+//!   without calling the guest, as they are for a current backend without the feature: a 0.1.0
+//!   backend never has those features, so the host never asks it;
+//! - `attach-plan` is called without the secrets 0.1.0 cannot take, and a create request
+//!   carrying `mutable-parameters` (which 0.1.0 cannot take either) is invalid-argument;
 //! - a `replicated-block` attach plan has no filesystem of its own (`fs-type` ""; the node's
-//!   default).
+//!   default), and no plan asks for a frontend or encryption.
 //!
-//! 0.1.0's `block` import is never served (`contract::BLOCK_REFUSED`): it had no provider, so no
-//! 0.1.0 backend can have used it.
+//! 0.1.0's `rbd` is 0.2.0's, served by `compat::v0_2`'s adapter; its `block` import is never
+//! served (`contract::BLOCK_REFUSED`): it had no provider, so no 0.1.0 backend can have used it.
+use super::convert::{cases, record};
 use super::driver::{CallFuture, Driver};
 use super::lend::forward;
+use super::{lacks, refuse_mutable_parameters};
 use crate::bindings::driver::{
-    self as new, Attachment, Capacity, CapacityRange, Expansion, Pair, SecretRef, Snapshot, SnapshotPage, Topology,
-    VolumeCapability, VolumePage, VolumeStatus,
+    self as new, Attachment, Capacity, CapacityRange, Expansion, GroupSnapshot, Pair, SecretRef, Snapshot,
+    SnapshotPage, Timestamp, Topology, VolumeCapability, VolumePage, VolumeStatus,
 };
 use crate::bindings::types::Error;
 use crate::bindings::v0_1::driver::{self as old, Guest};
+use crate::contract::ContractVersion;
 use crate::state::CallState;
 use wasmtime::Store;
 
-/// What `reconcile-volume` answers for a 0.1.0 backend.
-const RECONCILE_UNIMPLEMENTED: &str =
-    "reconcile-volume is not in wasmcsi:backend@0.1.0, which this backend is built against";
+/// The version this module serves, as its answers name it.
+const VERSION: ContractVersion = ContractVersion::V0_1;
 
 /// Pages of `list-snapshots` followed to find one snapshot before the answer counts as a
 /// token loop (the guest's, not the caller's fault).
 const MAX_PAGES: usize = 1_000;
-
-/// `impl From<$src> for $dst` of two records with the same fields, each converted with `Into`
-/// (a field marked `[each]` element by element).
-macro_rules! record {
-    (@field [each] $value:expr) => { $value.into_iter().map(Into::into).collect() };
-    (@field $value:expr) => { $value.into() };
-    ($($sm:ident::$st:ident => $dm:ident::$dt:ident { $($field:ident $([$each:ident])?),* $(,)? })*) => {$(
-        impl From<$sm::$st> for $dm::$dt {
-            fn from(r: $sm::$st) -> Self {
-                Self { $($field: record!(@field $([$each])? r.$field)),* }
-            }
-        }
-    )*};
-}
-
-/// `impl From<$src> for $dst` of two enums or variants with the same cases (payloads
-/// converted with `Into`). The match is exhaustive: a case 0.2.0 lacks does not compile.
-macro_rules! cases {
-    ($($sm:ident::$st:ident => $dm:ident::$dt:ident { $($case:ident $(($x:ident))?),* $(,)? })*) => {$(
-        impl From<$sm::$st> for $dm::$dt {
-            fn from(c: $sm::$st) -> Self {
-                match c { $($sm::$st::$case $(($x))? => $dm::$dt::$case $(($x.into()))?),* }
-            }
-        }
-    )*};
-}
 
 record! {
     new::CreateVolumeRequest => old::CreateVolumeRequest {
@@ -68,7 +46,6 @@ record! {
     old::Capacity => new::Capacity { available_bytes, maximum_volume_bytes, minimum_volume_bytes }
     old::BindPlan => new::BindPlan { root, path, capacity_bytes }
     old::NfsPlan => new::NfsPlan { server, share, path, mount_options }
-    old::RbdPlan => new::RbdPlan { cluster, pool, image, secrets }
 }
 
 cases! {
@@ -81,8 +58,20 @@ cases! {
 
 impl From<old::BlockPlan> for new::BlockPlan {
     fn from(p: old::BlockPlan) -> Self {
-        // 0.1.0 could not name a filesystem: the node's default.
-        Self { volume_id: p.volume_id, size_bytes: p.size_bytes, fs_type: String::new() }
+        // 0.1.0 could not name a filesystem, a frontend or encryption: the node's defaults.
+        Self {
+            volume_id: p.volume_id,
+            size_bytes: p.size_bytes,
+            fs_type: String::new(),
+            frontend: None,
+            encryption: None,
+        }
+    }
+}
+
+impl From<old::RbdPlan> for new::RbdPlan {
+    fn from(p: old::RbdPlan) -> Self {
+        Self { cluster: p.cluster, pool: p.pool, image: p.image, secrets: p.secrets, encryption: None }
     }
 }
 
@@ -124,7 +113,6 @@ impl Driver for Guest {
             starting_token: String
         ) -> SnapshotPage;
         get_capacity = call_get_capacity(capabilities: Vec<VolumeCapability>, parameters: Vec<Pair>, topology: Option<Topology>) -> Capacity;
-        attach_plan = call_attach_plan(volume_id: String, volume_context: Vec<Pair>, capability: VolumeCapability) -> Attachment;
     }
 
     fn info<'a>(&'a self, store: &'a mut Store<CallState>) -> CallFuture<'a, new::BackendInfo> {
@@ -136,7 +124,27 @@ impl Driver for Guest {
         store: &'a mut Store<CallState>,
         req: new::CreateVolumeRequest,
     ) -> CallFuture<'a, new::Volume> {
-        Box::pin(async move { self.call_create_volume(store, &req.into()).await })
+        Box::pin(async move {
+            if let Err(e) = refuse_mutable_parameters(VERSION, &req) {
+                return Ok(Err(e));
+            }
+            self.call_create_volume(store, &req.into()).await
+        })
+    }
+
+    /// The plan without the secrets, which 0.1.0's `attach-plan` does not take.
+    fn attach_plan<'a>(
+        &'a self,
+        store: &'a mut Store<CallState>,
+        volume_id: String,
+        volume_context: Vec<Pair>,
+        capability: VolumeCapability,
+        _: Vec<SecretRef>,
+    ) -> CallFuture<'a, Attachment> {
+        Box::pin(async move {
+            let plan = self.call_attach_plan(store, &volume_id, &volume_context, &capability).await?;
+            Ok(plan.map(Into::into))
+        })
     }
 
     /// `get-snapshot` from `list-snapshots`: every page of the list filtered to `id`, searched
@@ -166,8 +174,49 @@ impl Driver for Guest {
         })
     }
 
-    fn reconcile_volume<'a>(&'a self, _: &'a mut Store<CallState>, _: String) -> CallFuture<'a, ()> {
-        Box::pin(async { Ok(Err(Error::Unimplemented(RECONCILE_UNIMPLEMENTED.into()))) })
+    fn reconcile_volume<'a>(&'a self, _: &'a mut Store<CallState>, _: String, _: Timestamp) -> CallFuture<'a, ()> {
+        lacks(VERSION, "reconcile-volume")
+    }
+
+    fn modify_volume<'a>(
+        &'a self,
+        _: &'a mut Store<CallState>,
+        _: String,
+        _: Vec<Pair>,
+        _: Vec<SecretRef>,
+    ) -> CallFuture<'a, ()> {
+        lacks(VERSION, "modify-volume")
+    }
+
+    fn create_group_snapshot<'a>(
+        &'a self,
+        _: &'a mut Store<CallState>,
+        _: String,
+        _: Vec<String>,
+        _: Vec<Pair>,
+        _: Vec<SecretRef>,
+    ) -> CallFuture<'a, GroupSnapshot> {
+        lacks(VERSION, "create-group-snapshot")
+    }
+
+    fn delete_group_snapshot<'a>(
+        &'a self,
+        _: &'a mut Store<CallState>,
+        _: String,
+        _: Vec<String>,
+        _: Vec<SecretRef>,
+    ) -> CallFuture<'a, ()> {
+        lacks(VERSION, "delete-group-snapshot")
+    }
+
+    fn get_group_snapshot<'a>(
+        &'a self,
+        _: &'a mut Store<CallState>,
+        _: String,
+        _: Vec<String>,
+        _: Vec<SecretRef>,
+    ) -> CallFuture<'a, GroupSnapshot> {
+        lacks(VERSION, "get-group-snapshot")
     }
 }
 
@@ -214,8 +263,15 @@ mod tests {
                 requisite: vec![Topology { segments: vec![pair("node", "n1")] }],
                 preferred: vec![],
             }),
+            mutable_parameters: vec![],
         };
-        same(&req, &old::CreateVolumeRequest::from(req.clone()));
+        let sent = old::CreateVolumeRequest::from(req.clone());
+        // Every field 0.1.0 has, as it was; `mutable-parameters` (empty) is not one of them.
+        same(&format!("{req:?}").replace(", mutable_parameters: []", ""), &format!("{sent:?}"));
+        let mut modifying = req;
+        modifying.mutable_parameters = vec![pair("iops", "100")];
+        let e = refuse_mutable_parameters(VERSION, &modifying).expect_err("0.1.0 cannot apply them");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("iops") && m.contains("0.1.0")), "{e:?}");
     }
 
     #[test]
@@ -261,19 +317,22 @@ mod tests {
             }),
         ];
         for plan in plans {
-            same(&plan, &new::Attachment::from(plan.clone()));
+            let converted = format!("{:?}", new::Attachment::from(plan.clone()));
+            // The same plan; what 0.1.0 cannot ask for is not asked for.
+            same(&format!("{plan:?}"), &converted.replace(", encryption: None", ""));
         }
         let block = old::Attachment::ReplicatedBlock(old::BlockPlan { volume_id: "v".into(), size_bytes: 4096 });
         match new::Attachment::from(block) {
             new::Attachment::ReplicatedBlock(p) => {
                 assert_eq!((p.volume_id.as_str(), p.size_bytes, p.fs_type.as_str()), ("v", 4096, ""));
+                assert!(p.frontend.is_none() && p.encryption.is_none(), "{p:?}");
             }
             other => panic!("a block plan became {other:?}"),
         }
     }
 
     #[test]
-    fn every_0_1_feature_is_the_0_2_feature_of_its_name() {
+    fn every_0_1_feature_is_the_current_feature_of_its_name() {
         use old::Feature::*;
         let all = [
             CreateDeleteVolume,
@@ -315,27 +374,23 @@ mod tests {
     }
 
     /// The `with` remapping in `bindings::v0_1` and [`super::super::link`] serve 0.1.0 guests
-    /// with the 0.2.0 implementations of these interfaces: sound only while their WIT is the
-    /// same in both packages (doc comments aside).
+    /// with the current implementations of `log`, `kv`, `dir` and `nfs`, the current types,
+    /// and 0.2.0's `rbd` adapter: sound only while those interfaces are the same in 0.1.0 and
+    /// in the package they are taken from (doc comments aside; `types` may only have grown).
     #[test]
-    fn the_interfaces_0_1_shares_with_0_2_are_identical_in_both_packages() {
+    fn the_interfaces_0_1_shares_are_identical_where_they_are_taken_from() {
+        use crate::compat::v0_2::tests::interface;
         let current = include_str!("../../../../wit/backend.wit");
+        let v0_2 = include_str!("../../../../wit/previous/0.2.0/backend.wit");
         let previous = include_str!("../../../../wit/previous/0.1.0/backend.wit");
-        for name in ["types", "log", "kv", "dir", "nfs", "rbd"] {
+        for name in ["log", "kv", "dir", "nfs"] {
             assert_eq!(interface(previous, name), interface(current, name), "interface {name}");
             assert!(!interface(current, name).is_empty(), "interface {name} not found");
         }
-        assert_ne!(interface(previous, "block"), interface(current, "block"));
-    }
-
-    /// The body of `interface NAME { … }` without comments and blank lines.
-    fn interface(wit: &str, name: &str) -> Vec<String> {
-        let start = format!("interface {name} {{");
-        wit.lines()
-            .skip_while(|l| l.trim() != start)
-            .take_while(|l| *l != "}")
-            .map(|l| l.split("//").next().unwrap_or("").trim().to_string())
-            .filter(|l| !l.is_empty())
-            .collect()
+        assert_eq!(interface(previous, "rbd"), interface(v0_2, "rbd"));
+        let types = interface(current, "types");
+        let missing: Vec<&String> = interface(previous, "types").iter().filter(|l| !types.contains(l)).collect();
+        assert!(missing.is_empty(), "0.1.0's types not in the current ones: {missing:?}");
+        assert_ne!(interface(previous, "block"), interface(v0_2, "block"));
     }
 }

@@ -5,6 +5,14 @@
 //! catalog's per-request timeout, so a dead node answers `unavailable` or `deadline-exceeded`,
 //! never a hung call.
 //!
+//! Disks. A replica server keeps its replicas in one directory today: every node reports one
+//! disk, [`DEFAULT_DISK`], with the node's space; a placement names it or no disk, and any other
+//! disk is invalid-argument naming it.
+//!
+//! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): I/O
+//! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots,
+//! standby sets (`follow`, `activate`; no set is one) and restores from backups.
+//!
 //! Its host functions see a [`BlockCtxView`]: the backend's [`BlockCtx`], nothing of the call.
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -14,10 +22,14 @@ use wasmcsi_block::catalog::{Catalog, CatalogError, Member, MemberState, NodeVie
 use wasmcsi_block::protocol::SnapshotInfo;
 use wasmtime::component::{HasData, LinkerInstance};
 
-use crate::bindings::types::{Error, Pair, Timestamp};
+use super::not_provided;
+use crate::bindings::types::{Error, IoLimits, Pair, Timestamp};
 use crate::bindings::wasmcsi::backend::block::{
-    self as wit, BlockSnapshot, BlockSource, Host, NodeInfo, Replica, ReplicaSet, ReplicaState,
+    self as wit, BlockSnapshot, BlockSource, DiskInfo, Host, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState,
 };
+
+/// The one disk of every replica node today: the directory its replica server keeps replicas in.
+pub const DEFAULT_DISK: &str = "default";
 
 /// What `block` needs of one backend, resolved at load and shared by its calls.
 pub struct BlockCtx {
@@ -85,12 +97,42 @@ fn node_to_wit(n: &NodeView) -> NodeInfo {
         total_bytes: n.capacity,
         labels: n.labels.iter().map(|(k, v)| Pair { key: k.clone(), value: v.clone() }).collect(),
         replicas: u32::try_from(n.replicas.len()).unwrap_or(u32::MAX),
+        disks: vec![DiskInfo { name: DEFAULT_DISK.into(), free_bytes: n.available, total_bytes: n.capacity }],
+    }
+}
+
+/// The nodes of `placements`, once every disk named is one its node has (today: only
+/// [`DEFAULT_DISK`]) and no two placements fall on one disk.
+fn placed_nodes(placements: &[Placement]) -> Result<Vec<String>, Error> {
+    let mut nodes: Vec<String> = Vec::with_capacity(placements.len());
+    for p in placements {
+        placed_node(p)?;
+        if nodes.contains(&p.node) {
+            return Err(Error::InvalidArgument(format!(
+                "two placements on disk {DEFAULT_DISK} of node {} (replicas of a set need distinct disks)",
+                p.node
+            )));
+        }
+        nodes.push(p.node.clone());
+    }
+    Ok(nodes)
+}
+
+/// The node of one placement, once its disk is one the node has.
+fn placed_node(p: &Placement) -> Result<&str, Error> {
+    match p.disk.as_deref() {
+        None | Some(DEFAULT_DISK) => Ok(&p.node),
+        Some(disk) => Err(Error::InvalidArgument(format!(
+            "placement on node {}: disk {disk:?} does not exist there (its disks: {DEFAULT_DISK})",
+            p.node
+        ))),
     }
 }
 
 fn member_to_wit(m: &Member) -> Replica {
     Replica {
         node: m.node.clone(),
+        disk: Some(DEFAULT_DISK.into()),
         state: match m.state {
             MemberState::Healthy => ReplicaState::Healthy,
             MemberState::Rebuilding => ReplicaState::Rebuilding,
@@ -112,6 +154,10 @@ pub fn set_to_wit(v: &SetView) -> ReplicaSet {
         metadata: pairs(&v.record.metadata),
         created: timestamp(v.record.created_ns),
         filling: v.filling,
+        // Neither limits nor standby sets are provided by this host: none is set.
+        limits: IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 },
+        rebuild_bytes_per_second: 0,
+        standby: None,
     }
 }
 
@@ -187,15 +233,21 @@ impl Host for BlockCtxView<'_> {
         &mut self,
         id: String,
         size_bytes: u64,
-        nodes: Vec<String>,
+        placements: Vec<Placement>,
         source: Option<BlockSource>,
         metadata_list: Vec<Pair>,
     ) -> Result<ReplicaSet, Error> {
         let metadata = metadata(metadata_list)?;
-        let source = source.map(|s| match s {
-            BlockSource::Snapshot((volume, snapshot)) => (volume, Some(snapshot)),
-            BlockSource::Volume(volume) => (volume, None),
-        });
+        let nodes = placed_nodes(&placements)?;
+        let source = match source {
+            None => None,
+            Some(BlockSource::Snapshot((volume, snapshot))) => Some((volume, Some(snapshot))),
+            Some(BlockSource::Volume(volume)) => Some((volume, None)),
+            Some(BlockSource::Backup(_)) => {
+                self.catalog()?;
+                return Err(not_provided("block create from a backup: restores from backups"));
+            }
+        };
         block_call(self.catalog(), "create", |c| async move {
             c.create(&id, size_bytes, &nodes, source, metadata).await.map(|v| set_to_wit(&v))
         })
@@ -233,8 +285,9 @@ impl Host for BlockCtxView<'_> {
             .await
     }
 
-    #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.ctx.backend, %id, %node, %with))]
-    async fn replace(&mut self, id: String, node: String, with: String) -> Result<ReplicaSet, Error> {
+    #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.ctx.backend, %id, node = %replica.node, with = %with.node))]
+    async fn replace(&mut self, id: String, replica: Placement, with: Placement) -> Result<ReplicaSet, Error> {
+        let (node, with) = (placed_node(&replica)?.to_owned(), placed_node(&with)?.to_owned());
         block_call(
             self.catalog(),
             "replace",
@@ -265,5 +318,138 @@ impl Host for BlockCtxView<'_> {
             Ok(found.iter().map(|(volume, s, size)| snapshot_to_wit(volume, s, *size)).collect())
         })
         .await
+    }
+
+    #[tracing::instrument(name = "import.block.set_limits", skip_all, fields(backend = %self.ctx.backend, %id))]
+    async fn set_limits(&mut self, id: String, _: IoLimits, _: u64) -> Result<ReplicaSet, Error> {
+        self.catalog()?;
+        Err(not_provided("block set-limits: I/O limits and rebuild bandwidth"))
+    }
+
+    #[tracing::instrument(name = "import.block.add_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
+    async fn add_replica(&mut self, id: String, placement: Placement) -> Result<ReplicaSet, Error> {
+        self.catalog()?;
+        placed_node(&placement)?;
+        Err(not_provided("block add-replica: adding replicas"))
+    }
+
+    #[tracing::instrument(name = "import.block.remove_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
+    async fn remove_replica(&mut self, id: String, replica: Placement) -> Result<ReplicaSet, Error> {
+        self.catalog()?;
+        placed_node(&replica)?;
+        Err(not_provided("block remove-replica: removing replicas"))
+    }
+
+    #[tracing::instrument(name = "import.block.snapshot_group", skip_all, fields(backend = %self.ctx.backend, %name))]
+    async fn snapshot_group(&mut self, ids: Vec<String>, name: String) -> Result<Vec<BlockSnapshot>, Error> {
+        let _ = ids;
+        self.catalog()?;
+        Err(not_provided("block snapshot-group: group snapshots"))
+    }
+
+    #[tracing::instrument(name = "import.block.follow", skip_all, fields(backend = %self.ctx.backend, %id, %target))]
+    async fn follow(&mut self, id: String, target: String, source_volume: String) -> Result<ReplicaSet, Error> {
+        let _ = source_volume;
+        self.catalog()?;
+        Err(not_provided("block follow: standby volumes"))
+    }
+
+    #[tracing::instrument(name = "import.block.activate", skip_all, fields(backend = %self.ctx.backend, %id))]
+    async fn activate(&mut self, id: String) -> Result<ReplicaSet, Error> {
+        self.catalog()?;
+        Err(not_provided("block activate: standby volumes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shape this host gives `block` without a node (placements, disks, what it does not
+    //! provide); the catalog's work against real replica servers is in `tests/all/block_backend.rs`.
+    use super::*;
+
+    fn view(catalog: Option<Catalog>) -> BlockCtx {
+        BlockCtx { backend: "b".into(), catalog, import_timeout: Duration::from_millis(200) }
+    }
+
+    fn granted() -> BlockCtx {
+        // Nothing listens on port 9 of loopback: only what needs no node is reached.
+        let sources = wasmcsi_block::catalog::NodeSources { nodes: vec!["127.0.0.1:9".into()], ..Default::default() };
+        view(Some(Catalog::new(sources, Duration::from_millis(200))))
+    }
+
+    fn at(node: &str, disk: Option<&str>) -> Placement {
+        Placement { node: node.into(), disk: disk.map(Into::into) }
+    }
+
+    #[test]
+    fn a_placement_names_the_one_disk_of_a_node_or_none() {
+        assert_eq!(placed_nodes(&[at("n1", None), at("n2", Some(DEFAULT_DISK))]).expect("placed"), ["n1", "n2"]);
+        let e = placed_nodes(&[at("n1", None), at("n2", Some("ssd-2"))]).expect_err("no such disk");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("\"ssd-2\"") && m.contains("n2")), "{e:?}");
+        // One disk per node: a second replica on a node has no disk to go to.
+        let e = placed_nodes(&[at("n1", None), at("n1", Some(DEFAULT_DISK))]).expect_err("one disk");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("n1")), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_placement_on_a_disk_the_node_lacks_is_refused_before_any_node_is_asked() {
+        let ctx = granted();
+        let mut v = BlockCtxView { ctx: &ctx };
+        let e = v.create("v".into(), 4096, vec![at("n1", Some("nvme"))], None, vec![]).await.expect_err("no disk");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("nvme")), "{e:?}");
+        let e = v.replace("v".into(), at("n1", None), at("n2", Some("nvme"))).await.expect_err("no disk");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("nvme")), "{e:?}");
+    }
+
+    /// What this host does not provide answers `unimplemented` saying so (after the grant
+    /// check, which still comes first): the host that provides one flips its line here.
+    #[tokio::test]
+    async fn what_this_host_does_not_provide_answers_unimplemented_saying_so() {
+        let ctx = granted();
+        let mut v = BlockCtxView { ctx: &ctx };
+        let limits = IoLimits { read_iops: 1, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 };
+        let answers = [
+            ("set-limits", v.set_limits("v".into(), limits, 0).await.map(drop)),
+            ("add-replica", v.add_replica("v".into(), at("n1", None)).await.map(drop)),
+            ("remove-replica", v.remove_replica("v".into(), at("n1", None)).await.map(drop)),
+            ("snapshot-group", v.snapshot_group(vec!["a".into(), "b".into()], "s".into()).await.map(drop)),
+            ("follow", v.follow("v".into(), "t".into(), "src".into()).await.map(drop)),
+            ("activate", v.activate("v".into()).await.map(drop)),
+            (
+                "create from a backup",
+                v.create("v".into(), 4096, vec![at("n1", None)], Some(BlockSource::Backup(("t".into(), "b".into()))), vec![])
+                    .await
+                    .map(drop),
+            ),
+        ];
+        for (what, answer) in answers {
+            match answer {
+                Err(Error::Unimplemented(m)) => {
+                    assert!(m.contains(what) && m.ends_with("not provided by this host"), "{what}: {m}")
+                }
+                other => panic!("{what}: expected unimplemented, got {other:?}"),
+            }
+        }
+        // Without a grant, permission-denied as for every other function.
+        let ungranted = view(None);
+        let mut v = BlockCtxView { ctx: &ungranted };
+        assert!(matches!(v.activate("v".into()).await, Err(Error::PermissionDenied(_))));
+    }
+
+    #[test]
+    fn a_node_reports_its_one_disk_with_its_space() {
+        let node = NodeView {
+            name: "n1".into(),
+            addr: "127.0.0.1:9501".parse().expect("addr"),
+            labels: vec![("zone".into(), "a".into())],
+            capacity: 100,
+            available: 40,
+            replicas: vec![],
+        };
+        let info = node_to_wit(&node);
+        assert_eq!((info.free_bytes, info.total_bytes), (40, 100));
+        assert_eq!(info.disks.len(), 1);
+        let disk = &info.disks[0];
+        assert_eq!((disk.name.as_str(), disk.free_bytes, disk.total_bytes), (DEFAULT_DISK, 40, 100));
     }
 }

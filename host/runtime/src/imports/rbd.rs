@@ -4,6 +4,9 @@
 //! traffic, connections are pooled per (cluster, user), and every call is bounded by the
 //! backend's `import_timeout` on top of the client's own deadlines.
 //!
+//! Where. Every function takes an `rbd-pool` first: the cluster, the pool and the call's secret
+//! handles (the WIT's `rbd-pool`; `RbdPoolRef` here, beside the client's [`RbdPool`]).
+//!
 //! Credentials. The guest passes the secret-refs of its CSI call; the host resolves the handles
 //! to values for that one import: ceph-csi's `userID`/`userKey`, or else `adminID`/`adminKey`
 //! (what ceph-csi accepts for provisioning). Values are never logged and never returned: an
@@ -18,17 +21,24 @@
 //! needs the call's own secrets. After a restart the read-only calls answer `unavailable` until
 //! a call with secrets has succeeded on that pool.
 //!
+//! QoS. `set-qos` writes librbd's per-image QoS configuration as ceph-csi does (see
+//! `wasmcsi_rbd::QosLimits`). Group snapshots are not provided by this host (they answer
+//! `unimplemented` once the pool and credentials are checked).
+//!
 //! Its host functions see an [`RbdCtxView`]: the backend's [`RbdCtx`] and the call's secrets.
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
+use wasmcsi_rbd::{ImageSpec, QosLimits, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 use wasmtime::component::{HasData, LinkerInstance};
 
-use crate::bindings::types::{Error, SecretRef, Timestamp};
-use crate::bindings::wasmcsi::backend::rbd::{self as wit, Host, ImageInfo, ImageSnapshot, PoolStats};
+use super::not_provided;
+use crate::bindings::types::{Error, IoLimits, SecretRef, Timestamp};
+use crate::bindings::wasmcsi::backend::rbd::{
+    self as wit, Host, ImageInfo, ImageSnapshot, PoolStats, RbdPool as RbdPoolRef,
+};
 use crate::config::{CephCluster, RbdGrant};
 use crate::secrets::Secrets;
 
@@ -291,33 +301,32 @@ fn snap_to_wit(s: wasmcsi_rbd::ImageSnapshot) -> ImageSnapshot {
     ImageSnapshot { name: s.name, size_bytes: s.size_bytes, protected: s.protected, created: ts(s.created) }
 }
 
+/// One `rbd-pool`'s preparation for an operation of `access`.
+macro_rules! prepare {
+    ($view:expr, $pool:expr, $access:expr) => {
+        $view.rbd_prepare(&$pool.cluster, &$pool.pool, &$pool.secrets, $access)
+    };
+}
+
 impl Host for RbdCtxView<'_> {
-    #[tracing::instrument(name = "import.rbd.create", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name, size_bytes))]
+    #[tracing::instrument(name = "import.rbd.create", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %name, size_bytes))]
     async fn create(
         &mut self,
-        cluster: String,
-        pool: String,
+        pool: RbdPoolRef,
         name: String,
         size_bytes: u64,
         features: Vec<String>,
         data_pool: Option<String>,
         metadata: Vec<(String, String)>,
-        secrets: Vec<SecretRef>,
     ) -> Result<(), Error> {
         let spec = ImageSpec { size_bytes, features, data_pool, metadata };
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "create", |p| async move { p.create(&name, &spec).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.info", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name))]
-    async fn info(
-        &mut self,
-        cluster: String,
-        pool: String,
-        name: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Option<ImageInfo>, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
+    #[tracing::instrument(name = "import.rbd.info", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %name))]
+    async fn info(&mut self, pool: RbdPoolRef, name: String) -> Result<Option<ImageInfo>, Error> {
+        let p = prepare!(self, pool, Access::Read);
         let i = rbd_call(p, "info", |p| async move { p.info(&name).await }).await?;
         Ok(i.map(|i| ImageInfo {
             name: i.name,
@@ -328,143 +337,113 @@ impl Host for RbdCtxView<'_> {
         }))
     }
 
-    #[tracing::instrument(name = "import.rbd.find_by_metadata", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %key))]
-    async fn find_by_metadata(
-        &mut self,
-        cluster: String,
-        pool: String,
-        key: String,
-        value: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Vec<String>, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
+    #[tracing::instrument(name = "import.rbd.find_by_metadata", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %key))]
+    async fn find_by_metadata(&mut self, pool: RbdPoolRef, key: String, value: String) -> Result<Vec<String>, Error> {
+        let p = prepare!(self, pool, Access::Read);
         rbd_call(p, "find-by-metadata", |p| async move { p.find_by_metadata(&key, &value).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.remove", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name))]
-    async fn remove(
-        &mut self,
-        cluster: String,
-        pool: String,
-        name: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.remove", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %name))]
+    async fn remove(&mut self, pool: RbdPoolRef, name: String) -> Result<(), Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "remove", |p| async move { p.remove(&name).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.resize", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %name, size_bytes))]
-    async fn resize(
-        &mut self,
-        cluster: String,
-        pool: String,
-        name: String,
-        size_bytes: u64,
-        secrets: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.resize", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %name, size_bytes))]
+    async fn resize(&mut self, pool: RbdPoolRef, name: String, size_bytes: u64) -> Result<(), Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "resize", |p| async move { p.resize(&name, size_bytes).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_create", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
-    async fn snapshot_create(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        snap: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<ImageSnapshot, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.snapshot_create", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap))]
+    async fn snapshot_create(&mut self, pool: RbdPoolRef, image: String, snap: String) -> Result<ImageSnapshot, Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "snapshot-create", |p| async move { p.snapshot_create(&image, &snap).await }).await.map(snap_to_wit)
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_remove", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
-    async fn snapshot_remove(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        snap: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.snapshot_remove", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap))]
+    async fn snapshot_remove(&mut self, pool: RbdPoolRef, image: String, snap: String) -> Result<(), Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "snapshot-remove", |p| async move { p.snapshot_remove(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_protect", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
-    async fn snapshot_protect(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        snap: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.snapshot_protect", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap))]
+    async fn snapshot_protect(&mut self, pool: RbdPoolRef, image: String, snap: String) -> Result<(), Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "snapshot-protect", |p| async move { p.snapshot_protect(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.snapshot_list", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image))]
-    async fn snapshot_list(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Vec<ImageSnapshot>, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
+    #[tracing::instrument(name = "import.rbd.snapshot_list", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image))]
+    async fn snapshot_list(&mut self, pool: RbdPoolRef, image: String) -> Result<Vec<ImageSnapshot>, Error> {
+        let p = prepare!(self, pool, Access::Read);
         let list = rbd_call(p, "snapshot-list", |p| async move { p.snapshot_list(&image).await }).await?;
         Ok(list.into_iter().map(snap_to_wit).collect())
     }
 
-    #[tracing::instrument(name = "import.rbd.clone", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap, %child_pool, %child))]
+    #[tracing::instrument(name = "import.rbd.clone", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap, %child_pool, %child))]
     async fn clone(
         &mut self,
-        cluster: String,
-        pool: String,
+        pool: RbdPoolRef,
         image: String,
         snap: String,
         child_pool: String,
         child: String,
         features: Vec<String>,
-        secrets: Vec<SecretRef>,
     ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "clone", |p| async move { p.clone_image(&image, &snap, &child_pool, &child, &features).await })
             .await
     }
 
-    #[tracing::instrument(name = "import.rbd.flatten", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image))]
-    async fn flatten(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<(), Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Write);
+    #[tracing::instrument(name = "import.rbd.flatten", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image))]
+    async fn flatten(&mut self, pool: RbdPoolRef, image: String) -> Result<(), Error> {
+        let p = prepare!(self, pool, Access::Write);
         rbd_call(p, "flatten", |p| async move { p.flatten(&image).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.children", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool, %image, %snap))]
-    async fn children(
-        &mut self,
-        cluster: String,
-        pool: String,
-        image: String,
-        snap: String,
-        secrets: Vec<SecretRef>,
-    ) -> Result<Vec<String>, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
+    #[tracing::instrument(name = "import.rbd.children", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap))]
+    async fn children(&mut self, pool: RbdPoolRef, image: String, snap: String) -> Result<Vec<String>, Error> {
+        let p = prepare!(self, pool, Access::Read);
         rbd_call(p, "children", |p| async move { p.children(&image, &snap).await }).await
     }
 
-    #[tracing::instrument(name = "import.rbd.stats", skip_all, fields(backend = %self.ctx.backend, %cluster, %pool))]
-    async fn stats(&mut self, cluster: String, pool: String, secrets: Vec<SecretRef>) -> Result<PoolStats, Error> {
-        let p = self.rbd_prepare(&cluster, &pool, &secrets, Access::Read);
+    #[tracing::instrument(name = "import.rbd.stats", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool))]
+    async fn stats(&mut self, pool: RbdPoolRef) -> Result<PoolStats, Error> {
+        let p = prepare!(self, pool, Access::Read);
         let s = rbd_call(p, "stats", |p| async move { p.stats().await }).await?;
         Ok(PoolStats { total_bytes: s.total_bytes, available_bytes: s.available_bytes })
+    }
+
+    #[tracing::instrument(name = "import.rbd.set_qos", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image))]
+    async fn set_qos(&mut self, pool: RbdPoolRef, image: String, limits: IoLimits) -> Result<(), Error> {
+        let qos = QosLimits {
+            read_iops: limits.read_iops,
+            write_iops: limits.write_iops,
+            read_bytes_per_second: limits.read_bytes_per_second,
+            write_bytes_per_second: limits.write_bytes_per_second,
+        };
+        let p = prepare!(self, pool, Access::Write);
+        rbd_call(p, "set-qos", |p| async move { p.set_qos(&image, &qos).await }).await
+    }
+
+    #[tracing::instrument(name = "import.rbd.group_snapshot", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %group, %snap))]
+    async fn group_snapshot(
+        &mut self,
+        pool: RbdPoolRef,
+        group: String,
+        images: Vec<String>,
+        snap: String,
+    ) -> Result<Vec<ImageSnapshot>, Error> {
+        let _ = (group, images, snap);
+        prepare!(self, pool, Access::Write)?;
+        Err(not_provided("rbd group-snapshot: RBD group snapshots"))
+    }
+
+    #[tracing::instrument(name = "import.rbd.group_snapshot_remove", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %group, %snap))]
+    async fn group_snapshot_remove(&mut self, pool: RbdPoolRef, group: String, snap: String) -> Result<(), Error> {
+        let _ = (group, snap);
+        prepare!(self, pool, Access::Write)?;
+        Err(not_provided("rbd group-snapshot-remove: RBD group snapshots"))
     }
 }
 
@@ -515,6 +494,10 @@ mod tests {
         keys.iter().map(|(k, h)| SecretRef { key: (*k).into(), handle: *h }).collect()
     }
 
+    fn pool(cluster: &str, pool: &str, secrets: Vec<SecretRef>) -> RbdPoolRef {
+        RbdPoolRef { cluster: cluster.into(), pool: pool.into(), secrets }
+    }
+
     #[test]
     fn grants_of_one_cluster_merge_and_timeouts_stay_below_the_import_timeout() {
         let p = provider();
@@ -561,19 +544,40 @@ mod tests {
     async fn calls_without_grant_or_credentials_fail_before_any_traffic() {
         let ungranted = Call::new(None, &[]);
         let mut none = ungranted.view();
-        let e = none.info("c".into(), "p".into(), "img".into(), vec![]).await.expect_err("no grant");
+        let e = none.info(pool("c", "p", vec![]), "img".into()).await.expect_err("no grant");
         assert!(matches!(e, Error::PermissionDenied(_)), "{e:?}");
 
         let call = Call::new(Some(provider()), &[("userID", "csi"), ("userKey", KEY)]);
         let mut s = call.view();
-        let e = s.remove("c".into(), "p".into(), "img".into(), vec![]).await.expect_err("write needs secrets");
+        let e = s.remove(pool("c", "p", vec![]), "img".into()).await.expect_err("write needs secrets");
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("userID")), "{e:?}");
-        let e = s.stats("c".into(), "p".into(), vec![]).await.expect_err("nothing remembered yet");
+        let e = s.set_qos(pool("c", "p", vec![]), "img".into(), IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 }).await.expect_err("a write");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("userID")), "{e:?}");
+        let e = s.stats(pool("c", "p", vec![])).await.expect_err("nothing remembered yet");
         assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
         let creds = refs(&[("userID", 0), ("userKey", 1)]);
-        let e = s.info("c".into(), "other".into(), "img".into(), creds.clone()).await.expect_err("ungranted pool");
+        let e = s.info(pool("c", "other", creds.clone()), "img".into()).await.expect_err("ungranted pool");
+        assert!(matches!(&e, Error::PermissionDenied(m) if m.contains("other")), "{e:?}");
+        let e = s.info(pool("x", "p", creds), "img".into()).await.expect_err("ungranted cluster");
         assert!(matches!(e, Error::PermissionDenied(_)), "{e:?}");
-        let e = s.info("x".into(), "p".into(), "img".into(), creds).await.expect_err("ungranted cluster");
+    }
+
+    /// RBD group snapshots are not provided by this host: once the pool and credentials are
+    /// checked (no traffic), the answer says so. The host that provides them flips this test.
+    #[tokio::test]
+    async fn group_snapshots_are_not_provided_by_this_host() {
+        let call = Call::new(Some(provider()), &[("userID", "csi"), ("userKey", KEY)]);
+        let mut s = call.view();
+        let creds = refs(&[("userID", 0), ("userKey", 1)]);
+        let e = s
+            .group_snapshot(pool("c", "p", creds.clone()), "g".into(), vec!["a".into(), "b".into()], "s".into())
+            .await
+            .expect_err("not provided");
+        assert!(matches!(&e, Error::Unimplemented(m) if m.contains("not provided by this host")), "{e:?}");
+        let e = s.group_snapshot_remove(pool("c", "p", creds.clone()), "g".into(), "s".into()).await.expect_err("no");
+        assert!(matches!(&e, Error::Unimplemented(m) if m.contains("not provided by this host")), "{e:?}");
+        // The grant is checked first, as for every other function.
+        let e = s.group_snapshot(pool("c", "other", creds), "g".into(), vec![], "s".into()).await.expect_err("grant");
         assert!(matches!(e, Error::PermissionDenied(_)), "{e:?}");
     }
 

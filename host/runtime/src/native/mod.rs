@@ -9,10 +9,7 @@
 //! tests), and [`NativeDriver::of_backend`] a `wasmcsi_backend_sdk::Backend`: the backend's
 //! own crate, compiled for the host, with `dir` and `log` served by the host and nothing else
 //! granted. Both are generated from the export table (`crate::exports`).
-use crate::bindings::driver::{
-    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, Snapshot, SnapshotPage,
-    Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
-};
+use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use std::cell::RefCell;
@@ -42,7 +39,7 @@ fn not_implemented<T>(export: &str) -> Result<T, Error> {
 macro_rules! native {
     ($(
         $(#[$doc:meta])*
-        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+        $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
     )*) => {
         /// The `driver` exports, as the guest implements them (same signatures as
         /// wit-bindgen's). Every export but `info` answers `unimplemented` unless the guest

@@ -15,8 +15,8 @@ use wasmcsi_backend_sdk::{Backend, Host, Ungranted, types as s};
 /// The host's types under the same names as the SDK's `types`.
 mod host_types {
     pub use crate::bindings::driver::{
-        Attachment, BackendInfo, BindPlan, BlockPlan, Capacity, CreateVolumeRequest, Expansion, Feature, NfsPlan,
-        RbdPlan, SnapshotPage, VolumePage, VolumeStatus,
+        Attachment, BackendInfo, BindPlan, BlockPlan, Capacity, CreateVolumeRequest, Encryption, Expansion, Feature,
+        Frontend, GroupSnapshot, NfsPlan, RbdPlan, SnapshotPage, VolumePage, VolumeStatus,
     };
     pub use crate::bindings::types::*;
     pub use crate::bindings::wasmcsi::backend::dir::{FileKind, FileStat, Space};
@@ -89,7 +89,9 @@ records! {
     VolumeCondition { abnormal, message }
     Snapshot { snapshot_id, source_volume_id, size_bytes, creation_time, ready_to_use }
     BackendInfo { name, version, features, parameters }
-    CreateVolumeRequest { name, capacity, capabilities, parameters, secrets, content_source, accessibility }
+    CreateVolumeRequest {
+        name, capacity, capabilities, parameters, secrets, content_source, accessibility, mutable_parameters
+    }
     Expansion { capacity_bytes, node_expansion_required }
     SnapshotPage { entries, next_token }
     VolumeStatus { volume, condition }
@@ -97,8 +99,10 @@ records! {
     Capacity { available_bytes, maximum_volume_bytes, minimum_volume_bytes }
     BindPlan { root, path, capacity_bytes }
     NfsPlan { server, share, path, mount_options }
-    BlockPlan { volume_id, size_bytes, fs_type }
-    RbdPlan { cluster, pool, image, secrets }
+    BlockPlan { volume_id, size_bytes, fs_type, frontend, encryption }
+    RbdPlan { cluster, pool, image, secrets, encryption }
+    Encryption { passphrase }
+    GroupSnapshot { group_snapshot_id, snapshots, creation_time, ready_to_use }
 }
 
 cases! {
@@ -110,8 +114,10 @@ cases! {
     ContentSource { Snapshot(id), Volume(id) }
     Feature {
         CreateDeleteVolume, CreateDeleteSnapshot, ListSnapshots, CloneVolume, ExpandVolume, OnlineExpansion, GetCapacity,
-        ListVolumes, GetVolume, VolumeCondition, SingleNodeMultiWriter, NodeExpansion, GetSnapshot, SelfHealing
+        ListVolumes, GetVolume, VolumeCondition, SingleNodeMultiWriter, NodeExpansion, GetSnapshot, SelfHealing,
+        ModifyVolume, GroupSnapshots
     }
+    Frontend { Ublk, Nbd, FuseLoop }
     Attachment { Bind(p), Nfs(p), ReplicatedBlock(p), Rbd(p) }
     Error {
         InvalidArgument(m), NotFound(m), AlreadyExists(m), FailedPrecondition(m), OutOfRange(m), ResourceExhausted(m),
@@ -159,6 +165,7 @@ impl Host for NativeHost {
     type Nfs = Ungranted;
     type Rbd = Ungranted;
     type Block = Ungranted;
+    type Backup = Ungranted;
     fn kv(&self) -> &Ungranted {
         &Ungranted
     }
@@ -175,6 +182,9 @@ impl Host for NativeHost {
         &Ungranted
     }
     fn block(&self) -> &Ungranted {
+        &Ungranted
+    }
+    fn backup(&self) -> &Ungranted {
         &Ungranted
     }
 }
@@ -237,15 +247,16 @@ impl wasmcsi_backend_sdk::dir::Dir for NativeDir {
 macro_rules! of_backend {
     ($(
         $(#[$doc:meta])*
-        $f:ident = $wit:literal ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
+        $f:ident = $wit:literal $([$feature:ident])? ($($a:ident: $t:ty),*) $(+ $refs:ident)? $(with $values:ident)? -> $r:ty;
     )*) => {
         /// The exports of `B`, each converting its arguments to the SDK's types and its answer
         /// back.
         mod exports {
             use super::*;
             use crate::bindings::driver::{
-                Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, Pair, SecretRef,
-                Snapshot, SnapshotPage, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+                Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair,
+                SecretRef, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage,
+                VolumeStatus,
             };
 
             pub fn info<B: Backend>() -> BackendInfo {
