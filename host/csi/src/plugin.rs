@@ -76,7 +76,7 @@ impl Plugin {
 
     /// Whether the host's journal records volumes of backend `name` (made on this host).
     pub fn journal_knows(&self, name: &str) -> bool {
-        self.registry.runtime().metadata.volumes_of(name, 0, 1).is_ok_and(|v| !v.is_empty())
+        self.registry.journal_volumes(name, 0, 1).is_ok_and(|v| !v.is_empty())
     }
 
     /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide

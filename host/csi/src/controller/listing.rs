@@ -130,10 +130,9 @@ impl ControllerService {
     /// abnormal with why (the CO's health monitor shows that as the volume's condition).
     pub(super) async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
         let d = &self.0;
-        let store = &d.registry.runtime().metadata;
         let loaded = self.capable(Feature::ListVolumes);
         let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
-        let journal = store.backends_with_volumes().map_err(|e| CsiError::Internal(e.to_string()))?;
+        let journal = d.registry.journal_backends().map_err(|e| CsiError::Internal(e.to_string()))?;
         names.extend(journal.into_iter().filter(|n| d.registry.get(n).is_none()));
         let names: Vec<String> = names.into_iter().collect();
         let max = page_size(req.max_entries)?;
@@ -180,9 +179,11 @@ impl ControllerService {
         take: u32,
         why: &str,
     ) -> CsiResult<(Vec<csi::list_volumes_response::Entry>, Option<Cursor>)> {
-        let store = &self.0.registry.runtime().metadata;
-        let mut records =
-            store.volumes_of(name, from, take as usize + 1).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let mut records = self
+            .0
+            .registry
+            .journal_volumes(name, from, take as usize + 1)
+            .map_err(|e| CsiError::Internal(e.to_string()))?;
         let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));
         records.truncate(take as usize);
         let condition = csi::VolumeCondition { abnormal: true, message: answer::message(why) };

@@ -24,7 +24,6 @@ use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::driver::{self as wit, Feature};
-use wasmcsi_runtime::metadata::VolumeRecord;
 use wasmcsi_runtime::{Backend, secret_refs};
 
 #[derive(Clone)]
@@ -106,10 +105,6 @@ fn source_object(src: &csi::VolumeContentSource) -> Option<ObjectId> {
     }
 }
 
-fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
 impl ControllerService {
     /// Forward one call of `backend` to node `node`'s plugin (see `peer`).
     async fn forward<Req, Resp, F, Fut>(
@@ -179,22 +174,11 @@ impl ControllerService {
         d.pin_volume(&backend, &mut volume)?;
 
         // The first creation records which build made the volume; retries keep that record.
-        let store = &d.registry.runtime().metadata;
-        let internal = |e: wasmcsi_runtime::metadata::StoreError| CsiError::Internal(e.to_string());
-        let digest = match store.volume(&volume.volume_id).map_err(internal)? {
-            Some(r) => r.digest,
-            None => {
-                let record = VolumeRecord {
-                    backend: backend.name.clone(),
-                    digest: backend.digest.clone(),
-                    capacity_bytes: created.capacity_bytes,
-                    created_at: now_secs(),
-                };
-                store.record_volume(&volume.volume_id, &record).map_err(internal)?;
-                record.digest
-            }
-        };
-        volume.volume_context.insert(DIGEST_CONTEXT_KEY.into(), digest);
+        let record = d
+            .registry
+            .journal_created(&backend, &volume.volume_id, created.capacity_bytes)
+            .map_err(|e| CsiError::Internal(e.to_string()))?;
+        volume.volume_context.insert(DIGEST_CONTEXT_KEY.into(), record.digest);
         volume.content_source = req.volume_content_source;
         tracing::info!(volume.id = %volume.volume_id, bytes = volume.capacity_bytes, "volume ready");
         Ok(csi::CreateVolumeResponse { volume: Some(volume) })
@@ -214,7 +198,7 @@ impl ControllerService {
         let _guard = d.inflight.try_start(id.to_string())?;
         let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
-        d.registry.runtime().metadata.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
+        d.registry.journal_deleted(id).map_err(|e| CsiError::Internal(e.to_string()))?;
         tracing::info!(volume.id = %id, "volume deleted");
         Ok(csi::DeleteVolumeResponse {})
     }
