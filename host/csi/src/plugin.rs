@@ -69,9 +69,7 @@ impl Plugin {
             }
             None => return Err(CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() }),
         };
-        let rest: HashMap<String, String> =
-            params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
-        Ok((backend, crate::convert::pairs(&rest)))
+        Ok((backend, backend_parameters(params)))
     }
 
     /// Whether the host's journal records volumes of backend `name` (made on this host).
@@ -136,7 +134,46 @@ pub fn polled(method: &str) -> bool {
     )
 }
 
+/// StorageClass (or VolumeSnapshotClass) parameters as a backend sees them: the one that
+/// selects the backend ([`BACKEND_PARAMETER`]) is the host's, not the backend's.
+pub fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
+    let mut pairs = crate::convert::pairs(params);
+    pairs.retain(|p| p.key != BACKEND_PARAMETER);
+    pairs
+}
+
+/// A volume context as its backend sees it: the keys the host adds
+/// ([`DIGEST_CONTEXT_KEY`]) are the host's, not the backend's.
+pub fn backend_context(context: &HashMap<String, String>) -> Vec<wit::Pair> {
+    let mut pairs = crate::convert::pairs(context);
+    pairs.retain(|p| p.key != DIGEST_CONTEXT_KEY);
+    pairs
+}
+
 /// Require a non-empty string field.
 pub fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
     if value.is_empty() { Err(CsiError::Missing(field)) } else { Ok(value) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn keys(pairs: Vec<wit::Pair>) -> Vec<String> {
+        pairs.into_iter().map(|p| p.key).collect()
+    }
+
+    #[test]
+    fn a_backend_sees_neither_the_parameter_that_selects_it_nor_the_hosts_context_keys() {
+        let params = map(&[("b", "2"), (BACKEND_PARAMETER, "hostpath"), ("a", "1")]);
+        assert_eq!(keys(backend_parameters(&params)), ["a", "b"]);
+        let context = map(&[(DIGEST_CONTEXT_KEY, "sha"), ("path", "/x")]);
+        assert_eq!(keys(backend_context(&context)), ["path"]);
+        // Only the host's own keys go: a backend's context keeps a key named like our parameter.
+        assert_eq!(keys(backend_context(&map(&[(BACKEND_PARAMETER, "x")]))), [BACKEND_PARAMETER]);
+    }
 }

@@ -15,7 +15,7 @@ use crate::convert::{self, bytes};
 use crate::error::{CsiError, CsiResult};
 use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
-use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, required};
+use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, backend_context, backend_parameters, required};
 use crate::topology::Route;
 use std::future::Future;
 use std::sync::Arc;
@@ -221,12 +221,13 @@ impl ControllerService {
                 })
                 .await;
         }
-        let mut params = req.parameters.clone();
-        params.remove(crate::plugin::BACKEND_PARAMETER);
-        let mut context = req.volume_context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
         let verdict = backend
-            .validate_volume_capabilities(oid.local, convert::pairs(&context), caps, convert::pairs(&params))
+            .validate_volume_capabilities(
+                oid.local,
+                backend_context(&req.volume_context),
+                caps,
+                backend_parameters(&req.parameters),
+            )
             .await?;
         Ok(match verdict {
             None => csi::ValidateVolumeCapabilitiesResponse {
@@ -351,11 +352,9 @@ impl ControllerService {
         }
         let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
         let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
-        let mut params = req.parameters.clone();
-        params.remove(crate::plugin::BACKEND_PARAMETER);
         let local_source = oid.local.clone();
-        let s =
-            backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;
+        let params = backend_parameters(&req.parameters);
+        let s = backend.create_snapshot(name, oid.local, params, convert::secrets(&req.secrets)).await?;
         if s.source_volume_id != local_source {
             return Err(backend
                 .reject_output(
@@ -445,9 +444,7 @@ impl ControllerService {
         cap: wit::VolumeCapability,
     ) -> CsiResult<Option<(Arc<Backend>, wit::Attachment)>> {
         let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(None) };
-        let mut context = context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
-        match backend.attach_plan(oid.local, convert::pairs(&context), cap).await {
+        match backend.attach_plan(oid.local, backend_context(context), cap).await {
             Ok(plan) => Ok(Some((backend, plan))),
             Err(wasmcsi_runtime::CallError::Backend { error: wasmcsi_runtime::WitError::NotFound(_), .. }) => Ok(None),
             Err(e) => Err(e.into()),

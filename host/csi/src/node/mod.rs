@@ -29,7 +29,7 @@ pub use attacher::{Attachers, ConfigSource, NodeSetup};
 
 use crate::convert;
 use crate::error::{CsiError, CsiResult};
-use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, TOPOLOGY_NODE_KEY, required};
+use crate::plugin::{Plugin, TOPOLOGY_NODE_KEY, backend_context, required};
 use attacher::{Expand, Publish, Stage, Stats, Volume, blocking, is_read_only_mode};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -107,9 +107,7 @@ impl NodeService {
                 self.0.node_id
             )));
         }
-        let mut context = context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
-        let plan = backend.attach_plan(oid.local.clone(), convert::pairs(&context), cap).await?;
+        let plan = backend.attach_plan(oid.local.clone(), backend_context(context), cap).await?;
         Ok(Planned { backend, local_id: oid.local, plan })
     }
 
