@@ -122,10 +122,14 @@ impl Plugin {
             return Ok(Route::Here);
         }
         match &self.node_local.peers {
-            Some(peers) => peers.node_of_tag(&backend.name, tag).await.map(Route::Node).ok_or_else(|| {
-                CsiError::Unavailable(format!("{oid} lives on node {tag}, whose node plugin does not answer"))
-            }),
-            None => Err(CsiError::NotFound(format!("{oid} lives on node {tag}, not on this node ({})", self.node_id))),
+            Some(peers) => peers
+                .node_of_tag(&backend.name, tag)
+                .await
+                .map(Route::Node)
+                .ok_or_else(|| CsiError::NodeUnreachable { id: oid.to_string(), tag: tag.to_string() }),
+            None => {
+                Err(CsiError::NotOnThisNode { id: oid.to_string(), tag: tag.to_string(), node: self.node_id.clone() })
+            }
         }
     }
 
@@ -160,9 +164,11 @@ impl Plugin {
         if candidates.is_empty() {
             return match (me, &self.node_local.peers) {
                 (Some(_), _) | (None, None) => Ok(Route::Here),
-                (None, Some(peers)) => peers.first_node().await.map(Route::Node).ok_or_else(|| {
-                    CsiError::Unavailable(format!("no node plugin answers to hold a {} volume", backend.name))
-                }),
+                (None, Some(peers)) => peers
+                    .first_node()
+                    .await
+                    .map(Route::Node)
+                    .ok_or_else(|| CsiError::NoNode { backend: backend.name.clone() }),
             };
         }
         for node in &candidates {

@@ -132,7 +132,10 @@ impl ControllerService {
         let d = &self.0;
         let loaded = self.capable(Feature::ListVolumes);
         let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
-        let journal = d.registry.journal_backends().map_err(|e| CsiError::Internal(e.to_string()))?;
+        let journal = d
+            .registry
+            .journal_backends()
+            .map_err(|source| CsiError::Journal { subject: "every backend".into(), source })?;
         names.extend(journal.into_iter().filter(|n| d.registry.get(n).is_none()));
         let names: Vec<String> = names.into_iter().collect();
         let max = page_size(req.max_entries)?;
@@ -183,7 +186,7 @@ impl ControllerService {
             .0
             .registry
             .journal_volumes(name, from, take as usize + 1)
-            .map_err(|e| CsiError::Internal(e.to_string()))?;
+            .map_err(|source| CsiError::Journal { subject: format!("backend {name}"), source })?;
         let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));
         records.truncate(take as usize);
         let condition = csi::VolumeCondition { abnormal: true, message: answer::message(why) };

@@ -12,7 +12,7 @@ mod listing;
 
 use crate::answer;
 use crate::convert::{self, bytes};
-use crate::error::{CsiError, CsiResult};
+use crate::error::{CsiError, CsiResult, ObjectKind};
 use crate::guard::{GatePass, Side};
 use crate::ids::ObjectId;
 use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, backend_context, backend_parameters, required};
@@ -31,11 +31,11 @@ pub struct ControllerService(pub Arc<Plugin>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
-fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
+fn need(backend: &Backend, feature: Feature, what: &'static str) -> CsiResult<()> {
     if backend.has_feature(feature) {
         Ok(())
     } else {
-        Err(CsiError::Unimplemented(format!("backend {} does not support {what}", backend.name)))
+        Err(CsiError::Unsupported { backend: backend.name.clone(), what })
     }
 }
 
@@ -48,8 +48,9 @@ fn content_source(d: &Plugin, backend: &Backend, src: &csi::VolumeContentSource)
         Some(Type::Volume(v)) => (required(&v.volume_id, "volume_content_source.volume.volume_id")?, false),
         None => return Err(CsiError::Missing("volume_content_source.type")),
     };
-    let (owner, oid) =
-        d.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("content source {id} not found")))?;
+    let (owner, oid) = d
+        .backend_for_id(id)?
+        .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::ContentSource, id: id.to_string() })?;
     if owner.name != backend.name {
         return Err(CsiError::Invalid(format!(
             "content source {id} belongs to backend {}, not {}",
@@ -75,12 +76,7 @@ fn plain_mount() -> wit::VolumeCapability {
 
 /// The replica sets a backend that planned a replicated block attachment may reach.
 fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalog> {
-    backend.block_catalog().ok_or_else(|| {
-        CsiError::FailedPrecondition(format!(
-            "backend {} planned a replicated-block attachment but has no block grant ([backends.{}.grants.block])",
-            backend.name, backend.name
-        ))
-    })
+    backend.block_catalog().ok_or_else(|| CsiError::NoBlockGrant { backend: backend.name.clone() })
 }
 
 /// Enter `backend`'s gate on `side` (see `guard`): a creation and a change of an existing
@@ -119,9 +115,7 @@ impl ControllerService {
         F: FnOnce(ControllerClient<tonic::transport::Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let peers = self.0.node_local.peers.as_ref().ok_or_else(|| {
-            CsiError::Internal(format!("a call for node {node} to forward, but no node plugins are configured"))
-        })?;
+        let peers = self.0.node_local.peers.as_ref().ok_or_else(|| CsiError::NoPeers { node: node.to_string() })?;
         let timeout = backend.limits.call_deadline() * 2 + FORWARD_MARGIN;
         peers.call(node, method, timeout, req, f).await
     }
@@ -177,7 +171,7 @@ impl ControllerService {
         let record = d
             .registry
             .journal_created(&backend, &volume.volume_id, created.capacity_bytes)
-            .map_err(|e| CsiError::Internal(e.to_string()))?;
+            .map_err(|source| CsiError::Journal { subject: format!("volume {}", volume.volume_id), source })?;
         volume.volume_context.insert(DIGEST_CONTEXT_KEY.into(), record.digest);
         volume.content_source = req.volume_content_source;
         tracing::info!(volume.id = %volume.volume_id, bytes = volume.capacity_bytes, "volume ready");
@@ -198,7 +192,9 @@ impl ControllerService {
         let _guard = d.inflight.try_start(id.to_string())?;
         let _pass = enter(d, &backend, Side::Existing, id).await?;
         backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
-        d.registry.journal_deleted(id).map_err(|e| CsiError::Internal(e.to_string()))?;
+        d.registry
+            .journal_deleted(id)
+            .map_err(|source| CsiError::Journal { subject: format!("volume {id}"), source })?;
         tracing::info!(volume.id = %id, "volume deleted");
         Ok(csi::DeleteVolumeResponse {})
     }
@@ -212,8 +208,10 @@ impl ControllerService {
             return Err(CsiError::Missing("volume_capabilities"));
         }
         let caps = convert::capabilities(&req.volume_capabilities)?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) = self
+            .0
+            .backend_for_id(id)?
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() })?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
             return self
                 .forward(&node, &backend, "ValidateVolumeCapabilities", req, |mut c, r| async move {
@@ -342,8 +340,9 @@ impl ControllerService {
         let source = required(&req.source_volume_id, "source_volume_id")?;
         let name = required(&req.name, "name")?.to_string();
         crate::ids::check_name("name", &name)?;
-        let (backend, oid) =
-            d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
+        let (backend, oid) = d
+            .backend_for_id(source)?
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::SourceVolume, id: source.to_string() })?;
         need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
         if let Route::Node(node) = d.route_object(&backend, &oid).await? {
             return self
@@ -388,7 +387,7 @@ impl ControllerService {
     /// refused (INTERNAL), never passed on as if it were the one the CO named.
     async fn get_snapshot(&self, req: csi::GetSnapshotRequest) -> CsiResult<csi::GetSnapshotResponse> {
         let id = required(&req.snapshot_id, "snapshot_id")?;
-        let not_found = || CsiError::NotFound(format!("snapshot {id} not found"));
+        let not_found = || CsiError::ObjectNotFound { kind: ObjectKind::Snapshot, id: id.to_string() };
         // An id that cannot be ours names no snapshot.
         let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(not_found)?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
@@ -416,8 +415,10 @@ impl ControllerService {
         let id = required(&req.volume_id, "volume_id")?;
         let range = convert::capacity(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
         let capability = req.volume_capability.as_ref().map(convert::capability).transpose()?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) = self
+            .0
+            .backend_for_id(id)?
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() })?;
         need(&backend, Feature::ExpandVolume, "expansion")?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
             return self
@@ -471,7 +472,7 @@ impl ControllerService {
         let (backend, plan) = self
             .plan_of(id, &req.volume_context, cap)
             .await?
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() })?;
         if let wit::Attachment::ReplicatedBlock(p) = plan {
             let catalog = block_catalog(&backend)?;
             catalog.claim(&p.volume_id, node).await?;
@@ -511,8 +512,10 @@ impl ControllerService {
 
     async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
+        let (backend, oid) = self
+            .0
+            .backend_for_id(id)?
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() })?;
         need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
         if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
             return self

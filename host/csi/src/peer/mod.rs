@@ -132,13 +132,15 @@ impl Peers {
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let addr = self.nodes(false).await.get(node).cloned();
-        let addr =
-            match addr {
-                Some(a) => a,
-                None => self.nodes(true).await.get(node).cloned().ok_or_else(|| {
-                    CsiError::Unavailable(format!("node {node}: no node plugin of that name answers"))
-                })?,
-            };
+        let addr = match addr {
+            Some(a) => a,
+            None => self
+                .nodes(true)
+                .await
+                .get(node)
+                .cloned()
+                .ok_or_else(|| CsiError::UnknownNode { node: node.to_string() })?,
+        };
         let channel = endpoint(&addr)?.timeout(timeout).connect_lazy();
         let mut request = tonic::Request::new(req);
         request.set_timeout(timeout);
