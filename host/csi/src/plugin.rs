@@ -50,7 +50,7 @@ pub struct Plugin {
 
 impl Plugin {
     /// The backend a StorageClass selects, and the parameters it gets (ours removed).
-    pub fn backend_for_parameters(
+    pub(crate) fn backend_for_parameters(
         &self,
         params: &HashMap<String, String>,
     ) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
@@ -73,14 +73,14 @@ impl Plugin {
     }
 
     /// Whether the host's journal records volumes of backend `name` (made on this host).
-    pub fn journal_knows(&self, name: &str) -> bool {
+    pub(crate) fn journal_knows(&self, name: &str) -> bool {
         self.registry.journal_volumes(name, 0, 1).is_ok_and(|v| !v.is_empty())
     }
 
     /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide
     /// whether that is NotFound or an idempotent success). A well-formed id of a backend that
     /// is not loaded is Unavailable: answering NotFound could orphan the volume.
-    pub fn backend_for_id(&self, id: &str) -> CsiResult<Option<(Arc<Backend>, ObjectId)>> {
+    pub(crate) fn backend_for_id(&self, id: &str) -> CsiResult<Option<(Arc<Backend>, ObjectId)>> {
         let Some(oid) = ObjectId::parse(id) else { return Ok(None) };
         match self.registry.get(&oid.backend) {
             Some(b) => Ok(Some((b, oid))),
@@ -92,7 +92,7 @@ impl Plugin {
     /// its end: method, code, duration (the span the RPC runs in adds the volume, snapshot or
     /// name). Failures at WARN with the message the CO gets; successes at INFO, except the
     /// calls COs poll (see [`polled`]), at DEBUG, so they do not bury the rest.
-    pub async fn observe<T>(
+    pub(crate) async fn observe<T>(
         &self,
         method: &'static str,
         fut: impl Future<Output = CsiResult<T>>,
@@ -127,7 +127,7 @@ impl Plugin {
 
 /// The calls kubelet, the sidecars and the liveness probe repeat every few seconds whatever
 /// happens; logged at DEBUG when they succeed.
-pub fn polled(method: &str) -> bool {
+pub(crate) fn polled(method: &str) -> bool {
     matches!(
         method,
         "Probe" | "GetPluginInfo" | "GetPluginCapabilities" | "ControllerGetCapabilities" | "NodeGetCapabilities"
@@ -136,7 +136,7 @@ pub fn polled(method: &str) -> bool {
 
 /// StorageClass (or VolumeSnapshotClass) parameters as a backend sees them: the one that
 /// selects the backend ([`BACKEND_PARAMETER`]) is the host's, not the backend's.
-pub fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
+pub(crate) fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
     let mut pairs = crate::convert::pairs(params);
     pairs.retain(|p| p.key != BACKEND_PARAMETER);
     pairs
@@ -144,14 +144,14 @@ pub fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
 
 /// A volume context as its backend sees it: the keys the host adds
 /// ([`DIGEST_CONTEXT_KEY`]) are the host's, not the backend's.
-pub fn backend_context(context: &HashMap<String, String>) -> Vec<wit::Pair> {
+pub(crate) fn backend_context(context: &HashMap<String, String>) -> Vec<wit::Pair> {
     let mut pairs = crate::convert::pairs(context);
     pairs.retain(|p| p.key != DIGEST_CONTEXT_KEY);
     pairs
 }
 
 /// Require a non-empty string field.
-pub fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
+pub(crate) fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
     if value.is_empty() { Err(CsiError::Missing(field)) } else { Ok(value) }
 }
 
