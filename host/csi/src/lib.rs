@@ -3,14 +3,19 @@
 //! the `backend` StorageClass parameter or the id's prefix), checks what backends answer,
 //! and carries out attachment plans on the node. It runs no guest code itself (that is
 //! `wasmcsi-runtime`) and decides no storage policy (that is the backends).
-pub mod answer;
-pub mod authority;
+//!
+//! Other crates see what they build a host from: the [`Plugin`] and its services
+//! (`controller`, `node`, `server`, `peer`), the reconciler, the metrics and the constants a
+//! CO or a conformance run speaks (`plugin`); the checks, conversions and guards are the
+//! crate's own.
+mod answer;
+mod authority;
 pub mod controller;
-pub mod convert;
-pub mod error;
-pub mod guard;
-pub mod identity;
-pub mod ids;
+mod convert;
+mod error;
+mod guard;
+mod identity;
+mod ids;
 pub mod metrics;
 pub mod node;
 pub mod peer;
@@ -19,5 +24,6 @@ pub mod reconcile;
 pub mod server;
 pub mod topology;
 
-pub use error::{CsiError, CsiResult};
+pub use error::{CsiError, CsiResult, ObjectKind};
+pub use guard::InFlight;
 pub use plugin::{Mode, Plugin};
