@@ -278,7 +278,8 @@ async fn each_answer_outside_the_contract_is_refused_or_clipped_before_the_co_se
     let channel = connect(&host.socket).await.unwrap();
     // A client with gRPC's default 4 MiB receive limit, like the sidecars.
     let mut controller = ControllerClient::new(channel.clone());
-    // The README's limit of condition and validation messages (`answer::MAX_MESSAGE`).
+    // The documented limit of condition and validation messages (`answer::MAX_MESSAGE`,
+    // docs/operating.md).
     let limit = 1024;
 
     // An 8 MiB error keeps its code; its message is clipped.
