@@ -13,6 +13,8 @@
 //! The host's temporary entries are named and locked so a dead writer's are recognised, hidden
 //! from `read-dir` and swept (`temp.rs`).
 mod copies;
+#[cfg(feature = "test-hooks")]
+mod hold;
 mod ops;
 mod path;
 mod root;
@@ -20,6 +22,8 @@ mod temp;
 mod tree;
 
 pub use copies::CopyJobs;
+#[cfg(feature = "test-hooks")]
+pub use hold::{CopyHold, hold_copies};
 pub use path::resolve;
 
 use crate::bindings::types::Error;
