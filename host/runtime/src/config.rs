@@ -274,8 +274,8 @@ mod tests {
 }
 
 /// Every host configuration the project shows an operator loads: the ```toml blocks of the
-/// READMEs and docs, and the ConfigMap's `config.toml` (issue 13, item 15: the README's sample
-/// once did not start).
+/// READMEs and of every page in `docs/`, and the ConfigMap's `config.toml` (a sample in the
+/// docs once did not start).
 #[cfg(test)]
 mod shown_configurations {
     use super::HostConfig;
@@ -283,6 +283,14 @@ mod shown_configurations {
 
     fn workspace() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// A Cargo manifest shown to a developer (`docs/vm-test-tier.md`), not a host configuration:
+    /// only Cargo's own tables say so, so a host configuration with a mistyped table still fails.
+    fn is_cargo_manifest(block: &str) -> bool {
+        block.lines().any(|l| {
+            matches!(l.trim(), "[package]" | "[dependencies]" | "[dev-dependencies]" | "[workspace.dependencies]")
+        })
     }
 
     /// The ```toml blocks of a markdown file, dedented (blocks inside list items are indented).
@@ -307,10 +315,18 @@ mod shown_configurations {
     #[test]
     fn every_configuration_in_the_docs_and_deploy_loads() {
         let mut checked = 0;
-        for doc in ["README.md", "deploy/README.md", "docs/ceph-rbd-shim.md", "docs/replicated-block.md"] {
-            let text = std::fs::read_to_string(workspace().join(doc)).expect(doc);
-            for block in toml_blocks(&text) {
-                if let Err(e) = HostConfig::parse(&block, Path::new(doc)) {
+        let mut docs = vec![workspace().join("README.md"), workspace().join("deploy/README.md")];
+        for entry in std::fs::read_dir(workspace().join("docs")).expect("docs/") {
+            let path = entry.expect("docs/ entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+        for path in &docs {
+            let doc = path.display();
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{doc}: {e}"));
+            for block in toml_blocks(&text).into_iter().filter(|b| !is_cargo_manifest(b)) {
+                if let Err(e) = HostConfig::parse(&block, path) {
                     panic!("a configuration in {doc} does not load: {e}\n{block}");
                 }
                 checked += 1;

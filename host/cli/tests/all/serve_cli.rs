@@ -106,7 +106,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(out.status.success(), "client failed:\n{stdout}\n{stderr}\nserver log:\n{log}");
     assert!(stdout.lines().any(|l| l.starts_with("probe ")), "{stdout}");
-    // No backend named `gone` is loaded: UNAVAILABLE, never NOT_FOUND (README).
+    // No backend named `gone` is loaded: UNAVAILABLE, never NOT_FOUND (docs/operating.md).
     assert!(stdout.contains("expand UNAVAILABLE"), "{stdout}\nserver log:\n{log}");
 
     let lines: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();

@@ -12,6 +12,11 @@ use wasmcsi_runtime::registry::ConfigChange;
 use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, WitError};
 
 const DEADLINE_MS: u64 = 500;
+/// What a loaded 2-core machine may add between a deadline and the answer. The bounds only have
+/// to tell a call stopped at its deadline from one that is not (a spinning guest never ends);
+/// how late the answers come is measured by
+/// `cargo bench --workspace --bench backend_call -- neighbour`.
+const SLACK: Duration = Duration::from_secs(1);
 
 fn config(root: &Path, hostile_gets_dir: bool) -> HostConfig {
     let hostile_dir = if hostile_gets_dir {
@@ -99,7 +104,7 @@ async fn a_spinning_guest_is_stopped_at_its_deadline_while_another_backend_serve
     let (r, took) = spinning.await.unwrap();
     assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
     assert!(took >= Duration::from_millis(DEADLINE_MS), "stopped early: {took:?}");
-    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "stopped late: {took:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS) + SLACK, "stopped late: {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +113,7 @@ async fn allocating_past_the_memory_cap_is_an_out_of_memory_error() {
     let rt = runtime(d.path(), true);
     let (r, took) = hostile_call(&rt, "oom").await;
     assert!(matches!(r, Err(CallError::OutOfMemory { limit_mib: 32, .. })), "{r:?}");
-    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "{took:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS) + SLACK, "{took:?}");
 }
 
 /// A cap above the engine's ceiling (256 MiB here): the engine, not the backend's limiter,
