@@ -1,9 +1,9 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands (`backend check` runs the
 //! CSI conformance suite of `wasmcsi-conformance`), the metrics endpoint, the node's data path
 //! as a process of its own (`wasmcsi datapath`), the rbd-fuse daemons it keeps, and its live
-//! upgrade, and replica nodes as
-//! child processes (the demo's and the benchmark's). `anyhow` lives
-//! here, at the edge; the libraries below use typed errors.
+//! upgrade, replica nodes as child processes (the demo's and the benchmark's), and the built-in
+//! CA by hand (`wasmcsi pki`). `anyhow` lives here, at the edge; the libraries below use typed
+//! errors.
 pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
@@ -15,6 +15,7 @@ pub mod datapath_upgrade;
 pub mod demo;
 pub mod host;
 pub mod metrics_http;
+pub mod pki_cmd;
 pub mod replica_process;
 pub mod scaffold;
 

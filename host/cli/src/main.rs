@@ -87,6 +87,10 @@ enum Command {
     /// The controller-to-node channel of node-local backends.
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// The built-in CA by hand: make one, issue node and controller credentials, show what a
+    /// credentials directory holds.
+    #[command(subcommand)]
+    Pki(wasmcsi::pki_cmd::PkiCommand),
 }
 
 #[derive(Subcommand)]
@@ -357,6 +361,7 @@ fn main() -> std::process::ExitCode {
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
             Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),
+            Command::Pki(cmd) => wasmcsi::pki_cmd::run(cmd),
         }
     });
     match result {

@@ -1,7 +1,8 @@
 //! Trust for every network channel of wasmcsi: who a peer is, whether it may connect, and what
 //! the controller granted it. It owns the identities ([`identity`]: a [`Role`] in a
 //! `spiffe://wasmcsi/…` URI SAN), the built-in CA ([`pki`]: generate, load, issue, sign
-//! requests, write a credentials directory in the Kubernetes TLS Secret layout), loading a
+//! requests, write a credentials directory in the Kubernetes TLS Secret layout; [`inspect`] reads
+//! one back fact by fact), loading a
 //! credentials directory into mutual-TLS rustls configs with our own verifiers
 //! ([`credentials`], [`verifier`]; TLS 1.3 only, ring, AES-128-GCM preferred: [`provider`]),
 //! following that directory as it rotates ([`reload`]), controller-signed grants and where a node
@@ -25,6 +26,7 @@
 pub mod credentials;
 pub mod grant;
 pub mod identity;
+pub mod inspect;
 pub mod listener;
 pub mod pki;
 pub mod provider;

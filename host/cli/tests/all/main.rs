@@ -15,6 +15,7 @@ mod hostile;
 mod hot_reload;
 mod nfs_flow_vm;
 mod node_local;
+mod pki;
 mod rbd_flow;
 mod replicated_flow;
 mod replicated_metrics;
