@@ -1,9 +1,9 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands (`backend check` runs the
 //! CSI conformance suite of `wasmcsi-conformance`), the metrics endpoint, the node's data path
 //! as a process of its own (`wasmcsi datapath`), the rbd-fuse daemons it keeps, and its live
-//! upgrade, replica nodes as child processes (the demo's and the benchmark's), and the built-in
-//! CA by hand (`wasmcsi pki`). `anyhow` lives here, at the edge; the libraries below use typed
-//! errors.
+//! upgrade, replica nodes as child processes (the demo's and the benchmark's), the built-in CA
+//! by hand (`wasmcsi pki`), and the descriptor limit every process raises at start
+//! (`descriptors`). `anyhow` lives here, at the edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
@@ -13,6 +13,7 @@ pub mod datapath_cmd;
 pub mod datapath_rbd_fuse;
 pub mod datapath_upgrade;
 pub mod demo;
+pub mod descriptors;
 pub mod host;
 pub mod metrics_http;
 pub mod pki_cmd;

@@ -336,6 +336,8 @@ async fn sigterm() -> anyhow::Result<()> {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_format);
+    // Every process, whatever it runs: see `descriptors`.
+    wasmcsi::descriptors::raise_soft_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

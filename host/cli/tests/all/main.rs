@@ -8,6 +8,7 @@
 mod backend_check;
 mod block_cli;
 mod block_netns;
+mod bounds;
 mod compose;
 mod conformance;
 mod controller_faults;

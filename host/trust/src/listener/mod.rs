@@ -16,11 +16,14 @@
 //! state; nothing of the application is allocated until the handler runs, and the handler runs
 //! only for an authenticated peer (or a plain one, in the plain and permissive modes). Idle
 //! timeouts after the handshake are the handler's: control and metrics connections want one,
-//! engine sessions are long-lived and use TCP keepalive.
+//! engine sessions are long-lived and use TCP keepalive; [`Timeouts`] is the wrapper they use.
+//! The same back-off serves accept loops that are not TCP ([`AcceptBackoff`]: the CSI unix
+//! socket).
 
 mod backoff;
 mod budget;
 mod gate;
+mod timeouts;
 
 use std::future::Future;
 use std::io;
@@ -34,9 +37,10 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-pub use backoff::{FIRST_DELAY as ACCEPT_BACKOFF_FIRST, MAX_DELAY as ACCEPT_BACKOFF_MAX};
+pub use backoff::{AcceptBackoff, FIRST_DELAY as ACCEPT_BACKOFF_FIRST, MAX_DELAY as ACCEPT_BACKOFF_MAX};
 pub use budget::{BudgetExceeded, HandshakeBudget, is_budget_exceeded};
 pub use gate::{Permit, Refusal};
+pub use timeouts::Timeouts;
 
 use crate::credentials::Credentials;
 use crate::identity::{IdentityError, Role};
