@@ -2,8 +2,9 @@
 //! CSI conformance suite of `wasmcsi-conformance`), the metrics endpoint, the node's data path
 //! as a process of its own (`wasmcsi datapath`), the rbd-fuse daemons it keeps, and its live
 //! upgrade, replica nodes as child processes (the demo's and the benchmark's), the built-in CA
-//! by hand (`wasmcsi pki`), and the descriptor limit every process raises at start
-//! (`descriptors`). `anyhow` lives here, at the edge; the libraries below use typed errors.
+//! by hand (`wasmcsi pki`), a host's identity and authority endpoint (`trust`), and the
+//! descriptor limit every process raises at start (`descriptors`). `anyhow` lives here, at the
+//! edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
@@ -19,6 +20,7 @@ pub mod metrics_http;
 pub mod pki_cmd;
 pub mod replica_process;
 pub mod scaffold;
+pub mod trust;
 
 /// Read a host configuration file, or the defaults when none is given.
 pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcsi_runtime::config::HostConfig> {

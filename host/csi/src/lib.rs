@@ -1,10 +1,13 @@
 //! The CSI face of wasmcsi: Identity, Controller and Node over gRPC on a unix socket. It
 //! validates requests as the CSI spec asks, routes them to the backend that owns them (by
 //! the `backend` StorageClass parameter or the id's prefix), checks what backends answer,
-//! and carries out attachment plans on the node. It runs no guest code itself (that is
-//! `wasmcsi-runtime`) and decides no storage policy (that is the backends).
+//! and carries out attachment plans on the node. It also serves the controller's authority
+//! endpoint (`authority_endpoint`: node certificates and grants of volumes) and holds the
+//! node's client of it. It runs no guest code itself (that is `wasmcsi-runtime`) and decides
+//! no storage policy (that is the backends).
 pub mod answer;
 pub mod authority;
+pub mod authority_endpoint;
 pub mod controller;
 pub mod convert;
 pub mod error;

@@ -1,9 +1,10 @@
 //! The bounds of a process's listeners outside the replica port, on the real binary (`wasmcsi
 //! serve --mode all` with hostpath): `/metrics` held by 500 idle connections and flooded past
 //! the process's descriptor limit while the CSI socket keeps answering Probe and CreateVolume,
-//! with memory and CPU measured; the CSI socket itself at the descriptor limit (its accept loop
-//! waits instead of spinning, and answers again once descriptors are free); and the soft
-//! descriptor limit raised to the hard one at start.
+//! with memory and CPU measured; 500 idle TLS connections to the authority endpoint, memory per
+//! connection measured, the CSI socket answering; the CSI socket itself at the descriptor limit
+//! (its accept loop waits instead of spinning, and answers again once descriptors are free); and
+//! the soft descriptor limit raised to the hard one at start.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -25,6 +26,8 @@ struct Served {
     proc: Proc,
     socket: PathBuf,
     metrics: SocketAddr,
+    /// The authority endpoint, when `extra` asked for one.
+    authority: Option<SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -76,7 +79,7 @@ fn serve_with(extra: &[String]) -> Served {
         line.split(&format!("{name}=Some(")).nth(1).and_then(|rest| rest.split(')').next()).map(|a| a.parse().unwrap())
     };
     let metrics = addr("metrics").unwrap_or_else(|| panic!("no metrics address in {line}"));
-    Served { proc, socket, metrics, _dir: dir }
+    Served { proc, socket, metrics, authority: addr("authority"), _dir: dir }
 }
 
 fn pid(s: &Served) -> i32 {
@@ -225,6 +228,63 @@ async fn a_metrics_flood_past_the_descriptor_limit_leaves_the_csi_socket_answeri
     assert!(status.contains("200"), "a scrape after the idle connections timed out: {status:?}");
     csi_answers(&s.socket, "after").await;
     drop((idle, flood));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_tls_connections_to_the_authority_endpoint_cost_little_and_leave_the_csi_socket_answering() {
+    use wasmcsi_trust::pki::{DEFAULT_CA_VALIDITY, DEFAULT_LEAF_VALIDITY};
+    use wasmcsi_trust::{Authority, ExpectedRole, Role, TrustAnchors, Validity};
+    let _serial = SERIAL.lock().await;
+    let pki = tempfile::tempdir().unwrap();
+    let ca = Authority::generate(Validity::starting_now(DEFAULT_CA_VALIDITY)).unwrap();
+    let tls = pki.path().join("controller");
+    ca.issue(&Role::Controller, Validity::starting_now(DEFAULT_LEAF_VALIDITY))
+        .unwrap()
+        .write(&tls, ca.bundle())
+        .unwrap();
+    let s =
+        serve_with(&["--tls-dir".into(), tls.display().to_string(), "--authority-listen".into(), "127.0.0.1:0".into()]);
+    let authority = s.authority.expect("the authority endpoint's address");
+    let pid = pid(&s);
+    csi_answers(&s.socket, "before").await;
+    // Clients without a certificate: the endpoint admits them to the handshake (a node asks for
+    // its first certificate so), and each then holds an authenticated-server TLS session open
+    // without sending a byte of HTTP/2.
+    let anchors = std::sync::Arc::new(TrustAnchors::new(ca.bundle().to_vec()).unwrap());
+    let config = wasmcsi_trust::credentials::anonymous_client_config(anchors, ExpectedRole::Controller).unwrap();
+    let handshake = |i: u32| {
+        let config = config.clone();
+        async move {
+            let tcp = connect_from(Ipv4Addr::from(0x7f00_0001 + i / 10), authority).await.expect("connect");
+            let server_name = wasmcsi_trust::credentials::server_name();
+            let (writer, reader, role) =
+                wasmcsi_trust::stream::connect(tcp, config, server_name, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(role, Role::Controller);
+            (writer, reader)
+        }
+    };
+    // One first, so what the first connection sets up once is not counted per connection.
+    let warm = handshake(0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rss_before, fds_before) = (rss_kib(pid), open_descriptors(pid));
+    const IDLE: u32 = 500;
+    let mut held = Vec::new();
+    for i in 1..=IDLE {
+        held.push(handshake(i).await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss_during, fds_during) = (rss_kib(pid), open_descriptors(pid));
+    let cpu = cpu_during(pid, Duration::from_secs(2));
+    csi_answers(&s.socket, "during").await;
+    let per_connection = rss_during.saturating_sub(rss_before) * 1024 / u64::from(IDLE);
+    println!(
+        "authority endpoint: {IDLE} idle TLS connections; descriptors {fds_before} -> {fds_during}; RSS \
+         {rss_before} -> {rss_during} KiB ({per_connection} bytes per connection); CPU {cpu:?} in 2 s"
+    );
+    assert!(fds_during >= fds_before + IDLE as usize, "the server holds every one: {fds_before} -> {fds_during}");
+    assert!(per_connection < 64 * 1024, "{per_connection} bytes of RSS per idle connection");
+    assert!(cpu < Duration::from_millis(600), "idle connections cost CPU: {cpu:?} in 2 s");
+    drop((warm, held));
 }
 
 #[tokio::test(flavor = "multi_thread")]
