@@ -1,8 +1,10 @@
 //! The `wasmcsi` binary's library: starting a host, the CLI commands (`backend check` runs the
 //! CSI conformance suite of `wasmcsi-conformance`; `wasmcsi datapath` and `wasmcsi upgrade
 //! datapath` parse their arguments here and leave the data-path process to `wasmcsi-datapath`),
-//! the metrics endpoint, and replica nodes as child processes (the demo's and the benchmark's).
-//! `anyhow` lives here, at the edge; the libraries below use typed errors.
+//! the metrics endpoint, replica nodes as child processes (the demo's and the benchmark's), the
+//! built-in CA by hand (`wasmcsi pki`), a host's identity and authority endpoint (`trust`), and
+//! the descriptor limit every process raises at start (`descriptors`). `anyhow` lives here, at
+//! the edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod block_cmd;
 pub mod block_ctl;
@@ -11,10 +13,13 @@ pub mod compose;
 pub mod datapath_cmd;
 pub mod datapath_upgrade;
 pub mod demo;
+pub mod descriptors;
 pub mod host;
 pub mod metrics_http;
+pub mod pki_cmd;
 pub mod replica_process;
 pub mod scaffold;
+pub mod trust;
 
 /// Read a host configuration file, or the defaults when none is given.
 pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcsi_runtime::config::HostConfig> {
