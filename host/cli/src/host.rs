@@ -331,6 +331,8 @@ fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::dat
     Ok(crate::datapath_cmd::DataPathArgs {
         socket: socket.to_owned(),
         state_dir: opts.state_dir.clone(),
+        // Started here, it shares this host's mount namespace: nothing to propagate.
+        shared_state_dir: false,
         node_id: opts.node_id.clone(),
         replica_listen: r.listen,
         replica_root: r.root.clone(),

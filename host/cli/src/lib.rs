@@ -28,3 +28,18 @@ pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcs
         None => Ok(wasmcsi_runtime::config::HostConfig::default()),
     }
 }
+
+/// Refuses a directory whose mount would keep what this process mounts beneath it inside its
+/// own mount namespace (see `wasmcsi_csi::node::propagation`): `name` says what the directory
+/// is, `why` who must see those mounts; both go into the error, `name` into the log line of a
+/// directory that passes.
+pub fn check_shared_mount(flag: &str, dir: &std::path::Path, name: &str, why: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use wasmcsi_csi::node::{mountinfo, propagation};
+    // Spelled as the mount table spells it: no symlink on the way.
+    let canonical = std::fs::canonicalize(dir).with_context(|| format!("{flag} {}", dir.display()))?;
+    let entries = mountinfo::read_current()?;
+    propagation::check_shared(&entries, &canonical).with_context(|| format!("{flag}: {name}: {why}"))?;
+    tracing::info!(dir = %canonical.display(), "{name} is a shared mount");
+    Ok(())
+}

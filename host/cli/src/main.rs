@@ -390,13 +390,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Refuse to serve a node whose mounts would not reach kubelet (see `node::propagation`).
 fn check_kubelet_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use wasmcsi_csi::node::{mountinfo, propagation};
-    // Spelled as the mount table spells it: no symlink on the way.
-    let dir = std::fs::canonicalize(dir).with_context(|| format!("--kubelet-dir {}", dir.display()))?;
-    let entries = mountinfo::read_current()?;
-    propagation::check_shared(&entries, &dir)?;
-    tracing::info!(kubelet_dir = %dir.display(), "kubelet's directory is a shared mount");
-    Ok(())
+    wasmcsi::check_shared_mount(
+        "--kubelet-dir",
+        dir,
+        "kubelet's directory",
+        "the volumes staged and published beneath it must reach kubelet and the pods",
+    )
 }
 
 async fn sigterm() -> anyhow::Result<()> {

@@ -115,15 +115,18 @@ pub struct Grants {
     /// `dir`: root name → host directory. Root names are `[a-z0-9-]`, 1–32 bytes.
     #[serde(default)]
     pub dir: BTreeMap<String, PathBuf>,
-    /// `nfs`: the servers/exports the userspace NFS client may reach.
+    /// `nfs`: the servers/exports the userspace NFS client may reach. Absent: not granted (a
+    /// backend importing `nfs` does not load); `nfs = []`: granted, reaching no server yet (the
+    /// backend loads and every call naming a server is refused until the operator adds it).
     #[serde(default)]
-    pub nfs: Vec<NfsGrant>,
+    pub nfs: Option<Vec<NfsGrant>>,
     /// `block`: where the replica nodes this backend may place on are found (addresses, a file
     /// of addresses re-read every time, DNS names such as a headless Service).
     pub block: Option<wasmcsi_block::catalog::NodeSources>,
-    /// `rbd`: per cluster, the pools this backend may use.
+    /// `rbd`: per cluster, the pools this backend may use. Absent: not granted; `rbd = []`:
+    /// granted, reaching no cluster yet (as `nfs`).
     #[serde(default)]
-    pub rbd: Vec<RbdGrant>,
+    pub rbd: Option<Vec<RbdGrant>>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -180,7 +183,7 @@ impl HostConfig {
                 }
             }
             Self::validate_limits(name, &self.limits_for(name))?;
-            for g in &b.grants.rbd {
+            for g in b.grants.rbd.iter().flatten() {
                 if !self.clusters.contains_key(&g.cluster) {
                     return Err(invalid(format!(
                         "rbd grant names cluster {:?}, which no [clusters.NAME] defines",
@@ -270,6 +273,18 @@ mod tests {
         assert_eq!((q.bytes, q.keys), (1000, 7));
         assert_eq!(cfg.limits_for("other").kv_quota().keys, Limits::default().kv_quota_keys);
         assert!(HostConfig::parse("[runtime]\nkv_quota_keys = 0\n", Path::new("t")).is_err());
+    }
+
+    /// `nfs = []` grants the capability with no server in it (the backend loads, reaching
+    /// nothing), which an absent key does not; the same for `rbd`.
+    #[test]
+    fn an_empty_grant_list_grants_nothing_yet_and_an_absent_one_is_no_grant() {
+        let cfg =
+            HostConfig::parse("[backends.nfs.grants]\nnfs = []\n[backends.rbd.grants]\nrbd = []\n", Path::new("t"))
+                .expect("valid config");
+        assert_eq!(cfg.grants_for("nfs").nfs, Some(vec![]));
+        assert_eq!(cfg.grants_for("rbd").rbd, Some(vec![]));
+        assert_eq!((cfg.grants_for("other").nfs, cfg.grants_for("other").rbd), (None, None));
     }
 }
 

@@ -62,6 +62,21 @@ fn content_source(
     }
 }
 
+/// The parameters of a class GetCapacity passes to its backend: those the backend declares
+/// (`backend-info.parameters`) and the CO's own (`csi.storage.k8s.io/…`). A parameter the
+/// backend does not take cannot change its capacity, and refusing it here would hide it: the
+/// external-provisioner logs a failed GetCapacity and publishes no CSIStorageCapacity, so the
+/// scheduler answers a WaitForFirstConsumer claim "not enough free storage" and CreateVolume,
+/// whose INVALID_ARGUMENT the provisioner shows on the claim (a ProvisioningFailed event),
+/// never runs. CreateVolume gets every parameter and refuses the unknown one there.
+fn capacity_parameters(declared: &[String], mut parameters: Vec<wit::Pair>) -> Vec<wit::Pair> {
+    parameters.retain(|p| p.key.starts_with(CO_PARAMETER_PREFIX) || declared.contains(&p.key));
+    parameters
+}
+
+/// The prefix of the parameters the CO itself adds or reads (secrets, fstype, PVC metadata).
+const CO_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
+
 /// The capability to ask for a plan with when the CO sent none (unpublish).
 fn plain_mount() -> wit::VolumeCapability {
     use wasmcsi_runtime::bindings::types as wt;
@@ -202,6 +217,7 @@ impl ControllerService {
             if let Some(elsewhere) = self.capacity_elsewhere(&b, &req).await? {
                 return Ok(elsewhere);
             }
+            let p = capacity_parameters(&b.info.parameters, p);
             (vec![b], p)
         } else {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
@@ -555,5 +571,26 @@ impl Controller for ControllerService {
                 Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into()))
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(kv: &[(&str, &str)]) -> Vec<wit::Pair> {
+        kv.iter().map(|(k, v)| wit::Pair { key: (*k).into(), value: (*v).into() }).collect()
+    }
+
+    /// GetCapacity passes on what the backend takes and what the CO adds, and leaves a
+    /// parameter the backend does not take to CreateVolume, which refuses it.
+    #[test]
+    fn capacity_sees_the_declared_and_the_co_parameters_only() {
+        let declared = vec!["root".to_string()];
+        let class = pairs(&[("colour", "red"), ("csi.storage.k8s.io/fstype", "ext4"), ("root", "fast")]);
+        let kept: Vec<(String, String)> =
+            capacity_parameters(&declared, class).into_iter().map(|p| (p.key, p.value)).collect();
+        assert_eq!(kept, [("csi.storage.k8s.io/fstype".into(), "ext4".into()), ("root".into(), "fast".into())]);
+        assert!(capacity_parameters(&[], pairs(&[("root", "fast")])).is_empty());
     }
 }
