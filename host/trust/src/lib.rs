@@ -4,10 +4,11 @@
 //! requests, write a credentials directory in the Kubernetes TLS Secret layout), loading a
 //! credentials directory into mutual-TLS rustls configs with our own verifiers
 //! ([`credentials`], [`verifier`]; TLS 1.3 only, ring, AES-128-GCM preferred: [`provider`]),
-//! following that directory as it rotates ([`reload`]), controller-signed grants ([`grant`]),
-//! the one bounded accept loop of every TCP listener ([`listener`]: caps, back-off on descriptor
-//! exhaustion, handshake deadline and byte budget, plaintext and permissive modes) and a TLS
-//! connection a synchronous thread writes into directly ([`stream`]).
+//! following that directory as it rotates ([`reload`]), controller-signed grants and where a node
+//! gets them ([`grant`], [`grant::source`]), the one bounded accept loop of every TCP listener
+//! ([`listener`]: caps, back-off on descriptor exhaustion, handshake deadline and byte budget,
+//! plaintext and permissive modes) and a TLS connection a synchronous thread writes into
+//! directly ([`stream`]).
 //!
 //! It does not own what a role may do: the replica server decides which requests a node or the
 //! controller may make and checks a grant's volume, node and epoch; the authority endpoint
@@ -33,6 +34,7 @@ pub mod stream;
 pub mod verifier;
 
 pub use credentials::{Credentials, CredentialsError};
+pub use grant::source::{GrantSource, GrantSourceError, LocalGrantSource, Publications};
 pub use grant::{Grant, GrantError, SignedGrant};
 pub use identity::{IdentityError, Role};
 pub use listener::{Limits, Listener};
