@@ -8,8 +8,8 @@
 //! following that directory as it rotates ([`reload`]), controller-signed grants and where a node
 //! gets them ([`grant`], [`grant::source`]), the one bounded accept loop of every TCP listener
 //! ([`listener`]: caps, back-off on descriptor exhaustion, handshake deadline and byte budget,
-//! plaintext and permissive modes) and a TLS connection a synchronous thread writes into
-//! directly ([`stream`]).
+//! plaintext and permissive modes), a TLS connection a synchronous thread writes into
+//! directly ([`stream`]) and the `--tls-mode` every channel is run in ([`mode`]).
 //!
 //! It does not own what a role may do: the replica server decides which requests a node or the
 //! controller may make and checks a grant's volume, node and epoch; the authority endpoint
@@ -28,6 +28,7 @@ pub mod grant;
 pub mod identity;
 pub mod inspect;
 pub mod listener;
+pub mod mode;
 pub mod pki;
 pub mod provider;
 pub mod reload;
@@ -40,6 +41,7 @@ pub use grant::source::{GrantSource, GrantSourceError, LocalGrantSource, Publica
 pub use grant::{Grant, GrantError, SignedGrant};
 pub use identity::{IdentityError, Role};
 pub use listener::{Limits, Listener};
+pub use mode::TlsMode;
 pub use pki::{Authority, Validity};
 pub use reload::{LiveCredentials, Watcher, watch};
 pub use verifier::{ExpectedRole, TrustAnchors};

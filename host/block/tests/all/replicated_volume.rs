@@ -61,7 +61,7 @@ impl Cluster {
             .iter()
             .map(|dir| {
                 drop(ReplicaStore::create(&dir.join(VOLUME), VOLUME, SIZE).unwrap());
-                Some(rt.block_on(ReplicaServer::bind("127.0.0.1:0", dir)).unwrap())
+                Some(rt.block_on(ReplicaServer::bind_plaintext("127.0.0.1:0", dir)).unwrap())
             })
             .collect::<Vec<_>>();
         let addrs = servers.iter().map(|s| s.as_ref().map(ReplicaServer::local_addr).unwrap()).collect();
@@ -123,7 +123,7 @@ impl Cluster {
 
     /// Serves replica `i` again on its old address (the driver only knows addresses).
     fn restart_replica(&mut self, i: usize) {
-        let server = self.rt.block_on(ReplicaServer::bind(self.addrs[i], &self.node_roots[i])).unwrap();
+        let server = self.rt.block_on(ReplicaServer::bind_plaintext(self.addrs[i], &self.node_roots[i])).unwrap();
         self.servers[i] = Some(server);
     }
 
@@ -643,7 +643,7 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
 
     // The new node: an empty replica created through the control surface.
     let new_root = tempfile::tempdir().unwrap();
-    let server = cluster.rt.block_on(ReplicaServer::bind("127.0.0.1:0", new_root.path())).unwrap();
+    let server = cluster.rt.block_on(ReplicaServer::bind_plaintext("127.0.0.1:0", new_root.path())).unwrap();
     let new_addr = server.local_addr();
     cluster
         .rt

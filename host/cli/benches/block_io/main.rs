@@ -337,7 +337,7 @@ impl Cluster {
         let server_rt = runtime("replica");
         let servers: Vec<_> = nodes
             .iter()
-            .map(|d| Some(server_rt.block_on(ReplicaServer::bind("127.0.0.1:0", d)).expect("replica server")))
+            .map(|d| Some(server_rt.block_on(ReplicaServer::bind_plaintext("127.0.0.1:0", d)).expect("replica server")))
             .collect();
         let addrs: Vec<_> = servers.iter().map(|s| s.as_ref().unwrap().local_addr()).collect();
         if let Some(p) = placement {
@@ -374,7 +374,8 @@ impl Cluster {
     }
 
     fn start_replica(&mut self, i: usize) {
-        let server = self.server_rt.block_on(ReplicaServer::bind(self.addrs[i], &self.nodes[i])).expect("replica");
+        let server =
+            self.server_rt.block_on(ReplicaServer::bind_plaintext(self.addrs[i], &self.nodes[i])).expect("replica");
         self.servers[i] = Some(server);
     }
 }
