@@ -1,4 +1,4 @@
-//! Issue 13 item 9: everything one backend call can make the host write (its log lines with
+//! Everything one backend call can make the host write (its log lines with
 //! their field names and values, and its error message) fits one byte budget, however the
 //! guest calls `log`. Its own test binary: it installs the process's tracing subscriber.
 #![allow(clippy::unwrap_used, reason = "tests")]

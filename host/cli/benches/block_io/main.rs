@@ -578,7 +578,7 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
 
 /// One row of the verdict table.
 struct Goal {
-    /// "old" (the goals before issue 18) or "new" (issue 18's, node-confined).
+    /// "old" (the goals before the node was confined to its own CPU) or "new" (node-confined).
     set: &'static str,
     what: String,
     target: String,
@@ -1003,7 +1003,7 @@ fn main() {
         let got = format!("{full_vs_copy:.2}x");
         goals.push(Goal::new("old", "full rebuild speed / raw copy", ">= 0.80x", got, full_vs_copy >= 0.8));
     }
-    // Issue 18: the node on its own CPU, fewer CPU µs per replicated write, medians.
+    // The node on its own CPU, fewer CPU µs per replicated write, medians.
     if let Some(r) = ratio(&run_engine_m, &run_raw_m, 3) {
         let target = ">= 0.50x raw (one disk for both replicas: the physical limit)";
         goals.push(Goal::new("new", "engine 1M seq write", target, format!("{r:.2}x"), r >= 0.5));

@@ -173,8 +173,8 @@ fn list_entries(page: &csi::ListVolumesResponse) -> Vec<(String, Option<csi::Vol
         .collect()
 }
 
-/// A backend that hangs, next to one that serves, in the calls that visit every backend
-/// (issue 13, item 12): GetCapacity asks them at once, not one deadline after another;
+/// A backend that hangs, next to one that serves, in the calls that visit every backend:
+/// GetCapacity asks them at once, not one deadline after another;
 /// ListVolumes answers with what the host's journal knows of the hung backend's volumes,
 /// marked abnormal, instead of failing whole; and a backend whose file was removed keeps its
 /// volumes in ListVolumes, abnormal, instead of their vanishing.
@@ -234,8 +234,8 @@ async fn one_failing_backend_does_not_take_down_calls_over_every_backend() {
 }
 
 /// CreateVolume for a backend whose file is briefly missing (an operator replacing it) is
-/// UNAVAILABLE, which the provisioner retries, not INVALID_ARGUMENT, which it takes as final
-/// (issue 13, item 13): while the host's journal knows the backend's volumes, and for a while
+/// UNAVAILABLE, which the provisioner retries, not INVALID_ARGUMENT, which it takes as final:
+/// while the host's journal knows the backend's volumes, and for a while
 /// after its file went away. A name the host never served stays INVALID_ARGUMENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn create_volume_for_a_backend_being_replaced_is_unavailable() {

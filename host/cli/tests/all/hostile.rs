@@ -269,7 +269,7 @@ async fn an_ungranted_import_keeps_the_component_out_and_is_counted() {
     host.shutdown().await.unwrap();
 }
 
-/// Whether an answer is one the host refused as the backend's fault (issue 13, items 10-11).
+/// Whether an answer is one the host refused as the backend's fault.
 fn refused(what: &str, status: &tonic::Status) {
     assert_eq!(status.code(), Code::Internal, "{what}: {status:?}");
     assert!(status.message().contains("invalid output"), "{what}: {status:?}");

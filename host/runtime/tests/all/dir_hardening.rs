@@ -1,5 +1,6 @@
-//! What a pod can do to the node through a hostpath volume and the `dir` capability (issue 13,
-//! items 2, 4 and 6), and what kubelet does to one (issue 19: owners set for a pod's fsGroup),
+//! What a pod can do to the node through a hostpath volume and the `dir` capability (swap an
+//! entry for a symlink mid-copy, fill a volume with directories, leave temporaries behind a
+//! killed host), and what kubelet does to one (owners set for a pod's fsGroup),
 //! end to end: the real hostpath component in a runtime, a real file system, a real process
 //! killed with -9.
 #![allow(clippy::unwrap_used, reason = "tests")]
@@ -45,7 +46,7 @@ fn request(name: &str, bytes: u64) -> CreateVolumeRequest {
     }
 }
 
-/// Item 2: the pod owning `volumes/v` flips `f` between a file and a symlink to a host file, and
+/// The pod owning `volumes/v` flips `f` between a file and a symlink to a host file, and
 /// `d` between a directory and a symlink to a big host directory, while the controller
 /// snapshots the volume and reports its usage; the host's own metadata file is flipped the same
 /// way (a read-file race). No snapshot ever holds the host file, no usage counts the host
@@ -135,7 +136,7 @@ async fn until_copied<T>(mut call: impl AsyncFnMut() -> Result<T, CallError>) ->
     }
 }
 
-/// Issue 19: a volume kubelet made over for a pod's fsGroup (its top a set-group-id directory
+/// A volume kubelet made over for a pod's fsGroup (its top a set-group-id directory
 /// of the fsGroup) and the pod then filled (entries of the pod's uid, one of another uid only
 /// it can read, a symlink) is snapshotted and the snapshot cloned with every owner, group and
 /// mode of the source, set-group-id bits included.
@@ -185,7 +186,7 @@ async fn a_snapshot_and_its_clone_keep_the_owners_and_modes_of_an_fsgroup_volume
     assert_eq!(std::fs::read(root.join("volumes/clone/data/private")).unwrap(), b"only 1001");
 }
 
-/// Issue 19: GetCapacity never fails for a granted root that does not exist where it is asked
+/// GetCapacity never fails for a granted root that does not exist where it is asked
 /// (the controller, a new node): the host makes the root when its parent exists, and reports
 /// no space when not, so CSIStorageCapacity objects are published either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +282,7 @@ fn walkdir_count(p: &Path) -> usize {
     n
 }
 
-/// Item 6: a host killed with -9 while hostpath writes a volume's metadata leaves the
+/// A host killed with -9 while hostpath writes a volume's metadata leaves the
 /// temporary file of that write in `meta/`; ListVolumes must keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_mid_write_does_not_break_list_volumes() {

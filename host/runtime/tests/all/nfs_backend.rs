@@ -223,7 +223,7 @@ async fn nfs_backend_rejects_bad_parameters_before_touching_the_export_and_ungra
     let entries: Vec<_> = std::fs::read_dir(g.export_dir()).unwrap().collect();
     assert!(entries.is_empty(), "nothing touched: {entries:?}");
 
-    // Any CSI name is valid (issue 17); one with path characters maps to a local name that
+    // Any CSI name is valid; one with path characters maps to a local name that
     // stays one directory inside the export.
     let v = b.create_volume(request("../pvc", MIB, base(&g, &[]), None), vec![]).await.unwrap();
     let sub = v.volume_context.iter().find(|p| p.key == "subDir").map(|p| p.value.clone()).unwrap();

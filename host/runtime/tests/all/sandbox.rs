@@ -118,7 +118,7 @@ async fn allocating_past_the_memory_cap_is_an_out_of_memory_error() {
 
 /// A cap above the engine's ceiling (256 MiB here): the engine, not the backend's limiter,
 /// refuses the growth. Still an out-of-memory, and counted under that label in `/metrics`,
-/// not as a trap (issue 13, item 14).
+/// not as a trap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_growth_the_engine_refuses_is_an_out_of_memory_error_too() {
     let d = tempfile::tempdir().unwrap();
@@ -247,7 +247,7 @@ async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
     assert!(registry.get("hostpath").is_none());
 }
 
-/// Issue 19 "Config reload": the configuration file is re-read on change like the backends
+/// Config reload: the configuration file is re-read on change like the backends
 /// directory. A good file is put in force and every backend is loaded again under it (a grant
 /// added lets a refused backend load, a limit changed reaches the serving one); a file that does
 /// not parse, or that would take a grant from a backend serving now, is refused and the
@@ -323,7 +323,7 @@ async fn the_configuration_file_is_reloaded_on_change_and_a_bad_one_keeps_the_ol
     reloaded.delete_volume(v.volume_id, vec![]).await.unwrap();
 }
 
-/// Issue 13 item 3: one backend call writing 64 KiB values in a loop stops at the backend's kv
+/// One backend call writing 64 KiB values in a loop stops at the backend's kv
 /// quota with RESOURCE_EXHAUSTED; the store does not grow past it, the usage shows in the
 /// metrics, and another backend's namespace is not affected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

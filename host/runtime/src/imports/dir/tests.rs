@@ -118,7 +118,7 @@ fn no_operation_names_or_crosses_a_symlink() {
     assert!(!d.path().join("new").exists() && !d.path().join("x").exists());
 }
 
-/// The attack of issue 13 item 2: a pod flips an entry of its volume between a regular file
+/// The symlink swap: a pod flips an entry of its volume between a regular file
 /// (or directory) and a symlink to something outside the root while the host copies, reads
 /// and measures. Whatever interleaving happens, no outside byte is read and nothing outside
 /// is copied.
@@ -180,7 +180,7 @@ fn a_pod_swapping_entries_for_symlinks_never_gets_an_outside_file_read() {
     assert!(outside.join("big/blob").exists(), "nothing outside was removed");
 }
 
-/// Issue 13 item 6: a temporary file whose writer is gone (its lock released: the process
+/// A temporary file whose writer is gone (its lock released: the process
 /// died) is hidden from `read-dir` at once and removed once it settled; one a live writer
 /// holds stays.
 #[test]
