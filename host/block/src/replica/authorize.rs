@@ -128,26 +128,13 @@ pub(crate) fn may_claim(granted: Option<&Granted>, claimed: u64) -> Result<(), R
 /// The reply that refuses `request`: its own reply message, status `Denied`.
 pub(crate) fn denied(request: &Message) -> Message {
     match request {
-        Message::Hello { volume_id, .. } => Message::HelloReply {
-            status: Status::Denied,
-            header: ReplicaHeader {
-                volume_id: volume_id.clone(),
-                size: 0,
-                revision: 0,
-                snapshots: Vec::new(),
-                dirty: false,
-            },
-        },
+        Message::Hello { volume_id, .. } => {
+            Message::HelloReply { status: Status::Denied, header: nothing_of(volume_id) }
+        }
         Message::EngineCall { .. } => Message::EngineReply { status: Status::Denied, reply: Vec::new() },
         Message::Describe { volume_id } => Message::Description {
             status: Status::Denied,
-            header: ReplicaHeader {
-                volume_id: volume_id.clone(),
-                size: 0,
-                revision: 0,
-                snapshots: Vec::new(),
-                dirty: false,
-            },
+            header: nothing_of(volume_id),
             record: RecordInfo::default(),
         },
         Message::NodeInfo => {
@@ -162,6 +149,11 @@ pub(crate) fn denied(request: &Message) -> Message {
         }
         _ => Message::Reply { status: Status::Denied },
     }
+}
+
+/// The header a refusal carries: the volume asked for, nothing about it.
+fn nothing_of(volume_id: &str) -> ReplicaHeader {
+    ReplicaHeader { volume_id: volume_id.to_owned(), size: 0, revision: 0, snapshots: Vec::new(), dirty: false }
 }
 
 /// Where the connection came from and who it is, for the one log line of a refusal.
