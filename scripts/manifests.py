@@ -5,7 +5,8 @@
   check      lint the chart; fail when deploy/*.yaml is not what `generate` writes; render the
              chart with its defaults and with every optional part on, build deploy/ with
              kustomize, and validate every object against the Kubernetes OpenAPI schemas of the
-             oldest and the newest Kubernetes we support (kubernetes-validate, offline, strict)
+             oldest and the newest Kubernetes we support (kubernetes-validate, offline, strict);
+             fail when the default install names a server (an address nobody chose)
 
 Run by scripts/manifests with the tools environment scripts/setup makes (helm-python-sdk:
 Helm's own Go code behind a C ABI, so no helm binary; kubernetes-validate; PyYAML).
@@ -13,6 +14,7 @@ Helm's own Go code behind a C ABI, so no helm binary; kubernetes-validate; PyYAM
 
 import difflib
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -168,6 +170,34 @@ def check_policy(label, docs, failures):
                         failures.append(f"{name}/{c['name']}: {arg} listens on every interface")
 
 
+# What an address a default install dials looks like: an IPv4 literal other than the wildcard
+# and loopback, or a name under an example or private-use domain.
+ADDRESS = re.compile(r"\b(?!0\.0\.0\.0\b)(?!127\.)(?:\d{1,3}\.){3}\d{1,3}\b|[\w.-]+\.(?:example|internal|invalid|test)\b")
+
+
+def check_dials_nothing(label, texts, failures):
+    """The default install names no server the operator did not name: the classes and grants
+    of external servers are off until they are set (a class a controller serves makes it dial
+    its server, GetCapacity included)."""
+    for name, text in texts.items():
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            for m in ADDRESS.finditer(line):
+                failures.append(f"{label}: {name} names {m.group(0)!r}, a server nobody chose: {line.strip()}")
+
+
+def check_refused(label, values, want, failures):
+    """Rendering `values` fails, saying `want`."""
+    try:
+        render(values)
+    except Exception as e:  # helm's `fail` reaches Python as an error of the render
+        if want not in str(e):
+            failures.append(f"{label}: refused, but not saying {want!r}: {e}")
+        return
+    failures.append(f"{label}: rendered; want it refused ({want!r})")
+
+
 def check():
     failures = []
     # 1. The chart lints (strict: warnings count).
@@ -190,6 +220,16 @@ def check():
         "node": {"labels": {"topology.kubernetes.io/zone": "zone-a"}},
         "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
         "controller": {"replicas": 2},
+        # The classes of external servers, once the operator names them.
+        "storageClasses": {
+            "wasmcsi-nfs": {"enabled": True, "parameters": {"server": "10.0.0.5", "share": "/exports/k8s"}},
+            "wasmcsi-rbd": {"enabled": True, "parameters": {"clusterID": "ceph-a"}},
+        },
+        "backends": {
+            "nfs": {"grants": {"nfs": [{"server": "10.0.0.5", "share": "/exports/k8s"}]}},
+            "ceph-rbd-shim": {"grants": {"rbd": [{"cluster": "ceph-a", "pools": ["kubernetes"]}]}},
+        },
+        "clusters": {"ceph-a": {"monitors": ["10.0.0.11:6789", "10.0.0.12:6789"]}},
     })
     minimal = merge(load_values(CHART / "values.yaml"), {
         "priorityClass": {"create": False, "name": "storage-critical"},
@@ -202,6 +242,12 @@ def check():
         validate(label, docs, failures)
         check_config(label, docs, failures)
         check_policy(label, docs, failures)
+    # 4. The default install dials nothing it was not told to; a class of an external server
+    #    enabled without naming it is refused.
+    check_dials_nothing("chart defaults", render(defaults), failures)
+    check_dials_nothing("deploy/", {n: (DEPLOY / n).read_text() for n in generated()}, failures)
+    nameless = merge(load_values(CHART / "values.yaml"), {"storageClasses": {"wasmcsi-nfs": {"enabled": True}}})
+    check_refused("wasmcsi-nfs enabled without a server", nameless, "parameters.server is empty", failures)
     kustomized = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True)
     if kustomized.returncode != 0:
         failures.append(f"kubectl kustomize deploy/: {kustomized.stderr.strip()}")

@@ -1,4 +1,5 @@
-//! Compiles `proto/csi.proto` (the CSI spec) into Rust without `protoc`.
+//! Compiles `proto/csi.proto` (the CSI spec) and `proto/authority.proto` (the controller's
+//! authority endpoint) into Rust without `protoc`.
 //!
 //! protox parses the file (it bundles the `google/protobuf/*.proto`
 //! well-known types the spec imports), tonic-prost-build generates the
@@ -33,6 +34,12 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let fds = compiler.file_descriptor_set();
 
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
+
+    // Our own service: no custom options to keep, so protox's set is used as it is.
+    let authority = proto_dir.join("authority.proto");
+    println!("cargo:rerun-if-changed={}", authority.display());
+    let fds = protox::compile(["authority.proto"], [&proto_dir])?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())
 }

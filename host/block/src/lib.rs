@@ -22,6 +22,7 @@ pub mod dirty;
 pub mod engine;
 pub mod protocol;
 pub mod replica;
+pub mod transport;
 pub mod volume;
 
 #[cfg(test)]

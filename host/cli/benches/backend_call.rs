@@ -342,7 +342,7 @@ async fn run() {
         let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
         row("host ready, 3 backends, warm cache (n=15; p50, max)", ms(pct(&mut ready, 0.5)), ms(pct(&mut ready, 1.0)));
     }
-    println!("\n{:<44} {:<26} {:>10}", "goal (issue 18)", "target", "result");
+    println!("\n{:<44} {:<26} {:>10}", "goal", "target", "result");
     for (what, target, got, verdict) in goals {
         println!("{what:<44} {target:<26} {got:>10}  {verdict}");
     }

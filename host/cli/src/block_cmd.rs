@@ -287,7 +287,7 @@ pub async fn replica(cmd: ReplicaCommand) -> anyhow::Result<()> {
     match cmd {
         ReplicaCommand::Serve(a) => {
             std::fs::create_dir_all(&a.root).with_context(|| format!("creating {}", a.root.display()))?;
-            let server = ReplicaServer::bind(a.listen, &a.root)
+            let server = ReplicaServer::bind_plaintext(a.listen, &a.root)
                 .await
                 .with_context(|| format!("serving the replicas in {} on {}", a.root.display(), a.listen))?;
             println!("serving replicas in {} on {}", a.root.display(), server.local_addr());

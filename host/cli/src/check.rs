@@ -166,7 +166,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
             let replicas = Arc::new(ReplicaNode::open(&root)?);
             let identity = NodeIdentity { node, labels: vec![] };
             let server =
-                ReplicaServer::serve("127.0.0.1:0", replicas, ServerConfig { identity, ..ServerConfig::default() })
+                ReplicaServer::serve("127.0.0.1:0", replicas, ServerConfig { identity, ..ServerConfig::plaintext() })
                     .await?;
             addrs.push(server.local_addr().to_string());
             replica_servers.push(server);

@@ -32,6 +32,13 @@ pub struct DataPathArgs {
     /// left.
     #[arg(long, default_value = "/var/lib/wasmcsi/state")]
     pub state_dir: PathBuf,
+    /// Refuse to start unless --state-dir is a shared mount (in a pod: mountPropagation:
+    /// Bidirectional over a host directory on a shared mount). The FUSE and rbd-fuse mounts
+    /// this process makes beneath it must reach the host, where the node plugin puts loop
+    /// devices and filesystems on them; on a private mount they would stay in this container.
+    /// Unset: not checked (a data path in the node plugin's own mount namespace).
+    #[arg(long)]
+    pub shared_state_dir: bool,
     /// This node's id: usually the Kubernetes node name.
     #[arg(long, env = "NODE_NAME")]
     pub node_id: String,
@@ -64,6 +71,17 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
 
 /// Runs the data path until SIGINT or SIGTERM.
 pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
+    // Not again in a live upgrade (`--adopt`): the same container, checked at its first start,
+    // and the inherited fds are taken before this process opens any file.
+    if args.shared_state_dir && args.adopt.is_none() {
+        std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+        crate::check_shared_mount(
+            "--state-dir",
+            &args.state_dir,
+            "the data path's state directory",
+            "the FUSE and rbd-fuse mounts made beneath it must reach the host and the node plugin",
+        )?;
+    }
     let config = ProcessConfig {
         socket: args.socket.clone(),
         state_dir: args.state_dir.clone(),

@@ -96,6 +96,9 @@ pub struct Host {
     peer_server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     /// Restarts a data path this host started when it stops answering.
     keeper: Option<tokio::task::JoinHandle<()>>,
+    /// This host's credentials, the authority endpoint (a controller), and where its data path
+    /// gets grants (see `trust`).
+    pub trust: crate::trust::Trust,
 }
 
 impl Host {
@@ -106,6 +109,16 @@ impl Host {
 
     /// A host whose data path runs where `place` says, as one host of a cluster as `peer` says.
     pub async fn start_with(opts: HostOptions, place: DataPathPlace, peer: PeerOptions) -> anyhow::Result<Self> {
+        Self::start_with_trust(opts, place, peer, crate::trust::TrustOptions::default()).await
+    }
+
+    /// [`Self::start_with`], with this host's identity and authority endpoint as `trust` says.
+    pub async fn start_with_trust(
+        opts: HostOptions,
+        place: DataPathPlace,
+        peer: PeerOptions,
+        trust: crate::trust::TrustOptions,
+    ) -> anyhow::Result<Self> {
         use wasmcsi_csi::peer::{Peers, auth};
         let peers = match &peer.signing_key {
             Some(key) => {
@@ -138,6 +151,7 @@ impl Host {
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
+        let trust = crate::trust::start(&trust, opts.mode, &opts.node_id, &registry).await?;
         let (datapath, engines) = match (&place, &opts.replicas, opts.mode.node()) {
             (_, _, false) => (None, None),
             (DataPathPlace::InProcess, Some(r), true) => {
@@ -224,6 +238,7 @@ impl Host {
             watcher,
             reconciler,
             keeper,
+            trust,
         })
     }
 
@@ -316,6 +331,8 @@ fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::dat
     Ok(crate::datapath_cmd::DataPathArgs {
         socket: socket.to_owned(),
         state_dir: opts.state_dir.clone(),
+        // Started here, it shares this host's mount namespace: nothing to propagate.
+        shared_state_dir: false,
         node_id: opts.node_id.clone(),
         replica_listen: r.listen,
         replica_root: r.root.clone(),

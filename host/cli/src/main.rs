@@ -87,6 +87,10 @@ enum Command {
     /// The controller-to-node channel of node-local backends.
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// The built-in CA by hand: make one, issue node and controller credentials, show what a
+    /// credentials directory holds.
+    #[command(subcommand)]
+    Pki(wasmcsi::pki_cmd::PkiCommand),
 }
 
 #[derive(Subcommand)]
@@ -231,6 +235,77 @@ struct ServeArgs {
     /// --replica-root) when none answers there.
     #[arg(long, requires = "datapath_socket")]
     datapath_start: bool,
+    #[command(flatten)]
+    trust: TrustArgs,
+}
+
+/// This process's identity (TLS credentials) and the controller's authority endpoint.
+#[derive(Args)]
+struct TrustArgs {
+    /// This process's credentials directory, in the layout of a Kubernetes TLS Secret (`ca.crt`,
+    /// `tls.crt`, `tls.key`; cert-manager's, or `wasmcsi pki issue`'s). Re-read when it changes.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// Controller: serve the authority endpoint (grants of volumes to the nodes they are
+    /// published to; node certificates with --ca-dir) on ADDR, over TLS with --tls-dir.
+    #[arg(long, requires = "tls_dir")]
+    authority_listen: Option<SocketAddr>,
+    /// Controller: the built-in CA (`wasmcsi pki init`) that issues and renews node
+    /// certificates at the authority endpoint.
+    #[arg(long, requires = "authority_listen")]
+    ca_dir: Option<PathBuf>,
+    /// Controller: how long the node certificates the built-in CA issues are valid (e.g. 24h).
+    #[arg(long, value_parser = wasmcsi::pki_cmd::parse_validity, requires = "ca_dir")]
+    certificate_validity: Option<Duration>,
+    /// Controller: the node plugin's ServiceAccount (NAMESPACE:NAME). A node without a
+    /// certificate proves itself with a projected token of it bound to a pod on that node,
+    /// checked with the TokenReview API.
+    #[arg(long, requires = "ca_dir")]
+    node_service_account: Option<String>,
+    /// Controller: the Kubernetes API server that reviews node tokens (https://HOST:PORT), with
+    /// --kube-api-ca and --kube-api-token. Default: the API server of the pod this runs in.
+    #[arg(long, requires_all = ["kube_api_ca", "kube_api_token", "node_service_account"])]
+    kube_api: Option<String>,
+    /// The API server's CA bundle (with --kube-api).
+    #[arg(long, requires = "kube_api")]
+    kube_api_ca: Option<PathBuf>,
+    /// The controller's own ServiceAccount token for the API server (with --kube-api).
+    #[arg(long, requires = "kube_api")]
+    kube_api_token: Option<PathBuf>,
+    /// Node: the controller's authority endpoint (https://HOST:PORT). This node's certificate in
+    /// --tls-dir is asked for there when it has none, and renewed at 2/3 of its life.
+    #[arg(long, requires = "tls_dir")]
+    authority: Option<String>,
+    /// Node: the CA bundle to trust the authority endpoint by before this node has a
+    /// certificate (default: ca.crt in --tls-dir).
+    #[arg(long, requires = "authority")]
+    authority_ca: Option<PathBuf>,
+    /// Node: the node plugin's projected ServiceAccount token (audience `wasmcsi`): its proof
+    /// when it asks for its first certificate.
+    #[arg(long, requires = "authority")]
+    authority_token: Option<PathBuf>,
+}
+
+impl TrustArgs {
+    fn options(self) -> wasmcsi::trust::TrustOptions {
+        let kube_api = match (self.kube_api, self.kube_api_ca, self.kube_api_token) {
+            (Some(url), Some(ca_file), Some(token_file)) => {
+                Some(wasmcsi_csi::authority_endpoint::token_review::KubeApi { url, ca_file, token_file })
+            }
+            _ => None,
+        };
+        wasmcsi::trust::TrustOptions {
+            tls_dir: self.tls_dir,
+            authority_listen: self.authority_listen,
+            ca_dir: self.ca_dir,
+            certificate_validity: self.certificate_validity,
+            node_service_account: self.node_service_account,
+            kube_api,
+            authority: self.authority,
+            authority_ca: self.authority_ca,
+            authority_token: self.authority_token,
+        }
+    }
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -305,8 +380,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
         None => wasmcsi::host::DataPathPlace::InProcess,
     };
-    let host = Host::start_with(options, place, peer).await?;
-    tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, "serving CSI");
+    let host = Host::start_with_trust(options, place, peer, args.trust.options()).await?;
+    tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, authority = ?host.trust.authority_addr, "serving CSI");
     tokio::select! {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }
         r = sigterm() => { r?; tracing::info!("terminated; shutting down"); host.shutdown().await }
@@ -315,13 +390,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Refuse to serve a node whose mounts would not reach kubelet (see `node::propagation`).
 fn check_kubelet_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use wasmcsi_csi::node::{mountinfo, propagation};
-    // Spelled as the mount table spells it: no symlink on the way.
-    let dir = std::fs::canonicalize(dir).with_context(|| format!("--kubelet-dir {}", dir.display()))?;
-    let entries = mountinfo::read_current()?;
-    propagation::check_shared(&entries, &dir)?;
-    tracing::info!(kubelet_dir = %dir.display(), "kubelet's directory is a shared mount");
-    Ok(())
+    wasmcsi::check_shared_mount(
+        "--kubelet-dir",
+        dir,
+        "kubelet's directory",
+        "the volumes staged and published beneath it must reach kubelet and the pods",
+    )
 }
 
 async fn sigterm() -> anyhow::Result<()> {
@@ -332,6 +406,8 @@ async fn sigterm() -> anyhow::Result<()> {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log, cli.log_format);
+    // Every process, whatever it runs: see `descriptors`.
+    wasmcsi::descriptors::raise_soft_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -357,6 +433,7 @@ fn main() -> std::process::ExitCode {
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
             Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),
+            Command::Pki(cmd) => wasmcsi::pki_cmd::run(cmd),
         }
     });
     match result {

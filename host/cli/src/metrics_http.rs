@@ -2,49 +2,92 @@
 //! with the text exposition and 404 otherwise. The exposition is the runtime's series, the
 //! CSI layer's, those of the replicated volumes whose engines this node runs, and
 //! `wasmcsi_build_info`, closed by one `# EOF`.
+//!
+//! It is reachable from the network (Prometheus scrapes it), so nothing it suffers may reach the
+//! CSI socket: it runs on a thread of its own with a single-threaded runtime of its own, behind
+//! the product's bounded accept loop (`wasmcsi_trust::Listener` in plaintext mode: [`LIMITS`],
+//! back-off when descriptors run out), and every connection has read and write timeouts
+//! ([`READ_TIMEOUT`], [`WRITE_TIMEOUT`]), so a client that connects and sends nothing, or reads
+//! nothing, holds its slot for seconds, not forever.
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use wasmcsi_datapath::DataPath;
 use wasmcsi_runtime::metrics::Metrics;
+use wasmcsi_trust::listener::{Limits, Listener, PlainConnection, Timeouts};
 
-/// Bind `addr` and serve in the background; returns the bound address (port 0 picks one).
-/// `datapath`: this node's engines, when it runs them.
+/// Connections at once: Prometheus keeps one per target and scraper; a few scrapers, a person
+/// with curl and some slack fit.
+pub const LIMITS: Limits = Limits {
+    max_connections: 64,
+    max_per_source: 16,
+    // Plaintext: no handshake; these two bound nothing here.
+    handshake_timeout: Duration::from_secs(5),
+    handshake_budget: 16 * 1024,
+};
+/// A request (or the next one on a kept-alive connection) must arrive within this.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The scraper must take the answer's bytes within this.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bind `addr` and serve on a thread of its own (see the module doc); returns the bound address
+/// (port 0 picks one). `datapath`: this node's engines, when it runs them. The server stops when
+/// the runtime this is called on shuts down (a host in a test), or with the process.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     datapath: Option<Arc<DataPath>>,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Dropped with the caller's runtime (its task is dropped then): the metrics thread ends.
+    let (keep, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let (metrics, datapath) = (metrics.clone(), datapath.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (metrics, datapath) = (metrics.clone(), datapath.clone());
-                    async move {
-                        if req.uri().path() == "/metrics" {
-                            Response::builder()
-                                .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-                                .body(Full::new(Bytes::from(exposition(&metrics, datapath.as_deref()))))
-                        } else {
-                            Response::builder()
-                                .status(StatusCode::NOT_FOUND)
-                                .body(Full::new(Bytes::from_static(b"not found\n")))
-                        }
-                    }
-                });
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-            });
+        let _keep = keep;
+        std::future::pending::<()>().await
+    });
+    std::thread::Builder::new().name("metrics-http".into()).spawn(move || {
+        runtime.block_on(async move {
+            let tcp = match tokio::net::TcpListener::from_std(listener) {
+                Ok(tcp) => tcp,
+                Err(e) => return tracing::error!(addr = %bound, error = %e, "serving /metrics"),
+            };
+            let served = Listener::new(tcp, LIMITS)
+                .serve_plain(move |connection| serve_connection(connection, metrics.clone(), datapath.clone()));
+            tokio::select! {
+                _ = stopped => {}
+                result = served => if let Err(e) = result {
+                    tracing::error!(addr = %bound, error = %e, "the /metrics listener failed");
+                },
+            }
+        })
+    })?;
+    Ok(bound)
+}
+
+async fn serve_connection(connection: PlainConnection, metrics: Arc<Metrics>, datapath: Option<Arc<DataPath>>) {
+    let PlainConnection { stream, permit, .. } = connection;
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let (metrics, datapath) = (metrics.clone(), datapath.clone());
+        async move {
+            if req.uri().path() == "/metrics" {
+                Response::builder()
+                    .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+                    .body(Full::new(Bytes::from(exposition(&metrics, datapath.as_deref()))))
+            } else {
+                Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n")))
+            }
         }
     });
-    Ok(bound)
+    let io = TokioIo::new(Timeouts::new(stream, READ_TIMEOUT, WRITE_TIMEOUT));
+    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+    drop(permit);
 }
 
 /// Everything `/metrics` answers, as one OpenMetrics text.

@@ -8,7 +8,7 @@
 //!
 //! | what a backend returns | limit |
 //! |---|---|
-//! | error message | [`MAX_ERROR_MESSAGE`] bytes, clipped (in `wasmcsi-runtime`, also for the log) |
+//! | error message | [`MAX_ERROR_MESSAGE`](wasmcsi_runtime::backend::MAX_ERROR_MESSAGE) bytes, clipped (in `wasmcsi-runtime`, also for the log) |
 //! | condition / validation message | [`MAX_MESSAGE`] bytes, clipped |
 //! | volume or snapshot id | [`MAX_LOCAL_ID`] bytes of `[A-Za-z0-9._-]` |
 //! | volume context | [`MAX_CONTEXT_ENTRIES`] entries, [`MAX_CONTEXT_BYTES`] bytes, keys non-empty, no NUL |
@@ -25,7 +25,6 @@ pub use crate::ids::MAX_LOCAL_ID;
 use crate::ids::{ObjectId, is_valid_local};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::Backend;
-pub use wasmcsi_runtime::backend::MAX_ERROR_MESSAGE;
 use wasmcsi_runtime::bindings::types as wt;
 use wasmcsi_runtime::driver as wit;
 

@@ -1,5 +1,6 @@
 //! Every way a CSI call can fail, and the one total mapping to gRPC codes. A failure is
 //! logged once, here, where it becomes a `Status`.
+use wasmcsi_runtime::metadata::StoreError;
 use wasmcsi_runtime::{CallError, WitError};
 
 /// A CSI request failure, carrying what identifies it.
@@ -13,28 +14,92 @@ pub enum CsiError {
     UnknownBackend { name: String, available: Vec<String> },
     #[error("backend {0} is not loaded on this host; retry when it is")]
     BackendNotLoaded(String),
+    /// An object a request names does not exist (or its id cannot be one of ours).
+    #[error("{kind} {id} not found")]
+    ObjectNotFound { kind: ObjectKind, id: String },
+    /// A node-local object asked of a node that is not its own, with no node plugins to ask.
+    #[error("{id} lives on node {tag}, not on this node ({node})")]
+    NotOnThisNode { id: String, tag: String, node: String },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A backend planned a replicated block attachment without a `block` grant.
+    #[error(
+        "backend {backend} planned a replicated-block attachment but has no block grant ([backends.{backend}.grants.block])"
+    )]
+    NoBlockGrant { backend: String },
+    /// Another call holds this key (a volume id, a name) or the other side of the backend's gate.
     #[error("an operation on {0} is already in progress")]
     InProgress(String),
     /// A paging token we did not hand out (the spec answers ABORTED).
     #[error("{0}")]
     InvalidToken(String),
+    /// The backend lacks the feature the call needs.
+    #[error("backend {backend} does not support {what}")]
+    Unsupported { backend: String, what: &'static str },
     #[error("{0}")]
     Unimplemented(String),
     #[error("{0}")]
     Internal(String),
+    /// The host's journal of volumes (in the runtime's metadata store) failed.
+    #[error("journal of {subject}: {source}")]
+    Journal {
+        subject: String,
+        #[source]
+        source: StoreError,
+    },
+    /// A node-local call to forward, on a controller that has no node plugins to forward to.
+    #[error("a call for node {node} to forward, but no node plugins are configured")]
+    NoPeers { node: String },
     #[error(transparent)]
     Call(#[from] CallError),
     #[error("{0}")]
     Mount(String),
+    /// A device step on this node failed: a loop device, making or growing a filesystem, a
+    /// FUSE mount.
+    #[error("{0}")]
+    Device(#[source] wasmcsi_frontend::FrontendError),
+    /// A Ceph cluster call of this node failed in a way no other code describes.
+    #[error("{0}")]
+    Rbd(#[source] wasmcsi_rbd::RbdError),
+    /// Unmapping a kernel RBD device failed.
+    #[error("{0}")]
+    Krbd(#[source] wasmcsi_rbd::krbd::KrbdError),
+    /// Recording or stopping an rbd-fuse this plugin runs failed.
+    #[error("{0}")]
+    RbdFuse(#[source] wasmcsi_rbd::fuse_attach::FuseAttachError),
+    /// The node's data path failed to detach volume `volume_id`.
+    #[error("the data path, detaching {volume_id}: {source}")]
+    DataPath {
+        volume_id: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A blocking step on this node died before it answered (it panicked).
+    #[error("{0}")]
+    Task(#[source] tokio::task::JoinError),
+    /// A node's record of a staged volume could not be written.
+    #[error("encoding the state of {volume_id}: {source}")]
+    State {
+        volume_id: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A storage server the node needs (an NFS server on mount) did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// A node-local object whose node's plugin does not answer.
+    #[error("{id} lives on node {tag}, whose node plugin does not answer")]
+    NodeUnreachable { id: String, tag: String },
+    /// No node plugin answers to take a new volume of a node-local backend.
+    #[error("no node plugin answers to hold a {backend} volume")]
+    NoNode { backend: String },
+    /// A call forwarded to a node no node plugin answers for.
+    #[error("node {node}: no node plugin of that name answers")]
+    UnknownNode { node: String },
     /// The replicated block control plane (publishing, attaching a replicated volume).
     #[error(transparent)]
     Block(#[from] wasmcsi_block::catalog::CatalogError),
@@ -46,18 +111,54 @@ pub enum CsiError {
     Peer { node: String, status: tonic::Status },
 }
 
+/// What kind of object an [`CsiError::ObjectNotFound`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    Volume,
+    Snapshot,
+    /// the volume a snapshot is asked of
+    SourceVolume,
+    /// the snapshot or volume a new volume is asked to start from
+    ContentSource,
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Volume => "volume",
+            Self::Snapshot => "snapshot",
+            Self::SourceVolume => "source volume",
+            Self::ContentSource => "content source",
+        })
+    }
+}
+
 impl CsiError {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
             Self::Missing(_) | Self::Invalid(_) | Self::UnknownBackend { .. } => Code::InvalidArgument,
-            Self::BackendNotLoaded(_) | Self::Unavailable(_) => Code::Unavailable,
-            Self::NotFound(_) => Code::NotFound,
+            Self::BackendNotLoaded(_)
+            | Self::Unavailable(_)
+            | Self::NodeUnreachable { .. }
+            | Self::NoNode { .. }
+            | Self::UnknownNode { .. } => Code::Unavailable,
+            Self::ObjectNotFound { .. } | Self::NotOnThisNode { .. } | Self::NotFound(_) => Code::NotFound,
             Self::AlreadyExists(_) => Code::AlreadyExists,
-            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::FailedPrecondition(_) | Self::NoBlockGrant { .. } => Code::FailedPrecondition,
             Self::InProgress(_) | Self::InvalidToken(_) => Code::Aborted,
-            Self::Unimplemented(_) => Code::Unimplemented,
-            Self::Internal(_) | Self::Mount(_) => Code::Internal,
+            Self::Unsupported { .. } | Self::Unimplemented(_) => Code::Unimplemented,
+            Self::Internal(_)
+            | Self::Mount(_)
+            | Self::Journal { .. }
+            | Self::NoPeers { .. }
+            | Self::Device(_)
+            | Self::Rbd(_)
+            | Self::Krbd(_)
+            | Self::RbdFuse(_)
+            | Self::DataPath { .. }
+            | Self::Task(_)
+            | Self::State { .. } => Code::Internal,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
             Self::Peer { status, .. } => status.code(),
             Self::Block(e) => {
@@ -177,6 +278,28 @@ mod tests {
             let label = e.code();
             assert_eq!(code_name(CsiError::Call(e).code()), label);
         }
+    }
+
+    /// The messages COs and operators saw before the payloads were typed are kept.
+    #[test]
+    fn an_object_not_found_is_named_by_its_kind() {
+        let e = CsiError::ObjectNotFound { kind: ObjectKind::SourceVolume, id: "b:v".into() };
+        assert_eq!((e.code(), e.to_string()), (tonic::Code::NotFound, "source volume b:v not found".to_string()));
+        let e = CsiError::Unsupported { backend: "b".into(), what: "expansion" };
+        assert_eq!(
+            (e.code(), e.to_string()),
+            (tonic::Code::Unimplemented, "backend b does not support expansion".into())
+        );
+    }
+
+    #[test]
+    fn a_journal_failure_is_internal_names_its_subject_and_keeps_its_cause() {
+        use std::error::Error as _;
+        let e = CsiError::Journal { subject: "volume b:v".into(), source: StoreError::Db("disk full".into()) };
+        assert!(e.source().is_some_and(|s| s.to_string() == "metadata store disk full"), "{:?}", e.source());
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert_eq!(status.message(), "journal of volume b:v: metadata store disk full");
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub struct Plugin {
 
 impl Plugin {
     /// The backend a StorageClass selects, and the parameters it gets (ours removed).
-    pub fn backend_for_parameters(
+    pub(crate) fn backend_for_parameters(
         &self,
         params: &HashMap<String, String>,
     ) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
@@ -69,20 +69,18 @@ impl Plugin {
             }
             None => return Err(CsiError::UnknownBackend { name: name.clone(), available: self.registry.names() }),
         };
-        let rest: HashMap<String, String> =
-            params.iter().filter(|(k, _)| *k != BACKEND_PARAMETER).map(|(k, v)| (k.clone(), v.clone())).collect();
-        Ok((backend, crate::convert::pairs(&rest)))
+        Ok((backend, backend_parameters(params)))
     }
 
     /// Whether the host's journal records volumes of backend `name` (made on this host).
-    pub fn journal_knows(&self, name: &str) -> bool {
-        self.registry.runtime().metadata.volumes_of(name, 0, 1).is_ok_and(|v| !v.is_empty())
+    pub(crate) fn journal_knows(&self, name: &str) -> bool {
+        self.registry.journal_volumes(name, 0, 1).is_ok_and(|v| !v.is_empty())
     }
 
     /// The backend an id belongs to. `Ok(None)`: the id cannot be ours (callers decide
     /// whether that is NotFound or an idempotent success). A well-formed id of a backend that
     /// is not loaded is Unavailable: answering NotFound could orphan the volume.
-    pub fn backend_for_id(&self, id: &str) -> CsiResult<Option<(Arc<Backend>, ObjectId)>> {
+    pub(crate) fn backend_for_id(&self, id: &str) -> CsiResult<Option<(Arc<Backend>, ObjectId)>> {
         let Some(oid) = ObjectId::parse(id) else { return Ok(None) };
         match self.registry.get(&oid.backend) {
             Some(b) => Ok(Some((b, oid))),
@@ -94,7 +92,7 @@ impl Plugin {
     /// its end: method, code, duration (the span the RPC runs in adds the volume, snapshot or
     /// name). Failures at WARN with the message the CO gets; successes at INFO, except the
     /// calls COs poll (see [`polled`]), at DEBUG, so they do not bury the rest.
-    pub async fn observe<T>(
+    pub(crate) async fn observe<T>(
         &self,
         method: &'static str,
         fut: impl Future<Output = CsiResult<T>>,
@@ -129,14 +127,53 @@ impl Plugin {
 
 /// The calls kubelet, the sidecars and the liveness probe repeat every few seconds whatever
 /// happens; logged at DEBUG when they succeed.
-pub fn polled(method: &str) -> bool {
+pub(crate) fn polled(method: &str) -> bool {
     matches!(
         method,
         "Probe" | "GetPluginInfo" | "GetPluginCapabilities" | "ControllerGetCapabilities" | "NodeGetCapabilities"
     )
 }
 
+/// StorageClass (or VolumeSnapshotClass) parameters as a backend sees them: the one that
+/// selects the backend ([`BACKEND_PARAMETER`]) is the host's, not the backend's.
+pub(crate) fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
+    let mut pairs = crate::convert::pairs(params);
+    pairs.retain(|p| p.key != BACKEND_PARAMETER);
+    pairs
+}
+
+/// A volume context as its backend sees it: the keys the host adds
+/// ([`DIGEST_CONTEXT_KEY`]) are the host's, not the backend's.
+pub(crate) fn backend_context(context: &HashMap<String, String>) -> Vec<wit::Pair> {
+    let mut pairs = crate::convert::pairs(context);
+    pairs.retain(|p| p.key != DIGEST_CONTEXT_KEY);
+    pairs
+}
+
 /// Require a non-empty string field.
-pub fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
+pub(crate) fn required<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
     if value.is_empty() { Err(CsiError::Missing(field)) } else { Ok(value) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn keys(pairs: Vec<wit::Pair>) -> Vec<String> {
+        pairs.into_iter().map(|p| p.key).collect()
+    }
+
+    #[test]
+    fn a_backend_sees_neither_the_parameter_that_selects_it_nor_the_hosts_context_keys() {
+        let params = map(&[("b", "2"), (BACKEND_PARAMETER, "hostpath"), ("a", "1")]);
+        assert_eq!(keys(backend_parameters(&params)), ["a", "b"]);
+        let context = map(&[(DIGEST_CONTEXT_KEY, "sha"), ("path", "/x")]);
+        assert_eq!(keys(backend_context(&context)), ["path"]);
+        // Only the host's own keys go: a backend's context keeps a key named like our parameter.
+        assert_eq!(keys(backend_context(&map(&[(BACKEND_PARAMETER, "x")]))), [BACKEND_PARAMETER]);
+    }
 }

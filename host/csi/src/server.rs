@@ -35,6 +35,34 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     tokio::net::UnixListener::bind(socket).map_err(bind_err)
 }
 
+/// The connections `listener` accepts. tonic retries a failed accept at once, which at the
+/// descriptor limit (EMFILE: the connection stays in the backlog, the socket stays readable)
+/// spins a core until a descriptor is freed; here such errors are waited out with the back-off
+/// every listener of the product uses, and a socket that can no longer accept ends the stream.
+fn accepted(
+    listener: tokio::net::UnixListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> {
+    let backoff = wasmcsi_trust::listener::AcceptBackoff::new("CSI socket");
+    futures::stream::unfold(Some((listener, backoff)), |state| async move {
+        let (listener, mut backoff) = state?;
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    backoff.after_success();
+                    return Some((Ok(stream), Some((listener, backoff))));
+                }
+                Err(error) => match backoff.after_error(error) {
+                    Ok(delay) => tokio::time::sleep(delay).await,
+                    Err(fatal) => {
+                        tracing::error!(error = %fatal, "the CSI socket can no longer accept connections");
+                        return Some((Err(fatal), None));
+                    }
+                },
+            }
+        }
+    })
+}
+
 /// Serve on a bound listener until `shutdown` resolves. Identity always; Controller and
 /// Node as the driver's mode says.
 pub async fn serve(
@@ -44,7 +72,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // Every connection goes through the `:authority` fix, so clients built on gRPC's C core
     // (grpcio, grpcurl) are served like Go's.
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map_ok(AuthorityFix::new);
+    let incoming = accepted(listener).map_ok(AuthorityFix::new);
     let mode = driver.mode;
     let router = tonic::transport::Server::builder().add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router

@@ -33,24 +33,24 @@ pub struct NodeLocal {
 
 /// Where a call on a node-local backend runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// in this process
     Here,
     /// on the node plugin of this node (its name)
     Node(String),
 }
 
-/// Whether `backend`'s objects live on one node: it imports `dir`, whose roots are the disk
-/// of whichever host runs it.
 /// A node holding objects of a node-local backend, as a listing visits it: its tag in the
 /// backend's ids, and the node plugin to ask (`None`: this process is that node).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    pub tag: String,
-    pub node: Option<String>,
+pub(crate) struct Holder {
+    pub(crate) tag: String,
+    pub(crate) node: Option<String>,
 }
 
-pub fn is_node_local(backend: &Backend) -> bool {
+/// Whether `backend`'s objects live on one node: it imports `dir`, whose roots are the disk
+/// of whichever host runs it.
+pub(crate) fn is_node_local(backend: &Backend) -> bool {
     backend.imports.capabilities.contains(&Capability::Dir)
 }
 
@@ -68,7 +68,7 @@ fn is_plain_node(n: &str) -> bool {
 
 /// Whether `t` can be a node tag: a plain node name, or `_` and 16 lowercase hex digits
 /// (`_` is in no node name, so the two never collide).
-pub fn is_node_tag(t: &str) -> bool {
+pub(crate) fn is_node_tag(t: &str) -> bool {
     match t.strip_prefix('_') {
         Some(h) => h.len() == HASH_TAG_HEX && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
         None => is_plain_node(t),
@@ -77,7 +77,7 @@ pub fn is_node_tag(t: &str) -> bool {
 
 /// The tag naming `node` in ids of `backend`: the node's name when the longest id the backend
 /// may make still fits CSI's 128 bytes with it, else `_` and a hash of the name.
-pub fn node_tag(backend: &str, node: &str) -> String {
+pub(crate) fn node_tag(backend: &str, node: &str) -> String {
     if is_plain_node(node) && backend.len() + 1 + node.len() + 1 + MAX_LOCAL_ID <= MAX_NAME_BYTES {
         return node.to_string();
     }
@@ -93,7 +93,7 @@ fn node_of(t: &csi::Topology) -> Option<&str> {
 /// The nodes a new volume may go to, most preferred first: `preferred` in its order, then the
 /// rest of `requisite` (the spec makes preferred a subset of requisite when both are given).
 /// Topologies that name no node are not placement for a node-local backend.
-pub fn candidate_nodes(req: Option<&csi::TopologyRequirement>) -> Vec<String> {
+pub(crate) fn candidate_nodes(req: Option<&csi::TopologyRequirement>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for t in req.into_iter().flat_map(|r| r.preferred.iter().chain(&r.requisite)) {
         if let Some(n) = node_of(t).filter(|n| !out.iter().any(|o| o == n)) {
@@ -104,7 +104,7 @@ pub fn candidate_nodes(req: Option<&csi::TopologyRequirement>) -> Vec<String> {
 }
 
 /// `{topology.wasmcsi.io/node: node}`: where a node-local volume is accessible.
-pub fn node_topology(node: &str) -> csi::Topology {
+pub(crate) fn node_topology(node: &str) -> csi::Topology {
     csi::Topology { segments: [(TOPOLOGY_NODE_KEY.to_string(), node.to_string())].into_iter().collect() }
 }
 
@@ -116,23 +116,27 @@ impl Plugin {
 
     /// Where a call on an existing object of `backend` runs: here for central backends and
     /// for objects without a node (a standalone host's), else on the node its id names.
-    pub async fn route_object(&self, backend: &Backend, oid: &ObjectId) -> CsiResult<Route> {
+    pub(crate) async fn route_object(&self, backend: &Backend, oid: &ObjectId) -> CsiResult<Route> {
         let Some(tag) = oid.node.as_deref().filter(|_| is_node_local(backend)) else { return Ok(Route::Here) };
         if self.is_this_node(&backend.name, tag) {
             return Ok(Route::Here);
         }
         match &self.node_local.peers {
-            Some(peers) => peers.node_of_tag(&backend.name, tag).await.map(Route::Node).ok_or_else(|| {
-                CsiError::Unavailable(format!("{oid} lives on node {tag}, whose node plugin does not answer"))
-            }),
-            None => Err(CsiError::NotFound(format!("{oid} lives on node {tag}, not on this node ({})", self.node_id))),
+            Some(peers) => peers
+                .node_of_tag(&backend.name, tag)
+                .await
+                .map(Route::Node)
+                .ok_or_else(|| CsiError::NodeUnreachable { id: oid.to_string(), tag: tag.to_string() }),
+            None => {
+                Err(CsiError::NotOnThisNode { id: oid.to_string(), tag: tag.to_string(), node: self.node_id.clone() })
+            }
         }
     }
 
     /// Where a new volume of `backend` goes: the first candidate node (see
     /// [`candidate_nodes`]) that is this node or a node plugin that answers; a content source
     /// pins it to the node holding the source. Central backends: here.
-    pub async fn route_create(
+    pub(crate) async fn route_create(
         &self,
         backend: &Backend,
         req: Option<&csi::TopologyRequirement>,
@@ -160,9 +164,11 @@ impl Plugin {
         if candidates.is_empty() {
             return match (me, &self.node_local.peers) {
                 (Some(_), _) | (None, None) => Ok(Route::Here),
-                (None, Some(peers)) => peers.first_node().await.map(Route::Node).ok_or_else(|| {
-                    CsiError::Unavailable(format!("no node plugin answers to hold a {} volume", backend.name))
-                }),
+                (None, Some(peers)) => peers
+                    .first_node()
+                    .await
+                    .map(Route::Node)
+                    .ok_or_else(|| CsiError::NoNode { backend: backend.name.clone() }),
             };
         }
         for node in &candidates {
@@ -182,11 +188,9 @@ impl Plugin {
         )))
     }
 
-    /// Pin a volume that a node-local backend made on this node: accessible from this node
-    /// only, and (in a multi-node cluster) its id names this node.
     /// The nodes a listing of `backend` visits, in tag order; `None` when this process holds
     /// all of its objects (a central backend, or no node plugins to ask).
-    pub async fn holders(&self, backend: &Backend) -> Option<Vec<Holder>> {
+    pub(crate) async fn holders(&self, backend: &Backend) -> Option<Vec<Holder>> {
         if !is_node_local(backend) {
             return None;
         }
@@ -207,7 +211,9 @@ impl Plugin {
         Some(out)
     }
 
-    pub fn pin_volume(&self, backend: &Backend, v: &mut csi::Volume) -> CsiResult<()> {
+    /// Pin a volume that a node-local backend made on this node: accessible from this node
+    /// only, and (in a multi-node cluster) its id names this node.
+    pub(crate) fn pin_volume(&self, backend: &Backend, v: &mut csi::Volume) -> CsiResult<()> {
         if !is_node_local(backend) || !self.mode.node() {
             return Ok(());
         }
@@ -217,7 +223,7 @@ impl Plugin {
     }
 
     /// A node-local object's id as this node hands it out (see [`Plugin::pin_volume`]).
-    pub fn pin_id(&self, backend: &Backend, id: &str) -> CsiResult<String> {
+    pub(crate) fn pin_id(&self, backend: &Backend, id: &str) -> CsiResult<String> {
         if !is_node_local(backend) || !self.mode.node() || !self.node_local.pinned {
             return Ok(id.to_string());
         }

@@ -158,7 +158,7 @@ impl DataPath {
             .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?
             .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?;
         let volumes = Arc::new(Volumes::default());
-        let server_config = ServerConfig { identity: config.identity.clone(), ..ServerConfig::default() };
+        let server_config = ServerConfig { identity: config.identity.clone(), ..ServerConfig::plaintext() };
         let engines: Arc<dyn EngineCalls> = volumes.clone();
         let server = ReplicaServer::serve_on_listener(listener, Arc::new(node), server_config, Some(engines)).await?;
         let (local_addr, node) = (server.local_addr(), server.node().clone());

@@ -254,6 +254,10 @@ pub(crate) async fn copy(
         ftype3::NF3REG => pool.copy_file(&src, &attr, dst_dir, tmp.as_bytes()).await,
         other => Err(NfsError::InvalidArgument(format!("{what}: source is a {other}, not a directory or file"))),
     };
+    #[cfg(feature = "test-hooks")]
+    if result.is_ok() {
+        crate::hold::wait_while_held(&pool.export).await;
+    }
     let result = match result {
         Ok(()) => pool.rename_checked(dst_dir, tmp.as_bytes(), dst_dir, dst_name.as_bytes(), what).await,
         Err(e) => Err(e),

@@ -21,11 +21,15 @@ mod background;
 mod client;
 mod copy;
 mod error;
+#[cfg(feature = "test-hooks")]
+mod hold;
 mod path;
 
 pub use background::CopyProgress;
 pub use client::NfsClient;
 pub use error::NfsError;
+#[cfg(feature = "test-hooks")]
+pub use hold::{CopyHold, hold_copies};
 
 use std::fmt;
 use std::time::Duration;

@@ -9,6 +9,10 @@
 //! reflection). It owns no behaviour: no service implementation,
 //! validation, defaulting or policy lives here, and it must stay
 //! wire-identical to the spec (field numbers, enum values, options).
+//!
+//! Beside it, [`authority`]: the messages and stubs of wasmcsi's own authority endpoint
+//! (`proto/authority.proto`: certificates from the built-in CA, grants of volumes), served by
+//! the controller.
 
 /// Generated code, one module per protobuf package.
 pub mod csi {
@@ -23,6 +27,21 @@ pub mod csi {
             reason = "prost/tonic generated code; its shape is dictated by the CSI spec"
         )]
         tonic::include_proto!("csi.v1");
+    }
+}
+
+/// Package `wasmcsi.authority.v1`: the controller's authority endpoint.
+pub mod authority {
+    pub mod v1 {
+        #![allow(
+            clippy::all,
+            clippy::pedantic,
+            clippy::nursery,
+            missing_docs,
+            rustdoc::all,
+            reason = "prost/tonic generated code"
+        )]
+        tonic::include_proto!("wasmcsi.authority.v1");
     }
 }
 

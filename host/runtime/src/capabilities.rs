@@ -110,11 +110,11 @@ impl ImportSummary {
                     "import {import} is not granted (add [backends.NAME.grants] dir = {{ ROOT = \"/path\" }})"
                 )),
                 Capability::Dir => {}
-                Capability::Nfs if grants.nfs.is_empty() => out.push(format!(
+                Capability::Nfs if grants.nfs.is_none() => out.push(format!(
                     "import {import} is not granted (add [backends.NAME.grants] nfs = [{{ server = \"HOST\", share = \"/export\" }}])"
                 )),
                 Capability::Nfs => {}
-                Capability::Rbd if grants.rbd.is_empty() => out.push(format!(
+                Capability::Rbd if grants.rbd.is_none() => out.push(format!(
                     "import {import} is not granted (add [backends.NAME.grants] rbd = [{{ cluster = \"NAME\", pools = [\"POOL\"] }}])"
                 )),
                 Capability::Rbd => {}
@@ -160,8 +160,9 @@ mod tests {
         let s = ImportSummary::classify(["wasmcsi:backend/nfs@0.1.0"]);
         let v = s.violations(&Grants::default(), ContractVersion::V0_1);
         assert!(v.len() == 1 && v[0].contains("not granted"), "{v:?}");
-        let mut g = Grants::default();
-        g.nfs.push(crate::config::NfsGrant { server: "10.0.0.1".into(), share: "/export".into() });
+        let mut g = Grants { nfs: Some(vec![]), ..Default::default() };
+        assert!(s.violations(&g, ContractVersion::V0_1).is_empty(), "granted, no server yet");
+        g.nfs = Some(vec![crate::config::NfsGrant { server: "10.0.0.1".into(), share: "/export".into() }]);
         assert!(s.violations(&g, ContractVersion::V0_1).is_empty());
         let block = ImportSummary::classify(["wasmcsi:backend/block@0.2.0"]);
         assert!(
@@ -211,8 +212,9 @@ mod tests {
         let s = ImportSummary::classify(["wasmcsi:backend/rbd@0.1.0"]);
         let v = s.violations(&Grants::default(), ContractVersion::V0_1);
         assert!(v.len() == 1 && v[0].contains("not granted") && v[0].contains("rbd ="), "{v:?}");
-        let mut g = Grants::default();
-        g.rbd.push(crate::config::RbdGrant { cluster: "c".into(), pools: vec!["p".into()] });
+        let mut g = Grants { rbd: Some(vec![]), ..Default::default() };
+        assert!(s.violations(&g, ContractVersion::V0_1).is_empty(), "granted, no cluster yet");
+        g.rbd = Some(vec![crate::config::RbdGrant { cluster: "c".into(), pools: vec!["p".into()] }]);
         assert!(s.violations(&g, ContractVersion::V0_1).is_empty());
     }
 }

@@ -54,6 +54,9 @@ pub use call_error::{CallError, describe};
 pub use contract::ContractVersion;
 /// Map a backend-relative path under a granted dir root onto the host, refusing escapes.
 pub use imports::dir::resolve as resolve_dir_path;
+/// Tests hold background `dir` copies before they report done (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+pub use imports::dir::{CopyHold as DirCopyHold, hold_copies as hold_dir_copies};
 pub use registry::Registry;
 pub use runtime::{LoadError, Runtime, RuntimeOptions};
 pub use secrets::{Secrets, secret_refs};

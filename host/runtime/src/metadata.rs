@@ -247,6 +247,25 @@ impl MetaStore {
         tx.commit().map_err(db)
     }
 
+    /// Record `record` for `volume_id` unless the volume has a record already (a retried
+    /// creation keeps the first), in one transaction; the record the volume has afterwards.
+    pub fn record_volume_once(&self, volume_id: &str, record: VolumeRecord) -> Result<VolumeRecord, StoreError> {
+        let tx = self.db.begin_write().map_err(db)?;
+        let kept = {
+            let mut t = tx.open_table(VOLUMES).map_err(db)?;
+            let existing = t.get(volume_id).map_err(db)?.map(|v| serde_json::from_slice(v.value()).map_err(db));
+            match existing {
+                Some(kept) => kept?,
+                None => {
+                    t.insert(volume_id, serde_json::to_vec(&record).map_err(db)?.as_slice()).map_err(db)?;
+                    record
+                }
+            }
+        };
+        tx.commit().map_err(db)?;
+        Ok(kept)
+    }
+
     pub fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(VOLUMES).map_err(db)?;
@@ -318,6 +337,22 @@ mod tests {
         assert_eq!(ids(0, 1), ["b:v1"]);
         let names: Vec<String> = s.backends_with_volumes().unwrap().into_iter().collect();
         assert_eq!(names, ["a", "b", "b-x", "b2"]);
+    }
+
+    #[test]
+    fn a_volume_keeps_its_first_record() {
+        let (_d, s) = store();
+        let record = |digest: &str| VolumeRecord {
+            backend: "b".into(),
+            digest: digest.into(),
+            capacity_bytes: 1,
+            created_at: 0,
+        };
+        assert_eq!(s.record_volume_once("b:v", record("first")).unwrap().digest, "first");
+        assert_eq!(s.record_volume_once("b:v", record("second")).unwrap().digest, "first");
+        assert_eq!(s.volume("b:v").unwrap().map(|r| r.digest).as_deref(), Some("first"));
+        s.forget_volume("b:v").unwrap();
+        assert_eq!(s.record_volume_once("b:v", record("third")).unwrap().digest, "third");
     }
 
     fn store() -> (tempfile::TempDir, MetaStore) {

@@ -13,6 +13,7 @@
 //! serving. Revoking a grant therefore takes removing the backend that uses it first.
 use crate::backend::Backend;
 use crate::config::HostConfig;
+use crate::metadata::{StoreError, VolumeRecord};
 use crate::runtime::{LoadError, Runtime};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -281,4 +282,44 @@ fn wasm_files(dir: &Path) -> Vec<(String, PathBuf, FileStamp)> {
 fn stamp_of(path: &Path) -> Option<FileStamp> {
     let m = std::fs::metadata(path).ok()?;
     m.is_file().then(|| FileStamp { modified: m.modified().ok(), len: m.len() })
+}
+
+/// The host's journal of volumes (in the metadata store): which backend build made each
+/// volume, kept from its creation to its deletion, so a volume is listed (and its backend
+/// known) even while its backend is not loaded.
+impl Registry {
+    /// Journal that `backend` made volume `volume_id` of `capacity_bytes`, unless the journal
+    /// holds it already (a retried creation keeps the first record); the record it holds.
+    pub fn journal_created(
+        &self,
+        backend: &Backend,
+        volume_id: &str,
+        capacity_bytes: u64,
+    ) -> Result<VolumeRecord, StoreError> {
+        let created_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let record =
+            VolumeRecord { backend: backend.name.clone(), digest: backend.digest.clone(), capacity_bytes, created_at };
+        self.runtime.metadata.record_volume_once(volume_id, record)
+    }
+
+    /// Journal that volume `volume_id` is gone.
+    pub fn journal_deleted(&self, volume_id: &str) -> Result<(), StoreError> {
+        self.runtime.metadata.forget_volume(volume_id)
+    }
+
+    /// The volumes the journal holds of backend `name` (in id order), skipping the first
+    /// `skip`, at most `take`.
+    pub fn journal_volumes(
+        &self,
+        name: &str,
+        skip: usize,
+        take: usize,
+    ) -> Result<Vec<(String, VolumeRecord)>, StoreError> {
+        self.runtime.metadata.volumes_of(name, skip, take)
+    }
+
+    /// The backends the journal holds volumes of.
+    pub fn journal_backends(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        self.runtime.metadata.backends_with_volumes()
+    }
 }

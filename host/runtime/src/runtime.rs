@@ -282,11 +282,15 @@ impl Runtime {
                     import_timeout: limits.import_timeout(),
                     copies: self.copies.clone(),
                 },
-                nfs: NfsCtx::new(name, &grants.nfs, limits.import_timeout()),
+                nfs: NfsCtx::new(name, grants.nfs.as_deref().unwrap_or_default(), limits.import_timeout()),
                 rbd: RbdCtx {
                     backend: name.into(),
-                    provider: RbdProvider::from_grants(&grants.rbd, &config.clusters, limits.import_timeout())
-                        .map(Arc::new),
+                    provider: RbdProvider::from_grants(
+                        grants.rbd.as_deref().unwrap_or_default(),
+                        &config.clusters,
+                        limits.import_timeout(),
+                    )
+                    .map(Arc::new),
                     import_timeout: limits.import_timeout(),
                 },
                 block: BlockCtx {

@@ -1,4 +1,4 @@
-//! Issue 13 item 9: everything one backend call can make the host write (its log lines with
+//! Everything one backend call can make the host write (its log lines with
 //! their field names and values, and its error message) fits one byte budget, however the
 //! guest calls `log`. Its own test binary: it installs the process's tracing subscriber.
 #![allow(clippy::unwrap_used, reason = "tests")]
@@ -10,7 +10,7 @@ use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest, Pair};
 use wasmcsi_runtime::engine::EngineSettings;
 use wasmcsi_runtime::{CallError, Runtime, RuntimeOptions, WitError};
 
-/// The budget README documents: 16 KiB per call, of which 1 KiB is the error message.
+/// The budget docs/operating.md documents: 16 KiB per call, of which 1 KiB is the error message.
 const BYTES_PER_CALL: usize = 16 << 10;
 const MAX_ERROR_MESSAGE: usize = 1 << 10;
 /// What the host adds to each guest line (time, level, target, span, `backend=`, `fields=`),

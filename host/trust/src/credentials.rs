@@ -58,9 +58,11 @@ pub struct Credentials {
     anchors: Arc<TrustAnchors>,
     certified: Arc<CertifiedKey>,
     role: Role,
+    not_before: SystemTime,
     not_after: SystemTime,
     hash: [u8; 32],
     server_config: Arc<ServerConfig>,
+    client_optional_config: Arc<ServerConfig>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -80,8 +82,9 @@ impl Credentials {
         Credentials::from_files(dir, &files)
     }
 
-    /// Checks a set already read from `dir` (the reloader reads, hashes, then builds).
-    pub(crate) fn from_files(dir: &Path, files: &SecretFiles) -> Result<Credentials, CredentialsError> {
+    /// Checks a set already read from `dir` (the reloader reads, hashes, then builds), or about
+    /// to be written there (a renewal checks what it got before it replaces what works).
+    pub fn from_files(dir: &Path, files: &SecretFiles) -> Result<Credentials, CredentialsError> {
         let ca_path = dir.join(CA_FILE);
         let cert_path = dir.join(CERT_FILE);
         let key_path = dir.join(KEY_FILE);
@@ -122,10 +125,23 @@ impl Credentials {
             role = Some(r);
         }
         let role = role.ok_or(CredentialsError::NoCertificate { path: cert_path.clone() })?;
-        let not_after = not_after(leaf).map_err(|what| CredentialsError::Validity { path: cert_path.clone(), what })?;
+        let (not_before, not_after) =
+            validity(leaf).map_err(|what| CredentialsError::Validity { path: cert_path.clone(), what })?;
         let certified = Arc::new(certified);
         let server_config = build_server_config(&anchors, &certified, ExpectedRole::Any)?;
-        Ok(Credentials { dir: dir.to_owned(), anchors, certified, role, not_after, hash: files.hash(), server_config })
+        let client_optional_config =
+            build_server_config_with(PeerVerifier::client_optional(anchors.clone(), ExpectedRole::Any), &certified)?;
+        Ok(Credentials {
+            dir: dir.to_owned(),
+            anchors,
+            certified,
+            role,
+            not_before,
+            not_after,
+            hash: files.hash(),
+            server_config,
+            client_optional_config,
+        })
     }
 
     /// The directory this set was read from.
@@ -136,6 +152,11 @@ impl Credentials {
     /// Our own role, from our leaf certificate.
     pub fn role(&self) -> &Role {
         &self.role
+    }
+
+    /// When our leaf certificate became valid.
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
     }
 
     /// When our leaf certificate expires.
@@ -182,6 +203,13 @@ impl Credentials {
         build_server_config(&self.anchors, &self.certified, clients)
     }
 
+    /// A server config that admits clients of any wasmcsi role *and* clients with no certificate
+    /// at all (see [`PeerVerifier::client_optional`]); the caller authorizes each call by the
+    /// role the handshake yields, or by the proof the call carries when there is none.
+    pub fn server_config_client_optional(&self) -> Arc<ServerConfig> {
+        self.client_optional_config.clone()
+    }
+
     /// A client config that presents our certificate and accepts only a server of role
     /// `server`.
     pub fn client_config(&self, server: ExpectedRole) -> Result<Arc<ClientConfig>, CredentialsError> {
@@ -197,6 +225,24 @@ impl Credentials {
     }
 }
 
+/// A client config that presents no certificate and accepts only a server of role `server`,
+/// verified against `anchors`: a node that has no certificate yet, asking the authority endpoint
+/// for its first.
+pub fn anonymous_client_config(
+    anchors: Arc<TrustAnchors>,
+    server: ExpectedRole,
+) -> Result<Arc<ClientConfig>, CredentialsError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(PROTOCOL_VERSIONS)
+        .map_err(CredentialsError::Config)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PeerVerifier::new(anchors, server)))
+        .with_no_client_auth();
+    config.resumption = Resumption::disabled();
+    config.enable_sni = false;
+    Ok(Arc::new(config))
+}
+
 /// The name to pass where rustls asks for the server's name (see [`SERVER_NAME`]).
 pub fn server_name() -> ServerName<'static> {
     ServerName::DnsName(rustls::pki_types::DnsName::try_from(SERVER_NAME).expect("SERVER_NAME is a valid DNS name"))
@@ -207,10 +253,17 @@ fn build_server_config(
     certified: &Arc<CertifiedKey>,
     clients: ExpectedRole,
 ) -> Result<Arc<ServerConfig>, CredentialsError> {
+    build_server_config_with(PeerVerifier::new(anchors.clone(), clients), certified)
+}
+
+fn build_server_config_with(
+    verifier: PeerVerifier,
+    certified: &Arc<CertifiedKey>,
+) -> Result<Arc<ServerConfig>, CredentialsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(PROTOCOL_VERSIONS)
         .map_err(CredentialsError::Config)?
-        .with_client_cert_verifier(Arc::new(PeerVerifier::new(anchors.clone(), clients)))
+        .with_client_cert_verifier(Arc::new(verifier))
         .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified.clone())));
     config.ignore_client_order = true;
     config.session_storage = Arc::new(NoServerSessionStorage {});
@@ -228,11 +281,15 @@ fn read_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'stat
     Ok(certificates)
 }
 
-fn not_after(leaf: &CertificateDer<'_>) -> Result<SystemTime, String> {
+/// The leaf's notBefore and notAfter.
+fn validity(leaf: &CertificateDer<'_>) -> Result<(SystemTime, SystemTime), String> {
     let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| e.to_string())?;
-    let secs = cert.validity().not_after.timestamp();
-    let secs = u64::try_from(secs).map_err(|_| format!("notAfter {secs} is before 1970"))?;
-    Ok(UNIX_EPOCH + Duration::from_secs(secs))
+    let at = |t: &x509_parser::time::ASN1Time, what: &str| {
+        let secs = t.timestamp();
+        let secs = u64::try_from(secs).map_err(|_| format!("{what} {secs} is before 1970"))?;
+        Ok::<_, String>(UNIX_EPOCH + Duration::from_secs(secs))
+    };
+    Ok((at(&cert.validity().not_before, "notBefore")?, at(&cert.validity().not_after, "notAfter")?))
 }
 
 #[cfg(test)]

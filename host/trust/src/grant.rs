@@ -26,6 +26,11 @@
 //! The signature covers [`SIGNING_DOMAIN`] followed by the body bytes exactly as sent, so a
 //! signature made for anything else with the same key (a TLS CertificateVerify starts with 64
 //! spaces) can never pass for a grant, nor a grant for anything else.
+//!
+//! Where a node gets its grants (the authority endpoint, or this process's own controller
+//! credentials) is [`source`].
+
+pub mod source;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -101,12 +101,17 @@ impl Issued {
     /// Writes `ca.crt` (`trust`, the CA bundle the holder will trust), `tls.crt` (the chain)
     /// and `tls.key` into `dir` as one set (see [`secret_dir::write`]).
     pub fn write(&self, dir: &Path, trust: &[CertificateDer<'_>]) -> Result<(), PkiError> {
-        let files = SecretFiles {
+        Ok(secret_dir::write(dir, &self.files(trust))?)
+    }
+
+    /// The three files [`Self::write`] writes, in memory (to check them with
+    /// [`crate::Credentials::from_files`] before they replace a working set).
+    pub fn files(&self, trust: &[CertificateDer<'_>]) -> SecretFiles {
+        SecretFiles {
             ca: certificates_pem(trust).into_bytes(),
             cert: certificates_pem(&self.chain).into_bytes(),
             key: Zeroizing::new(pem_block("PRIVATE KEY", self.key.secret_pkcs8_der()).into_bytes()),
-        };
-        Ok(secret_dir::write(dir, &files)?)
+        }
     }
 }
 

@@ -70,6 +70,12 @@ impl LiveCredentials {
         self.current().server_config()
     }
 
+    /// The current set's server config that also admits clients without a certificate (see
+    /// [`Credentials::server_config_client_optional`]).
+    pub fn server_config_client_optional(&self) -> Arc<ServerConfig> {
+        self.current().server_config_client_optional()
+    }
+
     /// A client config of the current set for a server of role `server`.
     pub fn client_config(&self, server: ExpectedRole) -> Result<Arc<ClientConfig>, CredentialsError> {
         self.current().client_config(server)

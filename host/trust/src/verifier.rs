@@ -181,11 +181,25 @@ pub struct PeerVerifier {
     anchors: Arc<TrustAnchors>,
     expected: ExpectedRole,
     algorithms: WebPkiSupportedAlgorithms,
+    /// As a client verifier: whether a client without a certificate is refused.
+    client_required: bool,
 }
 
 impl PeerVerifier {
     pub fn new(anchors: Arc<TrustAnchors>, expected: ExpectedRole) -> Self {
-        PeerVerifier { anchors, expected, algorithms: provider().signature_verification_algorithms }
+        PeerVerifier {
+            anchors,
+            expected,
+            algorithms: provider().signature_verification_algorithms,
+            client_required: true,
+        }
+    }
+
+    /// A client verifier that also lets a client without any certificate finish the handshake
+    /// (the authority endpoint, where a node that has none yet asks for its first with another
+    /// proof). A client that presents one is verified as [`Self::new`] verifies it.
+    pub fn client_optional(anchors: Arc<TrustAnchors>, expected: ExpectedRole) -> Self {
+        PeerVerifier { client_required: false, ..PeerVerifier::new(anchors, expected) }
     }
 
     fn check(
@@ -205,7 +219,7 @@ impl PeerVerifier {
 
 impl ClientCertVerifier for PeerVerifier {
     fn client_auth_mandatory(&self) -> bool {
-        true
+        self.client_required
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {

@@ -8,8 +8,9 @@ use thiserror::Error;
 
 use super::encode::checksum;
 use super::{
-    DEFAULT_MAX_PAYLOAD, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_LABELS, MAX_NAME_LEN, MAX_RECORD_LEN,
-    Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN, SnapshotInfo, Status,
+    DEFAULT_MAX_PAYLOAD, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN, MAX_LABELS, MAX_NAME_LEN,
+    MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN, SnapshotInfo,
+    Status,
 };
 
 /// Why bytes are not a frame. Every variant is fatal for the connection: after it the stream has
@@ -290,6 +291,13 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
         }
         30 => Message::EngineCall { volume_id: r.name()?, request: r.rest() },
         31 => Message::EngineReply { status: r.status()?, reply: r.rest() },
+        32 => {
+            let grant = r.rest();
+            if grant.len() > MAX_GRANT_LEN {
+                return Err(DecodeError::Malformed { kind, what: "grant too long" });
+            }
+            Message::Grant { grant }
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;
@@ -311,14 +319,21 @@ pub struct FrameDecoder {
     need: usize,
     max_payload: usize,
     failed: bool,
+    /// Room the next [`FrameDecoder::read_buffer`] offers at least: doubles with every read up
+    /// to [`MIN_READ`], so a connection that sends little (an idle one, a control client) holds
+    /// little, and a busy engine session soon reads many frames at once.
+    room: usize,
 }
 
-/// Room a [`FrameDecoder::read_buffer`] offers at least, so small frames are read many at once.
+/// Room a busy connection's [`FrameDecoder::read_buffer`] offers at least, so small frames are
+/// read many at once.
 pub(super) const MIN_READ: usize = 256 * 1024;
+/// Room the first read of a connection gets.
+pub(super) const FIRST_READ: usize = 16 * 1024;
 
 impl FrameDecoder {
     pub fn new(max_payload: usize) -> Self {
-        Self { buf: BytesMut::new(), need: HEADER_LEN, max_payload, failed: false }
+        Self { buf: BytesMut::new(), need: HEADER_LEN, max_payload, failed: false, room: FIRST_READ }
     }
 
     /// Appends bytes read from the connection.
@@ -327,14 +342,16 @@ impl FrameDecoder {
     }
 
     /// The buffer to append the next read to, with room for at least the rest of the frame at
-    /// the front (or [`MIN_READ`] bytes). Append only; never remove or change what it holds.
+    /// the front (or the room reads have grown to, see `room`). Append only; never remove or
+    /// change what it holds.
     ///
     /// While a large frame is incomplete, the room offered ends where it ends: a large write's
     /// data is handed out as a view into this buffer, so the buffer then moves to fresh memory,
     /// and whatever of the next frame had already been read would be copied along.
     pub fn read_buffer(&mut self) -> bytes::buf::Limit<&mut BytesMut> {
         let rest = self.need.saturating_sub(self.buf.len());
-        let want = rest.max(MIN_READ);
+        let want = rest.max(self.room);
+        self.room = (self.room * 2).min(MIN_READ);
         self.buf.reserve(want);
         let limit = if rest > MIN_READ { rest } else { usize::MAX };
         bytes::BufMut::limit(&mut self.buf, limit)

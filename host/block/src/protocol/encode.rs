@@ -283,6 +283,7 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             out.extend_from_slice(&(*status as u16).to_le_bytes());
             out.extend_from_slice(reply);
         }
+        Message::Grant { grant } => out.extend_from_slice(grant),
     }
     Ok(())
 }

@@ -62,6 +62,10 @@ pub enum Status {
     /// The session's claim is older than the replica's epoch: another engine was given the
     /// volume (see `Claim`). The engine that gets this must stop serving the volume.
     Fenced = 10,
+    /// The peer may not make this request: its certificate's role does not allow it, or a
+    /// node's grant for the session is missing, invalid, expired, of another node or volume, or
+    /// of an older epoch than the replica's. The replica closes the connection after it.
+    Denied = 11,
 }
 
 impl Status {
@@ -78,6 +82,7 @@ impl Status {
             8 => Self::AlreadyExists,
             9 => Self::Busy,
             10 => Self::Fenced,
+            11 => Self::Denied,
             _ => return None,
         })
     }
@@ -128,6 +133,8 @@ pub struct RecordInfo {
 
 /// Longest record a replica stores: a record names members and small metadata, never data.
 pub const MAX_RECORD_LEN: usize = 64 * 1024;
+/// Longest grant a `Grant` carries: the largest `wasmcsi_trust::grant` encodes (8 KiB).
+pub const MAX_GRANT_LEN: usize = 8 * 1024;
 /// Most labels an `Identity` carries.
 pub const MAX_LABELS: usize = 64;
 
@@ -322,6 +329,12 @@ pub enum Message {
         status: Status,
         reply: Vec<u8>,
     },
+    /// First frame of a session of an engine with a node's certificate, before `Hello`: the
+    /// controller-signed grant (`wasmcsi_trust::grant`) that lets this node open sessions of
+    /// the volume. Answered by `Reply`: `Ok`, or `Denied` (and the connection closes).
+    Grant {
+        grant: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -358,6 +371,7 @@ impl Message {
             Self::Identity { .. } => 29,
             Self::EngineCall { .. } => 30,
             Self::EngineReply { .. } => 31,
+            Self::Grant { .. } => 32,
         }
     }
 }

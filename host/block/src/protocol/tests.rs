@@ -1,6 +1,6 @@
 //! Round trips, hostile input and the streaming decoder's buffer handling.
 
-use super::decode::MIN_READ;
+use super::decode::{FIRST_READ, MIN_READ};
 use super::encode::checksum;
 use super::*;
 use crate::testutil::Rng;
@@ -14,8 +14,8 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         let n = rng.below(300) as usize;
         (0..n).map(|_| rng.next() as u8).collect()
     };
-    let status = |rng: &mut Rng| Status::from_wire(rng.below(11) as u16).unwrap_or(Status::Ok);
-    match rng.below(31) {
+    let status = |rng: &mut Rng| Status::from_wire(rng.below(12) as u16).unwrap_or(Status::Ok);
+    match rng.below(32) {
         0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
         1 => Message::HelloReply {
             status: status(rng),
@@ -82,6 +82,7 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         },
         28 => Message::EngineCall { volume_id: name(rng), request: data(rng) },
         29 => Message::EngineReply { status: status(rng), reply: data(rng) },
+        30 => Message::Grant { grant: data(rng) },
         _ => Message::NodeInfoReply {
             status: status(rng),
             capacity: rng.next(),
@@ -115,7 +116,7 @@ fn every_message_kind_round_trips() {
         let bytes = encoded(&frame);
         assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
     }
-    assert_eq!(kinds.len(), 31, "the generator covers every kind");
+    assert_eq!(kinds.len(), 32, "the generator covers every kind");
 }
 
 #[test]
@@ -314,7 +315,26 @@ fn read_buffer_ends_at_a_large_frame_and_not_before_small_ones() {
             assert_eq!(f, [&big, &small][f.request_id as usize - 1].clone());
         }
     }
-    assert!(dec.read_buffer().remaining_mut() >= MIN_READ);
+    for _ in 0..5 {
+        dec.read_buffer();
+    }
+    assert!(dec.read_buffer().chunk_mut().len() >= MIN_READ);
+}
+
+#[test]
+fn a_decoders_read_room_starts_small_and_grows_with_the_reads() {
+    use bytes::BufMut as _;
+    // What a connection that has sent nothing yet holds: an idle peer costs no more.
+    let mut dec = FrameDecoder::new(DEFAULT_MAX_PAYLOAD);
+    let first = dec.read_buffer().chunk_mut().len();
+    assert!((FIRST_READ..64 * 1024).contains(&first), "{first}");
+    let mut rooms = Vec::new();
+    for _ in 0..8 {
+        let mut room = dec.read_buffer();
+        rooms.push(room.chunk_mut().len());
+        room.put_slice(&[0; 8]);
+    }
+    assert!(*rooms.last().expect("eight") >= MIN_READ, "{rooms:?}");
 }
 
 #[test]
@@ -326,4 +346,15 @@ fn stream_decoder_stays_failed_after_corruption() {
     encode(&Frame { request_id: 1, message: Message::Flush }, &mut good).expect("encodable");
     dec.push(&good);
     assert!(dec.next_frame().is_err());
+}
+
+#[test]
+fn a_grant_is_kind_32_its_refusal_status_11_and_an_oversized_grant_malformed() {
+    let bytes = encoded(&Frame { request_id: 1, message: Message::Grant { grant: vec![7; MAX_GRANT_LEN] } });
+    assert_eq!(&bytes[6..8], &[32, 0]);
+    assert!(matches!(decode(&bytes), Ok(Decoded::Frame(..))));
+    let denied = encoded(&Frame { request_id: 1, message: Message::Reply { status: Status::Denied } });
+    assert_eq!(&denied[HEADER_LEN..], &[11, 0]);
+    let too_long = encoded(&Frame { request_id: 1, message: Message::Grant { grant: vec![7; MAX_GRANT_LEN + 1] } });
+    assert_eq!(decode(&too_long), Err(DecodeError::Malformed { kind: 32, what: "grant too long" }));
 }

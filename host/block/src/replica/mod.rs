@@ -5,12 +5,14 @@
 //! unmap, snapshots, the dirty flag); the engine side is [`crate::engine`], driven by
 //! [`crate::volume`].
 
+mod authorize;
 mod block_map;
 pub mod chain;
 mod error;
 mod header_file;
 mod layers;
 pub mod node;
+mod pipeline;
 mod record;
 pub mod server;
 pub(crate) mod session;

@@ -50,6 +50,8 @@ pub enum NodeError {
     StaleRecord(String),
     #[error("record of volume {0:?} is invalid (version 0, or too long)")]
     InvalidRecord(String),
+    #[error("replica of volume {volume_id:?} is at epoch {epoch}, the session's grant only at {granted}")]
+    StaleGrant { volume_id: String, granted: u64, epoch: u64 },
 }
 
 impl NodeError {
@@ -63,6 +65,7 @@ impl NodeError {
             Self::AlreadyExists { .. } => Status::AlreadyExists,
             Self::Busy(_) | Self::InUse(_) => Status::Busy,
             Self::Broken { .. } | Self::Io { .. } | Self::NotARoot(_) => Status::IoError,
+            Self::StaleGrant { .. } => Status::Denied,
         }
     }
 }
@@ -308,8 +311,13 @@ impl ReplicaNode {
     /// dirty. [`NodeError::NotFound`] when absent, [`NodeError::Busy`] while a revert runs.
     /// Counted under the node's lock so a concurrent delete either sees the session or happens
     /// before it; marked dirty under the sessions lock so a session ending meanwhile cannot clear
-    /// the mark (see `session::end`).
-    pub(crate) fn open_session(&self, volume_id: &str) -> Result<(Arc<Replica>, ReplicaHeader), NodeError> {
+    /// the mark (see `session::end`). A session bound to a grant of epoch `granted` is refused
+    /// ([`NodeError::StaleGrant`]) when the replica's epoch is newer, before anything is marked.
+    pub(crate) fn open_session(
+        &self,
+        volume_id: &str,
+        granted: Option<u64>,
+    ) -> Result<(Arc<Replica>, ReplicaHeader), NodeError> {
         let replicas = lock(&self.replicas);
         match replicas.get(volume_id) {
             None => Err(NodeError::NotFound(volume_id.to_owned())),
@@ -318,6 +326,12 @@ impl ReplicaNode {
                 let mut s = lock(&r.sessions);
                 if s.exclusive {
                     return Err(NodeError::Busy(volume_id.to_owned()));
+                }
+                if let Some(granted) = granted {
+                    let epoch = r.record().epoch;
+                    if epoch > granted {
+                        return Err(NodeError::StaleGrant { volume_id: volume_id.to_owned(), granted, epoch });
+                    }
                 }
                 let header = r.store.header();
                 r.store

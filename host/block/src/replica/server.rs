@@ -1,20 +1,28 @@
 //! Serves every replica of a [`ReplicaNode`] over TCP with the replica protocol: one listener per
-//! node. A connection is either an engine session or a control connection, decided by its first
-//! frame. An engine's first frame is `Hello`, which picks the replica by volume id (answered with
-//! its header, `NotFound` for a volume this node does not hold); then requests are pipelined —
-//! each runs as soon as it is read (small writes inline on the connection task, everything else
-//! on the blocking pool, see `dispatch`) and its reply is written when it is done, so replies
-//! leave in completion order, matched by request id. The protocol lets a replica do
-//! that because the engine never has overlapping writes in flight on one connection; `Flush`
-//! covers every write *acknowledged* before it arrived, and a write is only acknowledged after its
-//! `pwrite` returned, so a flush needs no barrier. A control connection starts with a control
-//! request instead (`CreateReplica`, `DeleteReplica`, `NodeInfo`, `Describe`, `SetRecord`,
-//! `Identify`, `EngineCall`) and may send only those, answered one at a time. `EngineCall`s go to
-//! the engines running in this server's process ([`EngineCalls`]), when it was given them.
+//! node, bounded by `wasmcsi_trust::Listener` (total and per-source connection caps, handshake
+//! deadline and byte budget, back-off when descriptors run out) and carried as
+//! [`ServerConfig::transport`] says: mutual TLS (`required`), TLS beside legacy plaintext
+//! (`permissive`) or plaintext (`off`). Nothing of the protocol is read from a TLS peer before its
+//! handshake completed, and a connection's buffers are allocated only once it has: what a peer
+//! costs before it authenticated is the listener's permit, a task and rustls' handshake state.
 //!
-//! Backpressure: at most [`ServerConfig::max_in_flight`] requests per connection are executing or
-//! waiting for their reply to be written; beyond that the server stops reading the socket, so a
-//! fast engine fills its TCP window instead of the replica's memory.
+//! Who may do what is `authorize`'s decision: the peer's certificate names its role, a node opens
+//! an engine session only with a grant the controller signed for it (a `Grant` frame before
+//! `Hello`), and only the controller changes replicas and records or calls engines. A refused
+//! request is answered `Denied`, changes nothing, is logged once with the peer and why, and
+//! closes the connection.
+//!
+//! A connection is either an engine session or a control connection, decided by its first frame
+//! (after a `Grant`, if any). An engine's first frame is `Hello`, which picks the replica by
+//! volume id (answered with its header, `NotFound` for a volume this node does not hold); then
+//! requests are pipelined — each runs as soon as it is read (see `pipeline`) and its reply is
+//! written when it is done, so replies leave in completion order, matched by request id. A
+//! control connection starts with a control request instead (`CreateReplica`, `DeleteReplica`,
+//! `NodeInfo`, `Describe`, `SetRecord`, `Identify`, `EngineCall`) and may send only those,
+//! answered one at a time; it is closed after [`ServerConfig::idle_timeout`] without a request.
+//! Engine sessions are long-lived and mostly quiet: they use TCP keepalive instead.
+//! `EngineCall`s go to the engines running in this server's process ([`EngineCalls`]), when it
+//! was given them.
 //!
 //! Any protocol error (garbage, a bad checksum, a request before `Hello`, a reply sent to us)
 //! closes that connection only; the listener and other connections keep serving.
@@ -29,24 +37,28 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use wasmcsi_trust::listener::{self, PermissiveConnection, Permit, PlainConnection, Stats, TlsConnection};
+use wasmcsi_trust::stream::from_server_stream;
+use wasmcsi_trust::{Limits, Listener, Role};
 
+use super::authorize::{self, Caller, Granted, Refusal};
 use super::error::StoreError;
 use super::node::{NodeError, Replica, ReplicaNode};
-use super::session::{self, Placement};
+use super::pipeline;
+use super::session;
 use crate::protocol::{
     DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
     encode_with_limit,
 };
+use crate::transport::{ReadHalf, Transport, WriteHalf, keepalive};
 
 /// Who a replica server is, as `Identify` answers: the node's name and labels, which placement
 /// and topology use (addresses change, names do not).
@@ -67,7 +79,12 @@ pub trait EngineCalls: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, Status>> + Send>>;
 }
 
-/// Per-connection limits, and who the server is.
+/// A control connection is closed after this long without a request.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// An engine session's TCP keepalive starts probing after this long without traffic.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Per-connection limits, how connections are carried, and who the server is.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Requests of one connection executing or waiting to be answered before the server stops
@@ -80,15 +97,30 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// What `Identify` answers.
     pub identity: NodeIdentity,
+    /// Plaintext, or TLS with the node's credentials (which must name this node).
+    pub transport: Transport,
+    /// The listener's bounds.
+    pub limits: Limits,
+    /// A connection that has not yet become an engine session (nothing sent, or a control
+    /// connection between requests) is closed after this long idle.
+    pub idle_timeout: Duration,
+    /// Engine sessions: TCP keepalive idle time (see `transport::keepalive`).
+    pub keepalive: Duration,
 }
 
-impl Default for ServerConfig {
-    fn default() -> Self {
+impl ServerConfig {
+    /// Plaintext (`--tls-mode off`) with the default limits: there is no default transport, a
+    /// server that serves plaintext says so where it is started.
+    pub fn plaintext() -> Self {
         Self {
             max_in_flight: 64,
             max_payload: DEFAULT_MAX_PAYLOAD,
             shutdown_grace: Duration::from_secs(5),
             identity: NodeIdentity::default(),
+            transport: Transport::Plain,
+            limits: Limits::default(),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            keepalive: DEFAULT_KEEPALIVE,
         }
     }
 }
@@ -103,17 +135,22 @@ pub enum ServerError {
     Bind(std::io::Error),
     #[error("replica store task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("the replica server's certificate is {found}'s; it serves node {node:?} and needs that node's")]
+    Identity { found: String, node: String },
 }
 
 /// Why one connection ended early; logged, never propagated past the connection.
 #[derive(Debug, Error)]
-enum ConnError {
+pub(super) enum ConnError {
     #[error("reading: {0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
     Decode(#[from] DecodeError),
     #[error("protocol: {0}")]
     Unexpected(&'static str),
+    /// A request was refused `Denied` (already logged with the peer and why).
+    #[error("a request was denied")]
+    Denied,
 }
 
 /// A running replica server. Dropping it shuts the server down in the background, like
@@ -122,24 +159,27 @@ enum ConnError {
 pub struct ReplicaServer {
     local_addr: SocketAddr,
     node: Arc<ReplicaNode>,
+    stats: Arc<Stats>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 /// Shared by the accept loop and every connection.
-struct Shared {
-    node: Arc<ReplicaNode>,
-    config: ServerConfig,
+pub(super) struct Shared {
+    pub(super) node: Arc<ReplicaNode>,
+    pub(super) config: ServerConfig,
     engines: Option<Arc<dyn EngineCalls>>,
+    /// Held by every connection (through this), so the accept loop knows when all are gone.
+    _alive: mpsc::Sender<()>,
 }
 
 impl ReplicaServer {
     /// Opens every replica under `root` (created if missing) and serves them on `addr` (port 0
-    /// picks a free port; see [`ReplicaServer::local_addr`]).
-    pub async fn bind(addr: impl ToSocketAddrs, root: &Path) -> Result<Self, ServerError> {
+    /// picks a free port; see [`ReplicaServer::local_addr`]) in plaintext (`--tls-mode off`).
+    pub async fn bind_plaintext(addr: impl ToSocketAddrs, root: &Path) -> Result<Self, ServerError> {
         let root = root.to_path_buf();
         let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&root)).await??;
-        Self::serve(addr, Arc::new(node), ServerConfig::default()).await
+        Self::serve(addr, Arc::new(node), ServerConfig::plaintext()).await
     }
 
     /// Serves an already opened node with explicit limits.
@@ -181,12 +221,22 @@ impl ReplicaServer {
         config: ServerConfig,
         engines: Option<Arc<dyn EngineCalls>>,
     ) -> Result<Self, ServerError> {
+        check_identity(&config)?;
         let local_addr = listener.local_addr().map_err(ServerError::Bind)?;
+        let listener = Listener::new(listener, config.limits.clone());
+        let stats = listener.stats();
         let (shutdown, rx) = watch::channel(false);
-        let shared = Arc::new(Shared { node: node.clone(), config, engines });
-        let task = tokio::spawn(accept_loop(listener, shared, rx));
-        tracing::info!(replica.addr = %local_addr, replica.root = %node.root().display(), "replica node serving");
-        Ok(Self { local_addr, node, shutdown, task })
+        let (alive, gone) = mpsc::channel(1);
+        let transport = config.transport.mode();
+        let shared = Arc::new(Shared { node: node.clone(), config, engines, _alive: alive });
+        let task = tokio::spawn(accept_loop(listener, shared, rx, gone));
+        tracing::info!(
+            replica.addr = %local_addr,
+            replica.root = %node.root().display(),
+            tls = %transport,
+            "replica node serving"
+        );
+        Ok(Self { local_addr, node, stats, shutdown, task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -196,6 +246,11 @@ impl ReplicaServer {
     /// The replicas this server serves (create, delete and inspect them directly).
     pub fn node(&self) -> &Arc<ReplicaNode> {
         &self.node
+    }
+
+    /// The listener's counters (connections open, refused, handshakes).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
     }
 
     /// Stops accepting, lets every connection finish and answer the requests it already read,
@@ -208,48 +263,153 @@ impl ReplicaServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    // Small frames (replies) must not wait for Nagle.
-                    let _ = stream.set_nodelay(true);
-                    connections.spawn(connection(stream, peer, shared.clone(), shutdown.clone()));
-                }
-                // Per-connection failures (e.g. EMFILE, a reset before accept) must not stop the
-                // listener; back off briefly so a persistent one does not spin.
-                Err(e) => {
-                    tracing::warn!(error = %e, "replica accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
+/// A node's replica server must present that node's certificate: engines dialling it check
+/// that it is the member node they mean to reach.
+fn check_identity(config: &ServerConfig) -> Result<(), ServerError> {
+    let Some(role) = config.transport.role() else { return Ok(()) };
+    let node = &config.identity.node;
+    match role {
+        Role::Node(id) if node.is_empty() || id == *node => Ok(()),
+        other => Err(ServerError::Identity { found: other.to_string(), node: node.clone() }),
     }
-    drop(listener);
-    while connections.join_next().await.is_some() {}
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
-    match serve_connection(stream, &shared, shutdown).await {
-        Ok(()) => tracing::debug!(replica.peer = %peer, "replica connection closed"),
-        Err(e) => tracing::warn!(replica.peer = %peer, error = %e, "replica connection dropped"),
+async fn accept_loop(
+    listener: Listener,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+    mut gone: mpsc::Receiver<()>,
+) {
+    // Connections still in their handshake hold the server only weakly: a shutdown does not
+    // wait for a peer that never finishes one.
+    let weak = Arc::downgrade(&shared);
+    let transport = shared.config.transport.clone();
+    let serving = serve(listener, transport, weak, shutdown.clone());
+    tokio::select! {
+        () = stopped(shutdown.clone()) => {}
+        result = serving => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "the replica listener failed; no new connections are accepted");
+            }
+            stopped(shutdown).await;
+        }
+    }
+    drop(shared);
+    // `None` once every connection let go of the server.
+    let _ = gone.recv().await;
+}
+
+/// Completes once the server is asked to stop (or its handle is gone, which is a stop too).
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Runs the listener in `transport`'s mode until it fails.
+async fn serve(
+    listener: Listener,
+    transport: Transport,
+    server: Weak<Shared>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let handle = move |accepted: Option<Accepted>| {
+        let (server, shutdown) = (server.upgrade(), shutdown.clone());
+        async move {
+            if let (Some(server), Some(accepted)) = (server, accepted) {
+                connection(accepted, server, shutdown).await;
+            }
+        }
+    };
+    match transport {
+        Transport::Plain => listener.serve_plain(move |c| handle(Some(Accepted::plain(c)))).await,
+        Transport::Permissive(credentials) => {
+            listener.serve_permissive(credentials, move |c| handle(Accepted::permissive(c))).await
+        }
+        Transport::Required(credentials) => {
+            listener.serve_tls(credentials, move |c| handle(Some(Accepted::tls(c)))).await
+        }
+    }
+}
+
+/// A connection the listener admitted, split, with who it is.
+struct Accepted {
+    rd: ReadHalf,
+    wr: WriteHalf,
+    peer: SocketAddr,
+    caller: Caller,
+    /// The listener's slot, held as long as the connection.
+    _permit: Permit,
+}
+
+impl Accepted {
+    fn plain(c: PlainConnection) -> Accepted {
+        Accepted::split_plain(c.stream, c.peer, c.permit)
+    }
+
+    fn tls(c: TlsConnection) -> Accepted {
+        let (writer, reader) = from_server_stream(c.stream);
+        Accepted {
+            rd: ReadHalf::Tls(reader),
+            wr: WriteHalf::Tls(writer),
+            peer: c.peer,
+            caller: Caller::Tls(c.role),
+            _permit: c.permit,
+        }
+    }
+
+    fn permissive(c: PermissiveConnection) -> Option<Accepted> {
+        match c.transport {
+            listener::Transport::Tls { stream, role } => {
+                Some(Accepted::tls(TlsConnection { stream: *stream, peer: c.peer, role, permit: c.permit }))
+            }
+            listener::Transport::Plain(stream) => {
+                // Once per connection: an operator sees who still speaks plaintext before
+                // switching to `required`.
+                tracing::info!(replica.peer = %c.peer, "plaintext replica connection (permissive mode): unauthenticated, served by the rules before TLS");
+                Some(Accepted::split_plain(stream, c.peer, c.permit))
+            }
+        }
+    }
+
+    fn split_plain(stream: TcpStream, peer: SocketAddr, permit: Permit) -> Accepted {
+        // Small frames (replies) must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        Accepted { rd: ReadHalf::Plain(rd), wr: WriteHalf::Plain(wr), peer, caller: Caller::Plaintext, _permit: permit }
+    }
+
+    fn socket(&self) -> Option<&TcpStream> {
+        match &self.wr {
+            WriteHalf::Plain(w) => Some(w.as_ref()),
+            WriteHalf::Tls(w) => Some(w.socket()),
+        }
+    }
+}
+
+async fn connection(accepted: Accepted, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let (peer, caller) = (accepted.peer, accepted.caller.clone());
+    if let Some(socket) = accepted.socket() {
+        keepalive(socket, shared.config.keepalive);
+    }
+    match serve_connection(accepted, &shared, shutdown).await {
+        Ok(()) | Err(ConnError::Denied) => {
+            tracing::debug!(replica.peer = %peer, replica.caller = %caller, "replica connection closed")
+        }
+        Err(e) => {
+            tracing::warn!(replica.peer = %peer, replica.caller = %caller, error = %e, "replica connection dropped")
+        }
     }
 }
 
 /// Reads frames off one connection.
-struct Reader {
-    rd: OwnedReadHalf,
+pub(super) struct Reader {
+    rd: ReadHalf,
     decoder: FrameDecoder,
-    shutdown: watch::Receiver<bool>,
+    pub(super) shutdown: watch::Receiver<bool>,
 }
 
 impl Reader {
     /// The next frame; `None` on end of stream or server shutdown.
-    async fn next(&mut self) -> Result<Option<Frame>, ConnError> {
+    pub(super) async fn next(&mut self) -> Result<Option<Frame>, ConnError> {
         loop {
             if let Some(frame) = self.decoder.next_frame()? {
                 return Ok(Some(frame));
@@ -269,40 +429,95 @@ impl Reader {
         }
     }
 
+    /// [`Self::next`] within `idle`; `None` when nothing came (the connection is then closed).
+    async fn next_within(&mut self, idle: Duration) -> Result<Option<Frame>, ConnError> {
+        match tokio::time::timeout(idle, self.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                tracing::debug!(after = ?idle, "closing an idle replica connection");
+                Ok(None)
+            }
+        }
+    }
+
     /// The next frame already buffered, without reading the socket.
-    fn buffered(&mut self) -> Result<Option<Frame>, ConnError> {
+    pub(super) fn buffered(&mut self) -> Result<Option<Frame>, ConnError> {
         Ok(self.decoder.next_frame()?)
     }
 }
 
+/// A connection's state between its first frames.
+struct Conn<'a> {
+    shared: &'a Arc<Shared>,
+    peer: SocketAddr,
+    caller: Caller,
+    tx: mpsc::Sender<Frame>,
+}
+
+impl Conn<'_> {
+    /// Answers `request` `Denied` and logs why, once: the connection ends after it.
+    async fn deny(&self, request_id: u64, request: &Message, why: Refusal) -> ConnError {
+        authorize::log_refusal(self.peer, &self.caller, request, &why);
+        let _ = self.tx.send(Frame { request_id, message: authorize::denied(request) }).await;
+        ConnError::Denied
+    }
+
+    async fn reply(&self, request_id: u64, message: Message) {
+        let _ = self.tx.send(Frame { request_id, message }).await;
+    }
+}
+
 async fn serve_connection(
-    stream: TcpStream,
+    accepted: Accepted,
     shared: &Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnError> {
     let cfg = &shared.config;
-    let (rd, wr) = stream.into_split();
+    let Accepted { rd, wr, peer, caller, _permit } = accepted;
     let drain_signal = shutdown.clone();
+    // Allocates nothing until the first read; the read buffer grows with what arrives.
     let mut reader = Reader { rd, decoder: FrameDecoder::new(cfg.max_payload), shutdown };
+    let Some(mut first) = reader.next_within(cfg.idle_timeout).await? else { return Ok(()) };
     let (tx, rx) = mpsc::channel::<Frame>(cfg.max_in_flight.max(1));
     let mut writer = tokio::spawn(write_loop(wr, rx, cfg.max_payload));
+    let conn = Conn { shared, peer, caller, tx };
 
-    let Some(first) = reader.next().await? else { return Ok(()) };
+    let mut granted = None;
+    if let Message::Grant { grant } = &first.message {
+        match verify_grant(&conn, grant) {
+            Ok(g) => granted = g,
+            Err(why) => return finish(writer, Err(conn.deny(first.request_id, &first.message, why).await), conn).await,
+        }
+        conn.reply(first.request_id, Message::Reply { status: Status::Ok }).await;
+        first = match reader.next_within(cfg.idle_timeout).await {
+            Ok(Some(frame)) => frame,
+            other => return finish(writer, other.map(|_| ()), conn).await,
+        };
+    }
     let (request_id, volume_id, protocol_version) = match first.message {
-        Message::Hello { volume_id, protocol_version, .. } => (first.request_id, volume_id, protocol_version),
+        Message::Hello { ref volume_id, protocol_version, .. } => {
+            (first.request_id, volume_id.clone(), protocol_version)
+        }
+        Message::Grant { .. } => {
+            let denied = conn.deny(first.request_id, &first.message, Refusal::LateGrant).await;
+            return finish(writer, Err(denied), conn).await;
+        }
         ref m if is_control(m) => {
-            let result = serve_control(first, &mut reader, shared, &tx).await;
-            drop(tx);
-            let _ = writer.await;
-            return result;
+            let result = serve_control(first, &mut reader, &conn).await;
+            return finish(writer, result, conn).await;
         }
         _ => {
             writer.abort();
             return Err(ConnError::Unexpected("first frame is neither Hello nor a control request"));
         }
     };
+    let grant_epoch = match conn.caller.may_open(&volume_id, granted.as_ref()) {
+        Ok(epoch) => epoch,
+        Err(why) => return finish(writer, Err(conn.deny(request_id, &first.message, why).await), conn).await,
+    };
     let node = shared.node.clone();
-    let opened = tokio::task::spawn_blocking(move || session::open(&node, volume_id, protocol_version)).await;
+    let opened =
+        tokio::task::spawn_blocking(move || session::open(&node, volume_id, protocol_version, grant_epoch)).await;
     let (replica, status, header) = match opened {
         Ok(opened) => opened,
         Err(e) => {
@@ -311,30 +526,43 @@ async fn serve_connection(
             return Err(ConnError::Unexpected("hello failed"));
         }
     };
+    if status == Status::Denied {
+        let replica_epoch = replica_epoch(shared, &header.volume_id);
+        let why = Refusal::StaleEpoch { granted: grant_epoch.unwrap_or(0), replica: replica_epoch };
+        authorize::log_refusal(peer, &conn.caller, &first.message, &why);
+    }
     // The reply carries the header as it was before this session marked it dirty, so the engine
     // sees whether the previous one ended cleanly.
-    let _ = tx.send(Frame { request_id, message: Message::HelloReply { status, header } }).await;
+    conn.reply(request_id, Message::HelloReply { status, header }).await;
     let Some(replica) = replica else {
-        drop(tx);
-        let _ = writer.await;
-        return Ok(());
+        let result = if status == Status::Denied { Err(ConnError::Denied) } else { Ok(()) };
+        return finish(writer, result, conn).await;
     };
 
-    let result = serve_requests(&mut reader, shared, &replica, &tx).await;
+    let result =
+        pipeline::serve_requests(&mut reader, shared, &replica, &conn.tx, granted.as_ref(), peer, &conn.caller).await;
+    let Conn { tx, .. } = conn;
     drop(tx);
     let clean = match result {
         // Every request task holds a sender; the writer ends once all replies are out.
         Ok(clean) => match drain(&mut writer, drain_signal, cfg.shutdown_grace).await {
-            Some(wr) => {
+            Some(mut wr) => {
                 // The end of the stream is sent only after the session ended (dirty flag
                 // cleared), so a peer that waits for it knows the replica is clean.
                 end_session(&replica, clean).await;
-                let mut wr = wr;
                 let _ = wr.shutdown().await;
                 return Ok(());
             }
             None => false,
         },
+        Err(ConnError::Denied) => {
+            // The refusal is queued: deliver it, then close.
+            if let Some(mut wr) = drain(&mut writer, drain_signal, cfg.shutdown_grace).await {
+                let _ = wr.shutdown().await;
+            }
+            end_session(&replica, false).await;
+            return Err(ConnError::Denied);
+        }
         Err(e) => {
             // The stream has no trustworthy framing left: close without answering the rest.
             writer.abort();
@@ -346,6 +574,31 @@ async fn serve_connection(
     Ok(())
 }
 
+/// Ends a connection that opened no session: every queued reply (a refusal too) is delivered,
+/// then the stream closed.
+async fn finish(
+    writer: JoinHandle<Option<WriteHalf>>,
+    result: Result<(), ConnError>,
+    conn: Conn<'_>,
+) -> Result<(), ConnError> {
+    drop(conn);
+    if let Ok(Some(mut wr)) = writer.await {
+        let _ = wr.shutdown().await;
+    }
+    result
+}
+
+/// Verifies a `Grant` against the CA bundle of the server's current credentials.
+fn verify_grant(conn: &Conn<'_>, grant: &[u8]) -> Result<Option<Granted>, Refusal> {
+    let Some(credentials) = conn.shared.config.transport.credentials() else { return Ok(None) };
+    let anchors = credentials.current().anchors().clone();
+    conn.caller.accept_grant(grant, &anchors, SystemTime::now())
+}
+
+fn replica_epoch(shared: &Shared, volume_id: &str) -> u64 {
+    shared.node.describe(volume_id).map(|(_, record)| record.epoch).unwrap_or(0)
+}
+
 /// Ends one engine session (see [`session::end`]) on the blocking pool: it may fsync.
 async fn end_session(replica: &Arc<Replica>, clean: bool) {
     let replica = replica.clone();
@@ -354,15 +607,15 @@ async fn end_session(replica: &Arc<Replica>, clean: bool) {
     }
 }
 
-/// Serves a control connection: control requests one at a time until end of stream.
-async fn serve_control(
-    first: Frame,
-    reader: &mut Reader,
-    shared: &Arc<Shared>,
-    tx: &mpsc::Sender<Frame>,
-) -> Result<(), ConnError> {
+/// Serves a control connection: control requests one at a time until end of stream, an idle
+/// timeout, or a refused request.
+async fn serve_control(first: Frame, reader: &mut Reader, conn: &Conn<'_>) -> Result<(), ConnError> {
+    let shared = conn.shared;
     let mut next = Some(first);
     while let Some(frame) = next.take() {
+        if let Err(why) = conn.caller.may_control(&frame.message) {
+            return Err(conn.deny(frame.request_id, &frame.message, why).await);
+        }
         let node = shared.node.clone();
         let request_id = frame.request_id;
         let message = match frame.message {
@@ -377,10 +630,10 @@ async fn serve_control(
                 Message::Reply { status: Status::IoError }
             }),
         };
-        if tx.send(Frame { request_id, message }).await.is_err() {
+        if conn.tx.send(Frame { request_id, message }).await.is_err() {
             return Ok(());
         }
-        next = reader.next().await?;
+        next = reader.next_within(shared.config.idle_timeout).await?;
         if let Some(f) = &next
             && !is_control(&f.message)
         {
@@ -487,13 +740,13 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
     }
 }
 
-/// Waits for the writer to deliver every queued reply; false if it failed or if the server is
+/// Waits for the writer to deliver every queued reply; `None` if it failed or if the server is
 /// shutting down and the grace period ran out first (the writer is then aborted).
 async fn drain(
-    writer: &mut JoinHandle<Option<OwnedWriteHalf>>,
+    writer: &mut JoinHandle<Option<WriteHalf>>,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
-) -> Option<OwnedWriteHalf> {
+) -> Option<WriteHalf> {
     let deadline = async {
         // Err: the server handle is gone, which is a shutdown too.
         let _ = shutdown.wait_for(|stop| *stop).await;
@@ -508,155 +761,27 @@ async fn drain(
     }
 }
 
-/// Small reads run back to back on one blocking thread, this many per thread.
-const SMALL_PER_TASK: usize = 8;
-/// Most requests taken off the socket before they are dispatched.
-const MAX_BATCH: usize = 64;
-
-/// One request read and admitted (it holds its in-flight permit).
-struct Admitted {
-    frame: Frame,
-    mutation: bool,
-    permit: OwnedSemaphorePermit,
-}
-
-/// Pipelines requests until end of stream; returns whether the engine left cleanly (see the
-/// module docs).
-///
-/// Every request that is already buffered when one is read is taken too (while permits last),
-/// and small reads and writes of that batch run a few at a time per blocking task: a 4 KiB
-/// request costs microseconds, a pool hop and its wakeups cost as much again.
-async fn serve_requests(
-    reader: &mut Reader,
-    shared: &Arc<Shared>,
-    replica: &Arc<Replica>,
-    tx: &mpsc::Sender<Frame>,
-) -> Result<bool, ConnError> {
-    let max = shared.config.max_in_flight.max(1);
-    let permits = Arc::new(Semaphore::new(max));
-    let rules = Arc::new(session::Session::default());
-    let mutations_in_flight = Arc::new(AtomicUsize::new(0));
-    let mut clean = false;
-    let max_payload = shared.config.max_payload;
-    // No waiting at the end for started requests: each holds a reply sender, so on a clean end
-    // the caller's wait for the writer is the wait for them, and on an error the caller closes
-    // the writer, which also unblocks any request stuck queueing its reply for a peer not reading.
+/// Writes replies in the order they complete, coalescing whatever is queued into one write,
+/// until every sender is gone; returns the write half (still open) when all were delivered,
+/// `None` on a failure. A TLS record the reader could not answer at once (a KeyUpdate's) is
+/// flushed from here too.
+async fn write_loop(mut wr: WriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> Option<WriteHalf> {
+    // Grows with the replies actually sent: an idle connection holds none of it.
+    let mut out = Vec::new();
     loop {
-        // Taking the permit before reading is the backpressure: no permit, no read.
-        // Shutdown must not wait for a permit: a peer that stopped reading holds them all.
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break Ok(clean),
+        let frame = tokio::select! {
+            frame = rx.recv() => match frame {
+                Some(frame) => frame,
+                None => return Some(wr),
             },
-            _ = reader.shutdown.wait_for(|stop| *stop) => break Ok(false),
-        };
-        let mut next = match reader.next().await {
-            Ok(Some(frame)) => Some((frame, permit)),
-            Ok(None) => break Ok(clean),
-            Err(e) => break Err(e),
-        };
-        let mut batch = Vec::new();
-        let mut failure = None;
-        while let Some((frame, permit)) = next.take() {
-            let Some(mutation) = session::classify(&frame.message) else {
-                failure = Some(ConnError::Unexpected("not a request after Hello"));
-                break;
-            };
-            clean = matches!(frame.message, Message::Flush) && mutations_in_flight.load(Ordering::SeqCst) == 0;
-            if mutation {
-                mutations_in_flight.fetch_add(1, Ordering::SeqCst);
-            }
-            batch.push(Admitted { frame, mutation, permit });
-            if batch.len() >= MAX_BATCH {
-                break;
-            }
-            let Ok(permit) = permits.clone().try_acquire_owned() else { break };
-            match reader.buffered() {
-                Ok(Some(frame)) => next = Some((frame, permit)),
-                Ok(None) => {}
-                Err(e) => failure = Some(e),
-            }
-        }
-        dispatch(batch, replica, &rules, tx, &mutations_in_flight, max_payload).await;
-        if let Some(e) = failure {
-            break Err(e);
-        }
-    }
-}
-
-/// Runs a batch of admitted requests: small writes right here on the connection task (a
-/// buffered 4 KiB write costs a few microseconds; a hop to the blocking pool and back costs two
-/// thread wakeups), and so are small reads the page cache holds (tried without waiting for the
-/// disk, `RWF_NOWAIT`); everything else on the blocking pool — other small reads a few per task
-/// (they wait for the disk, which must not stall the runtime), the rest one per task (a
-/// flush or a large write must not hold up the others). The engine never has overlapping
-/// requests in flight, so their order among each other does not matter.
-async fn dispatch(
-    batch: Vec<Admitted>,
-    replica: &Arc<Replica>,
-    rules: &Arc<session::Session>,
-    tx: &mpsc::Sender<Frame>,
-    inflight: &Arc<AtomicUsize>,
-    max_payload: usize,
-) {
-    let mut inline = Vec::new();
-    let mut reads = Vec::new();
-    let mut cached = Vec::new();
-    let mut tasks: Vec<Vec<Admitted>> = Vec::new();
-    for a in batch {
-        match session::place(replica, &a.frame.message) {
-            Placement::Inline => inline.push(a),
-            Placement::Answered(message) => cached.push((a, message)),
-            Placement::SmallRead => reads.push(a),
-            Placement::Blocking => tasks.push(vec![a]),
-        }
-    }
-    let mut reads = reads.into_iter().peekable();
-    while reads.peek().is_some() {
-        tasks.push(reads.by_ref().take(SMALL_PER_TASK).collect());
-    }
-    // The pool starts on its share first, so disk reads overlap with the inline writes.
-    for task in tasks {
-        let (replica, rules, tx, inflight) = (replica.clone(), rules.clone(), tx.clone(), inflight.clone());
-        tokio::task::spawn_blocking(move || {
-            for Admitted { frame, mutation, permit } in task {
-                let message = session::execute(&replica, &rules, frame.message, max_payload);
-                if mutation {
-                    inflight.fetch_sub(1, Ordering::SeqCst);
+            () = wr.flush_wanted() => {
+                if let Err(e) = wr.flush().await {
+                    tracing::debug!(error = %e, "replica connection write failed");
+                    return None;
                 }
-                // A closed channel means the connection is gone; the reply has nowhere to go.
-                let _ = tx.blocking_send(Frame { request_id: frame.request_id, message });
-                drop(permit);
+                continue;
             }
-        });
-    }
-    for (Admitted { frame, mutation, permit }, message) in cached {
-        debug_assert!(!mutation, "a read is not a mutation");
-        let _ = tx.send(Frame { request_id: frame.request_id, message }).await;
-        drop(permit);
-    }
-    for Admitted { frame, mutation, permit } in inline {
-        let message = session::execute(replica, rules, frame.message, max_payload);
-        if mutation {
-            inflight.fetch_sub(1, Ordering::SeqCst);
-        }
-        let _ = tx.send(Frame { request_id: frame.request_id, message }).await;
-        drop(permit);
-    }
-}
-
-/// Writes replies in the order they complete, coalescing whatever is queued into one write;
-/// true once every reply was written and the stream closed.
-/// Writes replies until every sender is gone; returns the write half (still open) when all were
-/// delivered, `None` on a failure.
-async fn write_loop(
-    mut wr: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Frame>,
-    max_payload: usize,
-) -> Option<OwnedWriteHalf> {
-    let mut out = Vec::with_capacity(256 * 1024);
-    while let Some(frame) = rx.recv().await {
+        };
         out.clear();
         let mut next = Some(frame);
         while let Some(frame) = next.take() {
@@ -675,5 +800,4 @@ async fn write_loop(
             return None;
         }
     }
-    Some(wr)
 }

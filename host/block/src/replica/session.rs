@@ -59,12 +59,14 @@ pub(crate) fn place(replica: &Replica, request: &Message) -> Placement {
 }
 
 /// Answers `Hello`: the replica for the session (with the session counted and the replica marked
-/// dirty), or why not.
+/// dirty), or why not. `granted`: the epoch of the grant the session is bound to (a node's
+/// session), refused `Denied` when the replica's epoch is newer.
 #[tracing::instrument(name = "replica.hello", skip_all, fields(replica.volume = %volume_id))]
 pub(crate) fn open(
     node: &ReplicaNode,
     volume_id: String,
     protocol_version: u16,
+    granted: Option<u64>,
 ) -> (Option<Arc<Replica>>, Status, ReplicaHeader) {
     let refused = |status, volume_id| {
         let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
@@ -73,7 +75,7 @@ pub(crate) fn open(
     if protocol_version != PROTOCOL_VERSION {
         return refused(Status::UnsupportedVersion, volume_id);
     }
-    match node.open_session(&volume_id) {
+    match node.open_session(&volume_id, granted) {
         Ok((replica, header)) => {
             tracing::debug!("replica session opened");
             (Some(replica), Status::Ok, header)
@@ -141,7 +143,8 @@ pub(crate) fn classify(m: &Message) -> Option<bool> {
         | Message::Identify
         | Message::Identity { .. }
         | Message::EngineCall { .. }
-        | Message::EngineReply { .. } => None,
+        | Message::EngineReply { .. }
+        | Message::Grant { .. } => None,
         // Stores an epoch, never data: a final flush after it still ends the session cleanly.
         Message::Claim { .. } => Some(false),
     }

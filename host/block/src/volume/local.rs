@@ -136,7 +136,7 @@ impl LocalLink {
             if self.session.is_some() {
                 return Err("a second Hello on one session");
             }
-            let (replica, status, header) = session::open(&self.node, volume_id, protocol_version);
+            let (replica, status, header) = session::open(&self.node, volume_id, protocol_version, None);
             self.session = replica.map(|replica| {
                 Arc::new(LocalSession {
                     replica,

@@ -53,7 +53,7 @@ impl Cluster {
 async fn serve(root: &std::path::Path, i: usize, addr: &str) -> ReplicaServer {
     let node = Arc::new(ReplicaNode::open(root).unwrap());
     let identity = NodeIdentity { node: format!("n{i}"), labels: vec![("zone".into(), format!("z{}", i % 2))] };
-    ReplicaServer::serve(addr, node, ServerConfig { identity, ..ServerConfig::default() }).await.unwrap()
+    ReplicaServer::serve(addr, node, ServerConfig { identity, ..ServerConfig::plaintext() }).await.unwrap()
 }
 
 fn names(v: &[&str]) -> Vec<String> {

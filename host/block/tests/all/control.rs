@@ -25,7 +25,7 @@ impl Nodes {
         let mut dirs = Vec::new();
         for _ in 0..n {
             let dir = tempfile::tempdir().unwrap();
-            servers.push(ReplicaServer::bind("127.0.0.1:0", dir.path()).await.unwrap());
+            servers.push(ReplicaServer::bind_plaintext("127.0.0.1:0", dir.path()).await.unwrap());
             dirs.push(dir);
         }
         Self { servers, _dirs: dirs }

@@ -1,5 +1,5 @@
 //! The integration tests of `wasmcsi-block`: replica servers, the catalog, the control surface
-//! and replicated volumes over real TCP on loopback.
+//! and replicated volumes over real TCP on loopback, plaintext and mutual TLS.
 //!
 //! One binary per crate, one module per area (as wasmtime's `tests/all`): the crate and its
 //! dependencies are linked once, not once per file. Run one area with
@@ -8,4 +8,5 @@
 mod catalog;
 mod control;
 mod replica_server;
+mod replica_tls;
 mod replicated_volume;

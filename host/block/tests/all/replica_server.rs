@@ -111,7 +111,7 @@ async fn start(root: &Path) -> ReplicaServer {
     if !replica_dir(root).join("header").exists() {
         ReplicaStore::create(&replica_dir(root), VOLUME, SIZE).unwrap();
     }
-    ReplicaServer::bind("127.0.0.1:0", root).await.unwrap()
+    ReplicaServer::bind_plaintext("127.0.0.1:0", root).await.unwrap()
 }
 
 /// A node with `VOLUME`'s replica and explicit server limits.
@@ -325,7 +325,7 @@ async fn a_corrupt_header_is_an_error_on_open_not_an_empty_replica() {
     assert!(err.to_string().contains("checksum"), "{err}");
     // The node still serves its other replicas; this one is refused, never served empty, and
     // cannot be created over.
-    let server = ReplicaServer::bind("127.0.0.1:0", dir.path()).await.unwrap();
+    let server = ReplicaServer::bind_plaintext("127.0.0.1:0", dir.path()).await.unwrap();
     let (_c, status, _) = Client::hello(server.local_addr()).await;
     assert_eq!(status, Status::IoError);
     assert!(server.node().create_replica(VOLUME, SIZE).is_err());
@@ -371,7 +371,7 @@ async fn shutdown_closes_open_connections() {
 async fn a_client_that_stops_reading_is_throttled_without_stalling_others_or_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let config =
-        ServerConfig { max_in_flight: 2, shutdown_grace: Duration::from_millis(200), ..ServerConfig::default() };
+        ServerConfig { max_in_flight: 2, shutdown_grace: Duration::from_millis(200), ..ServerConfig::plaintext() };
     let server = serve_with(dir.path(), config).await;
     let (mut stuck, _, _) = Client::hello(server.local_addr()).await;
     // 64 MiB of read replies nobody reads fill the socket buffers; the server must then stop
@@ -400,7 +400,7 @@ async fn a_client_that_stops_reading_is_throttled_without_stalling_others_or_shu
 #[tokio::test]
 async fn pipelining_works_with_an_in_flight_bound_of_one() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve_with(dir.path(), ServerConfig { max_in_flight: 1, ..ServerConfig::default() }).await;
+    let server = serve_with(dir.path(), ServerConfig { max_in_flight: 1, ..ServerConfig::plaintext() }).await;
     let (mut c, _, _) = Client::hello(server.local_addr()).await;
     let mut ids = Vec::new();
     for i in 0..32u64 {
@@ -431,7 +431,7 @@ fn status(m: Message) -> Status {
 #[tokio::test]
 async fn control_requests_create_list_and_delete_replicas_idempotently() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ReplicaServer::bind("127.0.0.1:0", dir.path()).await.unwrap();
+    let server = ReplicaServer::bind_plaintext("127.0.0.1:0", dir.path()).await.unwrap();
     let addr = server.local_addr();
     let create = |id: &str, size| Message::CreateReplica { volume_id: id.into(), size };
     assert_eq!(status(control(addr, create("vol-1", SIZE)).await), Status::Ok);
@@ -492,7 +492,7 @@ async fn control_requests_create_list_and_delete_replicas_idempotently() {
 #[tokio::test]
 async fn one_server_serves_two_volumes_concurrently_routed_by_hello() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ReplicaServer::bind("127.0.0.1:0", dir.path()).await.unwrap();
+    let server = ReplicaServer::bind_plaintext("127.0.0.1:0", dir.path()).await.unwrap();
     let addr = server.local_addr();
     for id in ["a", "b"] {
         let m = Message::CreateReplica { volume_id: id.into(), size: SIZE };

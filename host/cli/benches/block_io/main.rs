@@ -337,7 +337,7 @@ impl Cluster {
         let server_rt = runtime("replica");
         let servers: Vec<_> = nodes
             .iter()
-            .map(|d| Some(server_rt.block_on(ReplicaServer::bind("127.0.0.1:0", d)).expect("replica server")))
+            .map(|d| Some(server_rt.block_on(ReplicaServer::bind_plaintext("127.0.0.1:0", d)).expect("replica server")))
             .collect();
         let addrs: Vec<_> = servers.iter().map(|s| s.as_ref().unwrap().local_addr()).collect();
         if let Some(p) = placement {
@@ -374,7 +374,8 @@ impl Cluster {
     }
 
     fn start_replica(&mut self, i: usize) {
-        let server = self.server_rt.block_on(ReplicaServer::bind(self.addrs[i], &self.nodes[i])).expect("replica");
+        let server =
+            self.server_rt.block_on(ReplicaServer::bind_plaintext(self.addrs[i], &self.nodes[i])).expect("replica");
         self.servers[i] = Some(server);
     }
 }
@@ -577,7 +578,7 @@ fn bench_rebuilds(root: &Path, size: u64) -> Rebuilds {
 
 /// One row of the verdict table.
 struct Goal {
-    /// "old" (the goals before issue 18) or "new" (issue 18's, node-confined).
+    /// "old" (the goals before the node was confined to its own CPU) or "new" (node-confined).
     set: &'static str,
     what: String,
     target: String,
@@ -1002,7 +1003,7 @@ fn main() {
         let got = format!("{full_vs_copy:.2}x");
         goals.push(Goal::new("old", "full rebuild speed / raw copy", ">= 0.80x", got, full_vs_copy >= 0.8));
     }
-    // Issue 18: the node on its own CPU, fewer CPU µs per replicated write, medians.
+    // The node on its own CPU, fewer CPU µs per replicated write, medians.
     if let Some(r) = ratio(&run_engine_m, &run_raw_m, 3) {
         let target = ">= 0.50x raw (one disk for both replicas: the physical limit)";
         goals.push(Goal::new("new", "engine 1M seq write", target, format!("{r:.2}x"), r >= 0.5));

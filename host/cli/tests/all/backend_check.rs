@@ -112,7 +112,7 @@ fn ls_reports_loaded_and_rejected_backends_with_their_contract_version() {
     .unwrap();
     let (code, out, err) =
         wasmcsi(&["backend", "ls", "--backends-dir", d.path().to_str().unwrap(), "--config", config.to_str().unwrap()]);
-    // A rejected file makes `ls` exit 1 (issue 19: scripts and probes must see it).
+    // A rejected file makes `ls` exit 1: scripts and probes must see it.
     assert_eq!(code, 1, "{err}");
     let columns = |name: &str| -> Vec<String> {
         let line = out.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default();

@@ -111,6 +111,42 @@ async fn create_and_delete_of_one_volume_never_run_at_once() {
     host.shutdown().await.unwrap();
 }
 
+/// A StorageClass parameter the backend does not take, met as the provisioner meets it on a
+/// WaitForFirstConsumer class: GetCapacity (the class's parameters and no capability, as the
+/// external-provisioner asks) answers the root's free space, so a CSIStorageCapacity exists and
+/// the scheduler lets the claim through; CreateVolume then refuses the parameter with
+/// INVALID_ARGUMENT, naming it, which the provisioner shows on the claim (a ProvisioningFailed
+/// event). A parameter the backend takes still reaches GetCapacity: a bad one is refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameter_the_backend_does_not_take_is_refused_by_create_volume_not_get_capacity() {
+    let d = tempfile::tempdir().unwrap();
+    let host = start_host(d.path(), &[("hostpath", wasmcsi_artifacts::HOSTPATH)], "").await;
+    let mut controller = ControllerClient::new(connect(&host.socket).await.unwrap());
+    let class = |extra: (&str, &str)| -> std::collections::HashMap<String, String> {
+        [("backend", "hostpath"), ("csi.storage.k8s.io/fstype", "ext4"), extra]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let capacity = |parameters| csi::GetCapacityRequest { parameters, ..Default::default() };
+
+    let free = controller.get_capacity(capacity(class(("colour", "red")))).await;
+    let free = free.expect("GetCapacity of a class with a parameter hostpath does not take").into_inner();
+    assert!(free.available_capacity > 0, "{free:?}");
+    let mut create = create_request("pvc-colour", "hostpath");
+    create.parameters = class(("colour", "red"));
+    let refused = controller.create_volume(create).await.expect_err("an unknown parameter");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("unknown parameter \"colour\""), "{refused:?}");
+    assert!(!d.path().join("hostpath/volumes/pvc-colour").exists(), "nothing made");
+
+    let bad_root = controller.get_capacity(capacity(class(("root", "nope")))).await.expect_err("root is hostpath's");
+    assert_eq!(bad_root.code(), Code::InvalidArgument, "{bad_root:?}");
+    assert!(bad_root.message().contains("root"), "{bad_root:?}");
+    drop(controller);
+    host.shutdown().await.unwrap();
+}
+
 /// Hostile's limits, for the copies of it a test loads: a short deadline, and a `dir` root
 /// named `hang`, which makes it spin in the calls that visit every backend.
 fn hostile_config(dir: &Path, names: &[&str]) -> String {
@@ -137,8 +173,8 @@ fn list_entries(page: &csi::ListVolumesResponse) -> Vec<(String, Option<csi::Vol
         .collect()
 }
 
-/// A backend that hangs, next to one that serves, in the calls that visit every backend
-/// (issue 13, item 12): GetCapacity asks them at once, not one deadline after another;
+/// A backend that hangs, next to one that serves, in the calls that visit every backend:
+/// GetCapacity asks them at once, not one deadline after another;
 /// ListVolumes answers with what the host's journal knows of the hung backend's volumes,
 /// marked abnormal, instead of failing whole; and a backend whose file was removed keeps its
 /// volumes in ListVolumes, abnormal, instead of their vanishing.
@@ -198,8 +234,8 @@ async fn one_failing_backend_does_not_take_down_calls_over_every_backend() {
 }
 
 /// CreateVolume for a backend whose file is briefly missing (an operator replacing it) is
-/// UNAVAILABLE, which the provisioner retries, not INVALID_ARGUMENT, which it takes as final
-/// (issue 13, item 13): while the host's journal knows the backend's volumes, and for a while
+/// UNAVAILABLE, which the provisioner retries, not INVALID_ARGUMENT, which it takes as final:
+/// while the host's journal knows the backend's volumes, and for a while
 /// after its file went away. A name the host never served stays INVALID_ARGUMENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn create_volume_for_a_backend_being_replaced_is_unavailable() {

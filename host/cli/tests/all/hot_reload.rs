@@ -215,7 +215,7 @@ fn counter(host: &Host, name: &str) -> String {
     text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap_or("0").to_string()
 }
 
-/// Issue 19 "Config reload": the configuration file `serve --config` names is re-read on change
+/// Config reload: the configuration file `serve --config` names is re-read on change
 /// like the backends directory, through the running host: a grant added lets a backend serve
 /// without a restart, a file that does not parse is refused once and the configuration in force
 /// keeps serving.

@@ -5,9 +5,11 @@
 //! dependencies are linked once, not once per file. Run one area with
 //! `cargo test --release --workspace --locked --test all -- MODULE::`.
 
+mod authority;
 mod backend_check;
 mod block_cli;
 mod block_netns;
+mod bounds;
 mod compose;
 mod conformance;
 mod controller_faults;
@@ -15,6 +17,7 @@ mod hostile;
 mod hot_reload;
 mod nfs_flow_vm;
 mod node_local;
+mod pki;
 mod rbd_flow;
 mod replicated_flow;
 mod replicated_metrics;

@@ -310,6 +310,50 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
         .unwrap()
         .into_inner();
     assert_eq!(got.snapshot.unwrap().snapshot_id, snap.snapshot_id);
+    // Every other call on the volume is forwarded to B too, and answered as B answers it.
+    let validated = controller
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: volume.volume_id.clone(),
+            volume_context: ctx.clone(),
+            volume_capabilities: vec![mount_cap()],
+            parameters: params("hostpath", &[]),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(validated.confirmed.is_some(), "{validated:?}");
+    let status = controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest { volume_id: volume.volume_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.volume.unwrap().volume_id, volume.volume_id);
+    controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: "node-b".into(),
+            volume_capability: Some(mount_cap()),
+            volume_context: ctx.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    controller
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: "node-b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let of_volume = controller
+        .list_snapshots(csi::ListSnapshotsRequest { source_volume_id: volume.volume_id.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<_> = of_volume.entries.into_iter().map(|e| e.snapshot.unwrap().snapshot_id).collect();
+    assert_eq!(listed, vec![snap.snapshot_id.clone()]);
     // ListVolumes and ListSnapshots through the controller cover every node's, page by page:
     // a second volume and snapshot on node A, listed one entry per page.
     let mut on_a = create.clone();

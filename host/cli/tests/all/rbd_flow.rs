@@ -683,7 +683,7 @@ fn nothing_left(dir: &Path) {
     assert!(!mounts.contains(&left), "mounts left under {left}:\n{mounts}");
 }
 
-/// Issue 14: an rbd-fuse-staged volume keeps serving through a `kill -9` of the node plugin's
+/// An rbd-fuse-staged volume keeps serving through a `kill -9` of the node plugin's
 /// container (the plugin and every process it started) and its restart, and through a live
 /// upgrade of the data path: rbd-fuse is the data path's child, not the plugin's. A durable
 /// writer runs throughout: no error, every block read back; the restarted plugin reports the

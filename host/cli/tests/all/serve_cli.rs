@@ -106,7 +106,7 @@ fn a_grpcio_client_is_served_and_every_call_is_logged_once_at_its_end() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(out.status.success(), "client failed:\n{stdout}\n{stderr}\nserver log:\n{log}");
     assert!(stdout.lines().any(|l| l.starts_with("probe ")), "{stdout}");
-    // No backend named `gone` is loaded: UNAVAILABLE, never NOT_FOUND (README).
+    // No backend named `gone` is loaded: UNAVAILABLE, never NOT_FOUND (docs/operating.md).
     assert!(stdout.contains("expand UNAVAILABLE"), "{stdout}\nserver log:\n{log}");
 
     let lines: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
@@ -287,4 +287,48 @@ fn a_node_plugin_refuses_a_kubelet_dir_that_is_not_a_shared_mount() {
     assert!(!ok && err.contains("missing.toml"), "stopped at the configuration: {err}");
     assert!(!err.contains("is not a shared mount"), "{err}");
     assert!(err.contains("kubelet's directory is a shared mount"), "the check passed: {err}");
+}
+
+/// `datapath --shared-state-dir` in a mount namespace of its own, its state dir a bind mount
+/// made there: refused, saying what to fix, when that mount is private (the FUSE and rbd-fuse
+/// mounts it makes would never reach the node plugin), past the check when it is shared. The
+/// namespace and its mounts end with the process.
+#[test]
+fn a_data_path_refuses_a_state_dir_that_is_not_a_shared_mount() {
+    let d = tempfile::tempdir().unwrap();
+    // Taken, so a data path past the check stops at its replica listener, having served nothing.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let run = |propagation: &str| {
+        let state = d.path().join(format!("state-{propagation}"));
+        std::fs::create_dir_all(&state).unwrap();
+        let script = format!("mount --bind \"$1\" \"$1\" && mount --make-{propagation} \"$1\" && shift && exec \"$@\"");
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+            .arg(&state)
+            .arg(env!("CARGO_BIN_EXE_wasmcsi"))
+            .args(["datapath", "--node-id", "n1", "--shared-state-dir", "--state-dir"])
+            .arg(&state)
+            .arg("--socket")
+            .arg(d.path().join(format!("datapath-{propagation}.sock")))
+            .arg("--replica-root")
+            .arg(d.path().join(format!("replicas-{propagation}")))
+            .arg("--replica-listen")
+            .arg(taken.local_addr().unwrap().to_string())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = run("private");
+    assert!(!ok, "{err}");
+    assert!(err.contains("--state-dir") && err.contains("is not a shared mount (private"), "{err}");
+    assert!(err.contains("Bidirectional"), "says what to fix: {err}");
+    let (ok, err) = run("shared");
+    assert!(!ok, "stopped at the taken replica port: {err}");
+    assert!(!err.contains("is not a shared mount"), "{err}");
+    assert!(err.contains("the data path's state directory is a shared mount"), "the check passed: {err}");
+    // Nothing of either namespace is left on this one.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&*d.path().to_string_lossy()), "{mounts}");
 }

@@ -7,12 +7,13 @@
 //! fails the listing (UNAVAILABLE) rather than leave its volumes out: a CO reads a volume
 //! missing from ListVolumes as gone.
 use super::ControllerService;
+use super::pipeline::{OnObject, Unknown};
 use crate::answer;
 use crate::convert::bytes;
 use crate::error::{CsiError, CsiResult};
 use crate::ids::ObjectId;
 use crate::plugin::DIGEST_CONTEXT_KEY;
-use crate::topology::{Holder, Route, is_node_tag};
+use crate::topology::{Holder, is_node_tag};
 use std::future::Future;
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
@@ -130,10 +131,12 @@ impl ControllerService {
     /// abnormal with why (the CO's health monitor shows that as the volume's condition).
     pub(super) async fn list_volumes(&self, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
         let d = &self.0;
-        let store = &d.registry.runtime().metadata;
         let loaded = self.capable(Feature::ListVolumes);
         let mut names: std::collections::BTreeSet<String> = loaded.iter().map(|b| b.name.clone()).collect();
-        let journal = store.backends_with_volumes().map_err(|e| CsiError::Internal(e.to_string()))?;
+        let journal = d
+            .registry
+            .journal_backends()
+            .map_err(|source| CsiError::Journal { subject: "every backend".into(), source })?;
         names.extend(journal.into_iter().filter(|n| d.registry.get(n).is_none()));
         let names: Vec<String> = names.into_iter().collect();
         let max = page_size(req.max_entries)?;
@@ -180,9 +183,11 @@ impl ControllerService {
         take: u32,
         why: &str,
     ) -> CsiResult<(Vec<csi::list_volumes_response::Entry>, Option<Cursor>)> {
-        let store = &self.0.registry.runtime().metadata;
-        let mut records =
-            store.volumes_of(name, from, take as usize + 1).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let mut records = self
+            .0
+            .registry
+            .journal_volumes(name, from, take as usize + 1)
+            .map_err(|source| CsiError::Journal { subject: format!("backend {name}"), source })?;
         let next = (records.len() > take as usize).then(|| Cursor::Journal(from + take as usize));
         records.truncate(take as usize);
         let condition = csi::VolumeCondition { abnormal: true, message: answer::message(why) };
@@ -274,8 +279,7 @@ impl ControllerService {
             let fresh = token.is_empty();
             let starting_token = if fresh { format!("{name}:") } else { token };
             let req = csi::ListVolumesRequest { max_entries: page_request(max), starting_token };
-            let page = self.forward(&node, b, "ListVolumes", req, |mut c, r| async move { c.list_volumes(r).await });
-            match page.await {
+            match self.forward(&node, b, req).await {
                 Ok(page) => {
                     let of_b = |e: &csi::list_volumes_response::Entry| {
                         e.volume.as_ref().and_then(|v| ObjectId::parse(&v.volume_id)).is_some_and(|o| o.backend == name)
@@ -295,33 +299,33 @@ impl ControllerService {
 
     pub(super) async fn list_snapshots(&self, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
         // A filter routes to one backend; an id that cannot be ours matches nothing.
-        let filter_id = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty());
-        let (backends, snap, vol) =
-            match filter_id {
-                Some(id) => match self.0.backend_for_id(id)? {
-                    Some((b, oid)) => {
-                        if let Route::Node(node) = self.0.route_object(&b, &oid).await? {
-                            return self
-                                .forward(&node, &b, "ListSnapshots", req, |mut c, r| async move {
-                                    c.list_snapshots(r).await
-                                })
-                                .await;
-                        }
-                        let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
-                        let vol = if req.source_volume_id.is_empty() {
-                            None
-                        } else {
-                            match ObjectId::parse(&req.source_volume_id) {
-                                Some(v) if v.backend == b.name => Some(v.local),
-                                _ => return Ok(csi::ListSnapshotsResponse::default()),
-                            }
-                        };
-                        (vec![b], snap, vol)
-                    }
-                    None => return Ok(csi::ListSnapshotsResponse::default()),
-                },
-                None => (self.capable(Feature::ListSnapshots), None, None),
+        let Some(filter_id) = [&req.snapshot_id, &req.source_volume_id].into_iter().find(|s| !s.is_empty()) else {
+            return self.snapshots_of(self.capable(Feature::ListSnapshots), None, None, &req).await;
+        };
+        self.on_object(&req, OnObject::new(filter_id, Unknown::Nothing), async |b, oid| {
+            let snap = (!req.snapshot_id.is_empty()).then(|| oid.local.clone());
+            let vol = if req.source_volume_id.is_empty() {
+                None
+            } else {
+                match ObjectId::parse(&req.source_volume_id) {
+                    Some(v) if v.backend == b.name => Some(v.local),
+                    _ => return Ok(csi::ListSnapshotsResponse::default()),
+                }
             };
+            self.snapshots_of(vec![b], snap, vol, &req).await
+        })
+        .await
+    }
+
+    /// One page of the snapshots of `backends` (those that list snapshots), filtered by
+    /// snapshot `snap` or source volume `vol` (local ids).
+    async fn snapshots_of(
+        &self,
+        backends: Vec<Arc<Backend>>,
+        snap: Option<String>,
+        vol: Option<String>,
+        req: &csi::ListSnapshotsRequest,
+    ) -> CsiResult<csi::ListSnapshotsResponse> {
         let backends: Vec<_> = backends.into_iter().filter(|b| b.has_feature(Feature::ListSnapshots)).collect();
         let (entries, next_token) =
             paged("list_snapshots", backends, req.max_entries, &req.starting_token, |b, max, token| {
@@ -380,9 +384,7 @@ impl ControllerService {
             let starting_token = if fresh { format!("{name}:") } else { token };
             let req =
                 csi::ListSnapshotsRequest { max_entries: page_request(max), starting_token, ..Default::default() };
-            let page =
-                self.forward(&node, b, "ListSnapshots", req, |mut c, r| async move { c.list_snapshots(r).await });
-            match page.await {
+            match self.forward(&node, b, req).await {
                 Ok(page) => {
                     let of_b = |e: &csi::list_snapshots_response::Entry| {
                         e.snapshot

@@ -5,52 +5,49 @@
 //! kind it checks the volume exists and answers with an empty publish context.
 //! ControllerModifyVolume is not offered (no mutable parameters).
 //!
-//! A call on a node-local backend's volume runs on the node that holds it (`topology`): a
-//! controller that is not that node forwards it whole to the node plugin (`peer`) and answers
-//! what the node answered; the node runs it here and pins what it made to itself.
+//! Every call on a backend takes one path before its own work (`pipeline`): resolve the
+//! backend and object, check the feature, route, guard, gate. A call on a node-local
+//! backend's volume runs on the node that holds it (`topology`): a controller that is not that
+//! node forwards it whole to the node plugin (`peer`) and answers what the node answered; the
+//! node runs it here and pins what it made to itself.
 mod listing;
+mod pipeline;
 
 use crate::answer;
 use crate::convert::{self, bytes};
-use crate::error::{CsiError, CsiResult};
-use crate::guard::{GatePass, Side};
+use crate::error::{CsiError, CsiResult, ObjectKind};
+use crate::guard::Side;
 use crate::ids::ObjectId;
-use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, required};
-use crate::topology::Route;
-use std::future::Future;
+use crate::plugin::{Plugin, backend_context, backend_parameters, required};
+use pipeline::{Hold, NewVolume, OnObject, Unknown, need};
 use std::sync::Arc;
-use std::time::Duration;
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
+use wasmcsi_runtime::Backend;
 use wasmcsi_runtime::driver::{self as wit, Feature};
-use wasmcsi_runtime::metadata::VolumeRecord;
-use wasmcsi_runtime::{Backend, secret_refs};
+use wasmcsi_runtime::secret_refs;
 
 #[derive(Clone)]
 pub struct ControllerService(pub Arc<Plugin>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
-fn need(backend: &Backend, feature: Feature, what: &str) -> CsiResult<()> {
-    if backend.has_feature(feature) {
-        Ok(())
-    } else {
-        Err(CsiError::Unimplemented(format!("backend {} does not support {what}", backend.name)))
-    }
-}
-
 /// A content source must name an object of the same backend (a volume cannot be cloned
-/// across backends: each owns its storage).
-fn content_source(d: &Plugin, backend: &Backend, src: &csi::VolumeContentSource) -> CsiResult<wit::ContentSource> {
+/// across backends: each owns its storage). The source as the backend sees it, and its id.
+fn content_source(
+    d: &Plugin,
+    backend: &Backend,
+    src: &csi::VolumeContentSource,
+) -> CsiResult<(wit::ContentSource, ObjectId)> {
     use csi::volume_content_source::Type;
     let (id, is_snapshot) = match &src.r#type {
         Some(Type::Snapshot(s)) => (required(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?, true),
         Some(Type::Volume(v)) => (required(&v.volume_id, "volume_content_source.volume.volume_id")?, false),
         None => return Err(CsiError::Missing("volume_content_source.type")),
     };
-    let (owner, oid) =
-        d.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("content source {id} not found")))?;
+    let (owner, oid) = d
+        .backend_for_id(id)?
+        .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::ContentSource, id: id.to_string() })?;
     if owner.name != backend.name {
         return Err(CsiError::Invalid(format!(
             "content source {id} belongs to backend {}, not {}",
@@ -58,12 +55,27 @@ fn content_source(d: &Plugin, backend: &Backend, src: &csi::VolumeContentSource)
         )));
     }
     if is_snapshot {
-        Ok(wit::ContentSource::Snapshot(oid.local))
+        Ok((wit::ContentSource::Snapshot(oid.local.clone()), oid))
     } else {
         need(backend, Feature::CloneVolume, "cloning volumes")?;
-        Ok(wit::ContentSource::Volume(oid.local))
+        Ok((wit::ContentSource::Volume(oid.local.clone()), oid))
     }
 }
+
+/// The parameters of a class GetCapacity passes to its backend: those the backend declares
+/// (`backend-info.parameters`) and the CO's own (`csi.storage.k8s.io/…`). A parameter the
+/// backend does not take cannot change its capacity, and refusing it here would hide it: the
+/// external-provisioner logs a failed GetCapacity and publishes no CSIStorageCapacity, so the
+/// scheduler answers a WaitForFirstConsumer claim "not enough free storage" and CreateVolume,
+/// whose INVALID_ARGUMENT the provisioner shows on the claim (a ProvisioningFailed event),
+/// never runs. CreateVolume gets every parameter and refuses the unknown one there.
+fn capacity_parameters(declared: &[String], mut parameters: Vec<wit::Pair>) -> Vec<wit::Pair> {
+    parameters.retain(|p| p.key.starts_with(CO_PARAMETER_PREFIX) || declared.contains(&p.key));
+    parameters
+}
+
+/// The prefix of the parameters the CO itself adds or reads (secrets, fstype, PVC metadata).
+const CO_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// The capability to ask for a plan with when the CO sent none (unpublish).
 fn plain_mount() -> wit::VolumeCapability {
@@ -76,61 +88,10 @@ fn plain_mount() -> wit::VolumeCapability {
 
 /// The replica sets a backend that planned a replicated block attachment may reach.
 fn block_catalog(backend: &Backend) -> CsiResult<&wasmcsi_block::catalog::Catalog> {
-    backend.block_catalog().ok_or_else(|| {
-        CsiError::FailedPrecondition(format!(
-            "backend {} planned a replicated-block attachment but has no block grant ([backends.{}.grants.block])",
-            backend.name, backend.name
-        ))
-    })
-}
-
-/// Enter `backend`'s gate on `side` (see `guard`): a creation and a change of an existing
-/// object of one backend never run at once, whatever ids the backend gives names. A call
-/// waits for the other side at most one backend deadline (what the other side's call can
-/// take), then answers ABORTED.
-async fn enter(d: &Plugin, backend: &Backend, side: Side, what: &str) -> CsiResult<GatePass> {
-    d.inflight.gates.enter(&backend.name, side, backend.limits.call_deadline(), what).await
-}
-
-/// What a forwarded call may take beyond the backend's own deadline, twice (a creation may
-/// wait one deadline at the backend's gate, then run one): the hop and the node's queue.
-const FORWARD_MARGIN: Duration = Duration::from_secs(2);
-
-/// The object a content source names, for placement.
-fn source_object(src: &csi::VolumeContentSource) -> Option<ObjectId> {
-    use csi::volume_content_source::Type;
-    match &src.r#type {
-        Some(Type::Snapshot(s)) => ObjectId::parse(&s.snapshot_id),
-        Some(Type::Volume(v)) => ObjectId::parse(&v.volume_id),
-        None => None,
-    }
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    backend.block_catalog().ok_or_else(|| CsiError::NoBlockGrant { backend: backend.name.clone() })
 }
 
 impl ControllerService {
-    /// Forward one call of `backend` to node `node`'s plugin (see `peer`).
-    async fn forward<Req, Resp, F, Fut>(
-        &self,
-        node: &str,
-        backend: &Backend,
-        method: &'static str,
-        req: Req,
-        f: F,
-    ) -> CsiResult<Resp>
-    where
-        F: FnOnce(ControllerClient<tonic::transport::Channel>, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let peers = self.0.node_local.peers.as_ref().ok_or_else(|| {
-            CsiError::Internal(format!("a call for node {node} to forward, but no node plugins are configured"))
-        })?;
-        let timeout = backend.limits.call_deadline() * 2 + FORWARD_MARGIN;
-        peers.call(node, method, timeout, req, f).await
-    }
-
     /// A snapshot a node-local backend made here, its ids pinned to this node.
     fn pin_snapshot(&self, backend: &Backend, mut s: csi::Snapshot) -> CsiResult<csi::Snapshot> {
         s.snapshot_id = self.0.pin_id(backend, &s.snapshot_id)?;
@@ -140,8 +101,8 @@ impl ControllerService {
 
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
         let d = &self.0;
-        let name = required(&req.name, "name")?.to_string();
-        crate::ids::check_name("name", &name)?;
+        let name = required(&req.name, "name")?;
+        crate::ids::check_name("name", name)?;
         if req.volume_capabilities.is_empty() {
             return Err(CsiError::Missing("volume_capabilities"));
         }
@@ -149,18 +110,6 @@ impl ControllerService {
         let capacity = convert::capacity(req.capacity_range.as_ref())?;
         let (backend, parameters) = d.backend_for_parameters(&req.parameters)?;
         need(&backend, Feature::CreateDeleteVolume, "creating volumes")?;
-        let source_oid = req.volume_content_source.as_ref().and_then(source_object);
-        if let Route::Node(node) =
-            d.route_create(&backend, req.accessibility_requirements.as_ref(), source_oid.as_ref()).await?
-        {
-            return self
-                .forward(&node, &backend, "CreateVolume", req, |mut c, r| async move { c.create_volume(r).await })
-                .await;
-        }
-        let source = req.volume_content_source.as_ref().map(|s| content_source(d, &backend, s)).transpose()?;
-        let _guard = d.inflight.try_start(format!("create-volume/{name}"))?;
-        let _pass = enter(d, &backend, Side::Create, &format!("volume {name}")).await?;
-
         // The spec lets a CO send these only to a plugin with MODIFY_VOLUME: a backend that
         // cannot apply them must not create the volume without them.
         if let Some(key) = req.mutable_parameters.keys().min()
@@ -171,63 +120,63 @@ impl ControllerService {
                 backend.name
             )));
         }
-        let secrets = convert::secrets(&req.secrets);
-        let request = wit::CreateVolumeRequest {
-            name: name.clone(),
-            capacity,
-            capabilities,
-            parameters,
-            secrets: secret_refs(&secrets),
-            content_source: source,
-            accessibility: req.accessibility_requirements.as_ref().map(|t| wit::TopologyRequirement {
-                requisite: t.requisite.iter().map(convert::topology).collect(),
-                preferred: t.preferred.iter().map(convert::topology).collect(),
-            }),
-            mutable_parameters: convert::pairs(&req.mutable_parameters),
+        let (source, source_oid) = match &req.volume_content_source {
+            Some(s) => content_source(d, &backend, s).map(|(s, oid)| (Some(s), Some(oid)))?,
+            None => (None, None),
         };
-        let created = backend.create_volume(request, secrets).await?;
-        let mut volume = answer::created(&backend, &created, &capacity)?;
-        d.pin_volume(&backend, &mut volume)?;
-
-        // The first creation records which build made the volume; retries keep that record.
-        let store = &d.registry.runtime().metadata;
-        let internal = |e: wasmcsi_runtime::metadata::StoreError| CsiError::Internal(e.to_string());
-        let digest = match store.volume(&volume.volume_id).map_err(internal)? {
-            Some(r) => r.digest,
-            None => {
-                let record = VolumeRecord {
-                    backend: backend.name.clone(),
-                    digest: backend.digest.clone(),
-                    capacity_bytes: created.capacity_bytes,
-                    created_at: now_secs(),
-                };
-                store.record_volume(&volume.volume_id, &record).map_err(internal)?;
-                record.digest
-            }
+        let call = NewVolume {
+            backend: &backend,
+            accessibility: req.accessibility_requirements.as_ref(),
+            source: source_oid.as_ref(),
+            hold: Hold::gated(format!("create-volume/{name}"), Side::Create, format!("volume {name}")),
         };
-        volume.volume_context.insert(DIGEST_CONTEXT_KEY.into(), digest);
-        volume.content_source = req.volume_content_source;
-        tracing::info!(volume.id = %volume.volume_id, bytes = volume.capacity_bytes, "volume ready");
-        Ok(csi::CreateVolumeResponse { volume: Some(volume) })
+        self.on_new_volume(&req, call, async || {
+            let secrets = convert::secrets(&req.secrets);
+            let request = wit::CreateVolumeRequest {
+                name: name.to_string(),
+                capacity,
+                capabilities,
+                parameters,
+                secrets: secret_refs(&secrets),
+                content_source: source,
+                accessibility: req.accessibility_requirements.as_ref().map(|t| wit::TopologyRequirement {
+                    requisite: t.requisite.iter().map(convert::topology).collect(),
+                    preferred: t.preferred.iter().map(convert::topology).collect(),
+                }),
+                mutable_parameters: convert::pairs(&req.mutable_parameters),
+            };
+            let created = backend.create_volume(request, secrets).await?;
+            let mut volume = answer::created(&backend, &created, &capacity)?;
+            d.pin_volume(&backend, &mut volume)?;
+            // The first creation records which build made the volume; retries keep that record.
+            let record = d
+                .registry
+                .journal_created(&backend, &volume.volume_id, created.capacity_bytes)
+                .map_err(|source| CsiError::Journal { subject: format!("volume {}", volume.volume_id), source })?;
+            volume.volume_context.insert(crate::plugin::DIGEST_CONTEXT_KEY.into(), record.digest);
+            volume.content_source = req.volume_content_source.clone();
+            tracing::info!(volume.id = %volume.volume_id, bytes = volume.capacity_bytes, "volume ready");
+            Ok(csi::CreateVolumeResponse { volume: Some(volume) })
+        })
+        .await
     }
 
     async fn delete_volume(&self, req: csi::DeleteVolumeRequest) -> CsiResult<csi::DeleteVolumeResponse> {
-        let d = &self.0;
         let id = required(&req.volume_id, "volume_id")?;
         // An id that cannot be ours names no volume: deleting it succeeds (idempotency).
-        let Some((backend, oid)) = d.backend_for_id(id)? else { return Ok(csi::DeleteVolumeResponse {}) };
-        need(&backend, Feature::CreateDeleteVolume, "deleting volumes")?;
-        if let Route::Node(node) = d.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "DeleteVolume", req, |mut c, r| async move { c.delete_volume(r).await })
-                .await;
-        }
-        let _guard = d.inflight.try_start(id.to_string())?;
-        let _pass = enter(d, &backend, Side::Existing, id).await?;
-        backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
-        d.registry.runtime().metadata.forget_volume(id).map_err(|e| CsiError::Internal(e.to_string()))?;
-        tracing::info!(volume.id = %id, "volume deleted");
-        Ok(csi::DeleteVolumeResponse {})
+        let call = OnObject::new(id, Unknown::Nothing)
+            .needs(Feature::CreateDeleteVolume, "deleting volumes")
+            .exclusive(Side::Existing);
+        self.on_object(&req, call, async |backend, oid| {
+            backend.delete_volume(oid.local, convert::secrets(&req.secrets)).await?;
+            self.0
+                .registry
+                .journal_deleted(id)
+                .map_err(|source| CsiError::Journal { subject: format!("volume {id}"), source })?;
+            tracing::info!(volume.id = %id, "volume deleted");
+            Ok(csi::DeleteVolumeResponse {})
+        })
+        .await
     }
 
     async fn validate(
@@ -239,36 +188,28 @@ impl ControllerService {
             return Err(CsiError::Missing("volume_capabilities"));
         }
         let caps = convert::capabilities(&req.volume_capabilities)?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
-        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "ValidateVolumeCapabilities", req, |mut c, r| async move {
-                    c.validate_volume_capabilities(r).await
-                })
-                .await;
-        }
-        let mut params = req.parameters.clone();
-        params.remove(crate::plugin::BACKEND_PARAMETER);
-        let mut context = req.volume_context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
-        let verdict = backend
-            .validate_volume_capabilities(oid.local, convert::pairs(&context), caps, convert::pairs(&params))
-            .await?;
-        Ok(match verdict {
-            None => csi::ValidateVolumeCapabilitiesResponse {
-                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                    volume_context: req.volume_context,
-                    volume_capabilities: req.volume_capabilities,
-                    parameters: req.parameters,
-                    mutable_parameters: Default::default(),
-                }),
-                message: String::new(),
-            },
-            Some(message) => {
-                csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: answer::message(&message) }
-            }
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume));
+        self.on_object(&req, call, async |backend, oid| {
+            let context = backend_context(&req.volume_context);
+            let verdict = backend
+                .validate_volume_capabilities(oid.local, context, caps, backend_parameters(&req.parameters))
+                .await?;
+            Ok(match verdict {
+                None => csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                        volume_context: req.volume_context.clone(),
+                        volume_capabilities: req.volume_capabilities.clone(),
+                        parameters: req.parameters.clone(),
+                        mutable_parameters: Default::default(),
+                    }),
+                    message: String::new(),
+                },
+                Some(message) => {
+                    csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: answer::message(&message) }
+                }
+            })
         })
+        .await
     }
 
     fn capable(&self, f: Feature) -> Vec<Arc<Backend>> {
@@ -280,17 +221,18 @@ impl ControllerService {
         let topology = req.accessible_topology.as_ref().map(convert::topology);
         // With a StorageClass: that backend. Without one: the sum over every backend that
         // reports capacity, so a bare GetCapacity still answers.
-        let (backends, params) = if req.parameters.contains_key(crate::plugin::BACKEND_PARAMETER) {
+        let single = req.parameters.contains_key(crate::plugin::BACKEND_PARAMETER);
+        let (backends, params) = if single {
             let (b, p) = self.0.backend_for_parameters(&req.parameters)?;
             need(&b, Feature::GetCapacity, "GetCapacity")?;
+            if let Some(elsewhere) = self.capacity_elsewhere(&b, &req).await? {
+                return Ok(elsewhere);
+            }
+            let p = capacity_parameters(&b.info.parameters, p);
             (vec![b], p)
         } else {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
         };
-        let single = backends.len() == 1 && req.parameters.contains_key(crate::plugin::BACKEND_PARAMETER);
-        if single && let Some(elsewhere) = self.capacity_elsewhere(&backends[0], &req).await? {
-            return Ok(elsewhere);
-        }
         let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
         // Every backend at once: a hung one costs its deadline, not the sum of all of them.
         let answers = futures::future::join_all(backends.iter().map(|b| {
@@ -336,10 +278,7 @@ impl ControllerService {
         let forward = |node: String| {
             let mut req = req.clone();
             req.accessible_topology = Some(crate::topology::node_topology(&node));
-            async move {
-                self.forward(&node, backend, "GetCapacity", req, |mut c, r| async move { c.get_capacity(r).await })
-                    .await
-            }
+            async move { self.forward(&node, backend, req).await }
         };
         match (asked, peers) {
             (Some(node), _) if d.mode.node() && *node == d.node_id => Ok(None),
@@ -364,50 +303,41 @@ impl ControllerService {
     }
 
     async fn create_snapshot(&self, req: csi::CreateSnapshotRequest) -> CsiResult<csi::CreateSnapshotResponse> {
-        let d = &self.0;
         let source = required(&req.source_volume_id, "source_volume_id")?;
-        let name = required(&req.name, "name")?.to_string();
-        crate::ids::check_name("name", &name)?;
-        let (backend, oid) =
-            d.backend_for_id(source)?.ok_or_else(|| CsiError::NotFound(format!("source volume {source} not found")))?;
-        need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
-        if let Route::Node(node) = d.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "CreateSnapshot", req, |mut c, r| async move { c.create_snapshot(r).await })
-                .await;
-        }
-        let _guard = d.inflight.try_start(format!("create-snapshot/{name}"))?;
-        let _pass = enter(d, &backend, Side::Create, &format!("snapshot {name}")).await?;
-        let mut params = req.parameters.clone();
-        params.remove(crate::plugin::BACKEND_PARAMETER);
-        let local_source = oid.local.clone();
-        let s =
-            backend.create_snapshot(name, oid.local, convert::pairs(&params), convert::secrets(&req.secrets)).await?;
-        if s.source_volume_id != local_source {
-            return Err(backend
-                .reject_output(
-                    "create_snapshot",
-                    format!("snapshotted {} instead of {local_source}", s.source_volume_id),
-                )
-                .into());
-        }
-        let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "create_snapshot", &s)?)?;
-        Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot) })
+        let name = required(&req.name, "name")?;
+        crate::ids::check_name("name", name)?;
+        let call = OnObject::new(source, Unknown::NotFound(ObjectKind::SourceVolume))
+            .needs(Feature::CreateDeleteSnapshot, "snapshots")
+            .holding(Hold::gated(format!("create-snapshot/{name}"), Side::Create, format!("snapshot {name}")));
+        self.on_object(&req, call, async |backend, oid| {
+            let local_source = oid.local.clone();
+            let params = backend_parameters(&req.parameters);
+            let secrets = convert::secrets(&req.secrets);
+            let s = backend.create_snapshot(name.to_string(), oid.local, params, secrets).await?;
+            if s.source_volume_id != local_source {
+                return Err(backend
+                    .reject_output(
+                        "create_snapshot",
+                        format!("snapshotted {} instead of {local_source}", s.source_volume_id),
+                    )
+                    .into());
+            }
+            let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "create_snapshot", &s)?)?;
+            Ok(csi::CreateSnapshotResponse { snapshot: Some(snapshot) })
+        })
+        .await
     }
 
     async fn delete_snapshot(&self, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
         let id = required(&req.snapshot_id, "snapshot_id")?;
-        let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(csi::DeleteSnapshotResponse {}) };
-        need(&backend, Feature::CreateDeleteSnapshot, "snapshots")?;
-        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "DeleteSnapshot", req, |mut c, r| async move { c.delete_snapshot(r).await })
-                .await;
-        }
-        let _guard = self.0.inflight.try_start(id.to_string())?;
-        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
-        backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
-        Ok(csi::DeleteSnapshotResponse {})
+        let call = OnObject::new(id, Unknown::Nothing)
+            .needs(Feature::CreateDeleteSnapshot, "snapshots")
+            .exclusive(Side::Existing);
+        self.on_object(&req, call, async |backend, oid| {
+            backend.delete_snapshot(oid.local, convert::secrets(&req.secrets)).await?;
+            Ok(csi::DeleteSnapshotResponse {})
+        })
+        .await
     }
 
     /// GetSnapshot. A backend with the `get-snapshot` feature answers it; one that only lists
@@ -416,67 +346,56 @@ impl ControllerService {
     /// refused (INTERNAL), never passed on as if it were the one the CO named.
     async fn get_snapshot(&self, req: csi::GetSnapshotRequest) -> CsiResult<csi::GetSnapshotResponse> {
         let id = required(&req.snapshot_id, "snapshot_id")?;
-        let not_found = || CsiError::NotFound(format!("snapshot {id} not found"));
+        let not_found = || CsiError::ObjectNotFound { kind: ObjectKind::Snapshot, id: id.to_string() };
         // An id that cannot be ours names no snapshot.
-        let (backend, oid) = self.0.backend_for_id(id)?.ok_or_else(not_found)?;
-        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "GetSnapshot", req, |mut c, r| async move { c.get_snapshot(r).await })
-                .await;
-        }
-        let found = if backend.has_feature(Feature::GetSnapshot) {
-            backend.get_snapshot(oid.local.clone()).await?
-        } else {
-            need(&backend, Feature::ListSnapshots, "GetSnapshot")?;
-            let page = backend.list_snapshots(Some(oid.local.clone()), None, 1, String::new()).await?;
-            page.entries.into_iter().find(|s| s.snapshot_id == oid.local).ok_or_else(not_found)?
-        };
-        if found.snapshot_id != oid.local {
-            return Err(backend
-                .reject_output("get_snapshot", format!("answered snapshot {} for {}", found.snapshot_id, oid.local))
-                .into());
-        }
-        let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "get_snapshot", &found)?)?;
-        Ok(csi::GetSnapshotResponse { snapshot: Some(snapshot) })
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Snapshot));
+        self.on_object(&req, call, async |backend, oid| {
+            let found = if backend.has_feature(Feature::GetSnapshot) {
+                backend.get_snapshot(oid.local.clone()).await?
+            } else {
+                need(&backend, Feature::ListSnapshots, "GetSnapshot")?;
+                let page = backend.list_snapshots(Some(oid.local.clone()), None, 1, String::new()).await?;
+                page.entries.into_iter().find(|s| s.snapshot_id == oid.local).ok_or_else(not_found)?
+            };
+            if found.snapshot_id != oid.local {
+                return Err(backend
+                    .reject_output("get_snapshot", format!("answered snapshot {} for {}", found.snapshot_id, oid.local))
+                    .into());
+            }
+            let snapshot = self.pin_snapshot(&backend, answer::snapshot(&backend, "get_snapshot", &found)?)?;
+            Ok(csi::GetSnapshotResponse { snapshot: Some(snapshot) })
+        })
+        .await
     }
 
     async fn expand(&self, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let range = convert::capacity(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
         let capability = req.volume_capability.as_ref().map(convert::capability).transpose()?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
-        need(&backend, Feature::ExpandVolume, "expansion")?;
-        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "ControllerExpandVolume", req, |mut c, r| async move {
-                    c.controller_expand_volume(r).await
-                })
-                .await;
-        }
-        let _guard = self.0.inflight.try_start(id.to_string())?;
-        let _pass = enter(&self.0, &backend, Side::Existing, id).await?;
-        let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
-        Ok(csi::ControllerExpandVolumeResponse {
-            capacity_bytes: answer::expansion(&backend, &e, &range)?,
-            node_expansion_required: e.node_expansion_required,
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume))
+            .needs(Feature::ExpandVolume, "expansion")
+            .exclusive(Side::Existing);
+        self.on_object(&req, call, async |backend, oid| {
+            let e = backend.expand_volume(oid.local, range, capability, convert::secrets(&req.secrets)).await?;
+            Ok(csi::ControllerExpandVolumeResponse {
+                capacity_bytes: answer::expansion(&backend, &e, &range)?,
+                node_expansion_required: e.node_expansion_required,
+            })
         })
+        .await
     }
 
-    /// The volume's attachment plan, asked of its backend; `None` for an id that cannot be
-    /// ours (a malformed id, or one its backend does not know).
+    /// The volume's attachment plan, asked of its backend; `None` when the backend does not
+    /// know the volume.
     async fn plan_of(
-        &self,
-        id: &str,
+        backend: &Arc<Backend>,
+        oid: ObjectId,
         context: &std::collections::HashMap<String, String>,
         cap: wit::VolumeCapability,
-    ) -> CsiResult<Option<(Arc<Backend>, wit::Attachment)>> {
-        let Some((backend, oid)) = self.0.backend_for_id(id)? else { return Ok(None) };
-        let mut context = context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
+    ) -> CsiResult<Option<wit::Attachment>> {
         // The controller reads a plan for its kind only: no NodeStageVolume secrets to give.
-        match backend.attach_plan(oid.local, convert::pairs(&context), cap, Vec::new()).await {
-            Ok(plan) => Ok(Some((backend, plan))),
+        match backend.attach_plan(oid.local, backend_context(context), cap, Vec::new()).await {
+            Ok(plan) => Ok(Some(plan)),
             Err(wasmcsi_runtime::CallError::Backend { error: wasmcsi_runtime::WitError::NotFound(_), .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -489,26 +408,18 @@ impl ControllerService {
         let id = required(&req.volume_id, "volume_id")?;
         let node = required(&req.node_id, "node_id")?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
-        if let Some((backend, oid)) = self.0.backend_for_id(id)?
-            && let Route::Node(at) = self.0.route_object(&backend, &oid).await?
-        {
-            return self
-                .forward(&at, &backend, "ControllerPublishVolume", req, |mut c, r| async move {
-                    c.controller_publish_volume(r).await
-                })
-                .await;
-        }
-        let _guard = self.0.inflight.try_start(id.to_string())?;
-        let (backend, plan) = self
-            .plan_of(id, &req.volume_context, cap)
-            .await?
-            .ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
-        if let wit::Attachment::ReplicatedBlock(p) = plan {
-            let catalog = block_catalog(&backend)?;
-            catalog.claim(&p.volume_id, node).await?;
-            tracing::info!(volume.id = %id, node, "replicated volume published");
-        }
-        Ok(csi::ControllerPublishVolumeResponse { publish_context: Default::default() })
+        let not_found = || CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() };
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume)).guarded();
+        self.on_object(&req, call, async |backend, oid| {
+            let plan = Self::plan_of(&backend, oid, &req.volume_context, cap).await?.ok_or_else(not_found)?;
+            if let wit::Attachment::ReplicatedBlock(p) = plan {
+                let catalog = block_catalog(&backend)?;
+                catalog.claim(&p.volume_id, node).await?;
+                tracing::info!(volume.id = %id, node, "replicated volume published");
+            }
+            Ok(csi::ControllerPublishVolumeResponse { publish_context: Default::default() })
+        })
+        .await
     }
 
     async fn unpublish(
@@ -516,52 +427,41 @@ impl ControllerService {
         req: csi::ControllerUnpublishVolumeRequest,
     ) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        if let Some((backend, oid)) = self.0.backend_for_id(id)?
-            && let Route::Node(at) = self.0.route_object(&backend, &oid).await?
-        {
-            return self
-                .forward(&at, &backend, "ControllerUnpublishVolume", req, |mut c, r| async move {
-                    c.controller_unpublish_volume(r).await
-                })
-                .await;
-        }
-        let _guard = self.0.inflight.try_start(id.to_string())?;
-        // A volume that is gone is unpublished everywhere.
-        let Some((backend, plan)) = self.plan_of(id, &Default::default(), plain_mount()).await? else {
-            return Ok(csi::ControllerUnpublishVolumeResponse {});
-        };
-        if let wit::Attachment::ReplicatedBlock(p) = plan {
-            let catalog = block_catalog(&backend)?;
-            // An empty node id means every node (the spec's unpublish from all).
-            let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
-            catalog.release(&p.volume_id, node).await?;
-            tracing::info!(volume.id = %id, node = ?node, "replicated volume unpublished");
-        }
-        Ok(csi::ControllerUnpublishVolumeResponse {})
+        // A volume that is gone (or never was ours) is unpublished everywhere.
+        let call = OnObject::new(id, Unknown::Nothing).guarded();
+        self.on_object(&req, call, async |backend, oid| {
+            let Some(plan) = Self::plan_of(&backend, oid, &Default::default(), plain_mount()).await? else {
+                return Ok(csi::ControllerUnpublishVolumeResponse {});
+            };
+            if let wit::Attachment::ReplicatedBlock(p) = plan {
+                let catalog = block_catalog(&backend)?;
+                // An empty node id means every node (the spec's unpublish from all).
+                let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
+                catalog.release(&p.volume_id, node).await?;
+                tracing::info!(volume.id = %id, node = ?node, "replicated volume unpublished");
+            }
+            Ok(csi::ControllerUnpublishVolumeResponse {})
+        })
+        .await
     }
 
     async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let (backend, oid) =
-            self.0.backend_for_id(id)?.ok_or_else(|| CsiError::NotFound(format!("volume {id} not found")))?;
-        need(&backend, Feature::GetVolume, "ControllerGetVolume")?;
-        if let Route::Node(node) = self.0.route_object(&backend, &oid).await? {
-            return self
-                .forward(&node, &backend, "ControllerGetVolume", req, |mut c, r| async move {
-                    c.controller_get_volume(r).await
-                })
-                .await;
-        }
-        let st = backend.get_volume(oid.local.clone()).await?;
-        let mut volume = answer::volume(&backend, "get_volume", &st.volume, Some(oid.local.as_str()))?;
-        self.0.pin_volume(&backend, &mut volume)?;
-        Ok(csi::ControllerGetVolumeResponse {
-            volume: Some(volume),
-            status: Some(csi::controller_get_volume_response::VolumeStatus {
-                published_node_ids: vec![],
-                volume_condition: st.condition.as_ref().map(answer::condition),
-            }),
+        let call =
+            OnObject::new(id, Unknown::NotFound(ObjectKind::Volume)).needs(Feature::GetVolume, "ControllerGetVolume");
+        self.on_object(&req, call, async |backend, oid| {
+            let st = backend.get_volume(oid.local.clone()).await?;
+            let mut volume = answer::volume(&backend, "get_volume", &st.volume, Some(oid.local.as_str()))?;
+            self.0.pin_volume(&backend, &mut volume)?;
+            Ok(csi::ControllerGetVolumeResponse {
+                volume: Some(volume),
+                status: Some(csi::controller_get_volume_response::VolumeStatus {
+                    published_node_ids: vec![],
+                    volume_condition: st.condition.as_ref().map(answer::condition),
+                }),
+            })
         })
+        .await
     }
 }
 
@@ -683,5 +583,26 @@ impl Controller for ControllerService {
                 Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into()))
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(kv: &[(&str, &str)]) -> Vec<wit::Pair> {
+        kv.iter().map(|(k, v)| wit::Pair { key: (*k).into(), value: (*v).into() }).collect()
+    }
+
+    /// GetCapacity passes on what the backend takes and what the CO adds, and leaves a
+    /// parameter the backend does not take to CreateVolume, which refuses it.
+    #[test]
+    fn capacity_sees_the_declared_and_the_co_parameters_only() {
+        let declared = vec!["root".to_string()];
+        let class = pairs(&[("colour", "red"), ("csi.storage.k8s.io/fstype", "ext4"), ("root", "fast")]);
+        let kept: Vec<(String, String)> =
+            capacity_parameters(&declared, class).into_iter().map(|p| (p.key, p.value)).collect();
+        assert_eq!(kept, [("csi.storage.k8s.io/fstype".into(), "ext4".into()), ("root".into(), "fast".into())]);
+        assert!(capacity_parameters(&[], pairs(&[("root", "fast")])).is_empty());
     }
 }

@@ -65,16 +65,20 @@ impl Attacher for BindAttacher {
         publish_staged(&self.mounts, call).await
     }
 
+    /// NOT_FOUND unless the volume path is this volume: a mount point whose root is the
+    /// volume's own directory (a staging path or a target, as NodeStage and NodePublish bind it).
+    /// A path with nothing mounted on it, or another directory mounted there, is not the volume,
+    /// whatever the filesystem under it holds.
     async fn stats(&self, call: &Stats<'_>, plan: &wit::BindPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         use csi::volume_usage::Unit;
-        let path = call.path.to_owned();
+        let source = self.source(&call.volume.backend.name, plan)?;
+        let (path, volume) = (call.path.to_owned(), call.volume.id.to_owned());
+        let checked = path.clone();
+        blocking(move || is_the_volume(&checked, &source, &volume)).await?;
         let walk = path.clone();
         let (used, inodes_used) = blocking(move || usage::directory_usage(&walk).map_err(mount_err)).await?;
         let fs = nix::sys::statvfs::statvfs(&path).map_err(mount_err)?;
-        let mounted = blocking(move || mountinfo::is_mount_point(&path).map_err(mount_err)).await?;
-        let (abnormal, message) = if !mounted {
-            (true, "volume path is not mounted".to_string())
-        } else if used > plan.capacity_bytes {
+        let (abnormal, message) = if used > plan.capacity_bytes {
             (true, format!("uses {used} bytes of its {} byte capacity", plan.capacity_bytes))
         } else {
             (false, "healthy".to_string())
@@ -107,4 +111,27 @@ impl Attacher for BindAttacher {
     async fn expand(&self, call: &Expand<'_>, plan: &wit::BindPlan) -> CsiResult<u64> {
         Ok(plan.capacity_bytes.max(call.required_bytes))
     }
+}
+
+/// `Ok` when `path` is `source` bound there: a mount point, and the same directory (device and
+/// inode: a bind mount's root is the very directory it binds). NOT_FOUND otherwise, saying what
+/// is there instead.
+fn is_the_volume(path: &Path, source: &Path, volume: &str) -> CsiResult<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let not_found = |why: String| CsiError::NotFound(format!("volume {volume} is not at {}: {why}", path.display()));
+    let here = std::fs::metadata(path).map_err(|e| not_found(e.to_string()))?;
+    let volume_dir = match std::fs::metadata(source) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_found(format!("its directory {} no longer exists", source.display())));
+        }
+        Err(e) => return Err(mount_err(format!("{}: {e}", source.display()))),
+    };
+    if !mountinfo::is_mount_point(path).map_err(mount_err)? {
+        return Err(not_found("nothing is mounted there".into()));
+    }
+    if (here.dev(), here.ino()) != (volume_dir.dev(), volume_dir.ino()) {
+        return Err(not_found("another directory is mounted there".into()));
+    }
+    Ok(())
 }

@@ -63,7 +63,7 @@ impl Filesystem {
     /// is FAILED_PRECONDITION), grows an ext4 whose device grew while unmounted, and mounts it
     /// at `staging`. `fs_type` becomes what the device holds. `what` names the device in errors.
     pub fn format_and_mount(&mut self, device: &Path, staging: &Path, what: &str) -> CsiResult<()> {
-        let existing = mkfs::probe_fs(device).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let existing = mkfs::probe_fs(device).map_err(CsiError::Device)?;
         let wanted = if self.fs_type.is_empty() { "ext4".to_owned() } else { self.fs_type.clone() };
         let actual = match existing {
             Some(found) if self.fs_type.is_empty() || found == self.fs_type => found,
@@ -84,7 +84,7 @@ impl Filesystem {
                     }
                 };
                 let t = Instant::now();
-                mkfs::mkfs(device, fs).map_err(|e| CsiError::Internal(e.to_string()))?;
+                mkfs::mkfs(device, fs).map_err(CsiError::Device)?;
                 tracing::info!(fs = fs.name(), took = ?t.elapsed(), "formatted blank device");
                 wanted
             }
@@ -114,7 +114,7 @@ impl Filesystem {
     /// FAILED_PRECONDITION saying it grows at the next stage.
     pub fn grow(&self, device: &Path, staging: &Path, size: u64) -> CsiResult<()> {
         match self.fs_type.as_str() {
-            "xfs" => mkfs::grow_fs(device, "xfs", Some(staging)).map_err(|e| CsiError::Internal(e.to_string()))?,
+            "xfs" => mkfs::grow_fs(device, "xfs", Some(staging)).map_err(CsiError::Device)?,
             // Already as large as the device (formatted after the controller grew the volume):
             // nothing to grow, so nothing to refuse.
             "ext4" if ext4_bytes(device).is_ok_and(|(bytes, block)| bytes.saturating_add(block) > size) => {
@@ -255,7 +255,7 @@ fn grow_ext4_offline(device: &Path) -> CsiResult<()> {
     let (Some(blocks), Some(block_size)) = (field("Block count"), field("Block size")) else {
         return Err(CsiError::Internal(format!("dumpe2fs -h {}: no block count/size", device.display())));
     };
-    let device_bytes = loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))?;
+    let device_bytes = loop_dev::size_bytes(device).map_err(CsiError::Device)?;
     if blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
         return Ok(());
     }
@@ -270,7 +270,7 @@ fn grow_ext4_offline(device: &Path) -> CsiResult<()> {
             String::from_utf8_lossy(&fsck.stdout).trim()
         )));
     }
-    mkfs::grow_fs(device, "ext4", None).map_err(|e| CsiError::Internal(e.to_string()))?;
+    mkfs::grow_fs(device, "ext4", None).map_err(CsiError::Device)?;
     tracing::info!(device = %device.display(), from = blocks * block_size, to = device_bytes, took = ?t.elapsed(), "ext4 grown before mounting");
     Ok(())
 }

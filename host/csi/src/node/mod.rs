@@ -28,8 +28,8 @@ pub mod usage;
 pub use attacher::{Attachers, ConfigSource, NodeSetup};
 
 use crate::convert;
-use crate::error::{CsiError, CsiResult};
-use crate::plugin::{DIGEST_CONTEXT_KEY, Plugin, TOPOLOGY_NODE_KEY, required};
+use crate::error::{CsiError, CsiResult, ObjectKind};
+use crate::plugin::{Plugin, TOPOLOGY_NODE_KEY, backend_context, required};
 use attacher::{Expand, Publish, Stage, Stats, Volume, blocking, is_read_only_mode};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -97,20 +97,19 @@ impl NodeService {
         let (backend, oid) = self
             .0
             .backend_for_id(volume_id)?
-            .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} not found")))?;
+            .ok_or_else(|| CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: volume_id.to_string() })?;
         // A node-local volume of another node does not exist here, whatever this node's
         // backend would find under the same path.
         if let Some(tag) = oid.node.as_deref().filter(|_| crate::topology::is_node_local(&backend))
             && crate::topology::node_tag(&backend.name, &self.0.node_id) != tag
         {
-            return Err(CsiError::NotFound(format!(
-                "volume {volume_id} lives on node {tag}, not on this node ({})",
-                self.0.node_id
-            )));
+            return Err(CsiError::NotOnThisNode {
+                id: volume_id.to_string(),
+                tag: tag.to_string(),
+                node: self.0.node_id.clone(),
+            });
         }
-        let mut context = context.clone();
-        context.remove(DIGEST_CONTEXT_KEY);
-        let plan = backend.attach_plan(oid.local.clone(), convert::pairs(&context), cap, convert::secrets(secrets)).await?;
+        let plan = backend.attach_plan(oid.local.clone(), backend_context(context), cap, convert::secrets(secrets)).await?;
         Ok(Planned { backend, local_id: oid.local, plan })
     }
 

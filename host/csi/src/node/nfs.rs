@@ -43,7 +43,7 @@ impl NfsAttacher {
     /// given.
     fn check_granted(&self, backend: &str, plan: &wit::NfsPlan) -> CsiResult<()> {
         let grants = self.config.grants_for(backend).nfs;
-        if grants.iter().any(|g| is_export(g, &plan.server, &plan.share)) {
+        if grants.iter().flatten().any(|g| is_export(g, &plan.server, &plan.share)) {
             return Ok(());
         }
         Err(CsiError::FailedPrecondition(format!(

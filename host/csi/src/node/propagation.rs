@@ -1,11 +1,12 @@
-//! Whether the mounts this node plugin makes reach kubelet and the pods. NodeStage and
-//! NodePublish mount beneath kubelet's directory; from inside the plugin's container those
-//! mounts reach the host only when the directory is a *shared* mount there (the pod spec's
-//! `mountPropagation: Bidirectional` over a host path that is itself shared). Otherwise each
-//! mount stays in the container: kubelet and the pod see an empty directory, and the volume's
-//! data goes to the node's disk. The plugin checks this once, at start, and refuses to serve
-//! with a message that says what to fix, rather than answering every publish with success.
-//! It owns the decision only; the mount table's format is `mountinfo`'s.
+//! Whether the mounts a process makes beneath a directory reach the host and, from there, the
+//! other containers. From inside a container a mount reaches the host only when the directory
+//! is a *shared* mount there (the pod spec's `mountPropagation: Bidirectional` over a host path
+//! that is itself shared); otherwise it stays in the container, unseen. Two directories need
+//! it: kubelet's, where the node plugin stages and publishes volumes (kubelet and the pods must
+//! see them), and the data path's state directory, where it mounts the FUSE files and rbd-fuse
+//! images the node plugin puts loop devices on. Each process checks its own once, at start,
+//! and refuses to serve with a message that says what to fix, rather than answering every call
+//! with success. This module owns the decision only; the mount table's format is `mountinfo`'s.
 use super::mountinfo::MountEntry;
 use std::path::{Path, PathBuf};
 
@@ -13,10 +14,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NotShared {
     #[error(
-        "{dir} is on mount {mount_point}, which is not a shared mount ({how}): volumes mounted beneath it \
-         would stay inside this container, unseen by kubelet and the pods. Mount kubelet's directory into the \
-         node plugin with mountPropagation: Bidirectional, and make it shared on the host (systemd does for /; \
-         without systemd run `mount --make-rshared /` at boot; deploy/README.md)"
+        "{dir} is on mount {mount_point}, which is not a shared mount ({how}): what is mounted beneath it \
+         would stay inside this container, unseen by the host. Mount it into the pod with mountPropagation: \
+         Bidirectional, and make it shared on the host (systemd does for /; without systemd run \
+         `mount --make-rshared /` at boot; deploy/README.md)"
     )]
     Private { dir: PathBuf, mount_point: PathBuf, how: &'static str },
     #[error("{0} is on no mount of this mount namespace")]

@@ -117,7 +117,8 @@ impl ReplicatedAttacher {
 
     fn save(&self, state: &ReplicatedState) -> CsiResult<()> {
         std::fs::create_dir_all(&self.state_dir).map_err(mount_err)?;
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(state)
+            .map_err(|source| CsiError::State { volume_id: state.volume_id.clone(), source })?;
         filesystem::write_atomically(&self.state_path(&state.volume_id), &bytes)
     }
 
@@ -137,11 +138,13 @@ impl ReplicatedAttacher {
         }
         let running = self.running(state).await?;
         match (&self.engines, running) {
-            (Some(e), Some(_)) => e.detach(&state.set_id).await.map_err(|e| CsiError::Internal(e.to_string()))?,
+            (Some(e), Some(_)) => e
+                .detach(&state.set_id)
+                .await
+                .map_err(|e| CsiError::DataPath { volume_id: state.volume_id.clone(), source: e.into() })?,
             _ => {
                 let (dir, name) = (self.runtime_dir.clone(), state.set_id.clone());
-                let reclaimed =
-                    blocking(move || fuse::reclaim(&dir, &name).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+                let reclaimed = blocking(move || fuse::reclaim(&dir, &name).map_err(CsiError::Device)).await?;
                 if reclaimed > 0 {
                     tracing::warn!(volume.id = %state.volume_id, "the process that ran the engine of this volume died; its device was reclaimed");
                 }
@@ -279,8 +282,7 @@ impl Attacher for ReplicatedAttacher {
         };
         if state.filesystem.is_none() {
             let device = state.device.clone();
-            let size =
-                blocking(move || loop_dev::size_bytes(&device).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+            let size = blocking(move || loop_dev::size_bytes(&device).map_err(CsiError::Device)).await?;
             return Ok(csi::NodeGetVolumeStatsResponse {
                 usage: vec![csi::VolumeUsage {
                     total: convert::bytes(size),
@@ -312,8 +314,7 @@ impl Attacher for ReplicatedAttacher {
             volume = self.running(&state).await?.ok_or_else(not_running)?;
         }
         let device = state.device.clone();
-        let size =
-            blocking(move || loop_dev::size_bytes(&device).map_err(|e| CsiError::Internal(e.to_string()))).await?;
+        let size = blocking(move || loop_dev::size_bytes(&device).map_err(CsiError::Device)).await?;
         if size < required {
             return Err(CsiError::Unavailable(format!(
                 "the device of {} shows {size} bytes, {required} asked: has the controller grown the volume?",

@@ -22,7 +22,7 @@ use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::identity_client::IdentityClient;
 
 /// Manifest key of GetPluginInfo naming the node a plugin serves.
-pub const NODE_MANIFEST_KEY: &str = "node";
+pub(crate) const NODE_MANIFEST_KEY: &str = "node";
 /// How long one discovery is trusted before node names are asked again.
 const DISCOVERY_TTL: Duration = Duration::from_secs(10);
 /// How long a node plugin may take to say who it is.
@@ -92,12 +92,12 @@ impl Peers {
     }
 
     /// Whether node `name` has a node plugin we can reach (discovered again on a miss).
-    pub async fn knows(&self, name: &str) -> bool {
+    pub(crate) async fn knows(&self, name: &str) -> bool {
         self.nodes(false).await.contains_key(name) || self.nodes(true).await.contains_key(name)
     }
 
     /// The node whose tag in `backend`'s ids is `tag`.
-    pub async fn node_of_tag(&self, backend: &str, tag: &str) -> Option<String> {
+    pub(crate) async fn node_of_tag(&self, backend: &str, tag: &str) -> Option<String> {
         for fresh in [false, true] {
             let nodes = self.nodes(fresh).await;
             if let Some(n) = nodes.keys().find(|n| crate::topology::node_tag(backend, n) == tag) {
@@ -108,18 +108,18 @@ impl Peers {
     }
 
     /// The first node by name (a volume asked for with no accessibility requirements).
-    pub async fn first_node(&self) -> Option<String> {
+    pub(crate) async fn first_node(&self) -> Option<String> {
         self.nodes(false).await.keys().next().cloned()
     }
 
     /// Every node plugin found, by name.
-    pub async fn node_names(&self) -> Vec<String> {
+    pub(crate) async fn node_names(&self) -> Vec<String> {
         self.nodes(false).await.keys().cloned().collect()
     }
 
     /// Forward one Controller call (`method`, e.g. `CreateVolume`) to node `node`, signed for
     /// it, within `timeout`; its answer or its error comes back as it was.
-    pub async fn call<Req, Resp, F, Fut>(
+    pub(crate) async fn call<Req, Resp, F, Fut>(
         &self,
         node: &str,
         method: &'static str,
@@ -132,13 +132,15 @@ impl Peers {
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let addr = self.nodes(false).await.get(node).cloned();
-        let addr =
-            match addr {
-                Some(a) => a,
-                None => self.nodes(true).await.get(node).cloned().ok_or_else(|| {
-                    CsiError::Unavailable(format!("node {node}: no node plugin of that name answers"))
-                })?,
-            };
+        let addr = match addr {
+            Some(a) => a,
+            None => self
+                .nodes(true)
+                .await
+                .get(node)
+                .cloned()
+                .ok_or_else(|| CsiError::UnknownNode { node: node.to_string() })?,
+        };
         let channel = endpoint(&addr)?.timeout(timeout).connect_lazy();
         let mut request = tonic::Request::new(req);
         request.set_timeout(timeout);

@@ -5,6 +5,7 @@
 //! dependencies are linked once, not once per file. Run one area with
 //! `cargo test --release --workspace --locked --test all -- MODULE::`.
 
+mod authority_endpoint;
 mod bind_node;
 mod get_snapshot;
 mod nfs_node_vm;

@@ -1,7 +1,8 @@
 //! The paths kubelet names for a volume, through the Node service with real bind mounts: a
 //! target under a symlinked parent (a relocated `/var/lib/kubelet`) is published once, found
 //! again by a retry and by unpublish, and measured as mounted; a target that is a symlink is
-//! refused with nothing mounted where it points; relative paths are refused (issue 13, item 7).
+//! refused with nothing mounted where it points; relative paths are refused; NodeGetVolumeStats
+//! on a path that is not the volume (nothing mounted there, or another directory) is NOT_FOUND.
 //! The volumes are directories planned by a natively linked backend (`bind` under a granted
 //! root). Skipped, saying why, when not root.
 use std::path::{Path, PathBuf};
@@ -138,4 +139,27 @@ async fn relative_paths_are_refused() {
         assert!(status.message().contains("absolute"), "{status:?}");
     }
     assert!(!Path::new("pods").exists(), "nothing made under the working directory");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_of_a_path_that_is_not_the_volume_is_not_found() {
+    let Some(n) = node() else { return };
+    n.stage().await;
+    let stats = n.stats(&n.staging().display().to_string()).await.expect("the staging path is the volume");
+    assert!(!stats.volume_condition.expect("condition").abnormal);
+
+    // A directory with nothing mounted on it.
+    let status = n.stats(&n.root.join("elsewhere").display().to_string()).await.expect_err("not mounted");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains("nothing is mounted"), "{status:?}");
+
+    // Another directory bound where a target would be.
+    let other = n.root.join("data/other");
+    let target = n.root.join("real/pods/p4/mount");
+    std::fs::create_dir_all(&other).expect("other");
+    std::fs::create_dir_all(&target).expect("target");
+    nix::mount::mount(Some(&other), &target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>).expect("bind");
+    let status = n.stats(&target.display().to_string()).await.expect_err("another directory");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains("another directory"), "{status:?}");
 }

@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 use wasmcsi_ganesha::Ganesha;
 use wasmcsi_nfs::{FileKind, NfsClient, NfsError, NfsExport};
 
+/// What a loaded 2-core machine may add to the moment a timeout fires and its caller runs. The
+/// timing asserts below only have to tell a timeout that fires from one that does not (a
+/// frozen server or a lost SYN would otherwise hold a call for minutes).
+const SLACK: Duration = Duration::from_secs(1);
+
 fn setup() -> (Ganesha, NfsClient, NfsExport) {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
     let g = Ganesha::start().expect("start ganesha (root and scripts/nfs-setup needed)");
@@ -113,14 +118,14 @@ async fn bad_paths_symlinks_and_ungranted_exports_are_refused() {
     assert!(matches!(c.remove_all(&e, "link").await, Err(NfsError::PermissionDenied(_))));
     assert!(Path::new("/etc/passwd").exists());
 
-    // Ungranted: refused before any traffic (a server that does not exist proves it: no
-    // timeout, an immediate PermissionDenied).
+    // Ungranted: refused before any traffic. A server that does not exist proves it: a call
+    // that tried to reach it would wait out the connect timeout before failing.
     let other = NfsExport::new("192.0.2.123", "/export");
     let t = Instant::now();
     assert!(matches!(c.mkdir(&other, "x", 0o755, 0, 0).await, Err(NfsError::PermissionDenied(_))));
     let same_server_other_share = NfsExport::new(g.server(), "/other");
     assert!(matches!(c.stat(&same_server_other_share, "").await, Err(NfsError::PermissionDenied(_))));
-    assert!(t.elapsed() < Duration::from_millis(100));
+    assert!(t.elapsed() < c.config().connect_timeout, "{:?}", t.elapsed());
     // A trailing slash names the same export.
     c.stat(&NfsExport::new(g.server(), "/export/"), "").await.expect("normalized share");
 }
@@ -256,7 +261,7 @@ async fn frozen_or_stopped_server_is_unavailable_within_the_timeout_and_the_clie
             )
         }
     }
-    assert!(t.elapsed() < limit + Duration::from_millis(500), "took {:?}", t.elapsed());
+    assert!(t.elapsed() < limit + SLACK, "took {:?}", t.elapsed());
     g.resume().expect("resume");
     assert!(c.stat(&e, "d").await.expect("after resume").is_some());
 
@@ -264,7 +269,7 @@ async fn frozen_or_stopped_server_is_unavailable_within_the_timeout_and_the_clie
     g.stop_server().expect("stop");
     let t = Instant::now();
     assert!(matches!(c.write_file(&e, "d/f", b"x").await, Err(NfsError::Unavailable { .. })));
-    assert!(t.elapsed() < limit + Duration::from_millis(500), "took {:?}", t.elapsed());
+    assert!(t.elapsed() < limit + SLACK, "took {:?}", t.elapsed());
     g.start_server().expect("start again");
     c.write_file(&e, "d/f", b"back").await.expect("recovered");
     assert_eq!(fs::read(g.export_dir().join("d/f")).expect("server"), b"back");
@@ -286,9 +291,16 @@ async fn unreachable_server_is_unavailable_within_the_connect_timeout() {
     let t = Instant::now();
     let r = c.fs_stats(&g.export()).await;
     assert!(matches!(r, Err(NfsError::Unavailable { .. })), "{r:?}");
-    assert!(t.elapsed() < Duration::from_millis(1500), "took {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(1) + SLACK, "took {:?}", t.elapsed());
     link("up");
-    c.fs_stats(&g.export()).await.expect("fsstat after the link is back");
+    // The client recovers once the server is reachable again; how many attempts that takes is
+    // the network's business (the first SYN after the link comes up, or a loaded server's
+    // MOUNT, may miss the 1 s connect timeout), so retry, each attempt bounded by that timeout.
+    let back = Instant::now();
+    while let Err(e) = c.fs_stats(&g.export()).await {
+        assert!(back.elapsed() < Duration::from_secs(30), "no fsstat 30 s after the link is back: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,7 +334,8 @@ async fn eight_tasks_share_one_pooled_client() {
 /// A copy longer than a call: the first call starts it, later calls report progress and then
 /// done; a copy from another source to the same target is refused while it runs; a failed copy
 /// reports its error once; a cancelled copy stops and leaves only its temporary in the parent;
-/// a stale temporary of a dead process is removed when the copy starts again.
+/// a stale temporary of a dead process is removed when the copy starts again. Copies are held
+/// before they are placed (`hold_copies`) where the test needs one still running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_copy_reports_progress_until_done_and_can_be_cancelled() {
     let (g, c, e) = setup();
@@ -334,10 +347,12 @@ async fn background_copy_reports_progress_until_done_and_can_be_cancelled() {
     // what a process that died mid-copy left behind
     fs::create_dir_all(root.join("snap/.wasmcsi-copy-999999999-0-0/junk")).expect("stale");
 
-    let first = c.copy_tree_background(&e, "vol", "snap/data", Duration::ZERO).await.expect("start");
-    assert!(!first.done, "32 MiB over NFS is not copied in no time");
+    let hold = wasmcsi_nfs::hold_copies(&e);
+    let first = c.copy_tree_background(&e, "vol", "snap/data", Duration::from_millis(200)).await.expect("start");
+    assert!(!first.done, "a held copy is not placed");
     let other = c.copy_tree_background(&e, "elsewhere", "snap/data", Duration::ZERO).await;
     assert!(matches!(other, Err(NfsError::InvalidArgument(_))), "{other:?}");
+    drop(hold);
     let mut last = first;
     let started = Instant::now();
     while !last.done {
@@ -358,8 +373,11 @@ async fn background_copy_reports_progress_until_done_and_can_be_cancelled() {
 
     // cancel: the copy stops, the target never appears
     fs::create_dir_all(root.join("snap2")).expect("parent");
+    let hold = wasmcsi_nfs::hold_copies(&e);
     assert!(!c.copy_tree_background(&e, "vol", "snap2/data", Duration::ZERO).await.expect("start").done);
     c.cancel_copy(&e, "snap2/data").await;
+    // Let go: a copy the cancel did not stop would now be placed.
+    drop(hold);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!root.join("snap2/data").exists(), "a cancelled copy is never renamed into place");
     let left: Vec<_> =

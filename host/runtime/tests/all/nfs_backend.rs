@@ -223,7 +223,7 @@ async fn nfs_backend_rejects_bad_parameters_before_touching_the_export_and_ungra
     let entries: Vec<_> = std::fs::read_dir(g.export_dir()).unwrap().collect();
     assert!(entries.is_empty(), "nothing touched: {entries:?}");
 
-    // Any CSI name is valid (issue 17); one with path characters maps to a local name that
+    // Any CSI name is valid; one with path characters maps to a local name that
     // stays one directory inside the export.
     let v = b.create_volume(request("../pvc", MIB, base(&g, &[]), None), vec![]).await.unwrap();
     let sub = v.volume_context.iter().find(|p| p.key == "subDir").map(|p| p.value.clone()).unwrap();
@@ -239,11 +239,12 @@ async fn nfs_backend_rejects_bad_parameters_before_touching_the_export_and_ungra
     assert!(matches!(e, WitError::PermissionDenied(_)), "{e:?}");
 }
 
-/// A tree too big to copy within one call: CreateSnapshot answers `ready_to_use = false` (the
-/// copy goes on in the host) and a retry later answers ready; a clone of the volume fails
-/// `aborted` until its copy is whole, then succeeds; a snapshot deleted while it copies leaves
-/// nothing behind. A short import timeout (the host waits half of it, 200 ms) makes 128 MiB a
-/// big tree.
+/// A copy longer than a call: CreateSnapshot answers `ready_to_use = false` while the host
+/// copies and a retry later answers ready; a clone of the volume fails `aborted` until its copy
+/// is whole, then succeeds; a snapshot deleted while it copies leaves nothing behind. The copy
+/// is held before it is placed (`wasmcsi_nfs::hold_copies`) for as long as the test needs it
+/// running: whether 32 MiB take longer than a call depends on the machine, and is not what the
+/// host promises.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nfs_backend_copies_big_trees_across_retries() {
     if !nix::unistd::geteuid().is_root() {
@@ -267,52 +268,65 @@ async fn nfs_backend_copies_big_trees_across_retries() {
     .unwrap();
     let b = load(&rt).await;
     let export = g.export_dir();
+    let share = wasmcsi_nfs::NfsExport::new(g.server(), "/export");
     let v = b.create_volume(request("big", MIB, base(&g, &[]), None), vec![]).await.unwrap();
-    let data: Vec<u8> = (0..128u32 << 20).map(|i| (i % 249) as u8 | 1).collect();
+    let data: Vec<u8> = (0..32u32 << 20).map(|i| (i % 249) as u8 | 1).collect();
     std::fs::write(export.join("big/blob"), &data).unwrap();
+    let patience = std::time::Duration::from_secs(120);
 
+    let hold = wasmcsi_nfs::hold_copies(&share);
     let first = b.create_snapshot("snap-big".into(), v.volume_id.clone(), vec![], vec![]).await.unwrap();
-    assert!(!first.ready_to_use, "128 MiB is not copied in 200 ms");
+    assert!(!first.ready_to_use, "a copy still running is not ready");
     let listed = b.list_snapshots(Some(first.snapshot_id.clone()), None, 0, String::new()).await.unwrap();
     assert!(!listed.entries[0].ready_to_use, "listed, not ready");
-    let mut s = first.clone();
-    for _ in 0..3000 {
-        if s.ready_to_use {
-            break;
-        }
+    let retried = b.create_snapshot("snap-big".into(), v.volume_id.clone(), vec![], vec![]).await.unwrap();
+    assert!(!retried.ready_to_use, "a retry finds the copy running");
+    drop(hold);
+    let started = std::time::Instant::now();
+    let mut s = retried;
+    while !s.ready_to_use {
+        assert!(started.elapsed() < patience, "the copy never finished");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         s = b.create_snapshot("snap-big".into(), v.volume_id.clone(), vec![], vec![]).await.unwrap();
     }
-    assert!(s.ready_to_use, "the copy finished across retries");
     let when = |t: &wasmcsi_runtime::bindings::types::Timestamp| (t.seconds, t.nanos);
     assert_eq!(when(&s.creation_time), when(&first.creation_time), "the cut's time does not move");
     assert_eq!(std::fs::read(export.join(".snapshots/snap-big/data/blob")).unwrap(), data);
 
     // a clone: aborted while copying, then whole
-    let mut attempts = 0;
-    let clone = loop {
-        attempts += 1;
+    let clone_request = || {
         let src = Some(ContentSource::Snapshot(s.snapshot_id.clone()));
-        match b.create_volume(request("big-clone", MIB, base(&g, &[]), src), vec![]).await {
+        request("big-clone", MIB, base(&g, &[]), src)
+    };
+    let hold = wasmcsi_nfs::hold_copies(&share);
+    let e = wit(b.create_volume(clone_request(), vec![]).await);
+    assert!(matches!(&e, WitError::Aborted(m) if m.contains("retry")), "{e:?}");
+    drop(hold);
+    let started = std::time::Instant::now();
+    let clone = loop {
+        match b.create_volume(clone_request(), vec![]).await {
             Ok(v) => break v,
             Err(CallError::Backend { error: WitError::Aborted(m), .. }) => {
                 assert!(m.contains("retry"), "{m}");
-                assert!(attempts < 3000, "the clone never finished");
+                assert!(started.elapsed() < patience, "the clone never finished");
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Err(e) => panic!("clone: {e:?}"),
         }
     };
-    assert!(attempts > 1, "the first attempt could not have copied 128 MiB in 200 ms");
     assert_eq!(std::fs::read(export.join("big-clone/blob")).unwrap(), data);
     assert!(!export.join(".wasmcsi/staging/big-clone").exists(), "staging cleaned up");
 
     // deleted while copying: the copy stops, nothing is left
+    let hold = wasmcsi_nfs::hold_copies(&share);
     let t = b.create_snapshot("snap-gone".into(), v.volume_id.clone(), vec![], vec![]).await.unwrap();
     assert!(!t.ready_to_use);
     b.delete_snapshot(t.snapshot_id.clone(), vec![]).await.unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!export.join(".snapshots/snap-gone").exists(), "a snapshot deleted mid-copy leaves nothing");
+    // Let go: a copy the delete did not stop would now be placed.
+    drop(hold);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!export.join(".snapshots/snap-gone").exists(), "the copy of a deleted snapshot went on");
     for id in [clone.volume_id, v.volume_id] {
         b.delete_volume(id, vec![]).await.unwrap();
     }

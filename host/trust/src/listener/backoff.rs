@@ -56,6 +56,51 @@ impl Backoff {
     }
 }
 
+/// The back-off of [`super::Listener`]'s loop for an accept loop it does not run (the CSI unix
+/// socket, served by tonic): call [`Self::after_error`] with each failed `accept` and sleep for
+/// what it says, [`Self::after_success`] with each accepted connection.
+#[derive(Debug)]
+pub struct AcceptBackoff {
+    /// Names the listener in the log lines.
+    listener: String,
+    backoff: Backoff,
+}
+
+impl AcceptBackoff {
+    pub fn new(listener: impl Into<String>) -> Self {
+        AcceptBackoff { listener: listener.into(), backoff: Backoff::default() }
+    }
+
+    /// How long to wait before the next `accept` (zero after the one connection's own error),
+    /// or the error back when the listening socket is unusable. The first exhaustion error of a
+    /// burst is logged.
+    pub fn after_error(&mut self, error: io::Error) -> Result<Duration, io::Error> {
+        match classify(&error) {
+            AcceptError::Connection => Ok(Duration::ZERO),
+            AcceptError::Fatal => Err(error),
+            AcceptError::Exhausted => {
+                let (delay, burst_starts) = self.backoff.on_error();
+                if burst_starts {
+                    tracing::warn!(
+                        listener = %self.listener,
+                        %error,
+                        "accept failed: out of descriptors or memory; backing off (up to {MAX_DELAY:?}) until it succeeds"
+                    );
+                }
+                Ok(delay)
+            }
+        }
+    }
+
+    /// A connection was accepted: the end of a burst of errors is logged.
+    pub fn after_success(&mut self) {
+        let errors = self.backoff.on_success();
+        if errors > 0 {
+            tracing::info!(listener = %self.listener, errors, "accepting again after running out of resources");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +132,18 @@ mod tests {
         assert_eq!(classify(&io::Error::from_raw_os_error(libc::ECONNABORTED)), AcceptError::Connection);
         assert_eq!(classify(&io::Error::from_raw_os_error(libc::EPROTO)), AcceptError::Connection);
         assert_eq!(classify(&io::Error::from_raw_os_error(libc::EBADF)), AcceptError::Fatal);
+    }
+
+    #[test]
+    fn the_public_back_off_waits_on_exhaustion_only_and_gives_fatal_errors_back() {
+        let mut b = AcceptBackoff::new("test");
+        let emfile = || io::Error::from_raw_os_error(libc::EMFILE);
+        assert_eq!(b.after_error(emfile()).expect("wait"), FIRST_DELAY);
+        assert_eq!(b.after_error(emfile()).expect("wait"), FIRST_DELAY * 2);
+        assert_eq!(b.after_error(io::Error::from_raw_os_error(libc::ECONNABORTED)).expect("retry"), Duration::ZERO);
+        b.after_success();
+        assert_eq!(b.after_error(emfile()).expect("a new burst"), FIRST_DELAY);
+        let fatal = b.after_error(io::Error::from_raw_os_error(libc::EBADF)).expect_err("fatal");
+        assert_eq!(fatal.raw_os_error(), Some(libc::EBADF));
     }
 }

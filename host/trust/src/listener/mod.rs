@@ -5,6 +5,8 @@
 //!    │            │ Permit (held as long as the connection)
 //!    │            ▼
 //!    │      serve_tls:        handshake (deadline, byte budget) ──► handler(TlsConnection)
+//!    │      serve_tls_client_optional: the same, a client certificate optional
+//!    │                        ──────────────────────────────────► handler(ClientOptionalConnection)
 //!    │      serve_plain:      ─────────────────────────────────────► handler(PlainConnection)
 //!    │      serve_permissive: peek 1 byte: 0x16 ► handshake ┐
 //!    │                                  else ► plain ───────┴───────► handler(PermissiveConnection)
@@ -16,11 +18,14 @@
 //! state; nothing of the application is allocated until the handler runs, and the handler runs
 //! only for an authenticated peer (or a plain one, in the plain and permissive modes). Idle
 //! timeouts after the handshake are the handler's: control and metrics connections want one,
-//! engine sessions are long-lived and use TCP keepalive.
+//! engine sessions are long-lived and use TCP keepalive; [`Timeouts`] is the wrapper they use.
+//! The same back-off serves accept loops that are not TCP ([`AcceptBackoff`]: the CSI unix
+//! socket).
 
 mod backoff;
 mod budget;
 mod gate;
+mod timeouts;
 
 use std::future::Future;
 use std::io;
@@ -34,9 +39,10 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-pub use backoff::{FIRST_DELAY as ACCEPT_BACKOFF_FIRST, MAX_DELAY as ACCEPT_BACKOFF_MAX};
+pub use backoff::{AcceptBackoff, FIRST_DELAY as ACCEPT_BACKOFF_FIRST, MAX_DELAY as ACCEPT_BACKOFF_MAX};
 pub use budget::{BudgetExceeded, HandshakeBudget, is_budget_exceeded};
 pub use gate::{Permit, Refusal};
+pub use timeouts::Timeouts;
 
 use crate::credentials::Credentials;
 use crate::identity::{IdentityError, Role};
@@ -130,6 +136,17 @@ impl ServerConfigSource for Arc<ServerConfig> {
     }
 }
 
+/// The current credentials' server config that also admits clients without a certificate
+/// ([`LiveCredentials::server_config_client_optional`]), for [`Listener::serve_tls_client_optional`].
+#[derive(Clone)]
+pub struct ClientOptional(pub LiveCredentials);
+
+impl ServerConfigSource for ClientOptional {
+    fn server_config(&self) -> Arc<ServerConfig> {
+        self.0.server_config_client_optional()
+    }
+}
+
 /// A server-side TLS stream as the listener hands it over (the budget is lifted by then).
 pub type ServerTlsStream = tokio_rustls::server::TlsStream<HandshakeBudget<TcpStream>>;
 
@@ -140,6 +157,17 @@ pub struct TlsConnection {
     pub peer: SocketAddr,
     /// The peer's role, from its verified certificate.
     pub role: Role,
+    pub permit: Permit,
+}
+
+/// A TLS connection whose client may have presented no certificate (see
+/// [`Listener::serve_tls_client_optional`]).
+#[derive(Debug)]
+pub struct ClientOptionalConnection {
+    pub stream: ServerTlsStream,
+    pub peer: SocketAddr,
+    /// The client's role, from its verified certificate; `None`: it presented none.
+    pub role: Option<Role>,
     pub permit: Permit,
 }
 
@@ -225,8 +253,39 @@ impl Listener {
             let stats = stats.clone();
             tokio::spawn(async move {
                 let deadline = Instant::now() + limits.handshake_timeout;
-                match handshake(tcp, config, deadline, &limits, &stats).await {
-                    Ok((stream, role)) => handler(TlsConnection { stream, peer, role, permit }).await,
+                match handshake(tcp, config, deadline, &limits, &stats, ClientCertificate::Required).await {
+                    Ok((stream, Some(role))) => handler(TlsConnection { stream, peer, role, permit }).await,
+                    // A config of a [`ServerConfigSource`] that does not require a certificate.
+                    Ok((_, None)) => tracing::debug!(%peer, "connection refused: no client certificate"),
+                    Err(error) => tracing::debug!(%peer, %error, "connection refused"),
+                }
+            });
+        })
+        .await
+    }
+
+    /// TLS where the client may present no certificate: `source` must give a config that allows
+    /// that ([`ClientOptional`]); a certificate that is presented is verified as in
+    /// [`Self::serve_tls`]. Every other bound is the same. The handler authorizes each call,
+    /// by role or by the proof a call without one carries.
+    pub async fn serve_tls_client_optional<S, H, F>(self, source: S, handler: H) -> io::Result<()>
+    where
+        S: ServerConfigSource,
+        H: Fn(ClientOptionalConnection) -> F + Send + Sync + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let limits = self.limits.clone();
+        let stats = self.stats.clone();
+        self.run(move |tcp, peer, permit| {
+            let config = source.server_config();
+            let handler = handler.clone();
+            let limits = limits.clone();
+            let stats = stats.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + limits.handshake_timeout;
+                match handshake(tcp, config, deadline, &limits, &stats, ClientCertificate::Optional).await {
+                    Ok((stream, role)) => handler(ClientOptionalConnection { stream, peer, role, permit }).await,
                     Err(error) => tracing::debug!(%peer, %error, "connection refused"),
                 }
             });
@@ -269,8 +328,11 @@ impl Listener {
                 let mut first = [0u8; 1];
                 let transport = match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
                     Ok(Ok(1)) if first[0] == TLS_HANDSHAKE_RECORD => {
-                        match handshake(tcp, config, deadline, &limits, &stats).await {
-                            Ok((stream, role)) => Transport::Tls { stream: Box::new(stream), role },
+                        match handshake(tcp, config, deadline, &limits, &stats, ClientCertificate::Required).await {
+                            Ok((stream, Some(role))) => Transport::Tls { stream: Box::new(stream), role },
+                            Ok((_, None)) => {
+                                return tracing::debug!(%peer, "connection refused: no client certificate");
+                            }
                             Err(error) => return tracing::debug!(%peer, %error, "connection refused"),
                         }
                     }
@@ -335,15 +397,24 @@ impl Listener {
     }
 }
 
+/// Whether a handshake without a client certificate yields a connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClientCertificate {
+    Required,
+    Optional,
+}
+
 /// The server side of a handshake under the listener's bounds: done by `deadline`, at most
-/// `limits.handshake_budget` bytes read before it completes.
+/// `limits.handshake_budget` bytes read before it completes. The role is `None` only for a
+/// client without a certificate where `client` allows one.
 async fn handshake(
     tcp: TcpStream,
     config: Arc<ServerConfig>,
     deadline: Instant,
     limits: &Limits,
     stats: &Stats,
-) -> Result<(ServerTlsStream, Role), HandshakeError> {
+    client: ClientCertificate,
+) -> Result<(ServerTlsStream, Option<Role>), HandshakeError> {
     // Handshake flights and the small frames after them are latency-bound.
     let _ = tcp.set_nodelay(true);
     let io = HandshakeBudget::new(tcp, limits.handshake_budget);
@@ -367,8 +438,10 @@ async fn handshake(
             let (io, tls) = stream.get_mut();
             stats.read_before_handshake(io.bytes_read());
             io.lift();
+            let anonymous = tls.peer_certificates().is_none_or(|chain| chain.is_empty());
             let role = match peer_role(tls) {
-                Ok(role) => role,
+                Ok(role) => Some(role),
+                Err(_) if anonymous && client == ClientCertificate::Optional => None,
                 Err(e) => {
                     Stats::count(&stats.handshakes_failed);
                     return Err(e.into());

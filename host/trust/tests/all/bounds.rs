@@ -183,6 +183,9 @@ fn exhausted_server_child() {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
+        // Opened before the port is announced: once the flood has taken every descriptor,
+        // nothing can be opened (opened after, it raced the flood and lost on a busy machine).
+        let stat = std::fs::File::open("/proc/self/stat").expect("/proc/self/stat");
         let limits = Limits { max_connections: 100_000, max_per_source: 100_000, ..Limits::default() };
         let listener = Listener::bind("127.0.0.1:0", limits).await.expect("bind");
         let stats = listener.stats();
@@ -192,8 +195,6 @@ fn exhausted_server_child() {
             let _held = conn;
             std::future::pending::<()>().await
         }));
-        // Opened now: once the flood has taken every descriptor, nothing can be opened.
-        let stat = std::fs::File::open("/proc/self/stat").expect("/proc/self/stat");
         tokio::task::spawn_blocking(move || {
             for command in child::commands() {
                 if command == "MEASURE" {

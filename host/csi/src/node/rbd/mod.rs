@@ -59,8 +59,13 @@ impl RbdAttacher {
                 p.cluster, p.cluster
             ))
         })?;
-        let granted =
-            self.config.grants_for(backend).rbd.iter().any(|g| g.cluster == p.cluster && g.pools.contains(&p.pool));
+        let granted = self
+            .config
+            .grants_for(backend)
+            .rbd
+            .iter()
+            .flatten()
+            .any(|g| g.cluster == p.cluster && g.pools.contains(&p.pool));
         if !granted {
             return Err(CsiError::FailedPrecondition(format!(
                 "pool {:?} of cluster {:?} is not granted to backend {backend} on this node",

@@ -157,7 +157,7 @@ fn rbd_err(e: RbdError) -> CsiError {
         RbdError::InvalidArgument(m) => CsiError::Invalid(m),
         RbdError::Unavailable { .. } => CsiError::Unavailable(e.to_string()),
         RbdError::PermissionDenied(m) => CsiError::FailedPrecondition(format!("the cluster refused: {m}")),
-        other => CsiError::Internal(other.to_string()),
+        other => CsiError::Rbd(other),
     }
 }
 
@@ -419,7 +419,7 @@ impl RbdNode {
         let this = self.clone();
         let cleaned = tokio::task::spawn_blocking(move || this.teardown_local(&mut state))
             .await
-            .map_err(|j| CsiError::Internal(j.to_string()))
+            .map_err(CsiError::Task)
             .and_then(|r| r);
         if let Err(c) = cleaned {
             // Something is still attached: keep the state (and the fence) for unstage.
@@ -532,7 +532,7 @@ impl RbdNode {
                     fuse_attach::FuseAttachError::InvalidArgument(m) => CsiError::Invalid(m),
                     other => CsiError::Unavailable(other.to_string()),
                 })?;
-                attachment.persist().map_err(|e| CsiError::Internal(e.to_string()))?
+                attachment.persist().map_err(CsiError::RbdFuse)?
             }
         };
         tracing::debug!(pid = record.pid, owner = ?state.fuse_owner, took = ?t.elapsed(), "rbd-fuse attached");
@@ -546,7 +546,7 @@ impl RbdNode {
         // raw block: nothing holds it between stage and the pod opening it.
         let block = state.staged_as == StagedAs::Block;
         let opts = LoopOptions { direct_io: false, autoclear: !block, read_only: state.read_only };
-        let device = loop_dev::attach(&file, opts).map_err(|e| CsiError::Internal(e.to_string()))?;
+        let device = loop_dev::attach(&file, opts).map_err(CsiError::Device)?;
         state.loop_device = Some(device.path().to_owned());
         self.save(state)?;
         Ok(device)
@@ -575,7 +575,7 @@ impl RbdNode {
             filesystem::unmount_all(&state.staging_path, connection.as_ref().map(|(p, id)| (p.as_path(), *id)))?;
         }
         if let Some(k) = state.krbd.clone() {
-            krbd::unmap(&k, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+            krbd::unmap(&k, PATIENCE).map_err(CsiError::Krbd)?;
             state.krbd = None;
             self.save(state)?;
         }
@@ -584,7 +584,7 @@ impl RbdNode {
             // Only our device: a loop number reused by someone else after an autoclear has
             // another backing file.
             if backing.is_some() && loop_dev::backing_file(&device) == backing {
-                loop_dev::detach(&device, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+                loop_dev::detach(&device, PATIENCE).map_err(CsiError::Device)?;
             }
             state.loop_device = None;
             self.save(state)?;
@@ -593,8 +593,8 @@ impl RbdNode {
             FuseOwner::Plugin => {
                 if let Some(fuse) = state.fuse.clone() {
                     // Any other loop device on our file (a crash between attach and recording it).
-                    loop_dev::detach_all_of(&fuse.file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
-                    fuse_attach::detach_recorded(&fuse, FUSE_TIMEOUT).map_err(|e| CsiError::Internal(e.to_string()))?;
+                    loop_dev::detach_all_of(&fuse.file, PATIENCE).map_err(CsiError::Device)?;
+                    fuse_attach::detach_recorded(&fuse, FUSE_TIMEOUT).map_err(CsiError::RbdFuse)?;
                 }
             }
             // Asked even when the state names no daemon: a plugin that died between the data
@@ -606,7 +606,7 @@ impl RbdNode {
                     None => block_on(engines.rbd_fuse_status(&state.volume_id))?.map(|v| v.file),
                 };
                 if let Some(file) = file {
-                    loop_dev::detach_all_of(&file, PATIENCE).map_err(|e| CsiError::Internal(e.to_string()))?;
+                    loop_dev::detach_all_of(&file, PATIENCE).map_err(CsiError::Device)?;
                 }
                 block_on(engines.rbd_fuse_detach(&state.volume_id))?;
             }
@@ -704,7 +704,7 @@ impl RbdNode {
         let size = if state.krbd.is_some() {
             seen
         } else {
-            let size = loop_dev::set_capacity(&device).map_err(|e| CsiError::Internal(e.to_string()))?;
+            let size = loop_dev::set_capacity(&device).map_err(CsiError::Device)?;
             tracing::info!(size, "loop device resized");
             size
         };
@@ -730,7 +730,7 @@ impl RbdNode {
 
 /// Size of a staged raw block volume.
 pub fn block_size_of(device: &Path) -> CsiResult<u64> {
-    loop_dev::size_bytes(device).map_err(|e| CsiError::Internal(e.to_string()))
+    loop_dev::size_bytes(device).map_err(CsiError::Device)
 }
 
 #[cfg(test)]

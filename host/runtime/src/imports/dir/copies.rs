@@ -171,7 +171,9 @@ fn spawn(key: &JobKey, from: &str) -> Result<Job, Error> {
         .name("dir-copy".into())
         .spawn(move || {
             let _entered = span.enter();
-            let result = copy(&k, &f, &Stop::cancelled_by(c), &p);
+            let result = copy(&k, &f, &Stop::cancelled_by(c.clone()), &p);
+            #[cfg(feature = "test-hooks")]
+            super::hold::wait_while_held(&k.root, &c);
             if let Err(e) = &result {
                 tracing::warn!(error = ?e, "background copy failed");
             }

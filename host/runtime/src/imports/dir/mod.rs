@@ -15,6 +15,8 @@
 //!
 //! Its host functions see a [`DirCtxView`]: the backend's [`DirCtx`] and the call's deadline.
 mod copies;
+#[cfg(feature = "test-hooks")]
+mod hold;
 mod ops;
 mod path;
 mod root;
@@ -22,6 +24,8 @@ mod temp;
 mod tree;
 
 pub use copies::CopyJobs;
+#[cfg(feature = "test-hooks")]
+pub use hold::{CopyHold, hold_copies};
 pub use path::resolve;
 
 use crate::bindings::types::Error;

@@ -118,7 +118,7 @@ fn no_operation_names_or_crosses_a_symlink() {
     assert!(!d.path().join("new").exists() && !d.path().join("x").exists());
 }
 
-/// The attack of issue 13 item 2: a pod flips an entry of its volume between a regular file
+/// The symlink swap: a pod flips an entry of its volume between a regular file
 /// (or directory) and a symlink to something outside the root while the host copies, reads
 /// and measures. Whatever interleaving happens, no outside byte is read and nothing outside
 /// is copied.
@@ -180,7 +180,7 @@ fn a_pod_swapping_entries_for_symlinks_never_gets_an_outside_file_read() {
     assert!(outside.join("big/blob").exists(), "nothing outside was removed");
 }
 
-/// Issue 13 item 6: a temporary file whose writer is gone (its lock released: the process
+/// A temporary file whose writer is gone (its lock released: the process
 /// died) is hidden from `read-dir` at once and removed once it settled; one a live writer
 /// holds stays.
 #[test]
@@ -289,48 +289,61 @@ fn big_tree(root: &Path, path: &str, n: usize) {
     }
 }
 
-/// Issue 13 item 4: tree-sized imports leave the async workers free and stop at the call's
-/// deadline; a copy too big for one call finishes across retries instead of starting over.
+/// What a loaded 2-core machine may add between a deadline and the answer. The bounds below
+/// only have to tell a call that answers at its deadline from one that waits for its work.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// Awaits `call` beside a probe task on this single-threaded runtime, and says whether the probe
+/// ran before the call returned: whether the call left the worker free while it worked (one
+/// that walked a tree on the worker would return before the probe got a turn). Not a measure
+/// of time, so a busy machine cannot fail it.
+async fn leaves_the_worker_free<T>(call: impl std::future::Future<Output = T>) -> (T, bool) {
+    let ran = Arc::new(AtomicBool::new(false));
+    let probe = tokio::spawn({
+        let ran = ran.clone();
+        async move { ran.store(true, Ordering::SeqCst) }
+    });
+    let out = call.await;
+    let free = ran.load(Ordering::SeqCst);
+    probe.abort();
+    (out, free)
+}
+
+/// Tree-sized imports leave the async worker free and answer by the call's deadline; a copy
+/// longer than a call finishes across retries instead of starting over. The copy is held before
+/// it reports done (`hold.rs`) for as long as the test needs it running: whether 30 000
+/// directories take longer than a call depends on the machine, not on the host.
 #[tokio::test(flavor = "current_thread")]
 async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_across_retries() {
     let d = tempfile::tempdir().expect("tempdir");
     let root = d.path().join("root");
     big_tree(&root, "vol", 30_000);
-    // The only worker of this runtime keeps a heartbeat; an import that ran on it would stop it.
-    let beat = Arc::new(std::sync::Mutex::new(Instant::now()));
-    let worst = Arc::new(std::sync::Mutex::new(Duration::ZERO));
-    let heart = {
-        let (beat, worst) = (beat.clone(), worst.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                let now = Instant::now();
-                let mut last = beat.lock().expect("beat");
-                let mut w = worst.lock().expect("worst");
-                *w = (*w).max(now - *last);
-                *last = now;
-            }
-        })
-    };
     let shared = Shared::default();
     let deadline = Duration::from_millis(300);
-    let mut tries = 0;
-    let started = Instant::now();
-    loop {
-        tries += 1;
+    let copy = async |tries: u32| {
         let c = one_call(&root, deadline, Duration::from_secs(5), &shared);
         let mut s = c.view();
         let call = Instant::now();
         let r = s.copy_tree("default".into(), "vol".into(), "snap".into()).await;
-        assert!(call.elapsed() < deadline + Duration::from_millis(50), "try {tries} took {:?}", call.elapsed());
-        match r {
+        assert!(call.elapsed() < deadline + SLACK, "try {tries} took {:?}", call.elapsed());
+        r
+    };
+    let hold = hold::hold_copies(&root);
+    for tries in 1..=3 {
+        let (r, free) = leaves_the_worker_free(copy(tries)).await;
+        assert!(matches!(&r, Err(Error::Aborted(m)) if m.contains("in progress")), "try {tries}: {r:?}");
+        assert!(free, "try {tries} held the worker");
+    }
+    drop(hold);
+    let started = Instant::now();
+    for tries in 4.. {
+        match copy(tries).await {
             Ok(()) => break,
             Err(Error::Aborted(m)) => assert!(m.contains("in progress"), "{m}"),
             Err(e) => panic!("try {tries}: {e:?}"),
         }
         assert!(started.elapsed() < Duration::from_secs(120), "the copy never finished");
     }
-    assert!(tries > 1, "the tree must be too big for one call for this test to mean anything");
     let c = one_call(&root, Duration::from_secs(60), Duration::from_secs(60), &shared);
     let mut s = c.view();
     let (a, b) = (
@@ -340,17 +353,24 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
     assert_eq!((a, b), (30_000, 30_000), "the copy is whole");
     assert_eq!(s.read_dir("default".into(), "".into()).await.expect("ls"), ["snap", "vol"]);
 
-    // usage and remove-all of a tree too big for the deadline: stopped at it, not after.
+    // usage and remove-all answer by the deadline: with their result, or, where the tree is
+    // too big for it on this machine, DEADLINE_EXCEEDED (that a walk stops at its deadline
+    // is `tree.rs`'s `a_walk_stops_at_its_deadline`).
+    let deadline = Duration::from_millis(150);
     for op in ["usage", "remove-all"] {
-        let c = one_call(&root, Duration::from_millis(150), Duration::from_secs(5), &shared);
+        let c = one_call(&root, deadline, Duration::from_secs(5), &shared);
         let mut s = c.view();
         let call = Instant::now();
-        let r = match op {
-            "usage" => s.usage("default".into(), "snap".into()).await.map(|_| ()),
-            _ => s.remove_all("default".into(), "snap".into()).await,
-        };
-        assert!(matches!(r, Err(Error::DeadlineExceeded(_))), "{op}: {r:?}");
-        assert!(call.elapsed() < Duration::from_millis(200), "{op} took {:?}", call.elapsed());
+        let (r, free) = leaves_the_worker_free(async {
+            match op {
+                "usage" => s.usage("default".into(), "snap".into()).await.map(|n| assert_eq!(n, 30_000, "usage")),
+                _ => s.remove_all("default".into(), "snap".into()).await,
+            }
+        })
+        .await;
+        assert!(matches!(r, Ok(()) | Err(Error::DeadlineExceeded(_))), "{op}: {r:?}");
+        assert!(call.elapsed() < deadline + SLACK, "{op} took {:?}", call.elapsed());
+        assert!(free, "{op} held the worker");
     }
     // remove-all goes on where it stopped: retries finish it. Bounded by wall time, not by a
     // number of tries: each try has only its deadline minus the answer margin to work, and a
@@ -366,22 +386,22 @@ async fn tree_imports_stop_at_the_deadline_off_the_worker_and_a_copy_finishes_ac
         }
     }
     assert!(removed && !root.join("snap").exists(), "remove-all finishes across retries");
-    heart.abort();
-    let worst = *worst.lock().expect("worst");
-    assert!(worst < Duration::from_millis(100), "the worker was held for {worst:?}");
 }
 
 #[tokio::test]
 async fn a_copy_to_the_same_target_from_another_source_is_refused_while_it_runs() {
     let d = tempfile::tempdir().expect("tempdir");
     let root = d.path().join("root");
-    big_tree(&root, "vol", 20_000);
+    big_tree(&root, "vol", 200);
     fs::create_dir_all(root.join("other")).expect("mkdir");
     let copies = CopyJobs::default();
+    // Held before it reports done, the copy is running for as long as the test needs.
+    let hold = hold::hold_copies(&root);
     let first = copies.copy_tree("b", root.clone(), "vol", "snap", Duration::ZERO).await;
     assert!(matches!(first, Err(Error::Aborted(_))), "{first:?}");
     let other = copies.copy_tree("b", root.clone(), "other", "snap", Duration::ZERO).await;
     assert!(matches!(other, Err(Error::InvalidArgument(_))), "{other:?}");
+    drop(hold);
     let done = copies.copy_tree("b", root.clone(), "vol", "snap", Duration::from_secs(60)).await;
     assert!(done.is_ok(), "{done:?}");
     assert!(matches!(

@@ -1,0 +1,160 @@
+//! This process's identity and the controller's authority endpoint, as a host starts them
+//! ([`start`]): the credentials directory followed as it rotates (`--tls-dir`); on a node with
+//! `--authority`, its certificate asked for (with the node plugin's ServiceAccount token) and
+//! renewed from the controller's built-in CA; on a controller with `--authority-listen`, the
+//! authority endpoint (grants of volumes from the block catalog; node certificates when it holds
+//! the CA, `--ca-dir`).
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use wasmcsi_csi::Mode;
+use wasmcsi_csi::authority_endpoint::client::ClientIdentity;
+use wasmcsi_csi::authority_endpoint::enroll::Enrollment;
+use wasmcsi_csi::authority_endpoint::token_review::{KubeApi, TokenReviewer};
+use wasmcsi_csi::authority_endpoint::{AuthorityClient, AuthorityService, CatalogPublications, CertificateIssuer};
+use wasmcsi_runtime::Registry;
+use wasmcsi_trust::pki::DEFAULT_LEAF_VALIDITY;
+use wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL;
+use wasmcsi_trust::{Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, Watcher};
+
+/// What a host is told about its identity; the default: none (plaintext, no authority).
+#[derive(Debug, Clone, Default)]
+pub struct TrustOptions {
+    /// This process's credentials directory (`ca.crt`, `tls.crt`, `tls.key`), followed as it
+    /// rotates.
+    pub tls_dir: Option<PathBuf>,
+    /// A controller: serve the authority endpoint here (with the credentials of `tls_dir`,
+    /// which must be the controller's).
+    pub authority_listen: Option<SocketAddr>,
+    /// A controller: the built-in CA's directory (`pki init`); without it the endpoint serves
+    /// grants only, and node certificates come from the cluster's own PKI.
+    pub ca_dir: Option<PathBuf>,
+    /// How long the node certificates the CA issues are valid (default 24 h).
+    pub certificate_validity: Option<Duration>,
+    /// A controller issuing first certificates to nodes that prove themselves with a token: the
+    /// node plugin's ServiceAccount, `NAMESPACE:NAME`.
+    pub node_service_account: Option<String>,
+    /// The API server that reviews those tokens (default: the one of the pod this runs in).
+    pub kube_api: Option<KubeApi>,
+    /// A node: the authority endpoint (`https://HOST:PORT`) its certificate comes from.
+    pub authority: Option<String>,
+    /// A node: the CA bundle to trust the authority endpoint by before it has a certificate
+    /// (default: `ca.crt` in `tls_dir`).
+    pub authority_ca: Option<PathBuf>,
+    /// A node: the node plugin's projected ServiceAccount token (audience `wasmcsi`).
+    pub authority_token: Option<PathBuf>,
+}
+
+/// What [`start`] started; dropping it stops all of it.
+#[derive(Default)]
+pub struct Trust {
+    /// This process's credentials, when it has any.
+    pub credentials: Option<LiveCredentials>,
+    /// Where the authority endpoint listens (a controller).
+    pub authority_addr: Option<SocketAddr>,
+    /// Where this node's data path gets the grants of its volumes: the authority endpoint, or
+    /// this process's own controller credentials when it is the controller too.
+    pub grant_source: Option<Arc<dyn GrantSource>>,
+    _watcher: Option<Watcher>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Trust {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts what `opts` asks for (see the module doc).
+pub async fn start(opts: &TrustOptions, mode: Mode, node_id: &str, registry: &Arc<Registry>) -> anyhow::Result<Trust> {
+    let mut trust = Trust::default();
+    let needs_dir = |what: &str| anyhow::anyhow!("{what} needs this process's credentials (--tls-dir)");
+    if opts.authority_listen.is_some() && !mode.controller() {
+        anyhow::bail!("the authority endpoint is served by the controller (--mode controller or all)");
+    }
+    let enrollment = match (&opts.authority, mode.node()) {
+        (Some(url), true) => Some(Enrollment {
+            url: url.clone(),
+            node: node_id.to_owned(),
+            dir: opts.tls_dir.clone().ok_or_else(|| needs_dir("--authority"))?,
+            ca_file: opts.authority_ca.clone(),
+            token_file: opts.authority_token.clone(),
+        }),
+        _ => None,
+    };
+    // A node's first certificate before anything reads the directory.
+    if let Some(enrollment) = &enrollment {
+        enrollment.ensure().await.with_context(|| format!("this node's certificate from {}", enrollment.url))?;
+    }
+    if let Some(dir) = &opts.tls_dir {
+        let (live, watcher) = wasmcsi_trust::watch(dir, DEFAULT_POLL_INTERVAL)
+            .with_context(|| format!("this process's credentials in {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), role = %live.current().role(), expires_in = live.seconds_to_expiry(), "loaded TLS credentials");
+        trust.credentials = Some(live);
+        trust._watcher = Some(watcher);
+    }
+    let publications = || Arc::new(CatalogPublications::new(registry.clone()));
+
+    if let (Some(enrollment), Some(live)) = (enrollment, &trust.credentials) {
+        let client = AuthorityClient::new(&enrollment.url, ClientIdentity::Credentials(live.clone()))?;
+        trust.grant_source = Some(Arc::new(client));
+        trust.tasks.push(tokio::spawn(enrollment.renew_forever(live.clone())));
+    } else if let (true, Some(live)) = (mode == Mode::All, &trust.credentials)
+        && live.current().role() == &Role::Controller
+    {
+        trust.grant_source = Some(Arc::new(LocalGrantSource::new(live.clone(), node_id, publications())));
+    }
+
+    if let Some(addr) = opts.authority_listen {
+        let live = trust.credentials.clone().ok_or_else(|| needs_dir("--authority-listen"))?;
+        let role = live.current().role().clone();
+        if role != Role::Controller {
+            anyhow::bail!(
+                "the authority endpoint is served with the controller's credentials; --tls-dir holds {role}'s"
+            );
+        }
+        let mut service = AuthorityService::new(live.clone(), publications());
+        if let Some(ca_dir) = &opts.ca_dir {
+            let ca = Authority::load(ca_dir).with_context(|| format!("the built-in CA in {}", ca_dir.display()))?;
+            service = service.with_issuer(issuer(opts, ca)?);
+        }
+        let listener = Listener::bind(addr, Limits::default())
+            .await
+            .with_context(|| format!("binding the authority endpoint on {addr}"))?;
+        let bound = listener.local_addr()?;
+        trust.tasks.push(tokio::spawn(async move {
+            if let Err(e) = wasmcsi_csi::authority_endpoint::serve(listener, live, service).await {
+                tracing::error!(addr = %bound, error = %e, "the authority endpoint stopped");
+            }
+        }));
+        tracing::info!(addr = %bound, certificates = opts.ca_dir.is_some(), "serving the authority endpoint");
+        trust.authority_addr = Some(bound);
+    }
+    Ok(trust)
+}
+
+/// The CA's issuer: tokens are checked when the node plugin's ServiceAccount is named and an API
+/// server is known (given, or the pod's own).
+fn issuer(opts: &TrustOptions, ca: Authority) -> anyhow::Result<CertificateIssuer> {
+    let validity = opts.certificate_validity.unwrap_or(DEFAULT_LEAF_VALIDITY);
+    let tokens = match &opts.node_service_account {
+        Some(account) => {
+            let api = opts.kube_api.clone().or_else(KubeApi::in_cluster).context(
+                "checking node tokens needs the Kubernetes API server (--kube-api, or KUBERNETES_SERVICE_HOST in a pod)",
+            )?;
+            Some((TokenReviewer::new(api)?, account.as_str()))
+        }
+        None => {
+            tracing::info!(
+                "no node plugin ServiceAccount given: nodes renew certificates here, their first comes from elsewhere"
+            );
+            None
+        }
+    };
+    Ok(CertificateIssuer::new(ca, validity, tokens)?)
+}

@@ -1,0 +1,181 @@
+//! A stub of the one Kubernetes API the authority endpoint calls: `POST
+//! /apis/authentication.k8s.io/v1/tokenreviews`, over HTTPS, answered from a table of tokens.
+//! No kube-apiserver can run on the machines the tests run on (see the project's machine
+//! notes), so the TokenReview client is tested against this, and every test that uses it says
+//! so. What it checks and answers is what the real API server does for a review: the caller's
+//! bearer token (else 401), a `TokenReview` body, `spec.audiences` (a token is authenticated only
+//! for an audience it was minted for, and `status.audiences` says which), the user's name and
+//! the `authentication.kubernetes.io/node-name` extra of a pod-bound token.
+//!
+//! Its certificate comes from a CA of its own ([`KubeStub::ca_pem`]), naming `127.0.0.1`.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
+
+/// What the stub knows of one token.
+#[derive(Clone, Debug)]
+pub struct Token {
+    /// `system:serviceaccount:NAMESPACE:NAME`.
+    pub username: String,
+    /// The node of the pod the token is bound to.
+    pub node: Option<String>,
+    /// The audiences it was minted for.
+    pub audiences: Vec<String>,
+}
+
+struct Shared {
+    bearer: String,
+    tokens: Mutex<HashMap<String, Token>>,
+    reviews: AtomicUsize,
+}
+
+/// A running stub; dropping it stops the server.
+pub struct KubeStub {
+    pub addr: SocketAddr,
+    ca_pem: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KubeStub {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KubeStub {
+    /// Serves on 127.0.0.1 (a free port), accepting calls that carry `bearer` (the controller's
+    /// own ServiceAccount token).
+    pub async fn start(bearer: &str) -> KubeStub {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).expect("CA");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("leaf");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(leaf.der().to_vec())],
+                PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+            )
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shared =
+            Arc::new(Shared { bearer: bearer.to_owned(), tokens: Mutex::default(), reviews: AtomicUsize::new(0) });
+        let state = shared.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { continue };
+                let (acceptor, state) = (acceptor.clone(), state.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let service = hyper::service::service_fn(move |req| answer(state.clone(), req));
+                    let _ =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+                });
+            }
+        });
+        KubeStub { addr, ca_pem: ca.pem(), shared, task }
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The CA bundle that verifies the stub.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// Writes the CA bundle and the bearer token into `dir` (`ca.crt`, `token`), as a pod finds
+    /// them in its ServiceAccount directory.
+    pub fn write_client_files(&self, dir: &Path) {
+        std::fs::write(dir.join("ca.crt"), &self.ca_pem).expect("ca.crt");
+        std::fs::write(dir.join("token"), format!("{}\n", self.shared.bearer)).expect("token");
+    }
+
+    /// From now on `token` reviews as `what`.
+    pub fn add(&self, token: &str, what: Token) {
+        self.shared.tokens.lock().unwrap_or_else(PoisonError::into_inner).insert(token.to_owned(), what);
+    }
+
+    /// TokenReviews answered so far (authenticated or not).
+    pub fn reviews(&self) -> usize {
+        self.shared.reviews.load(Ordering::SeqCst)
+    }
+}
+
+async fn answer(
+    state: Arc<Shared>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let reply = |status: StatusCode, body: serde_json::Value| {
+        let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+        *response.status_mut() = status;
+        Ok(response)
+    };
+    let authorized = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {}", state.bearer));
+    if req.method() != hyper::Method::POST || req.uri().path() != "/apis/authentication.k8s.io/v1/tokenreviews" {
+        return reply(StatusCode::NOT_FOUND, serde_json::json!({"kind": "Status", "reason": "NotFound"}));
+    }
+    if !authorized {
+        return reply(StatusCode::UNAUTHORIZED, serde_json::json!({"kind": "Status", "reason": "Unauthorized"}));
+    }
+    let body = req.into_body().collect().await?.to_bytes();
+    let Ok(review) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return reply(StatusCode::BAD_REQUEST, serde_json::json!({"kind": "Status", "reason": "BadRequest"}));
+    };
+    state.reviews.fetch_add(1, Ordering::SeqCst);
+    let token = review["spec"]["token"].as_str().unwrap_or_default();
+    let wanted: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let known = state.tokens.lock().unwrap_or_else(PoisonError::into_inner).get(token).cloned();
+    let status = match known {
+        Some(t) => {
+            let audiences: Vec<String> = t.audiences.iter().filter(|a| wanted.contains(a)).cloned().collect();
+            if audiences.is_empty() {
+                serde_json::json!({"authenticated": false, "error": "token audiences is invalid for the target audiences"})
+            } else {
+                let mut extra = serde_json::Map::new();
+                if let Some(node) = &t.node {
+                    extra.insert("authentication.kubernetes.io/node-name".into(), serde_json::json!([node]));
+                }
+                serde_json::json!({
+                    "authenticated": true,
+                    "user": {"username": t.username, "uid": "u-1", "groups": ["system:serviceaccounts"], "extra": extra},
+                    "audiences": audiences,
+                })
+            }
+        }
+        None => serde_json::json!({"authenticated": false, "error": "invalid bearer token"}),
+    };
+    reply(
+        StatusCode::CREATED,
+        serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}),
+    )
+}
