@@ -36,6 +36,7 @@ fn request(name: &str, required: u64, extra: &[(&str, &str)], source: Option<Con
         secrets: creds(),
         content_source: source,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -32,6 +32,7 @@ fn request(name: &str, required: u64, extra: &[(&str, &str)], source: Option<Con
         secrets: vec![],
         content_source: source,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -25,6 +25,7 @@ fn request(name: &str, required: u64, source: Option<ContentSource>) -> CreateVo
         secrets: vec![],
         content_source: source,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -65,6 +65,7 @@ async fn everything_a_backend_makes_the_host_log_in_one_call_fits_one_budget() {
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     };
     let before = captured.0.lock().unwrap().len();
     let r = b.create_volume(request, vec![]).await;

@@ -20,6 +20,7 @@ fn request(name: &str, required_bytes: u64) -> CreateVolumeRequest {
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -15,6 +15,7 @@ fn request(name: &str, required_bytes: u64, parameters: &[(&str, &str)]) -> Crea
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -389,7 +389,8 @@ mod tests {
         }
         assert_eq!(interface(previous, "rbd"), interface(v0_2, "rbd"));
         let types = interface(current, "types");
-        let missing: Vec<&String> = interface(previous, "types").iter().filter(|l| !types.contains(l)).collect();
+        let previous_types = interface(previous, "types");
+        let missing: Vec<&String> = previous_types.iter().filter(|l| !types.contains(l)).collect();
         assert!(missing.is_empty(), "0.1.0's types not in the current ones: {missing:?}");
         assert_ne!(interface(previous, "block"), interface(v0_2, "block"));
     }

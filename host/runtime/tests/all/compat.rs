@@ -47,6 +47,7 @@ fn request(name: &str) -> CreateVolumeRequest {
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 
@@ -83,13 +84,13 @@ async fn a_0_1_backend_serves_every_entry_point_beside_a_0_2_one() {
         None
     );
     assert!(old.get_capacity(vec![mount()], vec![], None).await.unwrap().available_bytes > 0);
-    match old.attach_plan(v.volume_id.clone(), vec![], mount()).await.unwrap() {
+    match old.attach_plan(v.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() {
         Attachment::Bind(plan) => assert_eq!((plan.root.as_str(), plan.path.as_str()), ("default", "volumes/pvc-1")),
         other => panic!("hostpath plans a bind mount, got {other:?}"),
     }
     // reconcile-volume, which 0.1.0 does not have: what a 0.2.0 backend that does not
     // self-heal answers.
-    let e = old.reconcile_volume(v.volume_id.clone()).await.unwrap_err();
+    let e = old.reconcile_volume(v.volume_id.clone(), wasmcsi_runtime::bindings::types::Timestamp { seconds: 0, nanos: 0 }).await.unwrap_err();
     assert!(matches!(&e, CallError::Backend { error: WitError::Unimplemented(m), .. } if m.contains("0.1.0")), "{e}");
 
     // GetSnapshot, which 0.1.0 does not have, from its snapshot list.

@@ -43,6 +43,7 @@ fn request(name: &str, bytes: u64) -> CreateVolumeRequest {
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 

@@ -44,6 +44,7 @@ fn request(name: &str, bytes: u64, params: Vec<Pair>, source: Option<ContentSour
         secrets: vec![],
         content_source: source,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 
@@ -159,14 +160,14 @@ async fn nfs_backend_provisions_snapshots_clones_and_deletes_on_ganesha() {
     assert_eq!(std::fs::read(export.join("team-a/data/data.txt")).unwrap(), b"hello nfs");
 
     // Attach plan: from the volume context, and from the metadata when the context is empty.
-    let plan = b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount()).await.unwrap();
+    let plan = b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount(), vec![]).await.unwrap();
     let Attachment::Nfs(p) = plan else { panic!("not an nfs plan: {plan:?}") };
     assert_eq!((p.server.as_str(), p.share.as_str(), p.path.as_str()), (g.server().as_str(), "/export", "pvc-1"));
     assert_eq!(p.mount_options, ["nfsvers=4.1", "hard"]);
-    let Attachment::Nfs(p3) = b.attach_plan(v3.volume_id.clone(), vec![], mount()).await.unwrap() else { panic!() };
+    let Attachment::Nfs(p3) = b.attach_plan(v3.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() else { panic!() };
     assert_eq!(p3.path, "team-a/data");
     let block = VolumeCapability { access_type: AccessType::Block, access_mode: AccessMode::SingleNodeWriter };
-    let e = wit(b.attach_plan(v1.volume_id.clone(), vec![], block).await);
+    let e = wit(b.attach_plan(v1.volume_id.clone(), vec![], block, vec![]).await);
     assert!(matches!(e, WitError::FailedPrecondition(_)), "{e:?}");
 
     // Delete: a volume with snapshots goes (snapshots are independent copies); retain keeps

@@ -114,6 +114,7 @@ impl Env {
             secrets: secret_refs(&self.secrets),
             content_source: source,
             accessibility: None,
+            mutable_parameters: vec![],
         }
     }
 
@@ -239,7 +240,7 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
     );
 
     // Attach plans: the id's parts; a multi-node writer filesystem is refused.
-    let Attachment::Rbd(plan) = b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount()).await.unwrap()
+    let Attachment::Rbd(plan) = b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount(), vec![]).await.unwrap()
     else {
         panic!("not an rbd plan")
     };
@@ -247,8 +248,8 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
         (plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()),
         (CLUSTER, env.pool.as_str(), img1.as_str())
     );
-    assert!(matches!(wit(b.attach_plan(v1.volume_id.clone(), vec![], rwx_fs).await), WitError::FailedPrecondition(_)));
-    assert!(b.attach_plan(v1.volume_id.clone(), vec![], rwx_block).await.is_ok());
+    assert!(matches!(wit(b.attach_plan(v1.volume_id.clone(), vec![], rwx_fs, vec![]).await), WitError::FailedPrecondition(_)));
+    assert!(b.attach_plan(v1.volume_id.clone(), vec![], rwx_block, vec![]).await.is_ok());
 
     // Expand: filesystem volumes need the node; block ones do not; a smaller size is a no-op.
     let x = b.expand_volume(

@@ -54,6 +54,7 @@ fn request(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
         secrets: vec![],
         content_source: None,
         accessibility: None,
+        mutable_parameters: vec![],
     }
 }
 
