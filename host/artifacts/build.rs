@@ -15,6 +15,7 @@ const GUESTS: &[(&str, &str, &str)] = &[
     ("wasmcsi-fixture-hostile", "HOSTILE", "hostile"),
     ("wasmcsi-fixture-hostpath-v0-1", "HOSTPATH_V0_1", "hostpath-v0-1"),
     ("wasmcsi-fixture-block-v0-1", "BLOCK_V0_1", "block-v0-1"),
+    ("wasmcsi-fixture-rbd-v0-2", "RBD_V0_2", "rbd-v0-2"),
 ];
 
 /// The test kit's parts that `wasmcsi backend compose` puts around a backend: (package,

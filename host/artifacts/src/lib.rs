@@ -8,7 +8,7 @@
 include!(concat!(env!("OUT_DIR"), "/artifacts.rs"));
 
 /// Components built only to test the host: never shipped to an operator.
-pub const FIXTURES: &[&str] = &["hostile", "hostpath-v0-1", "block-v0-1"];
+pub const FIXTURES: &[&str] = &["hostile", "hostpath-v0-1", "block-v0-1", "rbd-v0-2"];
 
 /// The components an operator gets, as (file stem, bytes): every entry of `ALL` that is not a
 /// test fixture, so a backend added to the build is shipped without another list to update.

@@ -164,6 +164,6 @@ mod tests {
         let e = compose(b"not wasm").expect_err("not a component");
         assert!(!e.to_string().is_empty());
         let e = compose(wasmcsi_artifacts::HOSTPATH_V0_1).expect_err("previous contract");
-        assert!(format!("{e:#}").contains("driver@0.2.0"), "{e:#}");
+        assert!(format!("{e:#}").contains("driver@0.3.0"), "{e:#}");
     }
 }

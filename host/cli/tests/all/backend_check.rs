@@ -17,7 +17,7 @@ fn check_passes_the_hostpath_example_and_names_what_it_needs() {
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("wasmcsi:backend/dir"), "{out}");
     assert!(out.contains("grants needed: dir"), "{out}");
-    assert!(out.contains("wasmcsi:backend/driver@0.2.0"), "exports listed: {out}");
+    assert!(out.contains("wasmcsi:backend/driver@0.3.0"), "exports listed: {out}");
     assert!(out.lines().any(|l| l.ends_with(" 0 failed, 0 skipped") || l.contains(" 0 failed")), "{out}");
 }
 
@@ -44,7 +44,7 @@ fn check_names_the_contract_of_a_current_backend_and_refuses_block_at_0_1() {
     let file = d.path().join("hostile.wasm");
     std::fs::write(&file, wasmcsi_artifacts::HOSTILE).unwrap();
     let (_, out, _) = wasmcsi(&["backend", "check", "--no-node", file.to_str().unwrap()]);
-    assert!(out.lines().any(|l| l == "contract: wasmcsi:backend@0.2.0"), "{out}");
+    assert!(out.lines().any(|l| l == "contract: wasmcsi:backend@0.3.0"), "{out}");
 
     let file = d.path().join("block-v0-1.wasm");
     std::fs::write(&file, wasmcsi_artifacts::BLOCK_V0_1).unwrap();
@@ -119,7 +119,7 @@ fn ls_reports_loaded_and_rejected_backends_with_their_contract_version() {
         line.split_whitespace().map(str::to_string).collect()
     };
     assert_eq!(columns("NAME")[3..5], ["STATUS", "CONTRACT"], "{out}");
-    assert_eq!(columns("hostpath")[3..5], ["ok", "0.2.0"], "{out}");
+    assert_eq!(columns("hostpath")[3..5], ["ok", "0.3.0"], "{out}");
     assert_eq!(columns("hostpath-v0-1")[3..5], ["ok", "0.1.0"], "{out}");
     assert_eq!(columns("broken")[3..5], ["rejected", "-"], "{out}");
 }
@@ -253,7 +253,7 @@ fn bundled_components_import_only_the_capabilities_they_call() {
         let (imports, exports) = runtime.inspect(name, wasm).unwrap();
         assert_eq!(imports.capabilities, expected, "{name}");
         assert!(imports.unknown.is_empty(), "{name}: {:?}", imports.unknown);
-        assert_eq!(exports, ["wasmcsi:backend/driver@0.2.0"], "{name}");
+        assert_eq!(exports, ["wasmcsi:backend/driver@0.3.0"], "{name}");
     }
 }
 

@@ -1,7 +1,7 @@
 //! Components built against the previous contract, `wasmcsi:backend@0.1.0`, in a real runtime:
-//! the hostpath example as it shipped for 0.1.0 loads beside a 0.2.0 backend and answers every
+//! the hostpath example as it shipped for 0.1.0 loads beside a current (0.3.0) backend and answers every
 //! typed entry point in the current types (GetSnapshot from its snapshot list); it is refused
-//! for an ungranted import and stopped by the call limits exactly like a 0.2.0 backend; and a
+//! for an ungranted import and stopped by the call limits exactly like a current backend; and a
 //! 0.1.0 component importing `block` is refused whatever was granted.
 #![allow(clippy::unwrap_used, reason = "tests")]
 use std::path::Path;
@@ -56,12 +56,12 @@ fn is_not_found<T: std::fmt::Debug>(r: &Result<T, CallError>) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_1_backend_serves_every_entry_point_beside_a_0_2_one() {
+async fn a_0_1_backend_serves_every_entry_point_beside_a_current_one() {
     let d = tempfile::tempdir().unwrap();
     let rt = runtime(d.path());
     let old = rt.load("hostpath-v0-1", wasmcsi_artifacts::HOSTPATH_V0_1, None).await.unwrap();
     let new = rt.load("hostpath", wasmcsi_artifacts::HOSTPATH, None).await.unwrap();
-    assert_eq!((old.contract, new.contract), (ContractVersion::V0_1, ContractVersion::V0_2));
+    assert_eq!((old.contract, new.contract), (ContractVersion::V0_1, ContractVersion::CURRENT));
     assert_eq!(old.info.name, "hostpath");
     // It lists snapshots, so the host answers GetSnapshot for it; it can never self-heal.
     assert!(old.has_feature(Feature::ListSnapshots) && old.has_feature(Feature::GetSnapshot), "{:?}", old.info);
@@ -88,7 +88,7 @@ async fn a_0_1_backend_serves_every_entry_point_beside_a_0_2_one() {
         Attachment::Bind(plan) => assert_eq!((plan.root.as_str(), plan.path.as_str()), ("default", "volumes/pvc-1")),
         other => panic!("hostpath plans a bind mount, got {other:?}"),
     }
-    // reconcile-volume, which 0.1.0 does not have: what a 0.2.0 backend that does not
+    // reconcile-volume, which 0.1.0 does not have: what a current backend that does not
     // self-heal answers.
     let e = old.reconcile_volume(v.volume_id.clone(), wasmcsi_runtime::bindings::types::Timestamp { seconds: 0, nanos: 0 }).await.unwrap_err();
     assert!(matches!(&e, CallError::Backend { error: WitError::Unimplemented(m), .. } if m.contains("0.1.0")), "{e}");
@@ -118,7 +118,7 @@ async fn a_0_1_backend_serves_every_entry_point_beside_a_0_2_one() {
         assert!(is_not_found(&old.get_volume(id.into()).await));
     }
 
-    // The 0.2.0 backend in the same runtime is untouched by all of it, and serves its own.
+    // The current backend in the same runtime is untouched by all of it, and serves its own.
     assert!(new.list_volumes(0, String::new()).await.unwrap().entries.is_empty());
     let v = new.create_volume(request("pvc-1"), vec![]).await.unwrap();
     assert!(d.path().join("new/volumes/pvc-1").is_dir());
@@ -126,7 +126,7 @@ async fn a_0_1_backend_serves_every_entry_point_beside_a_0_2_one() {
 }
 
 /// The refusal an operator sees for a backend that imports `dir` without a grant: the same for a
-/// 0.1.0 and a 0.2.0 build of one backend, word for word (the name aside).
+/// 0.1.0 and a current build of one backend, word for word (the name aside).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ungranted_import_refuses_a_0_1_backend_as_it_refuses_a_0_2_one() {
     let d = tempfile::tempdir().unwrap();
@@ -149,7 +149,7 @@ async fn an_ungranted_import_refuses_a_0_1_backend_as_it_refuses_a_0_2_one() {
     assert!(refusals[0].contains("import wasmcsi:backend/dir is not granted"), "{}", refusals[0]);
 }
 
-/// Every bound of a call holds for a 0.1.0 backend as for a 0.2.0 one: each is loaded with
+/// Every bound of a call holds for a 0.1.0 backend as for a current one: each is loaded with
 /// an instruction budget and then a memory cap too small for `info`, and is stopped the same
 /// way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

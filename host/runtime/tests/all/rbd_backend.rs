@@ -63,6 +63,11 @@ struct Env {
 }
 
 async fn setup(pool: &str, extra_config: &str) -> Option<Env> {
+    setup_backend(NAME, wasmcsi_artifacts::CEPH_RBD_SHIM, pool, extra_config).await
+}
+
+/// `setup` with the component `wasm`, loaded as backend `name`.
+async fn setup_backend(name: &str, wasm: &[u8], pool: &str, extra_config: &str) -> Option<Env> {
     logs();
     let ceph = Ceph::shared()?;
     ceph.create_pool(pool).expect("create pool");
@@ -72,8 +77,8 @@ async fn setup(pool: &str, extra_config: &str) -> Option<Env> {
     let text = format!(
         "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 20000\n\
          [clusters.{CLUSTER}]\nmonitors = {monitors:?}\n\
-         [backends.{NAME}]\ncall_deadline_ms = 60000\n\
-         [backends.{NAME}.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{pool:?}] }}]\n{extra_config}"
+         [backends.{name}]\ncall_deadline_ms = 60000\n\
+         [backends.{name}.grants]\nrbd = [{{ cluster = {CLUSTER:?}, pools = [{pool:?}] }}]\n{extra_config}"
     );
     let rt = Runtime::new(RuntimeOptions {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
@@ -83,7 +88,7 @@ async fn setup(pool: &str, extra_config: &str) -> Option<Env> {
     })
     .unwrap();
     let t = Instant::now();
-    let backend = rt.load(NAME, wasmcsi_artifacts::CEPH_RBD_SHIM, None).await.unwrap();
+    let backend = rt.load(name, wasm, None).await.unwrap();
     eprintln!("component loaded in {:?}", t.elapsed());
     let admin = RbdClient::new(ceph.config(&[pool])).pool(CLUSTER, pool, &ceph.admin()).unwrap();
     // A mix of keys, sorted as the CSI layer sorts them; the backend must find its pair.
@@ -566,5 +571,56 @@ async fn bad_parameters_ungranted_pools_and_bad_secrets_are_refused_without_crea
     for e in &errors {
         env.no_key_in(e);
     }
+    env.no_key_in_logs();
+}
+
+/// A backend built against 0.2.0, whose `rbd` import took `(cluster, pool, …, secrets)` in every
+/// function, still creates, expands, snapshots and deletes real images through the 0.3.0 host
+/// (its calls reach the same pool with the same credentials), and its plan reaches the node as
+/// before (no encryption asked for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_2_backend_drives_rbd_through_the_current_host() {
+    let Some(env) = setup_backend("rbd-v0-2", wasmcsi_artifacts::RBD_V0_2, "shim-v0-2", "").await else { return };
+    let b = &env.backend;
+    let s = &env.secrets;
+    assert_eq!(b.contract, wasmcsi_runtime::contract::ContractVersion::V0_2);
+
+    let v = b.create_volume(env.request("old-1", 4 * MIB, env.params(&[]), None), s.clone()).await.unwrap();
+    assert_eq!(v.volume_id, format!("{CLUSTER}.{}.v-old-1", env.pool));
+    assert_eq!(env.images(), ["v-old-1"]);
+    let meta = env.ceph.rbd(&["image-meta", "get", &format!("{}/v-old-1", env.pool), "fixture/name"]).unwrap();
+    assert_eq!(meta.trim(), "old-1", "the metadata pairs reached the image");
+    let again = b.create_volume(env.request("old-1", 4 * MIB, env.params(&[]), None), s.clone()).await.unwrap();
+    assert_eq!((again.volume_id, again.capacity_bytes), (v.volume_id.clone(), v.capacity_bytes), "info through the old shape finds the image");
+
+    let e = b.expand_volume(v.volume_id.clone(), CapacityRange { required_bytes: 8 * MIB, limit_bytes: 0 }, None, s.clone());
+    assert_eq!(e.await.unwrap().capacity_bytes, 8 * MIB);
+    let cli: serde_json::Value =
+        serde_json::from_str(&env.ceph.rbd(&["info", &format!("{}/v-old-1", env.pool), "--format", "json"]).unwrap())
+            .unwrap();
+    assert_eq!(cli["size"], 8 * MIB);
+
+    let snap = b.create_snapshot("s1".into(), v.volume_id.clone(), vec![], s.clone()).await.unwrap();
+    assert_eq!(snap.snapshot_id, format!("{}@s1", v.volume_id));
+    assert_eq!(snap.size_bytes, 8 * MIB);
+    let snaps = env.ceph.rbd(&["snap", "ls", &format!("{}/v-old-1", env.pool)]).unwrap();
+    assert!(snaps.contains("s1"), "{snaps}");
+
+    match b.attach_plan(v.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() {
+        Attachment::Rbd(plan) => {
+            assert_eq!((plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()), (CLUSTER, env.pool.as_str(), "v-old-1"));
+            assert!(plan.encryption.is_none(), "a 0.2.0 plan asks for no encryption");
+        }
+        other => panic!("expected an rbd plan, got {other:?}"),
+    }
+
+    // A pool the grant does not name is refused through the old shape as through the new.
+    let other = env.params(&[("pool", "not-granted")]);
+    let refused = wit(b.create_volume(env.request("old-2", 4 * MIB, other, None), s.clone()).await);
+    assert!(matches!(refused, WitError::PermissionDenied(_)), "{refused:?}");
+
+    b.delete_snapshot(snap.snapshot_id.clone(), s.clone()).await.unwrap();
+    b.delete_volume(v.volume_id.clone(), s.clone()).await.unwrap();
+    assert!(env.images().is_empty());
     env.no_key_in_logs();
 }
