@@ -4,7 +4,7 @@
 //! Results are checked behind the client's back with the `rbd` CLI where that says more.
 use std::time::{Duration, Instant};
 use wasmcsi_ceph::{CLUSTER, Ceph};
-use wasmcsi_rbd::{ImageSpec, RbdClient, RbdCredentials, RbdError, RbdPool};
+use wasmcsi_rbd::{ImageSpec, QosLimits, RbdClient, RbdCredentials, RbdError, RbdPool};
 
 const MIB: u64 = 1 << 20;
 
@@ -215,4 +215,27 @@ async fn a_user_limited_to_one_pool_works_there_and_nowhere_else() {
     let wrong = RbdCredentials::new("csi", "AQBnBwFnAAAAABAAzlZ6nYv8w3G0fLrYL0aoNg==");
     let r = client.pool(CLUSTER, "mine", &wrong).expect("granted").info("v").await;
     assert!(matches!(r, Err(RbdError::PermissionDenied(_))), "{r:?}");
+}
+
+/// QoS limits land where librbd reads them (the image's own configuration, as
+/// `rbd config image get` shows), a 0 gives the key back to the cluster's default, and setting
+/// the same limits twice changes nothing.
+#[tokio::test]
+async fn qos_limits_are_the_images_own_configuration() {
+    let Some((ceph, p)) = setup("qos") else { return };
+    p.create("img", &spec(4 * MIB)).await.expect("create");
+    let get = |key: &str| ceph.rbd(&["config", "image", "get", "qos/img", key]).map(|v| v.trim().to_owned());
+    let limits = QosLimits { read_iops: 500, write_iops: 200, read_bytes_per_second: 0, write_bytes_per_second: 10 * MIB };
+    p.set_qos("img", &limits).await.expect("set qos");
+    p.set_qos("img", &limits).await.expect("the same limits again");
+    assert_eq!(get("rbd_qos_read_iops_limit").expect("read iops"), "500");
+    assert_eq!(get("rbd_qos_write_iops_limit").expect("write iops"), "200");
+    assert_eq!(get("rbd_qos_write_bps_limit").expect("write bps"), (10 * MIB).to_string());
+    assert!(get("rbd_qos_read_bps_limit").is_err(), "0 sets no key of the image's own");
+
+    p.set_qos("img", &QosLimits { write_iops: 200, ..Default::default() }).await.expect("lower");
+    assert!(get("rbd_qos_read_iops_limit").is_err(), "a limit set to 0 is removed");
+    assert_eq!(get("rbd_qos_write_iops_limit").expect("kept"), "200");
+    assert!(matches!(p.set_qos("nope", &limits).await, Err(RbdError::NotFound(_))));
+    p.remove("img").await.expect("remove");
 }

@@ -267,7 +267,7 @@ mod tests {
         };
         let sent = old::CreateVolumeRequest::from(req.clone());
         // Every field 0.1.0 has, as it was; `mutable-parameters` (empty) is not one of them.
-        same(&format!("{req:?}").replace(", mutable_parameters: []", ""), &format!("{sent:?}"));
+        same(&format!("{req:?}").replace(", mutable-parameters: []", ""), &format!("{sent:?}"));
         let mut modifying = req;
         modifying.mutable_parameters = vec![pair("iops", "100")];
         let e = refuse_mutable_parameters(VERSION, &modifying).expect_err("0.1.0 cannot apply them");

@@ -119,7 +119,7 @@ mod tests {
         };
         let old = old::ReplicaSet::from(set);
         let text = format!("{old:?}");
-        for kept in ["n1", "Unreachable", "seconds: 5", "filling: Some((1, 2))", "attached_to: Some(\"n1\")"] {
+        for kept in ["n1", "Unreachable", "seconds: 5", "filling: Some((1, 2))", "attached-to: Some(\"n1\")"] {
             assert!(text.contains(kept), "{kept} in {text}");
         }
         assert!(!text.contains("disk") && !text.contains("limits") && !text.contains("standby"), "{text}");

@@ -212,7 +212,7 @@ pub(crate) mod tests {
             mutable_parameters: vec![],
         };
         let sent = old::CreateVolumeRequest::from(req.clone());
-        assert_eq!(format!("{req:?}").replace(", mutable_parameters: []", ""), format!("{sent:?}"));
+        assert_eq!(format!("{req:?}").replace(", mutable-parameters: []", ""), format!("{sent:?}"));
         let mut modifying = req;
         modifying.mutable_parameters = vec![pair("qosIops", "100")];
         let e = refuse_mutable_parameters(VERSION, &modifying).expect_err("0.2.0 cannot apply them");
