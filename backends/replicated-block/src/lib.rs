@@ -358,7 +358,13 @@ impl Backend for ReplicatedBlock {
         })
     }
 
-    fn attach_plan(h: &impl Host, id: String, _: Vec<Pair>, capability: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
+    fn attach_plan(
+        h: &impl Host,
+        id: String,
+        _: Vec<Pair>,
+        capability: VolumeCapability,
+        _: Vec<SecretRef>,
+    ) -> Result<Attachment, Error> {
         let set = live(h, &id)?;
         if let Some(why) = unsupported_mode(std::slice::from_ref(&capability)) {
             return Err(Error::FailedPrecondition(why));

@@ -7,9 +7,7 @@
 use crate::types::{Error, IoLimits, Pair};
 use crate::wit::wasmcsi::backend::block as wit;
 
-pub use wit::{
-    BlockSnapshot, BlockSource, DiskInfo, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState, Standby,
-};
+pub use wit::{BlockSnapshot, BlockSource, DiskInfo, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState, Standby};
 
 impl Placement {
     /// A replica on `node`, on whichever of its disks the host picks (or, naming a replica,

@@ -175,7 +175,15 @@ impl Nfs for Ungranted {
 }
 
 impl Rbd for Ungranted {
-    fn create(&self, _: &RbdPool, _: &str, _: u64, _: &[String], _: Option<&str>, _: &[(String, String)]) -> Result<(), Error> {
+    fn create(
+        &self,
+        _: &RbdPool,
+        _: &str,
+        _: u64,
+        _: &[String],
+        _: Option<&str>,
+        _: &[(String, String)],
+    ) -> Result<(), Error> {
         denied("rbd")
     }
     fn info(&self, _: &RbdPool, _: &str) -> Result<Option<ImageInfo>, Error> {
@@ -229,7 +237,14 @@ impl Block for Ungranted {
     fn list_nodes(&self) -> Result<Vec<NodeInfo>, Error> {
         denied("block")
     }
-    fn create(&self, _: &str, _: u64, _: &[Placement], _: Option<&BlockSource>, _: &[Pair]) -> Result<ReplicaSet, Error> {
+    fn create(
+        &self,
+        _: &str,
+        _: u64,
+        _: &[Placement],
+        _: Option<&BlockSource>,
+        _: &[Pair],
+    ) -> Result<ReplicaSet, Error> {
         denied("block")
     }
     fn get(&self, _: &str) -> Result<Option<ReplicaSet>, Error> {
@@ -289,7 +304,14 @@ impl Backup for Ungranted {
     fn get(&self, _: &str, _: &str, _: &[SecretRef]) -> Result<Option<BackupInfo>, Error> {
         denied("backup")
     }
-    fn list(&self, _: &str, _: Option<&str>, _: Option<&str>, _: u32, _: &[SecretRef]) -> Result<Vec<BackupInfo>, Error> {
+    fn list(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: Option<&str>,
+        _: u32,
+        _: &[SecretRef],
+    ) -> Result<Vec<BackupInfo>, Error> {
         denied("backup")
     }
     fn delete(&self, _: &str, _: &str, _: &[SecretRef]) -> Result<(), Error> {

@@ -28,10 +28,10 @@ mod names;
 mod qos;
 
 pub use client::{RbdClient, RbdPool};
-pub use qos::QosLimits;
 pub use error::RbdError;
 pub use fence::{FENCE_LOCK, Fence, FenceHolder};
 pub use names::MAX_NAME;
+pub use qos::QosLimits;
 
 use std::fmt;
 use std::time::Duration;

@@ -5,7 +5,10 @@
 //!
 //! Callers use the typed entry points (`Backend::create_volume` and the rest), one per
 //! `driver` export, generated from the export table (`crate::exports`).
-use crate::bindings::driver::{ self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
+use crate::bindings::driver::{
+    self, Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair,
+    Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
 pub use crate::call_error::MAX_ERROR_MESSAGE;
 use crate::call_error::{CallError, clip_message, clip_wit};
 use crate::capabilities::ImportSummary;

@@ -41,7 +41,14 @@ impl Backup for FakeBackup {
     fn get(&self, target: &str, _: &str, _: &[SecretRef]) -> Result<Option<BackupInfo>, Error> {
         Err(self.call("get", target))
     }
-    fn list(&self, target: &str, _: Option<&str>, _: Option<&str>, _: u32, _: &[SecretRef]) -> Result<Vec<BackupInfo>, Error> {
+    fn list(
+        &self,
+        target: &str,
+        _: Option<&str>,
+        _: Option<&str>,
+        _: u32,
+        _: &[SecretRef],
+    ) -> Result<Vec<BackupInfo>, Error> {
         Err(self.call("list", target))
     }
     fn delete(&self, target: &str, _: &str, _: &[SecretRef]) -> Result<(), Error> {

@@ -13,7 +13,9 @@
 //!
 //! Written to be extended with the interface: one method per WIT function, state in plain maps.
 use super::{Clock, Journal};
-use crate::block::{Block, BlockSnapshot, BlockSource, DiskInfo, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState};
+use crate::block::{
+    Block, BlockSnapshot, BlockSource, DiskInfo, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState,
+};
 use crate::types::{Error, IoLimits, Pair, Timestamp};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

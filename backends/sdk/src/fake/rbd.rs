@@ -322,7 +322,8 @@ impl Rbd for FakeRbd {
         let t = &Target::of(pool);
         self.with("set_qos", t, |pools| {
             let i = image(pools, t, image_name)?;
-            let values = [limits.read_iops, limits.write_iops, limits.read_bytes_per_second, limits.write_bytes_per_second];
+            let values =
+                [limits.read_iops, limits.write_iops, limits.read_bytes_per_second, limits.write_bytes_per_second];
             for (key, value) in QOS_KEYS.iter().zip(values) {
                 match value {
                     0 => i.metadata.remove(*key),
@@ -380,7 +381,8 @@ mod tests {
         let r = FakeRbd::default();
         let p = &r.add_pool("c", "p").pool(&[]);
         r.create(p, "img", 10, &[], None, &[]).expect("create");
-        let limits = IoLimits { read_iops: 100, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 1 << 20 };
+        let limits =
+            IoLimits { read_iops: 100, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 1 << 20 };
         r.set_qos(p, "img", &limits).expect("set");
         let meta = r.image(&Target::of(p), "img").expect("image").metadata;
         assert_eq!(meta.get("conf_rbd_qos_read_iops_limit").map(String::as_str), Some("100"));

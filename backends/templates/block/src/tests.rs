@@ -35,7 +35,16 @@ fn create_places_replicas_on_the_emptiest_nodes_and_is_idempotent() {
     assert_eq!(listed, [VolumeStatus { volume: v.clone(), condition: None }]);
     let cap = request("x", 0, &[]).capabilities.remove(0);
     let plan = MyBackend::attach_plan(&h, v.volume_id.clone(), vec![], cap.clone(), vec![]).unwrap();
-    assert_eq!(plan, Attachment::ReplicatedBlock(BlockPlan { volume_id: v.volume_id.clone(), size_bytes: 5 << 20, fs_type: String::new(), frontend: None, encryption: None }));
+    assert_eq!(
+        plan,
+        Attachment::ReplicatedBlock(BlockPlan {
+            volume_id: v.volume_id.clone(),
+            size_bytes: 5 << 20,
+            fs_type: String::new(),
+            frontend: None,
+            encryption: None
+        })
+    );
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     MyBackend::delete_volume(&h, v.volume_id.clone(), vec![]).unwrap();
     assert!(h.block.replica_set(&v.volume_id).is_none());

@@ -190,7 +190,11 @@ impl block::Guest for Provider {
     fn expand(id: String, size_bytes: u64) -> Result<block::ReplicaSet, Error> {
         with(|s| answer(s.fakes.block.expand(&id, size_bytes)))
     }
-    fn replace(id: String, replica: block::Placement, with_placement: block::Placement) -> Result<block::ReplicaSet, Error> {
+    fn replace(
+        id: String,
+        replica: block::Placement,
+        with_placement: block::Placement,
+    ) -> Result<block::ReplicaSet, Error> {
         let (replica, to): (sdk::block::Placement, sdk::block::Placement) = (replica.to(), with_placement.to());
         with(|s| answer(s.fakes.block.replace(&id, &replica, &to)))
     }
@@ -334,7 +338,13 @@ impl backup::Guest for Provider {
         secret_refs: Vec<SecretRef>,
     ) -> Result<Vec<backup::BackupInfo>, Error> {
         with(|s| {
-            let list = s.fakes.backup.list(&target, volume_id.as_deref(), start_after.as_deref(), limit, &secrets(secret_refs));
+            let list = s.fakes.backup.list(
+                &target,
+                volume_id.as_deref(),
+                start_after.as_deref(),
+                limit,
+                &secrets(secret_refs),
+            );
             answer(list)
         })
     }

@@ -109,7 +109,8 @@ impl NodeService {
                 node: self.0.node_id.clone(),
             });
         }
-        let plan = backend.attach_plan(oid.local.clone(), backend_context(context), cap, convert::secrets(secrets)).await?;
+        let plan =
+            backend.attach_plan(oid.local.clone(), backend_context(context), cap, convert::secrets(secrets)).await?;
         Ok(Planned { backend, local_id: oid.local, plan })
     }
 

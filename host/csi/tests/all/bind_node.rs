@@ -21,7 +21,12 @@ impl Guest for Dirs {
     fn info() -> BackendInfo {
         BackendInfo { name: "dirs".into(), version: "0".into(), parameters: vec![], features: vec![] }
     }
-    fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
+    fn attach_plan(
+        volume_id: String,
+        _: Vec<Pair>,
+        _: VolumeCapability,
+        _: Vec<SecretRef>,
+    ) -> Result<Attachment, Error> {
         Ok(Attachment::Bind(BindPlan { root: "data".into(), path: volume_id, capacity_bytes: 1 << 20 }))
     }
 }

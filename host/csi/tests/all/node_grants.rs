@@ -26,7 +26,12 @@ impl Guest for Overreach {
     fn info() -> BackendInfo {
         BackendInfo { name: "overreach".into(), version: "0".into(), parameters: vec![], features: vec![] }
     }
-    fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
+    fn attach_plan(
+        volume_id: String,
+        _: Vec<Pair>,
+        _: VolumeCapability,
+        _: Vec<SecretRef>,
+    ) -> Result<Attachment, Error> {
         let (kind, name) = volume_id.split_once('.').ok_or_else(|| Error::NotFound(volume_id.clone()))?;
         Ok(match kind {
             "nfs" => Attachment::Nfs(NfsPlan {

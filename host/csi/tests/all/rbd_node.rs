@@ -44,7 +44,12 @@ impl Guest for RbdPlanner {
     fn info() -> BackendInfo {
         BackendInfo { name: "rbdtest".into(), version: "0".into(), parameters: vec![], features: vec![] }
     }
-    fn attach_plan(volume_id: String, _: Vec<Pair>, _: VolumeCapability, _: Vec<SecretRef>) -> Result<Attachment, Error> {
+    fn attach_plan(
+        volume_id: String,
+        _: Vec<Pair>,
+        _: VolumeCapability,
+        _: Vec<SecretRef>,
+    ) -> Result<Attachment, Error> {
         let (pool, image) =
             volume_id.split_once('.').ok_or_else(|| Error::NotFound(format!("{volume_id} is not POOL.IMAGE")))?;
         Ok(Attachment::Rbd(RbdPlan {

@@ -225,7 +225,8 @@ async fn qos_limits_are_the_images_own_configuration() {
     let Some((ceph, p)) = setup("qos") else { return };
     p.create("img", &spec(4 * MIB)).await.expect("create");
     let get = |key: &str| ceph.rbd(&["config", "image", "get", "qos/img", key]).map(|v| v.trim().to_owned());
-    let limits = QosLimits { read_iops: 500, write_iops: 200, read_bytes_per_second: 0, write_bytes_per_second: 10 * MIB };
+    let limits =
+        QosLimits { read_iops: 500, write_iops: 200, read_bytes_per_second: 0, write_bytes_per_second: 10 * MIB };
     p.set_qos("img", &limits).await.expect("set qos");
     p.set_qos("img", &limits).await.expect("the same limits again");
     assert_eq!(get("rbd_qos_read_iops_limit").expect("read iops"), "500");

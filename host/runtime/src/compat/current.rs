@@ -8,7 +8,10 @@
 //! would. Generated from [`crate::exports::for_each_export!`]: the exports' names and types
 //! are the table's, which this check holds to the component's WIT.
 use super::driver::{CallFuture, Driver};
-use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
+use crate::bindings::driver::{
+    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot,
+    SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use crate::state::CallState;

@@ -2,7 +2,10 @@
 //! against, called with and answering the current types. Generated from
 //! [`crate::exports::for_each_export!`]; each served version implements it (`current.rs`,
 //! `v0_1.rs`).
-use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
+use crate::bindings::driver::{
+    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot,
+    SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use crate::state::CallState;

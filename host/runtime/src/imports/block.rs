@@ -417,9 +417,15 @@ mod tests {
             ("activate", v.activate("v".into()).await.map(drop)),
             (
                 "create from a backup",
-                v.create("v".into(), 4096, vec![at("n1", None)], Some(BlockSource::Backup(("t".into(), "b".into()))), vec![])
-                    .await
-                    .map(drop),
+                v.create(
+                    "v".into(),
+                    4096,
+                    vec![at("n1", None)],
+                    Some(BlockSource::Backup(("t".into(), "b".into()))),
+                    vec![],
+                )
+                .await
+                .map(drop),
             ),
         ];
         for (what, answer) in answers {

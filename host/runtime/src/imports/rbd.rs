@@ -551,7 +551,14 @@ mod tests {
         let mut s = call.view();
         let e = s.remove(pool("c", "p", vec![]), "img".into()).await.expect_err("write needs secrets");
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("userID")), "{e:?}");
-        let e = s.set_qos(pool("c", "p", vec![]), "img".into(), IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 }).await.expect_err("a write");
+        let e = s
+            .set_qos(
+                pool("c", "p", vec![]),
+                "img".into(),
+                IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 },
+            )
+            .await
+            .expect_err("a write");
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("userID")), "{e:?}");
         let e = s.stats(pool("c", "p", vec![])).await.expect_err("nothing remembered yet");
         assert!(matches!(e, Error::Unavailable(_)), "{e:?}");

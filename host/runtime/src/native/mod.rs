@@ -9,7 +9,10 @@
 //! tests), and [`NativeDriver::of_backend`] a `wasmcsi_backend_sdk::Backend`: the backend's
 //! own crate, compiled for the host, with `dir` and `log` served by the host and nothing else
 //! granted. Both are generated from the export table (`crate::exports`).
-use crate::bindings::driver::{ Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot, SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus };
+use crate::bindings::driver::{
+    Attachment, BackendInfo, Capacity, CapacityRange, CreateVolumeRequest, Expansion, GroupSnapshot, Pair, Snapshot,
+    SnapshotPage, Timestamp, Topology, Volume, VolumeCapability, VolumePage, VolumeStatus,
+};
 use crate::bindings::types::Error;
 use crate::exports::{for_each_export, secret_refs_type};
 use std::cell::RefCell;

@@ -90,7 +90,10 @@ async fn a_0_1_backend_serves_every_entry_point_beside_a_current_one() {
     }
     // reconcile-volume, which 0.1.0 does not have: what a current backend that does not
     // self-heal answers.
-    let e = old.reconcile_volume(v.volume_id.clone(), wasmcsi_runtime::bindings::types::Timestamp { seconds: 0, nanos: 0 }).await.unwrap_err();
+    let e = old
+        .reconcile_volume(v.volume_id.clone(), wasmcsi_runtime::bindings::types::Timestamp { seconds: 0, nanos: 0 })
+        .await
+        .unwrap_err();
     assert!(matches!(&e, CallError::Backend { error: WitError::Unimplemented(m), .. } if m.contains("0.1.0")), "{e}");
 
     // GetSnapshot, which 0.1.0 does not have, from its snapshot list.

@@ -164,7 +164,9 @@ async fn nfs_backend_provisions_snapshots_clones_and_deletes_on_ganesha() {
     let Attachment::Nfs(p) = plan else { panic!("not an nfs plan: {plan:?}") };
     assert_eq!((p.server.as_str(), p.share.as_str(), p.path.as_str()), (g.server().as_str(), "/export", "pvc-1"));
     assert_eq!(p.mount_options, ["nfsvers=4.1", "hard"]);
-    let Attachment::Nfs(p3) = b.attach_plan(v3.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() else { panic!() };
+    let Attachment::Nfs(p3) = b.attach_plan(v3.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() else {
+        panic!()
+    };
     assert_eq!(p3.path, "team-a/data");
     let block = VolumeCapability { access_type: AccessType::Block, access_mode: AccessMode::SingleNodeWriter };
     let e = wit(b.attach_plan(v1.volume_id.clone(), vec![], block, vec![]).await);

@@ -245,7 +245,8 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
     );
 
     // Attach plans: the id's parts; a multi-node writer filesystem is refused.
-    let Attachment::Rbd(plan) = b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount(), vec![]).await.unwrap()
+    let Attachment::Rbd(plan) =
+        b.attach_plan(v1.volume_id.clone(), v1.volume_context.clone(), mount(), vec![]).await.unwrap()
     else {
         panic!("not an rbd plan")
     };
@@ -253,7 +254,10 @@ async fn rbd_backend_provisions_snapshots_clones_expands_and_deletes() {
         (plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()),
         (CLUSTER, env.pool.as_str(), img1.as_str())
     );
-    assert!(matches!(wit(b.attach_plan(v1.volume_id.clone(), vec![], rwx_fs, vec![]).await), WitError::FailedPrecondition(_)));
+    assert!(matches!(
+        wit(b.attach_plan(v1.volume_id.clone(), vec![], rwx_fs, vec![]).await),
+        WitError::FailedPrecondition(_)
+    ));
     assert!(b.attach_plan(v1.volume_id.clone(), vec![], rwx_block, vec![]).await.is_ok());
 
     // Expand: filesystem volumes need the node; block ones do not; a smaller size is a no-op.
@@ -591,9 +595,18 @@ async fn a_0_2_backend_drives_rbd_through_the_current_host() {
     let meta = env.ceph.rbd(&["image-meta", "get", &format!("{}/v-old-1", env.pool), "fixture/name"]).unwrap();
     assert_eq!(meta.trim(), "old-1", "the metadata pairs reached the image");
     let again = b.create_volume(env.request("old-1", 4 * MIB, env.params(&[]), None), s.clone()).await.unwrap();
-    assert_eq!((again.volume_id, again.capacity_bytes), (v.volume_id.clone(), v.capacity_bytes), "info through the old shape finds the image");
+    assert_eq!(
+        (again.volume_id, again.capacity_bytes),
+        (v.volume_id.clone(), v.capacity_bytes),
+        "info through the old shape finds the image"
+    );
 
-    let e = b.expand_volume(v.volume_id.clone(), CapacityRange { required_bytes: 8 * MIB, limit_bytes: 0 }, None, s.clone());
+    let e = b.expand_volume(
+        v.volume_id.clone(),
+        CapacityRange { required_bytes: 8 * MIB, limit_bytes: 0 },
+        None,
+        s.clone(),
+    );
     assert_eq!(e.await.unwrap().capacity_bytes, 8 * MIB);
     let cli: serde_json::Value =
         serde_json::from_str(&env.ceph.rbd(&["info", &format!("{}/v-old-1", env.pool), "--format", "json"]).unwrap())
@@ -608,7 +621,10 @@ async fn a_0_2_backend_drives_rbd_through_the_current_host() {
 
     match b.attach_plan(v.volume_id.clone(), vec![], mount(), vec![]).await.unwrap() {
         Attachment::Rbd(plan) => {
-            assert_eq!((plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()), (CLUSTER, env.pool.as_str(), "v-old-1"));
+            assert_eq!(
+                (plan.cluster.as_str(), plan.pool.as_str(), plan.image.as_str()),
+                (CLUSTER, env.pool.as_str(), "v-old-1")
+            );
             assert!(plan.encryption.is_none(), "a 0.2.0 plan asks for no encryption");
         }
         other => panic!("expected an rbd plan, got {other:?}"),

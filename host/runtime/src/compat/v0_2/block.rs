@@ -93,8 +93,8 @@ impl Host for BlockCtxView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::types::Timestamp;
     use crate::bindings::types::IoLimits;
+    use crate::bindings::types::Timestamp;
 
     #[test]
     fn a_replica_set_reaches_a_0_2_guest_without_what_0_3_added() {

@@ -183,11 +183,11 @@ impl Driver for Guest {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::bindings::types::Error;
     use crate::bindings::types::{
         AccessMode, AccessType, ContentSource, MountVolume, Pair, SecretRef, Topology, TopologyRequirement,
         VolumeCapability,
     };
-    use crate::bindings::types::Error;
 
     fn pair(k: &str, v: &str) -> Pair {
         Pair { key: k.into(), value: v.into() }

@@ -192,12 +192,17 @@ mod tests {
     async fn every_0_2_function_reaches_the_current_one_with_its_pool_and_secrets() {
         let clusters: BTreeMap<String, CephCluster> =
             [("c".to_owned(), CephCluster { monitors: vec!["192.0.2.1:6789".into()] })].into();
-        let provider =
-            RbdProvider::from_grants(&[RbdGrant { cluster: "c".into(), pools: vec!["p".into()] }], &clusters, Duration::from_secs(1));
-        let ctx = RbdCtx { backend: "old".into(), provider: provider.map(Arc::new), import_timeout: Duration::from_secs(1) };
+        let provider = RbdProvider::from_grants(
+            &[RbdGrant { cluster: "c".into(), pools: vec!["p".into()] }],
+            &clusters,
+            Duration::from_secs(1),
+        );
+        let ctx =
+            RbdCtx { backend: "old".into(), provider: provider.map(Arc::new), import_timeout: Duration::from_secs(1) };
         let secrets = vec![("userID".to_owned(), "csi".to_owned()), ("userKey".to_owned(), KEY.to_owned())];
         let mut v = RbdCtxView { ctx: &ctx, secrets: &secrets };
-        let creds = || vec![SecretRef { key: "userID".into(), handle: 0 }, SecretRef { key: "userKey".into(), handle: 1 }];
+        let creds =
+            || vec![SecretRef { key: "userID".into(), handle: 0 }, SecretRef { key: "userKey".into(), handle: 1 }];
         let (c, other) = (|| "c".to_string(), || "other".to_string());
         let s = || "s".to_string();
         // A pool not granted, named: the pool argument reached the current function.
