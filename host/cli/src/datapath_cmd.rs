@@ -104,6 +104,7 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
                 addr,
                 Arc::new(wasmcsi_runtime::metrics::Metrics::new()),
                 Some(datapath.clone()),
+                Default::default(),
             )
             .await?,
         ),

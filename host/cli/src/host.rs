@@ -43,15 +43,16 @@ pub struct HostOptions {
 
 /// This host's part in a multi-node cluster for node-local backends (see
 /// `wasmcsi_csi::topology`); the default: none (a standalone host, or central backends only).
+/// Both sides speak mutual TLS with this host's credentials, or plaintext with `--tls-mode off`
+/// (see [`crate::trust::transport`]).
 #[derive(Debug, Clone, Default)]
 pub struct PeerOptions {
-    /// A node plugin: serve node-local calls forwarded by the controller on this address,
-    /// accepting those signed by one of these public keys.
+    /// A node plugin: serve node-local calls forwarded by the controller on this address (over
+    /// TLS: to the controller's certificate only).
     pub listen: Option<SocketAddr>,
-    pub trusted_keys: Vec<PathBuf>,
-    /// A controller: forward node-local calls to these node plugins, signed with this key.
+    /// A controller: forward node-local calls to these node plugins (over TLS: each must answer
+    /// with its node's certificate).
     pub sources: wasmcsi_csi::peer::PeerSources,
-    pub signing_key: Option<PathBuf>,
 }
 
 /// A node's part of the replicated block data path.
@@ -119,27 +120,9 @@ impl Host {
         peer: PeerOptions,
         trust: crate::trust::TrustOptions,
     ) -> anyhow::Result<Self> {
-        use wasmcsi_csi::peer::{Peers, auth};
-        let peers = match &peer.signing_key {
-            Some(key) => {
-                let signer = auth::Signer::from_file(key).context("the peer signing key")?;
-                Some(Arc::new(Peers::new(peer.sources.clone(), signer)))
-            }
-            None if !peer.sources.nodes.is_empty() || !peer.sources.services.is_empty() => {
-                anyhow::bail!("node plugins to forward to are given, but no signing key (--peer-signing-key)")
-            }
-            None => None,
-        };
-        let verifier = match peer.listen {
-            Some(_) if !opts.mode.node() => {
-                anyhow::bail!("a peer endpoint is served by a node plugin (--mode node or all)")
-            }
-            Some(_) if peer.trusted_keys.is_empty() => {
-                anyhow::bail!("a peer endpoint needs the controller's public key (--peer-trusted-key)")
-            }
-            Some(_) => Some(auth::Verifier::new(&opts.node_id, &peer.trusted_keys).context("the trusted peer keys")?),
-            None => None,
-        };
+        if peer.listen.is_some() && !opts.mode.node() {
+            anyhow::bail!("a peer endpoint is served by a node plugin (--mode node or all)");
+        }
         let runtime = Runtime::new(RuntimeOptions {
             config: opts.config.clone(),
             cache_dir: Some(opts.state_dir.join("compile-cache")),
@@ -151,7 +134,28 @@ impl Host {
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
+        let tls_mode = trust.tls_mode;
         let trust = crate::trust::start(&trust, opts.mode, &opts.node_id, &registry).await?;
+        let forwards = !peer.sources.nodes.is_empty() || !peer.sources.services.is_empty();
+        let peers = if forwards {
+            let transport = crate::trust::transport(tls_mode, &trust, "forwarding to node plugins (--peer)")?;
+            crate::trust::require_role(&transport, &wasmcsi_trust::Role::Controller, "forwarding to node plugins")?;
+            Some(Arc::new(wasmcsi_csi::peer::Peers::new(peer.sources.clone(), transport)))
+        } else {
+            None
+        };
+        let peer_listener = match peer.listen {
+            Some(addr) => {
+                let transport = crate::trust::transport(tls_mode, &trust, "the peer endpoint (--peer-listen)")?;
+                let me = wasmcsi_trust::Role::node(opts.node_id.as_str())?;
+                crate::trust::require_role(&transport, &me, "the peer endpoint")?;
+                let listener = wasmcsi_trust::Listener::bind(addr, wasmcsi_trust::Limits::default())
+                    .await
+                    .with_context(|| format!("binding the peer endpoint on {addr}"))?;
+                Some((listener, transport))
+            }
+            None => None,
+        };
         let (datapath, engines) = match (&place, &opts.replicas, opts.mode.node()) {
             (_, _, false) => (None, None),
             (DataPathPlace::InProcess, Some(r), true) => {
@@ -189,10 +193,22 @@ impl Host {
                 runtime_dir: opts.state_dir.join("run"),
                 datapath: engines.clone(),
             }),
-            node_local: wasmcsi_csi::topology::NodeLocal { peers, pinned: verifier.is_some() },
+            node_local: wasmcsi_csi::topology::NodeLocal { peers, pinned: peer_listener.is_some() },
+            // A controller signs the grants of the volumes it publishes (`wasmcsi.io/grant`).
+            grant_signer: trust
+                .credentials
+                .clone()
+                .filter(|c| opts.mode.controller() && c.current().role() == &wasmcsi_trust::Role::Controller),
         });
+        let mut listeners = trust.listeners.clone();
+        if let Some((listener, _)) = &peer_listener {
+            listeners.push(("peer", listener.stats()));
+        }
+        let series = crate::metrics_http::TrustSeries { credentials: trust.credentials.clone(), listeners };
         let metrics_addr = match opts.metrics_addr {
-            Some(addr) => Some(crate::metrics_http::serve(addr, runtime.metrics.clone(), datapath.clone()).await?),
+            Some(addr) => {
+                Some(crate::metrics_http::serve(addr, runtime.metrics.clone(), datapath.clone(), series).await?)
+            }
             None => None,
         };
         let (tx, rx) = oneshot::channel::<()>();
@@ -205,24 +221,20 @@ impl Host {
             .await
             .map_err(anyhow::Error::from)
         });
-        let (peer_addr, peer_server) = match (peer.listen, verifier) {
-            (Some(addr), Some(verifier)) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the peer endpoint on {addr}"))?;
+        let (peer_addr, peer_server) = match peer_listener {
+            Some((listener, transport)) => {
                 let bound = listener.local_addr()?;
+                let mode = transport.mode();
                 let d = driver.clone();
                 // Stopped by aborting the task (shutdown, drop): its calls are idempotent and
                 // the controller retries one cut short.
                 let task = tokio::spawn(async move {
-                    wasmcsi_csi::peer::serve(d, listener, verifier, std::future::pending())
-                        .await
-                        .map_err(anyhow::Error::from)
+                    wasmcsi_csi::peer::serve(d, listener, transport).await.map_err(anyhow::Error::from)
                 });
-                tracing::info!(addr = %bound, "serving node-local calls to the controller");
+                tracing::info!(addr = %bound, tls_mode = %mode, "serving node-local calls to the controller");
                 (Some(bound), Some(task))
             }
-            _ => (None, None),
+            None => (None, None),
         };
         Ok(Self {
             peer_addr,

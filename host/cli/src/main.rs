@@ -84,42 +84,10 @@ enum Command {
     /// Replicated volumes by hand: create, attach, snapshot, expand, rebuild, clone, delete.
     #[command(subcommand)]
     Volume(wasmcsi::block_cmd::VolumeCommand),
-    /// The controller-to-node channel of node-local backends.
-    #[command(subcommand)]
-    Peer(PeerCommand),
     /// The built-in CA by hand: make one, issue node and controller credentials, show what a
     /// credentials directory holds.
     #[command(subcommand)]
     Pki(wasmcsi::pki_cmd::PkiCommand),
-}
-
-#[derive(Subcommand)]
-enum PeerCommand {
-    /// Make the controller's key pair: the private key (the controller's
-    /// --peer-signing-key, a Secret) and the public key (every node's --peer-trusted-key).
-    Keygen {
-        /// Where the private key goes (created 0600; never overwritten).
-        #[arg(long)]
-        private: PathBuf,
-        /// Where the public key goes.
-        #[arg(long)]
-        public: PathBuf,
-    },
-}
-
-fn keygen(private: &std::path::Path, public: &std::path::Path) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let (secret, public_hex) = wasmcsi_csi::peer::auth::Signer::generate()?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(private)
-        .with_context(|| format!("creating {}", private.display()))?;
-    f.write_all(format!("{secret}\n").as_bytes())?;
-    std::fs::write(public, format!("{public_hex}\n")).with_context(|| format!("writing {}", public.display()))?;
-    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -208,18 +176,13 @@ struct ServeArgs {
     #[arg(long)]
     kubelet_dir: Option<PathBuf>,
     /// Node plugin in a multi-node cluster: serve the calls of node-local backends (hostpath)
-    /// that the controller forwards on ADDR (TCP), accepting only calls signed for this node
-    /// by a key of --peer-trusted-key.
+    /// that the controller forwards on ADDR (TCP), over mutual TLS with --tls-dir (this node's
+    /// certificate) to the controller's certificate only; plaintext only with --tls-mode off.
     #[arg(long)]
     peer_listen: Option<SocketAddr>,
-    /// A file holding the controller's public key (hex), as `wasmcsi peer keygen` writes it
-    /// (repeatable: during a key rotation, the old and the new).
-    #[arg(long = "peer-trusted-key")]
-    peer_trusted_keys: Vec<PathBuf>,
-    /// Controller in a multi-node cluster: sign forwarded calls with the private key in FILE.
-    #[arg(long)]
-    peer_signing_key: Option<PathBuf>,
-    /// A node plugin's peer endpoint, NODE=HOST:PORT (repeatable).
+    /// Controller in a multi-node cluster: a node plugin's peer endpoint, NODE=HOST:PORT
+    /// (repeatable), reached over mutual TLS with --tls-dir (the controller's certificate); the
+    /// server must present NODE's certificate.
     #[arg(long = "peer", value_parser = parse_label)]
     peers: Vec<(String, String)>,
     /// A DNS name HOST:PORT resolving to every node plugin's peer endpoint (a headless
@@ -246,6 +209,12 @@ struct TrustArgs {
     /// `tls.crt`, `tls.key`; cert-manager's, or `wasmcsi pki issue`'s). Re-read when it changes.
     #[arg(long)]
     tls_dir: Option<PathBuf>,
+    /// How the channels outside the replica port are carried (the peer endpoint, the
+    /// controller's calls to it): `required` (mutual TLS with --tls-dir, the default when it is
+    /// given), `permissive` (a node serves TLS and plaintext callers side by side, for the
+    /// upgrade from a plaintext version) or `off` (plaintext, only when chosen here).
+    #[arg(long)]
+    tls_mode: Option<wasmcsi_trust::TlsMode>,
     /// Controller: serve the authority endpoint (grants of volumes to the nodes they are
     /// published to; node certificates with --ca-dir) on ADDR, over TLS with --tls-dir.
     #[arg(long, requires = "tls_dir")]
@@ -295,6 +264,7 @@ impl TrustArgs {
             _ => None,
         };
         wasmcsi::trust::TrustOptions {
+            tls_mode: self.tls_mode,
             tls_dir: self.tls_dir,
             authority_listen: self.authority_listen,
             ca_dir: self.ca_dir,
@@ -369,12 +339,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let peer = wasmcsi::host::PeerOptions {
         listen: args.peer_listen,
-        trusted_keys: args.peer_trusted_keys,
         sources: wasmcsi_csi::peer::PeerSources {
             nodes: args.peers.into_iter().collect(),
             services: args.peer_services,
         },
-        signing_key: args.peer_signing_key,
     };
     let place = match args.datapath_socket {
         Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
@@ -432,7 +400,6 @@ fn main() -> std::process::ExitCode {
             }
             Command::Replica(cmd) => wasmcsi::block_cmd::replica(cmd).await.map(|()| true),
             Command::Volume(cmd) => wasmcsi::block_cmd::volume(cmd).await.map(|()| true),
-            Command::Peer(PeerCommand::Keygen { private, public }) => keygen(&private, &public).map(|()| true),
             Command::Pki(cmd) => wasmcsi::pki_cmd::run(cmd),
         }
     });

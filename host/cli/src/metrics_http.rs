@@ -1,7 +1,7 @@
 //! The Prometheus `/metrics` endpoint: a plain HTTP/1 server that answers GET /metrics
 //! with the text exposition and 404 otherwise. The exposition is the runtime's series, the
-//! CSI layer's, those of the replicated volumes whose engines this node runs, and
-//! `wasmcsi_build_info`, closed by one `# EOF`.
+//! CSI layer's, those of the replicated volumes whose engines this node runs, this process's
+//! certificate and listeners ([`TrustSeries`]) and `wasmcsi_build_info`, closed by one `# EOF`.
 //!
 //! It is reachable from the network (Prometheus scrapes it), so nothing it suffers may reach the
 //! CSI socket: it runs on a thread of its own with a single-threaded runtime of its own, behind
@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasmcsi_datapath::DataPath;
 use wasmcsi_runtime::metrics::Metrics;
-use wasmcsi_trust::listener::{Limits, Listener, PlainConnection, Timeouts};
+use wasmcsi_trust::LiveCredentials;
+use wasmcsi_trust::listener::{Limits, Listener, PlainConnection, Stats, Timeouts};
 
 /// Connections at once: Prometheus keeps one per target and scraper; a few scrapers, a person
 /// with curl and some slack fit.
@@ -41,6 +42,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     datapath: Option<Arc<DataPath>>,
+    mut trust: TrustSeries,
 ) -> anyhow::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
@@ -58,8 +60,12 @@ pub async fn serve(
                 Ok(tcp) => tcp,
                 Err(e) => return tracing::error!(addr = %bound, error = %e, "serving /metrics"),
             };
-            let served = Listener::new(tcp, LIMITS)
-                .serve_plain(move |connection| serve_connection(connection, metrics.clone(), datapath.clone()));
+            let listener = Listener::new(tcp, LIMITS);
+            trust.listeners.push(("metrics", listener.stats()));
+            let trust = Arc::new(trust);
+            let served = listener.serve_plain(move |connection| {
+                serve_connection(connection, metrics.clone(), datapath.clone(), trust.clone())
+            });
             tokio::select! {
                 _ = stopped => {}
                 result = served => if let Err(e) = result {
@@ -71,15 +77,20 @@ pub async fn serve(
     Ok(bound)
 }
 
-async fn serve_connection(connection: PlainConnection, metrics: Arc<Metrics>, datapath: Option<Arc<DataPath>>) {
+async fn serve_connection(
+    connection: PlainConnection,
+    metrics: Arc<Metrics>,
+    datapath: Option<Arc<DataPath>>,
+    trust: Arc<TrustSeries>,
+) {
     let PlainConnection { stream, permit, .. } = connection;
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-        let (metrics, datapath) = (metrics.clone(), datapath.clone());
+        let (metrics, datapath, trust) = (metrics.clone(), datapath.clone(), trust.clone());
         async move {
             if req.uri().path() == "/metrics" {
                 Response::builder()
                     .header("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
-                    .body(Full::new(Bytes::from(exposition(&metrics, datapath.as_deref()))))
+                    .body(Full::new(Bytes::from(exposition(&metrics, datapath.as_deref(), &trust))))
             } else {
                 Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n")))
             }
@@ -90,8 +101,70 @@ async fn serve_connection(connection: PlainConnection, metrics: Arc<Metrics>, da
     drop(permit);
 }
 
+/// What a process shows of its trust: its certificate's remaining life (read at every scrape,
+/// so a reload shows at once) and the counters of its bounded listeners, by name (`peer`,
+/// `authority`, `metrics`, …).
+#[derive(Clone, Default)]
+pub struct TrustSeries {
+    pub credentials: Option<LiveCredentials>,
+    pub listeners: Vec<(&'static str, Arc<Stats>)>,
+}
+
+impl TrustSeries {
+    fn encode(&self, out: &mut String) -> std::fmt::Result {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use std::sync::atomic::Ordering::Relaxed;
+        type Labels = Vec<(&'static str, &'static str)>;
+        let mut registry = prometheus_client::registry::Registry::with_prefix("wasmcsi");
+        if let Some(credentials) = &self.credentials {
+            let role = match credentials.current().role() {
+                wasmcsi_trust::Role::Controller => "controller",
+                wasmcsi_trust::Role::Node(_) => "node",
+            };
+            let expiry = Family::<Labels, Gauge<i64>>::default();
+            expiry.get_or_create(&vec![("role", role)]).set(credentials.seconds_to_expiry());
+            registry.register(
+                "tls_certificate_expiry_seconds",
+                "Seconds until this process's certificate expires (negative once it has), as loaded now",
+                expiry,
+            );
+        }
+        let open = Family::<Labels, Gauge<i64>>::default();
+        let accepted = Family::<Labels, Counter<u64>>::default();
+        let refused = Family::<Labels, Counter<u64>>::default();
+        for (name, stats) in &self.listeners {
+            let name = *name;
+            open.get_or_create(&vec![("listener", name)])
+                .set(i64::try_from(stats.open.load(Relaxed)).unwrap_or(i64::MAX));
+            accepted.get_or_create(&vec![("listener", name)]).inc_by(stats.accepted.load(Relaxed));
+            for (reason, counter) in [
+                ("total_cap", &stats.refused_total_cap),
+                ("per_source_cap", &stats.refused_per_source_cap),
+                ("handshake_failed", &stats.handshakes_failed),
+                ("handshake_timed_out", &stats.handshakes_timed_out),
+                ("handshake_over_budget", &stats.handshakes_over_budget),
+                ("accept_error", &stats.accept_errors),
+            ] {
+                refused.get_or_create(&vec![("listener", name), ("reason", reason)]).inc_by(counter.load(Relaxed));
+            }
+        }
+        if !self.listeners.is_empty() {
+            registry.register("listener_connections", "Connections a listener holds open now", open);
+            registry.register("listener_accepted", "Connections a listener accepted from the kernel", accepted);
+            registry.register(
+                "listener_refusals",
+                "Connections a listener closed before serving them, by reason (a cap, a failed, late or oversized TLS handshake, a failed accept)",
+                refused,
+            );
+        }
+        prometheus_client::encoding::text::encode_registry(out, &registry)
+    }
+}
+
 /// Everything `/metrics` answers, as one OpenMetrics text.
-pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
+pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>, trust: &TrustSeries) -> String {
     const EOF: &str = "# EOF\n";
     let mut out = metrics.encode();
     if out.ends_with(EOF) {
@@ -105,6 +178,7 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>) -> String {
         let alive = rbd_fuse.iter().filter(|v| v.alive).count();
         let _ = encode_handovers(&d.handover_report(), d.attached().len(), (alive, rbd_fuse.len() - alive), &mut out);
     }
+    let _ = trust.encode(&mut out);
     let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
     build.register(
         "build",
@@ -159,6 +233,7 @@ fn encode_handovers(
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use std::collections::BTreeSet;
+    use wasmcsi_trust::listener::Stats;
 
     /// Every `wasmcsi_*` series a file names, as the metric family it belongs to.
     fn families_named_in(text: &str) -> BTreeSet<String> {
@@ -201,7 +276,7 @@ mod tests {
         }
         m.rpc("Probe", "OK");
         wasmcsi_csi::metrics::global().observe("Probe", "OK", 0.001);
-        let mut out = super::exposition(&m, None);
+        let mut out = super::exposition(&m, None, &Default::default());
         // A node's replicated volumes (their families are written only where engines run).
         let volume = wasmcsi_block::volume::VolumeStatus { healthy: 1, ..Default::default() };
         wasmcsi_csi::metrics::encode_replicated(&[("v".into(), volume)], &mut out).unwrap();
@@ -211,7 +286,55 @@ mod tests {
             ..Default::default()
         };
         super::encode_handovers(&report, 3, (2, 1), &mut out).unwrap();
+        out.push_str(&trust_exposition());
         out
+    }
+
+    /// A controller's certificate and two listeners' counters, as a process shows them.
+    fn trust_exposition() -> String {
+        use std::sync::Arc;
+        use std::sync::atomic::Ordering::Relaxed;
+        use wasmcsi_trust::pki::{Authority, DEFAULT_CA_VALIDITY, DEFAULT_LEAF_VALIDITY, Validity};
+        use wasmcsi_trust::{Credentials, LiveCredentials, Role};
+        let ca = Authority::generate(Validity::starting_now(DEFAULT_CA_VALIDITY)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let issued = ca.issue(&Role::Controller, Validity::starting_now(DEFAULT_LEAF_VALIDITY)).unwrap();
+        issued.write(dir.path(), ca.bundle()).unwrap();
+        let credentials = LiveCredentials::new(Credentials::load(dir.path()).unwrap());
+        let (peer, metrics) = (Arc::new(Stats::default()), Arc::new(Stats::default()));
+        peer.open.store(2, Relaxed);
+        peer.accepted.store(7, Relaxed);
+        peer.handshakes_failed.store(3, Relaxed);
+        metrics.refused_per_source_cap.store(1, Relaxed);
+        let series = super::TrustSeries {
+            credentials: Some(credentials),
+            listeners: vec![("peer", peer), ("metrics", metrics)],
+        };
+        let mut out = String::new();
+        series.encode(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_process_shows_its_certificate_s_life_and_its_listeners_counters() {
+        let text = trust_exposition();
+        let expiry: i64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("wasmcsi_tls_certificate_expiry_seconds{role=\"controller\"} "))
+            .unwrap_or_else(|| panic!("{text}"))
+            .parse()
+            .unwrap();
+        // Issued now for 24 h (the CA backdates the start, not the end).
+        assert!((23 * 3600..=24 * 3600).contains(&expiry), "{expiry}");
+        for line in [
+            "wasmcsi_listener_connections{listener=\"peer\"} 2",
+            "wasmcsi_listener_accepted_total{listener=\"peer\"} 7",
+            "wasmcsi_listener_refusals_total{listener=\"peer\",reason=\"handshake_failed\"} 3",
+            "wasmcsi_listener_refusals_total{listener=\"metrics\",reason=\"per_source_cap\"} 1",
+            "wasmcsi_listener_refusals_total{listener=\"metrics\",reason=\"handshake_failed\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
     }
 
     #[test]
@@ -227,7 +350,7 @@ mod tests {
     #[test]
     fn the_exposition_holds_every_registry_build_info_and_one_eof() {
         wasmcsi_csi::metrics::global().observe("Probe", "OK", 0.001);
-        let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new(), None);
+        let text = super::exposition(&wasmcsi_runtime::metrics::Metrics::new(), None, &Default::default());
         let want = format!("wasmcsi_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
         assert!(text.lines().any(|l| l == want), "no `{want}`:\n{text}");
         assert!(text.contains("wasmcsi_csi_request_duration_seconds_count{method=\"Probe\",code=\"OK\"}"), "{text}");

@@ -10,19 +10,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use wasmcsi_block::transport::Transport;
 use wasmcsi_csi::Mode;
 use wasmcsi_csi::authority_endpoint::client::ClientIdentity;
 use wasmcsi_csi::authority_endpoint::enroll::Enrollment;
 use wasmcsi_csi::authority_endpoint::token_review::{KubeApi, TokenReviewer};
 use wasmcsi_csi::authority_endpoint::{AuthorityClient, AuthorityService, CatalogPublications, CertificateIssuer};
 use wasmcsi_runtime::Registry;
+use wasmcsi_trust::listener::Stats;
 use wasmcsi_trust::pki::DEFAULT_LEAF_VALIDITY;
 use wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL;
-use wasmcsi_trust::{Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, Watcher};
+use wasmcsi_trust::{
+    Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, TlsMode, Watcher,
+};
 
 /// What a host is told about its identity; the default: none (plaintext, no authority).
 #[derive(Debug, Clone, Default)]
 pub struct TrustOptions {
+    /// How this process's TCP channels outside the replica port are carried (the peer endpoint
+    /// and the controller's calls to it); `None`: `required` when `tls_dir` is given, and a
+    /// channel that needs one refuses to start without either (never plaintext by default).
+    pub tls_mode: Option<TlsMode>,
     /// This process's credentials directory (`ca.crt`, `tls.crt`, `tls.key`), followed as it
     /// rotates.
     pub tls_dir: Option<PathBuf>,
@@ -58,6 +66,8 @@ pub struct Trust {
     /// Where this node's data path gets the grants of its volumes: the authority endpoint, or
     /// this process's own controller credentials when it is the controller too.
     pub grant_source: Option<Arc<dyn GrantSource>>,
+    /// The counters of the listeners started here, by name (for `/metrics`).
+    pub listeners: Vec<(&'static str, Arc<Stats>)>,
     _watcher: Option<Watcher>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -127,6 +137,7 @@ pub async fn start(opts: &TrustOptions, mode: Mode, node_id: &str, registry: &Ar
             .await
             .with_context(|| format!("binding the authority endpoint on {addr}"))?;
         let bound = listener.local_addr()?;
+        trust.listeners.push(("authority", listener.stats()));
         trust.tasks.push(tokio::spawn(async move {
             if let Err(e) = wasmcsi_csi::authority_endpoint::serve(listener, live, service).await {
                 tracing::error!(addr = %bound, error = %e, "the authority endpoint stopped");
@@ -157,4 +168,28 @@ fn issuer(opts: &TrustOptions, ca: Authority) -> anyhow::Result<CertificateIssue
         }
     };
     Ok(CertificateIssuer::new(ca, validity, tokens)?)
+}
+
+/// How `channel` is carried: `mode` as given (a TLS mode needs credentials), else mutual TLS
+/// with this process's credentials; with neither, the channel does not start: plaintext is
+/// chosen explicitly (`--tls-mode off`), never fallen into.
+pub fn transport(mode: Option<TlsMode>, trust: &Trust, channel: &str) -> anyhow::Result<Transport> {
+    match (mode, &trust.credentials) {
+        (Some(mode), credentials) => Transport::new(mode, credentials.clone()).with_context(|| channel.to_owned()),
+        (None, Some(credentials)) => Ok(Transport::Required(credentials.clone())),
+        (None, None) => anyhow::bail!(
+            "{channel} needs this process's credentials (--tls-dir) for mutual TLS, or --tls-mode off to run it in plaintext"
+        ),
+    }
+}
+
+/// Over TLS, `channel` is served or dialled as `role`: refuses to start with another's
+/// credentials (a node certificate on the controller, another node's on a node).
+pub fn require_role(transport: &Transport, role: &Role, channel: &str) -> anyhow::Result<()> {
+    match transport.role() {
+        Some(ours) if &ours != role => {
+            anyhow::bail!("{channel} runs as {role}, but --tls-dir holds {ours}'s certificate")
+        }
+        _ => Ok(()),
+    }
 }

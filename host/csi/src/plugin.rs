@@ -46,6 +46,9 @@ pub struct Plugin {
     pub attachers: Attachers,
     /// Where node-local backends' calls run in a multi-node cluster (`topology`).
     pub node_local: crate::topology::NodeLocal,
+    /// The controller's credentials, when it has them: ControllerPublishVolume signs the grant
+    /// of each replicated volume for its node with them (`controller::grant`).
+    pub grant_signer: Option<wasmcsi_trust::LiveCredentials>,
 }
 
 impl Plugin {

@@ -458,9 +458,10 @@ impl Catalog {
 
     /// ControllerPublishVolume: `node` may attach the volume. The same node again is a retry;
     /// another node while one holds it is `FailedPrecondition` naming it. Raises the epoch, so an
-    /// engine left over from before can write nothing.
+    /// engine left over from before can write nothing. Returns the epoch the volume is published
+    /// to `node` at (the raised one, or the current one on a retry): what the node's grant names.
     #[tracing::instrument(name = "catalog.claim", skip(self))]
-    pub async fn claim(&self, id: &str, node: &str) -> Result<()> {
+    pub async fn claim(&self, id: &str, node: &str) -> Result<u64> {
         let d = self.discover().await;
         let holders = self.holders(&d, id).await;
         let Some((info, record)) = Self::newest(&holders)? else {
@@ -473,7 +474,7 @@ impl Catalog {
             return Err(CatalogError::FailedPrecondition(format!("volume {id} is still being filled from its source")));
         }
         match record.owner.as_deref() {
-            Some(owner) if owner == node => return Ok(()),
+            Some(owner) if owner == node => return Ok(info.epoch),
             Some(owner) => {
                 return Err(CatalogError::FailedPrecondition(format!("volume {id} is attached to node {owner}")));
             }
@@ -482,7 +483,7 @@ impl Catalog {
         let claimed = VolumeRecord { owner: Some(node.to_owned()), ..record };
         let next = Self::next_seen(&d, &info, &claimed, info.epoch + 1)?;
         let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
-        self.write_record(&d, id, &next, &targets).await.map(|_| ())
+        self.write_record(&d, id, &next, &targets).await.map(|_| next.epoch)
     }
 
     /// ControllerUnpublishVolume: `node` may no longer attach the volume (unknown volume or

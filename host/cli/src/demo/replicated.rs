@@ -384,7 +384,8 @@ pub async fn run(
         anyhow::ensure!(t.elapsed() < HEAL_TIMEOUT, "not healthy {HEAL_TIMEOUT:?} after the restart: {s:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let metrics = crate::metrics_http::exposition(&host.registry.runtime().metrics, Some(datapath.as_ref()));
+    let metrics =
+        crate::metrics_http::exposition(&host.registry.runtime().metrics, Some(datapath.as_ref()), &Default::default());
     println!("        from this node's /metrics:");
     for line in metrics.lines().filter(|l| l.starts_with("wasmcsi_replicated_volume_")) {
         println!("          {line}");

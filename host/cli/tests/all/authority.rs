@@ -150,6 +150,94 @@ async fn grants_follow_the_catalog_s_owner_and_epoch_through_a_republish() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_publish_returns_the_node_s_grant_at_the_epoch_it_claimed() {
+    use base64::Engine as _;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: not root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let nodes_file = dir.path().join("replica-nodes");
+    std::fs::write(&nodes_file, "").unwrap();
+    let pki = Pki::new();
+    // The controller (and node-a) signs with the controller's credentials.
+    let trust = wasmcsi::trust::TrustOptions {
+        tls_dir: Some(pki.issue(&Role::Controller, "controller")),
+        ..Default::default()
+    };
+    let a = support::replicated::host(
+        &dir.path().join("node-a"),
+        "node-a",
+        wasmcsi_csi::Mode::All,
+        &nodes_file,
+        Options { trust, ..Default::default() },
+    )
+    .await;
+    let b = support::replicated::host(
+        &dir.path().join("node-b"),
+        "node-b",
+        wasmcsi_csi::Mode::Node,
+        &nodes_file,
+        Options::default(),
+    )
+    .await;
+    let addrs: Vec<String> = [&a, &b].iter().map(|h| h.datapath.as_ref().unwrap().local_addr().to_string()).collect();
+    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+
+    let (mut ctl, _) = clients(&a.socket).await;
+    let params: HashMap<String, String> =
+        [("backend", BACKEND), ("numberOfReplicas", "2")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let cap = support::single_node_writer(Some("ext4"));
+    let volume = ctl
+        .create_volume(csi::CreateVolumeRequest {
+            name: "published-with-grant".into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
+            volume_capabilities: vec![cap.clone()],
+            parameters: params,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let catalog = a.registry.get(BACKEND).unwrap().block_catalog().unwrap().clone();
+    let set = catalog.list(None, 10).await.unwrap().pop().unwrap().id;
+    let anchors = TrustAnchors::new(pki.ca.bundle().to_vec()).unwrap();
+    let grant_of = |context: &HashMap<String, String>| {
+        // The spec's general limit for a map<string, string>: 4 KiB of keys and values.
+        let size: usize = context.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(size <= 4096, "publish_context is {size} bytes");
+        let value = context.get(wasmcsi_csi::controller::grant::GRANT_CONTEXT_KEY).expect("a grant in the context");
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value).expect("standard base64");
+        wasmcsi_trust::grant::verify(&bytes, &anchors, SystemTime::now()).unwrap()
+    };
+
+    let first = grant_of(&controller_publish(&mut ctl, &volume, "node-a", &cap).await.unwrap());
+    let epoch_a = catalog.get(&set).await.unwrap().unwrap().epoch;
+    assert_eq!((first.volume.as_str(), first.node.as_str(), first.epoch), (set.as_str(), "node-a", epoch_a));
+    // A retry (the CO lost the answer): a valid grant at the same epoch, nothing raised.
+    let retry = grant_of(&controller_publish(&mut ctl, &volume, "node-a", &cap).await.unwrap());
+    assert_eq!((retry.node.as_str(), retry.epoch), ("node-a", epoch_a));
+    assert_eq!(catalog.get(&set).await.unwrap().unwrap().epoch, epoch_a);
+
+    // Republished to B: B's grant names B at a higher epoch, the one the replicas hold.
+    controller_unpublish(&mut ctl, &volume, "node-a").await;
+    let moved = grant_of(&controller_publish(&mut ctl, &volume, "node-b", &cap).await.unwrap());
+    assert_eq!(moved.node, "node-b");
+    assert!(moved.epoch > epoch_a, "the republish raised the epoch: {epoch_a} then {}", moved.epoch);
+    assert_eq!(moved.epoch, catalog.get(&set).await.unwrap().unwrap().epoch);
+
+    controller_unpublish(&mut ctl, &volume, "node-b").await;
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: volume.volume_id.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    for host in [a, b] {
+        host.shutdown().await.unwrap();
+    }
+}
+
 /// `wasmcsi serve` arguments: a process of `mode` over `home`, no backends.
 fn serve_args(mode: &str, node: &str, home: &Path, extra: &[String]) -> Vec<String> {
     let path = |p: std::path::PathBuf| p.display().to_string();

@@ -1,28 +1,34 @@
 //! A node-local backend (hostpath) in a two-node cluster, every part a real `wasmcsi serve`
 //! process: node plugins A and B (each its own dir root, state and socket; each root a tmpfs of
 //! its own, of different sizes, so capacity differs per node and nothing else on the machine
-//! changes it) serving their peer endpoints on loopback,
-//! and a controller forwarding node-local calls to them, signed with a key made by
-//! `wasmcsi peer keygen`.
+//! changes it) serving their peer endpoints on loopback over mutual TLS (credentials from
+//! `wasmcsi pki`), and a controller forwarding node-local calls to them.
 //!
 //! CreateVolume for node B through the controller makes the directory on B's root only and
 //! answers B's topology and an id naming B; NodeStage/Publish on B work and the data lands in
 //! B's root, on A NodeStage is NOT_FOUND; expand and snapshots reach B; GetCapacity answers per
 //! node (B's tmpfs, A's, nothing for a node that does not exist); DeleteVolume removes it
 //! from B. A central backend (replicated-block, replicas on both nodes) is served by the same
-//! controller unpinned. A node's peer endpoint refuses unsigned calls and calls signed for
-//! another node. Runs as root (tmpfs and bind mounts); takes a few seconds.
+//! controller unpinned. A node's peer endpoint refuses a plaintext client, a node's certificate
+//! and a certificate of another CA before any request is read (its `/metrics` counts them); a
+//! record altered in flight (through a forwarding proxy) is a TLS error and the call it carried
+//! never runs; the bytes of a real call replayed on a new connection run nothing. Runs as root
+//! (tmpfs and bind mounts); takes a few seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test")]
 
 use crate::support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::process::{BIN, Proc};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 use wasmcsi_csi::plugin::TOPOLOGY_NODE_KEY;
 use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_trust::{Credentials, ExpectedRole, LiveCredentials};
 
 /// Node B's root; node A's is twice as large.
 const TMPFS_BYTES: u64 = 64 << 20;
@@ -159,15 +165,32 @@ async fn capacity(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backends_are_unpinned() {
+async fn a_node_local_volume_lives_on_its_node_over_a_peer_channel_only_the_controller_gets_through() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    let (private, public) = (base.join("peer.key"), base.join("peer.pub"));
-    let keygen = std::process::Command::new(BIN)
-        .args(["peer", "keygen", "--private", &private.to_string_lossy(), "--public", &public.to_string_lossy()])
-        .status()
-        .unwrap();
-    assert!(keygen.success());
+    let tls = |name: &str| base.join(format!("tls-{name}"));
+    pki(&["init", "--dir", &base.join("ca").to_string_lossy()]);
+    for (role, name) in [("--node", Some("node-a")), ("--node", Some("node-b")), ("--controller", None)] {
+        let mut args = vec!["issue".to_string(), "--ca".into(), base.join("ca").to_string_lossy().into(), role.into()];
+        args.extend(name.map(String::from));
+        args.extend(["--out".into(), tls(name.unwrap_or("controller")).to_string_lossy().into()]);
+        pki(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    // A CA nobody trusts, and a "controller" of it.
+    pki(&["init", "--dir", &base.join("stranger-ca").to_string_lossy()]);
+    pki(&[
+        "issue",
+        "--ca",
+        &base.join("stranger-ca").to_string_lossy(),
+        "--controller",
+        "--out",
+        &tls("stranger").to_string_lossy(),
+    ]);
+    // It trusts the cluster's CA too, so it accepts node B's certificate: what refuses it is the
+    // server, not its own verifier.
+    let bundle = [base.join("stranger-ca/ca.crt"), base.join("ca/ca.crt")].map(|f| std::fs::read_to_string(f).unwrap());
+    std::fs::write(tls("stranger").join("ca.crt"), bundle.concat()).unwrap();
+    let metrics_b = free_port();
 
     let mut a = Plugin::new(base, "node-a");
     let mut b = Plugin::new(base, "node-b");
@@ -190,8 +213,10 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
             "node".into(),
             "--peer-listen".into(),
             format!("127.0.0.1:{}", node.peer_port),
-            "--peer-trusted-key".into(),
-            public.to_string_lossy().into(),
+            "--tls-dir".into(),
+            tls(&node.name).to_string_lossy().into(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{}", if node.name == "node-b" { metrics_b } else { free_port() }),
             "--replica-listen".into(),
             format!("127.0.0.1:{}", node.replica_port),
             "--replica-root".into(),
@@ -205,8 +230,8 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
         &[
             "--mode".into(),
             "controller".into(),
-            "--peer-signing-key".into(),
-            private.to_string_lossy().into(),
+            "--tls-dir".into(),
+            tls("controller").to_string_lossy().into(),
             "--peer".into(),
             format!("node-a=127.0.0.1:{}", a.peer_port),
             "--peer".into(),
@@ -462,18 +487,214 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
         .await
         .unwrap();
 
-    // The peer endpoint: unsigned, or signed for another node, is refused before anything runs.
-    let peer_b = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", b.peer_port)).unwrap();
-    let mut direct = csi::controller_client::ControllerClient::new(peer_b.connect().await.unwrap());
-    let delete = csi::DeleteVolumeRequest { volume_id: "hostpath@node-b:default.x".into(), ..Default::default() };
-    let unsigned = direct.delete_volume(delete.clone()).await.unwrap_err();
-    assert_eq!(unsigned.code(), Code::Unauthenticated, "{unsigned:?}");
-    let signer = wasmcsi_csi::peer::auth::Signer::from_file(&private).unwrap();
-    let mut for_a = tonic::Request::new(delete);
-    for (k, v) in signer.sign("node-a", "/csi.v1.Controller/DeleteVolume") {
-        for_a.metadata_mut().insert(k, v.parse().unwrap());
+    // The peer endpoint over TLS, attacked: a volume on B that no refused call may touch.
+    let mut victim = create.clone();
+    victim.name = "pvc-victim".into();
+    victim.accessibility_requirements =
+        Some(csi::TopologyRequirement { requisite: vec![topology("node-b")], preferred: vec![] });
+    let victim = controller.create_volume(victim).await.unwrap().into_inner().volume.unwrap();
+    let victim_dir = b.root().join("volumes/pvc-victim");
+    assert!(victim_dir.is_dir());
+    let delete_victim = csi::DeleteVolumeRequest { volume_id: victim.volume_id.clone(), ..Default::default() };
+    let peer_b = format!("127.0.0.1:{}", b.peer_port);
+    let mut refusals = handshakes_refused(metrics_b).await;
+    // Each attempt below is refused in its TLS handshake, before a byte of a request is read:
+    // the endpoint's `/metrics` counts one more failed handshake.
+    let mut refused_in_handshake = async |what: &str| {
+        // The server counts a refusal right after it sends its alert: poll a little.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = handshakes_refused(metrics_b).await;
+            if now > refusals {
+                refusals = now;
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: no failed handshake counted (still {now})");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+
+    // A plaintext client (what a controller with --tls-mode off sends).
+    let plain = wasmcsi_csi::peer::channel(&peer_b, &Transport::Plain, ExpectedRole::AnyNode, CALL, None).unwrap();
+    let refused = Controller::new(plain).delete_volume(delete_victim.clone()).await.unwrap_err();
+    println!("plaintext client: {refused:?}");
+    refused_in_handshake("a plaintext client").await;
+    // A node's certificate (A's, valid, of the cluster's CA), and a "controller" of another CA.
+    for who in ["node-a", "stranger"] {
+        let transport = Transport::Required(live(&tls(who)));
+        let channel = wasmcsi_csi::peer::channel(&peer_b, &transport, ExpectedRole::AnyNode, CALL, None).unwrap();
+        let refused = Controller::new(channel).delete_volume(delete_victim.clone()).await.unwrap_err();
+        println!("{who}'s certificate: {refused:?}");
+        refused_in_handshake(who).await;
     }
-    let misdirected = direct.delete_volume(for_a).await.unwrap_err();
-    assert_eq!(misdirected.code(), Code::Unauthenticated, "{misdirected:?}");
+    assert!(victim_dir.is_dir(), "a refused client deleted the volume");
+
+    // The controller's own calls through a proxy that can alter a record in flight.
+    let ctl_transport = Transport::Required(live(&tls("controller")));
+    let proxy = Proxy::start(&peer_b).await;
+    let through =
+        wasmcsi_csi::peer::channel(&proxy.addr, &ctl_transport, ExpectedRole::Node("node-b".into()), CALL, None)
+            .unwrap();
+    let info = Identity::new(through.clone()).get_plugin_info(csi::GetPluginInfoRequest {}).await.unwrap();
+    assert_eq!(info.into_inner().manifest.get("node").map(String::as_str), Some("node-b"));
+    proxy.tamper.store(true, Ordering::SeqCst);
+    let altered = Controller::new(through).delete_volume(delete_victim.clone()).await.unwrap_err();
+    println!("a record altered in flight: {altered:?}");
+    assert!(!proxy.tamper.load(Ordering::SeqCst), "the proxy altered no record");
+    assert!(victim_dir.is_dir(), "the altered call ran");
+
+    // A real call's bytes, captured, then replayed to the endpoint on a new connection.
+    let recorded =
+        wasmcsi_csi::peer::channel(&proxy.addr, &ctl_transport, ExpectedRole::Node("node-b".into()), CALL, None)
+            .unwrap();
+    let mut replayed = create.clone();
+    replayed.name = "pvc-replayed".into();
+    replayed.accessibility_requirements = None;
+    let made = Controller::new(recorded).create_volume(replayed.clone()).await.unwrap().into_inner().volume.unwrap();
+    let replayed_dir = b.root().join("volumes/pvc-replayed");
+    assert!(replayed_dir.is_dir(), "the recorded call made its volume");
+    let direct =
+        wasmcsi_csi::peer::channel(&peer_b, &ctl_transport, ExpectedRole::Node("node-b".into()), CALL, None).unwrap();
+    Controller::new(direct.clone())
+        .delete_volume(csi::DeleteVolumeRequest { volume_id: made.volume_id, ..Default::default() })
+        .await
+        .unwrap();
+    assert!(!replayed_dir.exists());
+    let capture = proxy.last_capture();
+    assert!(capture.len() > 1000, "captured {} bytes", capture.len());
+    let mut replay = tokio::net::TcpStream::connect(&peer_b).await.unwrap();
+    let _ = replay.write_all(&capture).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), replay.read_to_end(&mut answer)).await;
+    assert!(!replayed_dir.exists(), "the replayed call made its volume again");
+    refused_in_handshake("the replayed session").await;
+
+    // The same call, unaltered and from the controller, runs: the refusals above were the attack's.
+    Controller::new(direct).delete_volume(delete_victim).await.unwrap();
+    assert!(!victim_dir.exists());
+    let scraped = scrape(metrics_b).await;
+    let expiry = metric(&scraped, "wasmcsi_tls_certificate_expiry_seconds{role=\"node\"}");
+    assert!(expiry > 23.0 * 3600.0 && expiry <= 24.0 * 3600.0, "{expiry}");
+    assert!(metric(&scraped, "wasmcsi_listener_connections{listener=\"metrics\"}") >= 1.0, "{scraped}");
     println!("two-node flow took {:?}", started.elapsed());
+}
+
+/// How long a call of the test's own clients may take.
+const CALL: Duration = Duration::from_secs(10);
+
+type Controller = csi::controller_client::ControllerClient<tonic::transport::Channel>;
+type Identity = csi::identity_client::IdentityClient<tonic::transport::Channel>;
+use wasmcsi_block::transport::Transport;
+
+/// `wasmcsi pki ARGS`, which must succeed.
+fn pki(args: &[&str]) {
+    let status = std::process::Command::new(BIN).arg("pki").args(args).status().unwrap();
+    assert!(status.success(), "pki {args:?}");
+}
+
+fn live(dir: &Path) -> LiveCredentials {
+    LiveCredentials::new(Credentials::load(dir).unwrap())
+}
+
+/// GET /metrics on `port`: the body.
+async fn scrape(port: u16) -> String {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut reply = String::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut reply)).await.unwrap().unwrap();
+    reply
+}
+
+/// The value of the sample `series` (name and labels, exactly) in `text`.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// The peer endpoint's failed TLS handshakes, as node B's `/metrics` counts them.
+async fn handshakes_refused(port: u16) -> f64 {
+    metric(&scrape(port).await, "wasmcsi_listener_refusals_total{listener=\"peer\",reason=\"handshake_failed\"}")
+}
+
+/// A TCP proxy in front of `upstream` that records what each client sends and, when `tamper` is
+/// set, flips one bit of the next TLS application-data record a client sends (then clears it).
+struct Proxy {
+    addr: String,
+    tamper: Arc<AtomicBool>,
+    captures: Arc<Mutex<Vec<Capture>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What one client sent through the proxy.
+type Capture = Arc<Mutex<Vec<u8>>>;
+
+/// A TLS record's header: type (1), version (2), length (2).
+const RECORD_HEADER: usize = 5;
+const APPLICATION_DATA: u8 = 0x17;
+
+impl Proxy {
+    async fn start(upstream: &str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let tamper = Arc::new(AtomicBool::new(false));
+        let captures: Arc<Mutex<Vec<Capture>>> = Arc::default();
+        let (upstream, flag, all) = (upstream.to_owned(), tamper.clone(), captures.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let capture = Arc::new(Mutex::new(Vec::new()));
+                all.lock().unwrap().push(capture.clone());
+                let (mut client_rd, mut client_wr) = client.into_split();
+                let (mut server_rd, mut server_wr) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_rd, &mut client_wr).await;
+                    let _ = client_wr.shutdown().await;
+                });
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    // Client to server, one whole record at a time.
+                    let mut pending = Vec::new();
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match client_rd.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        capture.lock().unwrap().extend_from_slice(&chunk[..n]);
+                        pending.extend_from_slice(&chunk[..n]);
+                        while pending.len() >= RECORD_HEADER {
+                            let len = usize::from(u16::from_be_bytes([pending[3], pending[4]]));
+                            if pending.len() < RECORD_HEADER + len {
+                                break;
+                            }
+                            let mut record: Vec<u8> = pending.drain(..RECORD_HEADER + len).collect();
+                            if record[0] == APPLICATION_DATA && len > 0 && flag.swap(false, Ordering::SeqCst) {
+                                // Inside the ciphertext: the framing stays valid, the AEAD tag does not.
+                                record[RECORD_HEADER + len / 2] ^= 0x01;
+                            }
+                            if server_wr.write_all(&record).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    let _ = server_wr.shutdown().await;
+                });
+            }
+        });
+        Proxy { addr, tamper, captures, task }
+    }
+
+    /// Everything the last client to connect sent.
+    fn last_capture(&self) -> Vec<u8> {
+        self.captures.lock().unwrap().last().map(|c| c.lock().unwrap().clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -251,6 +251,56 @@ fn a_text_log_that_is_not_a_terminal_has_no_colour() {
     assert!(!text.contains('\u{1b}'), "ANSI escape codes in a log file: {text:?}");
 }
 
+/// A peer endpoint, or forwarding to one, with neither credentials (`--tls-dir`) nor an explicit
+/// `--tls-mode off`: the plugin does not start, and says what to give; `--tls-mode off` starts.
+#[test]
+fn the_peer_channel_is_plaintext_only_when_chosen() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(d.path().join("backends")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let serve = |mode: &str, extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmcsi"));
+        cmd.args(["serve", "--mode", mode, "--node-id", "n1"])
+            .arg("--socket")
+            .arg(d.path().join(format!("{mode}.sock")))
+            .arg("--state-dir")
+            .arg(d.path().join(format!("state-{mode}")))
+            .arg("--backends-dir")
+            .arg(d.path().join("backends"))
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null());
+        cmd
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let forward = format!("n1=127.0.0.1:{port}");
+    for (mode, flag, value) in [("node", "--peer-listen", listen.as_str()), ("controller", "--peer", forward.as_str())]
+    {
+        let out = serve(mode, &[flag, value]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mode}: {err}");
+        assert!(err.contains("--tls-dir") && err.contains("--tls-mode off"), "{mode}: {err}");
+    }
+    // Chosen: the node plugin serves its peer endpoint in plaintext.
+    let log = d.path().join("off.log");
+    let child = serve("node", &["--peer-listen", &listen, "--tls-mode", "off"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let served = Served(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("serving CSI") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    drop(served);
+    assert!(text.contains("serving node-local calls") && text.contains("tls_mode=off"), "{text}");
+}
+
 /// `serve --mode node --kubelet-dir DIR` in a mount namespace of its own: refused with a
 /// message saying what to fix when DIR's mount is private (the mounts a node plugin makes
 /// would never reach kubelet), past the check when it is shared.

@@ -2,7 +2,8 @@
 //! owns it, and checks the backend's answer before it reaches Kubernetes. ControllerPublish
 //! gives a replicated block volume to one node (the host's own mechanism: it raises the
 //! volume's epoch on its replicas, see `docs/replicated-block.md`); for every other attachment
-//! kind it checks the volume exists and answers with an empty publish context.
+//! kind it checks the volume exists and answers with an empty publish context. A replicated
+//! volume's publish context carries the node's grant of it (`grant`).
 //! ControllerModifyVolume is not offered (no mutable parameters).
 //!
 //! Every call on a backend takes one path before its own work (`pipeline`): resolve the
@@ -10,6 +11,7 @@
 //! backend's volume runs on the node that holds it (`topology`): a controller that is not that
 //! node forwards it whole to the node plugin (`peer`) and answers what the node answered; the
 //! node runs it here and pins what it made to itself.
+pub mod grant;
 mod listing;
 mod pipeline;
 
@@ -414,8 +416,10 @@ impl ControllerService {
             let plan = Self::plan_of(&backend, oid, &req.volume_context, cap).await?.ok_or_else(not_found)?;
             if let wit::Attachment::ReplicatedBlock(p) = plan {
                 let catalog = block_catalog(&backend)?;
-                catalog.claim(&p.volume_id, node).await?;
-                tracing::info!(volume.id = %id, node, "replicated volume published");
+                let epoch = catalog.claim(&p.volume_id, node).await?;
+                tracing::info!(volume.id = %id, node, epoch, "replicated volume published");
+                let publish_context = grant::publish_context(self.0.grant_signer.as_ref(), &p.volume_id, node, epoch)?;
+                return Ok(csi::ControllerPublishVolumeResponse { publish_context });
             }
             Ok(csi::ControllerPublishVolumeResponse { publish_context: Default::default() })
         })

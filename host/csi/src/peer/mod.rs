@@ -1,25 +1,36 @@
 //! The channel from a controller to the node plugins, for node-local backends (see
 //! `topology`): a node plugin serves its Controller service on a TCP address to the
-//! controller only (`serve`: every call signed, `auth`), and a controller finds the node
-//! plugins by name (`Peers`: addresses given, or DNS names resolved, each asked who it is)
-//! and forwards a node-local call whole to the node that holds, or is to hold, the volume.
-//! It carries CSI requests, not file operations: what a node does is the same validated code
-//! that serves kubelet, under that node's own grants.
-pub mod auth;
+//! controller only (`serve`, over mutual TLS: the client's certificate must name the
+//! controller), and a controller finds the node plugins by name (`Peers`: addresses given, or
+//! DNS names resolved, each asked who it is) and forwards a node-local call whole to the node
+//! that holds, or is to hold, the volume, checking that the server's certificate names that
+//! node. It carries CSI requests, not file operations: what a node does is the same validated
+//! code that serves kubelet, under that node's own grants.
+//!
+//! Every call travels inside one mutually authenticated TLS 1.3 session: the records are
+//! authenticated and numbered, so a call cannot be altered, replayed or moved to another node
+//! (the session is with that node). `--tls-mode off` carries it in plaintext, by explicit
+//! choice only.
 mod server;
 
-pub use server::serve;
+pub use server::{IDLE_TIMEOUT, PeerCaller, WRITE_TIMEOUT, serve};
 
 use crate::error::{CsiError, CsiResult};
-use auth::Signer;
+use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
 use tokio::sync::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, Endpoint, Uri};
+use wasmcsi_block::transport::Transport;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::controller_client::ControllerClient;
 use wasmcsi_proto::csi::v1::identity_client::IdentityClient;
+use wasmcsi_trust::credentials::server_name;
+use wasmcsi_trust::verifier::peer_role;
+use wasmcsi_trust::{ExpectedRole, LiveCredentials, Role};
 
 /// Manifest key of GetPluginInfo naming the node a plugin serves.
 pub(crate) const NODE_MANIFEST_KEY: &str = "node";
@@ -40,14 +51,16 @@ pub struct PeerSources {
 /// The node plugins this controller forwards node-local calls to.
 pub struct Peers {
     sources: PeerSources,
-    signer: Signer,
+    /// Plaintext (`--tls-mode off`), or this controller's credentials to dial with (TLS in
+    /// `permissive` and `required` alike: the nodes are upgraded first).
+    transport: Transport,
     /// The last discovery: node name → address, and when it was made.
     found: Mutex<Option<(Instant, BTreeMap<String, String>)>>,
 }
 
 impl Peers {
-    pub fn new(sources: PeerSources, signer: Signer) -> Self {
-        Self { sources, signer, found: Mutex::new(None) }
+    pub fn new(sources: PeerSources, transport: Transport) -> Self {
+        Self { sources, transport, found: Mutex::new(None) }
     }
 
     /// Node name → address of every node plugin found, from the last discovery when fresh.
@@ -78,7 +91,9 @@ impl Peers {
                     continue;
                 }
             };
-            let asked = addrs.into_iter().map(|addr| async move { (addr, identify(&addr.to_string()).await) });
+            let transport = &self.transport;
+            let asked =
+                addrs.into_iter().map(|addr| async move { (addr, identify(&addr.to_string(), transport).await) });
             for (addr, answer) in futures::future::join_all(asked).await {
                 match answer {
                     Ok(node) => {
@@ -117,8 +132,9 @@ impl Peers {
         self.nodes(false).await.keys().cloned().collect()
     }
 
-    /// Forward one Controller call (`method`, e.g. `CreateVolume`) to node `node`, signed for
-    /// it, within `timeout`; its answer or its error comes back as it was.
+    /// Forward one Controller call (`method`, e.g. `CreateVolume`) to node `node` (over TLS: to
+    /// a server whose certificate names `node`), within `timeout`; its answer or its error
+    /// comes back as it was.
     pub(crate) async fn call<Req, Resp, F, Fut>(
         &self,
         node: &str,
@@ -141,13 +157,9 @@ impl Peers {
                 .cloned()
                 .ok_or_else(|| CsiError::UnknownNode { node: node.to_string() })?,
         };
-        let channel = endpoint(&addr)?.timeout(timeout).connect_lazy();
+        let channel = channel(&addr, &self.transport, ExpectedRole::Node(node.to_string()), timeout, None)?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(timeout);
-        for (k, v) in self.signer.sign(node, &format!("/csi.v1.Controller/{method}")) {
-            let value = v.parse().map_err(|_| CsiError::Internal(format!("metadata {k} is not ASCII")))?;
-            request.metadata_mut().insert(k, value);
-        }
         tracing::debug!(node, %addr, method, "forwarding to the node");
         f(ControllerClient::new(channel), request)
             .await
@@ -162,17 +174,71 @@ fn endpoint(addr: &str) -> CsiResult<Endpoint> {
         .map_err(|e| CsiError::Invalid(format!("node plugin address {addr:?}: {e}")))
 }
 
-/// The node name a node plugin at `addr` serves (its GetPluginInfo manifest).
-async fn identify(addr: &str) -> CsiResult<String> {
-    let channel = endpoint(addr)?.timeout(IDENTIFY_TIMEOUT).connect_lazy();
+/// A channel to the node plugin at `addr`, calls bounded by `timeout`. Over TLS the server must
+/// verify as `expected`; `seen` (when given) learns the role it had.
+pub fn channel(
+    addr: &str,
+    transport: &Transport,
+    expected: ExpectedRole,
+    timeout: Duration,
+    seen: Option<Arc<OnceLock<Role>>>,
+) -> CsiResult<Channel> {
+    let endpoint = endpoint(addr)?.timeout(timeout);
+    let Some(credentials) = transport.credentials() else { return Ok(endpoint.connect_lazy()) };
+    // tonic speaks HTTP/2 in the clear to what the connector returns: the TLS is ours.
+    let (credentials, target) = (credentials.clone(), addr.to_owned());
+    let connector = tower::service_fn(move |_: Uri| {
+        let (credentials, target, expected, seen) =
+            (credentials.clone(), target.clone(), expected.clone(), seen.clone());
+        async move { connect(&target, &credentials, expected, seen).await }
+    });
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// TCP, then TLS as this controller, accepting only a server of role `expected`.
+async fn connect(
+    target: &str,
+    credentials: &LiveCredentials,
+    expected: ExpectedRole,
+    seen: Option<Arc<OnceLock<Role>>>,
+) -> std::io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>> {
+    let config = credentials.client_config(expected).map_err(std::io::Error::other)?;
+    let timed_out = |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{what} {target}"));
+    let tcp = tokio::time::timeout(IDENTIFY_TIMEOUT, TcpStream::connect(target))
+        .await
+        .map_err(|_| timed_out("connecting to"))??;
+    let _ = tcp.set_nodelay(true);
+    let tls =
+        tokio::time::timeout(IDENTIFY_TIMEOUT, tokio_rustls::TlsConnector::from(config).connect(server_name(), tcp))
+            .await
+            .map_err(|_| timed_out("TLS handshake with"))??;
+    if let Some(seen) = seen {
+        let role = peer_role(tls.get_ref().1).map_err(std::io::Error::other)?;
+        let _ = seen.set(role);
+    }
+    Ok(TokioIo::new(tls))
+}
+
+/// The node name a node plugin at `addr` serves (its GetPluginInfo manifest). Over TLS the
+/// server must be a node, and the manifest must name the node its certificate names.
+async fn identify(addr: &str, transport: &Transport) -> CsiResult<String> {
+    let seen = Arc::new(OnceLock::new());
+    let channel = channel(addr, transport, ExpectedRole::AnyNode, IDENTIFY_TIMEOUT, Some(seen.clone()))?;
     let info = IdentityClient::new(channel)
         .get_plugin_info(csi::GetPluginInfoRequest {})
         .await
         .map_err(|status| CsiError::Peer { node: addr.to_string(), status })?
         .into_inner();
-    info.manifest
+    let node = info
+        .manifest
         .get(NODE_MANIFEST_KEY)
         .filter(|n| !n.is_empty())
         .cloned()
-        .ok_or_else(|| CsiError::Unavailable(format!("the plugin at {addr} names no node")))
+        .ok_or_else(|| CsiError::Unavailable(format!("the plugin at {addr} names no node")))?;
+    match seen.get() {
+        Some(Role::Node(certified)) if *certified != node => Err(CsiError::Unavailable(format!(
+            "the plugin at {addr} says it serves node {node}, but its certificate is node {certified}'s"
+        ))),
+        _ => Ok(node),
+    }
 }

@@ -93,6 +93,7 @@ fn node() -> TestNode {
         registry,
         inflight: Default::default(),
         node_local: Default::default(),
+        grant_signer: None,
         attachers: Attachers::new(NodeSetup {
             node_id: "node-1".into(),
             state_dir: root.join("state"),
