@@ -210,7 +210,11 @@ async fn try_hand_over(
         for fd in &inherited {
             let _ = set_cloexec(*fd, true);
         }
-        owner.with_lock_fds(|fds| fds.iter().for_each(|fd| drop(set_cloexec(*fd, true))));
+        owner.with_lock_fds(|fds| {
+            for fd in fds {
+                let _ = set_cloexec(*fd, true);
+            }
+        });
         Err(UpgradeError::Exec { binary: binary.to_owned(), source: err })
     })();
     let Err(e) = exec;

@@ -358,11 +358,8 @@ pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
             continue;
         }
         let dead = if owner::is_owner_id(who) {
-            match owner::dead(runtime_dir, who)? {
-                // The owner's lock file stays: its other mounts may be another volume's.
-                Some(_) => true,
-                None => false,
-            }
+            // The owner's lock file stays: its other mounts may be another volume's.
+            owner::dead(runtime_dir, who)?.is_some()
         } else {
             !who.is_empty() && who.bytes().all(|b| b.is_ascii_digit()) && who != std::process::id().to_string()
         };
@@ -404,8 +401,7 @@ pub fn reclaim_dead(runtime_dir: &Path) -> Result<Reclaimed, FrontendError> {
     for (id, mounts) in by_owner {
         let Some(dead) = owner::dead(runtime_dir, &id)? else { continue };
         for mnt in mounts {
-            reclaimed.loops += reclaim_loops(&mnt.join(VOLUME_FILE))?;
-            reclaim_mount(&mnt)?;
+            reclaimed.loops += reclaim_mount(&mnt)?;
             reclaimed.mounts += 1;
         }
         dead.release();
@@ -441,9 +437,11 @@ fn mount_dirs(runtime_dir: &Path) -> Result<Vec<(String, PathBuf)>, FrontendErro
 }
 
 /// Detaches the loop devices on `file` without waiting for them: one a filesystem still holds
-/// detaches itself when that lets go. Returns how many it found.
+/// detaches itself when that lets go. Returns how many it detached (one set to detach itself by
+/// an earlier reclaim is not counted, nor logged, again).
 fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
-    let devices = loop_dev::devices_of(file)?;
+    let devices: Vec<PathBuf> =
+        loop_dev::devices_of(file)?.into_iter().filter(|d| !loop_dev::detaches_itself(d)).collect();
     for device in &devices {
         let at_once = loop_dev::release(device)?;
         tracing::info!(
@@ -456,11 +454,12 @@ fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
     Ok(devices.len())
 }
 
-/// Takes back one FUSE mount point of a dead attach: the loop devices on its file (unless
-/// [`reclaim_dead`] did already), the mount (lazily: the server is gone, and a loop device a
-/// filesystem still holds keeps its file open), the directory.
-fn reclaim_mount(mnt: &Path) -> Result<(), FrontendError> {
-    reclaim_loops(&mnt.join(VOLUME_FILE))?;
+/// Takes back one FUSE mount point of a dead attach: the loop devices on its file first (once
+/// the mount is gone, their backing file no longer shows its path), the mount (lazily: the
+/// server is gone, and a loop device a filesystem still holds keeps its file open), the
+/// directory. Returns how many loop devices it detached.
+fn reclaim_mount(mnt: &Path) -> Result<usize, FrontendError> {
+    let loops = reclaim_loops(&mnt.join(VOLUME_FILE))?;
     if crate::mountinfo::is_mount_point(mnt).unwrap_or(true) {
         // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
         if let Some(id) = connection::connection_at(mnt) {
@@ -479,11 +478,11 @@ fn reclaim_mount(mnt: &Path) -> Result<(), FrontendError> {
         // data path's mounts HostToContainer): the data path reclaims it at its next start.
         Err(e) => {
             tracing::warn!(mount = %mnt.display(), error = %e, "a dead attach's mount point stays for its data path");
-            return Ok(());
+            return Ok(loops);
         }
     }
     tracing::info!(mount = %mnt.display(), "reclaimed the FUSE mount of a dead attach");
-    Ok(())
+    Ok(loops)
 }
 
 fn read_sys(path: &Path) -> Result<String, FrontendError> {

@@ -284,6 +284,15 @@ pub fn release(device: &Path) -> Result<bool, FrontendError> {
     Ok(!backing.exists())
 }
 
+/// Whether `device` is set to detach itself at its last close (autoclear, or a detach asked
+/// while it was held open).
+pub fn detaches_itself(device: &Path) -> bool {
+    loop_name(device)
+        .ok()
+        .and_then(|n| read_sys(&Path::new("/sys/block").join(n).join("loop/autoclear")).ok())
+        .is_some_and(|v| v == "1")
+}
+
 /// Detaches every loop device backed by `file` (see [`detach`]).
 pub fn detach_all_of(file: &Path, patience: Duration) -> Result<(), FrontendError> {
     for device in devices_of(file)? {
