@@ -440,8 +440,20 @@ fn mount_dirs(runtime_dir: &Path) -> Result<Vec<(String, PathBuf)>, FrontendErro
 /// detaches itself when that lets go. Returns how many it detached (one set to detach itself by
 /// an earlier reclaim is not counted, nor logged, again).
 fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
-    let devices: Vec<PathBuf> =
-        loop_dev::devices_of(file)?.into_iter().filter(|d| !loop_dev::detaches_itself(d)).collect();
+    // By path, and by the FUSE filesystem's device number while its mount shows here: a loop
+    // device attached through a dead container's copy of the mount shows its file as `/volume`.
+    let mut devices = loop_dev::devices_of(file)?;
+    let table = crate::mountinfo::read_current()
+        .map_err(|e| FrontendError::io("reading the mount table", std::io::Error::other(e.to_string())))?;
+    if let Some(mnt) = file.parent()
+        && let Some(top) = crate::mountinfo::mounts_at(&table, mnt).pop()
+        && top.fs_type.starts_with("fuse")
+    {
+        devices.extend(loop_dev::devices_on(top.major, top.minor)?);
+    }
+    devices.sort();
+    devices.dedup();
+    let devices: Vec<PathBuf> = devices.into_iter().filter(|d| !loop_dev::detaches_itself(d)).collect();
     for device in &devices {
         let at_once = loop_dev::release(device)?;
         tracing::info!(
