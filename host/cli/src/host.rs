@@ -164,6 +164,9 @@ impl Host {
             }
             (DataPathPlace::InProcess, None, true) => (None, None),
             (DataPathPlace::Socket { socket, start }, _, true) => {
+                // What a dead data path (or plugin) left under the shared runtime directory;
+                // the data path reclaims there too at its start, and both skip a live owner's.
+                wasmcsi_datapath::reclaim_dead(opts.state_dir.join("run")).await;
                 (None, Some(Engines::Remote(find_datapath(&opts, socket, *start).await?)))
             }
         };

@@ -14,7 +14,8 @@
 //! [`AttachedVolume::stop`] refuses, leaving everything attached, while one is mounted.
 //! A start that fails half-way leaves nothing behind (the frontend undoes its own steps, the
 //! engine is stopped). What a process killed with the volume attached leaves (the loop device,
-//! the FUSE mount under the runtime directory) is not reclaimed here.
+//! the FUSE mount under the runtime directory) is not reclaimed here: the next data path's start
+//! does that (`wasmcsi_frontend::fuse::reclaim_dead`).
 
 use std::fmt;
 use std::io;
@@ -407,6 +408,17 @@ impl AttachedVolume {
     pub async fn stop(&self) -> Result<(), AttachError> {
         let inner = self.inner.clone();
         run_blocking(&self.inner.volume_id, "detach", move || inner.stop()).await
+    }
+
+    /// Leaves the volume as a crash of this process leaves it, at once: the frontend's teardown
+    /// is forgotten (the FUSE mount, the loop device and a filesystem mounted on it stay), and
+    /// nothing is flushed or detached; the engine keeps serving until the process exits, after
+    /// which the device fails I/O until the volume is unstaged. What stays is reclaimed by the
+    /// next data path's start (`wasmcsi_frontend::fuse::reclaim_dead`) and the unstage.
+    pub fn abandon(&self) {
+        if let Some(attached) = self.inner.frontend().take() {
+            attached.release();
+        }
     }
 
     /// Runs `f` on the blocking pool (the engine's calls block until the replicas answered),

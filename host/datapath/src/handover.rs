@@ -31,6 +31,17 @@ pub struct HandoverState {
     /// The data-path socket's listener, inherited.
     pub socket_listener: i32,
     pub volumes: Vec<HandedVolume>,
+    /// The owner of the volumes' FUSE mounts (`wasmcsi_frontend::owner`): the next image is the
+    /// same owner, and holds its locks through the `execve`. Absent from a binary before owners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<HandedOwner>,
+}
+
+/// The owner id of this process and the fd of its lock in each runtime directory, inherited.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandedOwner {
+    pub id: String,
+    pub locks: Vec<(PathBuf, i32)>,
 }
 
 /// One suspended volume.
@@ -101,6 +112,7 @@ impl HandoverState {
         }
         let mut fds: Vec<i32> = state.volumes.iter().map(|v| v.session_fd).collect();
         fds.extend([state.replica_listener, state.socket_listener]);
+        fds.extend(state.owner.iter().flat_map(|o| o.locks.iter().map(|(_, fd)| *fd)));
         fds.sort_unstable();
         if fds.windows(2).any(|w| w[0] == w[1]) || fds.first().is_some_and(|fd| *fd <= 2) {
             return Err(malformed(format!("fds {fds:?} repeat or name stdio")));
@@ -131,6 +143,7 @@ mod tests {
                 device: "/dev/loop3".into(),
                 suspended_at_ns: 1,
             }],
+            owner: Some(HandedOwner { id: "0123abcd-0123456789abcdef".into(), locks: vec![("/run".into(), 10)] }),
         }
     }
 

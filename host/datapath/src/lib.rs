@@ -91,6 +91,9 @@ impl Volumes {
     }
 }
 
+/// How long [`DataPath::abandon`] lets the replica server's connections close.
+pub const SERVER_STOP_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a handover waits for the attaches and detaches running when it starts.
 const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -152,6 +155,9 @@ impl DataPath {
             None => bind(config.listen).map_err(|e| DataPathError::Server(ServerError::Bind(e)))?,
         };
         let kept = listener.try_clone().map_err(DataPathError::Listener)?;
+        // Before any attach here: what a dead process (a crashed data path, a plugin that ran
+        // one, whatever their pids) left under the runtime directory goes.
+        reclaim_dead(config.runtime_root.clone()).await;
         let root = config.replica_root.clone();
         let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&root))
             .await
@@ -454,6 +460,29 @@ impl DataPath {
         Ok(result?)
     }
 
+    /// Stops as a crash would, at once (a data-path process on SIGTERM): no attach or detach
+    /// starts any more, every attached volume is abandoned ([`AttachedVolume::abandon`]: nothing
+    /// is detached, flushed or waited for; its FUSE mount and loop device stay for the next
+    /// start to reclaim), and the replica server stops (its connections are cut, as by an exit,
+    /// after at most [`SERVER_STOP_WAIT`]). Returns the volumes it left.
+    pub async fn abandon(&self) -> Vec<String> {
+        self.handing_over.store(true, Ordering::SeqCst);
+        let volumes: Vec<(String, Arc<AttachedVolume>)> =
+            self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).drain().collect();
+        for (_, volume) in &volumes {
+            volume.abandon();
+        }
+        let server = self.server.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(server) = server
+            && tokio::time::timeout(SERVER_STOP_WAIT, server.shutdown()).await.is_err()
+        {
+            tracing::warn!("the replica server's connections did not close in time; cut at exit");
+        }
+        let mut ids: Vec<String> = volumes.into_iter().map(|(id, _)| id).collect();
+        ids.sort();
+        ids
+    }
+
     /// Stops every engine (best effort) and the replica server.
     pub async fn shutdown(&self) -> Result<(), DataPathError> {
         for id in self.attached() {
@@ -466,6 +495,28 @@ impl DataPath {
             server.shutdown().await?;
         }
         Ok(())
+    }
+}
+
+/// Claims `runtime_root` for this process's owner and reclaims what dead owners left there
+/// (`wasmcsi_frontend::fuse::reclaim_dead`, which logs each mount and loop device). A failure is
+/// logged and does not stop the start: the leftovers only cost a mount and a loop device each.
+pub async fn reclaim_dead(runtime_root: PathBuf) {
+    let dir = runtime_root.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        wasmcsi_frontend::owner::this_process().claim(&dir)?;
+        wasmcsi_frontend::fuse::reclaim_dead(&dir)
+    })
+    .await;
+    match done {
+        Ok(Ok(r)) if r == Default::default() => {}
+        Ok(Ok(r)) => {
+            tracing::info!(runtime = %runtime_root.display(), mounts = r.mounts, loops = r.loops, "reclaimed what dead processes left")
+        }
+        Ok(Err(e)) => {
+            tracing::error!(runtime = %runtime_root.display(), error = %e, "reclaiming what dead processes left")
+        }
+        Err(e) => tracing::error!(error = %e, "the reclaim task failed"),
     }
 }
 

@@ -8,9 +8,10 @@
 //!
 //! What it does not own: CSI, backends, mounts of filesystems (the plugin formats and mounts the
 //! devices this process makes), nor its command line and metrics endpoint (the binary's). A data
-//! path that is stopped or killed takes its volumes' devices with it: writes acknowledged and
-//! flushed before are on every replica; the plugin reclaims the dead devices at the next stage
-//! or unstage, and the next engine resyncs the replicas from their dirty flags.
+//! path that is stopped (SIGTERM) or killed takes its volumes' devices with it, at once: writes
+//! acknowledged before are on every replica; the next start of a data path reclaims the dead
+//! FUSE mounts and loop devices (a loop device a staged filesystem holds goes when the plugin
+//! unmounts it at unstage), and the next engine resyncs the replicas from their dirty flags.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,8 +64,6 @@ pub enum ProcessError {
     },
     #[error("waiting for a signal: {0}")]
     Signal(#[source] std::io::Error),
-    #[error("stopping the data path: {0}")]
-    Stop(#[source] DataPathError),
 }
 
 /// Where a data path with state in `state_dir` writes its pid.
@@ -131,8 +130,9 @@ impl DataPathProcess {
     }
 
     /// Serves until SIGINT or SIGTERM, handing the volumes to a new binary when the socket asks
-    /// for an upgrade (this returns only if that failed: the process serves on); then stops
-    /// every engine and the replica server, and removes the socket and the pid file.
+    /// for an upgrade (this returns only if that failed: the process serves on); then removes
+    /// the socket and the pid file and stops at once, as a crash would ([`DataPath::abandon`]):
+    /// it waits for no volume.
     pub async fn run(mut self) -> Result<(), ProcessError> {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(ProcessError::Signal)?;
@@ -146,10 +146,22 @@ impl DataPathProcess {
                 }
             }
         }
-        tracing::info!(attached = ?self.datapath.attached(), "stopping the data path");
+        // A stop is a crash, at once: nothing is detached (a filesystem the node plugin mounted
+        // on a device holds it, and waiting for that is waiting for nothing), flushed or waited
+        // for. The volumes' FUSE mounts and loop devices stay; their I/O fails once this
+        // process is gone, until they are unstaged; the next start reclaims them.
         self.served.task.abort();
         let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_file(pid_file(&self.state_dir));
-        self.datapath.shutdown().await.map_err(ProcessError::Stop)
+        let left = self.datapath.abandon().await;
+        if left.is_empty() {
+            tracing::info!("stopped the data path");
+        } else {
+            tracing::warn!(
+                volumes = ?left,
+                "stopped the data path with volumes attached, as a crash: their I/O fails until they are unstaged"
+            );
+        }
+        Ok(())
     }
 }

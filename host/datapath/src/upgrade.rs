@@ -22,7 +22,7 @@ use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use wasmcsi_block::catalog::AttachInfo;
 
 use crate::attach::SuspendedVolume;
-use crate::handover::{HandedVolume, HandoverReport, HandoverState, STATE_VERSION, StateError};
+use crate::handover::{HandedOwner, HandedVolume, HandoverReport, HandoverState, STATE_VERSION, StateError};
 use crate::{DataPath, DataPathError};
 
 /// How long the check of the new binary may take.
@@ -57,6 +57,9 @@ pub enum UpgradeError {
         #[source]
         source: nix::Error,
     },
+    /// The owner of the previous image's mounts could not be taken over.
+    #[error("taking over the owner of the mounts: {0}")]
+    Owner(#[source] wasmcsi_frontend::FrontendError),
     /// An fd the handover state names is not open in the new image.
     #[error("the inherited {what} (fd {fd}) is not open: {source}")]
     Inherited {
@@ -170,6 +173,7 @@ async fn try_hand_over(
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         })
         .collect();
+    let owner = wasmcsi_frontend::owner::this_process();
     let state = HandoverState {
         version: STATE_VERSION,
         handovers: datapath.handover_report().handovers + 1,
@@ -177,6 +181,7 @@ async fn try_hand_over(
         replica_listener: replica_listener.as_raw_fd(),
         socket_listener: served.socket_listener.as_raw_fd(),
         volumes,
+        owner: Some(HandedOwner { id: owner.id().to_owned(), locks: owner.locks() }),
     };
     let exec = (|| -> Result<std::convert::Infallible, UpgradeError> {
         state.write(state_path)?;
@@ -189,6 +194,10 @@ async fn try_hand_over(
         for fd in &inherited {
             set_cloexec(*fd, false).map_err(UpgradeError::KeepOpen)?;
         }
+        // The owner's locks too: held through the execve, no reclaimer sees the owner dead.
+        owner
+            .with_lock_fds(|fds| fds.iter().try_for_each(|fd| set_cloexec(*fd, false)))
+            .map_err(UpgradeError::KeepOpen)?;
         tracing::info!(
             binary = %binary.display(),
             volumes = suspended.len(),
@@ -201,6 +210,11 @@ async fn try_hand_over(
         for fd in &inherited {
             let _ = set_cloexec(*fd, true);
         }
+        owner.with_lock_fds(|fds| {
+            for fd in fds {
+                let _ = set_cloexec(*fd, true);
+            }
+        });
         Err(UpgradeError::Exec { binary: binary.to_owned(), source: err })
     })();
     let Err(e) = exec;
@@ -240,6 +254,14 @@ pub fn take_over(path: &Path) -> Result<Inherited, UpgradeError> {
     let _ = std::fs::remove_file(path);
     let replica_listener = std::net::TcpListener::from(inherit(state.replica_listener, "replica listener")?);
     let socket_listener = UnixListener::from(inherit(state.socket_listener, "data-path socket")?);
+    if let Some(owner) = &state.owner {
+        let locks = owner
+            .locks
+            .iter()
+            .map(|(dir, fd)| Ok((dir.clone(), inherit(*fd, "owner lock")?)))
+            .collect::<Result<Vec<_>, UpgradeError>>()?;
+        wasmcsi_frontend::owner::adopt(&owner.id, locks).map_err(UpgradeError::Owner)?;
+    }
     let mut volumes = Vec::new();
     for v in &state.volumes {
         let session = inherit(v.session_fd, "FUSE connection")?;

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use crate::loop_dev::{self, LoopOptions};
 use crate::mkfs::umount_retrying;
+use crate::owner;
 use crate::{Attached, BlockDevice, Frontend, FrontendError, RefreshSize, Undo};
 
 pub use server::VOLUME_FILE;
@@ -100,18 +101,19 @@ impl FuseLoopFrontend {
 
         std::fs::create_dir_all(&self.runtime_dir)
             .map_err(|e| FrontendError::io(format!("creating {}", self.runtime_dir.display()), e))?;
-        // Unique per process and attach, so two attaches of one name (or a stale dir from a
+        // Named by this process's owner (see `owner`), whose lock is held before anything is
+        // mounted: whoever finds the mount later can tell whether its server still lives.
+        let owner = owner::this_process();
+        owner.claim(&self.runtime_dir)?;
+        // Unique per owner and attach, so two attaches of one name (or a stale dir from a
         // crashed run) never share a mount point.
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let mnt = loop {
-            let mnt = self.runtime_dir.join(format!(
-                "fuse-{name}.{}.{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            ));
+            let mnt =
+                self.runtime_dir.join(format!("fuse-{name}.{}.{}", owner.id(), SEQ.fetch_add(1, Ordering::Relaxed)));
             match std::fs::create_dir(&mnt) {
-                // A process that adopted volumes from its previous image (same pid) holds
-                // mount points of this pid already.
+                // A process that adopted volumes from its previous image (same owner) holds
+                // mount points of this owner already.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 r => {
                     break r
@@ -337,49 +339,162 @@ impl Frontend for FuseLoopFrontend {
 }
 
 /// Tears down what an attach of `name` under `runtime_dir` left when its process died (killed,
-/// OOM, a crash): every FUSE mount point `fuse-NAME.*` there, whose server is gone, and the loop
-/// devices on its volume file. Whatever is mounted from those loop devices (a staged filesystem)
-/// is the caller's to unmount first; a loop device still in use is refused and left alone.
-/// Returns how many mount points it removed. Mount points of this process are never touched:
-/// their server is alive.
+/// OOM, a crash), for a caller that knows no engine of `name` runs any more (its data path said
+/// so): every FUSE mount point `fuse-NAME.OWNER.SEQ` there whose owner is dead (see
+/// [`owner`]), and the loop devices on its volume file. A mount point named by a pid
+/// (`fuse-NAME.PID.SEQ`, made by a binary before owners) is taken unless it is this process's
+/// pid. Whatever is mounted from those loop devices (a staged filesystem) is the caller's to
+/// unmount first: a loop device still in use detaches itself when it is let go. Returns how many
+/// mount points it removed. Mount points of a live owner are never touched.
 pub fn reclaim(runtime_dir: &Path, name: &str) -> Result<usize, FrontendError> {
-    let entries = match std::fs::read_dir(runtime_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(FrontendError::io(format!("listing {}", runtime_dir.display()), e)),
-    };
     let prefix = format!("fuse-{name}.");
-    let ours = format!("fuse-{name}.{}.", std::process::id());
     let mut removed = 0;
-    for entry in entries {
-        let entry = entry.map_err(|e| FrontendError::io(format!("listing {}", runtime_dir.display()), e))?;
-        let file_name = entry.file_name();
-        let Some(dir) = file_name.to_str() else { continue };
-        // `fuse-NAME.PID.SEQ`: the rest after the prefix must be two numbers, so `fuse-a.` never
-        // matches the mounts of a volume named `a.b`.
+    for (dir, mnt) in mount_dirs(runtime_dir)? {
+        // `fuse-NAME.OWNER.SEQ` or `fuse-NAME.PID.SEQ`: the rest after the prefix must be those
+        // two parts, so `fuse-a.` never matches the mounts of a volume named `a.b`.
         let Some(rest) = dir.strip_prefix(&prefix) else { continue };
-        if dir.starts_with(&ours) || !rest.split('.').all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+        let Some((who, seq)) = rest.split_once('.') else { continue };
+        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let mnt = entry.path();
-        let connection = connection::connection_at(&mnt);
-        loop_dev::detach_all_of(&mnt.join(VOLUME_FILE), PATIENCE)?;
-        if crate::mountinfo::is_mount_point(&mnt).unwrap_or(true) {
-            // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
-            if let Some(id) = connection {
-                connection::abort_if_mounted_at(&mnt, id);
-            }
-            // The server is gone: the mount answers ENOTCONN; unmount it, lazily if it must.
-            if umount_retrying(&mnt, PATIENCE).is_err() {
-                nix::mount::umount2(&mnt, nix::mount::MntFlags::MNT_DETACH)
-                    .map_err(|e| FrontendError::io(format!("lazy unmount of {}", mnt.display()), e.into()))?;
-            }
+        let dead = if owner::is_owner_id(who) {
+            // The owner's lock file stays: its other mounts may be another volume's.
+            owner::dead(runtime_dir, who)?.is_some()
+        } else {
+            !who.is_empty() && who.bytes().all(|b| b.is_ascii_digit()) && who != std::process::id().to_string()
+        };
+        if dead {
+            reclaim_mount(&mnt)?;
+            removed += 1;
         }
-        std::fs::remove_dir(&mnt).map_err(|e| FrontendError::io(format!("removing {}", mnt.display()), e))?;
-        tracing::info!(mount = %mnt.display(), "reclaimed the FUSE mount and loop devices of a dead attach");
-        removed += 1;
     }
     Ok(removed)
+}
+
+/// What [`reclaim_dead`] took back.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// FUSE mount points removed.
+    pub mounts: usize,
+    /// Loop devices detached (or set to detach themselves when a filesystem on them is let go).
+    pub loops: usize,
+}
+
+/// Tears down, under `runtime_dir`, everything of every dead owner (see [`owner`]): each of its
+/// FUSE mounts (their server is gone) is unmounted lazily, after the loop devices on its volume
+/// file are detached; a loop device a filesystem is still mounted on (a volume staged by the
+/// node plugin, which unmounts it at unstage) is set to detach itself when that filesystem lets
+/// go, and nothing waits for it. Logs one "reclaimed" line per mount and per loop device. Run at
+/// every start of a process that mounts there (the data path, the node plugin): a live owner's
+/// mounts, this process's own included, are never touched.
+pub fn reclaim_dead(runtime_dir: &Path) -> Result<Reclaimed, FrontendError> {
+    let mut reclaimed = Reclaimed::default();
+    let mut by_owner: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for (dir, mnt) in mount_dirs(runtime_dir)? {
+        if let Some(owner) = owner_of(&dir) {
+            by_owner.entry(owner.to_owned()).or_default().push(mnt);
+        }
+    }
+    for id in owner::recorded(runtime_dir) {
+        by_owner.entry(id).or_default();
+    }
+    for (id, mounts) in by_owner {
+        let Some(dead) = owner::dead(runtime_dir, &id)? else { continue };
+        for mnt in mounts {
+            reclaimed.loops += reclaim_mount(&mnt)?;
+            reclaimed.mounts += 1;
+        }
+        dead.release();
+    }
+    Ok(reclaimed)
+}
+
+/// The owner a mount point's directory name says, `fuse-NAME.OWNER.SEQ` (`None` for any other
+/// name, one of a pid among them).
+fn owner_of(dir: &str) -> Option<&str> {
+    let rest = dir.strip_prefix("fuse-")?;
+    let (rest, seq) = rest.rsplit_once('.')?;
+    let (_, owner) = rest.rsplit_once('.')?;
+    (!seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()) && owner::is_owner_id(owner)).then_some(owner)
+}
+
+/// The `fuse-*` directories under `runtime_dir`: (name, path).
+fn mount_dirs(runtime_dir: &Path) -> Result<Vec<(String, PathBuf)>, FrontendError> {
+    let entries = match std::fs::read_dir(runtime_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(FrontendError::io(format!("listing {}", runtime_dir.display()), e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| FrontendError::io(format!("listing {}", runtime_dir.display()), e))?;
+        if let Some(name) = entry.file_name().to_str().filter(|n| n.starts_with("fuse-")) {
+            found.push((name.to_owned(), entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Detaches the loop devices on `file` without waiting for them: one a filesystem still holds
+/// detaches itself when that lets go. Returns how many it detached (one set to detach itself by
+/// an earlier reclaim is not counted, nor logged, again).
+fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
+    // By path, and by the FUSE filesystem's device number while its mount shows here: a loop
+    // device attached through a dead container's copy of the mount shows its file as `/volume`.
+    let mut devices = loop_dev::devices_of(file)?;
+    let table = crate::mountinfo::read_current()
+        .map_err(|e| FrontendError::io("reading the mount table", std::io::Error::other(e.to_string())))?;
+    if let Some(mnt) = file.parent()
+        && let Some(top) = crate::mountinfo::mounts_at(&table, mnt).pop()
+        && top.fs_type.starts_with("fuse")
+    {
+        devices.extend(loop_dev::devices_on(top.major, top.minor)?);
+    }
+    devices.sort();
+    devices.dedup();
+    let devices: Vec<PathBuf> = devices.into_iter().filter(|d| !loop_dev::detaches_itself(d)).collect();
+    for device in &devices {
+        let at_once = loop_dev::release(device)?;
+        tracing::info!(
+            device = %device.display(),
+            backing = %file.display(),
+            detached = if at_once { "now" } else { "when the filesystem on it is unmounted" },
+            "reclaimed the loop device of a dead attach"
+        );
+    }
+    Ok(devices.len())
+}
+
+/// Takes back one FUSE mount point of a dead attach: the loop devices on its file first (once
+/// the mount is gone, their backing file no longer shows its path), the mount (lazily: the
+/// server is gone, and a loop device a filesystem still holds keeps its file open), the
+/// directory. Returns how many loop devices it detached.
+fn reclaim_mount(mnt: &Path) -> Result<usize, FrontendError> {
+    let loops = reclaim_loops(&mnt.join(VOLUME_FILE))?;
+    if crate::mountinfo::is_mount_point(mnt).unwrap_or(true) {
+        // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
+        if let Some(id) = connection::connection_at(mnt) {
+            connection::abort_if_mounted_at(mnt, id);
+        }
+        match nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH) {
+            // EINVAL: not a mount point (any more) in this mount namespace.
+            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(FrontendError::io(format!("lazy unmount of {}", mnt.display()), e.into())),
+        }
+    }
+    match std::fs::remove_dir(mnt) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // Still a mount point where this process cannot unmount it (a node plugin that sees the
+        // data path's mounts HostToContainer): the data path reclaims it at its next start.
+        Err(e) => {
+            tracing::warn!(mount = %mnt.display(), error = %e, "a dead attach's mount point stays for its data path");
+            return Ok(loops);
+        }
+    }
+    tracing::info!(mount = %mnt.display(), "reclaimed the FUSE mount of a dead attach");
+    Ok(loops)
 }
 
 fn read_sys(path: &Path) -> Result<String, FrontendError> {

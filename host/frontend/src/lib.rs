@@ -14,6 +14,7 @@ pub mod fuse;
 pub mod loop_dev;
 pub mod mkfs;
 pub mod mountinfo;
+pub mod owner;
 pub mod plug;
 
 use std::fs::{File, OpenOptions};

@@ -25,6 +25,7 @@ use crate::FrontendError;
 
 // <linux/loop.h>
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
@@ -258,6 +259,83 @@ pub fn detach(device: &Path, patience: Duration) -> Result<(), FrontendError> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// Detaches `device` without waiting (LOOP_CLR_FD): returns `true` when it is detached now,
+/// `false` when something still holds it open (a mounted filesystem), in which case the kernel
+/// detaches it at its last close. A device that is not attached counts as detached.
+pub fn release(device: &Path) -> Result<bool, FrontendError> {
+    let name = loop_name(device)?;
+    let backing = Path::new("/sys/block").join(&name).join("loop/backing_file");
+    match OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(device) {
+        Ok(dev) => {
+            // SAFETY: ioctl without argument on an open loop device fd.
+            let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CLR_FD as _, 0) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::ENXIO) {
+                    return Err(FrontendError::io(format!("LOOP_CLR_FD {}", device.display()), e));
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(FrontendError::io(format!("opening {}", device.display()), e)),
+    }
+    // Our fd is closed: with no other opener the device was cleared on that close.
+    Ok(!backing.exists())
+}
+
+/// Every loop device whose backing file lives on the filesystem with device number
+/// `major:minor` (as the mount table shows it), found with LOOP_GET_STATUS64. Unlike the path in
+/// sysfs this holds after the mount the file was opened through is gone: a loop device a
+/// container attached through its copy of a mount shows its file as `/volume` once that
+/// container's mount namespace ended.
+pub fn devices_on(major: u32, minor: u32) -> Result<Vec<PathBuf>, FrontendError> {
+    // The kernel's new_encode_dev, which LOOP_GET_STATUS64 reports.
+    let (major, minor) = (u64::from(major), u64::from(minor));
+    let want = (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
+    let entries = std::fs::read_dir("/sys/block").map_err(ioctl_err("listing /sys/block".into()))?;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else { continue };
+        if !entry.path().join("loop/backing_file").exists() {
+            continue;
+        }
+        let device = Path::new("/dev").join(name);
+        let Ok(dev) = OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&device) else { continue };
+        let mut info = LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            lo_rdevice: 0,
+            lo_offset: 0,
+            lo_sizelimit: 0,
+            lo_number: 0,
+            lo_encrypt_type: 0,
+            lo_encrypt_key_size: 0,
+            lo_flags: 0,
+            lo_file_name: [0; LO_NAME_SIZE],
+            lo_crypt_name: [0; LO_NAME_SIZE],
+            lo_encrypt_key: [0; 32],
+            lo_init: [0; 2],
+        };
+        // SAFETY: LOOP_GET_STATUS64 fills a `struct loop_info64` we own for the call's duration.
+        let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_GET_STATUS64 as _, &mut info as *mut LoopInfo64) };
+        if r == 0 && info.lo_device == want {
+            found.push(device);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Whether `device` is set to detach itself at its last close (autoclear, or a detach asked
+/// while it was held open).
+pub fn detaches_itself(device: &Path) -> bool {
+    loop_name(device)
+        .ok()
+        .and_then(|n| read_sys(&Path::new("/sys/block").join(n).join("loop/autoclear")).ok())
+        .is_some_and(|v| v == "1")
 }
 
 /// Detaches every loop device backed by `file` (see [`detach`]).

@@ -11,8 +11,12 @@
 //! killed and restarted finds every volume it staged still served (the state file names the
 //! data path's pid) and publishes, reports and unstages it as if it had never gone. When the
 //! process that ran an engine died (the plugin in the first case, the data path in the
-//! second), its device is gone with it: the next stage or unstage reclaims what it left, and
-//! the replicas' dirty flags make the next engine resync.
+//! second), its device is gone with it: the next start of the data path or the plugin reclaims
+//! the FUSE mounts and loop devices it left (`wasmcsi_frontend::fuse::reclaim_dead`; a loop
+//! device the staged filesystem holds goes when the unstage unmounts that), the next stage or
+//! unstage of the volume whatever is left of it, and the replicas' dirty flags make the next
+//! engine resync. What is dead is told by the mount's owner (`wasmcsi_frontend::owner`), never
+//! by a pid: in pods both processes are pid 1.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

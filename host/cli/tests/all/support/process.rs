@@ -54,8 +54,19 @@ impl Proc {
             None => Command::new(BIN),
         };
         // nsenter execs the binary: the child's pid is the server's.
-        let mut child =
-            cmd.args(args).env("NO_COLOR", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        cmd.args(args);
+        Self::spawn_command(name, cmd)
+    }
+
+    /// `program` with `args` (a wrapper that runs the binary itself, e.g. `unshare`).
+    pub fn spawn_program(name: &str, program: &str, args: &[String]) -> Self {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        Self::spawn_command(name, cmd)
+    }
+
+    fn spawn_command(name: &str, mut cmd: Command) -> Self {
+        let mut child = cmd.env("NO_COLOR", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let (tx, lines) = mpsc::channel();
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
