@@ -246,6 +246,12 @@ struct TrustArgs {
     /// `tls.crt`, `tls.key`; cert-manager's, or `wasmcsi pki issue`'s). Re-read when it changes.
     #[arg(long)]
     tls_dir: Option<PathBuf>,
+    /// How this node's replica port travels: `required` (mutual TLS only; the default with
+    /// --tls-dir), `permissive` (TLS, and plaintext peers of the version before TLS still
+    /// served: for the upgrade), `off` (plaintext: only by this explicit choice; needed to serve
+    /// replicas without --tls-dir).
+    #[arg(long, value_name = "off|permissive|required")]
+    tls_mode: Option<wasmcsi_trust::TlsMode>,
     /// Controller: serve the authority endpoint (grants of volumes to the nodes they are
     /// published to; node certificates with --ca-dir) on ADDR, over TLS with --tls-dir.
     #[arg(long, requires = "tls_dir")]
@@ -296,6 +302,7 @@ impl TrustArgs {
         };
         wasmcsi::trust::TrustOptions {
             tls_dir: self.tls_dir,
+            tls_mode: self.tls_mode,
             authority_listen: self.authority_listen,
             ca_dir: self.ca_dir,
             certificate_validity: self.certificate_validity,
@@ -380,7 +387,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
         None => wasmcsi::host::DataPathPlace::InProcess,
     };
-    let host = Host::start_with_trust(options, place, peer, args.trust.options()).await?;
+    let trust = args.trust.options();
+    if options.replicas.is_some() && options.mode.node() {
+        wasmcsi::trust::check_replica_mode(trust.tls_dir.as_deref(), trust.tls_mode)?;
+    }
+    let host = Host::start_with_trust(options, place, peer, trust).await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, authority = ?host.trust.authority_addr, "serving CSI");
     tokio::select! {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }

@@ -18,7 +18,10 @@ use wasmcsi_csi::authority_endpoint::{AuthorityClient, AuthorityService, Catalog
 use wasmcsi_runtime::Registry;
 use wasmcsi_trust::pki::DEFAULT_LEAF_VALIDITY;
 use wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL;
-use wasmcsi_trust::{Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, Watcher};
+use wasmcsi_block::transport::Transport;
+use wasmcsi_trust::{
+    Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, TlsMode, Watcher,
+};
 
 /// What a host is told about its identity; the default: none (plaintext, no authority).
 #[derive(Debug, Clone, Default)]
@@ -26,6 +29,10 @@ pub struct TrustOptions {
     /// This process's credentials directory (`ca.crt`, `tls.crt`, `tls.key`), followed as it
     /// rotates.
     pub tls_dir: Option<PathBuf>,
+    /// How the replica port travels (`--tls-mode`); unset: `required` with credentials,
+    /// plaintext without (the command line refuses that silent plaintext, see
+    /// [`check_replica_mode`]; a host built in code, a test, may rely on it).
+    pub tls_mode: Option<TlsMode>,
     /// A controller: serve the authority endpoint here (with the credentials of `tls_dir`,
     /// which must be the controller's).
     pub authority_listen: Option<SocketAddr>,
@@ -157,4 +164,42 @@ fn issuer(opts: &TrustOptions, ca: Authority) -> anyhow::Result<CertificateIssue
         }
     };
     Ok(CertificateIssuer::new(ca, validity, tokens)?)
+}
+
+/// A process that serves replicas speaks plaintext only when told so: without `--tls-dir`,
+/// `--tls-mode off` must be given.
+pub fn check_replica_mode(tls_dir: Option<&std::path::Path>, tls_mode: Option<TlsMode>) -> anyhow::Result<()> {
+    match (tls_dir, tls_mode) {
+        (None, None) => anyhow::bail!(
+            "serving replicas needs this node's credentials (--tls-dir), or plaintext chosen explicitly (--tls-mode off)"
+        ),
+        (None, Some(mode)) if mode != TlsMode::Off => {
+            anyhow::bail!("--tls-mode {mode} needs this node's credentials (--tls-dir)")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How the replica port travels for `mode` (unset: `required` with credentials, plaintext
+/// without) with this process's `credentials`.
+pub fn replica_transport(mode: Option<TlsMode>, credentials: Option<&LiveCredentials>) -> anyhow::Result<Transport> {
+    let mode = mode.unwrap_or(if credentials.is_some() { TlsMode::Required } else { TlsMode::Off });
+    Ok(Transport::new(mode, credentials.cloned())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plaintext_replicas_are_only_ever_an_explicit_choice() {
+        let dir = std::path::Path::new("/etc/wasmcsi/tls");
+        assert!(check_replica_mode(None, None).is_err());
+        assert!(check_replica_mode(None, Some(TlsMode::Required)).is_err());
+        assert!(check_replica_mode(None, Some(TlsMode::Off)).is_ok());
+        assert!(check_replica_mode(Some(dir), None).is_ok());
+        assert!(check_replica_mode(Some(dir), Some(TlsMode::Permissive)).is_ok());
+        assert!(matches!(replica_transport(None, None), Ok(Transport::Plain)));
+        assert!(replica_transport(Some(TlsMode::Required), None).is_err());
+    }
 }

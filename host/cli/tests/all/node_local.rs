@@ -196,6 +196,8 @@ async fn a_node_local_volume_lives_on_the_node_it_was_made_for_and_central_backe
             format!("127.0.0.1:{}", node.replica_port),
             "--replica-root".into(),
             node.home.join("replicas").to_string_lossy().into(),
+            "--tls-mode".into(),
+            "off".into(),
         ];
         node.start(&config, &extra);
     }
