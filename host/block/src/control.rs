@@ -224,9 +224,7 @@ impl ReplicaServerClient {
             Message::NodeInfoReply { status: Status::Ok, capacity, available, replicas } => {
                 Ok(NodeInfo { addr: self.addr, capacity, available, replicas })
             }
-            Message::NodeInfoReply { status, .. } => {
-                Err(ControlError::refused(self.addr, "NodeInfo", status))
-            }
+            Message::NodeInfoReply { status, .. } => Err(ControlError::refused(self.addr, "NodeInfo", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "NodeInfo" }),
         }
     }
@@ -236,9 +234,7 @@ impl ReplicaServerClient {
         let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("Identify", Message::Identify).await? {
             Message::Identity { status: Status::Ok, node, labels } => Ok(NodeIdentity { node, labels }),
-            Message::Identity { status, .. } => {
-                Err(ControlError::refused(self.addr, "Identify", status))
-            }
+            Message::Identity { status, .. } => Err(ControlError::refused(self.addr, "Identify", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Identify" }),
         }
     }
@@ -249,9 +245,7 @@ impl ReplicaServerClient {
         let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned() }).await? {
             Message::Description { status: Status::Ok, header, record } => Ok((header, record)),
-            Message::Description { status, .. } => {
-                Err(ControlError::refused(self.addr, "Describe", status))
-            }
+            Message::Description { status, .. } => Err(ControlError::refused(self.addr, "Describe", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Describe" }),
         }
     }
@@ -274,9 +268,7 @@ impl ReplicaServerClient {
         let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("EngineCall", Message::EngineCall { volume_id: volume_id.to_owned(), request }).await? {
             Message::EngineReply { status: Status::Ok, reply } => Ok(reply),
-            Message::EngineReply { status, .. } => {
-                Err(ControlError::refused(self.addr, "EngineCall", status))
-            }
+            Message::EngineReply { status, .. } => Err(ControlError::refused(self.addr, "EngineCall", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "EngineCall" }),
         }
     }
@@ -485,7 +477,9 @@ impl ReplicaSet {
             return Err(ControlError::Invalid(format!("size {size} is not a positive multiple of 4096")));
         }
         for addr in &self.nodes {
-            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone()).create_replica(&self.volume_id, size).await?;
+            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone())
+                .create_replica(&self.volume_id, size)
+                .await?;
         }
         Ok(())
     }
@@ -628,7 +622,8 @@ impl ReplicaSet {
         self.check()?;
         source.check()?;
         let mut src =
-            ReplicaSession::open_over(source.nodes[0], &source.volume_id, source.timeout, source.epoch, &source.reach).await?;
+            ReplicaSession::open_over(source.nodes[0], &source.volume_id, source.timeout, source.epoch, &source.reach)
+                .await?;
         let size = src.header().size;
         if !src.header().snapshots.iter().any(|s| s.name == snapshot) {
             let _ = src.close().await;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use wasmcsi_block::transport::Transport;
 use wasmcsi_csi::Mode;
 use wasmcsi_csi::authority_endpoint::client::ClientIdentity;
 use wasmcsi_csi::authority_endpoint::enroll::Enrollment;
@@ -18,7 +19,6 @@ use wasmcsi_csi::authority_endpoint::{AuthorityClient, AuthorityService, Catalog
 use wasmcsi_runtime::Registry;
 use wasmcsi_trust::pki::DEFAULT_LEAF_VALIDITY;
 use wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL;
-use wasmcsi_block::transport::Transport;
 use wasmcsi_trust::{
     Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, TlsMode, Watcher,
 };

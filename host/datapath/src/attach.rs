@@ -28,9 +28,7 @@ use wasmcsi_block::control::{self, ControlError};
 use wasmcsi_block::engine::EngineConfig;
 use wasmcsi_block::protocol::SnapshotInfo;
 use wasmcsi_block::transport::Transport;
-use wasmcsi_block::volume::{
-    ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeGrant, VolumeStatus,
-};
+use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeGrant, VolumeStatus};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
 
 /// Engine settings of an attached volume.

@@ -149,7 +149,8 @@ mod tests {
     }
 
     fn signed(s: &Setup, from: SystemTime, life: Duration) -> Vec<u8> {
-        let grant = Grant { volume: "v1".into(), node: "n1".into(), epoch: 2, not_before: from, not_after: from + life };
+        let grant =
+            Grant { volume: "v1".into(), node: "n1".into(), epoch: 2, not_before: from, not_after: from + life };
         grant.sign(&s.controller.current()).unwrap().encoded
     }
 

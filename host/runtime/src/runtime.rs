@@ -308,13 +308,10 @@ impl Runtime {
                 },
                 block: BlockCtx {
                     backend: name.into(),
-                    catalog: grants
-                        .block
-                        .filter(|b| !b.is_empty())
-                        .map(|sources| {
-                            wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())
-                                .with_reach(self.block_reach())
-                        }),
+                    catalog: grants.block.filter(|b| !b.is_empty()).map(|sources| {
+                        wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())
+                            .with_reach(self.block_reach())
+                    }),
                     import_timeout: limits.import_timeout(),
                 },
             }),

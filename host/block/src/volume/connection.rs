@@ -282,8 +282,11 @@ async fn present_grant(
         return Err("no grant of the volume yet; asked for one".into());
     };
     let mut out = Vec::new();
-    protocol::encode(&Frame { request_id: GRANT_REQUEST_ID, message: Message::Grant { grant: grant.to_vec() } }, &mut out)
-        .map_err(|e| format!("encoding the grant: {e}"))?;
+    protocol::encode(
+        &Frame { request_id: GRANT_REQUEST_ID, message: Message::Grant { grant: grant.to_vec() } },
+        &mut out,
+    )
+    .map_err(|e| format!("encoding the grant: {e}"))?;
     let exchange = async {
         if writer.try_send(&[IoSlice::new(&out)]).map_err(|e| format!("sending the grant: {e}"))? == Sent::Partly {
             writer.flush().await.map_err(|e| format!("sending the grant: {e}"))?;

@@ -151,7 +151,8 @@ impl Cluster {
 
     /// A grant of `volume` to `node` at `EPOCH`, signed by the controller, valid `from..until`.
     fn grant(&self, volume: &str, node: &str, from: SystemTime, until: SystemTime) -> Vec<u8> {
-        let grant = Grant { volume: volume.into(), node: node.into(), epoch: EPOCH, not_before: from, not_after: until };
+        let grant =
+            Grant { volume: volume.into(), node: node.into(), epoch: EPOCH, not_before: from, not_after: until };
         grant.sign(&self.controller.current()).unwrap().encoded
     }
 
@@ -200,7 +201,11 @@ fn pattern(b: u64, round: u64) -> Vec<u8> {
 
 /// `threads` workers writing and reading back their own blocks until `stop`, every read
 /// checked; returns (I/Os done, errors).
-fn run_io(vol: &Arc<ReplicatedVolume>, threads: u64, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<(u64, u64)>> {
+fn run_io(
+    vol: &Arc<ReplicatedVolume>,
+    threads: u64,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<(u64, u64)>> {
     (0..threads)
         .map(|t| {
             let (vol, stop) = (vol.clone(), stop.clone());
@@ -349,7 +354,8 @@ fn rotating_every_credential_under_io_loses_no_io() {
     assert!(healthy(&vol), "{:?}", vol.status());
     let stop = Arc::new(AtomicBool::new(false));
     let workers = run_io(&vol, 4, &stop);
-    let generations = || (node_a.generation(), c.server_credentials[0].generation(), c.server_credentials[1].generation());
+    let generations =
+        || (node_a.generation(), c.server_credentials[0].generation(), c.server_credentials[1].generation());
     let before = generations();
     c.pki.write(&Role::Node(NODE_A.into()), &node_a_dir);
     for (i, name) in SERVERS.iter().enumerate() {

@@ -17,6 +17,8 @@ pub struct Options {
     pub metrics: bool,
     /// The replica server's labels (its zone, for placement).
     pub labels: Vec<(String, String)>,
+    /// This host's identity (credentials, TLS mode, authority endpoint); none: plaintext.
+    pub trust: wasmcsi::trust::TrustOptions,
 }
 
 /// A host (`mode`, node id `node_id`) serving replicated-block from `home` (component, state,
@@ -31,20 +33,25 @@ pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_fil
         nodes_file.display().to_string()
     );
     let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let host = Host::start(HostOptions {
-        driver_name: "replicated.wasmcsi.io".into(),
-        mode,
-        node_id: node_id.into(),
-        socket: home.join("csi.sock"),
-        config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
-        config_file: None,
-        backends_dir: Some(backends),
-        state_dir: home.join("state"),
-        reload_interval: Duration::from_secs(3600),
-        metrics_addr: options.metrics.then_some(loopback),
-        replicas: Some(ReplicaOptions { listen: loopback, root: home.join("replicas"), labels: options.labels }),
-        reconcile_interval: None,
-    })
+    let host = Host::start_with_trust(
+        HostOptions {
+            driver_name: "replicated.wasmcsi.io".into(),
+            mode,
+            node_id: node_id.into(),
+            socket: home.join("csi.sock"),
+            config: wasmcsi_runtime::config::HostConfig::parse(&config, Path::new("test")).unwrap(),
+            config_file: None,
+            backends_dir: Some(backends),
+            state_dir: home.join("state"),
+            reload_interval: Duration::from_secs(3600),
+            metrics_addr: options.metrics.then_some(loopback),
+            replicas: Some(ReplicaOptions { listen: loopback, root: home.join("replicas"), labels: options.labels }),
+            reconcile_interval: None,
+        },
+        wasmcsi::host::DataPathPlace::InProcess,
+        wasmcsi::host::PeerOptions::default(),
+        options.trust,
+    )
     .await
     .unwrap_or_else(|e| panic!("host {node_id} did not start: {e:#}"));
     assert!(host.registry.get(BACKEND).is_some(), "the {BACKEND} component loads");
