@@ -131,6 +131,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 4,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                grant: Some(b"WCSIGRT1 a grant".to_vec()),
                 session_fd: 9,
                 mount: "/run/fuse-v1.1.0".into(),
                 device: "/dev/loop3".into(),

@@ -231,6 +231,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 7,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                grant: Some(b"WCSIGRT1 a grant".to_vec()),
             },
         };
         let mut buf = Vec::new();
