@@ -10,6 +10,11 @@
 //! the protocol makes them (creating an existing replica of the same size, deleting a missing
 //! one, deleting a missing snapshot all succeed), so a caller may retry after any failure.
 //!
+//! Every connection travels as its [`Transport`] says: plaintext, or mutual TLS with the
+//! caller's credentials (the controller's; a node's for its read-only discovery), checking that
+//! the server is who the caller expects. A request the server's authorization refuses fails
+//! with [`ControlError::Denied`], which callers map to PERMISSION_DENIED.
+//!
 //! Offline operations refuse a replica set whose members disagree (different revision, size or
 //! snapshot chain, or a replica left dirty by a crashed engine): changing such a set by hand
 //! could make a stale replica look current. Attaching the volume lets the engine rebuild first.
@@ -19,13 +24,14 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use wasmcsi_trust::ExpectedRole;
 
 use crate::protocol::{
     DEFAULT_MAX_PAYLOAD, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader,
     ReplicaSummary, SnapshotInfo, Status, encode,
 };
 use crate::replica::NodeIdentity;
+use crate::transport::{self, ClientStream, DialError, Transport};
 
 /// Bytes moved per request when copying a volume (clone): one frame each way.
 pub const COPY_CHUNK: u64 = 1 << 20;
@@ -46,6 +52,14 @@ pub enum ControlError {
     Connection { addr: SocketAddr, what: &'static str, detail: String },
     #[error("replica server {addr} refused {what}: {status:?}")]
     Refused { addr: SocketAddr, what: &'static str, status: Status },
+    /// The server's authorization refused the request (`Denied`): this caller's role may not
+    /// make it (a node asking for what is the controller's), or its grant does not open the
+    /// session. Asking again as the same caller changes nothing.
+    #[error("replica server {addr} denied {what} to this caller")]
+    Denied { addr: SocketAddr, what: &'static str },
+    /// TLS failed: the handshake, or the server is not who the caller expects.
+    #[error("replica server {addr}: {detail}")]
+    Tls { addr: SocketAddr, detail: String },
     #[error("replica server {addr} answered {what} with an unexpected message")]
     Protocol { addr: SocketAddr, what: &'static str },
     #[error("replicas of {volume_id} disagree, refusing to change them by hand: {detail}")]
@@ -59,7 +73,16 @@ impl ControlError {
     pub fn status(&self) -> Option<Status> {
         match self {
             Self::Refused { status, .. } => Some(*status),
+            Self::Denied { .. } => Some(Status::Denied),
             _ => None,
+        }
+    }
+
+    /// The error of a reply with `status` (not `Ok`): [`Self::Denied`] for `Denied`.
+    fn refused(addr: SocketAddr, what: &'static str, status: Status) -> Self {
+        match status {
+            Status::Denied => Self::Denied { addr, what },
+            status => Self::Refused { addr, what, status },
         }
     }
 }
@@ -67,7 +90,7 @@ impl ControlError {
 /// One request/response connection to a replica server (control traffic is not pipelined).
 struct Conn {
     addr: SocketAddr,
-    stream: TcpStream,
+    stream: ClientStream,
     decoder: FrameDecoder,
     next_id: u64,
     timeout: Duration,
@@ -75,14 +98,13 @@ struct Conn {
 }
 
 impl Conn {
-    async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, ControlError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(source)) => return Err(ControlError::Unreachable { addr, source }),
-            Err(_) => return Err(ControlError::Timeout { addr, what: "connect", timeout }),
+    async fn connect(addr: SocketAddr, timeout: Duration, reach: &Reach) -> Result<Self, ControlError> {
+        let stream = match transport::dial(addr, &reach.transport, &reach.server, timeout).await {
+            Ok(dialed) => dialed.stream,
+            Err(DialError::Unreachable(source)) => return Err(ControlError::Unreachable { addr, source }),
+            Err(DialError::TimedOut(_)) => return Err(ControlError::Timeout { addr, what: "connect", timeout }),
+            Err(e) => return Err(ControlError::Tls { addr, detail: e.to_string() }),
         };
-        // Control requests are small and latency-bound.
-        let _ = stream.set_nodelay(true);
         Ok(Self {
             addr,
             stream,
@@ -109,6 +131,7 @@ impl Conn {
         encode(&Frame { request_id, message }, &mut out).map_err(|e| ControlError::Invalid(e.to_string()))?;
         let conn_err = |detail: String| ControlError::Connection { addr, what, detail };
         self.stream.write_all(&out).await.map_err(|e| conn_err(e.to_string()))?;
+        self.stream.flush().await.map_err(|e| conn_err(e.to_string()))?;
         loop {
             match self.decoder.next_frame() {
                 Ok(Some(frame)) if frame.request_id == request_id => return Ok(frame.message),
@@ -129,9 +152,28 @@ impl Conn {
         match self.call(what, message).await? {
             Message::Reply { status: Status::Ok } => Ok(()),
             Message::Reply { status } if accept.contains(&status) => Ok(()),
-            Message::Reply { status } => Err(ControlError::Refused { addr: self.addr, what, status }),
+            Message::Reply { status } => Err(ControlError::refused(self.addr, what, status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what }),
         }
+    }
+}
+
+/// How a client reaches replica servers: over what, and who the server must be (TLS).
+#[derive(Debug, Clone)]
+pub struct Reach {
+    pub transport: Transport,
+    pub server: ExpectedRole,
+}
+
+impl Reach {
+    /// Plaintext (`--tls-mode off`).
+    pub fn plaintext() -> Self {
+        Self { transport: Transport::Plain, server: ExpectedRole::AnyNode }
+    }
+
+    /// Over `transport`, to any node of the cluster (a server reached by its address).
+    pub fn any_node(transport: Transport) -> Self {
+        Self { transport, server: ExpectedRole::AnyNode }
     }
 }
 
@@ -145,51 +187,54 @@ pub struct NodeInfo {
 }
 
 /// Control requests to one replica server (a "node" of the data path).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReplicaServerClient {
     pub addr: SocketAddr,
     pub timeout: Duration,
+    pub reach: Reach,
 }
 
 impl ReplicaServerClient {
+    /// A plaintext client (`--tls-mode off`).
     pub fn new(addr: SocketAddr, timeout: Duration) -> Self {
-        Self { addr, timeout }
+        Self { addr, timeout, reach: Reach::plaintext() }
+    }
+
+    /// A client reaching the server as `reach` says.
+    pub fn over(addr: SocketAddr, timeout: Duration, reach: Reach) -> Self {
+        Self { addr, timeout, reach }
     }
 
     /// Creates an empty replica; succeeds if one of the same size exists (a retry).
     pub async fn create_replica(&self, volume_id: &str, size: u64) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         let message = Message::CreateReplica { volume_id: volume_id.to_owned(), size };
         c.reply("CreateReplica", message, &[]).await
     }
 
     /// Deletes a replica and its files; succeeds if it is already gone (a retry).
     pub async fn delete_replica(&self, volume_id: &str) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound]).await
     }
 
     pub async fn node_info(&self) -> Result<NodeInfo, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("NodeInfo", Message::NodeInfo).await? {
             Message::NodeInfoReply { status: Status::Ok, capacity, available, replicas } => {
                 Ok(NodeInfo { addr: self.addr, capacity, available, replicas })
             }
-            Message::NodeInfoReply { status, .. } => {
-                Err(ControlError::Refused { addr: self.addr, what: "NodeInfo", status })
-            }
+            Message::NodeInfoReply { status, .. } => Err(ControlError::refused(self.addr, "NodeInfo", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "NodeInfo" }),
         }
     }
 
     /// Who the server is (its node name and labels).
     pub async fn identify(&self) -> Result<NodeIdentity, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("Identify", Message::Identify).await? {
             Message::Identity { status: Status::Ok, node, labels } => Ok(NodeIdentity { node, labels }),
-            Message::Identity { status, .. } => {
-                Err(ControlError::Refused { addr: self.addr, what: "Identify", status })
-            }
+            Message::Identity { status, .. } => Err(ControlError::refused(self.addr, "Identify", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Identify" }),
         }
     }
@@ -197,12 +242,10 @@ impl ReplicaServerClient {
     /// The header and volume record of the replica of `volume_id` on this server, without
     /// opening a session (the dirty flag and sessions stay as they are).
     pub async fn describe(&self, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned() }).await? {
             Message::Description { status: Status::Ok, header, record } => Ok((header, record)),
-            Message::Description { status, .. } => {
-                Err(ControlError::Refused { addr: self.addr, what: "Describe", status })
-            }
+            Message::Description { status, .. } => Err(ControlError::refused(self.addr, "Describe", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Describe" }),
         }
     }
@@ -210,7 +253,7 @@ impl ReplicaServerClient {
     /// Replaces the record of the replica of `volume_id` if `record` is newer; refused with
     /// `StaleRevision` when the replica holds a newer (or conflicting) one.
     pub async fn set_record(&self, volume_id: &str, record: &RecordInfo) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         let message = Message::SetRecord {
             volume_id: volume_id.to_owned(),
             version: record.version,
@@ -222,12 +265,10 @@ impl ReplicaServerClient {
 
     /// A request for the engine of `volume_id` running in the server's process.
     pub async fn engine_call(&self, volume_id: &str, request: Vec<u8>) -> Result<Vec<u8>, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout).await?;
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         match c.call("EngineCall", Message::EngineCall { volume_id: volume_id.to_owned(), request }).await? {
             Message::EngineReply { status: Status::Ok, reply } => Ok(reply),
-            Message::EngineReply { status, .. } => {
-                Err(ControlError::Refused { addr: self.addr, what: "EngineCall", status })
-            }
+            Message::EngineReply { status, .. } => Err(ControlError::refused(self.addr, "EngineCall", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "EngineCall" }),
         }
     }
@@ -255,11 +296,23 @@ impl ReplicaSession {
         timeout: Duration,
         epoch: u64,
     ) -> Result<Self, ControlError> {
-        let mut conn = Conn::connect(addr, timeout).await?;
+        Self::open_over(addr, volume_id, timeout, epoch, &Reach::plaintext()).await
+    }
+
+    /// Like [`ReplicaSession::open_claimed`], reaching the server as `reach` says (a session
+    /// as the controller: a node's needs a grant, which only an engine presents).
+    pub async fn open_over(
+        addr: SocketAddr,
+        volume_id: &str,
+        timeout: Duration,
+        epoch: u64,
+        reach: &Reach,
+    ) -> Result<Self, ControlError> {
+        let mut conn = Conn::connect(addr, timeout, reach).await?;
         let hello = Message::Hello { volume_id: volume_id.to_owned(), protocol_version: PROTOCOL_VERSION, revision: 0 };
         let header = match conn.call("Hello", hello).await? {
             Message::HelloReply { status: Status::Ok, header } => header,
-            Message::HelloReply { status, .. } => return Err(ControlError::Refused { addr, what: "Hello", status }),
+            Message::HelloReply { status, .. } => return Err(ControlError::refused(addr, "Hello", status)),
             _ => return Err(ControlError::Protocol { addr, what: "Hello" }),
         };
         let mut session = Self { conn, header };
@@ -384,11 +437,18 @@ pub struct ReplicaSet {
     /// Claimed by every session (see [`ReplicaSession::open_claimed`]); 0 for a set without a
     /// record.
     pub epoch: u64,
+    pub reach: Reach,
 }
 
 impl ReplicaSet {
     pub fn new(volume_id: impl Into<String>, nodes: Vec<SocketAddr>, timeout: Duration) -> Self {
-        Self { volume_id: volume_id.into(), nodes, timeout, epoch: 0 }
+        Self { volume_id: volume_id.into(), nodes, timeout, epoch: 0, reach: Reach::plaintext() }
+    }
+
+    /// The same set, reached as `reach` says.
+    pub fn with_reach(mut self, reach: Reach) -> Self {
+        self.reach = reach;
+        self
     }
 
     /// The same set, its sessions claiming `epoch`.
@@ -417,7 +477,9 @@ impl ReplicaSet {
             return Err(ControlError::Invalid(format!("size {size} is not a positive multiple of 4096")));
         }
         for addr in &self.nodes {
-            ReplicaServerClient::new(*addr, self.timeout).create_replica(&self.volume_id, size).await?;
+            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone())
+                .create_replica(&self.volume_id, size)
+                .await?;
         }
         Ok(())
     }
@@ -426,7 +488,7 @@ impl ReplicaSet {
     pub async fn delete(&self) -> Result<(), ControlError> {
         self.check()?;
         for addr in &self.nodes {
-            ReplicaServerClient::new(*addr, self.timeout).delete_replica(&self.volume_id).await?;
+            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone()).delete_replica(&self.volume_id).await?;
         }
         Ok(())
     }
@@ -442,7 +504,7 @@ impl ReplicaSet {
         self.check()?;
         let mut sessions = Vec::with_capacity(self.nodes.len());
         for addr in &self.nodes {
-            match ReplicaSession::open_claimed(*addr, &self.volume_id, self.timeout, self.epoch).await {
+            match ReplicaSession::open_over(*addr, &self.volume_id, self.timeout, self.epoch, &self.reach).await {
                 Ok(s) => sessions.push(s),
                 Err(e) => {
                     // Sessions already open end cleanly rather than leaving replicas dirty.
@@ -560,7 +622,8 @@ impl ReplicaSet {
         self.check()?;
         source.check()?;
         let mut src =
-            ReplicaSession::open_claimed(source.nodes[0], &source.volume_id, source.timeout, source.epoch).await?;
+            ReplicaSession::open_over(source.nodes[0], &source.volume_id, source.timeout, source.epoch, &source.reach)
+                .await?;
         let size = src.header().size;
         if !src.header().snapshots.iter().any(|s| s.name == snapshot) {
             let _ = src.close().await;
@@ -618,9 +681,18 @@ async fn close_all(sessions: Vec<ReplicaSession>) -> Result<(), ControlError> {
 /// Every node's report, in order; a node that fails is reported as its error, so one dead node
 /// does not hide the others' free space.
 pub async fn list_nodes(nodes: &[SocketAddr], timeout: Duration) -> Vec<Result<NodeInfo, ControlError>> {
+    list_nodes_over(nodes, timeout, &Reach::plaintext()).await
+}
+
+/// [`list_nodes`], reaching the servers as `reach` says.
+pub async fn list_nodes_over(
+    nodes: &[SocketAddr],
+    timeout: Duration,
+    reach: &Reach,
+) -> Vec<Result<NodeInfo, ControlError>> {
     let mut set = tokio::task::JoinSet::new();
     for (i, addr) in nodes.iter().enumerate() {
-        let client = ReplicaServerClient::new(*addr, timeout);
+        let client = ReplicaServerClient::over(*addr, timeout, reach.clone());
         set.spawn(async move { (i, client.node_info().await) });
     }
     let mut out: Vec<Option<Result<NodeInfo, ControlError>>> = nodes.iter().map(|_| None).collect();

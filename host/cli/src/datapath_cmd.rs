@@ -59,6 +59,53 @@ pub struct DataPathArgs {
     /// upgrade itself, not by hand.
     #[arg(long, value_name = "FILE")]
     pub adopt: Option<PathBuf>,
+    /// This node's credentials directory (`ca.crt`, `tls.crt`, `tls.key`, the node's
+    /// certificate), re-read when it changes: the replica server and the engines' connections
+    /// use it.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// How the replica port travels: `required` (the default with --tls-dir), `permissive`
+    /// (also serves, and falls back to, plaintext peers of the version before TLS), `off`
+    /// (plaintext: without --tls-dir it must be given explicitly).
+    #[arg(long, value_name = "off|permissive|required")]
+    pub tls_mode: Option<wasmcsi_trust::TlsMode>,
+    /// The controller's authority endpoint (https://HOST:PORT), where the grants of the
+    /// volumes attached here are renewed (with --tls-dir). The node plugin hands each volume's
+    /// grant over at its attach; without this the grants are not renewed.
+    #[arg(long, requires = "tls_dir")]
+    pub authority: Option<String>,
+    #[command(flatten)]
+    pub limits: ListenerArgs,
+}
+
+/// The replica listener's bounds (the trust crate's defaults).
+#[derive(Args, Debug, Clone)]
+pub struct ListenerArgs {
+    /// Connections the replica server holds at once.
+    #[arg(long, default_value_t = wasmcsi_trust::listener::DEFAULT_MAX_CONNECTIONS)]
+    pub replica_max_connections: usize,
+    /// Connections the replica server holds at once from one source address (an IPv6 /64).
+    #[arg(long, default_value_t = wasmcsi_trust::listener::DEFAULT_MAX_PER_SOURCE)]
+    pub replica_max_per_source: usize,
+}
+
+impl Default for ListenerArgs {
+    fn default() -> Self {
+        Self {
+            replica_max_connections: wasmcsi_trust::listener::DEFAULT_MAX_CONNECTIONS,
+            replica_max_per_source: wasmcsi_trust::listener::DEFAULT_MAX_PER_SOURCE,
+        }
+    }
+}
+
+impl ListenerArgs {
+    fn limits(&self) -> wasmcsi_trust::Limits {
+        wasmcsi_trust::Limits {
+            max_connections: self.replica_max_connections,
+            max_per_source: self.replica_max_per_source,
+            ..wasmcsi_trust::Limits::default()
+        }
+    }
 }
 
 /// A `KEY=VALUE` argument (node labels, `--peer NODE=ADDR`): the key must not be empty.
@@ -82,6 +129,17 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
             "the FUSE and rbd-fuse mounts made beneath it must reach the host and the node plugin",
         )?;
     }
+    crate::trust::check_replica_mode(args.tls_dir.as_deref(), args.tls_mode)?;
+    let (credentials, _watcher) = match &args.tls_dir {
+        Some(dir) => {
+            let (live, watcher) = wasmcsi_trust::watch(dir, wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL)
+                .with_context(|| format!("this node's credentials in {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), role = %live.current().role(), expires_in = live.seconds_to_expiry(), "loaded TLS credentials");
+            (Some(live), Some(watcher))
+        }
+        None => (None, None),
+    };
+    let transport = crate::trust::replica_transport(args.tls_mode, credentials.as_ref())?;
     let config = ProcessConfig {
         socket: args.socket.clone(),
         state_dir: args.state_dir.clone(),
@@ -93,11 +151,20 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
             runtime_root: args.state_dir.join("run"),
             request_timeout: Duration::from_secs(10),
             attach_timeout: Duration::from_secs(30),
+            transport,
+            limits: args.limits.limits(),
         },
         adopt: args.adopt.clone(),
     };
     let process = DataPathProcess::start(config).await?;
     let datapath = process.datapath();
+    if let (Some(url), Some(live)) = (&args.authority, &credentials) {
+        let client = wasmcsi_csi::authority_endpoint::AuthorityClient::new(
+            url,
+            wasmcsi_csi::authority_endpoint::client::ClientIdentity::Credentials(live.clone()),
+        )?;
+        datapath.serve_grants(Arc::new(client));
+    }
     let metrics = match args.metrics_addr {
         Some(addr) => Some(
             crate::metrics_http::serve(
@@ -152,6 +219,19 @@ pub async fn spawn_detached(args: &DataPathArgs) -> anyhow::Result<u32> {
     if let Some(addr) = args.metrics_addr {
         cmd.arg("--metrics-addr").arg(addr.to_string());
     }
+    if let Some(dir) = &args.tls_dir {
+        cmd.arg("--tls-dir").arg(dir);
+    }
+    if let Some(mode) = args.tls_mode {
+        cmd.arg("--tls-mode").arg(mode.to_string());
+    }
+    if let Some(url) = &args.authority {
+        cmd.arg("--authority").arg(url);
+    }
+    cmd.arg("--replica-max-connections")
+        .arg(args.limits.replica_max_connections.to_string())
+        .arg("--replica-max-per-source")
+        .arg(args.limits.replica_max_per_source.to_string());
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("duplicating the log file")?)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use wasmcsi_block::replica::NodeIdentity;
+use wasmcsi_block::transport::Transport;
 use wasmcsi_csi::node::mounts::KernelMounts;
 use wasmcsi_csi::node::{Attachers, NodeSetup};
 use wasmcsi_csi::{Mode, Plugin};
@@ -131,11 +132,20 @@ impl Host {
         })
         .with_context(|| format!("starting the runtime with state in {}", opts.state_dir.display()))?;
         let registry = Registry::new(runtime.clone(), opts.backends_dir.clone(), opts.config_file.clone());
+        let tls_mode = trust.tls_mode;
+        // What a data path this host starts is given: the same credentials and mode.
+        let (trust_dir, authority) = (trust.tls_dir.clone(), trust.authority.clone());
+        let trust = crate::trust::start(&trust, opts.mode, &opts.node_id, &registry).await?;
+        // The catalog reaches replica servers with this process's credentials (a controller's:
+        // everything; a node's: its read-only discovery) in the replica port's mode.
+        runtime.reach_replicas(wasmcsi_block::control::Reach::any_node(crate::trust::replica_transport(
+            tls_mode,
+            trust.credentials.as_ref(),
+        )?));
+        // Scanned once the catalog knows how to reach replica servers.
         let report = registry.scan().await;
         tracing::info!(loaded = ?report.loaded, rejected = report.rejected.len(), "backends scanned");
         let watcher = registry.watch(opts.reload_interval);
-        let tls_mode = trust.tls_mode;
-        let trust = crate::trust::start(&trust, opts.mode, &opts.node_id, &registry).await?;
         let forwards = !peer.sources.nodes.is_empty() || !peer.sources.services.is_empty();
         let peers = if forwards {
             let transport = crate::trust::transport(tls_mode, &trust, "forwarding to node plugins (--peer)")?;
@@ -159,7 +169,11 @@ impl Host {
         let (datapath, engines) = match (&place, &opts.replicas, opts.mode.node()) {
             (_, _, false) => (None, None),
             (DataPathPlace::InProcess, Some(r), true) => {
-                let d = Arc::new(start_datapath(&opts, r).await?);
+                let transport = crate::trust::replica_transport(tls_mode, trust.credentials.as_ref())?;
+                let d = Arc::new(start_datapath(&opts, r, transport).await?);
+                if let Some(source) = &trust.grant_source {
+                    d.serve_grants(source.clone());
+                }
                 (Some(d.clone()), Some(Engines::InProcess(d)))
             }
             (DataPathPlace::InProcess, None, true) => (None, None),
@@ -167,12 +181,14 @@ impl Host {
                 // What a dead data path (or plugin) left under the shared runtime directory;
                 // the data path reclaims there too at its start, and both skip a live owner's.
                 wasmcsi_datapath::reclaim_dead(opts.state_dir.join("run")).await;
-                (None, Some(Engines::Remote(find_datapath(&opts, socket, *start).await?)))
+                let tls = DataPathTls { dir: trust_dir.clone(), mode: tls_mode, authority: authority.clone() };
+                (None, Some(Engines::Remote(find_datapath(&opts, socket, *start, &tls).await?)))
             }
         };
         let keeper = match &place {
             DataPathPlace::Socket { socket, start: true } if opts.mode.node() => {
-                Some(tokio::spawn(keep_datapath(opts.clone(), socket.clone())))
+                let tls = DataPathTls { dir: trust_dir.clone(), mode: tls_mode, authority: authority.clone() };
+                Some(tokio::spawn(keep_datapath(opts.clone(), socket.clone(), tls)))
             }
             _ => None,
         };
@@ -305,7 +321,7 @@ impl Drop for Host {
 }
 
 /// Opens this node's replicas and starts serving them.
-async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Result<DataPath> {
+async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions, transport: Transport) -> anyhow::Result<DataPath> {
     let config = DataPathConfig {
         identity: NodeIdentity { node: opts.node_id.clone(), labels: r.labels.clone() },
         replica_root: r.root.clone(),
@@ -314,6 +330,8 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Resul
         runtime_root: opts.state_dir.join("run"),
         request_timeout: Duration::from_secs(10),
         attach_timeout: Duration::from_secs(30),
+        transport,
+        limits: wasmcsi_trust::Limits::default(),
     };
     let datapath = DataPath::start(config)
         .await
@@ -325,12 +343,17 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions) -> anyhow::Resul
 /// The data path answering at `socket`; with `start`, one started (detached) when none answers.
 /// Without `start` a data path that does not answer yet is not an error: it runs in a container
 /// of its own that may start after this one, and calls fail UNAVAILABLE until it answers.
-async fn find_datapath(opts: &HostOptions, socket: &Path, start: bool) -> anyhow::Result<DataPathClient> {
+async fn find_datapath(
+    opts: &HostOptions,
+    socket: &Path,
+    start: bool,
+    tls: &DataPathTls,
+) -> anyhow::Result<DataPathClient> {
     let client = DataPathClient::new(socket);
     match client.hello().await {
         Ok(pid) => tracing::info!(pid, socket = %socket.display(), "found the running data path"),
         Err(EnginesError::Unreachable { .. }) if start => {
-            crate::datapath_cmd::spawn_detached(&datapath_args(opts, socket)?).await?;
+            crate::datapath_cmd::spawn_detached(&datapath_args(opts, socket, tls)?).await?;
         }
         Err(e @ EnginesError::Unreachable { .. }) => {
             tracing::warn!(error = %e, "no data path answers yet; replicated volumes wait for it")
@@ -341,7 +364,20 @@ async fn find_datapath(opts: &HostOptions, socket: &Path, start: bool) -> anyhow
 }
 
 /// What a data path started by this host serves: its replicas, its state beside the host's.
-fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::datapath_cmd::DataPathArgs> {
+/// The credentials a data path this host starts is given: this host's (`--tls-dir`, mode,
+/// where grants come from).
+#[derive(Debug, Clone, Default)]
+struct DataPathTls {
+    dir: Option<PathBuf>,
+    mode: Option<wasmcsi_trust::TlsMode>,
+    authority: Option<String>,
+}
+
+fn datapath_args(
+    opts: &HostOptions,
+    socket: &Path,
+    tls: &DataPathTls,
+) -> anyhow::Result<crate::datapath_cmd::DataPathArgs> {
     let r = opts.replicas.as_ref().context("--datapath-start needs --replica-listen (what it serves)")?;
     Ok(crate::datapath_cmd::DataPathArgs {
         socket: socket.to_owned(),
@@ -354,18 +390,24 @@ fn datapath_args(opts: &HostOptions, socket: &Path) -> anyhow::Result<crate::dat
         node_labels: r.labels.clone(),
         metrics_addr: None,
         adopt: None,
+        tls_dir: tls.dir.clone(),
+        // Without credentials this host serves plaintext (it was told so, or it is a host built
+        // in code): the data path it starts is told the same, explicitly.
+        tls_mode: tls.mode.or(tls.dir.is_none().then_some(wasmcsi_trust::TlsMode::Off)),
+        authority: tls.authority.clone(),
+        limits: crate::datapath_cmd::ListenerArgs::default(),
     })
 }
 
 /// Starts the data path again whenever it stops answering (it crashed or was killed), as
 /// Kubernetes restarts a container: the volumes it served come back at their next stage.
-async fn keep_datapath(opts: HostOptions, socket: PathBuf) {
+async fn keep_datapath(opts: HostOptions, socket: PathBuf, tls: DataPathTls) {
     let client = DataPathClient::new(&socket);
     loop {
         tokio::time::sleep(KEEPER_INTERVAL).await;
         if let Err(EnginesError::Unreachable { .. }) = client.hello().await {
             tracing::warn!(socket = %socket.display(), "the data path stopped answering; starting it again");
-            let started = match datapath_args(&opts, &socket) {
+            let started = match datapath_args(&opts, &socket, &tls) {
                 Ok(args) => crate::datapath_cmd::spawn_detached(&args).await,
                 Err(e) => Err(e),
             };

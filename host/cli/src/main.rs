@@ -209,11 +209,11 @@ struct TrustArgs {
     /// `tls.crt`, `tls.key`; cert-manager's, or `wasmcsi pki issue`'s). Re-read when it changes.
     #[arg(long)]
     tls_dir: Option<PathBuf>,
-    /// How the channels outside the replica port are carried (the peer endpoint, the
-    /// controller's calls to it): `required` (mutual TLS with --tls-dir, the default when it is
-    /// given), `permissive` (a node serves TLS and plaintext callers side by side, for the
-    /// upgrade from a plaintext version) or `off` (plaintext, only when chosen here).
-    #[arg(long)]
+    /// How this process's network channels travel (the replica port, the peer endpoint and
+    /// the controller's calls to it): `required` (mutual TLS only; the default with --tls-dir),
+    /// `permissive` (TLS, and plaintext peers of the version before TLS still served: for the
+    /// upgrade), `off` (plaintext: only by this explicit choice).
+    #[arg(long, value_name = "off|permissive|required")]
     tls_mode: Option<wasmcsi_trust::TlsMode>,
     /// Controller: serve the authority endpoint (grants of volumes to the nodes they are
     /// published to; node certificates with --ca-dir) on ADDR, over TLS with --tls-dir.
@@ -348,7 +348,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },
         None => wasmcsi::host::DataPathPlace::InProcess,
     };
-    let host = Host::start_with_trust(options, place, peer, args.trust.options()).await?;
+    let trust = args.trust.options();
+    if options.replicas.is_some() && options.mode.node() {
+        wasmcsi::trust::check_replica_mode(trust.tls_dir.as_deref(), trust.tls_mode)?;
+    }
+    let host = Host::start_with_trust(options, place, peer, trust).await?;
     tracing::info!(socket = %args.socket.display(), backends = ?host.registry.names(), metrics = ?host.metrics_addr, peer = ?host.peer_addr, authority = ?host.trust.authority_addr, "serving CSI");
     tokio::select! {
         r = tokio::signal::ctrl_c() => { r.context("waiting for a signal")?; tracing::info!("interrupted; shutting down"); host.shutdown().await }

@@ -177,6 +177,7 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>, trust: &TrustS
         let rbd_fuse = d.rbd_fuse_list();
         let alive = rbd_fuse.iter().filter(|v| v.alive).count();
         let _ = encode_handovers(&d.handover_report(), d.attached().len(), (alive, rbd_fuse.len() - alive), &mut out);
+        let _ = encode_grant_renewal_failures(d.grant_renewal_failures(), &mut out);
     }
     let _ = trust.encode(&mut out);
     let mut build = prometheus_client::registry::Registry::with_prefix("wasmcsi");
@@ -187,6 +188,19 @@ pub fn exposition(metrics: &Metrics, datapath: Option<&DataPath>, trust: &TrustS
     );
     let _ = prometheus_client::encoding::text::encode(&mut out, &build);
     out
+}
+
+/// Renewals of attached volumes' grants that failed (each retried with back-off).
+fn encode_grant_renewal_failures(failures: u64, out: &mut String) -> std::fmt::Result {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("wasmcsi");
+    let counter = prometheus_client::metrics::counter::Counter::<u64>::default();
+    counter.inc_by(failures);
+    registry.register(
+        "grant_renewal_failures",
+        "Renewals of an attached volume's grant that failed (retried with back-off; open sessions keep running)",
+        counter,
+    );
+    prometheus_client::encoding::text::encode_registry(out, &registry)
 }
 
 /// The data path's own series: volumes it serves, the rbd-fuse daemons it runs (alive, dead),

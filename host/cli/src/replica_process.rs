@@ -80,6 +80,8 @@ impl ReplicaProcess {
             .arg(self.addr.to_string())
             .arg("--replica-root")
             .arg(self.home.join("replicas"))
+            // Plaintext, said so: a demo and benchmark node on loopback.
+            .args(["--tls-mode", "off"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -27,9 +27,11 @@ use wasmcsi_trust::{
 /// What a host is told about its identity; the default: none (plaintext, no authority).
 #[derive(Debug, Clone, Default)]
 pub struct TrustOptions {
-    /// How this process's TCP channels outside the replica port are carried (the peer endpoint
-    /// and the controller's calls to it); `None`: `required` when `tls_dir` is given, and a
-    /// channel that needs one refuses to start without either (never plaintext by default).
+    /// How this process's TCP channels are carried (`--tls-mode`: the replica port, the peer
+    /// endpoint and the controller's calls to it); `None`: `required` when `tls_dir` is given.
+    /// Without either, the peer channel refuses to start and the command line refuses to serve
+    /// replicas ([`check_replica_mode`]): plaintext is never a default there. A host built in
+    /// code (a test, the demo) may serve replicas in plaintext by leaving both unset.
     pub tls_mode: Option<TlsMode>,
     /// This process's credentials directory (`ca.crt`, `tls.crt`, `tls.key`), followed as it
     /// rotates.
@@ -191,5 +193,43 @@ pub fn require_role(transport: &Transport, role: &Role, channel: &str) -> anyhow
             anyhow::bail!("{channel} runs as {role}, but --tls-dir holds {ours}'s certificate")
         }
         _ => Ok(()),
+    }
+}
+
+/// A process that serves replicas speaks plaintext only when told so: without `--tls-dir`,
+/// `--tls-mode off` must be given.
+pub fn check_replica_mode(tls_dir: Option<&std::path::Path>, tls_mode: Option<TlsMode>) -> anyhow::Result<()> {
+    match (tls_dir, tls_mode) {
+        (None, None) => anyhow::bail!(
+            "serving replicas needs this node's credentials (--tls-dir), or plaintext chosen explicitly (--tls-mode off)"
+        ),
+        (None, Some(mode)) if mode != TlsMode::Off => {
+            anyhow::bail!("--tls-mode {mode} needs this node's credentials (--tls-dir)")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How the replica port travels for `mode` (unset: `required` with credentials, plaintext
+/// without) with this process's `credentials`.
+pub fn replica_transport(mode: Option<TlsMode>, credentials: Option<&LiveCredentials>) -> anyhow::Result<Transport> {
+    let mode = mode.unwrap_or(if credentials.is_some() { TlsMode::Required } else { TlsMode::Off });
+    Ok(Transport::new(mode, credentials.cloned())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plaintext_replicas_are_only_ever_an_explicit_choice() {
+        let dir = std::path::Path::new("/etc/wasmcsi/tls");
+        assert!(check_replica_mode(None, None).is_err());
+        assert!(check_replica_mode(None, Some(TlsMode::Required)).is_err());
+        assert!(check_replica_mode(None, Some(TlsMode::Off)).is_ok());
+        assert!(check_replica_mode(Some(dir), None).is_ok());
+        assert!(check_replica_mode(Some(dir), Some(TlsMode::Permissive)).is_ok());
+        assert!(matches!(replica_transport(None, None), Ok(Transport::Plain)));
+        assert!(replica_transport(Some(TlsMode::Required), None).is_err());
     }
 }

@@ -172,6 +172,7 @@ impl CsiError {
                     B::ResourceExhausted(_) => Code::ResourceExhausted,
                     B::Unavailable(_) => Code::Unavailable,
                     B::NotGranted(_) => Code::FailedPrecondition,
+                    B::Denied(_) => Code::PermissionDenied,
                     B::Internal(_) => Code::Internal,
                 }
             }

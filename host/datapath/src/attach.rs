@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 use wasmcsi_block::control::{self, ControlError};
 use wasmcsi_block::engine::EngineConfig;
 use wasmcsi_block::protocol::SnapshotInfo;
-use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeStatus};
+use wasmcsi_block::transport::Transport;
+use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeGrant, VolumeStatus};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
 
 /// Engine settings of an attached volume.
@@ -59,6 +60,12 @@ pub struct AttachConfig {
     /// The epoch the engine claims on every replica (from the volume's record); 0 for a volume
     /// driven by hand, which claims nothing.
     pub epoch: u64,
+    /// How the engine reaches replica servers (see `VolumeConfig::transport`).
+    pub transport: Transport,
+    /// The node each replica's server must be over TLS, in replica order.
+    pub nodes: Vec<Option<String>>,
+    /// The grant the engine presents when it runs as a node over TLS.
+    pub grant: Option<Arc<VolumeGrant>>,
 }
 
 impl AttachConfig {
@@ -77,6 +84,9 @@ impl AttachConfig {
             request_timeout: Duration::from_secs(10),
             attach_timeout: Duration::from_secs(30),
             epoch: 0,
+            transport: Transport::Plain,
+            nodes: Vec::new(),
+            grant: None,
         }
     }
 }
@@ -569,7 +579,10 @@ async fn start_engine(
         rebuild_parallelism: REBUILD_PARALLELISM,
         epoch: config.epoch,
     };
-    let driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
+    let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
+    driver.transport = config.transport.clone();
+    driver.nodes = config.nodes.clone();
+    driver.grant = config.grant.clone();
     let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
         .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
     let volume = Arc::new(volume);
@@ -619,7 +632,8 @@ async fn replica_size(config: &AttachConfig) -> Result<u64, AttachError> {
     let mut size = None;
     let mut errors = Vec::new();
     let addrs: Vec<SocketAddr> = config.replicas.iter().map(ReplicaEndpoint::addr).collect();
-    for info in control::list_nodes(&addrs, config.request_timeout).await {
+    let reach = control::Reach::any_node(config.transport.clone());
+    for info in control::list_nodes_over(&addrs, config.request_timeout, &reach).await {
         match info {
             Ok(info) => {
                 if let Some(r) = info.replicas.iter().find(|r| r.volume_id == config.volume_id) {

@@ -52,6 +52,11 @@ pub struct HandedVolume {
     pub epoch: u64,
     /// Each member's node name and address, in the engine's replica order.
     pub members: Vec<(String, Option<SocketAddr>)>,
+    /// The grant the volume's engine presents (the current one, renewed since its attach
+    /// perhaps); absent from a state an image before grants wrote, and the new image then asks
+    /// its grant source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Vec<u8>>,
     /// The FUSE connection's fd, inherited.
     pub session_fd: i32,
     pub mount: PathBuf,
@@ -138,6 +143,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 4,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                grant: Some(b"WCSIGRT1 a grant".to_vec()),
                 session_fd: 9,
                 mount: "/run/fuse-v1.1.0".into(),
                 device: "/dev/loop3".into(),

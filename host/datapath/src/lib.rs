@@ -28,12 +28,18 @@
 //! one adopts them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the
 //! kernel already has.
 //!
+//! Its replica server and its engines' connections travel as `--tls-mode` says (plaintext, or
+//! mutual TLS with the node's credentials, [`DataPathConfig::transport`]); over TLS a volume's
+//! engine presents the volume's grant to open sessions on other nodes' replicas, which the
+//! attach brings and [`grants`] keeps fresh from the node's grant source.
+//!
 //! It also keeps the node's rbd-fuse daemons ([`rbd_fuse`]) for the plugin's RBD staging, so
 //! they outlive the plugin too; they are plain children of this process, which an `execve`
 //! keeps, and [`rbd_fuse::daemons`] finds them again from their records.
 
 pub mod attach;
 pub mod client;
+pub mod grants;
 pub mod handover;
 pub mod process;
 pub mod rbd_fuse;
@@ -54,7 +60,9 @@ use wasmcsi_block::catalog::engine_call::{EngineReplica, EngineReply, EngineRequ
 use wasmcsi_block::engine::ReplicaHealth;
 use wasmcsi_block::protocol::Status;
 use wasmcsi_block::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
-use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint};
+use wasmcsi_block::transport::Transport;
+use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, VolumeGrant};
+use wasmcsi_trust::{GrantSource, Limits, Role};
 
 use crate::attach::{AttachConfig, AttachError, AttachedVolume, SuspendedVolume};
 
@@ -74,6 +82,11 @@ pub struct DataPathConfig {
     pub request_timeout: Duration,
     /// How long an engine may take to reach a healthy replica.
     pub attach_timeout: Duration,
+    /// How the replica server and the engines' connections travel (`--tls-mode`, with the
+    /// node's credentials from `--tls-dir`).
+    pub transport: Transport,
+    /// The replica listener's bounds.
+    pub limits: Limits,
 }
 
 /// The volumes attached on this node, shared by the node plugin and the replica server (which
@@ -81,8 +94,23 @@ pub struct DataPathConfig {
 #[derive(Default)]
 struct Volumes {
     map: Mutex<HashMap<String, Arc<AttachedVolume>>>,
-    /// What each attached volume's engine was started with: what a handover passes on.
+    /// What each attached volume's engine was started with: what a handover passes on (with
+    /// the grant as it is then, see `kept`).
     infos: Mutex<HashMap<String, AttachInfo>>,
+    /// Each attached volume's grant and the task keeping it fresh (TLS as a node only).
+    kept: Mutex<HashMap<String, Kept>>,
+}
+
+/// An attached volume's grant and its keeper.
+struct Kept {
+    grant: Arc<VolumeGrant>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
 }
 
 impl Volumes {
@@ -117,6 +145,8 @@ pub struct DataPath {
     handovers: Mutex<handover::HandoverReport>,
     /// What runs rbd-fuse for RBD volumes staged here, when the binary registered it.
     rbd_fuse: std::sync::OnceLock<Arc<dyn rbd_fuse::RbdFuseDaemons>>,
+    /// Where the attached volumes' grants come from, and their keepers' failures.
+    grants: grants::GrantKeepers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +194,12 @@ impl DataPath {
             .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?
             .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?;
         let volumes = Arc::new(Volumes::default());
-        let server_config = ServerConfig { identity: config.identity.clone(), ..ServerConfig::plaintext() };
+        let server_config = ServerConfig {
+            identity: config.identity.clone(),
+            transport: config.transport.clone(),
+            limits: config.limits.clone(),
+            ..ServerConfig::plaintext()
+        };
         let engines: Arc<dyn EngineCalls> = volumes.clone();
         let server = ReplicaServer::serve_on_listener(listener, Arc::new(node), server_config, Some(engines)).await?;
         let (local_addr, node) = (server.local_addr(), server.node().clone());
@@ -179,7 +214,25 @@ impl DataPath {
             handing_over: AtomicBool::new(false),
             handovers: Mutex::default(),
             rbd_fuse: std::sync::OnceLock::new(),
+            grants: grants::GrantKeepers::default(),
         })
+    }
+
+    /// Attached volumes' grants come from `source` from now on (once; a second call is ignored
+    /// and says so): the controller's authority endpoint, or this process's own controller.
+    pub fn serve_grants(&self, source: Arc<dyn GrantSource>) -> bool {
+        self.grants.set_source(source)
+    }
+
+    /// Grant renewals that failed since this data path started.
+    pub fn grant_renewal_failures(&self) -> u64 {
+        self.grants.renewal_failures()
+    }
+
+    /// The grant the engine of `id` presents now, if it holds one.
+    pub fn grant(&self, id: &str) -> Option<Vec<u8>> {
+        let kept = self.volumes.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.get(id).and_then(|k| k.grant.current()).map(|g| g.to_vec())
     }
 
     pub fn identity(&self) -> &NodeIdentity {
@@ -239,23 +292,32 @@ impl DataPath {
             return Ok(v);
         }
         let _guard = self.begin(id)?;
-        let volume = Arc::new(AttachedVolume::start(self.attach_config(id, info)?).await?);
-        self.insert(id, info, volume.clone());
+        let (config, kept) = self.attach_config(id, info)?;
+        let volume = Arc::new(AttachedVolume::start(config).await?);
+        self.insert(id, info, volume.clone(), kept);
         Ok(volume)
     }
 
-    fn insert(&self, id: &str, info: &AttachInfo, volume: Arc<AttachedVolume>) {
+    fn insert(&self, id: &str, info: &AttachInfo, volume: Arc<AttachedVolume>, kept: Option<Kept>) {
         self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), info.clone());
         self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), volume);
+        let mut grants = self.volumes.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        match kept {
+            Some(kept) => grants.insert(id.to_owned(), kept),
+            None => grants.remove(id),
+        };
     }
 
     fn remove(&self, id: &str) {
         self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
         self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        self.volumes.kept.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 
-    /// How the engine of `id` is started on this node, from the record's members and epoch.
-    fn attach_config(&self, id: &str, info: &AttachInfo) -> Result<AttachConfig, DataPathError> {
+    /// How the engine of `id` is started on this node, from the record's members and epoch,
+    /// with the grant it presents and its keeper when it runs as a node over TLS (not started
+    /// yet: nothing runs for an attach that fails before it starts).
+    fn attach_config(&self, id: &str, info: &AttachInfo) -> Result<(AttachConfig, Option<Kept>), DataPathError> {
         // A member no discovery ever found has no address: its slot never connects, the volume
         // serves degraded, and the control plane replaces it.
         let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
@@ -278,7 +340,18 @@ impl DataPath {
         config.epoch = info.epoch;
         config.request_timeout = self.config.request_timeout;
         config.attach_timeout = self.config.attach_timeout;
-        Ok(config)
+        config.transport = self.config.transport.clone();
+        config.nodes = info.members.iter().map(|(name, _)| Some(name.clone())).collect();
+        let kept = match (self.config.transport.credentials(), self.config.transport.role()) {
+            (Some(credentials), Some(Role::Node(_))) => {
+                let grant = Arc::new(VolumeGrant::new(info.grant.clone()));
+                let keeper = self.grants.keep(id, grant.clone(), credentials.clone());
+                config.grant = Some(grant.clone());
+                Some(Kept { grant, keeper })
+            }
+            _ => None,
+        };
+        Ok((config, kept))
     }
 
     /// The replica listener (another fd of it), for a handover.
@@ -317,7 +390,18 @@ impl DataPath {
         let volumes: Vec<(String, AttachInfo, Arc<AttachedVolume>)> = {
             let map = self.volumes.map.lock().unwrap_or_else(PoisonError::into_inner);
             let infos = self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner);
-            map.iter().filter_map(|(id, v)| Some((id.clone(), infos.get(id)?.clone(), v.clone()))).collect()
+            let kept = self.volumes.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            map.iter()
+                .filter_map(|(id, v)| {
+                    let mut info = infos.get(id)?.clone();
+                    // The grant as it is now (renewed since the attach, perhaps): the next image
+                    // presents it.
+                    if let Some(current) = kept.get(id).and_then(|k| k.grant.current()) {
+                        info.grant = Some(current.to_vec());
+                    }
+                    Some((id.clone(), info, v.clone()))
+                })
+                .collect()
         };
         let tasks: Vec<_> = volumes
             .iter()
@@ -359,9 +443,10 @@ impl DataPath {
         for (info, s) in volumes {
             let (id, since) = (s.volume_id.clone(), s.suspended_at);
             match self.attach_config(&id, &info) {
-                Ok(config) => tasks.push((
+                Ok((config, kept)) => tasks.push((
                     id,
                     info,
+                    kept,
                     tokio::spawn(async move {
                         let adopted = AttachedVolume::adopt(config, s).await;
                         (adopted, since.elapsed().unwrap_or_default())
@@ -371,10 +456,10 @@ impl DataPath {
             }
         }
         let mut pauses = Vec::new();
-        for (id, info, task) in tasks {
+        for (id, info, kept, task) in tasks {
             match task.await {
                 Ok((Ok(volume), pause)) => {
-                    self.insert(&id, &info, Arc::new(volume));
+                    self.insert(&id, &info, Arc::new(volume), kept);
                     pauses.push((id, pause));
                 }
                 Ok((Err(e), _)) => {
@@ -395,8 +480,9 @@ impl DataPath {
         suspended: SuspendedVolume,
     ) -> Result<Arc<AttachedVolume>, DataPathError> {
         let id = suspended.volume_id.clone();
-        let volume = Arc::new(AttachedVolume::adopt(self.attach_config(&id, info)?, suspended).await?);
-        self.insert(&id, info, volume.clone());
+        let (config, kept) = self.attach_config(&id, info)?;
+        let volume = Arc::new(AttachedVolume::adopt(config, suspended).await?);
+        self.insert(&id, info, volume.clone(), kept);
         Ok(volume)
     }
 

@@ -137,11 +137,11 @@ async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<Pat
                 _ => Reply::error(ErrorKind::Failed, "this data path does not upgrade live"),
             }
         }
-        Request::Attach { volume, size, epoch, members } => {
+        Request::Attach { volume, size, epoch, members, grant } => {
             if wasmcsi_block::replica::replica_dir_name(&volume).is_err() {
                 return Reply::error(ErrorKind::Invalid, format!("{volume:?} is not a volume id"));
             }
-            match datapath.attach(&volume, &AttachInfo { size, epoch, members }).await {
+            match datapath.attach(&volume, &AttachInfo { size, epoch, members, grant }).await {
                 Ok(attached) => Reply { volume: Some(view(&volume, &attached)), ..Reply::ok() },
                 Err(e) => failed(e),
             }
@@ -196,6 +196,8 @@ mod tests {
             runtime_root: dir.path().join("run"),
             request_timeout: Duration::from_secs(1),
             attach_timeout: Duration::from_secs(1),
+            transport: wasmcsi_block::transport::Transport::Plain,
+            limits: wasmcsi_trust::Limits::default(),
         };
         let datapath = Arc::new(DataPath::start(config).await.unwrap());
         let socket = dir.path().join("datapath.sock");

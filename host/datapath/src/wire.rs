@@ -43,6 +43,10 @@ pub enum Request {
         epoch: u64,
         /// Each member's node name and address, in the engine's replica order.
         members: Vec<(String, Option<SocketAddr>)>,
+        /// The volume's grant to this node as the controller signed it; absent from a plugin
+        /// of the version before grants (the data path then asks its grant source).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grant: Option<Vec<u8>>,
     },
     /// Stop the volume's engine (its device must not be mounted); absent succeeds.
     Detach { volume: String },
@@ -81,7 +85,13 @@ impl Request {
     }
 
     pub fn attach(volume: &str, info: &AttachInfo) -> Self {
-        Self::Attach { volume: volume.to_owned(), size: info.size, epoch: info.epoch, members: info.members.clone() }
+        Self::Attach {
+            volume: volume.to_owned(),
+            size: info.size,
+            epoch: info.epoch,
+            members: info.members.clone(),
+            grant: info.grant.clone(),
+        }
     }
 }
 
@@ -221,6 +231,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 7,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                grant: Some(b"WCSIGRT1 a grant".to_vec()),
             },
         };
         let mut buf = Vec::new();

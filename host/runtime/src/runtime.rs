@@ -86,9 +86,22 @@ pub struct Runtime {
     executors: crate::executor::Executors,
     cache: CompileCache,
     _ticker: EpochTicker,
+    /// How the `block` capability's catalog reaches replica servers: plaintext until the host
+    /// sets this process's credentials ([`Runtime::reach_replicas`]).
+    block_reach: RwLock<wasmcsi_block::control::Reach>,
 }
 
 impl Runtime {
+    /// Backends loaded from now on reach replica servers as `reach` says (TLS with this
+    /// process's credentials).
+    pub fn reach_replicas(&self, reach: wasmcsi_block::control::Reach) {
+        *self.block_reach.write().unwrap_or_else(std::sync::PoisonError::into_inner) = reach;
+    }
+
+    fn block_reach(&self) -> wasmcsi_block::control::Reach {
+        self.block_reach.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     pub fn new(opts: RuntimeOptions) -> Result<Arc<Self>, RuntimeError> {
         let engine = build_engine(&opts.engine)?;
         let metadata = Arc::new(MetaStore::open(&opts.store_path)?);
@@ -101,6 +114,7 @@ impl Runtime {
             metrics: Arc::new(Metrics::new()),
             copies: Arc::default(),
             executors: Default::default(),
+            block_reach: RwLock::new(wasmcsi_block::control::Reach::plaintext()),
         }))
     }
 
@@ -295,10 +309,10 @@ impl Runtime {
                 },
                 block: BlockCtx {
                     backend: name.into(),
-                    catalog: grants
-                        .block
-                        .filter(|b| !b.is_empty())
-                        .map(|sources| wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())),
+                    catalog: grants.block.filter(|b| !b.is_empty()).map(|sources| {
+                        wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())
+                            .with_reach(self.block_reach())
+                    }),
                     import_timeout: limits.import_timeout(),
                 },
                 backup: BackupCtx { backend: name.into(), targets: grants.backup },

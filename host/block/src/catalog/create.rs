@@ -156,13 +156,15 @@ impl Catalog {
             .filter(|m| m.state == MemberState::Healthy)
             .find_map(|m| d.node(&m.node).map(|n| n.addr))
             .ok_or_else(|| CatalogError::Unavailable(format!("no healthy replica of {} answers", fill.volume_id)))?;
-        let source = ReplicaSet::new(fill.volume_id.clone(), vec![src_addr], self.timeout).with_epoch(src_view.epoch);
+        let source = ReplicaSet::new(fill.volume_id.clone(), vec![src_addr], self.timeout)
+            .with_epoch(src_view.epoch)
+            .with_reach(self.reach.clone());
         let targets: Vec<SocketAddr> = record.members.iter().filter_map(|m| d.node(m).map(|n| n.addr)).collect();
         if targets.len() != record.members.len() {
             lock(&self.fills).remove(id);
             return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its fill waits")));
         }
-        let target = ReplicaSet::new(id.to_owned(), targets, self.timeout);
+        let target = ReplicaSet::new(id.to_owned(), targets, self.timeout).with_reach(self.reach.clone());
         let (catalog, id) = (self.clone(), id.to_owned());
         let span =
             tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);

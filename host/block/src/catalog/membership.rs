@@ -61,7 +61,8 @@ impl Catalog {
             for h in holders.iter().filter(|h| h.node != with && moved.member_index(&h.node).is_some()) {
                 if h.header.revision == newest {
                     let mut s =
-                        crate::control::ReplicaSession::open_claimed(h.addr, id, self.timeout, info.epoch).await?;
+                        crate::control::ReplicaSession::open_over(h.addr, id, self.timeout, info.epoch, &self.reach)
+                            .await?;
                     let raised = s.set_revision(newest + 1).await;
                     s.close().await?;
                     raised?;

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 
-use crate::control::{ControlError, ReplicaServerClient, ReplicaSet};
+use crate::control::{ControlError, Reach, ReplicaServerClient, ReplicaSet};
 use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
@@ -65,6 +65,10 @@ pub enum CatalogError {
     /// The node is not one of the grant's nodes.
     #[error("{0}")]
     NotGranted(String),
+    /// A replica server's authorization refused the request to this caller (its role may not
+    /// make it): PERMISSION_DENIED.
+    #[error("{0}")]
+    Denied(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -78,6 +82,10 @@ impl From<ControlError> for CatalogError {
                 Self::Unavailable(e.to_string())
             }
             ControlError::NotInSync { .. } => Self::Unavailable(e.to_string()),
+            ControlError::Denied { .. } => Self::Denied(e.to_string()),
+            // A server whose certificate does not verify (or is another node) may be a
+            // rotation in progress or an impostor: either way not this caller's to fix now.
+            ControlError::Tls { .. } => Self::Unavailable(e.to_string()),
             ControlError::Refused { status: Status::Fenced | Status::Busy | Status::StaleRevision, .. } => {
                 Self::Unavailable(e.to_string())
             }
@@ -141,6 +149,10 @@ pub struct AttachInfo {
     /// Each member's name and address: where it answers now, else where it last answered (engine
     /// replica order). `None` only for a member that never answered since the record existed.
     pub members: Vec<(String, Option<SocketAddr>)>,
+    /// The grant of the volume to this node the controller signed (`wasmcsi_trust::Grant`, as
+    /// encoded), when the caller has one: ControllerPublishVolume's, or the current one a data
+    /// path hands over. The replicas do not hold it: [`Catalog::attach_info`] leaves it empty.
+    pub grant: Option<Vec<u8>>,
 }
 
 /// What a replica of the id on one node said.
@@ -170,6 +182,8 @@ pub struct Catalog {
     fills: Arc<Mutex<HashMap<String, Fill>>>,
     /// (volume, node) → when the catalog first saw that member not healthy while detached.
     down_since: Arc<Mutex<HashMap<(String, String), u64>>>,
+    /// How the replica servers are reached (plaintext, or TLS with this process's credentials).
+    reach: Reach,
 }
 
 fn now_ns() -> u64 {
@@ -183,7 +197,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Catalog {
     /// `timeout` bounds every request to a node (the host's import timeout).
     pub fn new(sources: NodeSources, timeout: Duration) -> Self {
-        Self { sources: Arc::new(sources), timeout, fills: Arc::default(), down_since: Arc::default() }
+        Self {
+            sources: Arc::new(sources),
+            timeout,
+            fills: Arc::default(),
+            down_since: Arc::default(),
+            reach: Reach::plaintext(),
+        }
+    }
+
+    /// The same catalog reaching replica servers as `reach` says (TLS with this process's
+    /// credentials: the controller's, or a node's for its read-only discovery).
+    pub fn with_reach(mut self, reach: Reach) -> Self {
+        self.reach = reach;
+        self
     }
 
     pub fn sources(&self) -> &NodeSources {
@@ -193,11 +220,11 @@ impl Catalog {
     /// Every node the grant names, as it answers now.
     #[tracing::instrument(name = "catalog.discover", skip_all)]
     pub async fn discover(&self) -> Discovery {
-        discover(&self.sources, self.timeout).await
+        discover(&self.sources, self.timeout, &self.reach).await
     }
 
     fn client(&self, addr: SocketAddr) -> ReplicaServerClient {
-        ReplicaServerClient::new(addr, self.timeout)
+        ReplicaServerClient::over(addr, self.timeout, self.reach.clone())
     }
 
     /// Every replica of `id` on the nodes that answered.
@@ -538,7 +565,7 @@ impl Catalog {
             .iter()
             .map(|m| (m.clone(), d.node(m).map(|n| n.addr).or_else(|| record.addresses.get(m).copied())))
             .collect();
-        Ok(AttachInfo { size, epoch: info.epoch, members })
+        Ok(AttachInfo { size, epoch: info.epoch, members, grant: None })
     }
 
     /// Deletes a set and its snapshots (see the module docs); absent succeeds.
@@ -667,7 +694,12 @@ impl Catalog {
             return Err(CatalogError::Unavailable(format!("no current replica of {} answers", view.id)));
         }
         let raise = (current.len() < view.members.len()).then_some(view.revision + 1);
-        Ok(Route::Offline(ReplicaSet::new(view.id.clone(), current, self.timeout).with_epoch(view.epoch), raise))
+        Ok(Route::Offline(
+            ReplicaSet::new(view.id.clone(), current, self.timeout)
+                .with_epoch(view.epoch)
+                .with_reach(self.reach.clone()),
+            raise,
+        ))
     }
 
     /// Runs an offline change on the current replicas, then moves them ahead if asked.

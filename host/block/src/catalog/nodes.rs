@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::{ControlError, ReplicaServerClient};
+use crate::control::{ControlError, Reach, ReplicaServerClient};
 use crate::protocol::ReplicaSummary;
 
 /// Where the replica nodes of a grant are found (`[backends.NAME.grants] block = { ... }`).
@@ -112,14 +112,15 @@ pub const DISCOVERY_SHARE: u32 = 4;
 
 /// Asks every node of `sources` who it is and what it holds, all at once, within `budget /
 /// DISCOVERY_SHARE` for the lookups and as much again for the answers.
-pub async fn discover(sources: &NodeSources, budget: Duration) -> Discovery {
+pub async fn discover(sources: &NodeSources, budget: Duration, reach: &Reach) -> Discovery {
     let timeout = budget / DISCOVERY_SHARE;
     let mut found = Discovery::default();
     let addrs = addresses(sources, timeout, &mut found.unreachable).await;
     let mut tasks = tokio::task::JoinSet::new();
     for addr in addrs {
+        let reach = reach.clone();
         tasks.spawn(async move {
-            let client = ReplicaServerClient::new(addr, timeout);
+            let client = ReplicaServerClient::over(addr, timeout, reach);
             let asked = async {
                 let identity = client.identify().await?;
                 let info = client.node_info().await?;

@@ -41,8 +41,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
 use wasmcsi_frontend::{ReadDone, WriteDone};
+use wasmcsi_trust::ExpectedRole;
 
-use super::connection::{Conn, Outbox, connection};
+use super::connection::{Conn, Dial, Outbox, connection};
 use super::event::ConnEvent;
 use super::local::{LocalJob, LocalLink, Taken};
 use super::state_file::{load_state, save_state};
@@ -251,6 +252,9 @@ struct Slot {
     /// Connect-and-read task of the current generation.
     task: Option<JoinHandle<()>>,
     backoff: Duration,
+    /// Who the replica server must be (TLS): the member node the record names, any node once
+    /// the replica was replaced by one on a server named only by its address.
+    server: ExpectedRole,
 }
 
 pub(super) struct Driver {
@@ -341,6 +345,9 @@ impl Driver {
         }
         let slot = &mut self.slots[index];
         tracing::warn!(replica = index, old = %slot.endpoint.addr(), new = %addr, "replacing replica");
+        if addr != slot.endpoint.addr() {
+            slot.server = ExpectedRole::AnyNode;
+        }
         slot.endpoint = slot.endpoint.replaced_by(addr);
         self.feed(Event::ReplicaReplaced(index));
         self.close(index);
@@ -663,9 +670,16 @@ impl Driver {
                     .instrument(span),
                 )
             }
-            ReplicaEndpoint::Remote(addr) | ReplicaEndpoint::Local(addr) => self.runtime.spawn(
-                connection(replica, generation, *addr, delay, self.cfg.connect_timeout, events).instrument(span),
-            ),
+            ReplicaEndpoint::Remote(addr) | ReplicaEndpoint::Local(addr) => {
+                let dial = Dial {
+                    addr: *addr,
+                    transport: self.cfg.transport.clone(),
+                    expected: slot.server.clone(),
+                    grant: self.cfg.grant.clone(),
+                    timeout: self.cfg.connect_timeout,
+                };
+                self.runtime.spawn(connection(replica, generation, dial, delay, events).instrument(span))
+            }
         };
         slot.task = Some(task);
     }
@@ -698,9 +712,15 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
     let (stop, stop_rx) = mpsc::unbounded_channel();
     let (events, event_rx) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(VolumeStatus::default());
+    let nodes = std::mem::take(&mut cfg.nodes);
     let slots = endpoints
         .into_iter()
-        .map(|endpoint| Slot {
+        .enumerate()
+        .map(|(i, endpoint)| Slot {
+            server: match nodes.get(i) {
+                Some(Some(node)) => ExpectedRole::Node(node.clone()),
+                _ => ExpectedRole::AnyNode,
+            },
             endpoint,
             generation: 0,
             link: None,

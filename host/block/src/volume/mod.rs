@@ -12,7 +12,10 @@
 //!   written to the state file *before* any later action of the batch, `ReplicaFailed` closes the
 //!   connection and reconnects with exponential backoff — and the task that serves its
 //!   connections and timer.
-//! - `connection`: one replica's TCP connection (its write side and the task that reads it).
+//! - `connection`: one replica's TCP connection, plaintext or mutual TLS (its write side and
+//!   the task that connects, presents the volume's grant and reads it).
+//! - `grant`: the grant a node's engine presents to open sessions ([`VolumeGrant`]), kept fresh
+//!   by the node's data path.
 //! - `local`: a replica of this process's own node, reached without a socket
 //!   ([`ReplicaEndpoint::InProcess`]), under the same session rules as the server's.
 //! - `event`: what those two report to the driver (`ConnEvent`), in a module of its own so
@@ -29,6 +32,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
@@ -36,16 +40,19 @@ use thiserror::Error;
 mod connection;
 mod driver;
 mod event;
+mod grant;
 mod handle;
 mod local;
 mod state_file;
 
+pub use grant::VolumeGrant;
 pub use handle::ReplicatedVolume;
 pub use local::InProcessNode;
 pub use state_file::{STATE_FILE, load_state, save_state};
 
 use crate::engine::{EngineConfig, RebuildStatus, ReplicaConfig, ReplicaHealth};
 use crate::protocol::SnapshotInfo;
+use crate::transport::Transport;
 
 /// Where one replica of a volume is served and how the volume reaches it. A volume's replicas
 /// are one list of these, in the engine's replica order (replica `i` is the `i`th).
@@ -103,6 +110,14 @@ pub struct VolumeConfig {
     /// reset once the replica is healthy again.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// How connections to replica servers travel (in-process replicas use no socket).
+    pub transport: Transport,
+    /// The node each replica's server must be over TLS, in replica order (`None`, or missing:
+    /// any node of the cluster's CA).
+    pub nodes: Vec<Option<String>>,
+    /// The volume's grant, presented first on every session when this engine runs with a
+    /// node's credentials (a controller's need none).
+    pub grant: Option<Arc<VolumeGrant>>,
 }
 
 impl VolumeConfig {
@@ -116,6 +131,9 @@ impl VolumeConfig {
             connect_timeout: Duration::from_secs(3),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(5),
+            transport: Transport::Plain,
+            nodes: Vec::new(),
+            grant: None,
         }
     }
 }

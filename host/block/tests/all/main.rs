@@ -7,6 +7,7 @@
 
 mod catalog;
 mod control;
+mod engine_tls;
 mod replica_server;
 mod replica_tls;
 mod replicated_volume;

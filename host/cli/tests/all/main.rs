@@ -23,5 +23,6 @@ mod rbd_flow;
 mod replicated_flow;
 mod replicated_metrics;
 mod replicated_netns;
+mod replicated_tls;
 mod serve_cli;
 mod support;

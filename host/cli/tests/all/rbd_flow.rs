@@ -735,6 +735,8 @@ async fn survive(ceph: &Ceph) {
         "127.0.0.1:0",
         "--replica-root",
         &path("replicas"),
+        "--tls-mode",
+        "off",
     ]
     .iter()
     .map(|s| (*s).to_string())

@@ -47,6 +47,8 @@ async fn replica_node(home: &Path, listen: SocketAddr) -> DataPath {
         runtime_root: home.join("run"),
         request_timeout: Duration::from_secs(10),
         attach_timeout: Duration::from_secs(30),
+        transport: wasmcsi_block::transport::Transport::Plain,
+        limits: wasmcsi_trust::Limits::default(),
     })
     .await
     .expect("node-b's replica server")

@@ -116,6 +116,8 @@ impl Plugin {
                 format!("{}:{REPLICA_PORT}", self.member.addr),
                 "--replica-root".into(),
                 home("replicas"),
+                "--tls-mode".into(),
+                "off".into(),
             ]);
         }
         if self.datapath {

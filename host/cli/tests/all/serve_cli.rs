@@ -364,6 +364,7 @@ fn a_data_path_refuses_a_state_dir_that_is_not_a_shared_mount() {
             .arg(d.path().join(format!("replicas-{propagation}")))
             .arg("--replica-listen")
             .arg(taken.local_addr().unwrap().to_string())
+            .args(["--tls-mode", "off"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .output()

@@ -87,6 +87,8 @@ pub struct Stage<'a> {
     pub staging: &'a Path,
     pub capability: &'a wit::VolumeCapability,
     pub secrets: &'a HashMap<String, String>,
+    /// What ControllerPublishVolume returned for this node (a replicated volume's grant).
+    pub publish_context: &'a HashMap<String, String>,
 }
 
 /// A validated NodePublishVolume.

@@ -125,6 +125,7 @@ impl NodeService {
             staging: &staging,
             capability: &cap,
             secrets: &req.secrets,
+            publish_context: &req.publish_context,
         };
         self.attachers().route(plan)?.stage(&call).await?;
         tracing::info!(volume.id = %id, "volume staged");

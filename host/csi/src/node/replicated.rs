@@ -17,6 +17,7 @@
 //! unstage of the volume whatever is left of it, and the replicas' dirty flags make the next
 //! engine resync. What is dead is told by the mount's owner (`wasmcsi_frontend::owner`), never
 //! by a pid: in pods both processes are pid 1.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -207,7 +208,10 @@ impl Attacher for ReplicatedAttacher {
             // Staged differently, or by a plugin that died: start over.
             self.teardown(&old).await?;
         }
-        let info = catalog.attach_info(&plan.volume_id, &self.node_id).await?;
+        let mut info = catalog.attach_info(&plan.volume_id, &self.node_id).await?;
+        // Absent (a controller of the version before grants, a publish without TLS): the data
+        // path asks its grant source for one.
+        info.grant = publish_grant(call.publish_context)?;
         let volume = engines.attach(&plan.volume_id, &info).await.map_err(engines_err)?;
         let mut state = ReplicatedState {
             volume_id: call.volume.id.to_owned(),
@@ -348,5 +352,35 @@ fn engines_err(e: EnginesError) -> CsiError {
     match e {
         EnginesError::Busy(m) => CsiError::InProgress(m),
         other => CsiError::Unavailable(other.to_string()),
+    }
+}
+
+/// The key of the volume's grant in ControllerPublishVolume's `publish_context`: the grant's
+/// bytes as `wasmcsi_trust::Grant` signs them, standard base64 with padding.
+pub const GRANT_KEY: &str = "wasmcsi.io/grant";
+
+/// The grant in `publish_context`, if there is one; an undecodable one is the caller's error
+/// (the controller sent something else under the key).
+fn publish_grant(publish_context: &HashMap<String, String>) -> CsiResult<Option<Vec<u8>>> {
+    use base64::Engine as _;
+    let Some(encoded) = publish_context.get(GRANT_KEY) else { return Ok(None) };
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map(Some)
+        .map_err(|e| CsiError::Invalid(format!("publish_context[{GRANT_KEY:?}] is not base64: {e}")))
+}
+
+#[cfg(test)]
+mod grant_tests {
+    use super::*;
+
+    #[test]
+    fn the_grant_is_read_from_publish_context_and_may_be_absent() {
+        let mut context = HashMap::new();
+        assert_eq!(publish_grant(&context).ok(), Some(None));
+        context.insert(GRANT_KEY.to_owned(), "V0NTSUdSVDEA/w==".to_owned());
+        assert_eq!(publish_grant(&context).ok(), Some(Some(b"WCSIGRT1\0\xff".to_vec())));
+        context.insert(GRANT_KEY.to_owned(), "not base64!".to_owned());
+        assert!(matches!(publish_grant(&context), Err(CsiError::Invalid(_))));
     }
 }

@@ -77,7 +77,7 @@ pub fn to_wit(e: CatalogError) -> Error {
         CatalogError::OutOfRange(m) => Error::OutOfRange(m),
         CatalogError::ResourceExhausted(m) => Error::ResourceExhausted(m),
         CatalogError::Unavailable(m) => Error::Unavailable(m),
-        CatalogError::NotGranted(m) => Error::PermissionDenied(m),
+        CatalogError::NotGranted(m) | CatalogError::Denied(m) => Error::PermissionDenied(m),
         CatalogError::Internal(m) => Error::Internal(m),
     }
 }

@@ -17,7 +17,7 @@ pub struct Options {
     pub metrics: bool,
     /// The replica server's labels (its zone, for placement).
     pub labels: Vec<(String, String)>,
-    /// The host's identity (`--tls-dir` and the rest); the default: none.
+    /// This host's identity (credentials, TLS mode, authority endpoint); none: plaintext.
     pub trust: wasmcsi::trust::TrustOptions,
 }
 
