@@ -209,11 +209,11 @@ pub(super) async fn connection<L: From<Conn> + Send + 'static>(
         Split::Tls { writer, reader, server } => {
             let mut rd = ReadHalf::Tls(reader);
             // A node's session opens only with a grant (a controller needs none).
-            if matches!(dial.transport.role(), Some(Role::Node(_))) {
-                if let Err(error) = present_grant(&dial, &writer, &mut rd, &mut decoder).await {
-                    writer.reset();
-                    return failed(format!("{server}: {error}"));
-                }
+            if matches!(dial.transport.role(), Some(Role::Node(_)))
+                && let Err(error) = present_grant(&dial, &writer, &mut rd, &mut decoder).await
+            {
+                writer.reset();
+                return failed(format!("{server}: {error}"));
             }
             (rd, Wr::Tls(writer))
         }
