@@ -161,9 +161,12 @@ async fn controller_publish_returns_the_node_s_grant_at_the_epoch_it_claimed() {
     let nodes_file = dir.path().join("replica-nodes");
     std::fs::write(&nodes_file, "").unwrap();
     let pki = Pki::new();
-    // The controller (and node-a) signs with the controller's credentials.
+    // The controller (node-a, a controller and node in one process) signs with the controller's
+    // credentials; over TLS a process has one role, so its replica port (which would need
+    // node-a's certificate) runs plaintext here: what this test checks is the grant.
     let trust = wasmcsi::trust::TrustOptions {
         tls_dir: Some(pki.issue(&Role::Controller, "controller")),
+        tls_mode: Some(wasmcsi_trust::TlsMode::Off),
         ..Default::default()
     };
     let a = support::replicated::host(

@@ -133,6 +133,9 @@ impl NodeHost {
             &format!("127.0.0.1:{}", self.replica_port),
             "--replica-root",
             &self.path("replicas"),
+            // What this test checks is the same in every mode; deploy/ says `off` too.
+            "--tls-mode",
+            "off",
         ]
         .iter()
         .map(|s| (*s).to_owned())

@@ -221,8 +221,6 @@ async fn a_node_local_volume_lives_on_its_node_over_a_peer_channel_only_the_cont
             format!("127.0.0.1:{}", node.replica_port),
             "--replica-root".into(),
             node.home.join("replicas").to_string_lossy().into(),
-            "--tls-mode".into(),
-            "off".into(),
         ];
         node.start(&config, &extra);
     }
