@@ -18,7 +18,7 @@
 
 pub mod catalog;
 pub mod control;
-pub mod dirty;
+pub mod dirty_map;
 pub mod engine;
 pub mod protocol;
 pub mod replica;

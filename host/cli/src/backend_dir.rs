@@ -6,7 +6,7 @@
 use anyhow::Context;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{Runtime, RuntimeOptions};
 
 /// The environment variable `serve` and `backend ls` both read the configuration path from.
@@ -118,7 +118,7 @@ pub async fn list(args: LsArgs) -> anyhow::Result<usize> {
         config,
         cache_dir: None,
         store_path: scratch.path().join("ls.redb"),
-        engine: EngineSettings { max_instances: 8, ..Default::default() },
+        wasm_engine: WasmEngineSettings { max_instances: 8, ..Default::default() },
     })?;
     let mut entries: Vec<_> = std::fs::read_dir(&args.backends_dir)
         .with_context(|| format!("reading {}", args.backends_dir.display()))?

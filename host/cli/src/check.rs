@@ -12,7 +12,7 @@ use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerCon
 use wasmcsi_conformance::{self as conformance, Profile};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::capabilities::Capability;
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{ContractVersion, Runtime, RuntimeOptions};
 
 #[derive(clap::Args, Debug)]
@@ -75,7 +75,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         config: config.clone(),
         cache_dir: None,
         store_path: scratch.path().join("inspect.redb"),
-        engine: EngineSettings { max_instances: 8, ..Default::default() },
+        wasm_engine: WasmEngineSettings { max_instances: 8, ..Default::default() },
     })?;
     let (imports, exports) = inspector.inspect(&name, &wasm)?;
     drop(inspector);

@@ -17,7 +17,7 @@ use wasmcsi_csi::{Mode, Plugin};
 use wasmcsi_datapath::client::{DataPathClient, Engines, EnginesError};
 use wasmcsi_datapath::{DataPath, DataPathConfig};
 use wasmcsi_runtime::config::HostConfig;
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{Registry, Runtime, RuntimeOptions};
 
 /// Everything a host needs to start.
@@ -128,7 +128,7 @@ impl Host {
             config: opts.config.clone(),
             cache_dir: Some(opts.state_dir.join("compile-cache")),
             store_path: opts.state_dir.join("meta.redb"),
-            engine: EngineSettings::default(),
+            wasm_engine: WasmEngineSettings::default(),
         })
         .with_context(|| format!("starting the runtime with state in {}", opts.state_dir.display()))?;
         let registry = Registry::new(runtime.clone(), opts.backends_dir.clone(), opts.config_file.clone());

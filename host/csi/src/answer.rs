@@ -25,8 +25,8 @@ pub use crate::ids::MAX_LOCAL_ID;
 use crate::ids::{ObjectId, is_valid_local};
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::Backend;
-use wasmcsi_runtime::bindings::types as wt;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver;
 
 /// Longest condition or validation message handed to the CO (longer ones are clipped).
 pub const MAX_MESSAGE: usize = 1024;
@@ -68,7 +68,7 @@ pub fn message(text: &str) -> String {
     format!("{}{MARK}", &text[..end])
 }
 
-pub fn condition(c: &wt::VolumeCondition) -> csi::VolumeCondition {
+pub fn condition(c: &types::VolumeCondition) -> csi::VolumeCondition {
     csi::VolumeCondition { abnormal: c.abnormal, message: message(&c.message) }
 }
 
@@ -86,7 +86,7 @@ fn size(what: &str, n: u64) -> Check<i64> {
 }
 
 /// A size inside the request's range (limit 0: none).
-fn within(what: &str, n: u64, range: &wit::CapacityRange) -> Check<i64> {
+fn within(what: &str, n: u64, range: &driver::CapacityRange) -> Check<i64> {
     if n < range.required_bytes || (range.limit_bytes != 0 && n > range.limit_bytes) {
         return Err(format!(
             "{what} {n} outside the requested range [{}, {}]",
@@ -96,7 +96,7 @@ fn within(what: &str, n: u64, range: &wit::CapacityRange) -> Check<i64> {
     size(what, n)
 }
 
-fn context(ctx: &[wit::Pair]) -> Check {
+fn context(ctx: &[driver::Pair]) -> Check {
     let bytes: usize = ctx.iter().map(|p| p.key.len() + p.value.len()).sum();
     if ctx.len() > MAX_CONTEXT_ENTRIES || bytes > MAX_CONTEXT_BYTES {
         return Err(format!(
@@ -141,7 +141,7 @@ pub fn label_value(value: &str) -> bool {
     value.is_empty() || label_name(value)
 }
 
-fn topology(topologies: &[wit::Topology]) -> Check<Vec<csi::Topology>> {
+fn topology(topologies: &[driver::Topology]) -> Check<Vec<csi::Topology>> {
     if topologies.len() > MAX_TOPOLOGIES {
         return Err(format!("{} accessible topologies (at most {MAX_TOPOLOGIES})", topologies.len()));
     }
@@ -170,7 +170,7 @@ fn topology(topologies: &[wit::Topology]) -> Check<Vec<csi::Topology>> {
         .collect()
 }
 
-fn timestamp(t: &wt::Timestamp) -> Check<prost_types::Timestamp> {
+fn timestamp(t: &types::Timestamp) -> Check<prost_types::Timestamp> {
     let nanos = i32::try_from(t.nanos).ok().filter(|n| *n < 1_000_000_000);
     match nanos {
         Some(nanos) if (MIN_SECONDS..=MAX_SECONDS).contains(&t.seconds) => {
@@ -181,7 +181,12 @@ fn timestamp(t: &wt::Timestamp) -> Check<prost_types::Timestamp> {
 }
 
 /// A volume as the CO gets it. `expect_id`: the local id the caller asked about.
-pub fn volume(backend: &Backend, op: &'static str, v: &wit::Volume, expect_id: Option<&str>) -> CsiResult<csi::Volume> {
+pub fn volume(
+    backend: &Backend,
+    op: &'static str,
+    v: &driver::Volume,
+    expect_id: Option<&str>,
+) -> CsiResult<csi::Volume> {
     checked(
         backend,
         op,
@@ -203,12 +208,12 @@ pub fn volume(backend: &Backend, op: &'static str, v: &wit::Volume, expect_id: O
 }
 
 /// A volume the backend created for a request of `range`.
-pub fn created(backend: &Backend, v: &wit::Volume, range: &wit::CapacityRange) -> CsiResult<csi::Volume> {
+pub fn created(backend: &Backend, v: &driver::Volume, range: &driver::CapacityRange) -> CsiResult<csi::Volume> {
     checked(backend, "create_volume", within("capacity", v.capacity_bytes, range))?;
     volume(backend, "create_volume", v, None)
 }
 
-pub fn snapshot(backend: &Backend, op: &'static str, s: &wit::Snapshot) -> CsiResult<csi::Snapshot> {
+pub fn snapshot(backend: &Backend, op: &'static str, s: &driver::Snapshot) -> CsiResult<csi::Snapshot> {
     checked(
         backend,
         op,
@@ -245,12 +250,12 @@ pub fn page<T>(backend: &Backend, op: &'static str, entries: &[T], token: &str, 
 }
 
 /// The size a volume was expanded to, for a request of `range`.
-pub fn expansion(backend: &Backend, e: &wit::Expansion, range: &wit::CapacityRange) -> CsiResult<i64> {
+pub fn expansion(backend: &Backend, e: &driver::Expansion, range: &driver::CapacityRange) -> CsiResult<i64> {
     checked(backend, "expand_volume", within("expanded capacity", e.capacity_bytes, range))
 }
 
 /// A capacity report: sizes in int64, minimum ≤ maximum where both are known.
-pub fn capacity(backend: &Backend, c: &wit::Capacity) -> CsiResult<()> {
+pub fn capacity(backend: &Backend, c: &driver::Capacity) -> CsiResult<()> {
     checked(
         backend,
         "get_capacity",
@@ -273,15 +278,15 @@ pub fn capacity(backend: &Backend, c: &wit::Capacity) -> CsiResult<()> {
 mod tests {
     use super::*;
 
-    fn pair(k: &str, v: &str) -> wit::Pair {
-        wit::Pair { key: k.into(), value: v.into() }
+    fn pair(k: &str, v: &str) -> driver::Pair {
+        driver::Pair { key: k.into(), value: v.into() }
     }
 
     #[test]
     fn backend_answers_outside_the_contract_are_caught() {
         assert!(local("volume", "../x").is_err());
-        assert!(within("capacity", 1, &wit::CapacityRange { required_bytes: 2, limit_bytes: 0 }).is_err());
-        assert!(context(&[wit::Pair { key: String::new(), value: "\0".into() }]).is_err());
+        assert!(within("capacity", 1, &driver::CapacityRange { required_bytes: 2, limit_bytes: 0 }).is_err());
+        assert!(context(&[driver::Pair { key: String::new(), value: "\0".into() }]).is_err());
     }
 
     #[test]
@@ -294,7 +299,7 @@ mod tests {
 
     #[test]
     fn topology_keys_and_values_are_labels_and_lists_are_bounded() {
-        let one = |k: &str, v: &str| vec![wit::Topology { segments: vec![pair(k, v)] }];
+        let one = |k: &str, v: &str| vec![driver::Topology { segments: vec![pair(k, v)] }];
         assert!(topology(&one("topology.wasmcsi.io/node", "node-1")).is_ok());
         assert!(topology(&one("zone", "")).is_ok());
         for (k, v) in [("", "x"), ("a b", "x"), ("UPPER.example/x", "x"), ("k", "a\0"), ("k", "-x"), ("/x", "y")] {
@@ -302,11 +307,11 @@ mod tests {
         }
         assert!(topology(&one(&"k".repeat(64), "v")).is_err());
         assert!(topology(&one("k", &"v".repeat(64))).is_err());
-        let many = vec![wit::Topology { segments: vec![pair("k", "v")] }; MAX_TOPOLOGIES + 1];
+        let many = vec![driver::Topology { segments: vec![pair("k", "v")] }; MAX_TOPOLOGIES + 1];
         assert!(topology(&many).is_err());
         let wide: Vec<_> = (0..=MAX_SEGMENTS).map(|i| pair(&format!("k{i}"), "v")).collect();
-        assert!(topology(&[wit::Topology { segments: wide }]).is_err());
-        assert!(topology(&[wit::Topology { segments: vec![] }]).is_err());
+        assert!(topology(&[driver::Topology { segments: wide }]).is_err());
+        assert!(topology(&[driver::Topology { segments: vec![] }]).is_err());
     }
 
     #[test]
@@ -318,12 +323,12 @@ mod tests {
         assert!(context(&[pair("k", &"v".repeat(MAX_CONTEXT_BYTES))]).is_err());
         assert!(size("capacity", u64::MAX).is_err());
         assert_eq!(size("capacity", i64::MAX as u64), Ok(i64::MAX));
-        let range = wit::CapacityRange { required_bytes: 10, limit_bytes: 20 };
+        let range = driver::CapacityRange { required_bytes: 10, limit_bytes: 20 };
         assert!(within("capacity", 21, &range).is_err());
         assert!(within("capacity", 9, &range).is_err());
-        let unlimited = wit::CapacityRange { required_bytes: 0, limit_bytes: 0 };
+        let unlimited = driver::CapacityRange { required_bytes: 0, limit_bytes: 0 };
         assert!(within("capacity", u64::MAX, &unlimited).is_err());
-        let t = |seconds, nanos| timestamp(&wt::Timestamp { seconds, nanos });
+        let t = |seconds, nanos| timestamp(&types::Timestamp { seconds, nanos });
         assert!(t(0, 0).is_ok() && t(MAX_SECONDS, 999_999_999).is_ok() && t(MIN_SECONDS, 0).is_ok());
         assert!(t(MAX_SECONDS + 1, 0).is_err() && t(i64::MIN, 0).is_err() && t(0, 1_000_000_000).is_err());
     }

@@ -4,16 +4,16 @@
 use crate::error::{CsiError, CsiResult};
 use std::collections::HashMap;
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_runtime::bindings::types as wt;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver;
 
-pub fn pairs(map: &HashMap<String, String>) -> Vec<wit::Pair> {
-    let mut v: Vec<wit::Pair> = map.iter().map(|(k, v)| wit::Pair { key: k.clone(), value: v.clone() }).collect();
+pub fn pairs(map: &HashMap<String, String>) -> Vec<driver::Pair> {
+    let mut v: Vec<driver::Pair> = map.iter().map(|(k, v)| driver::Pair { key: k.clone(), value: v.clone() }).collect();
     v.sort_by(|a, b| a.key.cmp(&b.key));
     v
 }
 
-pub fn to_map(pairs: &[wit::Pair]) -> HashMap<String, String> {
+pub fn to_map(pairs: &[driver::Pair]) -> HashMap<String, String> {
     pairs.iter().map(|p| (p.key.clone(), p.value.clone())).collect()
 }
 
@@ -23,41 +23,42 @@ pub fn secrets(map: &HashMap<String, String>) -> wasmcsi_runtime::Secrets {
     v
 }
 
-fn access_mode(mode: i32) -> CsiResult<wt::AccessMode> {
+fn access_mode(mode: i32) -> CsiResult<types::AccessMode> {
     use csi::volume_capability::access_mode::Mode;
     Ok(match Mode::try_from(mode).unwrap_or(Mode::Unknown) {
-        Mode::SingleNodeWriter => wt::AccessMode::SingleNodeWriter,
-        Mode::SingleNodeReaderOnly => wt::AccessMode::SingleNodeReaderOnly,
-        Mode::MultiNodeReaderOnly => wt::AccessMode::MultiNodeReaderOnly,
-        Mode::MultiNodeSingleWriter => wt::AccessMode::MultiNodeSingleWriter,
-        Mode::MultiNodeMultiWriter => wt::AccessMode::MultiNodeMultiWriter,
-        Mode::SingleNodeSingleWriter => wt::AccessMode::SingleNodeSingleWriter,
-        Mode::SingleNodeMultiWriter => wt::AccessMode::SingleNodeMultiWriter,
+        Mode::SingleNodeWriter => types::AccessMode::SingleNodeWriter,
+        Mode::SingleNodeReaderOnly => types::AccessMode::SingleNodeReaderOnly,
+        Mode::MultiNodeReaderOnly => types::AccessMode::MultiNodeReaderOnly,
+        Mode::MultiNodeSingleWriter => types::AccessMode::MultiNodeSingleWriter,
+        Mode::MultiNodeMultiWriter => types::AccessMode::MultiNodeMultiWriter,
+        Mode::SingleNodeSingleWriter => types::AccessMode::SingleNodeSingleWriter,
+        Mode::SingleNodeMultiWriter => types::AccessMode::SingleNodeMultiWriter,
         Mode::Unknown => return Err(CsiError::Invalid(format!("volume capability access mode {mode} is unknown"))),
     })
 }
 
 /// A capability must name an access type and a known access mode.
-pub fn capability(c: &csi::VolumeCapability) -> CsiResult<wit::VolumeCapability> {
+pub fn capability(c: &csi::VolumeCapability) -> CsiResult<driver::VolumeCapability> {
     use csi::volume_capability::AccessType;
     let access_type = match &c.access_type {
-        Some(AccessType::Block(_)) => wt::AccessType::Block,
-        Some(AccessType::Mount(m)) => {
-            wt::AccessType::Mount(wt::MountVolume { fs_type: m.fs_type.clone(), mount_flags: m.mount_flags.clone() })
-        }
+        Some(AccessType::Block(_)) => types::AccessType::Block,
+        Some(AccessType::Mount(m)) => types::AccessType::Mount(types::MountVolume {
+            fs_type: m.fs_type.clone(),
+            mount_flags: m.mount_flags.clone(),
+        }),
         None => return Err(CsiError::Missing("volume_capability.access_type")),
     };
     let mode = c.access_mode.as_ref().ok_or(CsiError::Missing("volume_capability.access_mode"))?.mode;
-    Ok(wit::VolumeCapability { access_type, access_mode: access_mode(mode)? })
+    Ok(driver::VolumeCapability { access_type, access_mode: access_mode(mode)? })
 }
 
-pub fn capabilities(caps: &[csi::VolumeCapability]) -> CsiResult<Vec<wit::VolumeCapability>> {
+pub fn capabilities(caps: &[csi::VolumeCapability]) -> CsiResult<Vec<driver::VolumeCapability>> {
     caps.iter().map(capability).collect()
 }
 
 /// CSI sizes are int64; negative ones are invalid.
-pub fn capacity(range: Option<&csi::CapacityRange>) -> CsiResult<wit::CapacityRange> {
-    let Some(r) = range else { return Ok(wit::CapacityRange { required_bytes: 0, limit_bytes: 0 }) };
+pub fn capacity(range: Option<&csi::CapacityRange>) -> CsiResult<driver::CapacityRange> {
+    let Some(r) = range else { return Ok(driver::CapacityRange { required_bytes: 0, limit_bytes: 0 }) };
     let (req, lim) = (u64::try_from(r.required_bytes), u64::try_from(r.limit_bytes));
     match (req, lim) {
         (Ok(required_bytes), Ok(limit_bytes)) => {
@@ -66,14 +67,14 @@ pub fn capacity(range: Option<&csi::CapacityRange>) -> CsiResult<wit::CapacityRa
                     "capacity_range: required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
                 )));
             }
-            Ok(wit::CapacityRange { required_bytes, limit_bytes })
+            Ok(driver::CapacityRange { required_bytes, limit_bytes })
         }
         _ => Err(CsiError::Invalid("capacity_range: sizes must not be negative".into())),
     }
 }
 
-pub fn topology(t: &csi::Topology) -> wit::Topology {
-    wit::Topology { segments: pairs(&t.segments) }
+pub fn topology(t: &csi::Topology) -> driver::Topology {
+    driver::Topology { segments: pairs(&t.segments) }
 }
 
 pub fn bytes(n: u64) -> i64 {

@@ -1,6 +1,6 @@
 //! Every way a CSI call can fail, and the one total mapping to gRPC codes. A failure is
 //! logged once, here, where it becomes a `Status`.
-use wasmcsi_runtime::metadata::StoreError;
+use wasmcsi_runtime::metadata::MetadataError;
 use wasmcsi_runtime::{CallError, WitError};
 
 /// A CSI request failure, carrying what identifies it.
@@ -49,7 +49,7 @@ pub enum CsiError {
     Journal {
         subject: String,
         #[source]
-        source: StoreError,
+        source: MetadataError,
     },
     /// A node-local call to forward, on a controller that has no node plugins to forward to.
     #[error("a call for node {node} to forward, but no node plugins are configured")]
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn a_journal_failure_is_internal_names_its_subject_and_keeps_its_cause() {
         use std::error::Error as _;
-        let e = CsiError::Journal { subject: "volume b:v".into(), source: StoreError::Db("disk full".into()) };
+        let e = CsiError::Journal { subject: "volume b:v".into(), source: MetadataError::Db("disk full".into()) };
         assert!(e.source().is_some_and(|s| s.to_string() == "metadata store disk full"), "{:?}", e.source());
         let status = tonic::Status::from(e);
         assert_eq!(status.code(), tonic::Code::Internal);

@@ -7,7 +7,7 @@ use crate::node::Attachers;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::driver;
 use wasmcsi_runtime::{Backend, Registry};
 
 /// The StorageClass parameter that selects a backend.
@@ -56,7 +56,7 @@ impl Plugin {
     pub(crate) fn backend_for_parameters(
         &self,
         params: &HashMap<String, String>,
-    ) -> CsiResult<(Arc<Backend>, Vec<wit::Pair>)> {
+    ) -> CsiResult<(Arc<Backend>, Vec<driver::Pair>)> {
         let name = params.get(BACKEND_PARAMETER).ok_or_else(|| {
             CsiError::Invalid(format!(
                 "parameter {BACKEND_PARAMETER:?} is required; available backends: {}",
@@ -139,7 +139,7 @@ pub(crate) fn polled(method: &str) -> bool {
 
 /// StorageClass (or VolumeSnapshotClass) parameters as a backend sees them: the one that
 /// selects the backend ([`BACKEND_PARAMETER`]) is the host's, not the backend's.
-pub(crate) fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::Pair> {
+pub(crate) fn backend_parameters(params: &HashMap<String, String>) -> Vec<driver::Pair> {
     let mut pairs = crate::convert::pairs(params);
     pairs.retain(|p| p.key != BACKEND_PARAMETER);
     pairs
@@ -147,7 +147,7 @@ pub(crate) fn backend_parameters(params: &HashMap<String, String>) -> Vec<wit::P
 
 /// A volume context as its backend sees it: the keys the host adds
 /// ([`DIGEST_CONTEXT_KEY`]) are the host's, not the backend's.
-pub(crate) fn backend_context(context: &HashMap<String, String>) -> Vec<wit::Pair> {
+pub(crate) fn backend_context(context: &HashMap<String, String>) -> Vec<driver::Pair> {
     let mut pairs = crate::convert::pairs(context);
     pairs.retain(|p| p.key != DIGEST_CONTEXT_KEY);
     pairs
@@ -166,7 +166,7 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
-    fn keys(pairs: Vec<wit::Pair>) -> Vec<String> {
+    fn keys(pairs: Vec<driver::Pair>) -> Vec<String> {
         pairs.into_iter().map(|p| p.key).collect()
     }
 

@@ -32,7 +32,6 @@ pub mod capabilities;
 pub mod compat;
 pub mod config;
 pub mod contract;
-pub mod engine;
 pub mod executor;
 mod exports;
 mod imports;
@@ -46,6 +45,7 @@ pub mod registry;
 pub mod runtime;
 pub mod secrets;
 mod state;
+pub mod wasm_engine;
 
 pub use backend::Backend;
 pub use bindings::driver;

@@ -49,7 +49,7 @@ pub struct KvUsage {
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum MetadataError {
     #[error("metadata store {0}")]
     Db(String),
     #[error("key of {0} bytes exceeds {MAX_KEY_BYTES}")]
@@ -63,8 +63,8 @@ pub enum StoreError {
     QuotaExceeded { backend: String, would: KvUsage, quota: KvQuota },
 }
 
-fn db<E: std::fmt::Display>(e: E) -> StoreError {
-    StoreError::Db(e.to_string())
+fn db<E: std::fmt::Display>(e: E) -> MetadataError {
+    MetadataError::Db(e.to_string())
 }
 
 /// Who created a volume: recorded at CreateVolume, kept until DeleteVolume.
@@ -85,7 +85,7 @@ pub struct MetaStore {
 
 impl MetaStore {
     /// Open (or create) the store file.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open(path: &Path) -> Result<Self, MetadataError> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(db)?;
         }
@@ -104,7 +104,7 @@ impl MetaStore {
     }
 
     /// Count every backend's usage from its keys (a store written before usage was kept).
-    fn recount_usage(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
+    fn recount_usage(tx: &redb::WriteTransaction) -> Result<(), MetadataError> {
         let mut usage: std::collections::BTreeMap<String, KvUsage> = Default::default();
         for item in tx.open_table(KV).map_err(db)?.iter().map_err(db)? {
             let (k, v) = item.map_err(db)?;
@@ -121,7 +121,7 @@ impl MetaStore {
     }
 
     /// The usage of `backend`'s namespace.
-    pub fn kv_usage(&self, backend: &str) -> Result<KvUsage, StoreError> {
+    pub fn kv_usage(&self, backend: &str) -> Result<KvUsage, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(KV_USAGE).map_err(db)?;
         Ok(t.get(backend)
@@ -140,7 +140,7 @@ impl MetaStore {
         key: &str,
         new: Option<&[u8]>,
         quota: KvQuota,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), MetadataError> {
         let mut kv = tx.open_table(KV).map_err(db)?;
         let old = kv.get((backend, key)).map_err(db)?.map(|v| v.value().len());
         let mut usage_t = tx.open_table(KV_USAGE).map_err(db)?;
@@ -153,7 +153,7 @@ impl MetaStore {
         };
         let grows = would.bytes > bytes || would.keys > keys;
         if grows && (would.bytes > quota.bytes || would.keys > quota.keys) {
-            return Err(StoreError::QuotaExceeded { backend: backend.into(), would, quota });
+            return Err(MetadataError::QuotaExceeded { backend: backend.into(), would, quota });
         }
         match new {
             Some(v) => kv.insert((backend, key), v).map(|_| ()).map_err(db)?,
@@ -163,30 +163,30 @@ impl MetaStore {
         Ok(())
     }
 
-    fn check(key: &str, value: Option<&[u8]>) -> Result<(), StoreError> {
+    fn check(key: &str, value: Option<&[u8]>) -> Result<(), MetadataError> {
         if key.len() > MAX_KEY_BYTES {
-            return Err(StoreError::KeyTooLarge(key.len()));
+            return Err(MetadataError::KeyTooLarge(key.len()));
         }
         match value {
-            Some(v) if v.len() > MAX_VALUE_BYTES => Err(StoreError::ValueTooLarge(v.len())),
+            Some(v) if v.len() > MAX_VALUE_BYTES => Err(MetadataError::ValueTooLarge(v.len())),
             _ => Ok(()),
         }
     }
 
-    pub fn kv_get(&self, backend: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    pub fn kv_get(&self, backend: &str, key: &str) -> Result<Option<Vec<u8>>, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(KV).map_err(db)?;
         Ok(t.get((backend, key)).map_err(db)?.map(|v| v.value().to_vec()))
     }
 
-    pub fn kv_set(&self, backend: &str, key: &str, value: &[u8], quota: KvQuota) -> Result<(), StoreError> {
+    pub fn kv_set(&self, backend: &str, key: &str, value: &[u8], quota: KvQuota) -> Result<(), MetadataError> {
         Self::check(key, Some(value))?;
         let tx = self.db.begin_write().map_err(db)?;
         Self::put(&tx, backend, key, Some(value), quota)?;
         tx.commit().map_err(db)
     }
 
-    pub fn kv_delete(&self, backend: &str, key: &str) -> Result<(), StoreError> {
+    pub fn kv_delete(&self, backend: &str, key: &str) -> Result<(), MetadataError> {
         let tx = self.db.begin_write().map_err(db)?;
         Self::put(&tx, backend, key, None, KvQuota::UNLIMITED)?;
         tx.commit().map_err(db)
@@ -201,7 +201,7 @@ impl MetaStore {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
         quota: KvQuota,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, MetadataError> {
         Self::check(key, new)?;
         let tx = self.db.begin_write().map_err(db)?;
         {
@@ -222,7 +222,7 @@ impl MetaStore {
         prefix: &str,
         start_after: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<String>, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(KV).map_err(db)?;
         let start = start_after.unwrap_or(prefix).max(prefix);
@@ -240,7 +240,7 @@ impl MetaStore {
         Ok(out)
     }
 
-    pub fn record_volume(&self, volume_id: &str, record: &VolumeRecord) -> Result<(), StoreError> {
+    pub fn record_volume(&self, volume_id: &str, record: &VolumeRecord) -> Result<(), MetadataError> {
         let bytes = serde_json::to_vec(record).map_err(db)?;
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(VOLUMES).map_err(db)?.insert(volume_id, bytes.as_slice()).map_err(db)?;
@@ -249,7 +249,7 @@ impl MetaStore {
 
     /// Record `record` for `volume_id` unless the volume has a record already (a retried
     /// creation keeps the first), in one transaction; the record the volume has afterwards.
-    pub fn record_volume_once(&self, volume_id: &str, record: VolumeRecord) -> Result<VolumeRecord, StoreError> {
+    pub fn record_volume_once(&self, volume_id: &str, record: VolumeRecord) -> Result<VolumeRecord, MetadataError> {
         let tx = self.db.begin_write().map_err(db)?;
         let kept = {
             let mut t = tx.open_table(VOLUMES).map_err(db)?;
@@ -266,7 +266,7 @@ impl MetaStore {
         Ok(kept)
     }
 
-    pub fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+    pub fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(VOLUMES).map_err(db)?;
         let Some(v) = t.get(volume_id).map_err(db)? else { return Ok(None) };
@@ -280,7 +280,7 @@ impl MetaStore {
         backend: &str,
         skip: usize,
         take: usize,
-    ) -> Result<Vec<(String, VolumeRecord)>, StoreError> {
+    ) -> Result<Vec<(String, VolumeRecord)>, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(VOLUMES).map_err(db)?;
         // Every id of the backend sorts between "NAME:" and "NAME;" (';' follows ':').
@@ -294,7 +294,7 @@ impl MetaStore {
     }
 
     /// The backends with at least one recorded volume.
-    pub fn backends_with_volumes(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+    pub fn backends_with_volumes(&self) -> Result<std::collections::BTreeSet<String>, MetadataError> {
         let tx = self.db.begin_read().map_err(db)?;
         let t = tx.open_table(VOLUMES).map_err(db)?;
         let mut out = std::collections::BTreeSet::new();
@@ -307,7 +307,7 @@ impl MetaStore {
         Ok(out)
     }
 
-    pub fn forget_volume(&self, volume_id: &str) -> Result<(), StoreError> {
+    pub fn forget_volume(&self, volume_id: &str) -> Result<(), MetadataError> {
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(VOLUMES).map_err(db)?.remove(volume_id).map_err(db)?;
         tx.commit().map_err(db)
@@ -400,7 +400,7 @@ mod tests {
             s.record_volume("a:v", &rec).expect("record");
             assert!(matches!(
                 s.kv_set("a", "big", &vec![0; MAX_VALUE_BYTES + 1], KvQuota::UNLIMITED),
-                Err(StoreError::ValueTooLarge(_))
+                Err(MetadataError::ValueTooLarge(_))
             ));
         }
         let s = MetaStore::open(&path).expect("reopen");
@@ -416,12 +416,12 @@ mod tests {
             s.kv_set("x", k, &[0; 100], quota).expect("within quota");
         }
         let over = s.kv_set("x", "d", &[], quota);
-        assert!(matches!(over, Err(StoreError::QuotaExceeded { .. })), "{over:?}");
-        assert!(matches!(s.kv_set("x", "a", &[0; 101], quota), Err(StoreError::QuotaExceeded { .. })));
+        assert!(matches!(over, Err(MetadataError::QuotaExceeded { .. })), "{over:?}");
+        assert!(matches!(s.kv_set("x", "a", &[0; 101], quota), Err(MetadataError::QuotaExceeded { .. })));
         s.kv_set("x", "a", &[0; 10], quota).expect("shrinking passes");
         assert!(matches!(
             s.kv_compare_and_swap("x", "d", None, Some(b"1"), quota),
-            Err(StoreError::QuotaExceeded { .. })
+            Err(MetadataError::QuotaExceeded { .. })
         ));
         s.kv_set("other", "d", &[0; 100], quota).expect("quotas are per backend");
         s.kv_delete("x", "b").expect("delete");

@@ -13,7 +13,7 @@
 //! serving. Revoking a grant therefore takes removing the backend that uses it first.
 use crate::backend::Backend;
 use crate::config::HostConfig;
-use crate::metadata::{StoreError, VolumeRecord};
+use crate::metadata::{MetadataError, VolumeRecord};
 use crate::runtime::{LoadError, Runtime};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -295,7 +295,7 @@ impl Registry {
         backend: &Backend,
         volume_id: &str,
         capacity_bytes: u64,
-    ) -> Result<VolumeRecord, StoreError> {
+    ) -> Result<VolumeRecord, MetadataError> {
         let created_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let record =
             VolumeRecord { backend: backend.name.clone(), digest: backend.digest.clone(), capacity_bytes, created_at };
@@ -303,7 +303,7 @@ impl Registry {
     }
 
     /// Journal that volume `volume_id` is gone.
-    pub fn journal_deleted(&self, volume_id: &str) -> Result<(), StoreError> {
+    pub fn journal_deleted(&self, volume_id: &str) -> Result<(), MetadataError> {
         self.runtime.metadata.forget_volume(volume_id)
     }
 
@@ -314,12 +314,12 @@ impl Registry {
         name: &str,
         skip: usize,
         take: usize,
-    ) -> Result<Vec<(String, VolumeRecord)>, StoreError> {
+    ) -> Result<Vec<(String, VolumeRecord)>, MetadataError> {
         self.runtime.metadata.volumes_of(name, skip, take)
     }
 
     /// The backends the journal holds volumes of.
-    pub fn journal_backends(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+    pub fn journal_backends(&self) -> Result<std::collections::BTreeSet<String>, MetadataError> {
         self.runtime.metadata.backends_with_volumes()
     }
 }

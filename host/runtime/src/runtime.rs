@@ -11,16 +11,16 @@ use crate::capabilities::{Capability, ImportSummary};
 use crate::compat::ComponentPre;
 use crate::config::{HostConfig, is_valid_name};
 use crate::contract::{ContractError, ContractVersion};
-use crate::engine::{EngineSettings, EpochTicker, build_engine};
 use crate::imports::backup::BackupCtx;
 use crate::imports::block::BlockCtx;
 use crate::imports::dir::{CopyJobs, DirCtx};
 use crate::imports::kv::KvCtx;
 use crate::imports::nfs::NfsCtx;
 use crate::imports::rbd::{RbdCtx, RbdProvider};
-use crate::metadata::{MetaStore, StoreError};
+use crate::metadata::{MetaStore, MetadataError};
 use crate::metrics::{BackendLabels, Metrics};
 use crate::state::{CallState, Capabilities};
+use crate::wasm_engine::{EpochTicker, WasmEngineSettings, build_engine};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -55,9 +55,9 @@ pub enum LoadError {
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(#[from] crate::wasm_engine::EngineError),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] MetadataError),
 }
 
 /// Where the runtime keeps state.
@@ -68,7 +68,7 @@ pub struct RuntimeOptions {
     pub cache_dir: Option<PathBuf>,
     /// the metadata store file (kv, volume journal)
     pub store_path: PathBuf,
-    pub engine: EngineSettings,
+    pub wasm_engine: WasmEngineSettings,
 }
 
 /// Shared by every backend.
@@ -103,7 +103,7 @@ impl Runtime {
     }
 
     pub fn new(opts: RuntimeOptions) -> Result<Arc<Self>, RuntimeError> {
-        let engine = build_engine(&opts.engine)?;
+        let engine = build_engine(&opts.wasm_engine)?;
         let metadata = Arc::new(MetaStore::open(&opts.store_path)?);
         Ok(Arc::new(Self {
             cache: CompileCache::new(&engine, opts.cache_dir),

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest, Pair};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{CallError, Runtime, RuntimeOptions, WitError};
 
 /// The budget docs/operating.md documents: 16 KiB per call, of which 1 KiB is the error message.
@@ -53,7 +53,7 @@ async fn everything_a_backend_makes_the_host_log_in_one_call_fits_one_budget() {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(d.path().join("cache")),
         store_path: d.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let b = rt.load("hostile", wasmcsi_artifacts::HOSTILE, None).await.unwrap();

@@ -69,8 +69,8 @@
 //! Not yet handled: the loss of unflushed data on a replica that crashes together with the engine.
 
 mod attach;
-mod dirty_maps;
 mod io;
+mod marking;
 mod rebuild;
 mod replica_set;
 #[cfg(test)]
@@ -86,11 +86,11 @@ use bytes::Bytes;
 // flood-resistant is safe, and it is several times cheaper than SipHash per write.
 use rustc_hash::FxHashMap;
 
-use crate::dirty::DirtyMap;
+use crate::dirty_map::DirtyMap;
 use crate::protocol::{Frame, MAX_NAME_LEN, Message, PROTOCOL_VERSION, ReplicaHeader, SnapshotInfo, Status};
 
-use dirty_maps::{empty_map, full_map};
 use io::{fanout, lock_range, mismatch, tolerated};
+use marking::{empty_map, full_map};
 use rebuild::{Rebuild, RebuildOp};
 pub use rebuild::{RebuildPhase, RebuildStatus};
 pub use replica_set::{MAX_REPLICAS, ReplicaSet};

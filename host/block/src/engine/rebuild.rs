@@ -20,7 +20,7 @@
 //! chain then differs from the source's and the next rebuild reinitializes it (snapshot views are
 //! usually far smaller than the head, which is what the checkpoints protect).
 
-use crate::dirty::DirtyMap;
+use crate::dirty_map::DirtyMap;
 use crate::protocol::{Message, Status};
 
 use super::{

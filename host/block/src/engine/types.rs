@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::dirty::DirtyMap;
+use crate::dirty_map::DirtyMap;
 use crate::protocol::{Frame, MAX_NAME_LEN, Status};
 
 /// Index of a replica in the list the engine was started with (see [`crate::engine::Engine::new`]).

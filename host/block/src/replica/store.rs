@@ -31,7 +31,7 @@ pub use super::header_file::{DATA_FILE, HEADER_FILE};
 use super::block_map::BLOCK;
 use super::header_file::{self, HEADER_TMP, StoredHeader, is_layer_file_name};
 use super::layers::{Layer, read_view, view_extents};
-use crate::dirty::DirtyMap;
+use crate::dirty_map::DirtyMap;
 use crate::protocol::{Extent, ExtentState, MAX_NAME_LEN, ReplicaHeader};
 
 /// Granularity at which writes since the last flush are remembered for `ExtentMap`'s

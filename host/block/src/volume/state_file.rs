@@ -8,7 +8,7 @@ use std::io::{self, Write as _};
 use std::path::Path;
 
 use super::VolumeError;
-use crate::dirty::DirtyMap;
+use crate::dirty_map::DirtyMap;
 use crate::engine::PersistedState;
 
 /// Name of the engine's state file inside [`VolumeConfig::state_dir`].

@@ -234,13 +234,13 @@ fn check_passes_the_nfs_component_against_ganesha() {
 #[test]
 fn bundled_components_import_only_the_capabilities_they_call() {
     use wasmcsi_runtime::capabilities::Capability::{Block, Dir, Kv, Log, Nfs, Rbd};
-    use wasmcsi_runtime::{Runtime, RuntimeOptions, config::HostConfig, engine::EngineSettings};
+    use wasmcsi_runtime::{Runtime, RuntimeOptions, config::HostConfig, wasm_engine::WasmEngineSettings};
     let d = tempfile::tempdir().unwrap();
     let runtime = Runtime::new(RuntimeOptions {
         config: HostConfig::default(),
         cache_dir: None,
         store_path: d.path().join("inspect.redb"),
-        engine: EngineSettings { max_instances: 8, ..Default::default() },
+        wasm_engine: WasmEngineSettings { max_instances: 8, ..Default::default() },
     })
     .unwrap();
     for (name, wasm, expected) in [

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::Backend;
-use wasmcsi_runtime::driver::{self as wit, Feature};
+use wasmcsi_runtime::driver::{self, Feature};
 
 /// Page through several backends as one list. Tokens are `BACKEND:INNER`, where INNER is
 /// what `fetch` handed out for that backend (its own token, or `across_nodes`'s); a token
@@ -114,7 +114,7 @@ fn parse_volume_token(token: &str, names: &[String]) -> CsiResult<(usize, Cursor
 }
 
 /// One entry of a backend's ListVolumes page, checked.
-fn volume_entry(b: &Backend, e: &wit::VolumeStatus) -> CsiResult<csi::list_volumes_response::Entry> {
+fn volume_entry(b: &Backend, e: &driver::VolumeStatus) -> CsiResult<csi::list_volumes_response::Entry> {
     Ok(csi::list_volumes_response::Entry {
         volume: Some(answer::volume(b, "list_volumes", &e.volume, None)?),
         status: Some(csi::list_volumes_response::VolumeStatus {

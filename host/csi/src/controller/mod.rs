@@ -26,7 +26,7 @@ use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::controller_server::Controller;
 use wasmcsi_runtime::Backend;
-use wasmcsi_runtime::driver::{self as wit, Feature};
+use wasmcsi_runtime::driver::{self, Feature};
 use wasmcsi_runtime::secret_refs;
 
 #[derive(Clone)]
@@ -40,7 +40,7 @@ fn content_source(
     d: &Plugin,
     backend: &Backend,
     src: &csi::VolumeContentSource,
-) -> CsiResult<(wit::ContentSource, ObjectId)> {
+) -> CsiResult<(driver::ContentSource, ObjectId)> {
     use csi::volume_content_source::Type;
     let (id, is_snapshot) = match &src.r#type {
         Some(Type::Snapshot(s)) => (required(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?, true),
@@ -57,10 +57,10 @@ fn content_source(
         )));
     }
     if is_snapshot {
-        Ok((wit::ContentSource::Snapshot(oid.local.clone()), oid))
+        Ok((driver::ContentSource::Snapshot(oid.local.clone()), oid))
     } else {
         need(backend, Feature::CloneVolume, "cloning volumes")?;
-        Ok((wit::ContentSource::Volume(oid.local.clone()), oid))
+        Ok((driver::ContentSource::Volume(oid.local.clone()), oid))
     }
 }
 
@@ -71,7 +71,7 @@ fn content_source(
 /// scheduler answers a WaitForFirstConsumer claim "not enough free storage" and CreateVolume,
 /// whose INVALID_ARGUMENT the provisioner shows on the claim (a ProvisioningFailed event),
 /// never runs. CreateVolume gets every parameter and refuses the unknown one there.
-fn capacity_parameters(declared: &[String], mut parameters: Vec<wit::Pair>) -> Vec<wit::Pair> {
+fn capacity_parameters(declared: &[String], mut parameters: Vec<driver::Pair>) -> Vec<driver::Pair> {
     parameters.retain(|p| p.key.starts_with(CO_PARAMETER_PREFIX) || declared.contains(&p.key));
     parameters
 }
@@ -80,11 +80,11 @@ fn capacity_parameters(declared: &[String], mut parameters: Vec<wit::Pair>) -> V
 const CO_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// The capability to ask for a plan with when the CO sent none (unpublish).
-fn plain_mount() -> wit::VolumeCapability {
-    use wasmcsi_runtime::bindings::types as wt;
-    wit::VolumeCapability {
-        access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
-        access_mode: wt::AccessMode::SingleNodeWriter,
+fn plain_mount() -> driver::VolumeCapability {
+    use wasmcsi_runtime::bindings::types;
+    driver::VolumeCapability {
+        access_type: types::AccessType::Mount(types::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+        access_mode: types::AccessMode::SingleNodeWriter,
     }
 }
 
@@ -115,7 +115,7 @@ impl ControllerService {
         // The spec lets a CO send these only to a plugin with MODIFY_VOLUME: a backend that
         // cannot apply them must not create the volume without them.
         if let Some(key) = req.mutable_parameters.keys().min()
-            && !backend.has_feature(wit::Feature::ModifyVolume)
+            && !backend.has_feature(driver::Feature::ModifyVolume)
         {
             return Err(CsiError::Invalid(format!(
                 "mutable parameter {key:?}: backend {} does not support modifying volumes",
@@ -134,14 +134,14 @@ impl ControllerService {
         };
         self.on_new_volume(&req, call, async || {
             let secrets = convert::secrets(&req.secrets);
-            let request = wit::CreateVolumeRequest {
+            let request = driver::CreateVolumeRequest {
                 name: name.to_string(),
                 capacity,
                 capabilities,
                 parameters,
                 secrets: secret_refs(&secrets),
                 content_source: source,
-                accessibility: req.accessibility_requirements.as_ref().map(|t| wit::TopologyRequirement {
+                accessibility: req.accessibility_requirements.as_ref().map(|t| driver::TopologyRequirement {
                     requisite: t.requisite.iter().map(convert::topology).collect(),
                     preferred: t.preferred.iter().map(convert::topology).collect(),
                 }),
@@ -235,7 +235,7 @@ impl ControllerService {
         } else {
             (self.capable(Feature::GetCapacity), convert::pairs(&req.parameters))
         };
-        let mut total = wit::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
+        let mut total = driver::Capacity { available_bytes: 0, maximum_volume_bytes: 0, minimum_volume_bytes: 0 };
         // Every backend at once: a hung one costs its deadline, not the sum of all of them.
         let answers = futures::future::join_all(backends.iter().map(|b| {
             let (caps, params, topology) = (caps.clone(), params.clone(), topology.clone());
@@ -393,8 +393,8 @@ impl ControllerService {
         backend: &Arc<Backend>,
         oid: ObjectId,
         context: &std::collections::HashMap<String, String>,
-        cap: wit::VolumeCapability,
-    ) -> CsiResult<Option<wit::Attachment>> {
+        cap: driver::VolumeCapability,
+    ) -> CsiResult<Option<driver::Attachment>> {
         // The controller reads a plan for its kind only: no NodeStageVolume secrets to give.
         match backend.attach_plan(oid.local, backend_context(context), cap, Vec::new()).await {
             Ok(plan) => Ok(Some(plan)),
@@ -414,7 +414,7 @@ impl ControllerService {
         let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume)).guarded();
         self.on_object(&req, call, async |backend, oid| {
             let plan = Self::plan_of(&backend, oid, &req.volume_context, cap).await?.ok_or_else(not_found)?;
-            if let wit::Attachment::ReplicatedBlock(p) = plan {
+            if let driver::Attachment::ReplicatedBlock(p) = plan {
                 let catalog = block_catalog(&backend)?;
                 let epoch = catalog.claim(&p.volume_id, node).await?;
                 tracing::info!(volume.id = %id, node, epoch, "replicated volume published");
@@ -437,7 +437,7 @@ impl ControllerService {
             let Some(plan) = Self::plan_of(&backend, oid, &Default::default(), plain_mount()).await? else {
                 return Ok(csi::ControllerUnpublishVolumeResponse {});
             };
-            if let wit::Attachment::ReplicatedBlock(p) = plan {
+            if let driver::Attachment::ReplicatedBlock(p) = plan {
                 let catalog = block_catalog(&backend)?;
                 // An empty node id means every node (the spec's unpublish from all).
                 let node = (!req.node_id.is_empty()).then_some(req.node_id.as_str());
@@ -594,8 +594,8 @@ impl Controller for ControllerService {
 mod tests {
     use super::*;
 
-    fn pairs(kv: &[(&str, &str)]) -> Vec<wit::Pair> {
-        kv.iter().map(|(k, v)| wit::Pair { key: (*k).into(), value: (*v).into() }).collect()
+    fn pairs(kv: &[(&str, &str)]) -> Vec<driver::Pair> {
+        kv.iter().map(|(k, v)| driver::Pair { key: (*k).into(), value: (*v).into() }).collect()
     }
 
     /// GetCapacity passes on what the backend takes and what the CO adds, and leaves a

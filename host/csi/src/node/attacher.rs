@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::Backend;
-use wasmcsi_runtime::bindings::types as wt;
+use wasmcsi_runtime::bindings::types;
 use wasmcsi_runtime::config::{CephCluster, Grants, HostConfig};
-use wasmcsi_runtime::driver::{self as wit, Attachment};
+use wasmcsi_runtime::driver::{self, Attachment};
 
 use super::bind::BindAttacher;
 use super::mountinfo;
@@ -85,7 +85,7 @@ pub struct Volume<'a> {
 pub struct Stage<'a> {
     pub volume: Volume<'a>,
     pub staging: &'a Path,
-    pub capability: &'a wit::VolumeCapability,
+    pub capability: &'a driver::VolumeCapability,
     pub secrets: &'a HashMap<String, String>,
     /// What ControllerPublishVolume returned for this node (a replicated volume's grant).
     pub publish_context: &'a HashMap<String, String>,
@@ -96,7 +96,7 @@ pub struct Publish<'a> {
     pub volume: Volume<'a>,
     pub staging: &'a Path,
     pub target: &'a Path,
-    pub capability: &'a wit::VolumeCapability,
+    pub capability: &'a driver::VolumeCapability,
     /// The request's `readonly`, or a read-only access mode.
     pub read_only: bool,
 }
@@ -286,7 +286,7 @@ impl Attachers {
 
 /// The frontends this node serves replicated volumes through: FUSE + loop only (ublk and NBD
 /// are not provided by this host yet).
-const FRONTENDS: &[wit::Frontend] = &[wit::Frontend::FuseLoop];
+const FRONTENDS: &[driver::Frontend] = &[driver::Frontend::FuseLoop];
 
 /// A plan asking for what this host does not provide is FAILED_PRECONDITION saying so, before
 /// anything is attached: encryption at rest (never an unencrypted volume instead) and a frontend
@@ -313,11 +313,11 @@ pub fn provided(plan: &Attachment) -> CsiResult<()> {
 }
 
 /// A frontend as the WIT names it.
-fn frontend_name(f: wit::Frontend) -> &'static str {
+fn frontend_name(f: driver::Frontend) -> &'static str {
     match f {
-        wit::Frontend::Ublk => "ublk",
-        wit::Frontend::Nbd => "nbd",
-        wit::Frontend::FuseLoop => "fuse-loop",
+        driver::Frontend::Ublk => "ublk",
+        driver::Frontend::Nbd => "nbd",
+        driver::Frontend::FuseLoop => "fuse-loop",
     }
 }
 
@@ -332,8 +332,8 @@ pub fn mount_err(e: impl std::fmt::Display) -> CsiError {
     CsiError::Mount(e.to_string())
 }
 
-pub fn is_read_only_mode(cap: &wit::VolumeCapability) -> bool {
-    matches!(cap.access_mode, wt::AccessMode::SingleNodeReaderOnly | wt::AccessMode::MultiNodeReaderOnly)
+pub fn is_read_only_mode(cap: &driver::VolumeCapability) -> bool {
+    matches!(cap.access_mode, types::AccessMode::SingleNodeReaderOnly | types::AccessMode::MultiNodeReaderOnly)
 }
 
 /// Bind `source` onto `target` (read-only if asked), unless that is already so. Blocking.
@@ -375,7 +375,7 @@ impl Placement {
             volume: call.volume.id.to_owned(),
             target: call.target.to_owned(),
             read_only: call.read_only,
-            single_writer: matches!(call.capability.access_mode, wt::AccessMode::SingleNodeSingleWriter),
+            single_writer: matches!(call.capability.access_mode, types::AccessMode::SingleNodeSingleWriter),
         }
     }
 }
@@ -453,13 +453,14 @@ pub fn publish_device(sys: &dyn MountSystem, device: &Path, to: &Placement) -> C
 mod tests {
     use super::*;
 
-    fn block(frontend: Option<wit::Frontend>, encrypted: bool) -> Attachment {
-        Attachment::ReplicatedBlock(wit::BlockPlan {
+    fn block(frontend: Option<driver::Frontend>, encrypted: bool) -> Attachment {
+        Attachment::ReplicatedBlock(driver::BlockPlan {
             volume_id: "v".into(),
             size_bytes: 4096,
             fs_type: String::new(),
             frontend,
-            encryption: encrypted.then(|| wit::Encryption { passphrase: wt::SecretRef { key: "p".into(), handle: 0 } }),
+            encryption: encrypted
+                .then(|| driver::Encryption { passphrase: types::SecretRef { key: "p".into(), handle: 0 } }),
         })
     }
 
@@ -475,19 +476,19 @@ mod tests {
     #[test]
     fn a_plan_asking_for_what_this_node_lacks_is_refused_saying_so() {
         assert!(provided(&block(None, false)).is_ok());
-        assert!(provided(&block(Some(wit::Frontend::FuseLoop), false)).is_ok());
-        for (frontend, name) in [(wit::Frontend::Ublk, "ublk"), (wit::Frontend::Nbd, "nbd")] {
+        assert!(provided(&block(Some(driver::Frontend::FuseLoop), false)).is_ok());
+        for (frontend, name) in [(driver::Frontend::Ublk, "ublk"), (driver::Frontend::Nbd, "nbd")] {
             let m = refusal(&block(Some(frontend), false));
             assert!(m.contains(name) && m.contains("not provided by this host") && m.contains("fuse-loop"), "{m}");
         }
         let m = refusal(&block(None, true));
         assert!(m.contains("encryption") && m.contains("not provided by this host"), "{m}");
-        let rbd = Attachment::Rbd(wit::RbdPlan {
+        let rbd = Attachment::Rbd(driver::RbdPlan {
             cluster: "c".into(),
             pool: "p".into(),
             image: "i".into(),
             secrets: vec![],
-            encryption: Some(wit::Encryption { passphrase: wt::SecretRef { key: "p".into(), handle: 0 } }),
+            encryption: Some(driver::Encryption { passphrase: types::SecretRef { key: "p".into(), handle: 0 } }),
         });
         assert!(refusal(&rbd).contains("encryption"));
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::driver;
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_bind, ensure_unmounted,
@@ -30,7 +30,7 @@ impl BindAttacher {
     }
 
     /// The host directory a plan names, once its root is found granted to `backend`.
-    fn source(&self, backend: &str, plan: &wit::BindPlan) -> CsiResult<PathBuf> {
+    fn source(&self, backend: &str, plan: &driver::BindPlan) -> CsiResult<PathBuf> {
         let grants = self.config.grants_for(backend);
         let root = grants.dir.get(&plan.root).ok_or_else(|| {
             CsiError::FailedPrecondition(format!(
@@ -45,9 +45,9 @@ impl BindAttacher {
 
 #[tonic::async_trait]
 impl Attacher for BindAttacher {
-    type Plan = wit::BindPlan;
+    type Plan = driver::BindPlan;
 
-    async fn stage(&self, call: &Stage<'_>, plan: &wit::BindPlan) -> CsiResult<()> {
+    async fn stage(&self, call: &Stage<'_>, plan: &driver::BindPlan) -> CsiResult<()> {
         let source = self.source(&call.volume.backend.name, plan)?;
         let (sys, staging) = (self.mounts.clone(), call.staging.to_owned());
         blocking(move || ensure_bind(sys.as_ref(), &source, &staging, false)).await
@@ -61,7 +61,7 @@ impl Attacher for BindAttacher {
         Ok(Unstaged::Done)
     }
 
-    async fn publish(&self, call: &Publish<'_>, _plan: &wit::BindPlan) -> CsiResult<()> {
+    async fn publish(&self, call: &Publish<'_>, _plan: &driver::BindPlan) -> CsiResult<()> {
         publish_staged(&self.mounts, call).await
     }
 
@@ -69,7 +69,7 @@ impl Attacher for BindAttacher {
     /// volume's own directory (a staging path or a target, as NodeStage and NodePublish bind it).
     /// A path with nothing mounted on it, or another directory mounted there, is not the volume,
     /// whatever the filesystem under it holds.
-    async fn stats(&self, call: &Stats<'_>, plan: &wit::BindPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    async fn stats(&self, call: &Stats<'_>, plan: &driver::BindPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         use csi::volume_usage::Unit;
         let source = self.source(&call.volume.backend.name, plan)?;
         let (path, volume) = (call.path.to_owned(), call.volume.id.to_owned());
@@ -108,7 +108,7 @@ impl Attacher for BindAttacher {
     }
 
     /// A directory has no filesystem of its own to grow: the new size is bookkeeping.
-    async fn expand(&self, call: &Expand<'_>, plan: &wit::BindPlan) -> CsiResult<u64> {
+    async fn expand(&self, call: &Expand<'_>, plan: &driver::BindPlan) -> CsiResult<u64> {
         Ok(plan.capacity_bytes.max(call.required_bytes))
     }
 }

@@ -37,8 +37,8 @@ use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_runtime::Backend;
-use wasmcsi_runtime::bindings::types as wt;
-use wasmcsi_runtime::driver::{self as wit, Attachment};
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver::{self, Attachment};
 
 #[derive(Clone)]
 pub struct NodeService(pub Arc<Plugin>);
@@ -46,10 +46,10 @@ pub struct NodeService(pub Arc<Plugin>);
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
 /// The capability to ask for a plan with when the CO sent none (stats, expand).
-fn plain_mount() -> wit::VolumeCapability {
-    wit::VolumeCapability {
-        access_type: wt::AccessType::Mount(wt::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
-        access_mode: wt::AccessMode::SingleNodeWriter,
+fn plain_mount() -> driver::VolumeCapability {
+    driver::VolumeCapability {
+        access_type: types::AccessType::Mount(types::MountVolume { fs_type: String::new(), mount_flags: vec![] }),
+        access_mode: types::AccessMode::SingleNodeWriter,
     }
 }
 
@@ -91,7 +91,7 @@ impl NodeService {
         &self,
         volume_id: &str,
         context: &HashMap<String, String>,
-        cap: wit::VolumeCapability,
+        cap: driver::VolumeCapability,
         secrets: &HashMap<String, String>,
     ) -> CsiResult<Planned> {
         let (backend, oid) = self

@@ -16,7 +16,7 @@ use nix::errno::Errno;
 use nix::mount::MntFlags;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::config::NfsGrant;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::driver;
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_unmounted, mount_err,
@@ -41,7 +41,7 @@ impl NfsAttacher {
     /// The plan's export must be one the operator granted to `backend` (the same grant its
     /// `nfs` import is scoped by): a backend must not make the node mount a server it was not
     /// given.
-    fn check_granted(&self, backend: &str, plan: &wit::NfsPlan) -> CsiResult<()> {
+    fn check_granted(&self, backend: &str, plan: &driver::NfsPlan) -> CsiResult<()> {
         let grants = self.config.grants_for(backend).nfs;
         if grants.iter().flatten().any(|g| is_export(g, &plan.server, &plan.share)) {
             return Ok(());
@@ -68,9 +68,9 @@ fn is_export(grant: &NfsGrant, server: &str, share: &str) -> bool {
 
 #[tonic::async_trait]
 impl Attacher for NfsAttacher {
-    type Plan = wit::NfsPlan;
+    type Plan = driver::NfsPlan;
 
-    async fn stage(&self, call: &Stage<'_>, plan: &wit::NfsPlan) -> CsiResult<()> {
+    async fn stage(&self, call: &Stage<'_>, plan: &driver::NfsPlan) -> CsiResult<()> {
         let backend = &call.volume.backend.name;
         self.check_granted(backend, plan)?;
         let invalid = |e: String| CsiError::Internal(format!("backend {backend} planned {e}"));
@@ -107,13 +107,13 @@ impl Attacher for NfsAttacher {
         .await
     }
 
-    async fn publish(&self, call: &Publish<'_>, _plan: &wit::NfsPlan) -> CsiResult<()> {
+    async fn publish(&self, call: &Publish<'_>, _plan: &driver::NfsPlan) -> CsiResult<()> {
         publish_staged(&self.mounts, call).await
     }
 
     /// The share's numbers, with the used bytes measured against the size the backend recorded
     /// for the volume (when it still answers for it).
-    async fn stats(&self, call: &Stats<'_>, _plan: &wit::NfsPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    async fn stats(&self, call: &Stats<'_>, _plan: &driver::NfsPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         let capacity = match call.volume.backend.get_volume(call.volume.local_id.to_owned()).await {
             Ok(status) => Some(status.volume.capacity_bytes),
             Err(e) => {
@@ -126,7 +126,7 @@ impl Attacher for NfsAttacher {
 
     /// The share has no filesystem of its own on the node: the controller recorded the new
     /// size with the volume.
-    async fn expand(&self, call: &Expand<'_>, _plan: &wit::NfsPlan) -> CsiResult<u64> {
+    async fn expand(&self, call: &Expand<'_>, _plan: &driver::NfsPlan) -> CsiResult<u64> {
         Ok(call.required_bytes)
     }
 }
@@ -361,7 +361,7 @@ mod tests {
         )
         .expect("config");
         let attacher = NfsAttacher::new(Arc::new(config), Arc::new(super::super::mounts::KernelMounts));
-        let plan = |server: &str, share: &str| wit::NfsPlan {
+        let plan = |server: &str, share: &str| driver::NfsPlan {
             server: server.into(),
             share: share.into(),
             path: "pvc-1".into(),

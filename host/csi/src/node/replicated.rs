@@ -27,8 +27,8 @@ use wasmcsi_datapath::client::{Engines, EnginesError};
 use wasmcsi_datapath::wire::VolumeView;
 use wasmcsi_frontend::{fuse, loop_dev};
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_runtime::bindings::types as wt;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver;
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Placement, Publish, Stage, Stats, Unstaged, blocking, is_read_only_mode, mount_err,
@@ -171,9 +171,9 @@ impl ReplicatedAttacher {
 
 #[tonic::async_trait]
 impl Attacher for ReplicatedAttacher {
-    type Plan = wit::BlockPlan;
+    type Plan = driver::BlockPlan;
 
-    async fn stage(&self, call: &Stage<'_>, plan: &wit::BlockPlan) -> CsiResult<()> {
+    async fn stage(&self, call: &Stage<'_>, plan: &driver::BlockPlan) -> CsiResult<()> {
         let backend = call.volume.backend;
         if self.config.grants_for(&backend.name).block.is_none_or(|b| b.is_empty()) {
             return Err(CsiError::FailedPrecondition(format!(
@@ -186,8 +186,8 @@ impl Attacher for ReplicatedAttacher {
         })?;
         let engines = self.engines()?.clone();
         let wanted_fs = match &call.capability.access_type {
-            wt::AccessType::Block => None,
-            wt::AccessType::Mount(m) => {
+            types::AccessType::Block => None,
+            types::AccessType::Mount(m) => {
                 let fs = if m.fs_type.is_empty() { plan.fs_type.clone() } else { m.fs_type.clone() };
                 Some(Filesystem::wanted(&fs, &m.mount_flags, is_read_only_mode(call.capability))?)
             }
@@ -253,8 +253,8 @@ impl Attacher for ReplicatedAttacher {
         Ok(Unstaged::Done)
     }
 
-    async fn publish(&self, call: &Publish<'_>, _plan: &wit::BlockPlan) -> CsiResult<()> {
-        if !matches!(call.capability.access_type, wt::AccessType::Block) {
+    async fn publish(&self, call: &Publish<'_>, _plan: &driver::BlockPlan) -> CsiResult<()> {
+        if !matches!(call.capability.access_type, types::AccessType::Block) {
             return publish_staged(&self.mounts, call).await;
         }
         let state = self.load(call.volume.id)?.filter(|s| s.filesystem.is_none()).ok_or_else(|| {
@@ -264,7 +264,7 @@ impl Attacher for ReplicatedAttacher {
         blocking(move || publish_device(sys.as_ref(), &state.device, &to)).await
     }
 
-    async fn stats(&self, call: &Stats<'_>, _plan: &wit::BlockPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    async fn stats(&self, call: &Stats<'_>, _plan: &driver::BlockPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         use csi::volume_usage::Unit;
         let state = self
             .load(call.volume.id)?
@@ -306,7 +306,7 @@ impl Attacher for ReplicatedAttacher {
         usage::fs_stats(call.path.to_owned(), "the volume's device does not answer", problem, None).await
     }
 
-    async fn expand(&self, call: &Expand<'_>, _plan: &wit::BlockPlan) -> CsiResult<u64> {
+    async fn expand(&self, call: &Expand<'_>, _plan: &driver::BlockPlan) -> CsiResult<u64> {
         let state = self
             .load(call.volume.id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;

@@ -79,7 +79,7 @@ pub fn service(tree: &Tree, store: &str, state: &str) -> NodeService {
         config: config.clone(),
         cache_dir: None,
         store_path: root.join(store),
-        engine: Default::default(),
+        wasm_engine: Default::default(),
     })
     .expect("runtime");
     let registry = Registry::new(runtime.clone(), None, None);

@@ -100,7 +100,7 @@ fn controller(dir: &Path) -> ControllerService {
         config: config.clone(),
         cache_dir: None,
         store_path: dir.join("meta.redb"),
-        engine: Default::default(),
+        wasm_engine: Default::default(),
     })
     .expect("runtime");
     let registry = Registry::new(runtime.clone(), None, None);

@@ -80,7 +80,7 @@ fn node() -> TestNode {
         config: config.clone(),
         cache_dir: None,
         store_path: root.join("meta.redb"),
-        engine: Default::default(),
+        wasm_engine: Default::default(),
     })
     .expect("runtime");
     let registry = Registry::new(runtime.clone(), None, None);

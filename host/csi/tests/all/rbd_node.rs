@@ -99,7 +99,7 @@ fn fixture() -> Option<&'static Fixture> {
             config,
             cache_dir: None,
             store_path: dir.path().join("meta.redb"),
-            engine: Default::default(),
+            wasm_engine: Default::default(),
         })
         .expect("runtime");
         let registry = Registry::new(runtime.clone(), None, None);

@@ -5,7 +5,7 @@
 use crate::bindings::types::Error;
 use crate::bindings::wasmcsi::backend::kv::{self as wit, Host};
 use crate::local_io::local_io;
-use crate::metadata::{KvQuota, MetaStore, StoreError};
+use crate::metadata::{KvQuota, MetaStore, MetadataError};
 use crate::metrics::Metrics;
 use std::sync::Arc;
 use wasmtime::component::{HasData, LinkerInstance};
@@ -44,17 +44,17 @@ pub fn add_to_instance<T: KvView + 'static>(instance: &mut LinkerInstance<'_, T>
     wit::add_to_linker_instance::<T, Kv>(instance, T::kv)
 }
 
-fn to_wit(e: StoreError) -> Error {
+fn to_wit(e: MetadataError) -> Error {
     match e {
-        StoreError::KeyTooLarge(_) | StoreError::ValueTooLarge(_) => Error::InvalidArgument(e.to_string()),
-        StoreError::QuotaExceeded { .. } => Error::ResourceExhausted(e.to_string()),
-        StoreError::Db(_) => Error::Internal(e.to_string()),
+        MetadataError::KeyTooLarge(_) | MetadataError::ValueTooLarge(_) => Error::InvalidArgument(e.to_string()),
+        MetadataError::QuotaExceeded { .. } => Error::ResourceExhausted(e.to_string()),
+        MetadataError::Db(_) => Error::Internal(e.to_string()),
     }
 }
 
 impl KvCtx {
     /// Show the backend's usage after a write (a failed read only leaves the gauge behind).
-    fn written<T>(&self, result: Result<T, StoreError>) -> Result<T, Error> {
+    fn written<T>(&self, result: Result<T, MetadataError>) -> Result<T, Error> {
         if let Ok(usage) = self.metadata.kv_usage(&self.backend) {
             self.metrics.kv_usage(&self.backend, usage);
         }

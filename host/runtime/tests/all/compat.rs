@@ -9,7 +9,7 @@ use std::sync::Arc;
 use wasmcsi_runtime::bindings::types::{AccessMode, AccessType, ContentSource, MountVolume, VolumeCapability};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{Attachment, CapacityRange, CreateVolumeRequest, Feature};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{CallError, ContractVersion, LoadError, Runtime, RuntimeOptions, WitError};
 
 fn runtime(dir: &Path) -> Arc<Runtime> {
@@ -26,7 +26,7 @@ fn runtime(dir: &Path) -> Arc<Runtime> {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: None,
         store_path: dir.join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
     })
     .unwrap()
 }
@@ -137,7 +137,7 @@ async fn an_ungranted_import_refuses_a_0_1_backend_as_it_refuses_a_0_2_one() {
         config: HostConfig::parse("", Path::new("test")).unwrap(),
         cache_dir: None,
         store_path: d.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let mut refusals = vec![];
@@ -168,7 +168,7 @@ async fn a_0_1_backend_is_stopped_by_the_limits_that_stop_a_0_2_one() {
             config: HostConfig::parse(&text, Path::new("test")).unwrap(),
             cache_dir: None,
             store_path: d.path().join(format!("state-{expect}/meta.redb")),
-            engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+            wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
         })
         .unwrap();
         for (name, wasm) in

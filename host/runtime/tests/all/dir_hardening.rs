@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use wasmcsi_runtime::bindings::types::ContentSource;
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{Backend, CallError, Runtime, RuntimeOptions, WitError};
 
 fn runtime(dir: &Path, deadline_ms: u64) -> Arc<Runtime> {
@@ -25,7 +25,7 @@ fn runtime(dir: &Path, deadline_ms: u64) -> Arc<Runtime> {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(dir.join("cache")),
         store_path: dir.join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
     })
     .unwrap()
 }
@@ -199,7 +199,7 @@ async fn get_capacity_answers_for_a_granted_root_that_does_not_exist() {
             config: HostConfig::parse(&text, Path::new("test")).unwrap(),
             cache_dir: Some(d.path().join("cache")),
             store_path: d.path().join(format!("state-{room}/meta.redb")),
-            engine: EngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
+            wasm_engine: WasmEngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
         })
         .unwrap();
         let b = hostpath(&rt).await;

@@ -10,7 +10,7 @@ use wasmcsi_ganesha::Ganesha;
 use wasmcsi_runtime::bindings::types::{AccessMode, AccessType, MountVolume};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{Attachment, CapacityRange, ContentSource, CreateVolumeRequest, Pair, VolumeCapability};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{Backend, CallError, Runtime, RuntimeOptions, WitError};
 
 const MIB: u64 = 1 << 20;
@@ -26,7 +26,7 @@ fn runtime(dir: &Path, g: &Ganesha) -> Arc<Runtime> {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(dir.join("cache")),
         store_path: dir.join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
     })
     .unwrap()
 }
@@ -266,7 +266,7 @@ async fn nfs_backend_copies_big_trees_across_retries() {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(tmp.path().join("cache")),
         store_path: tmp.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let b = load(&rt).await;

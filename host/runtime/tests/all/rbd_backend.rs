@@ -16,7 +16,7 @@ use wasmcsi_rbd::{RbdClient, RbdPool};
 use wasmcsi_runtime::bindings::types::{AccessMode, AccessType, MountVolume};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{Attachment, CapacityRange, ContentSource, CreateVolumeRequest, Pair, VolumeCapability};
-use wasmcsi_runtime::engine::EngineSettings;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{Backend, CallError, Runtime, RuntimeOptions, Secrets, WitError, secret_refs};
 
 const MIB: u64 = 1 << 20;
@@ -84,7 +84,7 @@ async fn setup_backend(name: &str, wasm: &[u8], pool: &str, extra_config: &str) 
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(dir.path().join("cache")),
         store_path: dir.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 16, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let t = Instant::now();

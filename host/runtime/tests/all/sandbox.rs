@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmcsi_runtime::config::HostConfig;
 use wasmcsi_runtime::driver::{CapacityRange, CreateVolumeRequest, Pair};
-use wasmcsi_runtime::engine::EngineSettings;
 use wasmcsi_runtime::registry::ConfigChange;
+use wasmcsi_runtime::wasm_engine::WasmEngineSettings;
 use wasmcsi_runtime::{CallError, LoadError, Registry, Runtime, RuntimeOptions, WitError};
 
 const DEADLINE_MS: u64 = 500;
@@ -40,7 +40,7 @@ fn runtime(dir: &Path, hostile_gets_dir: bool) -> Arc<Runtime> {
         config: config(dir, hostile_gets_dir),
         cache_dir: Some(dir.join("cache")),
         store_path: dir.join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
     })
     .unwrap()
 }
@@ -133,7 +133,7 @@ async fn memory_growth_the_engine_refuses_is_an_out_of_memory_error_too() {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(d.path().join("cache")),
         store_path: d.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 8, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let (r, _) = hostile_call(&rt, "oom").await;
@@ -274,7 +274,7 @@ async fn the_configuration_file_is_reloaded_on_change_and_a_bad_one_keeps_the_ol
         config: HostConfig::load(&file).unwrap(),
         cache_dir: Some(d.path().join("cache")),
         store_path: d.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let registry = Registry::new(rt.clone(), Some(dir.clone()), Some(file.clone()));
@@ -340,7 +340,7 @@ async fn a_backend_cannot_write_past_its_kv_quota() {
         config: HostConfig::parse(&text, Path::new("test")).unwrap(),
         cache_dir: Some(d.path().join("cache")),
         store_path: d.path().join("state/meta.redb"),
-        engine: EngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
+        wasm_engine: WasmEngineSettings { max_instances: 64, max_memory_bytes: 256 << 20 },
     })
     .unwrap();
     let (r, took) = hostile_call(&rt, "kv-flood").await;

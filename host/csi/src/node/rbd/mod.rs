@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_rbd::RbdCredentials;
-use wasmcsi_runtime::bindings::types as wt;
-use wasmcsi_runtime::driver as wit;
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver;
 
 pub use staging::{FuseOwner, RbdNode, RbdState, StageRequest, StagedAs, block_size_of};
 
@@ -51,7 +51,7 @@ impl RbdAttacher {
     /// NodeStageVolume's plan, resolved on this node: the cluster's monitors from the
     /// configuration, the grant checked (the node executes only what the operator let this
     /// backend use), the credentials from the request's secrets.
-    fn stage_request(&self, call: &Stage<'_>, p: &wit::RbdPlan) -> CsiResult<StageRequest> {
+    fn stage_request(&self, call: &Stage<'_>, p: &driver::RbdPlan) -> CsiResult<StageRequest> {
         let backend = &call.volume.backend.name;
         let cluster = self.config.cluster(&p.cluster).ok_or_else(|| {
             CsiError::FailedPrecondition(format!(
@@ -74,8 +74,8 @@ impl RbdAttacher {
         }
         let cap = call.capability;
         let staged_as = match &cap.access_type {
-            wt::AccessType::Block => StagedAs::Block,
-            wt::AccessType::Mount(m) => {
+            types::AccessType::Block => StagedAs::Block,
+            types::AccessType::Mount(m) => {
                 if !matches!(m.fs_type.as_str(), "" | "ext4" | "xfs") {
                     return Err(CsiError::Invalid(format!("fs_type {:?} is not supported (ext4, xfs)", m.fs_type)));
                 }
@@ -98,9 +98,9 @@ impl RbdAttacher {
 
 #[tonic::async_trait]
 impl Attacher for RbdAttacher {
-    type Plan = wit::RbdPlan;
+    type Plan = driver::RbdPlan;
 
-    async fn stage(&self, call: &Stage<'_>, plan: &wit::RbdPlan) -> CsiResult<()> {
+    async fn stage(&self, call: &Stage<'_>, plan: &driver::RbdPlan) -> CsiResult<()> {
         let req = self.stage_request(call, plan)?;
         self.node.stage(&self.node_id, req).await
     }
@@ -112,8 +112,8 @@ impl Attacher for RbdAttacher {
     }
 
     /// Raw block: the staged device node, bind-mounted onto the target file.
-    async fn publish(&self, call: &Publish<'_>, _plan: &wit::RbdPlan) -> CsiResult<()> {
-        if !matches!(call.capability.access_type, wt::AccessType::Block) {
+    async fn publish(&self, call: &Publish<'_>, _plan: &driver::RbdPlan) -> CsiResult<()> {
+        if !matches!(call.capability.access_type, types::AccessType::Block) {
             return publish_staged(&self.mounts, call).await;
         }
         let (node, sys, volume) = (self.node.clone(), self.mounts.clone(), call.volume.id.to_owned());
@@ -125,7 +125,7 @@ impl Attacher for RbdAttacher {
         .await
     }
 
-    async fn stats(&self, call: &Stats<'_>, _plan: &wit::RbdPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    async fn stats(&self, call: &Stats<'_>, _plan: &driver::RbdPlan) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         use csi::volume_usage::Unit;
         let (node, volume) = (self.node.clone(), call.volume.id.to_owned());
         let (state, condition) = blocking(move || Ok((node.load(&volume)?, node.condition(&volume)))).await?;
@@ -149,7 +149,7 @@ impl Attacher for RbdAttacher {
         usage::fs_stats(call.path.to_owned(), "the Ceph cluster of the volume does not answer", condition, None).await
     }
 
-    async fn expand(&self, call: &Expand<'_>, _plan: &wit::RbdPlan) -> CsiResult<u64> {
+    async fn expand(&self, call: &Expand<'_>, _plan: &driver::RbdPlan) -> CsiResult<u64> {
         let (node, volume, required) = (self.node.clone(), call.volume.id.to_owned(), call.required_bytes);
         blocking(move || node.expand(&volume, required)).await
     }

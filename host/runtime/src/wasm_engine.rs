@@ -14,14 +14,14 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(2);
 /// Engine-wide sizing. Per-backend limits (memory caps, deadlines) are enforced per store;
 /// these are ceilings for the pooling allocator, which reserves address space up front.
 #[derive(Debug, Clone)]
-pub struct EngineSettings {
+pub struct WasmEngineSettings {
     /// Instances alive at once across all backends (each call holds one).
     pub max_instances: u32,
     /// The largest memory cap any backend may be given.
     pub max_memory_bytes: usize,
 }
 
-impl Default for EngineSettings {
+impl Default for WasmEngineSettings {
     fn default() -> Self {
         Self { max_instances: 256, max_memory_bytes: 1 << 30 }
     }
@@ -33,7 +33,7 @@ impl Default for EngineSettings {
 pub struct EngineError(String);
 
 /// Build the shared engine.
-pub fn build_engine(settings: &EngineSettings) -> Result<Engine, EngineError> {
+pub fn build_engine(settings: &WasmEngineSettings) -> Result<Engine, EngineError> {
     let mut pool = PoolingAllocationConfig::new();
     // A Rust wasip2 component is one core module with a memory plus a few shim modules;
     // 16 core instances / 2 memories per component leaves room for other toolchains.
