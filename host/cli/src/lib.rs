@@ -35,7 +35,8 @@ pub fn load_config_file(path: Option<&std::path::Path>) -> anyhow::Result<wasmcs
 /// directory that passes.
 pub fn check_shared_mount(flag: &str, dir: &std::path::Path, name: &str, why: &str) -> anyhow::Result<()> {
     use anyhow::Context;
-    use wasmcsi_csi::node::{mountinfo, propagation};
+    use wasmcsi_csi::node::propagation;
+    use wasmcsi_mountinfo as mountinfo;
     // Spelled as the mount table spells it: no symlink on the way.
     let canonical = std::fs::canonicalize(dir).with_context(|| format!("{flag} {}", dir.display()))?;
     let entries = mountinfo::read_current()?;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::path::PathBuf;
 use tonic::Code;
-use wasmcsi_csi::node::mountinfo;
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_proto::csi::v1 as csi;
 
 /// Mount points at or under `dir`, deepest first.

@@ -443,10 +443,10 @@ fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
     // By path, and by the FUSE filesystem's device number while its mount shows here: a loop
     // device attached through a dead container's copy of the mount shows its file as `/volume`.
     let mut devices = loop_dev::devices_of(file)?;
-    let table = crate::mountinfo::read_current()
+    let table = wasmcsi_mountinfo::read_current()
         .map_err(|e| FrontendError::io("reading the mount table", std::io::Error::other(e.to_string())))?;
     if let Some(mnt) = file.parent()
-        && let Some(top) = crate::mountinfo::mounts_at(&table, mnt).pop()
+        && let Some(top) = wasmcsi_mountinfo::mounts_at(&table, mnt).pop()
         && top.fs_type.starts_with("fuse")
     {
         devices.extend(loop_dev::devices_on(top.major, top.minor)?);
@@ -472,7 +472,7 @@ fn reclaim_loops(file: &Path) -> Result<usize, FrontendError> {
 /// directory. Returns how many loop devices it detached.
 fn reclaim_mount(mnt: &Path) -> Result<usize, FrontendError> {
     let loops = reclaim_loops(&mnt.join(VOLUME_FILE))?;
-    if crate::mountinfo::is_mount_point(mnt).unwrap_or(true) {
+    if wasmcsi_mountinfo::is_mount_point(mnt).unwrap_or(true) {
         // Copies in other namespaces: as in a detach, aborted while the mount pins the number.
         if let Some(id) = connection::connection_at(mnt) {
             connection::abort_if_mounted_at(mnt, id);

@@ -13,7 +13,6 @@
 pub mod fuse;
 pub mod loop_dev;
 pub mod mkfs;
-pub mod mountinfo;
 pub mod owner;
 pub mod plug;
 

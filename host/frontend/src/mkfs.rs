@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 
 use crate::FrontendError;
-use crate::mountinfo;
+use wasmcsi_mountinfo as mountinfo;
 
 /// Filesystems the helpers can create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

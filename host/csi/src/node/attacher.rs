@@ -34,12 +34,12 @@ use wasmcsi_runtime::config::{CephCluster, Grants, HostConfig};
 use wasmcsi_runtime::driver::{self, Attachment};
 
 use super::bind::BindAttacher;
-use super::mountinfo;
 use super::mounts::{self, MountSystem, SourceIdentity};
 use super::nfs::NfsAttacher;
 use super::rbd::RbdAttacher;
 use super::replicated::ReplicatedAttacher;
 use crate::error::{CsiError, CsiResult};
+use wasmcsi_mountinfo as mountinfo;
 
 /// What attachers read from the operator's configuration. A handle rather than a copy, so that
 /// a reloaded configuration reaches attachers built before it; [`HostConfig`] itself is the

@@ -15,9 +15,10 @@ use super::attacher::{
     mount_err, publish_staged,
 };
 use super::mounts::MountSystem;
-use super::{mountinfo, usage};
+use super::usage;
 use crate::convert;
 use crate::error::{CsiError, CsiResult};
+use wasmcsi_mountinfo as mountinfo;
 
 pub struct BindAttacher {
     config: Arc<dyn ConfigSource>,

@@ -15,7 +15,8 @@ use wasmcsi_frontend::fuse::connection::abort_if_mounted_at;
 use wasmcsi_frontend::{loop_dev, mkfs};
 
 use crate::error::{CsiError, CsiResult};
-use crate::node::{bounded, mountinfo};
+use crate::node::bounded;
+use wasmcsi_mountinfo as mountinfo;
 
 /// How long one unmount, fsck, resize or loop detach may take before it is given up on (an
 /// unmount past it gets the FUSE connection under it aborted).

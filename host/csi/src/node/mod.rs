@@ -4,17 +4,14 @@
 //! owning backend for the plan, and hands the plan to the attacher of its kind (`attacher`: the
 //! trait, and the one function that picks the attacher). Each kind lives in its own file —
 //! `bind` (directory volumes), `nfs` (kernel NFS mounts under deadlines), `rbd` (krbd, or
-//! rbd-fuse + loop, fenced against a second node) — on the mount work they share (`mounts`,
-//! `mountinfo`) and the usage measurements (`usage`); `propagation` checks at start that those
+//! rbd-fuse + loop, fenced against a second node) — on the mount work they share (`mounts`; the
+//! mount table is read by the `wasmcsi-mountinfo` crate) and the usage measurements (`usage`); `propagation` checks at start that those
 //! mounts reach kubelet at all. Every attacher reads the node's state,
 //! plans, then executes, so a repeated call finds the work done and does nothing.
 pub mod attacher;
 pub mod bind;
 pub mod bounded;
 pub mod filesystem;
-// The mount table's parser is the frontend crate's, which reads the table too (teardown, FUSE
-// connections): one parser for the whole node.
-pub use wasmcsi_frontend::mountinfo;
 pub mod mounts;
 pub mod nfs;
 pub mod paths;

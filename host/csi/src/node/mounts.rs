@@ -9,7 +9,7 @@
 //! fails.
 //!
 //! It does not own volume ids, per-volume locking, CSI error codes or the choice of paths: the
-//! node service and its attachers do. Nor does it parse the mount table (`node::mountinfo` does).
+//! node service and its attachers do. Nor does it parse the mount table (the `wasmcsi-mountinfo` crate does).
 //! The executor blocks (syscalls, short sleeps while an unmount is busy): call it from a blocking
 //! task.
 //!
@@ -27,7 +27,7 @@ use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::statvfs::FsFlags;
 
-use super::mountinfo::{self, MountEntry};
+use wasmcsi_mountinfo::{self as mountinfo, MountEntry};
 
 /// One change to the node's mount table or file tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -396,8 +396,8 @@ mod tests {
     use crate::node::sandbox::Sandbox;
     use std::sync::Mutex;
 
-    const KUBELET_NODE: &str = include_str!("../../../frontend/tests/fixtures/mountinfo/kubelet-node.txt");
-    const STACKED: &str = include_str!("../../../frontend/tests/fixtures/mountinfo/stacked.txt");
+    const KUBELET_NODE: &str = include_str!("../../../mountinfo/tests/fixtures/kubelet-node.txt");
+    const STACKED: &str = include_str!("../../../mountinfo/tests/fixtures/stacked.txt");
 
     const VOLUME_DIR: &str = "/var/lib/wasmcsi/volumes/pvc-3f1c9a2e-8b7d-4c6e-a5f4-0b1c2d3e4f5a";
     const STAGING: &str = "/var/lib/kubelet/plugins/kubernetes.io/csi/wasmcsi.example.io/\

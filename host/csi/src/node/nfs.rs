@@ -23,10 +23,10 @@ use super::attacher::{
     publish_staged,
 };
 use super::bounded::bounded;
-use super::mountinfo::{self, MountEntry};
 use super::mounts::MountSystem;
 use super::usage;
 use crate::error::{CsiError, CsiResult};
+use wasmcsi_mountinfo::{self as mountinfo, MountEntry};
 
 pub struct NfsAttacher {
     config: Arc<dyn ConfigSource>,

@@ -7,8 +7,8 @@
 //! images the node plugin puts loop devices on. Each process checks its own once, at start,
 //! and refuses to serve with a message that says what to fix, rather than answering every call
 //! with success. This module owns the decision only; the mount table's format is `mountinfo`'s.
-use super::mountinfo::MountEntry;
 use std::path::{Path, PathBuf};
+use wasmcsi_mountinfo::MountEntry;
 
 /// The directory's mount does not pass the plugin's mounts on to the host.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub fn check_shared(entries: &[MountEntry], dir: &Path) -> Result<(), NotShared>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::mountinfo::parse;
+    use wasmcsi_mountinfo::parse;
 
     /// The node plugin's container as the DaemonSet makes it: its root private, kubelet's dir
     /// Bidirectional (shared with the host's peer group), a HostToContainer mount, a None one.

@@ -35,11 +35,11 @@ use super::attacher::{
     publish_device, publish_staged,
 };
 use super::filesystem::{self, Filesystem};
-use super::mountinfo;
 use super::mounts::MountSystem;
 use super::usage;
 use crate::convert;
 use crate::error::{CsiError, CsiResult};
+use wasmcsi_mountinfo as mountinfo;
 
 /// How long NodeExpand waits for the device to show the size the controller gave the volume.
 const GROW_WAIT: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags};
 
-use super::mountinfo::{self, MountEntry};
+use wasmcsi_mountinfo::{self as mountinfo, MountEntry};
 
 /// A temporary directory for real mounts. Dropping it lazily unmounts everything mounted
 /// under it before the directory is deleted (deleting through a live bind mount would

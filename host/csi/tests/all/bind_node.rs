@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmcsi_csi::node::mounts::KernelMounts;
-use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup};
 use wasmcsi_csi::plugin::{Mode, Plugin};
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_runtime::bindings::driver::*;
 use wasmcsi_runtime::bindings::types::Error;
 use wasmcsi_runtime::config::HostConfig;

@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use wasmcsi_csi::node::mountinfo;
 use wasmcsi_csi::node::nfs::{self, StagePlan, Unmounted};
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_vmtest::guest::{KernelNfsServer, sh};
 
 #[test]

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use tonic::Code;
 use wasmcsi_csi::node::mounts::KernelMounts;
-use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup, mountinfo};
+use wasmcsi_csi::node::{Attachers, NodeService, NodeSetup};
 use wasmcsi_csi::plugin::{Mode, Plugin};
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 use wasmcsi_runtime::bindings::driver::*;

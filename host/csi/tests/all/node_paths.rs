@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use tonic::Code;
-use wasmcsi_csi::node::{NodeService, mountinfo};
+use wasmcsi_csi::node::NodeService;
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_proto::csi::v1::node_server::Node;
 

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::mountinfo::{self, MountEntry};
+use wasmcsi_mountinfo::{self as mountinfo, MountEntry};
 
 /// The connection number of the FUSE filesystem mounted on top at `mnt`; `None` if what is
 /// mounted there (if anything) is not FUSE.

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_frontend::mkfs::{self, FsType};
-use wasmcsi_frontend::mountinfo;
+use wasmcsi_mountinfo as mountinfo;
 use wasmcsi_rbd::fuse_attach::{FuseAttachRequest, attach};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 

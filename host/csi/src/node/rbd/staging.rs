@@ -53,7 +53,7 @@ use wasmcsi_rbd::{RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, Rb
 
 use crate::error::{CsiError, CsiResult};
 use crate::node::filesystem::{self, Filesystem, PATIENCE, io_err, write_atomically};
-use crate::node::mountinfo;
+use wasmcsi_mountinfo as mountinfo;
 
 const STATE_FILE: &str = "state.json";
 const CREDENTIALS_FILE: &str = "credentials";

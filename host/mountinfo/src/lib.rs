@@ -2,8 +2,9 @@
 //! [`MountEntry`] values and looking entries up by mount point. It owns the format only: it does
 //! not decide what a mount means for a volume (that is the CSI node's planners' job, e.g.
 //! `wasmcsi_csi::node::mounts`, and the frontends' teardown) and it never changes the mount table.
-//! It lives here, the lowest crate that reads the table, so the CSI node and the frontends parse
-//! it one way.
+//! A crate of its own, below everything that reads the table (the frontends' teardown, the CSI
+//! node, the conformance suite's node checks), so they parse it one way and none of them has to
+//! depend on another to do it.
 //!
 //! Paths are kept as raw bytes from the kernel, so a mount point that is not UTF-8 still compares
 //! equal to the `Path` a caller holds.
@@ -211,9 +212,9 @@ fn octal_byte(digits: &[u8]) -> Option<u8> {
 mod tests {
     use super::*;
 
-    const KUBELET_NODE: &str = include_str!("../tests/fixtures/mountinfo/kubelet-node.txt");
-    const ESCAPED_PATHS: &str = include_str!("../tests/fixtures/mountinfo/escaped-paths.txt");
-    const STACKED: &str = include_str!("../tests/fixtures/mountinfo/stacked.txt");
+    const KUBELET_NODE: &str = include_str!("../tests/fixtures/kubelet-node.txt");
+    const ESCAPED_PATHS: &str = include_str!("../tests/fixtures/escaped-paths.txt");
+    const STACKED: &str = include_str!("../tests/fixtures/stacked.txt");
 
     const STAGING: &str = "/var/lib/kubelet/plugins/kubernetes.io/csi/wasmcsi.example.io/\
         9c2e51b7f0a4d8e3c6b1a7f2e9d4c5b8a3f6e1d0c7b2a9f4e8d3c6b1a5f0e9d2/globalmount";
