@@ -212,7 +212,7 @@ impl Host {
                 runtime_dir: opts.state_dir.join("run"),
                 datapath: engines.clone(),
             }),
-            node_local: wasmcsi_csi::topology::NodeLocal { peers, pinned: peer_listener.is_some() },
+            node_local: wasmcsi_csi::plugin::NodeLocal { peers, pinned: peer_listener.is_some() },
             // A controller signs the grants of the volumes it publishes (`wasmcsi.io/grant`).
             grant_signer: trust
                 .credentials

@@ -5,6 +5,7 @@
 //! created the object; the local part is the backend's own. Also the names a CO gives new objects
 //! ([`check_name`]), checked here once for every backend.
 use crate::error::{CsiError, CsiResult};
+use sha2::{Digest, Sha256};
 use wasmcsi_runtime::config::is_valid_name;
 
 /// CSI's limit on a name (and on an id).
@@ -32,7 +33,7 @@ impl ObjectId {
             Some((b, n)) => (b, Some(n)),
             None => (head, None),
         };
-        let node_ok = node.is_none_or(crate::topology::is_node_tag);
+        let node_ok = node.is_none_or(is_node_tag);
         (is_valid_name(backend) && node_ok && is_valid_local(local) && id.len() <= MAX_NAME_BYTES).then(|| Self {
             backend: backend.into(),
             node: node.map(str::to_string),
@@ -92,6 +93,37 @@ pub fn check_name(field: &'static str, name: &str) -> CsiResult<()> {
     Ok(())
 }
 
+/// Hex digits of a hashed tag.
+const HASH_TAG_HEX: usize = 16;
+
+/// A node name usable as it is in an id: a DNS-1123 subdomain (Kubernetes node names are).
+fn is_plain_node(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Whether `t` can be a node tag: a plain node name, or `_` and 16 lowercase hex digits
+/// (`_` is in no node name, so the two never collide).
+pub(crate) fn is_node_tag(t: &str) -> bool {
+    match t.strip_prefix('_') {
+        Some(h) => h.len() == HASH_TAG_HEX && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+        None => is_plain_node(t),
+    }
+}
+
+/// The tag naming `node` in ids of `backend`: the node's name when the longest id the backend
+/// may make still fits CSI's 128 bytes with it, else `_` and a hash of the name.
+pub(crate) fn node_tag(backend: &str, node: &str) -> String {
+    if is_plain_node(node) && backend.len() + 1 + node.len() + 1 + MAX_LOCAL_ID <= MAX_NAME_BYTES {
+        return node.to_string();
+    }
+    let digest = hex::encode(Sha256::digest(node.as_bytes()));
+    format!("_{}", &digest[..HASH_TAG_HEX])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +178,23 @@ mod tests {
         assert_eq!(long.len(), 128);
         assert!(ObjectId::parse(&long).is_some());
         assert_eq!(ObjectId::parse(&format!("hostpath@{}:{}", "n".repeat(24), "x".repeat(MAX_LOCAL_ID))), None);
+    }
+
+    #[test]
+    fn node_tags_are_the_name_when_it_fits_else_a_hash() {
+        assert_eq!(node_tag("hostpath", "node-b"), "node-b");
+        assert_eq!(node_tag("hostpath", "worker-1.example.com"), "worker-1.example.com");
+        let long = node_tag("hostpath", &"n".repeat(40));
+        assert!(long.starts_with('_') && long.len() == 17 && is_node_tag(&long), "{long}");
+        assert_eq!(long, node_tag("hostpath", &"n".repeat(40)), "stable");
+        assert_ne!(long, node_tag("hostpath", &"n".repeat(41)));
+        // Upper case or '_' is no Kubernetes node name: hashed, never taken as it is.
+        assert!(node_tag("hostpath", "Node_1").starts_with('_'));
+        for t in ["node-b", "a", "a.b", "_0123456789abcdef"] {
+            assert!(is_node_tag(t), "{t}");
+        }
+        for t in ["", "-a", "a-", "A", "a_b", "_0123", "_0123456789ABCDEF"] {
+            assert!(!is_node_tag(t), "{t}");
+        }
     }
 }

@@ -3,7 +3,8 @@
 use crate::error::{CsiError, CsiResult};
 use crate::guard::InFlight;
 use crate::ids::ObjectId;
-use crate::node::Attachers;
+use crate::node::attachers::Attachers;
+use crate::peer::Peers;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +35,16 @@ impl Mode {
     }
 }
 
+/// What this host is in a multi-node cluster, for node-local backends.
+#[derive(Default)]
+pub struct NodeLocal {
+    /// The node plugins a controller forwards node-local calls to; `None`: it forwards none.
+    pub peers: Option<Arc<Peers>>,
+    /// This host is one node of a multi-node cluster (it serves peers): the ids of node-local
+    /// objects it makes carry its tag.
+    pub pinned: bool,
+}
+
 pub struct Plugin {
     pub name: String,
     pub version: String,
@@ -45,7 +56,7 @@ pub struct Plugin {
     /// What carries out attachment plans on this node, one attacher per kind.
     pub attachers: Attachers,
     /// Where node-local backends' calls run in a multi-node cluster (`topology`).
-    pub node_local: crate::topology::NodeLocal,
+    pub node_local: NodeLocal,
     /// The controller's credentials, when it has them: ControllerPublishVolume signs the grant
     /// of each replicated volume for its node with them (`controller::grant`).
     pub grant_signer: Option<wasmcsi_trust::LiveCredentials>,

@@ -6,30 +6,17 @@
 //! node. A controller that is no node forwards them, whole, to the node plugin of the node
 //! (`peer`); a node runs them itself and pins the answer: the volume's accessible topology is
 //! `{topology.wasmcsi.io/node: NODE}` (what NodeGetInfo reports), and in a multi-node cluster
-//! its id carries the node's tag (`BACKEND@TAG:LOCAL`), so Delete, Expand and snapshots reach
+//! its id carries the node's tag (`BACKEND@TAG:LOCAL`, see `ids`), so Delete, Expand and snapshots reach
 //! the same node after any restart, with no state kept by the controller. Central backends
 //! (nfs, rbd, block) are untouched: they run where the call arrives and have no node
 //! constraint. A standalone host (controller and node in one process, no peers) keeps the
 //! plain ids it always made: there is only one node to be on.
 use crate::error::{CsiError, CsiResult};
-use crate::ids::{MAX_LOCAL_ID, MAX_NAME_BYTES, ObjectId};
-use crate::peer::Peers;
+use crate::ids::{MAX_NAME_BYTES, ObjectId, node_tag};
 use crate::plugin::{Plugin, TOPOLOGY_NODE_KEY};
-use sha2::{Digest, Sha256};
-use std::sync::Arc;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::Backend;
 use wasmcsi_runtime::capabilities::Capability;
-
-/// What this host is in a multi-node cluster, for node-local backends.
-#[derive(Default)]
-pub struct NodeLocal {
-    /// The node plugins a controller forwards node-local calls to; `None`: it forwards none.
-    pub peers: Option<Arc<Peers>>,
-    /// This host is one node of a multi-node cluster (it serves peers): the ids of node-local
-    /// objects it makes carry its tag.
-    pub pinned: bool,
-}
 
 /// Where a call on a node-local backend runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,37 +39,6 @@ pub(crate) struct Holder {
 /// of whichever host runs it.
 pub(crate) fn is_node_local(backend: &Backend) -> bool {
     backend.imports.capabilities.contains(&Capability::Dir)
-}
-
-/// Hex digits of a hashed tag.
-const HASH_TAG_HEX: usize = 16;
-
-/// A node name usable as it is in an id: a DNS-1123 subdomain (Kubernetes node names are).
-fn is_plain_node(n: &str) -> bool {
-    let b = n.as_bytes();
-    !b.is_empty()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-}
-
-/// Whether `t` can be a node tag: a plain node name, or `_` and 16 lowercase hex digits
-/// (`_` is in no node name, so the two never collide).
-pub(crate) fn is_node_tag(t: &str) -> bool {
-    match t.strip_prefix('_') {
-        Some(h) => h.len() == HASH_TAG_HEX && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
-        None => is_plain_node(t),
-    }
-}
-
-/// The tag naming `node` in ids of `backend`: the node's name when the longest id the backend
-/// may make still fits CSI's 128 bytes with it, else `_` and a hash of the name.
-pub(crate) fn node_tag(backend: &str, node: &str) -> String {
-    if is_plain_node(node) && backend.len() + 1 + node.len() + 1 + MAX_LOCAL_ID <= MAX_NAME_BYTES {
-        return node.to_string();
-    }
-    let digest = hex::encode(Sha256::digest(node.as_bytes()));
-    format!("_{}", &digest[..HASH_TAG_HEX])
 }
 
 /// The node a topology names, if it names one.
@@ -260,23 +216,5 @@ mod tests {
             preferred: vec![],
         };
         assert!(candidate_nodes(Some(&zone_only)).is_empty());
-    }
-
-    #[test]
-    fn node_tags_are_the_name_when_it_fits_else_a_hash() {
-        assert_eq!(node_tag("hostpath", "node-b"), "node-b");
-        assert_eq!(node_tag("hostpath", "worker-1.example.com"), "worker-1.example.com");
-        let long = node_tag("hostpath", &"n".repeat(40));
-        assert!(long.starts_with('_') && long.len() == 17 && is_node_tag(&long), "{long}");
-        assert_eq!(long, node_tag("hostpath", &"n".repeat(40)), "stable");
-        assert_ne!(long, node_tag("hostpath", &"n".repeat(41)));
-        // Upper case or '_' is no Kubernetes node name: hashed, never taken as it is.
-        assert!(node_tag("hostpath", "Node_1").starts_with('_'));
-        for t in ["node-b", "a", "a.b", "_0123456789abcdef"] {
-            assert!(is_node_tag(t), "{t}");
-        }
-        for t in ["", "-a", "a-", "A", "a_b", "_0123", "_0123456789ABCDEF"] {
-            assert!(!is_node_tag(t), "{t}");
-        }
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! Memory: the source tree's listing is held while copying (about 200 bytes per entry).
 use crate::NfsError;
-use crate::client::{Child, dirop, temp_name};
+use crate::handles::{Child, dirop, temp_name};
 use crate::pool::Pool;
 use futures::{StreamExt, TryStreamExt};
 use nfs3_client::nfs3_types::nfs3::{

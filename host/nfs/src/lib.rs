@@ -21,6 +21,7 @@ mod background;
 mod client;
 mod copy;
 mod error;
+mod handles;
 #[cfg(feature = "test-hooks")]
 mod hold;
 mod path;

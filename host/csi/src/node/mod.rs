@@ -9,6 +9,7 @@
 //! mounts reach kubelet at all. Every attacher reads the node's state,
 //! plans, then executes, so a repeated call finds the work done and does nothing.
 pub mod attacher;
+pub mod attachers;
 pub mod bind;
 pub mod bounded;
 pub mod filesystem;
@@ -22,7 +23,8 @@ pub mod replicated;
 mod sandbox;
 pub mod usage;
 
-pub use attacher::{Attachers, ConfigSource, NodeSetup};
+pub use attacher::ConfigSource;
+pub use attachers::{Attachers, NodeSetup};
 
 use crate::convert;
 use crate::error::{CsiError, CsiResult, ObjectKind};
@@ -98,7 +100,7 @@ impl NodeService {
         // A node-local volume of another node does not exist here, whatever this node's
         // backend would find under the same path.
         if let Some(tag) = oid.node.as_deref().filter(|_| crate::topology::is_node_local(&backend))
-            && crate::topology::node_tag(&backend.name, &self.0.node_id) != tag
+            && crate::ids::node_tag(&backend.name, &self.0.node_id) != tag
         {
             return Err(CsiError::NotOnThisNode {
                 id: volume_id.to_string(),

@@ -115,7 +115,7 @@ impl Peers {
     pub(crate) async fn node_of_tag(&self, backend: &str, tag: &str) -> Option<String> {
         for fresh in [false, true] {
             let nodes = self.nodes(fresh).await;
-            if let Some(n) = nodes.keys().find(|n| crate::topology::node_tag(backend, n) == tag) {
+            if let Some(n) = nodes.keys().find(|n| crate::ids::node_tag(backend, n) == tag) {
                 return Some(n.clone());
             }
         }
