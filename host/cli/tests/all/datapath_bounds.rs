@@ -84,11 +84,11 @@ fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
 struct IdleHolder(Child);
 
 impl IdleHolder {
+    #[allow(unsafe_code, reason = "the connections must be made by the child, so the kernel names it their client")]
     fn start(socket: &Path, count: usize) -> Self {
         let addr = nix::sys::socket::UnixAddr::new(socket).unwrap();
         let mut cmd = Command::new("sleep");
         cmd.arg("3600").stdin(Stdio::null());
-        #[allow(unsafe_code, reason = "the connections must be made by the child, so the kernel names it their client")]
         // SAFETY: the hook runs in the forked child before exec; it allocates nothing and only
         // makes the socket(2) and connect(2) system calls (async-signal-safe). The sockets are
         // made without CLOEXEC, so `sleep` inherits and holds them; `forget` keeps them open.

@@ -119,7 +119,9 @@ pub fn serve_on(
                         Refusal::PerClient => {
                             format!("{client} holds {} data-path connections, its cap", limits.max_per_client)
                         }
-                        Refusal::Total => format!("the data path holds {} connections, its cap", limits.max_connections),
+                        Refusal::Total => {
+                            format!("the data path holds {} connections, its cap", limits.max_connections)
+                        }
                     };
                     if first {
                         tracing::warn!(%client, held = slots.held(), "refusing data-path connections: {why}");
