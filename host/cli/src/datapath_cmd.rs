@@ -76,6 +76,44 @@ pub struct DataPathArgs {
     pub authority: Option<String>,
     #[command(flatten)]
     pub limits: ListenerArgs,
+    #[command(flatten)]
+    pub socket_limits: SocketArgs,
+}
+
+/// The bounds of the data-path socket's connections.
+#[derive(Args, Debug, Clone)]
+pub struct SocketArgs {
+    /// Connections the data-path socket serves at once, from every process together.
+    #[arg(long, default_value_t = wasmcsi_datapath::socket::slots::DEFAULT_MAX_CONNECTIONS)]
+    pub socket_max_connections: usize,
+    /// Connections the data-path socket serves at once from one process (by its pid): the
+    /// rest stay free for the others. More are answered `busy`.
+    #[arg(long, default_value_t = wasmcsi_datapath::socket::slots::DEFAULT_MAX_PER_CLIENT)]
+    pub socket_max_per_client: usize,
+    /// Seconds a data-path socket connection may wait before it sends a whole request.
+    #[arg(long, value_name = "SECONDS", default_value_t = wasmcsi_datapath::socket::slots::DEFAULT_IDLE_TIMEOUT.as_secs())]
+    pub socket_idle_timeout: u64,
+}
+
+impl Default for SocketArgs {
+    fn default() -> Self {
+        let limits = wasmcsi_datapath::socket::SocketLimits::default();
+        Self {
+            socket_max_connections: limits.max_connections,
+            socket_max_per_client: limits.max_per_client,
+            socket_idle_timeout: limits.idle_timeout.as_secs(),
+        }
+    }
+}
+
+impl SocketArgs {
+    fn limits(&self) -> wasmcsi_datapath::socket::SocketLimits {
+        wasmcsi_datapath::socket::SocketLimits {
+            max_connections: self.socket_max_connections,
+            max_per_client: self.socket_max_per_client,
+            idle_timeout: Duration::from_secs(self.socket_idle_timeout),
+        }
+    }
 }
 
 /// The replica listener's bounds (the trust crate's defaults).
@@ -154,6 +192,7 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
             transport,
             limits: args.limits.limits(),
         },
+        socket_limits: args.socket_limits.limits(),
         adopt: args.adopt.clone(),
     };
     let process = DataPathProcess::start(config).await?;
@@ -171,7 +210,10 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
                 addr,
                 Arc::new(wasmcsi_runtime::metrics::Metrics::new()),
                 Some(datapath.clone()),
-                Default::default(),
+                crate::metrics_http::TrustSeries {
+                    credentials: credentials.clone(),
+                    listeners: vec![("replica", datapath.replica_stats().clone())],
+                },
             )
             .await?,
         ),
@@ -231,7 +273,13 @@ pub async fn spawn_detached(args: &DataPathArgs) -> anyhow::Result<u32> {
     cmd.arg("--replica-max-connections")
         .arg(args.limits.replica_max_connections.to_string())
         .arg("--replica-max-per-source")
-        .arg(args.limits.replica_max_per_source.to_string());
+        .arg(args.limits.replica_max_per_source.to_string())
+        .arg("--socket-max-connections")
+        .arg(args.socket_limits.socket_max_connections.to_string())
+        .arg("--socket-max-per-client")
+        .arg(args.socket_limits.socket_max_per_client.to_string())
+        .arg("--socket-idle-timeout")
+        .arg(args.socket_limits.socket_idle_timeout.to_string());
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("duplicating the log file")?)

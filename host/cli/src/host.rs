@@ -223,6 +223,9 @@ impl Host {
         if let Some((listener, _)) = &peer_listener {
             listeners.push(("peer", listener.stats()));
         }
+        if let Some(d) = &datapath {
+            listeners.push(("replica", d.replica_stats().clone()));
+        }
         let series = crate::metrics_http::TrustSeries { credentials: trust.credentials.clone(), listeners };
         let metrics_addr = match opts.metrics_addr {
             Some(addr) => {
@@ -396,6 +399,7 @@ fn datapath_args(
         tls_mode: tls.mode.or(tls.dir.is_none().then_some(wasmcsi_trust::TlsMode::Off)),
         authority: tls.authority.clone(),
         limits: crate::datapath_cmd::ListenerArgs::default(),
+        socket_limits: crate::datapath_cmd::SocketArgs::default(),
     })
 }
 

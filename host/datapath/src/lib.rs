@@ -147,6 +147,8 @@ pub struct DataPath {
     rbd_fuse: std::sync::OnceLock<Arc<dyn rbd_fuse::RbdFuseDaemons>>,
     /// Where the attached volumes' grants come from, and their keepers' failures.
     grants: grants::GrantKeepers,
+    /// The replica listener's counters (kept past a shutdown, for the metrics).
+    replica_stats: Arc<wasmcsi_trust::listener::Stats>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +205,7 @@ impl DataPath {
         let engines: Arc<dyn EngineCalls> = volumes.clone();
         let server = ReplicaServer::serve_on_listener(listener, Arc::new(node), server_config, Some(engines)).await?;
         let (local_addr, node) = (server.local_addr(), server.node().clone());
+        let replica_stats = server.stats().clone();
         Ok(Self {
             config,
             server: Mutex::new(Some(server)),
@@ -215,7 +218,13 @@ impl DataPath {
             handovers: Mutex::default(),
             rbd_fuse: std::sync::OnceLock::new(),
             grants: grants::GrantKeepers::default(),
+            replica_stats,
         })
+    }
+
+    /// The replica listener's counters (connections open, refused, handshakes).
+    pub fn replica_stats(&self) -> &Arc<wasmcsi_trust::listener::Stats> {
+        &self.replica_stats
     }
 
     /// Attached volumes' grants come from `source` from now on (once; a second call is ignored

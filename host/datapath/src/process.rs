@@ -33,6 +33,8 @@ pub struct ProcessConfig {
     /// the node plugin's state directory, so either process finds what the other left.
     pub state_dir: PathBuf,
     pub datapath: DataPathConfig,
+    /// The bounds of the socket's connections.
+    pub socket_limits: socket::SocketLimits,
     /// The handover state the previous image of this process wrote (`--adopt`): take over its
     /// volumes with the fds it kept open.
     pub adopt: Option<PathBuf>,
@@ -87,7 +89,7 @@ impl DataPathProcess {
     /// rbd-fuse daemons it or a crashed process left), writes the pid file and serves the
     /// socket.
     pub async fn start(config: ProcessConfig) -> Result<Self, ProcessError> {
-        let ProcessConfig { socket, state_dir, datapath: config, adopt } = config;
+        let ProcessConfig { socket, state_dir, datapath: config, socket_limits, adopt } = config;
         // Inherited fds are taken before anything else opens a file (see `upgrade::inherit`).
         let inherited = match &adopt {
             Some(state) => Some(upgrade::take_over(state).map_err(ProcessError::TakeOver)?),
@@ -119,9 +121,9 @@ impl DataPathProcess {
             .and_then(|()| std::fs::rename(&pid_tmp, pid_file(&state_dir)))
             .map_err(|source| ProcessError::Io { what: "writing", path: pid_file(&state_dir), source })?;
         let io = |source| ProcessError::Io { what: "serving", path: socket.clone(), source };
-        let task = socket::serve_on(datapath.clone(), socket_listener.try_clone().map_err(io)?, Some(upgrades.clone()))
-            .map_err(io)?;
-        let served = Served { socket_listener, task };
+        let listener = socket_listener.try_clone().map_err(io)?;
+        let task = socket::serve_on(datapath.clone(), listener, Some(upgrades.clone()), socket_limits).map_err(io)?;
+        let served = Served { socket_listener, task, limits: socket_limits };
         Ok(Self { datapath, socket, state_dir, served, upgrades, upgrade_requests })
     }
 

@@ -110,6 +110,8 @@ fn next_argv(binary: &Path, state: &Path) -> Result<Vec<CString>, UpgradeError> 
 pub struct Served {
     pub socket_listener: UnixListener,
     pub task: tokio::task::JoinHandle<()>,
+    /// The bounds it is served within (again, if the handover fails).
+    pub limits: crate::socket::SocketLimits,
 }
 
 /// Hands every volume of `datapath` to `binary` by replacing this process image (see the module
@@ -135,7 +137,7 @@ pub async fn hand_over(
         match served
             .socket_listener
             .try_clone()
-            .and_then(|l| crate::socket::serve_on(datapath.clone(), l, Some(upgrades.clone())))
+            .and_then(|l| crate::socket::serve_on(datapath.clone(), l, Some(upgrades.clone()), served.limits))
         {
             Ok(task) => served.task = task,
             Err(e) => tracing::error!(error = %e, "serving the data-path socket again"),

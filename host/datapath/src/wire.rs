@@ -212,8 +212,13 @@ pub async fn read_frame<T: for<'de> Deserialize<'de>>(input: &mut (impl AsyncRea
     if len > MAX_FRAME {
         return Err(FrameError::TooLarge(len));
     }
-    let mut body = vec![0u8; len];
-    input.read_exact(&mut body).await?;
+    // Grown with the bytes that arrive, not allocated from the length a peer claims: a peer
+    // that announces a large frame and sends nothing costs nothing.
+    let mut body = Vec::new();
+    input.take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(serde_json::from_slice(&body)?)
 }
 

@@ -13,6 +13,7 @@ mod bounds;
 mod compose;
 mod conformance;
 mod controller_faults;
+mod datapath_bounds;
 mod datapath_crash;
 mod hostile;
 mod hot_reload;

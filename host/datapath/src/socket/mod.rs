@@ -1,24 +1,32 @@
 //! The data path served on a unix socket: what makes a [`DataPath`] usable from another process
 //! (the node plugin), so the engines, their FUSE sessions and loop devices, and the replica
 //! server live in a process the plugin's death does not touch. Requests are [`wire`] frames;
-//! each connection is answered in order, connections concurrently (at most
-//! [`MAX_CONNECTIONS`]), and the socket is root-only (mode 0600), like the devices it makes.
+//! each connection is answered in order, connections concurrently, and the socket is root-only
+//! (mode 0600), like the devices it makes.
+//!
+//! Bounded so that no other process on the node can keep the node plugin from being answered
+//! ([`slots`]): every connection is accepted at once and given a slot, or answered `busy` and
+//! closed when its client (the connecting process, by `SO_PEERCRED`) holds its cap or every slot
+//! is held; a connection that does not send a whole request within the idle timeout is closed.
+//! A connection costs a task and its socket until it sends a request (a request's buffer grows
+//! with the bytes that arrive, up to [`wire::MAX_FRAME`]).
 //!
 //! It decides nothing about CSI: the plugin asks the backend for the plan and the replica
 //! nodes for the members and epoch, then hands them here.
+
+pub mod slots;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use wasmcsi_block::catalog::AttachInfo;
 
+pub use self::slots::SocketLimits;
+use self::slots::{Client, Refusal, Slots};
 use crate::wire::{self, ErrorKind, FrameError, Reply, Request, RequestFrame, WIRE_VERSION};
 use crate::{DataPath, DataPathError, view};
-
-/// Connections served at once; more wait to be accepted.
-pub const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
@@ -34,10 +42,14 @@ pub enum SocketError {
 }
 
 /// Binds `path` (replacing a stale socket a killed data path left, never a live one) and serves
-/// `datapath` on it until the returned task is aborted.
-pub async fn serve(datapath: Arc<DataPath>, path: &Path) -> Result<tokio::task::JoinHandle<()>, SocketError> {
+/// `datapath` on it within `limits` until the returned task is aborted.
+pub async fn serve(
+    datapath: Arc<DataPath>,
+    path: &Path,
+    limits: SocketLimits,
+) -> Result<tokio::task::JoinHandle<()>, SocketError> {
     let listener = bind(path).await?;
-    serve_on(datapath, listener, None).map_err(|source| SocketError::Io {
+    serve_on(datapath, listener, None, limits).map_err(|source| SocketError::Io {
         what: "serving",
         path: path.to_owned(),
         source,
@@ -63,36 +75,89 @@ pub async fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, Socke
 }
 
 /// Serves `datapath` on `listener` (bound by [`bind`], or inherited from the data path this one
-/// took over from) until the returned task is aborted; the listener closes with the task.
-/// `upgrades` receives the binaries of `upgrade` requests (none: they are refused).
+/// took over from) within `limits` until the returned task is aborted; the listener closes with
+/// the task. `upgrades` receives the binaries of `upgrade` requests (none: they are refused).
 pub fn serve_on(
     datapath: Arc<DataPath>,
     listener: std::os::unix::net::UnixListener,
     upgrades: Option<mpsc::UnboundedSender<PathBuf>>,
+    limits: SocketLimits,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
     let listener = UnixListener::from_std(listener)?;
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new(limits);
     Ok(tokio::spawn(async move {
+        let mut backoff = wasmcsi_trust::listener::AcceptBackoff::new("datapath-socket");
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else { return };
-            match listener.accept().await {
+            let stream = match listener.accept().await {
                 Ok((stream, _)) => {
-                    let (datapath, upgrades) = (datapath.clone(), upgrades.clone());
+                    backoff.after_success();
+                    stream
+                }
+                Err(e) => match backoff.after_error(e) {
+                    Ok(delay) => {
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the data-path socket cannot accept; serving it stopped");
+                        return;
+                    }
+                },
+            };
+            let client = Client::of(&stream);
+            let (datapath, upgrades) = (datapath.clone(), upgrades.clone());
+            match slots.try_take(client) {
+                Ok(slot) => {
                     tokio::spawn(async move {
-                        connection(&datapath, upgrades.as_ref(), stream).await;
-                        drop(permit);
+                        connection(&datapath, upgrades.as_ref(), stream, limits.idle_timeout).await;
+                        drop(slot);
                     });
                 }
-                Err(e) => tracing::warn!(error = %e, "accepting a data-path connection"),
+                Err((refusal, first)) => {
+                    let why = match refusal {
+                        Refusal::PerClient => {
+                            format!("{client} holds {} data-path connections, its cap", limits.max_per_client)
+                        }
+                        Refusal::Total => {
+                            format!("the data path holds {} connections, its cap", limits.max_connections)
+                        }
+                    };
+                    if first {
+                        tracing::warn!(%client, held = slots.held(), "refusing data-path connections: {why}");
+                    }
+                    // Answered without reading: the refused connection costs nothing once this
+                    // write (into the socket's buffer, bounded in time) is done.
+                    tokio::spawn(refuse(stream, why, limits.idle_timeout));
+                }
             }
         }
     }))
 }
 
-async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<PathBuf>>, mut stream: UnixStream) {
+/// Answers a connection that got no slot `busy`, without reading its request, and closes it.
+async fn refuse(mut stream: UnixStream, why: String, timeout: std::time::Duration) {
+    let reply = Reply::error(ErrorKind::Busy, format!("{why}; try again"));
+    let _ = tokio::time::timeout(timeout, wire::write_frame(&mut stream, &reply)).await;
+}
+
+/// Answers the requests of one connection in order until it closes, breaks the protocol, or
+/// stays `idle` (no whole request, or a reply not read) for longer than `idle`.
+async fn connection(
+    datapath: &DataPath,
+    upgrades: Option<&mpsc::UnboundedSender<PathBuf>>,
+    mut stream: UnixStream,
+    idle: std::time::Duration,
+) {
     loop {
-        let reply = match wire::read_frame::<RequestFrame>(&mut stream).await {
+        let frame = match tokio::time::timeout(idle, wire::read_frame::<RequestFrame>(&mut stream)).await {
+            Ok(frame) => frame,
+            Err(_) => {
+                tracing::debug!(idle_secs = idle.as_secs(), "closing an idle data-path connection");
+                return;
+            }
+        };
+        let reply = match frame {
             Ok(frame) if frame.version != WIRE_VERSION => Reply::error(
                 ErrorKind::Version,
                 format!("the plugin speaks data-path wire version {}, this data path {WIRE_VERSION}", frame.version),
@@ -101,7 +166,8 @@ async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender
             Err(FrameError::Closed) => return,
             Err(e @ (FrameError::TooLarge(_) | FrameError::Malformed(_))) => {
                 // Answer once, then hang up: the stream's framing can no longer be trusted.
-                let _ = wire::write_frame(&mut stream, &Reply::error(ErrorKind::Invalid, e.to_string())).await;
+                let reply = Reply::error(ErrorKind::Invalid, e.to_string());
+                let _ = tokio::time::timeout(idle, wire::write_frame(&mut stream, &reply)).await;
                 return;
             }
             Err(FrameError::Io(e)) => {
@@ -109,8 +175,9 @@ async fn connection(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender
                 return;
             }
         };
-        if wire::write_frame(&mut stream, &reply).await.is_err() {
-            return;
+        match tokio::time::timeout(idle, wire::write_frame(&mut stream, &reply)).await {
+            Ok(Ok(())) => {}
+            _ => return,
         }
     }
 }
@@ -201,7 +268,7 @@ mod tests {
         };
         let datapath = Arc::new(DataPath::start(config).await.unwrap());
         let socket = dir.path().join("datapath.sock");
-        let task = serve(datapath.clone(), &socket).await.unwrap();
+        let task = serve(datapath.clone(), &socket, SocketLimits::default()).await.unwrap();
         let engines = Engines::Remote(DataPathClient::new(&socket));
         let err = engines.rbd_fuse_attach(RbdFuseSpec::example()).await.unwrap_err();
         assert!(matches!(&err, EnginesError::Failed(m) if m.contains("runs no rbd-fuse")), "{err:?}");
