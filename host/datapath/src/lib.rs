@@ -637,6 +637,7 @@ pub fn view(id: &str, attached: &AttachedVolume) -> wire::VolumeView {
         volume: id.to_owned(),
         device: attached.device().to_owned(),
         pid: std::process::id(),
+        owner: wasmcsi_frontend::owner::this_process().id().to_owned(),
         status: engine_status(attached),
     }
 }
