@@ -138,7 +138,8 @@ pub async fn discover(sources: &NodeSources, budget: Duration, reach: &Reach) ->
                 let info = client.node_info().await?;
                 let disks = match client.disks().await {
                     Ok(disks) if !disks.is_empty() => disks,
-                    // A server of the version before disks closes the connection on ListDisks.
+                    // A server of the version before disks closes the connection on ListDisks:
+                    // one disk, what NodeInfo said.
                     Ok(_) | Err(_) => vec![DiskSummary {
                         name: DEFAULT_DISK.to_owned(),
                         capacity: info.capacity,

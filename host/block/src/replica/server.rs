@@ -1,6 +1,7 @@
 //! Serves every replica of a node's disks ([`ReplicaDisks`]: one or more replica roots) over TCP
-//! with the replica protocol: one listener per node, bounded by `wasmcsi_trust::Listener` (total and per-source connection caps, handshake
-//! deadline and byte budget, back-off when descriptors run out) and carried as
+//! with the replica protocol: one listener per node, bounded by `wasmcsi_trust::Listener` (total
+//! and per-source connection caps, handshake deadline and byte budget, back-off when descriptors
+//! run out) and carried as
 //! [`ServerConfig::transport`] says: mutual TLS (`required`), TLS beside legacy plaintext
 //! (`permissive`) or plaintext (`off`). Nothing of the protocol is read from a TLS peer before its
 //! handshake completed, and a connection's buffers are allocated only once it has: what a peer
@@ -696,10 +697,8 @@ async fn engine_call(shared: &Shared, volume_id: String, request: Vec<u8>) -> Me
 }
 
 /// Runs one control request against the node's disks and builds its reply. A request naming a
-/// volume goes to the disk holding its replica; `NodeInfo` answers the disk `default` (what a
-/// client that does not know disks asks about).
+/// volume goes to the disk holding its replica.
 fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
-    let node = disks.default_disk();
     let reply = |r: Result<(), NodeError>, what: &str, volume_id: &str| {
         let status = match r {
             Ok(()) => Status::Ok,
@@ -766,12 +765,14 @@ fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
             .entered();
             reply(disks.holding(&volume_id).1.delete_replica(&volume_id), "delete", &volume_id)
         }
-        Message::NodeInfo => match node.report() {
-            Ok(r) => Message::NodeInfoReply {
+        // Every disk's replicas, and their space summed: what the server holds, for a client
+        // that does not know disks (and for finding a volume's holders).
+        Message::NodeInfo => match disks.report() {
+            Ok(reports) => Message::NodeInfoReply {
                 status: Status::Ok,
-                capacity: r.capacity,
-                available: r.available,
-                replicas: r.replicas,
+                capacity: reports.iter().map(|d| d.report.capacity).fold(0, u64::saturating_add),
+                available: reports.iter().map(|d| d.report.available).fold(0, u64::saturating_add),
+                replicas: reports.into_iter().flat_map(|d| d.report.replicas).collect(),
             },
             Err(e) => {
                 tracing::warn!(error = %e, "replica node info failed");
