@@ -217,7 +217,8 @@ def check():
     everything = merge(load_values(CHART / "values.yaml", CHART / "kustomize-values.yaml"), {
         "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                        "grafanaDashboard": {"enabled": True}},
-        "node": {"labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        "node": {"labels": {"topology.kubernetes.io/zone": "zone-a"},
+                 "extraReplicaRoots": [{"name": "ssd", "path": "/mnt/ssd/wasmcsi"}]},
         "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
         "controller": {"replicas": 2},
         # The classes of external servers, once the operator names them.
@@ -248,6 +249,9 @@ def check():
     check_dials_nothing("deploy/", {n: (DEPLOY / n).read_text() for n in generated()}, failures)
     nameless = merge(load_values(CHART / "values.yaml"), {"storageClasses": {"wasmcsi-nfs": {"enabled": True}}})
     check_refused("wasmcsi-nfs enabled without a server", nameless, "parameters.server is empty", failures)
+    bad_disk = merge(load_values(CHART / "values.yaml"),
+                     {"node": {"extraReplicaRoots": [{"name": "default", "path": "/mnt/x"}]}})
+    check_refused("an extra replica root named default", bad_disk, "is not a disk name", failures)
     kustomized = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True)
     if kustomized.returncode != 0:
         failures.append(f"kubectl kustomize deploy/: {kustomized.stderr.strip()}")

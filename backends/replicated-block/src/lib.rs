@@ -1,6 +1,8 @@
 //! The `replicated-block` backend: policy for the host's replicated block engine (Longhorn's
-//! shape), over the `block` capability. It decides how many replicas a volume gets and on which
-//! nodes (a node selector, spreading over a label, most free space first), what volume and
+//! shape), over the `block` capability. It decides how many replicas a volume gets and where
+//! (a node selector, spreading over a label, most free space first; distinct nodes when the
+//! cluster has enough, else distinct disks of a node, which the volume condition then says is
+//! not node-redundant), what volume and
 //! snapshot ids are, what deleting a volume with snapshots means, and when a lost replica is
 //! replaced; the host keeps every replica set, its record and its engine (see
 //! `docs/replicated-block.md`).
@@ -13,14 +15,14 @@
 //! - A clone is filled by the host in the background: CreateVolume answers ABORTED with the
 //!   progress until it is whole (the provisioner retries).
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
-//!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node.
+//!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk).
 #![deny(unsafe_code)]
 
 pub mod policy;
 
 use std::collections::BTreeMap;
 
-use policy::{Candidate, Policy, ReplicaHealth, ReplicaView};
+use policy::{Candidate, Disk, Policy, ReplicaHealth, ReplicaView, Slot};
 use wasmcsi_backend_sdk::block::{BlockSnapshot, BlockSource, NodeInfo, Placement, ReplicaSet, ReplicaState};
 use wasmcsi_backend_sdk::names::check_csi_name;
 use wasmcsi_backend_sdk::prelude::*;
@@ -49,8 +51,13 @@ fn candidates(nodes: &[NodeInfo]) -> Vec<Candidate> {
             name: n.name.clone(),
             free: n.free_bytes,
             labels: n.labels.iter().map(|p| (p.key.clone(), p.value.clone())).collect(),
+            disks: n.disks.iter().map(|d| Disk { name: d.name.clone(), free: d.free_bytes }).collect(),
         })
         .collect()
+}
+
+fn placement(slot: &Slot) -> Placement {
+    Placement { node: slot.node.clone(), disk: slot.disk.clone() }
 }
 
 fn seconds(t: &Timestamp) -> u64 {
@@ -61,7 +68,7 @@ fn views(set: &ReplicaSet) -> Vec<ReplicaView> {
     set.replicas
         .iter()
         .map(|r| ReplicaView {
-            node: r.node.clone(),
+            slot: Slot::new(r.node.as_str(), r.disk.as_deref()),
             state: match r.state {
                 ReplicaState::Healthy => ReplicaHealth::Healthy,
                 ReplicaState::Rebuilding => ReplicaHealth::Rebuilding,
@@ -208,9 +215,10 @@ impl Backend for ReplicatedBlock {
             .map_err(|e| Error::ResourceExhausted(e.0))?;
         let metadata: Vec<Pair> =
             policy::policy_metadata(&req.name, &policy).into_iter().map(|(key, value)| Pair { key, value }).collect();
-        let placements: Vec<Placement> = placed.iter().map(Placement::on).collect();
+        let placements: Vec<Placement> = placed.iter().map(placement).collect();
         let set = h.block().create(&id, size, &placements, source.as_ref(), &metadata)?;
-        h.log().info("replica set created", &[("volume", &id), ("nodes", &placed.join(","))]);
+        let shown: Vec<String> = placed.iter().map(ToString::to_string).collect();
+        h.log().info("replica set created", &[("volume", &id), ("replicas", &shown.join(","))]);
         volume_of(&set, req.content_source)
     }
 
@@ -395,32 +403,21 @@ impl Backend for ReplicatedBlock {
         let nodes = candidates(&h.block().list_nodes()?);
         for lost in overdue {
             let set = h.block().get(&id)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
-            let members: Vec<Candidate> = set
-                .replicas
-                .iter()
-                .filter(|r| r.node != lost)
-                .map(|r| {
-                    nodes.iter().find(|n| n.name == r.node).cloned().unwrap_or(Candidate {
-                        name: r.node.clone(),
-                        free: 0,
-                        labels: BTreeMap::new(),
-                    })
-                })
-                .chain(std::iter::once(Candidate { name: lost.clone(), free: 0, labels: BTreeMap::new() }))
-                .collect();
-            match policy::place(&nodes, &policy, set.size_bytes, 1, &members) {
+            // The lost replica's place stays taken: a replacement must not land on it.
+            let taken: Vec<Slot> = set.replicas.iter().map(|r| Slot::new(r.node.as_str(), r.disk.as_deref())).collect();
+            match policy::place(&nodes, &policy, set.size_bytes, 1, &taken) {
                 Ok(chosen) => {
                     let with = &chosen[0];
-                    h.block().replace(&id, &Placement::on(lost.as_str()), &Placement::on(with.as_str()))?;
+                    h.block().replace(&id, &placement(&lost), &placement(with))?;
                     h.log().warn(
                         "replica lost for too long replaced",
-                        &[("volume", &id), ("lost", &lost), ("with", with)],
+                        &[("volume", &id), ("lost", &lost.to_string()), ("with", &with.to_string())],
                     );
                 }
                 Err(e) => {
                     h.log().warn(
                         "a lost replica cannot be replaced yet",
-                        &[("volume", &id), ("lost", &lost), ("why", &e.0)],
+                        &[("volume", &id), ("lost", &lost.to_string()), ("why", &e.0)],
                     );
                 }
             }

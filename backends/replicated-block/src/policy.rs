@@ -1,7 +1,8 @@
 //! The pure policy of the replicated-block backend: StorageClass parameters, sizes, volume and
 //! snapshot ids derived from CSI names, replica placement (selector, spreading, most free space
-//! first), the capacity a new volume can still get, the volume condition, and when a lost
-//! replica is replaced. No I/O here; everything is unit-tested natively.
+//! first, distinct nodes before distinct disks of one node), the capacity a new volume can still
+//! get, the volume condition, and when a lost replica is replaced. No I/O here; everything is
+//! unit-tested natively.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -278,8 +279,42 @@ pub fn parse_snapshot_id(id: &str) -> Option<(String, String)> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub name: String,
+    /// Free bytes of all its disks.
     pub free: u64,
     pub labels: BTreeMap<String, String>,
+    /// The disks (replica roots) the node's replica server keeps replicas on. Empty: a host
+    /// that does not report disks; the node is one disk of `free` bytes then.
+    pub disks: Vec<Disk>,
+}
+
+/// One disk of a replica node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disk {
+    pub name: String,
+    pub free: u64,
+}
+
+/// Where one replica is: a node and, when known, its disk (`None`: the host's one disk of the
+/// node, or a replica whose disk nobody reported).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slot {
+    pub node: String,
+    pub disk: Option<String>,
+}
+
+impl Slot {
+    pub fn new(node: impl Into<String>, disk: Option<&str>) -> Self {
+        Self { node: node.into(), disk: disk.map(str::to_owned) }
+    }
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.disk {
+            Some(disk) => write!(f, "{}/{disk}", self.node),
+            None => f.write_str(&self.node),
+        }
+    }
 }
 
 impl Candidate {
@@ -290,39 +325,81 @@ impl Candidate {
             (None, _) => false,
         })
     }
+
+    /// Its disks, or the whole node as one unnamed disk when the host reports none.
+    fn disks(&self) -> Vec<(Option<&str>, u64)> {
+        if self.disks.is_empty() {
+            vec![(None, self.free)]
+        } else {
+            self.disks.iter().map(|d| (Some(d.name.as_str()), d.free)).collect()
+        }
+    }
 }
 
-/// Chooses `count` distinct nodes: eligible by the selector and free space, most free space
-/// first, on distinct values of the spread key while any are left. `taken` are nodes already
-/// holding a replica (and the spread values they use).
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Chooses `count` places for new replicas with a soft anti-affinity: eligible nodes (the
+/// selector, a disk with `size` bytes free) that hold no replica of the set first — most free
+/// space first, on distinct values of the spread key while any are left —, then, when there
+/// are fewer such nodes than replicas, distinct disks of nodes that hold one already (the node
+/// with the fewest replicas of the set first, then the disk with the most free space). Every
+/// replica gets the disk with the most free space of its node that the set does not use yet.
+/// `taken` are the replicas the set keeps (and the spread values their nodes use).
 pub fn place(
     nodes: &[Candidate],
     policy: &Policy,
     size: u64,
     count: usize,
-    taken: &[Candidate],
-) -> Result<Vec<String>, Invalid> {
-    let used: BTreeSet<&str> = taken.iter().map(|t| t.name.as_str()).collect();
-    let mut eligible: Vec<&Candidate> = nodes
-        .iter()
-        .filter(|n| !used.contains(n.name.as_str()) && n.matches(&policy.selector) && n.free >= size)
-        .collect();
-    if eligible.len() < count {
+    taken: &[Slot],
+) -> Result<Vec<Slot>, Invalid> {
+    let mut used: BTreeSet<Slot> = taken.iter().cloned().collect();
+    let holds = |used: &BTreeSet<Slot>, node: &str| used.iter().filter(|s| s.node == node).count();
+    // What is still free on a node for this set: its disks with room the set does not use.
+    let open = |used: &BTreeSet<Slot>, c: &Candidate| -> Vec<(Option<String>, u64)> {
+        let mut disks: Vec<(Option<String>, u64)> = c
+            .disks()
+            .into_iter()
+            .filter(|(d, free)| *free >= size && !used.contains(&Slot::new(c.name.as_str(), *d)))
+            .map(|(d, free)| (d.map(str::to_owned), free))
+            .collect();
+        disks.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        disks
+    };
+    let mut eligible: Vec<&Candidate> =
+        nodes.iter().filter(|n| n.matches(&policy.selector) && !open(&used, n).is_empty()).collect();
+    let open_disks: usize = eligible.iter().map(|n| open(&used, n).len()).sum();
+    if open_disks < count {
         let selector = if policy.selector.is_empty() { String::new() } else { " matching replicaNodeSelector".into() };
         return Err(invalid(format!(
-            "numberOfReplicas needs {count} more node(s){selector} with {size} bytes free; {} eligible of {} found",
-            eligible.len(),
-            nodes.len()
+            "cannot place {} with {size} bytes free{selector}: {}, {}; {count} needed ({} found; replicas go \
+             to distinct nodes, else to distinct disks of a node)",
+            plural(count, "replica", "replicas"),
+            plural(eligible.len(), "eligible node", "eligible nodes"),
+            plural(open_disks, "disk", "disks"),
+            plural(nodes.len(), "node", "nodes"),
         )));
     }
     eligible.sort_by(|a, b| b.free.cmp(&a.free).then_with(|| a.name.cmp(&b.name)));
     let spread_of = |c: &Candidate| policy.spread_key.as_ref().and_then(|k| c.labels.get(k).cloned());
-    let mut spread: BTreeSet<String> = taken.iter().filter_map(spread_of).collect();
-    let mut chosen: Vec<String> = Vec::new();
-    // First pass: a new spread value each; second pass: whoever is left, most free first.
+    let mut spread: BTreeSet<String> =
+        taken.iter().filter_map(|t| nodes.iter().find(|n| n.name == t.node)).filter_map(spread_of).collect();
+    let mut chosen: Vec<Slot> = Vec::new();
+    let take = |used: &mut BTreeSet<Slot>, chosen: &mut Vec<Slot>, c: &Candidate| {
+        if let Some((disk, _)) = open(used, c).into_iter().next() {
+            let slot = Slot { node: c.name.clone(), disk };
+            used.insert(slot.clone());
+            chosen.push(slot);
+        }
+    };
+    // Distinct nodes. First pass: a new spread value each; second pass: whoever is left.
     for c in &eligible {
         if chosen.len() == count {
             break;
+        }
+        if holds(&used, &c.name) > 0 {
+            continue;
         }
         match spread_of(c) {
             Some(v) if spread.contains(&v) => continue,
@@ -332,23 +409,46 @@ pub fn place(
             None if policy.spread_key.is_some() => continue,
             None => {}
         }
-        chosen.push(c.name.clone());
+        take(&mut used, &mut chosen, c);
     }
     for c in &eligible {
         if chosen.len() == count {
             break;
         }
-        if !chosen.contains(&c.name) {
-            chosen.push(c.name.clone());
+        if holds(&used, &c.name) == 0 {
+            take(&mut used, &mut chosen, c);
         }
+    }
+    // Fewer nodes than replicas: distinct disks of the nodes that hold one, evenly.
+    while chosen.len() < count {
+        let Some(c) = eligible
+            .iter()
+            .filter(|c| !open(&used, c).is_empty())
+            .min_by(|a, b| {
+                let best = |c: &Candidate| open(&used, c).first().map_or(0, |d| d.1);
+                holds(&used, &a.name)
+                    .cmp(&holds(&used, &b.name))
+                    .then_with(|| best(b).cmp(&best(a)))
+                    .then_with(|| a.name.cmp(&b.name))
+            })
+            .copied()
+        else {
+            break;
+        };
+        take(&mut used, &mut chosen, c);
     }
     Ok(chosen)
 }
 
-/// What a new volume of `policy` can still get: every replica needs a node of its own with the
-/// space, so it is the free space of the `replicas`-th best eligible node (0 with too few).
+/// What a new volume of `policy` can still get: every replica needs a disk of its own with the
+/// space (on a node of its own when there are enough), so it is the free space of the
+/// `replicas`-th best eligible disk (0 with too few).
 pub fn capacity(nodes: &[Candidate], policy: &Policy) -> u64 {
-    let mut free: Vec<u64> = nodes.iter().filter(|n| n.matches(&policy.selector)).map(|n| n.free).collect();
+    let mut free: Vec<u64> = nodes
+        .iter()
+        .filter(|n| n.matches(&policy.selector))
+        .flat_map(|n| n.disks().into_iter().map(|(_, free)| free))
+        .collect();
     free.sort_unstable_by(|a, b| b.cmp(a));
     let n = policy.replicas as usize;
     if free.len() < n { 0 } else { free[n - 1] / SIZE_UNIT * SIZE_UNIT }
@@ -357,7 +457,7 @@ pub fn capacity(nodes: &[Candidate], policy: &Policy) -> u64 {
 /// One replica of a set as the condition and healing see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaView {
-    pub node: String,
+    pub slot: Slot,
     pub state: ReplicaHealth,
     /// When it stopped being healthy, seconds since the Unix epoch.
     pub down_since: Option<u64>,
@@ -374,7 +474,9 @@ pub enum ReplicaHealth {
 }
 
 /// The volume condition: abnormal unless every wanted replica is healthy; the message says how
-/// many are, and how far a rebuild is.
+/// many are, how far a rebuild is, and when replicas share a node (the soft anti-affinity gave
+/// way: a node's loss takes more than one replica, so the volume is not node-redundant). Sharing
+/// a node alone is not abnormal: it is what the cluster allows, and every replica is whole.
 pub fn condition(replicas: &[ReplicaView], wanted: u32) -> (bool, String) {
     let healthy = replicas.iter().filter(|r| r.state == ReplicaHealth::Healthy).count();
     let mut parts = vec![format!("{healthy}/{wanted} replicas healthy")];
@@ -383,11 +485,19 @@ pub fn condition(replicas: &[ReplicaView], wanted: u32) -> (bool, String) {
             ReplicaHealth::Healthy => {}
             ReplicaHealth::Rebuilding => {
                 let pct = (r.rebuilt.min(r.rebuild_total) * 100).checked_div(r.rebuild_total).unwrap_or(0);
-                parts.push(format!("{} rebuilding {pct}%", r.node));
+                parts.push(format!("{} rebuilding {pct}%", r.slot));
             }
-            ReplicaHealth::Stale => parts.push(format!("{} waits for a rebuild", r.node)),
-            ReplicaHealth::Unreachable => parts.push(format!("{} unreachable", r.node)),
+            ReplicaHealth::Stale => parts.push(format!("{} waits for a rebuild", r.slot)),
+            ReplicaHealth::Unreachable => parts.push(format!("{} unreachable", r.slot)),
         }
+    }
+    let nodes: BTreeSet<&str> = replicas.iter().map(|r| r.slot.node.as_str()).collect();
+    if replicas.len() > 1 && nodes.len() < replicas.len() {
+        parts.push(format!(
+            "not node-redundant: {} on {} (distinct disks)",
+            plural(replicas.len(), "replica", "replicas"),
+            plural(nodes.len(), "node", "nodes")
+        ));
     }
     let abnormal = healthy < wanted as usize;
     let message = if abnormal { format!("degraded: {}", parts.join(", ")) } else { parts.join(", ") };
@@ -397,12 +507,12 @@ pub fn condition(replicas: &[ReplicaView], wanted: u32) -> (bool, String) {
 /// Replicas whose node has been unreachable for longer than the policy waits, at `now`
 /// (seconds since the Unix epoch): these are replaced; a replica that comes back in time is
 /// only rebuilt (a delta).
-pub fn overdue(replicas: &[ReplicaView], policy: &Policy, now: u64) -> Vec<String> {
+pub fn overdue(replicas: &[ReplicaView], policy: &Policy, now: u64) -> Vec<Slot> {
     replicas
         .iter()
         .filter(|r| r.state == ReplicaHealth::Unreachable)
         .filter(|r| r.down_since.is_some_and(|t| now.saturating_sub(t) >= policy.stale_timeout.as_secs()))
-        .map(|r| r.node.clone())
+        .map(|r| r.slot.clone())
         .collect()
 }
 
@@ -419,7 +529,22 @@ mod tests {
             name: name.into(),
             free: free_gib << 30,
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            disks: Vec::new(),
         }
+    }
+
+    /// A node with named disks of these sizes (GiB).
+    fn node_with_disks(name: &str, disks: &[(&str, u64)]) -> Candidate {
+        Candidate {
+            name: name.into(),
+            free: disks.iter().map(|(_, gib)| gib << 30).sum(),
+            labels: BTreeMap::new(),
+            disks: disks.iter().map(|(d, gib)| Disk { name: (*d).into(), free: gib << 30 }).collect(),
+        }
+    }
+
+    fn shown(slots: &[Slot]) -> Vec<String> {
+        slots.iter().map(ToString::to_string).collect()
     }
 
     #[test]
@@ -514,33 +639,115 @@ mod tests {
             node("e", 5, &[("zone", "3")]),
         ];
         let plain = Policy::default();
-        assert_eq!(place(&nodes, &plain, 1 << 30, 3, &[]).expect("placed"), ["b", "d", "c"]);
+        assert_eq!(shown(&place(&nodes, &plain, 1 << 30, 3, &[]).expect("placed")), ["b", "d", "c"]);
         let spread = Policy { spread_key: Some("zone".into()), ..Policy::default() };
-        assert_eq!(place(&nodes, &spread, 1 << 30, 3, &[]).expect("placed"), ["b", "d", "e"]);
+        assert_eq!(shown(&place(&nodes, &spread, 1 << 30, 3, &[]).expect("placed")), ["b", "d", "e"]);
         // More replicas than zones: spread first, then the most free.
-        assert_eq!(place(&nodes, &spread, 1 << 30, 4, &[]).expect("placed"), ["b", "d", "e", "c"]);
+        assert_eq!(shown(&place(&nodes, &spread, 1 << 30, 4, &[]).expect("placed")), ["b", "d", "e", "c"]);
         // Too big for e: the third zone has no room, the spread gives way.
-        assert_eq!(place(&nodes, &spread, 8 << 30, 3, &[]).expect("placed"), ["b", "d", "c"]);
+        assert_eq!(shown(&place(&nodes, &spread, 8 << 30, 3, &[]).expect("placed")), ["b", "d", "c"]);
         let ssd = Policy { selector: vec![("ssd".into(), Some("yes".into()))], ..Policy::default() };
         let e = place(&nodes, &ssd, 1 << 30, 2, &[]).expect_err("one ssd node");
-        assert!(e.0.contains("replicaNodeSelector") && e.0.contains("1 eligible of 5"), "{}", e.0);
+        assert!(
+            e.0.contains("replicaNodeSelector") && e.0.contains("1 eligible node, 1 disk; 2 needed (5 nodes found"),
+            "{}",
+            e.0
+        );
         // A replacement avoids the nodes and spread values the set already uses.
-        let taken = [nodes[1].clone(), nodes[3].clone()];
-        assert_eq!(place(&nodes, &spread, 1 << 30, 1, &taken).expect("placed"), ["e"]);
+        let taken = [Slot::new("b", None), Slot::new("d", None)];
+        assert_eq!(shown(&place(&nodes, &spread, 1 << 30, 1, &taken).expect("placed")), ["e"]);
     }
 
     #[test]
-    fn capacity_is_what_the_last_of_n_replicas_can_get() {
-        let nodes = [node("a", 10, &[]), node("b", 50, &[]), node("c", 20, &[])];
+    fn one_node_with_three_disks_takes_three_replicas_on_three_disks() {
+        let nodes = [node_with_disks("edge", &[("default", 10), ("ssd", 40), ("hdd", 20)])];
+        let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed on disks");
+        assert_eq!(shown(&placed), ["edge/ssd", "edge/hdd", "edge/default"], "most free disk first");
+        let views: Vec<ReplicaView> = placed
+            .iter()
+            .map(|slot| ReplicaView {
+                slot: slot.clone(),
+                state: ReplicaHealth::Healthy,
+                down_since: None,
+                rebuilt: 0,
+                rebuild_total: 0,
+            })
+            .collect();
+        let (abnormal, message) = condition(&views, 3);
+        assert!(!abnormal, "whole replicas on distinct disks are healthy: {message}");
+        assert_eq!(message, "3/3 replicas healthy, not node-redundant: 3 replicas on 1 node (distinct disks)");
+        // Its capacity is the third disk's free space.
         assert_eq!(capacity(&nodes, &Policy::default()), 10 << 30);
-        assert_eq!(capacity(&nodes, &Policy { replicas: 2, ..Policy::default() }), 20 << 30);
-        assert_eq!(capacity(&nodes, &Policy { replicas: 4, ..Policy::default() }), 0);
+        // A replacement on that node takes the disk the set does not use.
+        let taken = [Slot::new("edge", Some("ssd")), Slot::new("edge", Some("hdd"))];
+        assert_eq!(shown(&place(&nodes, &Policy::default(), 1 << 30, 1, &taken).expect("placed")), ["edge/default"]);
+    }
+
+    #[test]
+    fn two_nodes_spread_first_then_share_the_node_with_fewer_replicas() {
+        let nodes = [
+            node_with_disks("n1", &[("default", 10), ("d2", 30)]),
+            node_with_disks("n2", &[("default", 20), ("d2", 5)]),
+        ];
+        let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed");
+        assert_eq!(shown(&placed), ["n1/d2", "n2/default", "n1/default"]);
+        let (_, message) = condition(
+            &placed
+                .iter()
+                .map(|slot| ReplicaView {
+                    slot: slot.clone(),
+                    state: ReplicaHealth::Healthy,
+                    down_since: None,
+                    rebuilt: 0,
+                    rebuild_total: 0,
+                })
+                .collect::<Vec<_>>(),
+            3,
+        );
+        assert!(message.contains("not node-redundant: 3 replicas on 2 nodes"), "{message}");
+        // Two replicas: one per node, no sharing.
+        let two = place(&nodes, &Policy::default(), 1 << 30, 2, &[]).expect("placed");
+        assert_eq!(shown(&two), ["n1/d2", "n2/default"]);
+    }
+
+    #[test]
+    fn three_nodes_take_one_replica_each_whatever_their_disks() {
+        let nodes = [
+            node_with_disks("n1", &[("default", 10), ("d2", 90)]),
+            node_with_disks("n2", &[("default", 20)]),
+            node_with_disks("n3", &[("default", 30), ("d2", 1)]),
+        ];
+        let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed");
+        assert_eq!(shown(&placed), ["n1/d2", "n3/default", "n2/default"]);
+        let views: Vec<ReplicaView> = placed
+            .iter()
+            .map(|slot| ReplicaView {
+                slot: slot.clone(),
+                state: ReplicaHealth::Healthy,
+                down_since: None,
+                rebuilt: 0,
+                rebuild_total: 0,
+            })
+            .collect();
+        assert_eq!(condition(&views, 3), (false, "3/3 replicas healthy".into()));
+    }
+
+    #[test]
+    fn too_few_disks_say_how_many_nodes_and_disks_were_found_and_needed() {
+        let one = [node_with_disks("edge", &[("default", 10)])];
+        let e = place(&one, &Policy::default(), 1 << 30, 3, &[]).expect_err("one disk for three replicas");
+        assert!(e.0.contains("1 eligible node, 1 disk; 3 needed"), "{}", e.0);
+        // A disk without room for the size does not count.
+        let small = [node_with_disks("a", &[("default", 10), ("tiny", 0)]), node_with_disks("b", &[("default", 0)])];
+        let e = place(&small, &Policy::default(), 1 << 30, 2, &[]).expect_err("one disk with room");
+        assert!(e.0.contains("1 eligible node, 1 disk; 2 needed (2 nodes found"), "{}", e.0);
+        assert_eq!(capacity(&one, &Policy::default()), 0);
     }
 
     #[test]
     fn condition_and_replacement_follow_the_replicas() {
         let r = |node: &str, state, down_since| ReplicaView {
-            node: node.into(),
+            slot: Slot::new(node, None),
             state,
             down_since,
             rebuilt: 30,
@@ -558,6 +765,19 @@ mod tests {
         assert_eq!(message, "degraded: 1/3 replicas healthy, b rebuilding 25%, c unreachable");
         let policy = Policy { stale_timeout: Duration::from_secs(60), ..Policy::default() };
         assert!(overdue(&degraded, &policy, 159).is_empty(), "not yet");
-        assert_eq!(overdue(&degraded, &policy, 160), ["c"], "only the unreachable one, once its time is up");
+        assert_eq!(
+            overdue(&degraded, &policy, 160),
+            [Slot::new("c", None)],
+            "only the unreachable one, once its time is up"
+        );
+        // Two replicas of one node: each is named with its disk.
+        let shared = [
+            ReplicaView { slot: Slot::new("n1", Some("default")), ..r("", ReplicaHealth::Healthy, None) },
+            ReplicaView { slot: Slot::new("n1", Some("d2")), ..r("", ReplicaHealth::Rebuilding, None) },
+        ];
+        assert_eq!(
+            condition(&shared, 2),
+            (true, "degraded: 1/2 replicas healthy, n1/d2 rebuilding 25%, not node-redundant: 2 replicas on 1 node (distinct disks)".into())
+        );
     }
 }

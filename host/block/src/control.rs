@@ -27,8 +27,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmcsi_trust::ExpectedRole;
 
 use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader,
-    ReplicaSummary, SnapshotInfo, Status, encode,
+    DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo,
+    ReplicaHeader, ReplicaSummary, SnapshotInfo, Status, encode,
 };
 use crate::replica::NodeIdentity;
 use crate::transport::{self, ClientStream, DialError, Transport};
@@ -210,6 +210,27 @@ impl ReplicaServerClient {
         let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
         let message = Message::CreateReplica { volume_id: volume_id.to_owned(), size };
         c.reply("CreateReplica", message, &[]).await
+    }
+
+    /// Creates an empty replica on the server's disk `disk` (see `CreateReplicaOn`); the disk
+    /// `default` is asked with `CreateReplica`, which every server understands.
+    pub async fn create_replica_on(&self, disk: &str, volume_id: &str, size: u64) -> Result<(), ControlError> {
+        if disk == crate::replica::DEFAULT_DISK {
+            return self.create_replica(volume_id, size).await;
+        }
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let message = Message::CreateReplicaOn { disk: disk.to_owned(), volume_id: volume_id.to_owned(), size };
+        c.reply("CreateReplicaOn", message, &[]).await
+    }
+
+    /// The server's disks, their space and the volumes each holds a replica of.
+    pub async fn disks(&self) -> Result<Vec<DiskSummary>, ControlError> {
+        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        match c.call("ListDisks", Message::ListDisks).await? {
+            Message::DiskList { status: Status::Ok, disks } => Ok(disks),
+            Message::DiskList { status, .. } => Err(ControlError::refused(self.addr, "ListDisks", status)),
+            _ => Err(ControlError::Protocol { addr: self.addr, what: "ListDisks" }),
+        }
     }
 
     /// Deletes a replica and its files; succeeds if it is already gone (a retry).

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use wasmcsi_block::replica::NodeIdentity;
+use wasmcsi_block::replica::disks::is_disk_name;
+use wasmcsi_block::replica::{DEFAULT_DISK, NodeIdentity};
 use wasmcsi_datapath::DataPathConfig;
 use wasmcsi_datapath::client::DataPathClient;
 use wasmcsi_datapath::process::{DataPathProcess, ProcessConfig};
@@ -45,9 +46,11 @@ pub struct DataPathArgs {
     /// Serve this node's replicas on ADDR; other nodes' engines connect here.
     #[arg(long)]
     pub replica_listen: SocketAddr,
-    /// Where this node's replicas live (one directory each).
-    #[arg(long, default_value = "/var/lib/wasmcsi/replicas")]
-    pub replica_root: PathBuf,
+    /// Where this node's replicas live (one directory each): PATH for the disk `default`
+    /// (/var/lib/wasmcsi/replicas when not given), NAME=PATH for another disk (repeatable; NAME
+    /// a DNS label). Backends place replicas on distinct nodes first, then on distinct disks.
+    #[arg(long = "replica-root", value_name = "[NAME=]PATH", value_parser = parse_replica_root)]
+    pub replica_roots: Vec<ReplicaRoot>,
     /// A label this node reports to backends (KEY=VALUE, repeatable).
     #[arg(long = "node-label", value_parser = parse_label)]
     pub node_labels: Vec<(String, String)>,
@@ -154,6 +157,60 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// The disk `default`'s root when no `--replica-root` names it.
+const DEFAULT_REPLICA_ROOT: &str = "/var/lib/wasmcsi/replicas";
+
+/// One `--replica-root`: a disk's name and the directory its replicas live in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRoot {
+    pub disk: String,
+    pub path: PathBuf,
+}
+
+impl ReplicaRoot {
+    /// The disk `default` at `path`.
+    pub fn default_at(path: PathBuf) -> Self {
+        Self { disk: DEFAULT_DISK.to_owned(), path }
+    }
+
+    fn arg(&self) -> std::ffi::OsString {
+        let mut arg = std::ffi::OsString::from(format!("{}=", self.disk));
+        arg.push(&self.path);
+        arg
+    }
+}
+
+/// `NAME=PATH` when the text before the first `=` is a disk name (`default` included), else
+/// all of it is the path of the disk `default`.
+pub fn parse_replica_root(s: &str) -> Result<ReplicaRoot, String> {
+    let root = match s.split_once('=') {
+        Some((name, path)) if is_disk_name(name) => ReplicaRoot { disk: name.to_owned(), path: path.into() },
+        _ => ReplicaRoot::default_at(s.into()),
+    };
+    if root.path.as_os_str().is_empty() {
+        return Err(format!("{s:?} names no directory"));
+    }
+    Ok(root)
+}
+
+impl DataPathArgs {
+    /// The disk `default`'s root, and every other disk's, by name: each disk once.
+    pub fn replica_disks(&self) -> anyhow::Result<(PathBuf, Vec<(String, PathBuf)>)> {
+        let mut default = None;
+        let mut more: Vec<(String, PathBuf)> = Vec::new();
+        for r in &self.replica_roots {
+            if r.disk == DEFAULT_DISK {
+                anyhow::ensure!(default.is_none(), "--replica-root names the disk default twice");
+                default = Some(r.path.clone());
+            } else {
+                anyhow::ensure!(!more.iter().any(|(d, _)| *d == r.disk), "--replica-root names disk {} twice", r.disk);
+                more.push((r.disk.clone(), r.path.clone()));
+            }
+        }
+        Ok((default.unwrap_or_else(|| DEFAULT_REPLICA_ROOT.into()), more))
+    }
+}
+
 /// Runs the data path until SIGINT or SIGTERM.
 pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
     // Not again in a live upgrade (`--adopt`): the same container, checked at its first start,
@@ -168,6 +225,7 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         )?;
     }
     crate::trust::check_replica_mode(args.tls_dir.as_deref(), args.tls_mode)?;
+    let (replica_root, replica_disks) = args.replica_disks()?;
     let (credentials, _watcher) = match &args.tls_dir {
         Some(dir) => {
             let (live, watcher) = wasmcsi_trust::watch(dir, wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL)
@@ -183,7 +241,8 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir.clone(),
         datapath: DataPathConfig {
             identity: NodeIdentity { node: args.node_id.clone(), labels: args.node_labels.clone() },
-            replica_root: args.replica_root.clone(),
+            replica_root,
+            replica_disks,
             listen: args.replica_listen,
             engine_root: args.state_dir.join("engines"),
             runtime_root: args.state_dir.join("run"),
@@ -252,9 +311,10 @@ pub async fn spawn_detached(args: &DataPathArgs) -> anyhow::Result<u32> {
         .arg("--node-id")
         .arg(&args.node_id)
         .arg("--replica-listen")
-        .arg(args.replica_listen.to_string())
-        .arg("--replica-root")
-        .arg(&args.replica_root);
+        .arg(args.replica_listen.to_string());
+    for root in &args.replica_roots {
+        cmd.arg("--replica-root").arg(root.arg());
+    }
     for (k, v) in &args.node_labels {
         cmd.arg("--node-label").arg(format!("{k}={v}"));
     }
@@ -317,5 +377,19 @@ mod tests {
         assert_eq!(super::parse_label("zone=a"), Ok(("zone".into(), "a".into())));
         assert!(super::parse_label("=a").is_err());
         assert!(super::parse_label("zone").is_err());
+    }
+
+    #[test]
+    fn a_replica_root_is_a_path_or_a_disk_name_and_a_path() {
+        use super::{ReplicaRoot, parse_replica_root};
+        let root = |disk: &str, path: &str| ReplicaRoot { disk: disk.into(), path: path.into() };
+        assert_eq!(parse_replica_root("/var/lib/r"), Ok(root("default", "/var/lib/r")));
+        assert_eq!(parse_replica_root("ssd=/mnt/ssd/r"), Ok(root("ssd", "/mnt/ssd/r")));
+        assert_eq!(parse_replica_root("default=/r"), Ok(root("default", "/r")));
+        assert_eq!(parse_replica_root("/mnt/a=b"), Ok(root("default", "/mnt/a=b")), "not a disk name: a path");
+        assert!(parse_replica_root("ssd=").is_err());
+        // The same flag passed on by a plugin that starts the data path parses back.
+        let arg = root("nvme-1", "/mnt/n").arg();
+        assert_eq!(parse_replica_root(arg.to_str().expect("utf-8")), Ok(root("nvme-1", "/mnt/n")));
     }
 }

@@ -328,6 +328,7 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions, transport: Trans
     let config = DataPathConfig {
         identity: NodeIdentity { node: opts.node_id.clone(), labels: r.labels.clone() },
         replica_root: r.root.clone(),
+        replica_disks: Vec::new(),
         listen: r.listen,
         engine_root: opts.state_dir.join("engines"),
         runtime_root: opts.state_dir.join("run"),
@@ -389,7 +390,7 @@ fn datapath_args(
         shared_state_dir: false,
         node_id: opts.node_id.clone(),
         replica_listen: r.listen,
-        replica_root: r.root.clone(),
+        replica_roots: vec![crate::datapath_cmd::ReplicaRoot::default_at(r.root.clone())],
         node_labels: r.labels.clone(),
         metrics_addr: None,
         adopt: None,

@@ -49,7 +49,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -59,7 +59,9 @@ use wasmcsi_block::catalog::AttachInfo;
 use wasmcsi_block::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
 use wasmcsi_block::engine::ReplicaHealth;
 use wasmcsi_block::protocol::Status;
-use wasmcsi_block::replica::{EngineCalls, NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig, ServerError};
+use wasmcsi_block::replica::{
+    EngineCalls, NodeIdentity, ReplicaDisks, ReplicaNode, ReplicaServer, ServerConfig, ServerError,
+};
 use wasmcsi_block::transport::Transport;
 use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, VolumeGrant};
 use wasmcsi_trust::{GrantSource, Limits, Role};
@@ -70,8 +72,11 @@ use crate::attach::{AttachConfig, AttachError, AttachedVolume, SuspendedVolume};
 #[derive(Debug, Clone)]
 pub struct DataPathConfig {
     pub identity: NodeIdentity,
-    /// Every replica on this node, one directory each.
+    /// Every replica on this node's disk `default`, one directory each.
     pub replica_root: PathBuf,
+    /// More disks of this node: replica roots by name (a replica of a volume lives on one of
+    /// them or on `default`).
+    pub replica_disks: Vec<(String, PathBuf)>,
     /// Where the replica server listens (every other node's engines connect here).
     pub listen: SocketAddr,
     /// Engine state per attached volume (kept across attaches).
@@ -132,6 +137,8 @@ pub struct DataPath {
     server: Mutex<Option<ReplicaServer>>,
     local_addr: SocketAddr,
     node: Arc<ReplicaNode>,
+    /// Every disk of this node (`node` is its `default`).
+    disks: ReplicaDisks,
     volumes: Arc<Volumes>,
     /// One attach or detach per volume at a time (the CSI layer's guard already ensures it; this
     /// keeps the data path safe on its own).
@@ -190,11 +197,7 @@ impl DataPath {
         // Before any attach here: what a dead process (a crashed data path, a plugin that ran
         // one, whatever their pids) left under the runtime directory goes.
         reclaim_dead(config.runtime_root.clone()).await;
-        let root = config.replica_root.clone();
-        let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&root))
-            .await
-            .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?
-            .map_err(|e| DataPathError::Root { path: config.replica_root.clone(), message: e.to_string() })?;
+        let disks = open_disks(&config).await?;
         let volumes = Arc::new(Volumes::default());
         let server_config = ServerConfig {
             identity: config.identity.clone(),
@@ -203,14 +206,15 @@ impl DataPath {
             ..ServerConfig::plaintext()
         };
         let engines: Arc<dyn EngineCalls> = volumes.clone();
-        let server = ReplicaServer::serve_on_listener(listener, Arc::new(node), server_config, Some(engines)).await?;
-        let (local_addr, node) = (server.local_addr(), server.node().clone());
+        let server = ReplicaServer::serve_disks_on_listener(listener, disks, server_config, Some(engines)).await?;
+        let (local_addr, node, disks) = (server.local_addr(), server.node().clone(), server.disks().clone());
         let replica_stats = server.stats().clone();
         Ok(Self {
             config,
             server: Mutex::new(Some(server)),
             local_addr,
             node,
+            disks,
             volumes,
             busy: Mutex::default(),
             listener: kept,
@@ -337,7 +341,9 @@ impl DataPath {
             .map(|(name, addr)| {
                 let addr = addr.unwrap_or(unknown);
                 if *name == self.config.identity.node {
-                    ReplicaEndpoint::InProcess(InProcessNode { addr, node: self.node.clone() })
+                    // On whichever of this node's disks holds it.
+                    let node = self.disks.holding(id).1.clone();
+                    ReplicaEndpoint::InProcess(InProcessNode { addr, node })
                 } else {
                     ReplicaEndpoint::Remote(addr)
                 }
@@ -640,12 +646,32 @@ impl Drop for BusyGuard<'_> {
     }
 }
 
+/// Opens the node's replica roots: `default` and every more disk of `config`.
+async fn open_disks(config: &DataPathConfig) -> Result<ReplicaDisks, DataPathError> {
+    let root_error = |path: &Path, message: String| DataPathError::Root { path: path.to_owned(), message };
+    let mut roots = vec![config.replica_root.clone()];
+    roots.extend(config.replica_disks.iter().map(|(_, path)| path.clone()));
+    let mut opened = Vec::with_capacity(roots.len());
+    for root in roots {
+        let path = root.clone();
+        let node = tokio::task::spawn_blocking(move || ReplicaNode::open(&path))
+            .await
+            .map_err(|e| root_error(&root, e.to_string()))?
+            .map_err(|e| root_error(&root, e.to_string()))?;
+        opened.push(Arc::new(node));
+    }
+    let default = opened.remove(0);
+    let more = config.replica_disks.iter().map(|(name, _)| name.clone()).zip(opened).collect();
+    ReplicaDisks::new(default, more).map_err(|e| root_error(&config.replica_root, e.to_string()))
+}
+
 /// An attached volume as the node plugin sees it (served by this process).
 pub fn view(id: &str, attached: &AttachedVolume) -> wire::VolumeView {
     wire::VolumeView {
         volume: id.to_owned(),
         device: attached.device().to_owned(),
         pid: std::process::id(),
+        owner: wasmcsi_frontend::owner::this_process().id().to_owned(),
         status: engine_status(attached),
     }
 }

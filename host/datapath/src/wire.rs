@@ -102,8 +102,14 @@ pub struct VolumeView {
     pub volume: String,
     /// The kernel block device the frontend made, e.g. `/dev/loop3`.
     pub device: PathBuf,
-    /// The process whose engine serves the device.
+    /// The process whose engine serves the device (for logs: pids collide across pid
+    /// namespaces, in pods every process is pid 1).
     pub pid: u32,
+    /// The owner id of that process start (`wasmcsi_frontend::owner`): what tells the engine
+    /// that serves the device now from one a restarted data path no longer has. Empty from a
+    /// data path of the version before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
     pub status: EngineStatus,
 }
 
@@ -277,6 +283,7 @@ mod tests {
             volume: "v".into(),
             device: "/dev/loop9".into(),
             pid: 1,
+            owner: String::new(),
             status: EngineStatus {
                 replicas: vec![replica("healthy", 0, 0), replica("rebuilding", 5, 10), replica("down", 0, 0)],
                 ..EngineStatus::default()

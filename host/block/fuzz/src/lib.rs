@@ -56,6 +56,8 @@ pub fn write_seeds(dir: &Path) -> io::Result<()> {
         Message::CreateReplica { volume_id: "pvc-2".into(), size: 1 << 30 },
         Message::DeleteReplica { volume_id: "pvc-2".into() },
         Message::NodeInfo,
+        Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "pvc-3".into(), size: 1 << 30 },
+        Message::ListDisks,
         Message::Grant { grant: b"WCSIGRT1".iter().copied().chain([0xab; 56]).collect() },
         Message::Reply { status: Status::Denied },
     ];

@@ -6,14 +6,56 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use super::{
-    Catalog, CatalogError, Discovery, Fill, FillSource, MemberState, Result, SetView, VolumeRecord, lock, now_ns,
+    Catalog, CatalogError, Discovery, Fill, FillSource, MemberState, NodeView, Result, SetView, VolumeRecord, lock,
+    now_ns,
 };
 use crate::control::{ControlError, ReplicaSet};
 use crate::protocol::{RecordInfo, Status};
 
+/// Where a new replica goes: a node, and one of its disks (`None`: the one with the most space
+/// available).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub node: String,
+    pub disk: Option<String>,
+}
+
+impl Placement {
+    pub fn on(node: impl Into<String>) -> Self {
+        Self { node: node.into(), disk: None }
+    }
+}
+
+/// The disk of `node` a new replica of `size` bytes goes to: the one `disk` names (an error
+/// naming the node's disks when it has none of that name), else the one with the most space
+/// available.
+pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64) -> Result<String> {
+    let names = || node.disks.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ");
+    let chosen = match disk {
+        Some(name) => node.disks.iter().find(|d| d.name == name).ok_or_else(|| {
+            CatalogError::Invalid(format!(
+                "placement on node {}: disk {name:?} does not exist there (its disks: {})",
+                node.name,
+                names()
+            ))
+        })?,
+        None => node
+            .disks
+            .iter()
+            .max_by_key(|d| d.available)
+            .ok_or_else(|| CatalogError::Unavailable(format!("node {} reports no disk", node.name)))?,
+    };
+    if chosen.available < size {
+        return Err(CatalogError::ResourceExhausted(format!(
+            "disk {} of node {} has {} bytes free, the volume needs {size}",
+            chosen.name, node.name, chosen.available
+        )));
+    }
+    Ok(chosen.name.clone())
+}
+
 impl Catalog {
-    /// Creates a set (see the `block.create` contract in `wit/backend.wit`).
-    #[tracing::instrument(name = "catalog.create", skip(self, metadata), fields(source = ?source))]
+    /// Creates a set on nodes, each replica on the disk of its node with the most space.
     pub async fn create(
         &self,
         id: &str,
@@ -22,13 +64,34 @@ impl Catalog {
         source: Option<(String, Option<String>)>,
         metadata: BTreeMap<String, String>,
     ) -> Result<SetView> {
+        let placements: Vec<Placement> = nodes.iter().map(Placement::on).collect();
+        self.create_on(id, size, &placements, source, metadata).await
+    }
+
+    /// Creates a set (see the `block.create` contract in `wit/backend.wit`). A volume has at
+    /// most one replica per node: placements on distinct nodes.
+    #[tracing::instrument(name = "catalog.create", skip(self, metadata), fields(source = ?source))]
+    pub async fn create_on(
+        &self,
+        id: &str,
+        size: u64,
+        placements: &[Placement],
+        source: Option<(String, Option<String>)>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SetView> {
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(CatalogError::Invalid(format!("size {size} is not a positive multiple of 4096")));
         }
+        let nodes: Vec<String> = placements.iter().map(|p| p.node.clone()).collect();
         let distinct: BTreeSet<&String> = nodes.iter().collect();
         if nodes.is_empty() || distinct.len() != nodes.len() {
-            return Err(CatalogError::Invalid("a replica set needs distinct nodes, at least one".into()));
+            return Err(CatalogError::Invalid(
+                "a replica set needs distinct nodes, at least one (this host keeps one replica of a volume per \
+                 node)"
+                    .into(),
+            ));
         }
+        let nodes = nodes.as_slice();
         let d = self.discover().await;
         for node in nodes {
             if d.node(node).is_none() {
@@ -56,12 +119,11 @@ impl Catalog {
                 return Err(CatalogError::Unavailable(format!("replica set {id} is being deleted; retry")));
             }
             None => {
-                for node in nodes {
-                    let available = d.node(node).map(|n| n.available).unwrap_or(0);
-                    if available < size && !holders.iter().any(|h| &h.node == node) {
-                        return Err(CatalogError::ResourceExhausted(format!(
-                            "node {node} has {available} bytes free, the volume needs {size}"
-                        )));
+                for p in placements {
+                    if let Some(n) = d.node(&p.node)
+                        && !holders.iter().any(|h| h.node == p.node)
+                    {
+                        choose_disk(n, p.disk.as_deref(), size)?;
                     }
                 }
                 let fill = match source {
@@ -108,11 +170,12 @@ impl Catalog {
             }
         };
         // Every member gets its replica and the record (a retry completes what a crash left).
-        for node in nodes {
-            let Some(n) = d.node(node) else { continue };
+        for p in placements {
+            let Some(n) = d.node(&p.node) else { continue };
             let client = self.client(n.addr);
-            if !holders.iter().any(|h| &h.node == node) {
-                client.create_replica(id, size).await?;
+            if !holders.iter().any(|h| h.node == p.node) {
+                let disk = choose_disk(n, p.disk.as_deref(), size)?;
+                client.create_replica_on(&disk, id, size).await?;
             }
             match client.set_record(id, &info).await {
                 Ok(()) => {}

@@ -8,9 +8,15 @@ use super::engine_call::EngineRequest;
 use super::{Catalog, CatalogError, Holder, Result, SetView, lock};
 
 impl Catalog {
-    /// Moves the replica on `node` to the empty node `with` (see `block.replace`).
-    #[tracing::instrument(name = "catalog.replace", skip(self))]
+    /// Moves the replica on `node` to the empty node `with`, on its disk with the most space.
     pub async fn replace(&self, id: &str, node: &str, with: &str) -> Result<SetView> {
+        self.replace_on(id, node, with, None).await
+    }
+
+    /// Moves the replica on `node` to the empty node `with`, on its disk `disk` (see
+    /// `block.replace`; `None`: the disk with the most space).
+    #[tracing::instrument(name = "catalog.replace", skip(self))]
+    pub async fn replace_on(&self, id: &str, node: &str, with: &str, disk: Option<&str>) -> Result<SetView> {
         let d = self.discover().await;
         let holders = self.holders(&d, id).await;
         let Some((info, record)) = Self::newest(&holders)?.filter(|(_, r)| !r.deleting) else {
@@ -32,12 +38,13 @@ impl Catalog {
             )));
         };
         let view = self.assemble(&d, id, &holders, info.clone(), record.clone(), None);
+        let size = view.size.max(holders.iter().map(|h| h.header.size).max().unwrap_or(0));
+        let disk = super::create::choose_disk(target, disk, size)?;
         // A leftover of an earlier membership must not pass for the new, empty replica.
         if holders.iter().any(|h| h.node == with) {
             self.client(target.addr).delete_replica(id).await?;
         }
-        let size = view.size.max(holders.iter().map(|h| h.header.size).max().unwrap_or(0));
-        self.client(target.addr).create_replica(id, size).await?;
+        self.client(target.addr).create_replica_on(&disk, id, size).await?;
         let mut moved = record.clone();
         moved.members[index] = with.to_owned();
         let next = Self::next_seen(&d, &info, &moved, info.epoch)?;

@@ -41,6 +41,7 @@ use thiserror::Error;
 
 use crate::control::{ControlError, Reach, ReplicaServerClient, ReplicaSet};
 use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
+pub use create::Placement;
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
 pub use record::{FillSource, VolumeRecord};
@@ -114,6 +115,8 @@ pub enum MemberState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     pub node: String,
+    /// The disk of the node holding the replica, when the node answered and holds it.
+    pub disk: Option<String>,
     pub state: MemberState,
     /// When it was first seen not healthy (ns since the Unix epoch), as far as anyone knows.
     pub down_since_ns: Option<u64>,
@@ -315,6 +318,7 @@ impl Catalog {
         engine: Option<EngineStatus>,
     ) -> SetView {
         let of = |node: &str| holders.iter().find(|h| h.node == node);
+        let disk_of = |node: &str| d.node(node).and_then(|n| n.disk_of(id)).map(str::to_owned);
         let newest_revision = record.members.iter().filter_map(|m| of(m)).map(|h| h.header.revision).max().unwrap_or(0);
         let current: Vec<&Holder> =
             record.members.iter().filter_map(|m| of(m)).filter(|h| h.header.revision == newest_revision).collect();
@@ -334,6 +338,7 @@ impl Catalog {
                     };
                     return Member {
                         node: node.clone(),
+                        disk: disk_of(node),
                         state,
                         down_since_ns: r.down_since_ns,
                         rebuilt: r.rebuilt,
@@ -352,7 +357,7 @@ impl Catalog {
                 } else {
                     Some(*down.entry(key).or_insert(now))
                 };
-                Member { node: node.clone(), state, down_since_ns, rebuilt: 0, rebuild_total: 0 }
+                Member { node: node.clone(), disk: disk_of(node), state, down_since_ns, rebuilt: 0, rebuild_total: 0 }
             })
             .collect();
         drop(down);

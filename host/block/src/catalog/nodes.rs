@@ -2,7 +2,9 @@
 //! file of addresses that is re-read every time, or by DNS names resolved every time (a
 //! Kubernetes headless Service in front of every node's replica server, so nodes join and leave
 //! without anyone restarting the controller). Each address found is asked who it is
-//! (`Identify`: the node's name and labels) and what it holds (`NodeInfo`); placement and
+//! (`Identify`: the node's name and labels) and what it holds (`NodeInfo`, and `ListDisks`: its
+//! disks, each a replica root, and which volumes each holds; a server of the version before
+//! disks has one, `default`, with what `NodeInfo` says); placement and
 //! membership use names, never addresses, which change when a node plugin restarts.
 
 use std::collections::BTreeMap;
@@ -13,7 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{ControlError, Reach, ReplicaServerClient};
-use crate::protocol::ReplicaSummary;
+use crate::protocol::{DiskSummary, ReplicaSummary};
+use crate::replica::DEFAULT_DISK;
 
 /// Where the replica nodes of a grant are found (`[backends.NAME.grants] block = { ... }`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +51,15 @@ pub struct NodeView {
     pub capacity: u64,
     pub available: u64,
     pub replicas: Vec<ReplicaSummary>,
+    /// Its disks (replica roots), `default` first.
+    pub disks: Vec<DiskSummary>,
+}
+
+impl NodeView {
+    /// The disk holding `volume_id`'s replica on this node, if any does.
+    pub fn disk_of(&self, volume_id: &str) -> Option<&str> {
+        self.disks.iter().find(|d| d.volumes.iter().any(|v| v == volume_id)).map(|d| d.name.as_str())
+    }
 }
 
 /// What one discovery found.
@@ -124,7 +136,18 @@ pub async fn discover(sources: &NodeSources, budget: Duration, reach: &Reach) ->
             let asked = async {
                 let identity = client.identify().await?;
                 let info = client.node_info().await?;
-                Ok::<_, ControlError>((identity, info))
+                let disks = match client.disks().await {
+                    Ok(disks) if !disks.is_empty() => disks,
+                    // A server of the version before disks closes the connection on ListDisks:
+                    // one disk, what NodeInfo said.
+                    Ok(_) | Err(_) => vec![DiskSummary {
+                        name: DEFAULT_DISK.to_owned(),
+                        capacity: info.capacity,
+                        available: info.available,
+                        volumes: info.replicas.iter().map(|r| r.volume_id.clone()).collect(),
+                    }],
+                };
+                Ok::<_, ControlError>((identity, info, disks))
             };
             let answer = tokio::time::timeout(timeout, asked).await.unwrap_or(Err(ControlError::Timeout {
                 addr,
@@ -137,14 +160,14 @@ pub async fn discover(sources: &NodeSources, budget: Duration, reach: &Reach) ->
     let mut answered = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((addr, Ok((identity, info)))) => answered.push((addr, identity, info)),
+            Ok((addr, Ok((identity, info, disks)))) => answered.push((addr, identity, info, disks)),
             Ok((addr, Err(e))) => found.unreachable.push((addr.to_string(), e.to_string())),
             Err(e) => tracing::error!(error = %e, "replica node discovery task failed"),
         }
     }
     // Deterministic when two addresses claim one name: the lowest address wins.
-    answered.sort_by_key(|(addr, _, _)| *addr);
-    for (addr, identity, info) in answered {
+    answered.sort_by_key(|(addr, _, _, _)| *addr);
+    for (addr, identity, info, disks) in answered {
         let name = if identity.node.is_empty() { addr.to_string() } else { identity.node };
         if let Some(first) = found.nodes.get(&name) {
             tracing::warn!(node = %name, kept = %first.addr, ignored = %addr, "two replica servers claim one node name");
@@ -159,6 +182,7 @@ pub async fn discover(sources: &NodeSources, budget: Duration, reach: &Reach) ->
                 capacity: info.capacity,
                 available: info.available,
                 replicas: info.replicas,
+                disks,
             },
         );
     }

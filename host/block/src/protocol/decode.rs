@@ -8,9 +8,9 @@ use thiserror::Error;
 
 use super::encode::checksum;
 use super::{
-    DEFAULT_MAX_PAYLOAD, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN, MAX_LABELS, MAX_NAME_LEN,
-    MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN, SnapshotInfo,
-    Status,
+    DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN, MAX_LABELS,
+    MAX_NAME_LEN, MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN,
+    SnapshotInfo, Status,
 };
 
 /// Why bytes are not a frame. Every variant is fatal for the connection: after it the stream has
@@ -297,6 +297,27 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
                 return Err(DecodeError::Malformed { kind, what: "grant too long" });
             }
             Message::Grant { grant }
+        }
+        33 => Message::CreateReplicaOn { disk: r.name()?, volume_id: r.name()?, size: r.u64()? },
+        34 => Message::ListDisks,
+        35 => {
+            let status = r.status()?;
+            let count = r.u16()? as usize;
+            // Each disk is at least 22 bytes, each volume 2: no count asks for more than is there.
+            if count.saturating_mul(22) > r.buf.len() {
+                return Err(r.malformed("disk count exceeds payload"));
+            }
+            let mut disks = Vec::with_capacity(count);
+            for _ in 0..count {
+                let (name, capacity, available) = (r.name()?, r.u64()?, r.u64()?);
+                let volumes = r.u32()? as usize;
+                if volumes.saturating_mul(2) > r.buf.len() {
+                    return Err(r.malformed("volume count exceeds payload"));
+                }
+                let volumes = (0..volumes).map(|_| r.name()).collect::<Result<Vec<_>, _>>()?;
+                disks.push(DiskSummary { name, capacity, available, volumes });
+            }
+            Message::DiskList { status, disks }
         }
         other => return Err(DecodeError::UnknownKind(other)),
     };

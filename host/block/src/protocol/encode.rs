@@ -284,6 +284,28 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             out.extend_from_slice(reply);
         }
         Message::Grant { grant } => out.extend_from_slice(grant),
+        Message::CreateReplicaOn { disk, volume_id, size } => {
+            put_name(out, disk)?;
+            put_name(out, volume_id)?;
+            out.extend_from_slice(&size.to_le_bytes());
+        }
+        Message::ListDisks => {}
+        Message::DiskList { status, disks } => {
+            out.extend_from_slice(&(*status as u16).to_le_bytes());
+            let count = u16::try_from(disks.len()).map_err(|_| EncodeError::TooManyEntries { count: disks.len() })?;
+            out.extend_from_slice(&count.to_le_bytes());
+            for d in disks {
+                put_name(out, &d.name)?;
+                out.extend_from_slice(&d.capacity.to_le_bytes());
+                out.extend_from_slice(&d.available.to_le_bytes());
+                let volumes = u32::try_from(d.volumes.len())
+                    .map_err(|_| EncodeError::TooManyEntries { count: d.volumes.len() })?;
+                out.extend_from_slice(&volumes.to_le_bytes());
+                for v in &d.volumes {
+                    put_name(out, v)?;
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -120,6 +120,17 @@ pub struct ReplicaHeader {
     pub dirty: bool,
 }
 
+/// One disk of a replica server, as `DiskList` lists it: a root its replicas live under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSummary {
+    pub name: String,
+    /// Bytes of the filesystem holding the disk's replicas, and bytes still available to them.
+    pub capacity: u64,
+    pub available: u64,
+    /// The volumes with a replica on this disk.
+    pub volumes: Vec<String>,
+}
+
 /// A replica's volume record as `Description` carries it: bytes the replica stores for the
 /// control plane without reading them (who the members are, which node may attach), with the
 /// version that orders updates and the epoch that fences engines (see `SetRecord`, `Claim`).
@@ -335,6 +346,20 @@ pub enum Message {
     Grant {
         grant: Vec<u8>,
     },
+    /// Control: like `CreateReplica`, on the server's disk `disk` (`CreateReplica` means the disk
+    /// `default`). `NotFound` when the server has no such disk; `AlreadyExists` also when another
+    /// of its disks holds a replica of the volume (one replica of a volume per server).
+    CreateReplicaOn {
+        disk: String,
+        volume_id: String,
+        size: u64,
+    },
+    /// Control: the server's disks; answered by `DiskList`.
+    ListDisks,
+    DiskList {
+        status: Status,
+        disks: Vec<DiskSummary>,
+    },
 }
 
 impl Message {
@@ -372,6 +397,9 @@ impl Message {
             Self::EngineCall { .. } => 30,
             Self::EngineReply { .. } => 31,
             Self::Grant { .. } => 32,
+            Self::CreateReplicaOn { .. } => 33,
+            Self::ListDisks => 34,
+            Self::DiskList { .. } => 35,
         }
     }
 }

@@ -15,7 +15,7 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         (0..n).map(|_| rng.next() as u8).collect()
     };
     let status = |rng: &mut Rng| Status::from_wire(rng.below(12) as u16).unwrap_or(Status::Ok);
-    match rng.below(32) {
+    match rng.below(35) {
         0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
         1 => Message::HelloReply {
             status: status(rng),
@@ -83,6 +83,19 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         28 => Message::EngineCall { volume_id: name(rng), request: data(rng) },
         29 => Message::EngineReply { status: status(rng), reply: data(rng) },
         30 => Message::Grant { grant: data(rng) },
+        31 => Message::CreateReplicaOn { disk: name(rng), volume_id: name(rng), size: rng.next() },
+        32 => Message::ListDisks,
+        33 => Message::DiskList {
+            status: status(rng),
+            disks: (0..rng.below(4))
+                .map(|_| DiskSummary {
+                    name: name(rng),
+                    capacity: rng.next(),
+                    available: rng.next(),
+                    volumes: (0..rng.below(4)).map(|_| name(rng)).collect(),
+                })
+                .collect(),
+        },
         _ => Message::NodeInfoReply {
             status: status(rng),
             capacity: rng.next(),
@@ -116,7 +129,7 @@ fn every_message_kind_round_trips() {
         let bytes = encoded(&frame);
         assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
     }
-    assert_eq!(kinds.len(), 32, "the generator covers every kind");
+    assert_eq!(kinds.len(), 35, "the generator covers every kind");
 }
 
 #[test]

@@ -8,8 +8,8 @@
 //! | request | controller | node N | plaintext |
 //! |---|---|---|---|
 //! | engine session (`Grant` → `Hello` → `Claim`) | any volume, no grant needed | only with a verified grant for (that volume, N), of an epoch ≥ the replica's; `Claim` = the grant's epoch | yes |
-//! | `CreateReplica`, `DeleteReplica`, `SetRecord`, `EngineCall` | yes | refused | yes |
-//! | `Identify`, `NodeInfo`, `Describe` | yes | yes | yes |
+//! | `CreateReplica`, `CreateReplicaOn`, `DeleteReplica`, `SetRecord`, `EngineCall` | yes | refused | yes |
+//! | `Identify`, `NodeInfo`, `ListDisks`, `Describe` | yes | yes | yes |
 //!
 //! A grant is verified against the CA bundle of the server's current credentials, at the time
 //! it arrives (`wasmcsi_trust::grant::verify`: the controller's signature and chain, validity
@@ -105,6 +105,7 @@ impl Caller {
     pub(crate) fn may_control(&self, request: &Message) -> Result<(), Refusal> {
         let request = match request {
             Message::CreateReplica { .. } => "CreateReplica",
+            Message::CreateReplicaOn { .. } => "CreateReplicaOn",
             Message::DeleteReplica { .. } => "DeleteReplica",
             Message::SetRecord { .. } => "SetRecord",
             Message::EngineCall { .. } => "EngineCall",
@@ -141,6 +142,7 @@ pub(crate) fn denied(request: &Message) -> Message {
             Message::NodeInfoReply { status: Status::Denied, capacity: 0, available: 0, replicas: Vec::new() }
         }
         Message::Identify => Message::Identity { status: Status::Denied, node: String::new(), labels: Vec::new() },
+        Message::ListDisks => Message::DiskList { status: Status::Denied, disks: Vec::new() },
         Message::Read { .. } | Message::ReadExtent { .. } | Message::ReadSnapshot { .. } => {
             Message::ReadReply { status: Status::Denied, data: Vec::new() }
         }
@@ -173,6 +175,7 @@ fn request_name(m: &Message) -> &'static str {
         Message::Hello { .. } => "Hello",
         Message::Claim { .. } => "Claim",
         Message::CreateReplica { .. } => "CreateReplica",
+        Message::CreateReplicaOn { .. } => "CreateReplicaOn",
         Message::DeleteReplica { .. } => "DeleteReplica",
         Message::SetRecord { .. } => "SetRecord",
         Message::EngineCall { .. } => "EngineCall",
@@ -192,11 +195,13 @@ mod tests {
     fn a_node_makes_no_change_of_the_controllers_but_reads_like_it() {
         let writes = [
             Message::CreateReplica { volume_id: "v".into(), size: 4096 },
+            Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "v".into(), size: 4096 },
             Message::DeleteReplica { volume_id: "v".into() },
             Message::SetRecord { volume_id: "v".into(), version: 2, epoch: 2, data: vec![] },
             Message::EngineCall { volume_id: "v".into(), request: vec![] },
         ];
-        let reads = [Message::Identify, Message::NodeInfo, Message::Describe { volume_id: "v".into() }];
+        let reads =
+            [Message::Identify, Message::NodeInfo, Message::ListDisks, Message::Describe { volume_id: "v".into() }];
         for m in &writes {
             assert!(matches!(node("a").may_control(m), Err(Refusal::ControllerOnly { .. })), "{m:?}");
             assert!(Caller::Tls(Role::Controller).may_control(m).is_ok(), "{m:?}");

@@ -1,6 +1,7 @@
 //! The replica server: replicas of volumes stored as chains of sparse layer files ([`store`],
 //! [`chain`]), every replica of a node held under one root ([`node`]), and served over TCP with
-//! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node). It
+//! the pipelined protocol of `proto/replica-protocol.md` ([`server`], one listener per node, which
+//! may serve several roots: its [`disks`]). It
 //! owns the replica side of the protocol's semantics (fencing by revision, flush = fdatasync,
 //! unmap, snapshots, the dirty flag); the engine side is [`crate::engine`], driven by
 //! [`crate::volume`].
@@ -8,6 +9,7 @@
 mod authorize;
 mod block_map;
 pub mod chain;
+pub mod disks;
 mod error;
 mod header_file;
 mod layers;
@@ -19,6 +21,7 @@ pub(crate) mod session;
 pub mod store;
 
 pub use block_map::BLOCK;
+pub use disks::{DEFAULT_DISK, DiskReport, ReplicaDisks};
 pub use error::StoreError;
 pub use node::{NodeError, NodeReport, Replica, ReplicaNode, replica_dir_name};
 pub use server::{EngineCalls, NodeIdentity, ReplicaServer, ServerConfig, ServerError};

@@ -50,6 +50,12 @@ pub enum NodeError {
     StaleRecord(String),
     #[error("record of volume {0:?} is invalid (version 0, or too long)")]
     InvalidRecord(String),
+    #[error("{0:?} cannot name a disk (a DNS label other than `default`, once per server)")]
+    InvalidDisk(String),
+    #[error("this replica server has no disk {0:?}")]
+    NoSuchDisk(String),
+    #[error("volume {volume_id:?} has a replica on more than one disk of this server ({disks}); remove all but one")]
+    OnTwoDisks { volume_id: String, disks: String },
     #[error("replica of volume {volume_id:?} is at epoch {epoch}, the session's grant only at {granted}")]
     StaleGrant { volume_id: String, granted: u64, epoch: u64 },
 }
@@ -59,7 +65,9 @@ impl NodeError {
     pub fn status(&self) -> Status {
         match self {
             Self::Store { source, .. } => source.status(),
-            Self::InvalidId(_) | Self::InvalidRecord(_) => Status::Invalid,
+            Self::InvalidId(_) | Self::InvalidRecord(_) | Self::InvalidDisk(_) => Status::Invalid,
+            Self::NoSuchDisk(_) => Status::NotFound,
+            Self::OnTwoDisks { .. } => Status::IoError,
             Self::StaleRecord(_) => Status::StaleRevision,
             Self::NotFound(_) => Status::NotFound,
             Self::AlreadyExists { .. } => Status::AlreadyExists,
@@ -244,6 +252,16 @@ impl ReplicaNode {
             Some(Entry::Open(r)) => Some(r.clone()),
             _ => None,
         }
+    }
+
+    /// Whether the node holds a replica of `volume_id`, opening or not.
+    pub fn holds(&self, volume_id: &str) -> bool {
+        lock(&self.replicas).contains_key(volume_id)
+    }
+
+    /// The volumes the node holds a replica of, opening or not.
+    pub fn volume_ids(&self) -> Vec<String> {
+        lock(&self.replicas).keys().cloned().collect()
     }
 
     /// The store of `volume_id`'s replica, if held.

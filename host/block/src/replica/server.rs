@@ -1,6 +1,7 @@
-//! Serves every replica of a [`ReplicaNode`] over TCP with the replica protocol: one listener per
-//! node, bounded by `wasmcsi_trust::Listener` (total and per-source connection caps, handshake
-//! deadline and byte budget, back-off when descriptors run out) and carried as
+//! Serves every replica of a node's disks ([`ReplicaDisks`]: one or more replica roots) over TCP
+//! with the replica protocol: one listener per node, bounded by `wasmcsi_trust::Listener` (total
+//! and per-source connection caps, handshake deadline and byte budget, back-off when descriptors
+//! run out) and carried as
 //! [`ServerConfig::transport`] says: mutual TLS (`required`), TLS beside legacy plaintext
 //! (`permissive`) or plaintext (`off`). Nothing of the protocol is read from a TLS peer before its
 //! handshake completed, and a connection's buffers are allocated only once it has: what a peer
@@ -17,8 +18,9 @@
 //! volume id (answered with its header, `NotFound` for a volume this node does not hold); then
 //! requests are pipelined — each runs as soon as it is read (see `pipeline`) and its reply is
 //! written when it is done, so replies leave in completion order, matched by request id. A
-//! control connection starts with a control request instead (`CreateReplica`, `DeleteReplica`,
-//! `NodeInfo`, `Describe`, `SetRecord`, `Identify`, `EngineCall`) and may send only those,
+//! control connection starts with a control request instead (`CreateReplica`, `CreateReplicaOn`,
+//! `DeleteReplica`, `NodeInfo`, `ListDisks`, `Describe`, `SetRecord`, `Identify`, `EngineCall`)
+//! and may send only those,
 //! answered one at a time; it is closed after [`ServerConfig::idle_timeout`] without a request.
 //! Engine sessions are long-lived and mostly quiet: they use TCP keepalive instead.
 //! `EngineCall`s go to the engines running in this server's process ([`EngineCalls`]), when it
@@ -50,12 +52,13 @@ use wasmcsi_trust::stream::from_server_stream;
 use wasmcsi_trust::{Limits, Listener, Role};
 
 use super::authorize::{self, Caller, Granted, Refusal};
+use super::disks::{DEFAULT_DISK, ReplicaDisks};
 use super::error::StoreError;
 use super::node::{NodeError, Replica, ReplicaNode};
 use super::pipeline;
 use super::session;
 use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, DecodeError, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
+    DEFAULT_MAX_PAYLOAD, DecodeError, DiskSummary, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
     encode_with_limit,
 };
 use crate::transport::{ReadHalf, Transport, WriteHalf, keepalive};
@@ -159,6 +162,7 @@ pub(super) enum ConnError {
 pub struct ReplicaServer {
     local_addr: SocketAddr,
     node: Arc<ReplicaNode>,
+    disks: ReplicaDisks,
     stats: Arc<Stats>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -166,7 +170,7 @@ pub struct ReplicaServer {
 
 /// Shared by the accept loop and every connection.
 pub(super) struct Shared {
-    pub(super) node: Arc<ReplicaNode>,
+    pub(super) disks: ReplicaDisks,
     pub(super) config: ServerConfig,
     engines: Option<Arc<dyn EngineCalls>>,
     /// Held by every connection (through this), so the accept loop knows when all are gone.
@@ -199,7 +203,7 @@ impl ReplicaServer {
         engines: Option<Arc<dyn EngineCalls>>,
     ) -> Result<Self, ServerError> {
         let listener = TcpListener::bind(addr).await.map_err(ServerError::Bind)?;
-        Self::serve_listener(listener, node, config, engines)
+        Self::serve_listener(listener, ReplicaDisks::single(node), config, engines)
     }
 
     /// Like [`ReplicaServer::serve_with_engines`] on a socket bound already (one a data path
@@ -210,14 +214,24 @@ impl ReplicaServer {
         config: ServerConfig,
         engines: Option<Arc<dyn EngineCalls>>,
     ) -> Result<Self, ServerError> {
+        Self::serve_disks_on_listener(listener, ReplicaDisks::single(node), config, engines).await
+    }
+
+    /// Like [`ReplicaServer::serve_on_listener`], serving several disks (replica roots).
+    pub async fn serve_disks_on_listener(
+        listener: std::net::TcpListener,
+        disks: ReplicaDisks,
+        config: ServerConfig,
+        engines: Option<Arc<dyn EngineCalls>>,
+    ) -> Result<Self, ServerError> {
         listener.set_nonblocking(true).map_err(ServerError::Bind)?;
         let listener = TcpListener::from_std(listener).map_err(ServerError::Bind)?;
-        Self::serve_listener(listener, node, config, engines)
+        Self::serve_listener(listener, disks, config, engines)
     }
 
     fn serve_listener(
         listener: TcpListener,
-        node: Arc<ReplicaNode>,
+        disks: ReplicaDisks,
         config: ServerConfig,
         engines: Option<Arc<dyn EngineCalls>>,
     ) -> Result<Self, ServerError> {
@@ -228,24 +242,33 @@ impl ReplicaServer {
         let (shutdown, rx) = watch::channel(false);
         let (alive, gone) = mpsc::channel(1);
         let transport = config.transport.mode();
-        let shared = Arc::new(Shared { node: node.clone(), config, engines, _alive: alive });
-        let task = tokio::spawn(accept_loop(listener, shared, rx, gone));
+        let node = disks.default_disk().clone();
+        let names: Vec<&str> = disks.names().collect();
         tracing::info!(
             replica.addr = %local_addr,
             replica.root = %node.root().display(),
+            replica.disks = %names.join(","),
             tls = %transport,
             "replica node serving"
         );
-        Ok(Self { local_addr, node, stats, shutdown, task })
+        let shared = Arc::new(Shared { disks: disks.clone(), config, engines, _alive: alive });
+        let task = tokio::spawn(accept_loop(listener, shared, rx, gone));
+        Ok(Self { local_addr, node, disks, stats, shutdown, task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
-    /// The replicas this server serves (create, delete and inspect them directly).
+    /// The replicas this server serves on its disk `default` (create, delete and inspect them
+    /// directly).
     pub fn node(&self) -> &Arc<ReplicaNode> {
         &self.node
+    }
+
+    /// Every disk this server serves.
+    pub fn disks(&self) -> &ReplicaDisks {
+        &self.disks
     }
 
     /// The listener's counters (connections open, refused, handshakes).
@@ -515,7 +538,7 @@ async fn serve_connection(
         Ok(epoch) => epoch,
         Err(why) => return finish(writer, Err(conn.deny(request_id, &first.message, why).await), conn).await,
     };
-    let node = shared.node.clone();
+    let node = shared.disks.holding(&volume_id).1.clone();
     let opened =
         tokio::task::spawn_blocking(move || session::open(&node, volume_id, protocol_version, grant_epoch)).await;
     let (replica, status, header) = match opened {
@@ -596,7 +619,7 @@ fn verify_grant(conn: &Conn<'_>, grant: &[u8]) -> Result<Option<Granted>, Refusa
 }
 
 fn replica_epoch(shared: &Shared, volume_id: &str) -> u64 {
-    shared.node.describe(volume_id).map(|(_, record)| record.epoch).unwrap_or(0)
+    shared.disks.holding(volume_id).1.describe(volume_id).map(|(_, record)| record.epoch).unwrap_or(0)
 }
 
 /// Ends one engine session (see [`session::end`]) on the blocking pool: it may fsync.
@@ -616,7 +639,7 @@ async fn serve_control(first: Frame, reader: &mut Reader, conn: &Conn<'_>) -> Re
         if let Err(why) = conn.caller.may_control(&frame.message) {
             return Err(conn.deny(frame.request_id, &frame.message, why).await);
         }
-        let node = shared.node.clone();
+        let disks = shared.disks.clone();
         let request_id = frame.request_id;
         let message = match frame.message {
             Message::EngineCall { volume_id, request } => engine_call(shared, volume_id, request).await,
@@ -625,10 +648,12 @@ async fn serve_control(first: Frame, reader: &mut Reader, conn: &Conn<'_>) -> Re
                 node: shared.config.identity.node.clone(),
                 labels: shared.config.identity.labels.clone(),
             },
-            message => tokio::task::spawn_blocking(move || execute_control(&node, message)).await.unwrap_or_else(|e| {
-                tracing::error!(error = %e, "replica control request panicked");
-                Message::Reply { status: Status::IoError }
-            }),
+            message => {
+                tokio::task::spawn_blocking(move || execute_control(&disks, message)).await.unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "replica control request panicked");
+                    Message::Reply { status: Status::IoError }
+                })
+            }
         };
         if conn.tx.send(Frame { request_id, message }).await.is_err() {
             return Ok(());
@@ -648,8 +673,10 @@ fn is_control(m: &Message) -> bool {
     matches!(
         m,
         Message::CreateReplica { .. }
+            | Message::CreateReplicaOn { .. }
             | Message::DeleteReplica { .. }
             | Message::NodeInfo
+            | Message::ListDisks
             | Message::Describe { .. }
             | Message::SetRecord { .. }
             | Message::Identify
@@ -669,8 +696,9 @@ async fn engine_call(shared: &Shared, volume_id: String, request: Vec<u8>) -> Me
     }
 }
 
-/// Runs one control request against the node and builds its reply.
-fn execute_control(node: &ReplicaNode, request: Message) -> Message {
+/// Runs one control request against the node's disks and builds its reply. A request naming a
+/// volume goes to the disk holding its replica.
+fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
     let reply = |r: Result<(), NodeError>, what: &str, volume_id: &str| {
         let status = match r {
             Ok(()) => Status::Ok,
@@ -699,29 +727,59 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
                 size,
             )
             .entered();
-            reply(node.create_replica(&volume_id, size).map(|_| ()), "create", &volume_id)
+            reply(disks.create_replica(DEFAULT_DISK, &volume_id, size).map(|_| ()), "create", &volume_id)
         }
+        Message::CreateReplicaOn { disk, volume_id, size } => {
+            let _span = tracing::info_span!(
+                "replica.create",
+                replica.volume = %volume_id,
+                replica.disk = %disk,
+                size,
+            )
+            .entered();
+            reply(disks.create_replica(&disk, &volume_id, size).map(|_| ()), "create", &volume_id)
+        }
+        Message::ListDisks => match disks.report() {
+            Ok(reports) => Message::DiskList {
+                status: Status::Ok,
+                disks: reports
+                    .into_iter()
+                    .map(|d| DiskSummary {
+                        name: d.name,
+                        capacity: d.report.capacity,
+                        available: d.report.available,
+                        volumes: d.report.replicas.into_iter().map(|r| r.volume_id).collect(),
+                    })
+                    .collect(),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "replica disk list failed");
+                Message::DiskList { status: e.status(), disks: Vec::new() }
+            }
+        },
         Message::DeleteReplica { volume_id } => {
             let _span = tracing::info_span!(
                 "replica.delete",
                 replica.volume = %volume_id,
             )
             .entered();
-            reply(node.delete_replica(&volume_id), "delete", &volume_id)
+            reply(disks.holding(&volume_id).1.delete_replica(&volume_id), "delete", &volume_id)
         }
-        Message::NodeInfo => match node.report() {
-            Ok(r) => Message::NodeInfoReply {
+        // Every disk's replicas, and their space summed: what the server holds, for a client
+        // that does not know disks (and for finding a volume's holders).
+        Message::NodeInfo => match disks.report() {
+            Ok(reports) => Message::NodeInfoReply {
                 status: Status::Ok,
-                capacity: r.capacity,
-                available: r.available,
-                replicas: r.replicas,
+                capacity: reports.iter().map(|d| d.report.capacity).fold(0, u64::saturating_add),
+                available: reports.iter().map(|d| d.report.available).fold(0, u64::saturating_add),
+                replicas: reports.into_iter().flat_map(|d| d.report.replicas).collect(),
             },
             Err(e) => {
                 tracing::warn!(error = %e, "replica node info failed");
                 Message::NodeInfoReply { status: e.status(), capacity: 0, available: 0, replicas: Vec::new() }
             }
         },
-        Message::Describe { volume_id } => match node.describe(&volume_id) {
+        Message::Describe { volume_id } => match disks.holding(&volume_id).1.describe(&volume_id) {
             Ok((header, record)) => Message::Description { status: Status::Ok, header, record },
             Err(e) => {
                 if e.status() != Status::NotFound {
@@ -734,6 +792,7 @@ fn execute_control(node: &ReplicaNode, request: Message) -> Message {
         Message::SetRecord { volume_id, version, epoch, data } => {
             let _span =
                 tracing::info_span!("replica.set_record", replica.volume = %volume_id, version, epoch).entered();
+            let node = disks.holding(&volume_id).1;
             reply(node.set_record(&volume_id, RecordInfo { version, epoch, data }), "record update", &volume_id)
         }
         _ => Message::Reply { status: Status::Invalid },

@@ -134,8 +134,11 @@ pub(crate) fn classify(m: &Message) -> Option<bool> {
         | Message::Reply { .. }
         | Message::ExtentMap { .. }
         | Message::CreateReplica { .. }
+        | Message::CreateReplicaOn { .. }
         | Message::DeleteReplica { .. }
         | Message::NodeInfo
+        | Message::ListDisks
+        | Message::DiskList { .. }
         | Message::NodeInfoReply { .. }
         | Message::Describe { .. }
         | Message::Description { .. }

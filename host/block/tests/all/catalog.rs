@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmcsi_block::catalog::{Catalog, CatalogError, MemberState, NodeSources};
+use wasmcsi_block::catalog::{Catalog, CatalogError, MemberState, NodeSources, Placement};
 use wasmcsi_block::control::{ControlError, ReplicaSession, ReplicaSet};
 use wasmcsi_block::protocol::Status;
-use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig};
+use wasmcsi_block::replica::{NodeIdentity, ReplicaDisks, ReplicaNode, ReplicaServer, ServerConfig};
 
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(5);
@@ -260,4 +260,63 @@ async fn a_clone_is_filled_in_the_background_and_reports_its_progress() {
         assert_eq!(r.read(i * MIB, 4096).await.unwrap(), vec![i as u8 + 1; 4096]);
     }
     r.close().await.unwrap();
+}
+
+/// A node serving two replica roots: discovery reports both disks with their volumes, a
+/// placement names one (or none: the one with the most space), a replica is found on whichever
+/// disk holds it, and a disk the node does not have is refused naming it.
+#[tokio::test]
+async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_there() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let disks = ReplicaDisks::new(
+        Arc::new(ReplicaNode::open(dirs[0].path()).unwrap()),
+        vec![("ssd".into(), Arc::new(ReplicaNode::open(dirs[1].path()).unwrap()))],
+    )
+    .unwrap();
+    let identity = NodeIdentity { node: "n0".into(), labels: vec![] };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let two = ReplicaServer::serve_disks_on_listener(
+        listener,
+        disks,
+        ServerConfig { identity, ..ServerConfig::plaintext() },
+        None,
+    )
+    .await
+    .unwrap();
+    let one = serve(dirs[2].path(), 1, "127.0.0.1:0").await;
+    let sources =
+        NodeSources { nodes: vec![two.local_addr().to_string(), one.local_addr().to_string()], ..Default::default() };
+    let catalog = Catalog::new(sources, T);
+    let d = catalog.discover().await;
+    let found: Vec<&str> = d.nodes["n0"].disks.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(found, ["default", "ssd"]);
+    assert_eq!(d.nodes["n1"].disks.len(), 1);
+
+    let on = |node: &str, disk: Option<&str>| Placement { node: node.into(), disk: disk.map(Into::into) };
+    let v = catalog.create_on("vol-d", MIB, &[on("n0", Some("ssd")), on("n1", None)], None, BTreeMap::new()).await;
+    let v = v.unwrap();
+    assert!(dirs[1].path().join("vol-d/header").exists(), "the replica lives under the ssd root");
+    assert!(!dirs[0].path().join("vol-d").exists());
+    let disks: Vec<Option<&str>> = v.members.iter().map(|m| m.disk.as_deref()).collect();
+    assert_eq!(disks, [Some("ssd"), Some("default")]);
+    assert!(v.members.iter().all(|m| m.state == MemberState::Healthy), "{:?}", v.members);
+
+    // An engine's session finds the replica on its disk.
+    let set = ReplicaSet::new("vol-d", vec![two.local_addr(), one.local_addr()], T);
+    let mut sessions = set.open().await.unwrap();
+    for s in &mut sessions {
+        s.write(0, vec![5; 4096]).await.unwrap();
+        s.flush().await.unwrap();
+        assert_eq!(s.read(0, 4096).await.unwrap(), vec![5; 4096]);
+    }
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+
+    let e = catalog.create_on("vol-e", MIB, &[on("n0", Some("nvme"))], None, BTreeMap::new()).await;
+    assert!(matches!(&e, Err(CatalogError::Invalid(m)) if m.contains("nvme") && m.contains("default, ssd")), "{e:?}");
+    // Two replicas of one volume on one node are not kept by this host.
+    let e = catalog.create_on("vol-f", MIB, &[on("n0", Some("ssd")), on("n0", None)], None, BTreeMap::new()).await;
+    assert!(matches!(&e, Err(CatalogError::Invalid(_))), "{e:?}");
+    assert!(catalog.get("vol-e").await.unwrap().is_none() && catalog.get("vol-f").await.unwrap().is_none());
 }

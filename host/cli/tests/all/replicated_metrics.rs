@@ -42,6 +42,7 @@ async fn replica_node(home: &Path, listen: SocketAddr) -> DataPath {
     DataPath::start(DataPathConfig {
         identity: NodeIdentity { node: "node-b".into(), labels: vec![] },
         replica_root: home.join("replicas"),
+        replica_disks: Vec::new(),
         listen,
         engine_root: home.join("engines"),
         runtime_root: home.join("run"),

@@ -9,7 +9,7 @@
 //! The engines run where [`Engines`] says: in this process, or in a data-path process of their
 //! own (`wasmcsi datapath`, reached over its socket). In the second case a plugin that was
 //! killed and restarted finds every volume it staged still served (the state file names the
-//! data path's pid) and publishes, reports and unstages it as if it had never gone. When the
+//! data path's owner id) and publishes, reports and unstages it as if it had never gone. When the
 //! process that ran an engine died (the plugin in the first case, the data path in the
 //! second), its device is gone with it: the next start of the data path or the plugin reclaims
 //! the FUSE mounts and loop devices it left (`wasmcsi_frontend::fuse::reclaim_dead`; a loop
@@ -56,9 +56,26 @@ pub struct ReplicatedState {
     pub device: PathBuf,
     /// `None`: a raw block volume; otherwise the filesystem mounted at the staging path.
     pub filesystem: Option<Filesystem>,
-    /// The process whose engine serves the device (this plugin, or the data path); a dead one
-    /// left its device behind.
+    /// The process whose engine serves the device (this plugin, or the data path), for logs.
     pub pid: u32,
+    /// That process start's owner id (`wasmcsi_frontend::owner`): a data path restarted in a
+    /// new pid namespace has the same pid (1 in a pod) but another owner, and its predecessor's
+    /// device is gone. Empty in a state written before owners were recorded.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+}
+
+impl ReplicatedState {
+    /// Whether `view` is the engine that serves what this state staged: the same process start
+    /// and device. A state or a data path from before owner ids falls back to the pid.
+    fn served_by(&self, view: &VolumeView) -> bool {
+        let same_process = if self.owner.is_empty() || view.owner.is_empty() {
+            view.pid == self.pid
+        } else {
+            view.owner == self.owner
+        };
+        same_process && view.device == self.device
+    }
 }
 
 pub struct ReplicatedAttacher {
@@ -101,7 +118,7 @@ impl ReplicatedAttacher {
     async fn running(&self, state: &ReplicatedState) -> CsiResult<Option<VolumeView>> {
         let Some(engines) = &self.engines else { return Ok(None) };
         let view = engines.view(&state.set_id).await.map_err(engines_err)?;
-        Ok(view.filter(|v| v.pid == state.pid && v.device == state.device))
+        Ok(view.filter(|v| state.served_by(v)))
     }
 
     fn state_path(&self, volume_id: &str) -> PathBuf {
@@ -220,6 +237,7 @@ impl Attacher for ReplicatedAttacher {
             device: volume.device.clone(),
             filesystem: None,
             pid: volume.pid,
+            owner: volume.owner.clone(),
         };
         let Some(mut fs) = wanted_fs else {
             return self.save(&state);
@@ -368,6 +386,44 @@ fn publish_grant(publish_context: &HashMap<String, String>) -> CsiResult<Option<
         .decode(encoded.trim())
         .map(Some)
         .map_err(|e| CsiError::Invalid(format!("publish_context[{GRANT_KEY:?}] is not base64: {e}")))
+}
+
+#[cfg(test)]
+mod served_by_tests {
+    use super::*;
+    use wasmcsi_block::catalog::engine_call::EngineStatus;
+
+    #[test]
+    fn the_engine_is_told_by_its_owner_not_by_a_pid_that_repeats_in_every_pod() {
+        let view = |pid, owner: &str, device: &str| VolumeView {
+            volume: "v".into(),
+            device: device.into(),
+            pid,
+            owner: owner.into(),
+            status: EngineStatus::default(),
+        };
+        let state = ReplicatedState {
+            volume_id: "rb:v".into(),
+            set_id: "v".into(),
+            staging_path: "/staging".into(),
+            device: "/dev/loop3".into(),
+            filesystem: None,
+            pid: 1,
+            owner: "0a1b2c3d-00112233445566778899".into(),
+        };
+        assert!(state.served_by(&view(1, "0a1b2c3d-00112233445566778899", "/dev/loop3")));
+        // A data path restarted as pid 1 of a new pid namespace, the same loop number reused.
+        assert!(!state.served_by(&view(1, "0a1b2c3d-ffeeddccbbaa99887766", "/dev/loop3")));
+        assert!(!state.served_by(&view(1, "0a1b2c3d-00112233445566778899", "/dev/loop4")));
+        // A state from before owners were recorded: only the pid can say.
+        let legacy = ReplicatedState { owner: String::new(), ..state.clone() };
+        assert!(legacy.served_by(&view(1, "0a1b2c3d-ffeeddccbbaa99887766", "/dev/loop3")));
+        assert!(!legacy.served_by(&view(7, "0a1b2c3d-ffeeddccbbaa99887766", "/dev/loop3")));
+        // The plugin writes what a data path answered into the state it keeps.
+        let saved: ReplicatedState =
+            serde_json::from_slice(&serde_json::to_vec(&state).expect("encode")).expect("decode");
+        assert_eq!(saved, state);
+    }
 }
 
 #[cfg(test)]

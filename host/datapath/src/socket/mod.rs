@@ -258,6 +258,7 @@ mod tests {
         let config = DataPathConfig {
             identity: NodeIdentity { node: "n".into(), labels: vec![] },
             replica_root: dir.path().join("replicas"),
+            replica_disks: Vec::new(),
             listen: "127.0.0.1:0".parse().unwrap(),
             engine_root: dir.path().join("engines"),
             runtime_root: dir.path().join("run"),

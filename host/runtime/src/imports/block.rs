@@ -5,9 +5,13 @@
 //! catalog's per-request timeout, so a dead node answers `unavailable` or `deadline-exceeded`,
 //! never a hung call.
 //!
-//! Disks. A replica server keeps its replicas in one directory today: every node reports one
-//! disk, [`DEFAULT_DISK`], with the node's space; a placement names it or no disk, and any other
-//! disk is invalid-argument naming it.
+//! Disks. A replica server keeps its replicas in one or more replica roots, its disks
+//! (`default` always, more with `--replica-root NAME=PATH`): a node reports each with its space
+//! and a replica the disk holding it; a placement names one of its node's disks (any other is
+//! invalid-argument naming it) or none (the disk with the most space available). A volume has
+//! at most one replica per node on this host (the record's members, the catalog and the engine
+//! name a replica by its node): two placements on one node are resource-exhausted saying so, the
+//! answer of a cluster with too few nodes, which the provisioner retries and shows as an event.
 //!
 //! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): I/O
 //! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots,
@@ -18,7 +22,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use wasmcsi_block::catalog::{Catalog, CatalogError, Member, MemberState, NodeView, SetView};
+use wasmcsi_block::catalog::{self, Catalog, CatalogError, Member, MemberState, NodeView, SetView};
 use wasmcsi_block::protocol::SnapshotInfo;
 use wasmtime::component::{HasData, LinkerInstance};
 
@@ -27,9 +31,6 @@ use crate::bindings::types::{Error, IoLimits, Pair, Timestamp};
 use crate::bindings::wasmcsi::backend::block::{
     self as wit, BlockSnapshot, BlockSource, DiskInfo, Host, NodeInfo, Placement, Replica, ReplicaSet, ReplicaState,
 };
-
-/// The one disk of every replica node today: the directory its replica server keeps replicas in.
-pub const DEFAULT_DISK: &str = "default";
 
 /// What `block` needs of one backend, resolved at load and shared by its calls.
 pub struct BlockCtx {
@@ -93,46 +94,41 @@ fn pairs(m: &BTreeMap<String, String>) -> Vec<Pair> {
 fn node_to_wit(n: &NodeView) -> NodeInfo {
     NodeInfo {
         name: n.name.clone(),
-        free_bytes: n.available,
-        total_bytes: n.capacity,
         labels: n.labels.iter().map(|(k, v)| Pair { key: k.clone(), value: v.clone() }).collect(),
         replicas: u32::try_from(n.replicas.len()).unwrap_or(u32::MAX),
-        disks: vec![DiskInfo { name: DEFAULT_DISK.into(), free_bytes: n.available, total_bytes: n.capacity }],
+        free_bytes: n.disks.iter().map(|d| d.available).sum(),
+        total_bytes: n.disks.iter().map(|d| d.capacity).sum(),
+        disks: n
+            .disks
+            .iter()
+            .map(|d| DiskInfo { name: d.name.clone(), free_bytes: d.available, total_bytes: d.capacity })
+            .collect(),
     }
 }
 
-/// The nodes of `placements`, once every disk named is one its node has (today: only
-/// [`DEFAULT_DISK`]) and no two placements fall on one disk.
-fn placed_nodes(placements: &[Placement]) -> Result<Vec<String>, Error> {
-    let mut nodes: Vec<String> = Vec::with_capacity(placements.len());
+/// The catalog's placements of `placements`, once no two fall on one node (this host keeps one
+/// replica of a volume per node; which disks a node has is the catalog's to check).
+fn placed(placements: &[Placement]) -> Result<Vec<catalog::Placement>, Error> {
+    let mut out: Vec<catalog::Placement> = Vec::with_capacity(placements.len());
     for p in placements {
-        placed_node(p)?;
-        if nodes.contains(&p.node) {
-            return Err(Error::InvalidArgument(format!(
-                "two placements on disk {DEFAULT_DISK} of node {} (replicas of a set need distinct disks)",
-                p.node
+        if out.iter().any(|o| o.node == p.node) {
+            return Err(Error::ResourceExhausted(format!(
+                "two placements on node {}: this host keeps one replica of a volume per node, so a set \
+                 of {} replicas needs {} nodes",
+                p.node,
+                placements.len(),
+                placements.len()
             )));
         }
-        nodes.push(p.node.clone());
+        out.push(catalog::Placement { node: p.node.clone(), disk: p.disk.clone() });
     }
-    Ok(nodes)
-}
-
-/// The node of one placement, once its disk is one the node has.
-fn placed_node(p: &Placement) -> Result<&str, Error> {
-    match p.disk.as_deref() {
-        None | Some(DEFAULT_DISK) => Ok(&p.node),
-        Some(disk) => Err(Error::InvalidArgument(format!(
-            "placement on node {}: disk {disk:?} does not exist there (its disks: {DEFAULT_DISK})",
-            p.node
-        ))),
-    }
+    Ok(out)
 }
 
 fn member_to_wit(m: &Member) -> Replica {
     Replica {
         node: m.node.clone(),
-        disk: Some(DEFAULT_DISK.into()),
+        disk: m.disk.clone(),
         state: match m.state {
             MemberState::Healthy => ReplicaState::Healthy,
             MemberState::Rebuilding => ReplicaState::Rebuilding,
@@ -238,7 +234,7 @@ impl Host for BlockCtxView<'_> {
         metadata_list: Vec<Pair>,
     ) -> Result<ReplicaSet, Error> {
         let metadata = metadata(metadata_list)?;
-        let nodes = placed_nodes(&placements)?;
+        let placements = placed(&placements)?;
         let source = match source {
             None => None,
             Some(BlockSource::Snapshot((volume, snapshot))) => Some((volume, Some(snapshot))),
@@ -249,7 +245,7 @@ impl Host for BlockCtxView<'_> {
             }
         };
         block_call(self.catalog(), "create", |c| async move {
-            c.create(&id, size_bytes, &nodes, source, metadata).await.map(|v| set_to_wit(&v))
+            c.create_on(&id, size_bytes, &placements, source, metadata).await.map(|v| set_to_wit(&v))
         })
         .await
     }
@@ -287,12 +283,9 @@ impl Host for BlockCtxView<'_> {
 
     #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.ctx.backend, %id, node = %replica.node, with = %with.node))]
     async fn replace(&mut self, id: String, replica: Placement, with: Placement) -> Result<ReplicaSet, Error> {
-        let (node, with) = (placed_node(&replica)?.to_owned(), placed_node(&with)?.to_owned());
-        block_call(
-            self.catalog(),
-            "replace",
-            |c| async move { c.replace(&id, &node, &with).await.map(|v| set_to_wit(&v)) },
-        )
+        block_call(self.catalog(), "replace", |c| async move {
+            c.replace_on(&id, &replica.node, &with.node, with.disk.as_deref()).await.map(|v| set_to_wit(&v))
+        })
         .await
     }
 
@@ -327,16 +320,14 @@ impl Host for BlockCtxView<'_> {
     }
 
     #[tracing::instrument(name = "import.block.add_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
-    async fn add_replica(&mut self, id: String, placement: Placement) -> Result<ReplicaSet, Error> {
+    async fn add_replica(&mut self, id: String, _placement: Placement) -> Result<ReplicaSet, Error> {
         self.catalog()?;
-        placed_node(&placement)?;
         Err(not_provided("block add-replica: adding replicas"))
     }
 
     #[tracing::instrument(name = "import.block.remove_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
-    async fn remove_replica(&mut self, id: String, replica: Placement) -> Result<ReplicaSet, Error> {
+    async fn remove_replica(&mut self, id: String, _replica: Placement) -> Result<ReplicaSet, Error> {
         self.catalog()?;
-        placed_node(&replica)?;
         Err(not_provided("block remove-replica: removing replicas"))
     }
 
@@ -366,6 +357,7 @@ mod tests {
     //! The shape this host gives `block` without a node (placements, disks, what it does not
     //! provide); the catalog's work against real replica servers is in `tests/all/block_backend.rs`.
     use super::*;
+    use wasmcsi_block::replica::DEFAULT_DISK;
 
     fn view(catalog: Option<Catalog>) -> BlockCtx {
         BlockCtx { backend: "b".into(), catalog, import_timeout: Duration::from_millis(200) }
@@ -382,23 +374,11 @@ mod tests {
     }
 
     #[test]
-    fn a_placement_names_the_one_disk_of_a_node_or_none() {
-        assert_eq!(placed_nodes(&[at("n1", None), at("n2", Some(DEFAULT_DISK))]).expect("placed"), ["n1", "n2"]);
-        let e = placed_nodes(&[at("n1", None), at("n2", Some("ssd-2"))]).expect_err("no such disk");
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("\"ssd-2\"") && m.contains("n2")), "{e:?}");
-        // One disk per node: a second replica on a node has no disk to go to.
-        let e = placed_nodes(&[at("n1", None), at("n1", Some(DEFAULT_DISK))]).expect_err("one disk");
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("n1")), "{e:?}");
-    }
-
-    #[tokio::test]
-    async fn a_placement_on_a_disk_the_node_lacks_is_refused_before_any_node_is_asked() {
-        let ctx = granted();
-        let mut v = BlockCtxView { ctx: &ctx };
-        let e = v.create("v".into(), 4096, vec![at("n1", Some("nvme"))], None, vec![]).await.expect_err("no disk");
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("nvme")), "{e:?}");
-        let e = v.replace("v".into(), at("n1", None), at("n2", Some("nvme"))).await.expect_err("no disk");
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("nvme")), "{e:?}");
+    fn two_placements_on_one_node_are_refused_naming_it() {
+        let placements = placed(&[at("n1", None), at("n2", Some("ssd-2"))]).expect("placed");
+        assert_eq!(placements[1], catalog::Placement { node: "n2".into(), disk: Some("ssd-2".into()) });
+        let e = placed(&[at("n1", None), at("n1", Some("ssd-2"))]).expect_err("one replica per node");
+        assert!(matches!(&e, Error::ResourceExhausted(m) if m.contains("n1") && m.contains("2 nodes")), "{e:?}");
     }
 
     /// What this host does not provide answers `unimplemented` saying so (after the grant
@@ -443,7 +423,13 @@ mod tests {
     }
 
     #[test]
-    fn a_node_reports_its_one_disk_with_its_space() {
+    fn a_node_reports_each_disk_with_its_space_and_their_sum() {
+        let disk = |name: &str, capacity, available| wasmcsi_block::protocol::DiskSummary {
+            name: name.into(),
+            capacity,
+            available,
+            volumes: vec![],
+        };
         let node = NodeView {
             name: "n1".into(),
             addr: "127.0.0.1:9501".parse().expect("addr"),
@@ -451,11 +437,12 @@ mod tests {
             capacity: 100,
             available: 40,
             replicas: vec![],
+            disks: vec![disk(DEFAULT_DISK, 100, 40), disk("ssd", 50, 30)],
         };
         let info = node_to_wit(&node);
-        assert_eq!((info.free_bytes, info.total_bytes), (40, 100));
-        assert_eq!(info.disks.len(), 1);
-        let disk = &info.disks[0];
-        assert_eq!((disk.name.as_str(), disk.free_bytes, disk.total_bytes), (DEFAULT_DISK, 40, 100));
+        assert_eq!((info.free_bytes, info.total_bytes), (70, 150));
+        let disks: Vec<(&str, u64, u64)> =
+            info.disks.iter().map(|d| (d.name.as_str(), d.free_bytes, d.total_bytes)).collect();
+        assert_eq!(disks, [(DEFAULT_DISK, 40, 100), ("ssd", 30, 50)]);
     }
 }

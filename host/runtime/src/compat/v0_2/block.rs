@@ -1,5 +1,5 @@
 //! `block` as 0.2.0 named it, served by the current capability: a replica goes to a node (now a
-//! `placement` without a disk, the node's only one today), a node and a set are reported without
+//! `placement` without a disk, the disk the host picks), a node and a set are reported without
 //! what 0.3.0 added (disks, a replica's disk, limits, standby), and `replace` names nodes. Each
 //! function converts its arguments, calls the current one on the same view, and converts the
 //! answer, so the two versions cannot drift apart in behaviour.
