@@ -11,6 +11,7 @@ mod block_map;
 pub mod chain;
 pub mod disks;
 mod error;
+mod frames;
 mod header_file;
 mod layers;
 pub mod node;

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::authorize::{self, Caller, Granted};
+use super::frames::{ConnError, Reader};
 use super::node::Replica;
-use super::server::{ConnError, Reader, Shared};
 use super::session::{self, Placement};
 use crate::protocol::{Frame, Message};
 
@@ -32,6 +32,13 @@ struct Admitted {
     permit: OwnedSemaphorePermit,
 }
 
+/// What one engine session may hold: requests executing at once, and the largest frame.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    pub(super) max_in_flight: usize,
+    pub(super) max_payload: usize,
+}
+
 /// Pipelines requests until end of stream; returns whether the engine left cleanly (see the
 /// module docs).
 ///
@@ -44,19 +51,19 @@ struct Admitted {
 /// `caller`).
 pub(super) async fn serve_requests(
     reader: &mut Reader,
-    shared: &Arc<Shared>,
+    bounds: Bounds,
     replica: &Arc<Replica>,
     tx: &mpsc::Sender<Frame>,
     granted: Option<&Granted>,
     peer: SocketAddr,
     caller: &Caller,
 ) -> Result<bool, ConnError> {
-    let max = shared.config.max_in_flight.max(1);
+    let max = bounds.max_in_flight.max(1);
     let permits = Arc::new(Semaphore::new(max));
     let rules = Arc::new(session::Session::default());
     let mutations_in_flight = Arc::new(AtomicUsize::new(0));
     let mut clean = false;
-    let max_payload = shared.config.max_payload;
+    let max_payload = bounds.max_payload;
     // No waiting at the end for started requests: each holds a reply sender, so on a clean end
     // the caller's wait for the writer is the wait for them, and on an error the caller closes
     // the writer, which also unblocks any request stuck queueing its reply for a peer not reading.

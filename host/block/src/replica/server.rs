@@ -43,7 +43,6 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -54,13 +53,11 @@ use wasmcsi_trust::{Limits, Listener, Role};
 use super::authorize::{self, Caller, Granted, Refusal};
 use super::disks::{DEFAULT_DISK, ReplicaDisks};
 use super::error::StoreError;
+use super::frames::{ConnError, Reader, drain, write_loop};
 use super::node::{NodeError, Replica, ReplicaNode};
 use super::pipeline;
 use super::session;
-use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, DecodeError, DiskSummary, Frame, FrameDecoder, Message, RecordInfo, ReplicaHeader, Status,
-    encode_with_limit,
-};
+use crate::protocol::{DEFAULT_MAX_PAYLOAD, DiskSummary, Frame, Message, RecordInfo, ReplicaHeader, Status};
 use crate::transport::{ReadHalf, Transport, WriteHalf, keepalive};
 
 /// Who a replica server is, as `Identify` answers: the node's name and labels, which placement
@@ -140,20 +137,6 @@ pub enum ServerError {
     Join(#[from] tokio::task::JoinError),
     #[error("the replica server's certificate is {found}'s; it serves node {node:?} and needs that node's")]
     Identity { found: String, node: String },
-}
-
-/// Why one connection ended early; logged, never propagated past the connection.
-#[derive(Debug, Error)]
-pub(super) enum ConnError {
-    #[error("reading: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
-    Decode(#[from] DecodeError),
-    #[error("protocol: {0}")]
-    Unexpected(&'static str),
-    /// A request was refused `Denied` (already logged with the peer and why).
-    #[error("a request was denied")]
-    Denied,
 }
 
 /// A running replica server. Dropping it shuts the server down in the background, like
@@ -423,52 +406,6 @@ async fn connection(accepted: Accepted, shared: Arc<Shared>, shutdown: watch::Re
     }
 }
 
-/// Reads frames off one connection.
-pub(super) struct Reader {
-    rd: ReadHalf,
-    decoder: FrameDecoder,
-    pub(super) shutdown: watch::Receiver<bool>,
-}
-
-impl Reader {
-    /// The next frame; `None` on end of stream or server shutdown.
-    pub(super) async fn next(&mut self) -> Result<Option<Frame>, ConnError> {
-        loop {
-            if let Some(frame) = self.decoder.next_frame()? {
-                return Ok(Some(frame));
-            }
-            if *self.shutdown.borrow() {
-                return Ok(None);
-            }
-            // `read_buf` is cancel safe: a read either landed in the decoder or did not happen.
-            let mut room = self.decoder.read_buffer();
-            let n = tokio::select! {
-                n = self.rd.read_buf(&mut room) => n?,
-                _ = self.shutdown.changed() => return Ok(None),
-            };
-            if n == 0 {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// [`Self::next`] within `idle`; `None` when nothing came (the connection is then closed).
-    async fn next_within(&mut self, idle: Duration) -> Result<Option<Frame>, ConnError> {
-        match tokio::time::timeout(idle, self.next()).await {
-            Ok(next) => next,
-            Err(_) => {
-                tracing::debug!(after = ?idle, "closing an idle replica connection");
-                Ok(None)
-            }
-        }
-    }
-
-    /// The next frame already buffered, without reading the socket.
-    pub(super) fn buffered(&mut self) -> Result<Option<Frame>, ConnError> {
-        Ok(self.decoder.next_frame()?)
-    }
-}
-
 /// A connection's state between its first frames.
 struct Conn<'a> {
     shared: &'a Arc<Shared>,
@@ -499,7 +436,7 @@ async fn serve_connection(
     let Accepted { rd, wr, peer, caller, _permit } = accepted;
     let drain_signal = shutdown.clone();
     // Allocates nothing until the first read; the read buffer grows with what arrives.
-    let mut reader = Reader { rd, decoder: FrameDecoder::new(cfg.max_payload), shutdown };
+    let mut reader = Reader::new(rd, cfg.max_payload, shutdown);
     let Some(mut first) = reader.next_within(cfg.idle_timeout).await? else { return Ok(()) };
     let (tx, rx) = mpsc::channel::<Frame>(cfg.max_in_flight.max(1));
     let mut writer = tokio::spawn(write_loop(wr, rx, cfg.max_payload));
@@ -562,8 +499,16 @@ async fn serve_connection(
         return finish(writer, result, conn).await;
     };
 
-    let result =
-        pipeline::serve_requests(&mut reader, shared, &replica, &conn.tx, granted.as_ref(), peer, &conn.caller).await;
+    let result = pipeline::serve_requests(
+        &mut reader,
+        pipeline::Bounds { max_in_flight: shared.config.max_in_flight, max_payload: shared.config.max_payload },
+        &replica,
+        &conn.tx,
+        granted.as_ref(),
+        peer,
+        &conn.caller,
+    )
+    .await;
     let Conn { tx, .. } = conn;
     drop(tx);
     let clean = match result {
@@ -796,67 +741,5 @@ fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
             reply(node.set_record(&volume_id, RecordInfo { version, epoch, data }), "record update", &volume_id)
         }
         _ => Message::Reply { status: Status::Invalid },
-    }
-}
-
-/// Waits for the writer to deliver every queued reply; `None` if it failed or if the server is
-/// shutting down and the grace period ran out first (the writer is then aborted).
-async fn drain(
-    writer: &mut JoinHandle<Option<WriteHalf>>,
-    mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
-) -> Option<WriteHalf> {
-    let deadline = async {
-        // Err: the server handle is gone, which is a shutdown too.
-        let _ = shutdown.wait_for(|stop| *stop).await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        delivered = &mut *writer => delivered.ok().flatten(),
-        () = deadline => {
-            writer.abort();
-            None
-        }
-    }
-}
-
-/// Writes replies in the order they complete, coalescing whatever is queued into one write,
-/// until every sender is gone; returns the write half (still open) when all were delivered,
-/// `None` on a failure. A TLS record the reader could not answer at once (a KeyUpdate's) is
-/// flushed from here too.
-async fn write_loop(mut wr: WriteHalf, mut rx: mpsc::Receiver<Frame>, max_payload: usize) -> Option<WriteHalf> {
-    // Grows with the replies actually sent: an idle connection holds none of it.
-    let mut out = Vec::new();
-    loop {
-        let frame = tokio::select! {
-            frame = rx.recv() => match frame {
-                Some(frame) => frame,
-                None => return Some(wr),
-            },
-            () = wr.flush_wanted() => {
-                if let Err(e) = wr.flush().await {
-                    tracing::debug!(error = %e, "replica connection write failed");
-                    return None;
-                }
-                continue;
-            }
-        };
-        out.clear();
-        let mut next = Some(frame);
-        while let Some(frame) = next.take() {
-            if let Err(e) = encode_with_limit(&frame, &mut out, max_payload) {
-                // Execute never builds an oversized reply; if it did, the engine would wait
-                // forever for this id, so failing the connection is the honest answer.
-                tracing::error!(error = %e, request_id = frame.request_id, "replica reply not encodable");
-                return None;
-            }
-            if out.len() < 1024 * 1024 {
-                next = rx.try_recv().ok();
-            }
-        }
-        if let Err(e) = wr.write_all(&out).await {
-            tracing::debug!(error = %e, "replica connection write failed");
-            return None;
-        }
     }
 }
