@@ -35,74 +35,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use rustc_hash::FxHashMap;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument as _;
-use wasmcsi_frontend::{ReadDone, WriteDone};
 use wasmcsi_trust::ExpectedRole;
 
 use super::connection::{Conn, Dial, Outbox, connection};
 use super::event::ConnEvent;
 use super::local::{LocalJob, LocalLink, Taken};
+use super::request::{ReplyTx, Request, stopped, to_io_error};
 use super::state_file::{load_state, save_state};
 use super::{ReplicaEndpoint, VolumeConfig, VolumeError, VolumeStatus};
-use crate::engine::{
-    Action, ClientId, ClientReply, Engine, Event, IoError, MAX_REPLICAS, Millis, ReplicaHealth, ReplicaId,
-};
+use crate::engine::{Action, ClientId, ClientReply, Engine, Event, MAX_REPLICAS, Millis, ReplicaHealth, ReplicaId};
 use crate::protocol::{Frame, PayloadCrc};
 
 /// Most queued commands and events the driver handles before it sends what they produced.
 const MAX_DRAIN: usize = 256;
-
-/// What a handle asks of the engine.
-pub(super) enum Request {
-    Read { offset: u64, len: u64 },
-    Write { offset: u64, data: Bytes },
-    Flush,
-    Unmap { offset: u64, len: u64 },
-    Resize { size: u64 },
-    Snapshot { name: String },
-    DeleteSnapshot { name: String },
-}
-
-/// Where a request's result goes: a thread blocked on it, or a completion the frontend gave
-/// (run on whichever thread releases the driver after the answer, so it must not block). The
-/// frontend's completions are kept as given, not wrapped in another closure: one allocation
-/// less per I/O.
-pub(super) enum ReplyTx {
-    Wait(oneshot::Sender<io::Result<ClientReply>>),
-    Written(WriteDone),
-    Read { len: usize, done: ReadDone },
-}
-
-impl ReplyTx {
-    fn send(self, result: io::Result<ClientReply>) {
-        match self {
-            // The caller may have given up waiting; nothing to do then.
-            ReplyTx::Wait(tx) => {
-                let _ = tx.send(result);
-            }
-            ReplyTx::Written(done) => match result {
-                Ok(ClientReply::Written) => done(Ok(())),
-                Ok(other) => done(Err(unexpected(&other))),
-                Err(e) => done(Err(e)),
-            },
-            ReplyTx::Read { len, done } => match result {
-                Ok(ClientReply::Read(data)) if data.len() == len => done(Ok(&data)),
-                Ok(other) => done(Err(unexpected(&other))),
-                Err(e) => done(Err(e)),
-            },
-        }
-    }
-}
-
-/// The engine answered a request with a reply of another kind (a bug, never the peer's doing:
-/// the engine checks what replicas send).
-pub(super) fn unexpected(reply: &ClientReply) -> io::Error {
-    io::Error::other(format!("engine answered with the wrong reply kind: {reply:?}"))
-}
 
 /// The driver, shared by the task that serves its connections and timer and by the handles'
 /// callers. A request is queued, and whoever holds the driver feeds everything queued to the
@@ -817,23 +766,4 @@ impl Drop for StopOnDrop {
             d.done.extend(waiting);
         });
     }
-}
-
-fn to_io_error(e: IoError) -> io::Error {
-    let kind = match e {
-        IoError::OutOfRange { .. }
-        | IoError::TooLarge { .. }
-        | IoError::Shrink { .. }
-        | IoError::BadSnapshotName { .. } => io::ErrorKind::InvalidInput,
-        // Retryable once the volume is whole again.
-        IoError::Degraded { .. } => io::ErrorKind::ResourceBusy,
-        IoError::NoHealthyReplica { .. } => io::ErrorKind::Other,
-        // Final: the kernel sees EIO, the volume lives on with another engine.
-        IoError::Fenced { .. } => io::ErrorKind::PermissionDenied,
-    };
-    io::Error::new(kind, e)
-}
-
-pub(super) fn stopped() -> io::Error {
-    io::Error::new(io::ErrorKind::BrokenPipe, "the volume's driver has stopped")
 }

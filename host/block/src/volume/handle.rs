@@ -15,7 +15,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use wasmcsi_frontend::{BlockDevice, ReadDone, WriteDone};
 
-use super::driver::{self, ReplyTx, Request, Shared, stopped, unexpected};
+use super::driver::{self, Shared};
+use super::request::{ReplyTx, Request, stopped, unexpected};
 use super::{VolumeConfig, VolumeError, VolumeStatus};
 use crate::engine::{ClientReply, MAX_IO, MAX_UNMAP};
 use crate::protocol::SnapshotInfo;

@@ -43,6 +43,7 @@ mod event;
 mod grant;
 mod handle;
 mod local;
+mod request;
 mod state_file;
 
 pub use grant::VolumeGrant;
