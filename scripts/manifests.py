@@ -40,6 +40,7 @@ CRD_KINDS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
 }
 
 
@@ -165,9 +166,12 @@ def check_policy(label, docs, failures):
             if not sc.get("privileged") and not (sc.get("seccompProfile") or pod_seccomp):
                 failures.append(f"{name}/{c['name']}: unprivileged container without a seccomp profile")
             for arg in c.get("args", []):
-                for flag in ("--metrics-addr=", "--http-endpoint=", "--health-port="):
+                for flag in ("--metrics-addr=", "--http-endpoint=", "--health-port=", "--replica-listen=",
+                             "--peer-listen=", "--authority-listen="):
                     if arg.startswith(flag) and (arg[len(flag):].startswith(("0.0.0.0", ":", "[::]"))):
                         failures.append(f"{name}/{c['name']}: {arg} listens on every interface")
+                if arg == "--tls-mode=off":
+                    failures.append(f"{name}/{c['name']}: {arg}: a network channel in plaintext")
 
 
 # What an address a default install dials looks like: an IPv4 literal other than the wildcard
@@ -220,6 +224,7 @@ def check():
         "node": {"labels": {"topology.kubernetes.io/zone": "zone-a"}},
         "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
         "controller": {"replicas": 2},
+        "networkPolicy": {"nodeCIDRs": ["10.0.0.0/16", "fd00::/64"]},
         # The classes of external servers, once the operator names them.
         "storageClasses": {
             "wasmcsi-nfs": {"enabled": True, "parameters": {"server": "10.0.0.5", "share": "/exports/k8s"}},
@@ -235,6 +240,12 @@ def check():
         "priorityClass": {"create": False, "name": "storage-critical"},
         "snapshotClasses": {"enabled": False},
         "controller": {"healthMonitor": {"enabled": False}},
+        "networkPolicy": {"enabled": False},
+        # Certificates from the operator's cert-manager instead of the built-in CA.
+        "tls": {"issuer": "operator", "operator": {
+            "certManagerIssuerRef": {"name": "wasmcsi-ca", "kind": "ClusterIssuer"},
+            "nodeVolume": {"hostPath": {"path": "/etc/wasmcsi/node-tls", "type": "Directory"}},
+        }},
     })
     renderings = {"chart defaults": defaults, "chart with every option on": everything, "chart minimal": minimal}
     for label, values in renderings.items():
@@ -248,6 +259,8 @@ def check():
     check_dials_nothing("deploy/", {n: (DEPLOY / n).read_text() for n in generated()}, failures)
     nameless = merge(load_values(CHART / "values.yaml"), {"storageClasses": {"wasmcsi-nfs": {"enabled": True}}})
     check_refused("wasmcsi-nfs enabled without a server", nameless, "parameters.server is empty", failures)
+    no_node_volume = merge(load_values(CHART / "values.yaml"), {"tls": {"issuer": "operator"}})
+    check_refused("tls.issuer operator without the nodes' volume", no_node_volume, "nodeVolume must give", failures)
     kustomized = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True)
     if kustomized.returncode != 0:
         failures.append(f"kubectl kustomize deploy/: {kustomized.stderr.strip()}")
