@@ -214,7 +214,7 @@ mod tests {
     #[test]
     fn a_url_that_is_not_https_is_refused() {
         let (r, dir) = reviewer();
-        let api = KubeApi { url: "http://10.0.0.1:6443".into(), ..r.api.clone() };
+        let api = KubeApi { url: "http://10.0.0.1:6443".into(), ..r.client.api.clone() };
         assert!(matches!(TokenReviewer::new(api), Err(ReviewError::Config(_))));
         drop(dir);
     }
