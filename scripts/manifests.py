@@ -40,6 +40,7 @@ CRD_KINDS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
 }
 
 
@@ -165,9 +166,12 @@ def check_policy(label, docs, failures):
             if not sc.get("privileged") and not (sc.get("seccompProfile") or pod_seccomp):
                 failures.append(f"{name}/{c['name']}: unprivileged container without a seccomp profile")
             for arg in c.get("args", []):
-                for flag in ("--metrics-addr=", "--http-endpoint=", "--health-port="):
+                for flag in ("--metrics-addr=", "--http-endpoint=", "--health-port=", "--replica-listen=",
+                             "--peer-listen=", "--authority-listen="):
                     if arg.startswith(flag) and (arg[len(flag):].startswith(("0.0.0.0", ":", "[::]"))):
                         failures.append(f"{name}/{c['name']}: {arg} listens on every interface")
+                if arg == "--tls-mode=off":
+                    failures.append(f"{name}/{c['name']}: {arg}: a network channel in plaintext")
 
 
 # What an address a default install dials looks like: an IPv4 literal other than the wildcard
@@ -221,6 +225,7 @@ def check():
                  "extraReplicaRoots": [{"name": "ssd", "path": "/mnt/ssd/wasmcsi"}]},
         "kubeletDir": "/var/snap/microk8s/common/var/lib/kubelet",
         "controller": {"replicas": 2},
+        "networkPolicy": {"nodeCIDRs": ["10.0.0.0/16", "fd00::/64"]},
         # The classes of external servers, once the operator names them.
         "storageClasses": {
             "wasmcsi-nfs": {"enabled": True, "parameters": {"server": "10.0.0.5", "share": "/exports/k8s"}},
@@ -236,6 +241,12 @@ def check():
         "priorityClass": {"create": False, "name": "storage-critical"},
         "snapshotClasses": {"enabled": False},
         "controller": {"healthMonitor": {"enabled": False}},
+        "networkPolicy": {"enabled": False},
+        # Certificates from the operator's cert-manager instead of the built-in CA.
+        "tls": {"issuer": "operator", "operator": {
+            "certManagerIssuerRef": {"name": "wasmcsi-ca", "kind": "ClusterIssuer"},
+            "nodeVolume": {"hostPath": {"path": "/etc/wasmcsi/node-tls", "type": "Directory"}},
+        }},
     })
     renderings = {"chart defaults": defaults, "chart with every option on": everything, "chart minimal": minimal}
     for label, values in renderings.items():
@@ -252,6 +263,8 @@ def check():
     bad_disk = merge(load_values(CHART / "values.yaml"),
                      {"node": {"extraReplicaRoots": [{"name": "default", "path": "/mnt/x"}]}})
     check_refused("an extra replica root named default", bad_disk, "is not a disk name", failures)
+    no_node_volume = merge(load_values(CHART / "values.yaml"), {"tls": {"issuer": "operator"}})
+    check_refused("tls.issuer operator without the nodes' volume", no_node_volume, "nodeVolume must give", failures)
     kustomized = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True)
     if kustomized.returncode != 0:
         failures.append(f"kubectl kustomize deploy/: {kustomized.stderr.strip()}")

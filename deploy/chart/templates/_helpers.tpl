@@ -156,3 +156,46 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The volume `tls` of this node's credentials, for the node plugin and the data path: the
+host directory node.tlsDir (builtin: the node plugin enrolls into it, the data path reads it),
+or the operator's volume (tls.operator.nodeVolume). */}}
+{{- define "wasmcsi.nodeTlsVolume" -}}
+{{- if eq .Values.tls.issuer "builtin" -}}
+- name: tls
+  hostPath:
+    path: {{ .Values.node.tlsDir }}
+    type: DirectoryOrCreate
+{{- else if eq .Values.tls.issuer "operator" -}}
+{{- if not .Values.tls.operator.nodeVolume }}
+{{- fail "tls.issuer operator: tls.operator.nodeVolume must give the node credentials' volume" }}
+{{- end }}
+- name: tls
+  {{- toYaml .Values.tls.operator.nodeVolume | nindent 2 }}
+{{- else -}}
+{{- fail "tls.issuer: builtin or operator" }}
+{{- end -}}
+{{- end -}}
+
+{{/* Sources of the driver's own traffic: its pods, and the nodes' ranges (the hostNetwork
+pods' connections come from node addresses, which no pod selector matches). Without ranges,
+the port is open to any source and mutual TLS decides. */}}
+{{- define "wasmcsi.driverSources" -}}
+{{- if .Values.networkPolicy.nodeCIDRs }}
+from:
+  - podSelector:
+      matchLabels:
+        app.kubernetes.io/name: wasmcsi
+        app.kubernetes.io/instance: {{ .Release.Name }}
+  {{- range .Values.networkPolicy.nodeCIDRs }}
+  - ipBlock:
+      cidr: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- define "wasmcsi.metricsSources" -}}
+from:
+  - namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {{ .Values.networkPolicy.metricsNamespace }}
+{{- end }}

@@ -95,9 +95,19 @@ struct Conn {
     next_id: u64,
     timeout: Duration,
     buf: Vec<u8>,
+    /// One request, one answer: the stream is ended once the answer is in ([`Self::once`]).
+    once: bool,
 }
 
 impl Conn {
+    /// A connection for one request: after its answer the client ends the stream (over TLS a
+    /// close_notify first), so the server reads a clean end rather than a truncated one.
+    async fn once(addr: SocketAddr, timeout: Duration, reach: &Reach) -> Result<Self, ControlError> {
+        let mut conn = Self::connect(addr, timeout, reach).await?;
+        conn.once = true;
+        Ok(conn)
+    }
+
     async fn connect(addr: SocketAddr, timeout: Duration, reach: &Reach) -> Result<Self, ControlError> {
         let stream = match transport::dial(addr, &reach.transport, &reach.server, timeout).await {
             Ok(dialed) => dialed.stream,
@@ -112,15 +122,21 @@ impl Conn {
             next_id: 1,
             timeout,
             buf: vec![0; 256 << 10],
+            once: false,
         })
     }
 
     async fn call(&mut self, what: &'static str, message: Message) -> Result<Message, ControlError> {
         let (addr, timeout) = (self.addr, self.timeout);
-        match tokio::time::timeout(timeout, self.exchange(what, message)).await {
+        let answer = match tokio::time::timeout(timeout, self.exchange(what, message)).await {
             Ok(result) => result,
             Err(_) => Err(ControlError::Timeout { addr, what, timeout }),
+        };
+        if self.once {
+            // Best effort: the answer is in, and dropping the stream ends it anyway.
+            let _ = tokio::time::timeout(timeout, self.stream.shutdown()).await;
         }
+        answer
     }
 
     async fn exchange(&mut self, what: &'static str, message: Message) -> Result<Message, ControlError> {
@@ -207,7 +223,7 @@ impl ReplicaServerClient {
 
     /// Creates an empty replica; succeeds if one of the same size exists (a retry).
     pub async fn create_replica(&self, volume_id: &str, size: u64) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         let message = Message::CreateReplica { volume_id: volume_id.to_owned(), size };
         c.reply("CreateReplica", message, &[]).await
     }
@@ -235,12 +251,12 @@ impl ReplicaServerClient {
 
     /// Deletes a replica and its files; succeeds if it is already gone (a retry).
     pub async fn delete_replica(&self, volume_id: &str) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound]).await
     }
 
     pub async fn node_info(&self) -> Result<NodeInfo, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         match c.call("NodeInfo", Message::NodeInfo).await? {
             Message::NodeInfoReply { status: Status::Ok, capacity, available, replicas } => {
                 Ok(NodeInfo { addr: self.addr, capacity, available, replicas })
@@ -252,7 +268,7 @@ impl ReplicaServerClient {
 
     /// Who the server is (its node name and labels).
     pub async fn identify(&self) -> Result<NodeIdentity, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         match c.call("Identify", Message::Identify).await? {
             Message::Identity { status: Status::Ok, node, labels } => Ok(NodeIdentity { node, labels }),
             Message::Identity { status, .. } => Err(ControlError::refused(self.addr, "Identify", status)),
@@ -263,7 +279,7 @@ impl ReplicaServerClient {
     /// The header and volume record of the replica of `volume_id` on this server, without
     /// opening a session (the dirty flag and sessions stay as they are).
     pub async fn describe(&self, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned() }).await? {
             Message::Description { status: Status::Ok, header, record } => Ok((header, record)),
             Message::Description { status, .. } => Err(ControlError::refused(self.addr, "Describe", status)),
@@ -274,7 +290,7 @@ impl ReplicaServerClient {
     /// Replaces the record of the replica of `volume_id` if `record` is newer; refused with
     /// `StaleRevision` when the replica holds a newer (or conflicting) one.
     pub async fn set_record(&self, volume_id: &str, record: &RecordInfo) -> Result<(), ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         let message = Message::SetRecord {
             volume_id: volume_id.to_owned(),
             version: record.version,
@@ -286,7 +302,7 @@ impl ReplicaServerClient {
 
     /// A request for the engine of `volume_id` running in the server's process.
     pub async fn engine_call(&self, volume_id: &str, request: Vec<u8>) -> Result<Vec<u8>, ControlError> {
-        let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
+        let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         match c.call("EngineCall", Message::EngineCall { volume_id: volume_id.to_owned(), request }).await? {
             Message::EngineReply { status: Status::Ok, reply } => Ok(reply),
             Message::EngineReply { status, .. } => Err(ControlError::refused(self.addr, "EngineCall", status)),

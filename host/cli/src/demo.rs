@@ -1,16 +1,24 @@
-//! `wasmcsi demo`: a local host (controller + node in one process) with the bundled
-//! backends on a local socket, driving a real volume through the CSI socket end to end and
-//! saying what it did; then a replicated block volume on three replica nodes (this process
-//! and two child processes, one of which is killed with SIGKILL on the way, see
+//! `wasmcsi demo`: a local controller and node plugin (two hosts in this process, each on its
+//! own CSI socket) with the bundled backends, driving a real volume through the CSI sockets end
+//! to end and saying what it did; then a replicated block volume on three replica nodes (this
+//! node and two child processes, one of which is killed with SIGKILL on the way, see
 //! [`replicated`]). The README's first command runs this.
+//!
+//! Every network channel runs as a cluster's does: mutual TLS (`required`), with a CA of the
+//! demo's own (what `wasmcsi pki init` makes) and a certificate per process (`wasmcsi pki
+//! issue`): the controller's calls to the node plugin's peer endpoint (hostpath is node-local)
+//! and to the replica servers, the engines' sessions (each with the controller's grant of its
+//! volume to this node, from ControllerPublish), the node's grant renewals at the controller's
+//! authority endpoint.
 //!
 //! Whatever happens — a failed step, Ctrl-C — the demo takes apart what it made before it
 //! returns: every volume it staged is unstaged (recorded in [`Staged`] before each NodeStage),
 //! every volume and snapshot deleted, the host stopped (engines, FUSE, loop devices), the
 //! child processes killed, and it fails if a mount or loop device of its work directory is
 //! left.
-use crate::host::{Host, HostOptions, ReplicaOptions, connect};
-use crate::replica_process::ReplicaProcess;
+use crate::host::{DataPathPlace, Host, HostOptions, PeerOptions, ReplicaOptions, connect};
+use crate::replica_process::{ReplicaProcess, free_loopback_addr};
+use crate::trust::TrustOptions;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,8 +37,25 @@ pub struct DemoArgs {
 
 mod replicated;
 
-/// The node id of the demo's own node (controller, node plugin and a replica server).
+/// The node id of the demo's own node (node plugin and a replica server).
 const NODE_ID: &str = "demo-node";
+/// The replica nodes started as child processes.
+const REPLICA_NODES: [&str; 2] = ["replica-node-b", "replica-node-c"];
+
+/// The demo's CA (`pki/ca`, as `wasmcsi pki init` writes it) and a credentials directory per
+/// process (`pki/NAME`, as `wasmcsi pki issue` writes them).
+fn make_pki(dir: &Path) -> anyhow::Result<()> {
+    use wasmcsi_trust::pki::{DEFAULT_CA_VALIDITY, DEFAULT_LEAF_VALIDITY};
+    use wasmcsi_trust::{Authority, Role, Validity};
+    let ca = Authority::generate(Validity::starting_now(DEFAULT_CA_VALIDITY))?;
+    ca.save(&dir.join("ca"))?;
+    let roles = std::iter::once(("controller".to_owned(), Role::Controller))
+        .chain(std::iter::once(NODE_ID).chain(REPLICA_NODES).map(|n| (n.to_owned(), Role::Node(n.to_owned()))));
+    for (name, role) in roles {
+        ca.issue(&role, Validity::starting_now(DEFAULT_LEAF_VALIDITY))?.write(&dir.join(name), ca.bundle())?;
+    }
+    Ok(())
+}
 
 /// What the demo staged on its node (volume id, staging path, target path), recorded before
 /// each NodeStage, so that the cleanup finds it even when a call was cut short.
@@ -82,23 +107,76 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         Path::new("demo"),
     )?;
     println!("wasmcsi demo — work dir {}", dir.display());
-    let host = Host::start(HostOptions {
+    let t = Instant::now();
+    let pki = dir.join("pki");
+    make_pki(&pki)?;
+    println!(
+        "made a CA ({}/ca, as `wasmcsi pki init`) and a certificate for the controller, {NODE_ID} and {} ({:.0} ms)",
+        pki.display(),
+        REPLICA_NODES.join(", "),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let required = Some(wasmcsi_trust::TlsMode::Required);
+    // The node plugin's peer endpoint is where the controller sends hostpath's calls: known
+    // before either starts.
+    let peer_addr = free_loopback_addr().context("finding a free loopback port")?;
+    let options = |mode, node_id: &str, socket: &str, state: &str| HostOptions {
         driver_name: "wasmcsi.io".into(),
-        mode: wasmcsi_csi::Mode::All,
-        node_id: NODE_ID.into(),
-        socket: dir.join("csi.sock"),
-        config,
+        mode,
+        node_id: node_id.into(),
+        socket: dir.join(socket),
+        config: config.clone(),
         config_file: None,
         backends_dir: Some(backends.clone()),
-        state_dir: dir.join("state"),
+        state_dir: dir.join(state),
         reload_interval: Duration::from_secs(2),
-        metrics_addr: Some("127.0.0.1:0".parse()?),
-        replicas: Some(ReplicaOptions { listen: "127.0.0.1:0".parse()?, root: dir.join("replicas"), labels: vec![] }),
+        metrics_addr: None,
+        replicas: None,
         reconcile_interval: None,
-    })
+    };
+    let controller = Host::start_with_trust(
+        options(wasmcsi_csi::Mode::Controller, "demo-controller", "controller.sock", "controller-state"),
+        DataPathPlace::InProcess,
+        PeerOptions {
+            listen: None,
+            sources: wasmcsi_csi::peer::PeerSources {
+                nodes: [(NODE_ID.to_owned(), peer_addr.to_string())].into_iter().collect(),
+                services: vec![],
+            },
+        },
+        TrustOptions {
+            tls_mode: required,
+            tls_dir: Some(pki.join("controller")),
+            authority_listen: Some("127.0.0.1:0".parse()?),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let authority = controller.trust.authority_addr.context("the controller serves no authority endpoint")?;
+    let host = Host::start_with_trust(
+        HostOptions {
+            metrics_addr: Some("127.0.0.1:0".parse()?),
+            replicas: Some(ReplicaOptions {
+                listen: "127.0.0.1:0".parse()?,
+                root: dir.join("replicas"),
+                labels: vec![],
+            }),
+            ..options(wasmcsi_csi::Mode::Node, NODE_ID, "csi.sock", "state")
+        },
+        DataPathPlace::InProcess,
+        PeerOptions { listen: Some(peer_addr), sources: Default::default() },
+        TrustOptions {
+            tls_mode: required,
+            tls_dir: Some(pki.join(NODE_ID)),
+            authority: Some(format!("https://{authority}")),
+            ..Default::default()
+        },
+    )
     .await?;
     println!(
-        "host serving CSI on {} with backends {:?}; metrics on http://{}/metrics",
+        "controller serving CSI on {} (authority endpoint on {authority}); node plugin {NODE_ID} on {} \
+         (peer endpoint on {peer_addr}) with backends {:?}; metrics on http://{}/metrics; every channel mutual TLS",
+        controller.socket.display(),
         host.socket.display(),
         host.registry.names(),
         host.metrics_addr.map(|a| a.to_string()).unwrap_or_default()
@@ -110,9 +188,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let work = async {
         if replicated {
             let exe = std::env::current_exe().context("finding this binary to start replica nodes")?;
-            for name in ["replica-node-b", "replica-node-c"] {
+            for name in REPLICA_NODES {
                 let t = Instant::now();
-                let node = ReplicaProcess::start(&exe, &dir.join(name), name).await?;
+                let node = ReplicaProcess::start_with_tls(&exe, &dir.join(name), name, Some(&pki.join(name))).await?;
                 println!(
                     "started {name} (pid {}, replicas on {}) in {:.0} ms",
                     node.pid().unwrap_or_default(),
@@ -124,7 +202,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         let addrs = host.datapath.iter().map(|d| d.local_addr()).chain(replicas.iter().map(ReplicaProcess::addr));
         std::fs::write(&replica_nodes, addrs.map(|a| format!("{a}\n")).collect::<String>())?;
-        drive(&host, &dir, &staged, &mut replicas).await
+        drive(&controller, &host, &dir, &staged, &mut replicas).await
     };
     let result = tokio::select! {
         r = work => r,
@@ -141,37 +219,40 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 println!("  restarting {}: {e:#}", node.name());
             }
         }
-        for problem in cleanup(&host.socket, &staged).await {
+        for problem in cleanup(&controller.socket, &host.socket, &staged).await {
             println!("  {problem}");
         }
     }
-    let metrics = host.registry.runtime().metrics.encode();
+    let metrics = [&controller, &host].map(|h| h.registry.runtime().metrics.encode()).join("");
     let stopped = host.shutdown().await;
+    let stopped = controller.shutdown().await.and(stopped);
     drop(replicas);
     let left = leftovers(&dir);
     result?;
     stopped?;
     anyhow::ensure!(left.is_empty(), "left behind: {}", left.join("; "));
     let calls: Vec<&str> = metrics.lines().filter(|l| l.starts_with("wasmcsi_backend_calls_total")).collect();
-    println!("backend calls made (from /metrics):");
+    println!("backend calls made (from the controller's and the node plugin's /metrics):");
     for l in calls {
         println!("  {l}");
     }
-    println!("done: every step went through the CSI socket; nothing is left mounted.");
+    println!(
+        "done: every step went through the CSI sockets, every network channel over mutual TLS; nothing is left mounted."
+    );
     Ok(())
 }
 
 /// Best effort, after a failure: unpublish and unstage everything the demo staged, then delete
 /// every volume and snapshot the host lists (they are all the demo's; volumes first, since a
 /// clone being filled holds its snapshot). Returns what failed.
-async fn cleanup(socket: &Path, staged: &Staged) -> Vec<String> {
+async fn cleanup(controller: &Path, node: &Path, staged: &Staged) -> Vec<String> {
     let mut problems = Vec::new();
-    let channel = match connect(socket).await {
-        Ok(c) => c,
-        Err(e) => return vec![format!("{e:#}")],
+    let (ctl, node) = match (connect(controller).await, connect(node).await) {
+        (Ok(c), Ok(n)) => (c, n),
+        (Err(e), _) | (_, Err(e)) => return vec![format!("{e:#}")],
     };
-    let mut ctl = ControllerClient::new(channel.clone());
-    let node = NodeClient::new(channel);
+    let mut ctl = ControllerClient::new(ctl);
+    let node = NodeClient::new(node);
     for (volume_id, staging, target) in staged.all().into_iter().rev() {
         let unpublish =
             csi::NodeUnpublishVolumeRequest { volume_id: volume_id.clone(), target_path: target.display().to_string() };
@@ -274,11 +355,17 @@ fn leftovers(dir: &Path) -> Vec<String> {
     left
 }
 
-async fn drive(host: &Host, dir: &Path, staged: &Staged, replicas: &mut [ReplicaProcess]) -> anyhow::Result<()> {
-    let channel = connect(&host.socket).await?;
+async fn drive(
+    controller: &Host,
+    host: &Host,
+    dir: &Path,
+    staged: &Staged,
+    replicas: &mut [ReplicaProcess],
+) -> anyhow::Result<()> {
+    let channel = connect(&controller.socket).await?;
     let mut identity = IdentityClient::new(channel.clone());
-    let mut ctl = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let mut ctl = ControllerClient::new(channel);
+    let mut node = NodeClient::new(connect(&host.socket).await?);
     let mut n = 0;
     let cap = crate::check::mount_capability();
     let root = nix::unistd::geteuid().is_root();
@@ -288,6 +375,9 @@ async fn drive(host: &Host, dir: &Path, staged: &Staged, replicas: &mut [Replica
     let ready = identity.probe(csi::ProbeRequest {}).await?.into_inner().ready.unwrap_or(false);
     step(&mut n, &format!("identity: {} {} ready={ready}", info.name, info.vendor_version), t);
 
+    let on_this_node = csi::Topology {
+        segments: [(wasmcsi_csi::plugin::TOPOLOGY_NODE_KEY.to_owned(), NODE_ID.to_owned())].into_iter().collect(),
+    };
     let t = Instant::now();
     let create = |name: &str, source: Option<csi::VolumeContentSource>| csi::CreateVolumeRequest {
         name: name.into(),
@@ -295,6 +385,11 @@ async fn drive(host: &Host, dir: &Path, staged: &Staged, replicas: &mut [Replica
         volume_capabilities: vec![cap.clone()],
         parameters: [("backend".to_string(), "hostpath".to_string())].into_iter().collect(),
         volume_content_source: source,
+        // hostpath is node-local: on this node (the controller forwards to its peer endpoint).
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![on_this_node.clone()],
+            preferred: vec![on_this_node.clone()],
+        }),
         ..Default::default()
     };
     let vol = ctl.create_volume(create("demo-volume", None)).await?.into_inner().volume.context("no volume")?;

@@ -223,7 +223,14 @@ struct TrustArgs {
     /// certificates at the authority endpoint.
     #[arg(long, requires = "authority_listen")]
     ca_dir: Option<PathBuf>,
-    /// Controller: how long the node certificates the built-in CA issues are valid (e.g. 24h).
+    /// Controller: keep the built-in CA in this Secret (NAMESPACE/NAME) of the Kubernetes API:
+    /// read into --ca-dir at start, created with a new CA when absent; the CA's certificate is
+    /// published in the ConfigMap of the same name, for the nodes to trust the authority
+    /// endpoint by. Needs get/create on that Secret and get/create/update on that ConfigMap.
+    #[arg(long, requires = "ca_dir")]
+    ca_secret: Option<String>,
+    /// Controller: how long the certificates the built-in CA issues are valid (e.g. 24h): the
+    /// nodes', and the controller's own (issued into --tls-dir when it has none).
     #[arg(long, value_parser = wasmcsi::pki_cmd::parse_validity, requires = "ca_dir")]
     certificate_validity: Option<Duration>,
     /// Controller: the node plugin's ServiceAccount (NAMESPACE:NAME). A node without a
@@ -268,6 +275,7 @@ impl TrustArgs {
             tls_dir: self.tls_dir,
             authority_listen: self.authority_listen,
             ca_dir: self.ca_dir,
+            ca_secret: self.ca_secret,
             certificate_validity: self.certificate_validity,
             node_service_account: self.node_service_account,
             kube_api,

@@ -22,6 +22,8 @@ pub struct ReplicaProcess {
     home: PathBuf,
     name: String,
     addr: SocketAddr,
+    /// This node's credentials (mutual TLS, `required`); none: plaintext, said so.
+    tls_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -35,9 +37,22 @@ impl ReplicaProcess {
     /// Starts node `name` from the binary `exe`, its replicas, state and log under `home`;
     /// returns once its replica server accepts connections.
     pub async fn start(exe: &Path, home: &Path, name: &str) -> anyhow::Result<Self> {
+        Self::start_with_tls(exe, home, name, None).await
+    }
+
+    /// [`Self::start`], serving its replicas over mutual TLS (`required`) with the node's
+    /// credentials in `tls_dir` when given, in plaintext otherwise.
+    pub async fn start_with_tls(exe: &Path, home: &Path, name: &str, tls_dir: Option<&Path>) -> anyhow::Result<Self> {
         std::fs::create_dir_all(home.join("backends")).with_context(|| format!("creating {}", home.display()))?;
         let addr = free_loopback_addr().context("finding a free loopback port")?;
-        let mut node = Self { exe: exe.to_owned(), home: home.to_owned(), name: name.to_owned(), addr, child: None };
+        let mut node = Self {
+            exe: exe.to_owned(),
+            home: home.to_owned(),
+            name: name.to_owned(),
+            addr,
+            tls_dir: tls_dir.map(Path::to_owned),
+            child: None,
+        };
         node.spawn().await?;
         Ok(node)
     }
@@ -67,7 +82,8 @@ impl ReplicaProcess {
             .append(true)
             .open(self.log())
             .with_context(|| format!("opening {}", self.log().display()))?;
-        let child = Command::new(&self.exe)
+        let mut command = Command::new(&self.exe);
+        command
             .args(["--log", "warn", "serve", "--mode", "node", "--reconcile-interval", "0", "--node-id"])
             .arg(&self.name)
             .arg("--socket")
@@ -79,9 +95,13 @@ impl ReplicaProcess {
             .arg("--replica-listen")
             .arg(self.addr.to_string())
             .arg("--replica-root")
-            .arg(self.home.join("replicas"))
-            // Plaintext, said so: a demo and benchmark node on loopback.
-            .args(["--tls-mode", "off"])
+            .arg(self.home.join("replicas"));
+        match &self.tls_dir {
+            Some(dir) => command.arg("--tls-dir").arg(dir).args(["--tls-mode", "required"]),
+            // Plaintext, said so: a benchmark node on loopback.
+            None => command.args(["--tls-mode", "off"]),
+        };
+        let child = command
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -3,17 +3,19 @@
 //! `--authority`, its certificate asked for (with the node plugin's ServiceAccount token) and
 //! renewed from the controller's built-in CA; on a controller with `--authority-listen`, the
 //! authority endpoint (grants of volumes from the block catalog; node certificates when it holds
-//! the CA, `--ca-dir`).
+//! the CA, `--ca-dir`, which it reads from its Secret, or creates there, with `--ca-secret`; its
+//! own certificate then comes from that CA too, issued and renewed here).
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use wasmcsi_block::transport::Transport;
 use wasmcsi_csi::Mode;
+use wasmcsi_csi::authority_endpoint::ca_store::CaStore;
 use wasmcsi_csi::authority_endpoint::client::ClientIdentity;
-use wasmcsi_csi::authority_endpoint::enroll::Enrollment;
+use wasmcsi_csi::authority_endpoint::enroll::{Enrollment, renewal_due};
 use wasmcsi_csi::authority_endpoint::token_review::{KubeApi, TokenReviewer};
 use wasmcsi_csi::authority_endpoint::{AuthorityClient, AuthorityService, CatalogPublications, CertificateIssuer};
 use wasmcsi_runtime::Registry;
@@ -21,7 +23,8 @@ use wasmcsi_trust::listener::Stats;
 use wasmcsi_trust::pki::DEFAULT_LEAF_VALIDITY;
 use wasmcsi_trust::reload::DEFAULT_POLL_INTERVAL;
 use wasmcsi_trust::{
-    Authority, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, TlsMode, Watcher,
+    Authority, Credentials, GrantSource, Limits, Listener, LiveCredentials, LocalGrantSource, Role, TlsMode, Validity,
+    Watcher,
 };
 
 /// What a host is told about its identity; the default: none (plaintext, no authority).
@@ -40,8 +43,15 @@ pub struct TrustOptions {
     /// which must be the controller's).
     pub authority_listen: Option<SocketAddr>,
     /// A controller: the built-in CA's directory (`pki init`); without it the endpoint serves
-    /// grants only, and node certificates come from the cluster's own PKI.
+    /// grants only, and node certificates come from the cluster's own PKI. With it, the
+    /// controller's own certificate in `tls_dir` comes from this CA too (issued when missing,
+    /// renewed at 2/3 of its life).
     pub ca_dir: Option<PathBuf>,
+    /// A controller in a pod: the built-in CA is kept in this Secret (`NAMESPACE/NAME`), read
+    /// into `ca_dir` at start and created when absent; its certificate is published in the
+    /// ConfigMap of the same name (what nodes trust the authority endpoint by before their
+    /// first certificate).
+    pub ca_secret: Option<String>,
     /// How long the node certificates the CA issues are valid (default 24 h).
     pub certificate_validity: Option<Duration>,
     /// A controller issuing first certificates to nodes that prove themselves with a token: the
@@ -103,6 +113,19 @@ pub async fn start(opts: &TrustOptions, mode: Mode, node_id: &str, registry: &Ar
     if let Some(enrollment) = &enrollment {
         enrollment.ensure().await.with_context(|| format!("this node's certificate from {}", enrollment.url))?;
     }
+    // A controller holding the CA: the CA from its Secret, then the controller's own
+    // certificate from the CA, before anything reads the directory.
+    if let (Some(ca_dir), true) = (&opts.ca_dir, mode.controller()) {
+        if let Some(secret) = &opts.ca_secret {
+            load_ca_secret(opts, secret, ca_dir).await?;
+        }
+        if let Some(tls_dir) = &opts.tls_dir {
+            let ca = Authority::load(ca_dir).with_context(|| format!("the built-in CA in {}", ca_dir.display()))?;
+            let validity = opts.certificate_validity.unwrap_or(DEFAULT_LEAF_VALIDITY);
+            ensure_controller_credentials(&ca, tls_dir, validity)?;
+            trust.tasks.push(tokio::spawn(renew_controller_forever(ca, tls_dir.clone(), validity)));
+        }
+    }
     if let Some(dir) = &opts.tls_dir {
         let (live, watcher) = wasmcsi_trust::watch(dir, DEFAULT_POLL_INTERVAL)
             .with_context(|| format!("this process's credentials in {}", dir.display()))?;
@@ -149,6 +172,59 @@ pub async fn start(opts: &TrustOptions, mode: Mode, node_id: &str, registry: &Ar
         trust.authority_addr = Some(bound);
     }
     Ok(trust)
+}
+
+/// The CA from the Secret `NAMESPACE/NAME` (created when absent) into `ca_dir`, and its
+/// certificate published for the nodes (`wasmcsi_csi::authority_endpoint::ca_store`).
+async fn load_ca_secret(opts: &TrustOptions, secret: &str, ca_dir: &std::path::Path) -> anyhow::Result<()> {
+    let (namespace, name) = secret
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .with_context(|| format!("--ca-secret {secret:?}: not NAMESPACE/NAME"))?;
+    let api = opts.kube_api.clone().or_else(KubeApi::in_cluster).context(
+        "keeping the CA in a Secret needs the Kubernetes API server (--kube-api, or KUBERNETES_SERVICE_HOST in a pod)",
+    )?;
+    let store = CaStore::new(api, namespace, name)?;
+    let ca = store.ensure(ca_dir).await.with_context(|| format!("the built-in CA in the Secret {secret}"))?;
+    store.publish(&ca).await.with_context(|| format!("publishing the CA's certificate in the ConfigMap {secret}"))?;
+    Ok(())
+}
+
+/// The controller's own credentials in `dir`, issued by `ca` unless a controller certificate
+/// with more than a third of its life left is there already.
+fn ensure_controller_credentials(ca: &Authority, dir: &std::path::Path, validity: Duration) -> anyhow::Result<()> {
+    if let Ok(current) = Credentials::load(dir)
+        && current.role() == &Role::Controller
+        && SystemTime::now() < renewal_due(current.not_before(), current.not_after())
+    {
+        return Ok(());
+    }
+    issue_controller_credentials(ca, dir, validity)
+}
+
+fn issue_controller_credentials(ca: &Authority, dir: &std::path::Path, validity: Duration) -> anyhow::Result<()> {
+    ca.issue(&Role::Controller, Validity::starting_now(validity))
+        .and_then(|issued| issued.write(dir, ca.bundle()))
+        .with_context(|| format!("the controller's certificate from the built-in CA into {}", dir.display()))?;
+    tracing::info!(dir = %dir.display(), valid_for = ?validity, "issued the controller's own certificate");
+    Ok(())
+}
+
+/// Renews the controller's own certificate from `ca` at 2/3 of its life, forever; the
+/// directory's watcher picks each new set up (connections already open keep theirs).
+async fn renew_controller_forever(ca: Authority, dir: PathBuf, validity: Duration) {
+    loop {
+        let due = Credentials::load(&dir)
+            .map(|c| renewal_due(c.not_before(), c.not_after()))
+            .unwrap_or_else(|_| SystemTime::now());
+        if let Ok(wait) = due.duration_since(SystemTime::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        if let Err(e) = issue_controller_credentials(&ca, &dir, validity) {
+            tracing::warn!(error = %format!("{e:#}"), "renewing the controller's certificate failed; retrying");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+    }
 }
 
 /// The CA's issuer: tokens are checked when the node plugin's ServiceAccount is named and an API

@@ -7,6 +7,10 @@
 //! for an audience it was minted for, and `status.audiences` says which), the user's name and
 //! the `authentication.kubernetes.io/node-name` extra of a pod-bound token.
 //!
+//! It also keeps Secrets and ConfigMaps (`GET`, `POST`, `PUT` under `/api/v1/namespaces/NS/`), as
+//! the built-in CA's store uses them: a create of an existing name is 409 Conflict, an update
+//! naming another `resourceVersion` is 409 too, as the API server's optimistic concurrency is.
+//!
 //! Its certificate comes from a CA of its own ([`KubeStub::ca_pem`]), naming `127.0.0.1`.
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +39,8 @@ struct Shared {
     bearer: String,
     tokens: Mutex<HashMap<String, Token>>,
     reviews: AtomicUsize,
+    /// Secrets and ConfigMaps by path (`/api/v1/namespaces/NS/KIND/NAME`).
+    objects: Mutex<HashMap<String, serde_json::Value>>,
 }
 
 /// A running stub; dropping it stops the server.
@@ -78,8 +84,12 @@ impl KubeStub {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let shared =
-            Arc::new(Shared { bearer: bearer.to_owned(), tokens: Mutex::default(), reviews: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared {
+            bearer: bearer.to_owned(),
+            tokens: Mutex::default(),
+            reviews: AtomicUsize::new(0),
+            objects: Mutex::default(),
+        });
         let state = shared.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -118,6 +128,11 @@ impl KubeStub {
         self.shared.tokens.lock().unwrap_or_else(PoisonError::into_inner).insert(token.to_owned(), what);
     }
 
+    /// The stored object at `path` (`/api/v1/namespaces/NS/KIND/NAME`), if any.
+    pub fn object(&self, path: &str) -> Option<serde_json::Value> {
+        self.shared.objects.lock().unwrap_or_else(PoisonError::into_inner).get(path).cloned()
+    }
+
     /// TokenReviews answered so far (authenticated or not).
     pub fn reviews(&self) -> usize {
         self.shared.reviews.load(Ordering::SeqCst)
@@ -138,6 +153,15 @@ async fn answer(
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v == format!("Bearer {}", state.bearer));
+    if req.uri().path().starts_with("/api/v1/namespaces/") {
+        if !authorized {
+            return reply(StatusCode::UNAUTHORIZED, serde_json::json!({"kind": "Status", "reason": "Unauthorized"}));
+        }
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let body = req.into_body().collect().await?.to_bytes();
+        let (status, body) = store(&state, &method, &path, &body);
+        return reply(status, body);
+    }
     if req.method() != hyper::Method::POST || req.uri().path() != "/apis/authentication.k8s.io/v1/tokenreviews" {
         return reply(StatusCode::NOT_FOUND, serde_json::json!({"kind": "Status", "reason": "NotFound"}));
     }
@@ -178,4 +202,51 @@ async fn answer(
         StatusCode::CREATED,
         serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}),
     )
+}
+
+/// A Secret or ConfigMap call: `GET|PUT .../KIND/NAME`, `POST .../KIND`.
+fn store(state: &Shared, method: &hyper::Method, path: &str, body: &[u8]) -> (StatusCode, serde_json::Value) {
+    let status = |code: StatusCode, reason: &str| (code, serde_json::json!({"kind": "Status", "reason": reason}));
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (collection, name) = match parts.as_slice() {
+        ["api", "v1", "namespaces", _, "secrets" | "configmaps"] => (path.to_owned(), None),
+        ["api", "v1", "namespaces", _, "secrets" | "configmaps", name] => {
+            (path.rsplit_once('/').map(|(c, _)| c.to_owned()).unwrap_or_default(), Some((*name).to_owned()))
+        }
+        _ => return status(StatusCode::NOT_FOUND, "NotFound"),
+    };
+    let mut objects = state.objects.lock().unwrap_or_else(PoisonError::into_inner);
+    let parsed = || serde_json::from_slice::<serde_json::Value>(body).ok();
+    match (method, name) {
+        (&hyper::Method::GET, Some(_)) => match objects.get(path) {
+            Some(object) => (StatusCode::OK, object.clone()),
+            None => status(StatusCode::NOT_FOUND, "NotFound"),
+        },
+        (&hyper::Method::POST, None) => {
+            let Some(mut object) = parsed() else { return status(StatusCode::BAD_REQUEST, "BadRequest") };
+            let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest");
+            };
+            let key = format!("{collection}/{name}");
+            if objects.contains_key(&key) {
+                return status(StatusCode::CONFLICT, "AlreadyExists");
+            }
+            object["metadata"]["resourceVersion"] = "1".into();
+            objects.insert(key, object.clone());
+            (StatusCode::CREATED, object)
+        }
+        (&hyper::Method::PUT, Some(_)) => {
+            let Some(mut object) = parsed() else { return status(StatusCode::BAD_REQUEST, "BadRequest") };
+            let Some(current) = objects.get(path) else { return status(StatusCode::NOT_FOUND, "NotFound") };
+            let version = current["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_owned();
+            if object["metadata"]["resourceVersion"].as_str() != Some(version.as_str()) {
+                return status(StatusCode::CONFLICT, "Conflict");
+            }
+            let next = version.parse::<u64>().unwrap_or(0) + 1;
+            object["metadata"]["resourceVersion"] = next.to_string().into();
+            objects.insert(path.to_owned(), object.clone());
+            (StatusCode::OK, object)
+        }
+        _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+    }
 }

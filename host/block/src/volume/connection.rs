@@ -320,7 +320,7 @@ async fn present_grant(
 
 /// Writes what `try_send` left inside the TLS connection when the socket would not take it,
 /// woken by the driver (any message on `wake`) or by the reader (an answer to a KeyUpdate).
-/// Ends when the driver drops the link.
+/// Ends when the driver drops the link, with the end of the stream ([`close`]).
 async fn flush_loop<L>(
     writer: TlsWriter,
     mut wake: mpsc::UnboundedReceiver<Bytes>,
@@ -330,7 +330,7 @@ async fn flush_loop<L>(
 ) {
     loop {
         tokio::select! {
-            woken = wake.recv() => if woken.is_none() { return },
+            woken = wake.recv() => if woken.is_none() { return close(&writer).await },
             () = writer.flush_wanted() => {}
         }
         while wake.try_recv().is_ok() {}
@@ -339,6 +339,21 @@ async fn flush_loop<L>(
             return;
         }
     }
+}
+
+/// The driver let go of the link: what is still inside the TLS connection goes out, then its
+/// close_notify and the end of the TCP stream, as dropping a plaintext write half sends the end.
+/// The replica then reads a clean end, not a truncation, so a session whose last request was a
+/// flush clears its dirty flag (without it every detach over TLS left the replicas dirty, and
+/// the next attach resynced). A link reset ([`Conn::reset`]) aborts this task instead.
+async fn close(writer: &TlsWriter) {
+    if writer.flush().await.is_err() {
+        return;
+    }
+    if matches!(writer.close(), Ok(Sent::Partly)) && writer.flush().await.is_err() {
+        return;
+    }
+    let _ = crate::transport::shutdown_write(writer.socket());
 }
 
 /// Writes what the driver queued (whatever the socket did not take at once), many buffers per

@@ -19,11 +19,15 @@
 //! caller. Every refusal is logged once, with the caller and why.
 //!
 //! The parts: `service` (the two calls and their decisions), `publications` (which volume is
-//! published where: the block catalog), `token_review` (the TokenReview client), `client` (the
+//! published where: the block catalog), `token_review` (the TokenReview client), `kube_client`
+//! (the HTTPS client of the API server both use), `ca_store` (the built-in CA kept in a Secret,
+//! its certificate published in a ConfigMap), `client` (the
 //! node's side: a gRPC client over TLS, and the data path's [`wasmcsi_trust::GrantSource`]),
 //! `enroll` (a node's first certificate and its renewals).
+pub mod ca_store;
 pub mod client;
 pub mod enroll;
+pub mod kube_client;
 pub mod publications;
 mod service;
 pub mod token_review;

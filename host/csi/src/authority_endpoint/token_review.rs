@@ -6,19 +6,15 @@
 //! anchor (both from `/var/run/secrets/kubernetes.io/serviceaccount/` in a pod, re-read for every
 //! check: kubelet rotates the token). The review names the audience `wasmcsi`, so a token minted
 //! for anything else (the default API audience included) is refused by the API server itself.
-//! hyper's HTTP/1 client over rustls (TLS 1.3, ring): no kube client library for one call.
+//! The call goes through [`KubeClient`] (hyper's HTTP/1 client over rustls).
 //!
 //! What the review returns is only read here ([`ReviewedToken`]); whether that user and node may
 //! have a certificate is the endpoint's decision.
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::body::Bytes;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde::Deserialize;
+
+use super::kube_client::{KubeClient, KubeError};
 
 /// The audience a node's projected token must be minted for.
 pub const AUDIENCE: &str = "wasmcsi";
@@ -26,10 +22,6 @@ pub const AUDIENCE: &str = "wasmcsi";
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Where a pod finds its ServiceAccount's token and the cluster's CA.
 pub const IN_CLUSTER_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// The longest answer read from the API server.
-const MAX_RESPONSE: usize = 64 * 1024;
-/// A whole review (connect, TLS, request, answer).
-const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 const PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
 
 /// Where the API server is and how the controller authenticates to it.
@@ -81,102 +73,34 @@ pub struct ReviewedToken {
 
 /// A TokenReview client for one API server.
 pub struct TokenReviewer {
-    api: KubeApi,
-    host: String,
-    port: u16,
-    tls: Arc<rustls::ClientConfig>,
-    server_name: ServerName<'static>,
+    client: KubeClient,
 }
 
 impl TokenReviewer {
     /// Reads the CA bundle now (a CA that does not parse is a configuration error, said at
     /// start); the bearer token is read at each review.
     pub fn new(api: KubeApi) -> Result<TokenReviewer, ReviewError> {
-        let config = |what: String| ReviewError::Config(what);
-        let rest = api
-            .url
-            .strip_prefix("https://")
-            .ok_or_else(|| config(format!("{}: the API server's URL must start with https://", api.url)))?;
-        let authority = rest.split('/').next().unwrap_or(rest);
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((host, port)) if !port.contains(']') => {
-                (host, port.parse::<u16>().map_err(|_| config(format!("{}: the port is not a number", api.url)))?)
-            }
-            _ => (authority, 443),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
-        let server_name = ServerName::try_from(host.clone())
-            .map_err(|e| config(format!("{}: {host:?} is no host name: {e}", api.url)))?;
-        let pem = std::fs::read(&api.ca_file).map_err(|e| config(format!("reading {}: {e}", api.ca_file.display())))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| config(format!("{}: {e}", api.ca_file.display())))?;
-            roots.add(cert).map_err(|e| config(format!("{}: {e}", api.ca_file.display())))?;
-        }
-        if roots.is_empty() {
-            return Err(config(format!("{}: no certificate in it", api.ca_file.display())));
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(wasmcsi_trust::provider::provider())
-            .with_protocol_versions(wasmcsi_trust::provider::PROTOCOL_VERSIONS)
-            .map_err(|e| config(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Ok(TokenReviewer { host, port, tls: Arc::new(tls), server_name: server_name.to_owned(), api })
+        let client = KubeClient::new(api).map_err(|e| ReviewError::Config(e.to_string()))?;
+        Ok(TokenReviewer { client })
     }
 
     /// Asks the API server what `token` is, for the audience [`AUDIENCE`].
-    #[tracing::instrument(name = "authority.token_review", skip_all, fields(api = %self.api.url))]
+    #[tracing::instrument(name = "authority.token_review", skip_all, fields(api = %self.client.url()))]
     pub async fn review(&self, token: &str) -> Result<ReviewedToken, ReviewError> {
-        match tokio::time::timeout(REVIEW_TIMEOUT, self.post(token)).await {
-            Ok(result) => result,
-            Err(_) => Err(self.unavailable(format!("no answer within {REVIEW_TIMEOUT:?}"))),
-        }
-    }
-
-    fn unavailable(&self, what: impl Into<String>) -> ReviewError {
-        ReviewError::Unavailable { url: self.api.url.clone(), what: what.into() }
-    }
-
-    async fn post(&self, token: &str) -> Result<ReviewedToken, ReviewError> {
-        let bearer = std::fs::read_to_string(&self.api.token_file)
-            .map_err(|e| ReviewError::Config(format!("reading {}: {e}", self.api.token_file.display())))?;
         let body = serde_json::json!({
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
             "spec": { "token": token, "audiences": [AUDIENCE] },
         });
-        let request = hyper::Request::post(PATH)
-            .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
-            .header(hyper::header::AUTHORIZATION, format!("Bearer {}", bearer.trim()))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| ReviewError::Config(e.to_string()))?;
+        match self.client.call(hyper::Method::POST, PATH, Some(&body)).await {
+            Ok((status, body)) => self.read_answer(status, &body),
+            Err(KubeError::Config(what)) => Err(ReviewError::Config(what)),
+            Err(KubeError::Unavailable { url, what }) => Err(ReviewError::Unavailable { url, what }),
+        }
+    }
 
-        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(|e| self.unavailable(format!("connecting: {e}")))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(self.server_name.clone(), tcp)
-            .await
-            .map_err(|e| self.unavailable(format!("TLS: {e}")))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| self.unavailable(format!("HTTP: {e}")))?;
-        let driver = tokio::spawn(connection);
-        let answer = sender.send_request(request).await.map_err(|e| self.unavailable(format!("HTTP: {e}")));
-        let result = match answer {
-            Ok(response) => {
-                let status = response.status();
-                match Limited::new(response.into_body(), MAX_RESPONSE).collect().await {
-                    Ok(body) => self.read_answer(status, &body.to_bytes()),
-                    Err(e) => Err(self.unavailable(format!("reading the answer: {e}"))),
-                }
-            }
-            Err(e) => Err(e),
-        };
-        driver.abort();
-        result
+    fn unavailable(&self, what: impl Into<String>) -> ReviewError {
+        ReviewError::Unavailable { url: self.client.url().to_owned(), what: what.into() }
     }
 
     fn read_answer(&self, status: hyper::StatusCode, body: &[u8]) -> Result<ReviewedToken, ReviewError> {
@@ -245,8 +169,10 @@ mod tests {
     fn reviewer() -> (TokenReviewer, tempfile::TempDir) {
         // Any PEM certificate parses as a root; this one is never dialled.
         let dir = tempfile::tempdir().expect("tempdir");
-        let ca = wasmcsi_trust::Authority::generate(wasmcsi_trust::Validity::starting_now(Duration::from_secs(60)))
-            .expect("CA");
+        let ca = wasmcsi_trust::Authority::generate(wasmcsi_trust::Validity::starting_now(
+            std::time::Duration::from_secs(60),
+        ))
+        .expect("CA");
         std::fs::write(dir.path().join("ca.crt"), wasmcsi_trust::pki::certificates_pem(&[ca.certificate().clone()]))
             .expect("ca");
         let api = KubeApi {
@@ -260,7 +186,7 @@ mod tests {
     #[test]
     fn an_ipv6_url_is_split_into_host_and_port() {
         let (r, _dir) = reviewer();
-        assert_eq!((r.host.as_str(), r.port), ("::1", 6443));
+        assert_eq!((r.client.host.as_str(), r.client.port), ("::1", 6443));
     }
 
     #[test]
@@ -288,7 +214,7 @@ mod tests {
     #[test]
     fn a_url_that_is_not_https_is_refused() {
         let (r, dir) = reviewer();
-        let api = KubeApi { url: "http://10.0.0.1:6443".into(), ..r.api.clone() };
+        let api = KubeApi { url: "http://10.0.0.1:6443".into(), ..r.client.api.clone() };
         assert!(matches!(TokenReviewer::new(api), Err(ReviewError::Config(_))));
         drop(dir);
     }

@@ -7,6 +7,7 @@
 
 mod authority_endpoint;
 mod bind_node;
+mod ca_store;
 mod get_snapshot;
 mod nfs_node_vm;
 mod node_grants;
