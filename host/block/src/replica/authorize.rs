@@ -8,8 +8,11 @@
 //! | request | controller | node N | plaintext |
 //! |---|---|---|---|
 //! | engine session (`Grant` → `Hello` → `Claim`) | any volume, no grant needed | only with a verified grant for (that volume, N), of an epoch ≥ the replica's; `Claim` = the grant's epoch | yes |
-//! | `CreateReplica`, `CreateReplicaOn`, `DeleteReplica`, `SetRecord`, `EngineCall` | yes | refused | yes |
-//! | `Identify`, `NodeInfo`, `ListDisks`, `Describe` | yes | yes | yes |
+//! | `CreateReplica`, `CreateReplicaOn`, `DeleteReplica`, `SetRecord`, `EngineCall` (but its status) | yes | refused | yes |
+//! | `Identify`, `NodeInfo`, `ListDisks`, `Describe`, `EngineCall` asking the engine's status | yes | yes | yes |
+//!
+//! An engine's status is read like a record (`Describe`): a node plugin's stats and plans ask its
+//! own data path's engine for it, and it changes nothing.
 //!
 //! A grant is verified against the CA bundle of the server's current credentials, at the time
 //! it arrives (`wasmcsi_trust::grant::verify`: the controller's signature and chain, validity
@@ -23,6 +26,7 @@ use std::time::SystemTime;
 use wasmcsi_trust::grant::{self, GrantError};
 use wasmcsi_trust::{Role, TrustAnchors};
 
+use crate::catalog::engine_call::EngineRequest;
 use crate::protocol::{Message, RecordInfo, ReplicaHeader, Status};
 
 /// Who is at the other end of a connection.
@@ -108,6 +112,7 @@ impl Caller {
             Message::CreateReplicaOn { .. } => "CreateReplicaOn",
             Message::DeleteReplica { .. } => "DeleteReplica",
             Message::SetRecord { .. } => "SetRecord",
+            Message::EngineCall { request, .. } if is_status(request) => return Ok(()),
             Message::EngineCall { .. } => "EngineCall",
             _ => return Ok(()),
         };
@@ -116,6 +121,11 @@ impl Caller {
             _ => Ok(()),
         }
     }
+}
+
+/// Whether an `EngineCall`'s body asks only for the engine's status (a read).
+fn is_status(request: &[u8]) -> bool {
+    matches!(serde_json::from_slice::<EngineRequest>(request), Ok(EngineRequest::Status))
 }
 
 /// Whether a session's `Claim` matches its grant (sessions without one claim freely).
@@ -209,6 +219,28 @@ mod tests {
         }
         for m in &reads {
             assert!(node("a").may_control(m).is_ok(), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_may_ask_an_engine_its_status_and_nothing_else() {
+        let call = |r: &EngineRequest| Message::EngineCall {
+            volume_id: "v".into(),
+            request: serde_json::to_vec(r).expect("encodes"),
+        };
+        assert!(node("a").may_control(&call(&EngineRequest::Status)).is_ok());
+        for r in [
+            EngineRequest::Snapshot { name: "s".into() },
+            EngineRequest::DeleteSnapshot { name: "s".into() },
+            EngineRequest::Expand { size: 1 << 30 },
+            EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr") },
+        ] {
+            assert!(matches!(node("a").may_control(&call(&r)), Err(Refusal::ControllerOnly { .. })), "{r:?}");
+        }
+        // A body that is no engine request at all is no status request either.
+        for body in [&b"status"[..], b"", br#"{"op":"expand"}"#] {
+            let m = Message::EngineCall { volume_id: "v".into(), request: body.to_vec() };
+            assert!(node("a").may_control(&m).is_err(), "{:?}", String::from_utf8_lossy(body));
         }
     }
 
