@@ -27,6 +27,11 @@
 //! Every task the driver spawns (its own, each replica's connection and writer, an in-process
 //! replica's connect and the requests it runs on the blocking pool) runs in a span that names the
 //! volume, so everything a volume's background work logs says which volume it is.
+//!
+//! It is a little over the ~750 lines a module is kept to because the lock discipline (who
+//! drives, when frames are held for an unplug or sent) and the actions it carries out are one
+//! invariant: split, each half would have to restate the other's. What a request is and where
+//! its answer goes is apart (`request`), as are the connections (`connection`).
 
 use std::cell::Cell;
 use std::io;
