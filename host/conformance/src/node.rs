@@ -127,6 +127,8 @@ impl Suite<'_> {
         const RO_PUBLISH: &str = "a read-only publish shows the data and refuses writes";
         const STATS: &str = "NodeGetVolumeStats reports usage";
         const STATS_MISSING: &str = "NodeGetVolumeStats of a missing path is NotFound";
+        const STATS_UNKNOWN: &str = "NodeGetVolumeStats of an unknown volume is NotFound, whatever its path";
+        const EXPAND_UNKNOWN: &str = "NodeExpandVolume of an unknown volume is NotFound, whatever its path";
         const EXPAND: &str = "NodeExpandVolume answers";
         const UNPUBLISH: &str = "NodeUnpublishVolume unmounts and removes the target";
         const UNPUBLISH_AGAIN: &str = "NodeUnpublishVolume repeated is OK";
@@ -259,6 +261,30 @@ impl Suite<'_> {
             };
             let answer = call(self.nd().node_get_volume_stats(request)).await;
             self.record(STATS_MISSING, expect_code(&answer, Code::NotFound));
+        }
+        // The volume is looked up before its path is judged: a CO asking about a volume that
+        // is gone may send any path, a relative one too, and must hear NOT_FOUND.
+        let unknown = "wasmcsi-conformance-no-such-volume".to_string();
+        let stats_gate = self.node_gate(Some(NodeRpc::GetVolumeStats));
+        if self.open(STATS_UNKNOWN, &stats_gate) {
+            let request = csi::NodeGetVolumeStatsRequest {
+                volume_id: unknown.clone(),
+                volume_path: "some/relative/path".into(),
+                ..Default::default()
+            };
+            let answer = call(self.nd().node_get_volume_stats(request)).await;
+            self.record(STATS_UNKNOWN, expect_code(&answer, Code::NotFound));
+        }
+        let expand_gate = self.node_gate(Some(NodeRpc::ExpandVolume));
+        if self.open(EXPAND_UNKNOWN, &expand_gate) {
+            let request = csi::NodeExpandVolumeRequest {
+                volume_id: unknown,
+                volume_path: "some/relative/path".into(),
+                capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+                ..Default::default()
+            };
+            let answer = call(self.nd().node_expand_volume(request)).await;
+            self.record(EXPAND_UNKNOWN, expect_code(&answer, Code::NotFound));
         }
 
         let expand_blocked = Self::gates([blocked.clone(), self.node_gate(Some(NodeRpc::ExpandVolume))]);

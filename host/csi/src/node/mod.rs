@@ -176,9 +176,12 @@ impl NodeService {
 
     async fn stats(&self, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
         let id = required(&req.volume_id, "volume_id")?;
-        let path = volume_path(&req.volume_path).await?;
+        required(&req.volume_path, "volume_path")?;
+        // The volume first: an unknown volume is NOT_FOUND whatever path came with it (the
+        // spec's order; a CO probing a gone volume sends any path).
         let Planned { backend, local_id, plan } =
             self.plan(id, &Default::default(), plain_mount(), &Default::default()).await?;
+        let path = volume_path(&req.volume_path).await?;
         let call = Stats { volume: Volume { id, local_id: &local_id, backend: &backend }, path: &path };
         self.attachers().route(plan)?.stats(&call).await
     }
@@ -188,9 +191,10 @@ impl NodeService {
         required(&req.volume_path, "volume_path")?;
         let range = convert::capacity(req.capacity_range.as_ref())?;
         let cap = req.volume_capability.as_ref().map(convert::capability).transpose()?.unwrap_or_else(plain_mount);
-        let path = volume_path(&req.volume_path).await?;
         let _guard = self.0.inflight.try_start(id.to_string())?;
+        // The volume before its path, as for stats.
         let Planned { backend, local_id, plan } = self.plan(id, &Default::default(), cap, &Default::default()).await?;
+        let path = volume_path(&req.volume_path).await?;
         let call = Expand {
             volume: Volume { id, local_id: &local_id, backend: &backend },
             path: &path,

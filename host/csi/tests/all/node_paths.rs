@@ -143,6 +143,31 @@ async fn relative_paths_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_volume_is_not_found_before_its_path_is_judged() {
+    let Some(n) = node() else { return };
+    // No id of this driver, and an id of a backend this node does not have: NOT_FOUND, though
+    // the path is relative (which a known volume's call refuses as INVALID_ARGUMENT, as
+    // `relative_paths_are_refused` shows).
+    for volume_id in ["no-backend-id", "gone:v1"] {
+        let stats = csi::NodeGetVolumeStatsRequest {
+            volume_id: volume_id.into(),
+            volume_path: "some/path".into(),
+            ..Default::default()
+        };
+        let status = n.svc.node_get_volume_stats(tonic::Request::new(stats)).await.expect_err("unknown volume");
+        assert_eq!(status.code(), Code::NotFound, "{volume_id}: {status:?}");
+        let expand = csi::NodeExpandVolumeRequest {
+            volume_id: volume_id.into(),
+            volume_path: "some/path".into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+            ..Default::default()
+        };
+        let status = n.svc.node_expand_volume(tonic::Request::new(expand)).await.expect_err("unknown volume");
+        assert_eq!(status.code(), Code::NotFound, "{volume_id}: {status:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn stats_of_a_path_that_is_not_the_volume_is_not_found() {
     let Some(n) = node() else { return };
     n.stage().await;
