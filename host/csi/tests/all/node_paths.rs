@@ -145,10 +145,10 @@ async fn relative_paths_are_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_volume_is_not_found_before_its_path_is_judged() {
     let Some(n) = node() else { return };
-    // No id of this driver, and an id of a backend this node does not have: NOT_FOUND, though
-    // the path is relative (which a known volume's call refuses as INVALID_ARGUMENT, as
-    // `relative_paths_are_refused` shows).
-    for volume_id in ["no-backend-id", "gone:v1"] {
+    // No id this driver makes: NOT_FOUND, though the path is relative (which a known volume's
+    // call refuses as INVALID_ARGUMENT, as `relative_paths_are_refused` shows). An id of a
+    // backend not loaded here is UNAVAILABLE instead (it may be loaded again), so not this case.
+    for volume_id in ["no-backend-id", "not an id of ours"] {
         let stats = csi::NodeGetVolumeStatsRequest {
             volume_id: volume_id.into(),
             volume_path: "some/path".into(),
