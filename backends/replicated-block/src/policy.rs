@@ -543,6 +543,20 @@ mod tests {
         }
     }
 
+    /// Every slot holding a whole, healthy replica.
+    fn healthy(slots: &[Slot]) -> Vec<ReplicaView> {
+        slots
+            .iter()
+            .map(|slot| ReplicaView {
+                slot: slot.clone(),
+                state: ReplicaHealth::Healthy,
+                down_since: None,
+                rebuilt: 0,
+                rebuild_total: 0,
+            })
+            .collect()
+    }
+
     fn shown(slots: &[Slot]) -> Vec<String> {
         slots.iter().map(ToString::to_string).collect()
     }
@@ -663,16 +677,7 @@ mod tests {
         let nodes = [node_with_disks("edge", &[("default", 10), ("ssd", 40), ("hdd", 20)])];
         let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed on disks");
         assert_eq!(shown(&placed), ["edge/ssd", "edge/hdd", "edge/default"], "most free disk first");
-        let views: Vec<ReplicaView> = placed
-            .iter()
-            .map(|slot| ReplicaView {
-                slot: slot.clone(),
-                state: ReplicaHealth::Healthy,
-                down_since: None,
-                rebuilt: 0,
-                rebuild_total: 0,
-            })
-            .collect();
+        let views = healthy(&placed);
         let (abnormal, message) = condition(&views, 3);
         assert!(!abnormal, "whole replicas on distinct disks are healthy: {message}");
         assert_eq!(message, "3/3 replicas healthy, not node-redundant: 3 replicas on 1 node (distinct disks)");
@@ -691,19 +696,7 @@ mod tests {
         ];
         let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed");
         assert_eq!(shown(&placed), ["n1/d2", "n2/default", "n1/default"]);
-        let (_, message) = condition(
-            &placed
-                .iter()
-                .map(|slot| ReplicaView {
-                    slot: slot.clone(),
-                    state: ReplicaHealth::Healthy,
-                    down_since: None,
-                    rebuilt: 0,
-                    rebuild_total: 0,
-                })
-                .collect::<Vec<_>>(),
-            3,
-        );
+        let (_, message) = condition(&healthy(&placed), 3);
         assert!(message.contains("not node-redundant: 3 replicas on 2 nodes"), "{message}");
         // Two replicas: one per node, no sharing.
         let two = place(&nodes, &Policy::default(), 1 << 30, 2, &[]).expect("placed");
@@ -719,16 +712,7 @@ mod tests {
         ];
         let placed = place(&nodes, &Policy::default(), 1 << 30, 3, &[]).expect("placed");
         assert_eq!(shown(&placed), ["n1/d2", "n3/default", "n2/default"]);
-        let views: Vec<ReplicaView> = placed
-            .iter()
-            .map(|slot| ReplicaView {
-                slot: slot.clone(),
-                state: ReplicaHealth::Healthy,
-                down_since: None,
-                rebuilt: 0,
-                rebuild_total: 0,
-            })
-            .collect();
+        let views = healthy(&placed);
         assert_eq!(condition(&views, 3), (false, "3/3 replicas healthy".into()));
     }
 
