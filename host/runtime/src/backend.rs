@@ -265,6 +265,7 @@ impl Backend {
         let state = CallState::new(self.caps.clone(), self.limits.memory_bytes(), secrets, deadline);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(self.limits.transfer_limit_bytes());
         let fuel = if self.limits.fuel == 0 { u64::MAX } else { self.limits.fuel };
         store.set_fuel(fuel).map_err(|e| CallError::Trap { backend: backend(), op, message: format!("{e:#}") })?;
         // Checked every few epoch ticks: past the deadline the guest traps; before it, the

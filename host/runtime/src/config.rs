@@ -62,6 +62,11 @@ pub struct Limits {
     pub kv_quota_bytes: u64,
     /// Keys the backend's `kv` namespace may hold.
     pub kv_quota_keys: u64,
+    /// Bytes one transfer from the guest (an export's answer, or one import call's arguments)
+    /// may make the host allocate. Lifting copies every string and list the answer names, and
+    /// one guest buffer can be named many times, so without this bound 1 MiB of guest memory
+    /// lifts as gigabytes (wasmtime's own default is 128 MiB, which cost ~320 MiB per call).
+    pub transfer_limit_mib: u64,
 }
 
 impl Default for Limits {
@@ -74,6 +79,9 @@ impl Default for Limits {
             fuel: 0,
             kv_quota_bytes: 64 << 20,
             kv_quota_keys: 100_000,
+            // Above the largest honest answer (a page or an error the host clips, a 2 MiB log
+            // call) and the 4 MiB a gRPC client takes; far below what a node can spare.
+            transfer_limit_mib: 16,
         }
     }
 }
@@ -87,6 +95,9 @@ impl Limits {
     }
     pub fn import_timeout(&self) -> Duration {
         Duration::from_millis(self.import_timeout_ms)
+    }
+    pub fn transfer_limit_bytes(&self) -> usize {
+        usize::try_from(self.transfer_limit_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
     pub fn kv_quota(&self) -> crate::metadata::KvQuota {
         crate::metadata::KvQuota { bytes: self.kv_quota_bytes, keys: self.kv_quota_keys }
@@ -104,6 +115,7 @@ pub struct BackendConfig {
     pub fuel: Option<u64>,
     pub kv_quota_bytes: Option<u64>,
     pub kv_quota_keys: Option<u64>,
+    pub transfer_limit_mib: Option<u64>,
     #[serde(default)]
     pub grants: Grants,
 }
@@ -227,6 +239,9 @@ impl HostConfig {
         if limits.kv_quota_bytes == 0 || limits.kv_quota_keys == 0 {
             return Err(invalid("kv_quota_bytes and kv_quota_keys must be > 0"));
         }
+        if limits.transfer_limit_mib == 0 {
+            return Err(invalid("transfer_limit_mib must be > 0"));
+        }
         Ok(())
     }
 
@@ -242,6 +257,7 @@ impl HostConfig {
             fuel: b.fuel.unwrap_or(base.fuel),
             kv_quota_bytes: b.kv_quota_bytes.unwrap_or(base.kv_quota_bytes),
             kv_quota_keys: b.kv_quota_keys.unwrap_or(base.kv_quota_keys),
+            transfer_limit_mib: b.transfer_limit_mib.unwrap_or(base.transfer_limit_mib),
         }
     }
 
@@ -296,6 +312,14 @@ mod tests {
         assert_eq!((q.bytes, q.keys), (1000, 7));
         assert_eq!(cfg.limits_for("other").kv_quota().keys, Limits::default().kv_quota_keys);
         assert!(HostConfig::parse("[runtime]\nkv_quota_keys = 0\n", Path::new("t")).is_err());
+    }
+
+    #[test]
+    fn the_transfer_limit_defaults_to_16_mib_and_is_overridable_per_backend() {
+        let cfg = HostConfig::parse("[backends.nfs]\ntransfer_limit_mib = 2\n", Path::new("t")).expect("valid config");
+        assert_eq!(cfg.limits_for("nfs").transfer_limit_bytes(), 2 << 20);
+        assert_eq!(cfg.limits_for("other").transfer_limit_bytes(), 16 << 20);
+        assert!(HostConfig::parse("[runtime]\ntransfer_limit_mib = 0\n", Path::new("t")).is_err());
     }
 
     /// `nfs = []` grants the capability with no server in it (the backend loads, reaching

@@ -365,3 +365,56 @@ async fn a_backend_cannot_write_past_its_kv_quota() {
         "{r:?}"
     );
 }
+
+/// An answer naming one 1 MiB guest buffer 4096 times lifts as 4 GiB unless the host bounds it:
+/// the call fails as bad output and the host's peak memory grows by at most the transfer limit
+/// (16 MiB) plus the guest's own memory (32 MiB). Measured in a child process running
+/// [`lift_cost_child`]: peak RSS is per process, and the other tests of this binary run beside
+/// this one. Wasmtime's own default bound (128 MiB) cost the host ~130 MiB here.
+#[test]
+fn an_answer_naming_one_buffer_thousands_of_times_costs_the_host_at_most_its_transfer_limit() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sandbox::lift_cost_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(LIFT_CHILD, "aliased-strings")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    // libtest prints the test's name on the same line, before the child's output.
+    let line =
+        stdout.lines().find_map(|l| l.split_once("LIFT-COST ")).map(|(_, l)| l).unwrap_or_else(|| panic!("{stdout}"));
+    let (kib, outcome) = line.split_once(' ').unwrap();
+    let kib: u64 = kib.parse().unwrap();
+    assert!(outcome.contains("invalid output"), "{outcome}");
+    assert!(kib <= (16 + 32) << 10, "lifting one answer grew the host's peak by {kib} KiB");
+}
+
+const LIFT_CHILD: &str = "WASMCSI_LIFT_CHILD";
+
+/// The child of the test above: one hostile call in a fresh runtime, between two readings of the
+/// process's peak RSS (reset before the call); prints `LIFT-COST <KiB> <outcome>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run as a child process by the lift-cost test"]
+async fn lift_cost_child() {
+    let Ok(mode) = std::env::var(LIFT_CHILD) else { return };
+    let d = tempfile::tempdir().unwrap();
+    let rt = runtime(d.path(), true);
+    let b = rt.load("hostile", wasmcsi_artifacts::HOSTILE, None).await.unwrap();
+    // Instantiated once before the measurement, so only the call's own cost is counted.
+    let _ = b.create_volume(request("warm", &[("mode", "ok")]), vec![]).await;
+    let peak_kib = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    // "5" resets the peak to the current RSS (proc(5), clear_refs).
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let before = peak_kib();
+    let outcome = b.create_volume(request("v", &[("mode", &mode)]), vec![]).await;
+    let grown = peak_kib().saturating_sub(before);
+    let outcome = match outcome {
+        Ok(v) => format!("created {}", v.volume_id),
+        Err(e) => e.to_string().chars().take(200).collect(),
+    };
+    println!("LIFT-COST {grown} {outcome}");
+}
