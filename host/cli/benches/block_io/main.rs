@@ -31,6 +31,10 @@
 //! Every job runs `BLOCK_BENCH_RUNS` times (3); tables show medians and the spread, and the goals
 //! are judged on the medians.
 //!
+//! - **tls**: the engine of "engine" over mutual TLS (replica servers in `required`, the
+//!   engine with a node's certificate and the volume's grant) beside the same engine in
+//!   plaintext, run alternately, with the attach (handshake) time of each (see `tls.rs`).
+//!
 //! Then rebuilds on a separate volume: a full rebuild of a fresh replica against a plain copy of
 //! a same-size file, and a delta rebuild of a replica that missed 1% of the volume against that
 //! full rebuild. The loopback TCP round trip is measured in the same run for the QD1 goal.
@@ -40,7 +44,7 @@
 //! (default: a temporary directory under /var/tmp, on disk, not tmpfs), `BLOCK_BENCH_FUSE_THREADS`
 //! (the frontend's default unless set), `BLOCK_BENCH_CREATES` (CreateVolume/DeleteVolume
 //! samples, 50), `BLOCK_BENCH_HEAL_MIB` (the kill -9 volume, 1024), `BLOCK_BENCH_RUNS` (3),
-//! `BLOCK_BENCH_ONLY` (a comma-separated subset of raw, engine, fuse, node, csi, rebuild). The FUSE rows and the CSI
+//! `BLOCK_BENCH_ONLY` (a comma-separated subset of raw, engine, fuse, node, csi, tls, rebuild). The FUSE rows and the CSI
 //! part need root and /dev/fuse and are skipped otherwise. Everything is torn down by drop
 //! guards, on panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "benchmark harness")]
@@ -62,6 +66,7 @@ use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, ReplicatedVolume, Vo
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 mod csi;
+mod tls;
 // The CSI calls the flow tests make, once (`tests/all/support/csi.rs`).
 #[path = "../../tests/all/support/mod.rs"]
 mod support;
@@ -603,7 +608,7 @@ impl Goal {
     }
 }
 
-/// Which parts of the run `BLOCK_BENCH_ONLY` (a comma-separated list of raw, engine, fuse, node,
+/// Which parts of the run `BLOCK_BENCH_ONLY` (a comma-separated list of raw, engine, fuse, node, tls,
 /// csi, rebuild; all when unset) asks for.
 fn wants(part: &str) -> bool {
     std::env::var("BLOCK_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p.trim() == part))
@@ -724,6 +729,9 @@ fn main() {
         .then(|| csi::run(root, ws, secs, runs, cpus, knob("BLOCK_BENCH_HEAL_MIB", 1024) * MIB));
     let fio_csi = csi.as_ref().map(|c| c.io.clone()).unwrap_or_default();
     let split_f = csi.as_ref().map(|c| c.split.clone()).unwrap_or_default();
+
+    // The engine over mutual TLS against the same engine in plaintext (see `tls.rs`).
+    let tls_rows = wants("tls").then(|| tls::run(root, ws, secs, runs));
 
     let rb = wants("rebuild").then(|| {
         eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
@@ -1043,6 +1051,9 @@ fn main() {
     println!("{:<4} {:<42} {:<62} {:>10}  ", "set", "goal", "target", "result");
     for g in &goals {
         println!("{:<4} {:<42} {:<62} {:>10}  {}", g.set, g.what, g.target, g.got, g.verdict());
+    }
+    if let Some(t) = &tls_rows {
+        tls::print(t);
     }
     println!("(whole run {:.0} s)", started.elapsed().as_secs_f64());
 }
