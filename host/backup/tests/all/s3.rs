@@ -44,7 +44,7 @@ async fn s3_incomplete_backup_never_listed() {
 
 #[tokio::test]
 async fn s3_gc_and_concurrent_backup() {
-    let Some(store) = bucket_store("s3_gc_and_concurrent_backup", "gc").await else { return };
+    let Some(store) = bucket_store("s3_gc_and_concurrent_backup", "collect").await else { return };
     scenarios::gc_and_concurrent_backup(&store, "pvc-5").await;
 }
 

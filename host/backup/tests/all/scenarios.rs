@@ -172,7 +172,8 @@ pub async fn incomplete_backup_never_listed(store: &BackupStore, volume: &str) {
     let gated =
         GatedSource { inner: MemorySource::new(noise(6, 16 * CHUNK as usize)), free_reads: 2, reads: AtomicU64::new(0), gate: gate.clone() };
     let cancel2 = CancellationToken::new();
-    let run = store.backup(req(volume, "y", None, "s"), Arc::new(gated), &options(), progress(), &cancel2);
+    let opts = options();
+    let run = store.backup(req(volume, "y", None, "s"), Arc::new(gated), &opts, progress(), &cancel2);
     let canceller = async {
         while gate.waiting.load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -218,7 +219,8 @@ pub async fn gc_and_concurrent_backup(store: &BackupStore, volume: &str) {
         gate: gate.clone(),
     };
     let p = progress();
-    let running = store.backup(req(volume, "g2", Some("g1"), "s2"), Arc::new(source), &options(), p.clone(), &cancel);
+    let opts = options();
+    let running = store.backup(req(volume, "g2", Some("g1"), "s2"), Arc::new(source), &opts, p.clone(), &cancel);
     let collector = async {
         while gate.waiting.load(Ordering::SeqCst) == 0 || p.snapshot().chunks_transferred < 5 {
             tokio::time::sleep(Duration::from_millis(20)).await;
