@@ -158,10 +158,11 @@ impl BackupStore {
         // Read under the lease: no collection runs until it is released, so every chunk the
         // parent names stays stored at least that long.
         let parent = match request.parent {
-            Some(p) => Some(self.try_manifest(keys, volume, p).await?.ok_or_else(|| Error::BackupNotFound {
-                volume: volume.to_owned(),
-                backup: p.to_owned(),
-            })?),
+            Some(p) => Some(
+                self.try_manifest(keys, volume, p)
+                    .await?
+                    .ok_or_else(|| Error::BackupNotFound { volume: volume.to_owned(), backup: p.to_owned() })?,
+            ),
             None => None,
         };
         let chunk_size = parent.as_ref().map_or(options.chunk_size, |p| p.chunk_size);
@@ -219,7 +220,11 @@ impl BackupStore {
                     .await
                     .map_err(std::io::Error::other)
                     .and_then(|r| r)
-                    .map_err(|e| Error::Source { volume: volume.to_owned(), offset, source: e })?;
+                    .map_err(|e| Error::Source {
+                        volume: volume.to_owned(),
+                        offset,
+                        source: e,
+                    })?;
                     let (hash, stored) = match read {
                         Read::Hole => {
                             progress.skipped(len);

@@ -214,7 +214,10 @@ impl TargetConfig {
         match self {
             Self::Filesystem(fs) => {
                 if credentials.is_some() {
-                    return Err(Error::Config { name: name.into(), why: "a filesystem target takes no credentials".into() });
+                    return Err(Error::Config {
+                        name: name.into(),
+                        why: "a filesystem target takes no credentials".into(),
+                    });
                 }
                 Ok(Arc::new(FsTarget::new(fs.path.clone())))
             }

@@ -90,7 +90,9 @@ pub enum Error {
     CorruptManifest { key: String, why: String },
     #[error("volume {volume} is busy: {holder}")]
     Busy { volume: String, holder: String },
-    #[error("backup {backup} of volume {volume} lost its lease (not renewed for {seconds} s); a garbage collection may run")]
+    #[error(
+        "backup {backup} of volume {volume} lost its lease (not renewed for {seconds} s); a garbage collection may run"
+    )]
     LeaseLost { volume: String, backup: String, seconds: u64 },
     #[error("{what} cancelled")]
     Cancelled { what: String },

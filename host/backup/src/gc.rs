@@ -49,7 +49,7 @@ pub struct GcReport {
 impl BackupStore {
     /// Collects the chunks of `volume` no manifest references. [`Error::Busy`] while a backup of
     /// the volume runs (nothing is deleted then).
-    #[tracing::instrument(name = "backup.gc", skip_all, fields(volume))]
+    #[tracing::instrument(name = "backup.gc", skip_all, fields(volume = volume))]
     pub async fn collect_garbage(&self, volume: &str) -> Result<GcReport, Error> {
         let keys = VolumeKeys::new(volume)?;
         let options = self.options.lease;
@@ -58,7 +58,12 @@ impl BackupStore {
         let result = self.collect_locked(volume, &keys, &lock).await;
         lock.release().await;
         match &result {
-            Ok(r) => tracing::info!(deleted = r.chunks_deleted, bytes = r.bytes_deleted, kept = r.chunks_kept_young, "collected"),
+            Ok(r) => tracing::info!(
+                deleted = r.chunks_deleted,
+                bytes = r.bytes_deleted,
+                kept = r.chunks_kept_young,
+                "collected"
+            ),
             Err(e) => tracing::warn!(error = %e, "collection stopped"),
         }
         result
@@ -120,7 +125,11 @@ impl BackupStore {
             }
             if !batch.is_empty() {
                 if let Err(age) = lock.healthy() {
-                    return Err(Error::LeaseLost { volume: volume.to_owned(), backup: "(collection)".into(), seconds: age.as_secs() });
+                    return Err(Error::LeaseLost {
+                        volume: volume.to_owned(),
+                        backup: "(collection)".into(),
+                        seconds: age.as_secs(),
+                    });
                 }
                 let deleted: Vec<u64> = futures::stream::iter(batch.drain(..))
                     .map(|o| async move { self.target.delete(&o.key).await.map(|()| o.size) })

@@ -33,7 +33,7 @@ impl BackupStore {
     /// checked: a chunk gone from the target is [`Error::MissingChunk`], one whose content does
     /// not match its hash [`Error::CorruptChunk`], each naming the hash and the volume offset.
     /// On any error the sink holds a partial restore the caller must not use.
-    #[tracing::instrument(name = "backup.restore", skip_all, fields(volume, backup))]
+    #[tracing::instrument(name = "backup.restore", skip_all, fields(volume = volume, backup = backup))]
     pub async fn restore(
         &self,
         volume: &str,
@@ -48,17 +48,7 @@ impl BackupStore {
         progress.set_total(m.size);
         let sink_err = |offset: u64, e: std::io::Error| Error::Sink { volume: volume.to_owned(), offset, source: e };
 
-        // Runs of holes, then the data.
-        let mut holes = Vec::new();
-        let mut next = 0u64;
-        for &(i, _) in m.chunks.iter().chain(std::iter::once(&(m.chunk_count(), chunk::ChunkHash::of(b"")))) {
-            if i > next {
-                let (start, end) = (next * m.chunk_size, (i * m.chunk_size).min(m.size));
-                holes.push((start, end - start));
-            }
-            next = i + 1;
-        }
-        for (offset, len) in holes {
+        for (offset, len) in hole_runs(&m) {
             let s = Arc::clone(&sink);
             tokio::task::spawn_blocking(move || s.write_zeros(offset, len))
                 .await
@@ -100,13 +90,21 @@ impl BackupStore {
                         Ok::<_, Result<std::io::Error, String>>(())
                     })
                     .await
-                    .map_err(|e| Error::Sink { volume: m.volume.clone(), offset, source: std::io::Error::other(e) })?;
+                    .map_err(|e| Error::Sink {
+                        volume: m.volume.clone(),
+                        offset,
+                        source: std::io::Error::other(e),
+                    })?;
                     match done {
                         Ok(()) => Ok(()),
                         Err(Ok(io)) => Err(Error::Sink { volume: m.volume.clone(), offset, source: io }),
-                        Err(Err(why)) => {
-                            Err(Error::CorruptChunk { volume: m.volume.clone(), backup: m.backup.clone(), hash, offset, why })
-                        }
+                        Err(Err(why)) => Err(Error::CorruptChunk {
+                            volume: m.volume.clone(),
+                            backup: m.backup.clone(),
+                            hash,
+                            offset,
+                            why,
+                        }),
                     }
                 }
             })
@@ -132,5 +130,52 @@ impl BackupStore {
             .map_err(|e| sink_err(m.size, e))?;
         tracing::info!(size = m.size, chunks = m.chunks.len(), "restore complete");
         Ok(Arc::unwrap_or_clone(m))
+    }
+}
+
+/// The byte ranges `(offset, len)` of the runs of chunks the manifest does not list (holes).
+fn hole_runs(m: &Manifest) -> Vec<(u64, u64)> {
+    let mut runs = Vec::new();
+    let mut next = 0u64;
+    let data = m.chunks.iter().map(|(i, _)| *i);
+    for i in data.chain(std::iter::once(m.chunk_count())) {
+        if i > next {
+            let (start, end) = (next * m.chunk_size, (i * m.chunk_size).min(m.size));
+            runs.push((start, end - start));
+        }
+        next = i + 1;
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::ChunkHash;
+    use crate::manifest::{FORMAT, ManifestStats};
+
+    #[test]
+    fn holes_are_the_runs_between_data_chunks() {
+        let cs = 1 << 16;
+        let h = ChunkHash::of(b"x");
+        let mut m = Manifest {
+            format: FORMAT,
+            volume: "v".into(),
+            backup: "b".into(),
+            parent: None,
+            snapshot: None,
+            size: 6 * cs + 5,
+            chunk_size: cs,
+            created_ms: 0,
+            hash: "blake3".into(),
+            compression: "zstd".into(),
+            chunks: vec![(1, h), (2, h), (5, h)],
+            stats: ManifestStats::default(),
+        };
+        assert_eq!(hole_runs(&m), [(0, cs), (3 * cs, 2 * cs), (6 * cs, 5)]);
+        m.chunks = vec![];
+        assert_eq!(hole_runs(&m), [(0, 6 * cs + 5)]);
+        m.chunks = (0..7).map(|i| (i, h)).collect();
+        assert!(hole_runs(&m).is_empty());
     }
 }

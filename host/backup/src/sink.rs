@@ -60,7 +60,8 @@ impl Sink for FileSink {
         if self.fresh || len == 0 {
             return Ok(());
         }
-        let (off, n) = (i64::try_from(offset).map_err(io::Error::other)?, i64::try_from(len).map_err(io::Error::other)?);
+        let (off, n) =
+            (i64::try_from(offset).map_err(io::Error::other)?, i64::try_from(len).map_err(io::Error::other)?);
         for flags in [F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE, F::FALLOC_FL_ZERO_RANGE] {
             if fallocate(&self.file, flags, off, n).is_ok() {
                 return Ok(());

@@ -79,13 +79,14 @@ impl BackupStore {
             Err(e) if e.kind == TargetErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let m: Manifest =
-            serde_json::from_slice(&bytes).map_err(|e| Error::CorruptManifest { key: key.clone(), why: e.to_string() })?;
+        let m: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::CorruptManifest { key: key.clone(), why: e.to_string() })?;
         m.check(volume, backup).map_err(|why| Error::CorruptManifest { key, why })?;
         Ok(Some(m))
     }
 
     /// The complete backups of `volume`, oldest first. Lists only the volume's own manifests.
+    #[tracing::instrument(name = "backup.list", skip_all, fields(volume = volume))]
     pub async fn list_backups(&self, volume: &str) -> Result<Vec<BackupInfo>, Error> {
         let keys = VolumeKeys::new(volume)?;
         let listed: Vec<_> = self.target.list(&keys.backups()).try_collect().await?;
@@ -117,6 +118,7 @@ impl BackupStore {
     /// Deletes `backup` (its manifest): it is no longer listed or restorable at once. The chunks
     /// only it used go with the volume's next [`BackupStore::collect_garbage`]. Returns whether
     /// it existed (deleting a deleted backup is not an error).
+    #[tracing::instrument(name = "backup.delete", skip_all, fields(volume = volume, backup = backup))]
     pub async fn delete_backup(&self, volume: &str, backup: &str) -> Result<bool, Error> {
         layout::check_backup_id(backup)?;
         let keys = VolumeKeys::new(volume)?;

@@ -43,8 +43,18 @@ pub const CLUSTER: &str = "test";
 /// `WASMCSI_CEPH_TESTS=require`: a missing Ceph fails the test instead of skipping it.
 pub const MODE_ENV: &str = "WASMCSI_CEPH_TESTS";
 /// Tools the harness runs.
-const TOOLS: &[&str] =
-    &["ceph-mon", "ceph-osd", "ceph-mgr", "ceph", "ceph-authtool", "monmaptool", "rbd", "rbd-fuse", "radosgw", "radosgw-admin"];
+const TOOLS: &[&str] = &[
+    "ceph-mon",
+    "ceph-osd",
+    "ceph-mgr",
+    "ceph",
+    "ceph-authtool",
+    "monmaptool",
+    "rbd",
+    "rbd-fuse",
+    "radosgw",
+    "radosgw-admin",
+];
 /// The port of the RADOS Gateway ([`Ceph::rgw`]) on the cluster's address.
 pub const RGW_PORT: u16 = 7480;
 
@@ -230,7 +240,10 @@ pub struct Rgw {
 
 impl std::fmt::Debug for Rgw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rgw").field("endpoint", &self.endpoint).field("access_key", &self.access_key).finish_non_exhaustive()
+        f.debug_struct("Rgw")
+            .field("endpoint", &self.endpoint)
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
     }
 }
 
@@ -410,10 +423,18 @@ impl Ceph {
             let raw = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
             String::from_utf8_lossy(&raw).chars().filter(char::is_ascii_alphanumeric).take(n).collect::<String>()
         };
-        let (access_key, secret_key) = (format!("WASMCSI{}", key(13).to_uppercase()), format!("{}{}", key(20), key(20)));
+        let (access_key, secret_key) =
+            (format!("WASMCSI{}", key(13).to_uppercase()), format!("{}{}", key(20), key(20)));
         self.tool(
             "radosgw-admin",
-            &["user", "create", "--uid=wasmcsi", "--display-name=wasmcsi", &format!("--access-key={access_key}"), &format!("--secret-key={secret_key}")],
+            &[
+                "user",
+                "create",
+                "--uid=wasmcsi",
+                "--display-name=wasmcsi",
+                &format!("--access-key={access_key}"),
+                &format!("--secret-key={secret_key}"),
+            ],
         )?;
         let rgw = Rgw { endpoint: format!("http://{addr}"), access_key, secret_key, started_in: t0.elapsed() };
         *held = Some(rgw.clone());

@@ -64,14 +64,12 @@ impl FsTarget {
 
 impl Inner {
     fn error(&self, op: &'static str, key: &str, e: &io::Error) -> TargetError {
+        use nix::libc::{EACCES, EDQUOT, ENOSPC, EPERM, EROFS};
         let kind = match e.raw_os_error() {
+            // The operator's mount or directory is gone: the filesystem's "missing bucket".
             _ if !self.root.is_dir() => TargetErrorKind::BucketMissing,
-            Some(libc_enospc) if libc_enospc == nix::libc::ENOSPC || libc_enospc == nix::libc::EDQUOT => {
-                TargetErrorKind::Full
-            }
-            Some(code) if code == nix::libc::EACCES || code == nix::libc::EPERM || code == nix::libc::EROFS => {
-                TargetErrorKind::Forbidden
-            }
+            Some(ENOSPC | EDQUOT) => TargetErrorKind::Full,
+            Some(EACCES | EPERM | EROFS) => TargetErrorKind::Forbidden,
             _ if e.kind() == io::ErrorKind::NotFound => TargetErrorKind::NotFound,
             _ => TargetErrorKind::Other,
         };
@@ -252,8 +250,7 @@ mod tests {
         assert_eq!(&t.get("volumes/v/chunks/ab/x").await.expect("get")[..], b"22");
         assert_eq!(t.head("volumes/v/chunks/ab/x").await.expect("head").map(|i| i.size), Some(2));
         assert_eq!(t.head("volumes/v/none").await.expect("head"), None);
-        let mut keys: Vec<String> =
-            t.list("volumes/v/").map_ok(|i| i.key).try_collect().await.expect("list");
+        let mut keys: Vec<String> = t.list("volumes/v/").map_ok(|i| i.key).try_collect().await.expect("list");
         keys.sort();
         assert_eq!(keys, ["volumes/v/chunks/ab/x", "volumes/v/gc.lock"]);
         assert_eq!(t.folders("volumes/").await.expect("folders"), ["v"]);

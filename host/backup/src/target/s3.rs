@@ -44,7 +44,7 @@ impl S3Target {
             .or_else(|| config.credentials())
             .ok_or_else(|| bad("no credentials (access_key_id and secret_access_key)".into()))?;
         let prefix = config.prefix.trim_matches('/');
-        if !prefix.split('/').all(|c| !c.is_empty() && c != "." && c != "..") && !prefix.is_empty() {
+        if !prefix.is_empty() && prefix.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
             return Err(bad(format!("prefix {prefix:?}")));
         }
         // reqwest is built without a bundled TLS provider (no aws-lc): ring, as everywhere in the
@@ -176,7 +176,9 @@ impl Target for S3Target {
         self.store
             .list(Some(&path))
             .map(move |r| match r {
-                Ok(m) => Ok(ObjectInfo { key: self.key_of(&m.location), size: m.size, modified: m.last_modified.into() }),
+                Ok(m) => {
+                    Ok(ObjectInfo { key: self.key_of(&m.location), size: m.size, modified: m.last_modified.into() })
+                }
                 Err(e) => Err(self.error("list", prefix, &e)),
             })
             .boxed()

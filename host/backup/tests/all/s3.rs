@@ -63,7 +63,11 @@ async fn s3_wrong_credentials_are_forbidden_and_never_shown() {
     create_bucket(&rgw, "creds").await;
     let wrong = "Wr0ngSecretNeverPrinted0123456789abcdef";
     let config = s3_config(&rgw, "creds");
-    let creds = S3Credentials { access_key_id: rgw.access_key.clone(), secret_access_key: Secret::new(wrong), session_token: None };
+    let creds = S3Credentials {
+        access_key_id: rgw.access_key.clone(),
+        secret_access_key: Secret::new(wrong),
+        session_token: None,
+    };
 
     let logs = Arc::new(Mutex::new(Vec::new()));
     let writer = {
@@ -134,7 +138,8 @@ async fn s3_unreachable_endpoint() {
     let store = s3_store(&config, None);
     let (req, source) = small_backup();
     let t0 = std::time::Instant::now();
-    let e = store.backup(req, source, &options(), progress(), &CancellationToken::new()).await.expect_err("unreachable");
+    let e =
+        store.backup(req, source, &options(), progress(), &CancellationToken::new()).await.expect_err("unreachable");
     assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
     assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{:?}", t0.elapsed());
 }

@@ -39,7 +39,8 @@ pub async fn full_then_incremental(store: &BackupStore, volume: &str) {
     let mut v2 = v1.clone();
     let start = 20 * CHUNK + CHUNK / 2;
     let changed = start..start + 5 * CHUNK / 2;
-    v2[changed.start as usize..changed.end as usize].copy_from_slice(&noise(77, (changed.end - changed.start) as usize));
+    v2[changed.start as usize..changed.end as usize]
+        .copy_from_slice(&noise(77, (changed.end - changed.start) as usize));
     let source = MemorySource::new(v2.clone()).with_changes("s1", vec![changed.clone()]);
     let p2 = progress();
     let m2 = store
@@ -66,6 +67,7 @@ pub async fn full_then_incremental(store: &BackupStore, volume: &str) {
 
     let listed: Vec<String> = store.list_backups(volume).await.expect("list").into_iter().map(|b| b.backup).collect();
     assert_eq!(listed, ["b1", "b2"]);
+    assert_eq!(store.volumes().await.expect("volumes"), [volume]);
 }
 
 fn volume_data(chunks: u64) -> Vec<u8> {
@@ -77,7 +79,13 @@ pub async fn dedup_across_backups(store: &BackupStore, volume: &str) {
     let cancel = CancellationToken::new();
     let data = volume_data(24);
     let m1 = store
-        .backup(req(volume, "a", None, "s1"), Arc::new(MemorySource::new(data.clone())), &options(), progress(), &cancel)
+        .backup(
+            req(volume, "a", None, "s1"),
+            Arc::new(MemorySource::new(data.clone())),
+            &options(),
+            progress(),
+            &cancel,
+        )
         .await
         .expect("first");
     assert!(m1.stats.uploaded_chunks > 0);
@@ -96,6 +104,19 @@ pub async fn dedup_across_backups(store: &BackupStore, volume: &str) {
         .await
         .expect("retry of a complete backup");
     assert_eq!(again, m1);
+    // An incremental from a backup that does not exist is refused, naming it.
+    let e = store
+        .backup(
+            req(volume, "c", Some("nope"), "s3"),
+            Arc::new(MemorySource::new(data)),
+            &options(),
+            progress(),
+            &cancel,
+        )
+        .await
+        .expect_err("no parent");
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(e.to_string().contains("nope"), "{e}");
 }
 
 /// A chunk flipped behind our back and a chunk deleted are each detected and named, with the
@@ -169,8 +190,12 @@ pub async fn incomplete_backup_never_listed(store: &BackupStore, volume: &str) {
 
     // Cancelled while reads wait: fails as cancelled, leaves no manifest.
     let gate = Arc::new(Gate::default());
-    let gated =
-        GatedSource { inner: MemorySource::new(noise(6, 16 * CHUNK as usize)), free_reads: 2, reads: AtomicU64::new(0), gate: gate.clone() };
+    let gated = GatedSource {
+        inner: MemorySource::new(noise(6, 16 * CHUNK as usize)),
+        free_reads: 2,
+        reads: AtomicU64::new(0),
+        gate: gate.clone(),
+    };
     let cancel2 = CancellationToken::new();
     let opts = options();
     let run = store.backup(req(volume, "y", None, "s"), Arc::new(gated), &opts, progress(), &cancel2);
@@ -185,6 +210,39 @@ pub async fn incomplete_backup_never_listed(store: &BackupStore, volume: &str) {
     assert_eq!(result.expect_err("cancelled").kind(), ErrorKind::Cancelled);
     let listed: Vec<String> = store.list_backups(volume).await.expect("list").into_iter().map(|b| b.backup).collect();
     assert_eq!(listed, ["x"]);
+
+    // A crash half-way (the backup's future dropped, as when its process dies: nothing cleans
+    // up). Its lease stays until it expires, so a collection now is refused; the retry with the
+    // same id resumes from the chunks it uploaded.
+    let data = noise(7, 16 * CHUNK as usize);
+    let gate = Arc::new(Gate::default());
+    let gated = GatedSource {
+        inner: MemorySource::new(data.clone()),
+        free_reads: 6,
+        reads: AtomicU64::new(0),
+        gate: gate.clone(),
+    };
+    let p = progress();
+    let crashing = store.backup(req(volume, "z", None, "s"), Arc::new(gated), &opts, p.clone(), &cancel);
+    tokio::select! {
+        _ = crashing => panic!("the gated backup cannot finish"),
+        () = async {
+            while p.snapshot().chunks_transferred < 6 || gate.waiting.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } => {}
+    }
+    gate.open();
+    let listed: Vec<String> = store.list_backups(volume).await.expect("list").into_iter().map(|b| b.backup).collect();
+    assert_eq!(listed, ["x"], "the crashed backup is not listed");
+    assert_eq!(store.collect_garbage(volume).await.expect_err("lease live").kind(), ErrorKind::Busy);
+    let p = progress();
+    store
+        .backup(req(volume, "z", None, "s"), Arc::new(MemorySource::new(data.clone())), &opts, p.clone(), &cancel)
+        .await
+        .expect("resumed");
+    assert_eq!(p.snapshot().chunks_deduplicated, 6, "{:?}", p.snapshot());
+    assert!(restore(store, volume, "z").await.expect("restore").0 == data);
 }
 
 /// A collection while a backup runs deletes nothing and says the volume is busy; a backup while
@@ -195,7 +253,13 @@ pub async fn gc_and_concurrent_backup(store: &BackupStore, volume: &str) {
     let keys = VolumeKeys::new(volume).expect("keys");
     let base = volume_data(20);
     store
-        .backup(req(volume, "g1", None, "s1"), Arc::new(MemorySource::new(base.clone())), &options(), progress(), &cancel)
+        .backup(
+            req(volume, "g1", None, "s1"),
+            Arc::new(MemorySource::new(base.clone())),
+            &options(),
+            progress(),
+            &cancel,
+        )
         .await
         .expect("g1");
     // An orphan: uploaded by an attempt that never committed (its lease long expired).
@@ -243,7 +307,13 @@ pub async fn gc_and_concurrent_backup(store: &BackupStore, volume: &str) {
     // A collection lock held by someone else: the backup steps back.
     store.target().put(&keys.gc_lock(), Bytes::from_static(b"{}")).await.expect("lock");
     let e = store
-        .backup(req(volume, "g3", None, "s3"), Arc::new(MemorySource::new(base.clone())), &options(), progress(), &cancel)
+        .backup(
+            req(volume, "g3", None, "s3"),
+            Arc::new(MemorySource::new(base.clone())),
+            &options(),
+            progress(),
+            &cancel,
+        )
         .await
         .expect_err("gc running");
     assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
