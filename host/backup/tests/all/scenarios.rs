@@ -275,9 +275,10 @@ pub async fn gc_and_concurrent_backup(store: &BackupStore, volume: &str) {
     let mut next = base.clone();
     let tail = 10 * CHUNK as usize..20 * CHUNK as usize;
     next[tail.clone()].copy_from_slice(&noise(123, tail.len()));
+    let rewritten = 10 * CHUNK..20 * CHUNK;
     let gate = Arc::new(Gate::default());
     let source = GatedSource {
-        inner: MemorySource::new(next.clone()).with_changes("s1", vec![10 * CHUNK..20 * CHUNK]),
+        inner: MemorySource::new(next.clone()).with_changes("s1", vec![rewritten]),
         free_reads: 5,
         reads: AtomicU64::new(0),
         gate: gate.clone(),
