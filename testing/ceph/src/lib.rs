@@ -209,6 +209,9 @@ rgw frontends = beast endpoint={addr}:{RGW_PORT}
 log file = {d}/rgw.log
 admin socket = {d}/run/rgw.asok
 rgw init timeout = 60
+# Quotas checked against fresh bucket statistics, not ones cached for 10 minutes (the backup
+# tests fill a bucket's quota and expect the next put refused).
+rgw bucket quota ttl = 0
 [osd]
 osd data = {d}/osd$id
 keyring = {d}/osd$id/keyring
@@ -439,6 +442,11 @@ impl Ceph {
         let rgw = Rgw { endpoint: format!("http://{addr}"), access_key, secret_key, started_in: t0.elapsed() };
         *held = Some(rgw.clone());
         Ok(rgw)
+    }
+
+    /// Run `radosgw-admin` as client.admin (users, quotas, bucket statistics); returns stdout.
+    pub fn radosgw_admin(&self, args: &[&str]) -> io::Result<String> {
+        self.tool("radosgw-admin", args)
     }
 
     /// Run the `rbd` CLI as client.admin; returns stdout.

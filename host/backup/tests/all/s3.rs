@@ -143,3 +143,20 @@ async fn s3_unreachable_endpoint() {
     assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
     assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{:?}", t0.elapsed());
 }
+
+/// A bucket over its quota refuses the next chunk: the target is full, and the backup is not
+/// listed.
+#[tokio::test]
+async fn s3_full_bucket() {
+    let Some(rgw) = rgw("s3_full_bucket") else { return };
+    create_bucket(&rgw, "full").await;
+    let ceph = wasmcsi_ceph::Ceph::shared().expect("running");
+    ceph.radosgw_admin(&["quota", "set", "--quota-scope=bucket", "--bucket=full", "--max-size=262144"]).expect("quota");
+    ceph.radosgw_admin(&["quota", "enable", "--quota-scope=bucket", "--bucket=full"]).expect("enable");
+    let store = s3_store(&s3_config(&rgw, "full"), None);
+    let (req, _) = small_backup();
+    let source = Arc::new(MemorySource::new(noise(9, 16 * CHUNK as usize)));
+    let e = store.backup(req, source, &options(), progress(), &CancellationToken::new()).await.expect_err("full");
+    assert_eq!(e.kind(), ErrorKind::TargetFull, "{e}");
+    assert!(store.list_backups("v").await.expect("list").is_empty());
+}
