@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Each chunk in flight holds at most its read buffer and its stored form at once, so the memory
-//! of a backup is bounded by `uploads_in_flight × (chunk_size + stored_bound(chunk_size))`
+//! of a backup is bounded by `uploads_in_flight × (1 + chunk_size + stored_bound(chunk_size))`
 //! ([`BackupOptions::buffer_bound`]) whatever the volume's size, plus the chunk table (40 bytes
 //! per data chunk: 20 MiB per TiB of data at 2 MiB chunks). Chunks finish in any order, so one
 //! slow upload holds back none of the others.
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::chunk::{self, ChunkHash};
@@ -64,7 +64,7 @@ impl BackupOptions {
     /// The most chunk-buffer memory a backup with these options holds at once.
     pub fn buffer_bound(&self, chunk_size: u64) -> u64 {
         let c = chunk_size as usize;
-        (self.uploads_in_flight.max(1) * (c + chunk::stored_bound(c))) as u64
+        (self.uploads_in_flight.max(1) * (1 + c + chunk::stored_bound(c))) as u64
     }
 }
 
@@ -199,7 +199,18 @@ impl BackupStore {
         let read: u64 = to_read.iter().map(|i| chunk_len(size, chunk_size, *i)).sum();
         progress.skipped(size - read);
 
-        let known: HashSet<ChunkHash> = parent.iter().flat_map(|p| p.chunks.iter().map(|(_, h)| *h)).collect();
+        // Chunks known stored: the parent's (no request needed). A full backup lists the
+        // volume's chunks once instead of asking for each (none at all on a first backup, so it
+        // costs what a plain upload does); an incremental, which uploads few, asks per chunk.
+        let mut known: HashSet<ChunkHash> = parent.iter().flat_map(|p| p.chunks.iter().map(|(_, h)| *h)).collect();
+        let listed = parent.is_none();
+        if listed {
+            let prefix = keys.chunks();
+            let mut stored = self.target.list(&prefix);
+            while let Some(obj) = stored.try_next().await? {
+                known.extend(keys.chunk_of(&obj.key));
+            }
+        }
         let claimed = Mutex::new(HashSet::new());
         let base = Arc::new(base);
         let mut stats = ManifestStats::default();
@@ -240,7 +251,7 @@ impl BackupStore {
                         && claimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(hash);
                     let key = keys.chunk(&hash);
                     // A chunk an earlier attempt (or another backup) stored is not sent again.
-                    if !first || self.target.head(&key).await?.is_some() {
+                    if !first || (!listed && self.target.head(&key).await?.is_some()) {
                         progress.deduplicated(len);
                         return Ok((i, Some(hash), 0));
                     }
@@ -350,19 +361,23 @@ fn read_chunk(
     len: u64,
     level: i32,
 ) -> std::io::Result<Read> {
-    let mut buf = progress.buffer(len as usize);
-    source.read_at(offset, &mut buf.data)?;
+    // One byte of room before the data for the stored form's tag: raw data is stored from this
+    // very buffer.
+    let mut buf = progress.buffer(1 + len as usize);
+    source.read_at(offset, &mut buf.data[1..])?;
     progress.read(len);
-    if chunk::is_zero(&buf.data) {
+    if chunk::is_zero(&buf.data[1..]) {
         return Ok(Read::Hole);
     }
-    let hash = ChunkHash::of(&buf.data);
+    let hash = ChunkHash::of(&buf.data[1..]);
     if base == Some(hash) {
         return Ok(Read::Unchanged(hash));
     }
-    let stored = chunk::encode(&buf.data, level)?;
+    // `buf` stays counted until the stored form is (the same memory is counted twice for a
+    // moment when stored raw: the measure errs high, never low).
+    let stored = progress.adopt(chunk::encode_framed(std::mem::take(&mut buf.data), level)?);
     drop(buf);
-    Ok(Read::Data(hash, progress.adopt(stored)))
+    Ok(Read::Data(hash, stored))
 }
 
 #[cfg(test)]

@@ -64,21 +64,53 @@ pub fn is_zero(data: &[u8]) -> bool {
     words.iter().all(|w| u128::from_ne_bytes(*w) == 0) && rest.iter().all(|b| *b == 0)
 }
 
+/// Bytes of each of the [`SAMPLES`] slices a chunk's compressibility is first judged on.
+const SAMPLE: usize = 8 << 10;
+const SAMPLES: usize = 4;
+
 /// The stored form of `data` at zstd `level`.
+///
+/// Data that does not compress (already compressed files, encrypted volumes, random test data)
+/// costs a compression of a 32 KiB sample, not of the whole chunk: four slices spread over the
+/// chunk are compressed first, and if they save under 3 % the chunk is stored raw. On such data
+/// this keeps a backup from being bound by compression on a node's spare core.
 pub fn encode(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    let mut framed = Vec::with_capacity(1 + data.len());
+    framed.push(TAG_RAW);
+    framed.extend_from_slice(data);
+    encode_framed(framed, level)
+}
+
+/// [`encode`] of `framed[1..]`, whose first byte is room for the tag: data stored raw is
+/// returned in the same allocation, never copied.
+pub fn encode_framed(mut framed: Vec<u8>, level: i32) -> std::io::Result<Vec<u8>> {
+    let data = framed.get(1..).unwrap_or_default();
+    if data.len() >= 4 * SAMPLE * SAMPLES {
+        let step = data.len() / SAMPLES;
+        let sample: Vec<u8> = (0..SAMPLES).flat_map(|i| &data[i * step..i * step + SAMPLE]).copied().collect();
+        let n = zstd::bulk::compress(&sample, level)?.len();
+        if n + n / 32 >= sample.len() {
+            return Ok(raw(framed));
+        }
+    }
     let bound = zstd::zstd_safe::compress_bound(data.len());
-    let mut out = Vec::with_capacity(1 + bound);
-    out.push(TAG_ZSTD);
-    out.resize(1 + bound, 0);
+    let mut out = vec![0; 1 + bound];
+    out[0] = TAG_ZSTD;
     let n = zstd::bulk::compress_to_buffer(data, &mut out[1..], level)?;
-    out.truncate(1 + n);
     // Keep compression only where it pays for its decompression on restore.
     if n + n / 32 >= data.len() {
-        out.clear();
-        out.push(TAG_RAW);
-        out.extend_from_slice(data);
+        return Ok(raw(framed));
     }
+    out.truncate(1 + n);
     Ok(out)
+}
+
+fn raw(mut framed: Vec<u8>) -> Vec<u8> {
+    if framed.is_empty() {
+        framed.push(0);
+    }
+    framed[0] = TAG_RAW;
+    framed
 }
 
 /// The largest stored form of a chunk of `len` bytes (the memory bound of the pipelines).
@@ -128,6 +160,29 @@ mod tests {
             assert_eq!(&decode(&stored, data.len(), &hash).expect("decode"), data);
         }
         assert!(encode(&text, 1).expect("encode").len() < text.len() / 10);
+    }
+
+    #[test]
+    fn incompressible_samples_store_raw_and_compressible_ones_compress() {
+        let len = 1 << 20;
+        let noise = {
+            let mut x = 0x2545_f491_4f6c_dd1d_u64;
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(encode(&noise, 1).expect("encode")[0], TAG_RAW);
+        // Compressible everywhere but at the sample points is still judged by its samples.
+        let mut text: Vec<u8> = b"0123456789abcdef".iter().copied().cycle().take(len).collect();
+        let stored = encode(&text, 1).expect("encode");
+        assert!(stored[0] == TAG_ZSTD && stored.len() < len / 50);
+        text[..SAMPLE].copy_from_slice(&noise[..SAMPLE]);
+        assert_eq!(encode(&text, 1).expect("encode")[0], TAG_ZSTD, "one noisy sample of four still compresses");
     }
 
     #[test]

@@ -22,10 +22,12 @@
 //!   the plain data, so deduplication does not depend on the compression level and a restore
 //!   checks the bytes it writes.
 //! - **zstd** (level 1 by default: ~0.5 GB/s per core, most of the ratio of level 3) per chunk,
-//!   or raw when that saves under 3 %.
+//!   or raw when that saves under 3 % — judged first on a 32 KiB sample, so incompressible data
+//!   (encrypted volumes, media) costs no compression and is stored from its read buffer.
 //! - **Deduplication** within a backup, against the parent (no request at all), and against
-//!   everything the volume's backups ever stored (a head before each put): an identical chunk
-//!   is stored once per volume. Chunks are per volume (see [`layout`]), so no operation on a
+//!   everything the volume's backups ever stored (a full backup lists the volume's chunks once;
+//!   an incremental heads each new chunk before its put): an identical chunk is stored once per
+//!   volume. Chunks are per volume (see [`layout`]), so no operation on a
 //!   volume lists or locks anything of another.
 //! - **One manifest per backup, written last**: a backup exists exactly when its manifest does;
 //!   an interrupted backup is never listed.
