@@ -83,7 +83,7 @@ pub fn encode(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
 
 /// [`encode`] of `framed[1..]`, whose first byte is room for the tag: data stored raw is
 /// returned in the same allocation, never copied.
-pub fn encode_framed(mut framed: Vec<u8>, level: i32) -> std::io::Result<Vec<u8>> {
+pub fn encode_framed(framed: Vec<u8>, level: i32) -> std::io::Result<Vec<u8>> {
     let data = framed.get(1..).unwrap_or_default();
     if data.len() >= 4 * SAMPLE * SAMPLES {
         let step = data.len() / SAMPLES;
