@@ -158,7 +158,7 @@ pub(crate) fn denied(request: &Message) -> Message {
         Message::Read { .. } | Message::ReadExtent { .. } | Message::ReadSnapshot { .. } => {
             Message::ReadReply { status: Status::Denied, data: Vec::new() }
         }
-        Message::ListExtents { .. } | Message::ListSnapshotExtents { .. } => {
+        Message::ListExtents { .. } | Message::ListSnapshotExtents { .. } | Message::ListSnapshotDelta { .. } => {
             Message::ExtentMap { status: Status::Denied, extents: Vec::new() }
         }
         _ => Message::Reply { status: Status::Denied },
