@@ -6,6 +6,7 @@
 //! `cargo test --release --workspace --locked --test all -- MODULE::`.
 
 mod authority;
+mod backup_cli;
 mod backend_check;
 mod block_cli;
 mod block_netns;
