@@ -454,11 +454,10 @@ impl ReplicaSession {
         len: u64,
     ) -> Result<Vec<Extent>, ControlError> {
         let addr = self.conn.addr;
-        let message =
-            Message::ListSnapshotDelta { base: base.map(str::to_owned), name: name.to_owned(), offset, len };
+        let message = Message::ListSnapshotDelta { base: base.map(str::to_owned), name: name.to_owned(), offset, len };
         match self.conn.call("ListSnapshotDelta", message).await? {
             Message::ExtentMap { status: Status::Ok, extents } => Ok(extents),
-            Message::ExtentMap { status, .. } => Err(ControlError::Refused { addr, what: "ListSnapshotDelta", status }),
+            Message::ExtentMap { status, .. } => Err(ControlError::refused(addr, "ListSnapshotDelta", status)),
             _ => Err(ControlError::Protocol { addr, what: "ListSnapshotDelta" }),
         }
     }

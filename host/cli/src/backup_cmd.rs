@@ -98,8 +98,9 @@ pub async fn backup(a: BackupArgs) -> anyhow::Result<()> {
     let id = a.backup_id.clone().unwrap_or_else(|| a.snapshot.clone());
     let store = open_store(&a.target.target)?;
     let in_flight = a.in_flight.max(1);
-    let source = ReplicaSnapshot::open(&a.volume_id, &a.snapshot, &a.replicas, a.timeout.get(), Reach::plaintext(), in_flight)
-        .await?;
+    let source =
+        ReplicaSnapshot::open(&a.volume_id, &a.snapshot, &a.replicas, a.timeout.get(), Reach::plaintext(), in_flight)
+            .await?;
     let source = Arc::new(source);
     let replica = source.replica();
     let progress = Arc::new(Progress::default());
@@ -119,7 +120,13 @@ pub async fn backup(a: BackupArgs) -> anyhow::Result<()> {
         BackupRequest { volume: &a.volume_id, backup: &id, parent: a.parent.as_deref(), snapshot: Some(&a.snapshot) };
     let options = BackupOptions { uploads_in_flight: in_flight, ..BackupOptions::default() };
     let result = store
-        .backup(request, Arc::clone(&source) as Arc<dyn wasmcsi_backup::Source>, &options, Arc::clone(&progress), &CancellationToken::new())
+        .backup(
+            request,
+            Arc::clone(&source) as Arc<dyn wasmcsi_backup::Source>,
+            &options,
+            Arc::clone(&progress),
+            &CancellationToken::new(),
+        )
         .await;
     ticker.abort();
     source.close().await;
@@ -165,9 +172,7 @@ pub async fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let sink: Arc<dyn wasmcsi_backup::Sink> = Arc::new(sink);
     let progress = Arc::new(Progress::default());
     let options = RestoreOptions { downloads_in_flight: a.in_flight.max(1) };
-    store
-        .restore(&a.volume_id, &a.backup, sink, &options, Arc::clone(&progress), &CancellationToken::new())
-        .await?;
+    store.restore(&a.volume_id, &a.backup, sink, &options, Arc::clone(&progress), &CancellationToken::new()).await?;
     let p = progress.snapshot();
     println!(
         "restored backup {} of {} ({} bytes) into {}: downloaded {} bytes",

@@ -147,7 +147,8 @@ impl ReplicaSnapshot {
     }
 
     /// Runs `op` on an idle session (a new one if none is idle), under a permit. A session
-    /// whose request failed is dropped, not reused: its stream may be mid-frame.
+    /// whose request was refused (a whole answer came back) is kept; one whose connection failed
+    /// is dropped, not reused: its stream may be mid-frame.
     async fn with_session<T>(
         &self,
         op: impl AsyncFnOnce(&mut ReplicaSession) -> Result<T, ControlError>,
@@ -159,7 +160,12 @@ impl ReplicaSnapshot {
             None => ReplicaSession::open_over(self.addr, &self.volume, self.timeout, 0, &self.reach).await?,
         };
         let result = op(&mut session).await;
-        if result.is_ok() {
+        let answered = match &result {
+            Ok(_) => true,
+            // `Denied` closes the connection; a plain refusal leaves it in step.
+            Err(e) => matches!(e, ControlError::Refused { .. }),
+        };
+        if answered {
             self.sessions.lock().unwrap_or_else(PoisonError::into_inner).push(session);
         }
         result

@@ -481,7 +481,10 @@ fn the_delta_between_snapshots_is_exactly_the_blocks_written_between_them_and_su
     assert_eq!(delta(Some("s2"), "s2"), Vec::<u64>::new());
     assert_eq!(delta(None, "s1"), (0..16).collect::<Vec<_>>());
     let ranged = s.snapshot_delta(Some("s1"), "s3", 10 * BLOCK + 7, 30 * BLOCK).expect("delta");
-    assert_eq!(ranged.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(), [(10 * BLOCK + 7, 2 * BLOCK - 7), (40 * BLOCK, 7)]);
+    assert_eq!(
+        ranged.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(),
+        [(10 * BLOCK + 7, 2 * BLOCK - 7), (40 * BLOCK, 7)]
+    );
 
     // Folding the middle snapshot keeps the delta of the outer two exact, also after a reopen.
     s.delete_snapshot("s2", 0).expect("delete");

@@ -142,8 +142,13 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
     assert!(full.stats.uploaded_bytes < full.stats.read_bytes, "compressed");
 
     // 1 % of the volume changed, in five places (one across a chunk boundary).
-    let writes: Vec<(u64, usize)> =
-        vec![(4096, 256 << 10), (10 * CHUNK + 8192, 200 << 10), (31 * CHUNK - (64 << 10), 128 << 10), (50 * CHUNK, 450 << 10), (63 * CHUNK + 12_288, 300 << 10)];
+    let writes: Vec<(u64, usize)> = vec![
+        (4096, 256 << 10),
+        (10 * CHUNK + 8192, 200 << 10),
+        (31 * CHUNK - (64 << 10), 128 << 10),
+        (50 * CHUNK, 450 << 10),
+        (63 * CHUNK + 12_288, 300 << 10),
+    ];
     let changed: usize = writes.iter().map(|w| w.1).sum();
     assert!(changed as u64 >= SIZE / 100 && (changed as u64) < SIZE / 50);
     for (i, &(off, len)) in writes.iter().enumerate() {
@@ -157,7 +162,11 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
     let incr = rt.block_on(manifest(&target, "s2"));
     let touched = chunks_touched(&writes);
     assert_eq!(touched, 6, "five writes, one across a boundary");
-    assert!(incr.stats.read_bytes <= touched * CHUNK, "read {} bytes for {touched} changed chunks", incr.stats.read_bytes);
+    assert!(
+        incr.stats.read_bytes <= touched * CHUNK,
+        "read {} bytes for {touched} changed chunks",
+        incr.stats.read_bytes
+    );
     assert!(incr.stats.read_bytes >= changed as u64);
     assert!(incr.stats.uploaded_bytes <= touched * CHUNK, "uploaded {}", incr.stats.uploaded_bytes);
     assert_eq!(incr.stats.uploaded_chunks, touched);
@@ -165,7 +174,17 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
 
     // The restore of the incremental is the volume as of s2, byte for byte.
     let restored = work.path().join("restored-s2.img");
-    wasmcsi(&["volume", "restore", "s2", "--volume-id", VOLUME, "--target", target_s, "--to", restored.to_str().unwrap()]);
+    wasmcsi(&[
+        "volume",
+        "restore",
+        "s2",
+        "--volume-id",
+        VOLUME,
+        "--target",
+        target_s,
+        "--to",
+        restored.to_str().unwrap(),
+    ]);
     let bytes = std::fs::read(&restored).unwrap();
     let view = rt.block_on(snapshot_view(addrs[1], "s2"));
     assert!(view == model, "the replica's s2 is what was written");
@@ -189,7 +208,17 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
     // target: only the chunk written since s2 is new.
     assert_eq!(fallback.stats.uploaded_chunks, 1);
     let restored = work.path().join("restored-s3.img");
-    wasmcsi(&["volume", "restore", "s3", "--volume-id", VOLUME, "--target", target_s, "--to", restored.to_str().unwrap()]);
+    wasmcsi(&[
+        "volume",
+        "restore",
+        "s3",
+        "--volume-id",
+        VOLUME,
+        "--target",
+        target_s,
+        "--to",
+        restored.to_str().unwrap(),
+    ]);
     assert!(std::fs::read(&restored).unwrap() == model, "restored s3 differs from what was written");
     assert!(rt.block_on(snapshot_view(addrs[0], "s3")) == model);
 }

@@ -6,8 +6,8 @@
 //! `cargo test --release --workspace --locked --test all -- MODULE::`.
 
 mod authority;
-mod backup_cli;
 mod backend_check;
+mod backup_cli;
 mod block_cli;
 mod block_netns;
 mod bounds;
