@@ -15,7 +15,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
