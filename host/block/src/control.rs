@@ -443,6 +443,25 @@ impl ReplicaSession {
         }
     }
 
+    /// Extents of `[offset, offset + len)` that may differ between snapshots `base` and `name`
+    /// (with no base: that hold data as of `name`). A `len` above 64 GiB may not fit one answer
+    /// (`Invalid`): ask in windows.
+    pub async fn snapshot_delta(
+        &mut self,
+        base: Option<&str>,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Extent>, ControlError> {
+        let addr = self.conn.addr;
+        let message = Message::ListSnapshotDelta { base: base.map(str::to_owned), name: name.to_owned(), offset, len };
+        match self.conn.call("ListSnapshotDelta", message).await? {
+            Message::ExtentMap { status: Status::Ok, extents } => Ok(extents),
+            Message::ExtentMap { status, .. } => Err(ControlError::refused(addr, "ListSnapshotDelta", status)),
+            _ => Err(ControlError::Protocol { addr, what: "ListSnapshotDelta" }),
+        }
+    }
+
     /// Flushes and closes, so the replica ends the session clean; returns once the server has
     /// ended the session (it closes its side only after clearing the dirty flag), so the next
     /// session sees a clean replica.

@@ -63,7 +63,7 @@ pub struct TimeoutArg {
 }
 
 impl TimeoutArg {
-    fn get(self) -> Duration {
+    pub(crate) fn get(self) -> Duration {
         Duration::from_secs(self.secs.max(1))
     }
 }
@@ -115,6 +115,22 @@ pub enum VolumeCommand {
     /// Follow an attached volume's rebuild with a progress bar until every replica is healthy;
     /// with --replace, first swap a lost replica for a new one on another server (full rebuild).
     Rebuild(RebuildArgs),
+    /// Back a snapshot up to a backup target, incrementally to --parent: only the blocks the
+    /// replica's layers changed since the parent's snapshot are read.
+    ///
+    /// Example:
+    ///   wasmcsi volume backup --volume-id pvc-1 --replica 10.0.0.1:9501 --replica 10.0.0.2:9501 \
+    ///     --snapshot s2 --target /mnt/backups --parent s1
+    #[command(verbatim_doc_comment)]
+    Backup(crate::backup_cmd::BackupArgs),
+    /// List a volume's complete backups on a target, oldest first.
+    Backups(crate::backup_cmd::BackupsArgs),
+    /// Restore a backup into a file or block device, every chunk checked against its hash.
+    ///
+    /// Example:
+    ///   wasmcsi volume restore s2 --volume-id pvc-1 --target /mnt/backups --to /dev/sdx
+    #[command(verbatim_doc_comment)]
+    Restore(crate::backup_cmd::RestoreArgs),
 }
 
 #[derive(Args)]
@@ -418,6 +434,9 @@ pub async fn volume(cmd: VolumeCommand) -> anyhow::Result<()> {
         }
         VolumeCommand::Clone(a) => clone(a).await,
         VolumeCommand::Rebuild(a) => rebuild(a).await,
+        VolumeCommand::Backup(a) => crate::backup_cmd::backup(a).await,
+        VolumeCommand::Backups(a) => crate::backup_cmd::list(a).await,
+        VolumeCommand::Restore(a) => crate::backup_cmd::restore(a).await,
     }
 }
 

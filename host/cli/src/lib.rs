@@ -3,9 +3,11 @@
 //! datapath` parse their arguments here and leave the data-path process to `wasmcsi-datapath`),
 //! the metrics endpoint, replica nodes as child processes (the demo's and the benchmark's), the
 //! built-in CA by hand (`wasmcsi pki`), a host's identity and authority endpoint (`trust`), and
-//! the descriptor limit every process raises at start (`descriptors`). `anyhow` lives here, at
+//! the descriptor limit every process raises at start (`descriptors`), and backups of replicated
+//! volumes by hand (`backup_cmd`, over the replica snapshot source `replica_backup`). `anyhow` lives here, at
 //! the edge; the libraries below use typed errors.
 pub mod backend_dir;
+pub mod backup_cmd;
 pub mod block_cmd;
 pub mod block_ctl;
 pub mod check;
@@ -17,6 +19,7 @@ pub mod descriptors;
 pub mod host;
 pub mod metrics_http;
 pub mod pki_cmd;
+pub mod replica_backup;
 pub mod replica_process;
 pub mod scaffold;
 pub mod trust;

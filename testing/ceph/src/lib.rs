@@ -15,6 +15,9 @@
 //! fast), but it still aggregates PG and pool statistics, which `ceph df`, `ceph pg ...` and
 //! the client's pool stats need. The health check complaining about the missing modules is muted.
 //!
+//! [`Ceph::rgw`] adds the RADOS Gateway (the S3 server of the backup tests) to a running
+//! cluster, in the same namespace, on first use.
+//!
 //! Needs root and the packages `scripts/ceph-setup` installs. [`Ceph::shared`] and
 //! [`Ceph::start_or_skip`] run that script when a tool is missing, and skip (saying why on
 //! stderr) only if it cannot install them; `WASMCSI_CEPH_TESTS=require` (CI) turns that skip into
@@ -40,7 +43,20 @@ pub const CLUSTER: &str = "test";
 /// `WASMCSI_CEPH_TESTS=require`: a missing Ceph fails the test instead of skipping it.
 pub const MODE_ENV: &str = "WASMCSI_CEPH_TESTS";
 /// Tools the harness runs.
-const TOOLS: &[&str] = &["ceph-mon", "ceph-osd", "ceph-mgr", "ceph", "ceph-authtool", "monmaptool", "rbd", "rbd-fuse"];
+const TOOLS: &[&str] = &[
+    "ceph-mon",
+    "ceph-osd",
+    "ceph-mgr",
+    "ceph",
+    "ceph-authtool",
+    "monmaptool",
+    "rbd",
+    "rbd-fuse",
+    "radosgw",
+    "radosgw-admin",
+];
+/// The port of the RADOS Gateway ([`Ceph::rgw`]) on the cluster's address.
+pub const RGW_PORT: u16 = 7480;
 
 /// Where the OSDs keep data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +124,15 @@ while read -r cmd; do
       done
       echo ok ;;
     resume) kill -CONT "$MON" && echo ok || echo failed ;;
+    # The RADOS Gateway (S3) on $NS_ADDR:7480, with a key of its own.
+    rgw) mkdir -p "$DIR/rgw"
+      if timeout 60 ceph "${C[@]}" --connect-timeout 20 auth get-or-create client.rgw.x mon 'allow rw' osd 'allow rwx' \
+           -o "$DIR/rgw.keyring" >/dev/null 2>>"$DIR/boot.err"; then
+        radosgw "${C[@]}" -n client.rgw.x -f 2>>"$DIR/rgw.err" &
+        echo ok
+      else
+        echo failed
+      fi ;;
     stop) pkill -KILL -P $$ ; wait; echo ok ;;
     *) echo failed ;;
   esac
@@ -155,6 +180,10 @@ mon osd nearfull ratio = .95
 osd pool default size = 2
 osd pool default min size = 1
 osd pool default pg autoscale mode = off
+# Pools made without a PG count (the RADOS Gateway's seven) get 8, not 32: 32 × 7 × 2 copies on
+# two OSDs would pass their PG limit.
+osd pool default pg num = 8
+osd pool default pgp num = 8
 # Both OSDs are on one host: replicate across OSDs, not hosts.
 osd crush chooseleaf type = 0
 # PG states and pool stats reach the monitors through the manager: report every second, not 5.
@@ -173,6 +202,16 @@ paxos propose interval = 0.05
 mgr data = {d}/mgr.$id
 keyring = {d}/mgr.$id/keyring
 mgr module path = {d}/mgr-modules
+[client.rgw.x]
+keyring = {d}/rgw.keyring
+rgw data = {d}/rgw
+rgw frontends = beast endpoint={addr}:{RGW_PORT}
+log file = {d}/rgw.log
+admin socket = {d}/run/rgw.asok
+rgw init timeout = 60
+# Quotas checked against fresh bucket statistics, not ones cached for 10 minutes (the backup
+# tests fill a bucket's quota and expect the next put refused).
+rgw bucket quota ttl = 0
 [osd]
 osd data = {d}/osd$id
 keyring = {d}/osd$id/keyring
@@ -189,6 +228,26 @@ pub struct Ceph {
     fsid: String,
     admin_key: String,
     started_in: Duration,
+    rgw: std::sync::Mutex<Option<Rgw>>,
+}
+
+/// The S3 endpoint of a cluster's RADOS Gateway and the keys of a user of it.
+#[derive(Clone)]
+pub struct Rgw {
+    /// `http://ADDR:7480`, reachable from the test process.
+    pub endpoint: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub started_in: Duration,
+}
+
+impl std::fmt::Debug for Rgw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rgw")
+            .field("endpoint", &self.endpoint)
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Ceph {
@@ -226,6 +285,18 @@ pub fn unavailable() -> Option<String> {
         Some(format!("{} missing and {} could not install them: {how}", still.join(", "), script.display()))
     })
     .clone()
+}
+
+/// True when an HTTP server answers a `GET /` at `addr` (any status).
+fn http_answers(addr: std::net::SocketAddr) -> bool {
+    use std::io::Read as _;
+    let Ok(mut c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else { return false };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    if c.write_all(b"GET / HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 5];
+    c.read_exact(&mut head).is_ok() && &head == b"HTTP/"
 }
 
 fn on_path(tool: &str) -> bool {
@@ -296,7 +367,8 @@ impl Ceph {
             stop_patience: Duration::from_secs(5),
         })?;
         let addr = ns.addr();
-        let mut ceph = Self { ns, dir, addr, fsid, admin_key: String::new(), started_in: Duration::ZERO };
+        let mut ceph =
+            Self { ns, dir, addr, fsid, admin_key: String::new(), started_in: Duration::ZERO, rgw: Default::default() };
         std::fs::write(ceph.conf_path(), config_text(ceph.dir.path(), addr, &ceph.fsid, store))?;
         ceph.command(&format!("go {addr}"), "ready")?;
         ceph.admin_key = ceph.ceph(&["auth", "print-key", "client.admin"])?.trim().to_owned();
@@ -336,6 +408,45 @@ impl Ceph {
     /// accepted the connection answers or the CLI's own timeout fires); returns stdout.
     pub fn ceph(&self, args: &[&str]) -> io::Result<String> {
         self.tool("ceph", args)
+    }
+
+    /// The cluster's RADOS Gateway (S3), started on first use (its pools, zone and a user
+    /// `wasmcsi` with fresh keys: ~10 s), then the same for every caller. Buckets are made
+    /// through S3 by the caller.
+    pub fn rgw(&self) -> io::Result<Rgw> {
+        let mut held = self.rgw.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(rgw) = &*held {
+            return Ok(rgw.clone());
+        }
+        let t0 = Instant::now();
+        self.command("rgw", "ok")?;
+        let addr = std::net::SocketAddr::from((self.addr, RGW_PORT));
+        self.wait_for("the RADOS Gateway answering", Duration::from_secs(90), |_| Ok(http_answers(addr)))?;
+        let key = |n: usize| {
+            let raw = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
+            String::from_utf8_lossy(&raw).chars().filter(char::is_ascii_alphanumeric).take(n).collect::<String>()
+        };
+        let (access_key, secret_key) =
+            (format!("WASMCSI{}", key(13).to_uppercase()), format!("{}{}", key(20), key(20)));
+        self.tool(
+            "radosgw-admin",
+            &[
+                "user",
+                "create",
+                "--uid=wasmcsi",
+                "--display-name=wasmcsi",
+                &format!("--access-key={access_key}"),
+                &format!("--secret-key={secret_key}"),
+            ],
+        )?;
+        let rgw = Rgw { endpoint: format!("http://{addr}"), access_key, secret_key, started_in: t0.elapsed() };
+        *held = Some(rgw.clone());
+        Ok(rgw)
+    }
+
+    /// Run `radosgw-admin` as client.admin (users, quotas, bucket statistics); returns stdout.
+    pub fn radosgw_admin(&self, args: &[&str]) -> io::Result<String> {
+        self.tool("radosgw-admin", args)
     }
 
     /// Run the `rbd` CLI as client.admin; returns stdout.
@@ -472,7 +583,7 @@ impl Ceph {
     /// The tails of the bootstrap errors and the daemons' stderr, for failure messages.
     pub fn log_tail(&self, lines: usize) -> String {
         let mut out = String::new();
-        for f in ["boot.err", "mon.err", "mgr.err", "osd0.err", "osd1.err"] {
+        for f in ["boot.err", "mon.err", "mgr.err", "osd0.err", "osd1.err", "rgw.err"] {
             let text = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
             let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
             if !all.is_empty() {

@@ -58,6 +58,7 @@ pub fn write_seeds(dir: &Path) -> io::Result<()> {
         Message::NodeInfo,
         Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "pvc-3".into(), size: 1 << 30 },
         Message::ListDisks,
+        Message::ListSnapshotDelta { base: Some("snap-1".into()), name: "snap-2".into(), offset: 0, len: 1 << 30 },
         Message::Grant { grant: b"WCSIGRT1".iter().copied().chain([0xab; 56]).collect() },
         Message::Reply { status: Status::Denied },
     ];

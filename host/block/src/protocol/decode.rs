@@ -319,6 +319,12 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
             }
             Message::DiskList { status, disks }
         }
+        36 => Message::ListSnapshotDelta {
+            base: if r.flag()? { Some(r.name()?) } else { None },
+            name: r.name()?,
+            offset: r.u64()?,
+            len: r.u64()?,
+        },
         other => return Err(DecodeError::UnknownKind(other)),
     };
     r.finish()?;

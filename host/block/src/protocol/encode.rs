@@ -306,6 +306,15 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 }
             }
         }
+        Message::ListSnapshotDelta { base, name, offset, len } => {
+            out.push(u8::from(base.is_some()));
+            if let Some(base) = base {
+                put_name(out, base)?;
+            }
+            put_name(out, name)?;
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(&len.to_le_bytes());
+        }
     }
     Ok(())
 }

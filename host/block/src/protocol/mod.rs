@@ -360,6 +360,17 @@ pub enum Message {
         status: Status,
         disks: Vec<DiskSummary>,
     },
+    /// Which extents of `[offset, offset + len)` may differ between the volume as of snapshot
+    /// `base` and as of snapshot `name`, from the layers' block maps (no data is read); with no
+    /// base, which hold data as of `name`. Answered by `ExtentMap` (every extent `Allocated`);
+    /// `NotFound` when either snapshot is absent — a deleted base is never answered with a
+    /// guess.
+    ListSnapshotDelta {
+        base: Option<String>,
+        name: String,
+        offset: u64,
+        len: u64,
+    },
 }
 
 impl Message {
@@ -400,6 +411,7 @@ impl Message {
             Self::CreateReplicaOn { .. } => 33,
             Self::ListDisks => 34,
             Self::DiskList { .. } => 35,
+            Self::ListSnapshotDelta { .. } => 36,
         }
     }
 }

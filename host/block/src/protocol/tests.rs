@@ -15,7 +15,7 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         (0..n).map(|_| rng.next() as u8).collect()
     };
     let status = |rng: &mut Rng| Status::from_wire(rng.below(12) as u16).unwrap_or(Status::Ok);
-    match rng.below(35) {
+    match rng.below(36) {
         0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
         1 => Message::HelloReply {
             status: status(rng),
@@ -96,6 +96,12 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
                 })
                 .collect(),
         },
+        34 => Message::ListSnapshotDelta {
+            base: rng.chance(50).then(|| name(rng)),
+            name: name(rng),
+            offset: rng.next(),
+            len: rng.next(),
+        },
         _ => Message::NodeInfoReply {
             status: status(rng),
             capacity: rng.next(),
@@ -129,7 +135,7 @@ fn every_message_kind_round_trips() {
         let bytes = encoded(&frame);
         assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
     }
-    assert_eq!(kinds.len(), 35, "the generator covers every kind");
+    assert_eq!(kinds.len(), 36, "the generator covers every kind");
 }
 
 #[test]

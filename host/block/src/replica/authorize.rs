@@ -158,7 +158,7 @@ pub(crate) fn denied(request: &Message) -> Message {
         Message::Read { .. } | Message::ReadExtent { .. } | Message::ReadSnapshot { .. } => {
             Message::ReadReply { status: Status::Denied, data: Vec::new() }
         }
-        Message::ListExtents { .. } | Message::ListSnapshotExtents { .. } => {
+        Message::ListExtents { .. } | Message::ListSnapshotExtents { .. } | Message::ListSnapshotDelta { .. } => {
             Message::ExtentMap { status: Status::Denied, extents: Vec::new() }
         }
         _ => Message::Reply { status: Status::Denied },
@@ -265,6 +265,8 @@ mod tests {
         assert!(matches!(denied(&hello), Message::HelloReply { status: Status::Denied, .. }));
         let call = Message::EngineCall { volume_id: "v".into(), request: vec![] };
         assert!(matches!(denied(&call), Message::EngineReply { status: Status::Denied, .. }));
+        let delta = Message::ListSnapshotDelta { base: None, name: "s".into(), offset: 0, len: 1 };
+        assert_eq!(denied(&delta), Message::ExtentMap { status: Status::Denied, extents: Vec::new() });
         for m in [
             Message::Grant { grant: vec![] },
             Message::Claim { epoch: 1 },

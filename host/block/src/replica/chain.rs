@@ -247,6 +247,52 @@ impl ReplicaStore {
             .collect())
     }
 
+    /// The extents of `[offset, offset + len)` whose 4 KiB blocks may differ between the views of
+    /// snapshot `base` and snapshot `name`, without reading any data; with no base, those that
+    /// hold data as of `name` (what differs from all zeros). All `Allocated`.
+    ///
+    /// Why the maps suffice: a view reads each block from the topmost layer of its stack that
+    /// holds it. The stacks of two snapshots of one chain share every layer up to the older one
+    /// (index `lo`); a block that no layer in `lo + 1 ..= hi` holds is read from the same layer
+    /// of the shared part in both views, so it is equal. The union of those layers' maps is thus
+    /// a superset of the changed blocks: exact when every write between them changed its block's
+    /// bytes, larger by blocks rewritten with the same data (and by an unaligned write's
+    /// whole block).
+    ///
+    /// Deleting a snapshot does not change the answer for the snapshots that remain: its fold
+    /// copies only blocks the deleted layer held into its successor, so when both are inside
+    /// `lo + 1 ..= hi` the union is the same set of blocks, and when the successor is the older
+    /// snapshot's own layer (the deleted one was below it) the layers after it are untouched. A
+    /// fold interrupted by a crash leaves both layers in the chain, the union again the same.
+    /// What a fold does make unknowable is a delta against the deleted snapshot itself (or one
+    /// reverted away): that base is [`StoreError::SnapshotNotFound`], and the caller falls back
+    /// to everything allocated in `name` (`base` `None`) instead of guessing.
+    ///
+    /// A base newer than `name` answers the same way (the difference is symmetric).
+    pub fn snapshot_delta(
+        &self,
+        base: Option<&str>,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Extent>, StoreError> {
+        let chain = read(&self.chain);
+        let idx = chain.snapshot_index(name)?;
+        let layers: Vec<&Layer> = match base {
+            None => chain.snapshots[..=idx].iter().collect(),
+            Some(base) => {
+                let from = chain.snapshot_index(base)?;
+                let (lo, hi) = (from.min(idx), from.max(idx));
+                chain.snapshots[lo + 1..=hi].iter().collect()
+            }
+        };
+        Self::check_range(chain.header.size, offset, len)?;
+        Ok(view_extents(&layers, offset, len)
+            .into_iter()
+            .map(|(offset, len)| Extent { offset, len, state: ExtentState::Allocated })
+            .collect())
+    }
+
     /// Unlinks layers a committed header no longer lists. Failing here loses nothing: the file
     /// is a leftover `open` removes next time.
     fn remove_layers(&self, layers: Vec<Layer>) {

@@ -53,8 +53,22 @@ impl Model {
         for (name, data) in &self.snapshots {
             assert!(s.read_snapshot(name, 0, size as u32).expect("read snapshot") == *data, "{step}: view of {name}");
             covers(data, &s.list_snapshot_extents(name, 0, size).expect("extents"), step);
+            covers(data, &s.snapshot_delta(None, name, 0, size).expect("delta"), step);
+        }
+        // Every pair, both ways: the delta covers each block the two views disagree on.
+        for (base, old) in &self.snapshots {
+            for (name, new) in &self.snapshots {
+                let delta = s.snapshot_delta(Some(base), name, 0, size).expect("delta");
+                let differ: Vec<u8> = old.iter().zip(new).map(|(a, b)| u8::from(a != b)).collect();
+                covers(&differ, &delta, &format!("{step}: delta {base} -> {name}"));
+            }
         }
     }
+}
+
+/// The 4 KiB blocks an extent list covers.
+fn blocks_of(extents: &[crate::protocol::Extent]) -> Vec<u64> {
+    extents.iter().flat_map(|e| e.offset / BLOCK..(e.offset + e.len).div_ceil(BLOCK)).collect()
 }
 
 /// Every non-zero byte lies inside a listed extent (what a rebuild or clone copies).
@@ -442,4 +456,49 @@ fn writes_racing_a_fold_into_the_head_are_never_overwritten() {
         assert_eq!(&block[lo..hi], &want[lo..hi], "block {b}");
         assert!(block.iter().all(|&x| x != 0), "block {b} lost data");
     }
+}
+
+#[test]
+fn the_delta_between_snapshots_is_exactly_the_blocks_written_between_them_and_survives_a_fold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = store(dir.path());
+    s.write(0, &fill(1, 16 * BLOCK as usize), 0).expect("write");
+    s.snapshot("s1", 0).expect("snapshot");
+    // Between s1 and s2: block 3, and an unaligned write over blocks 10 and 11.
+    s.write(3 * BLOCK, &fill(2, BLOCK as usize), 0).expect("write");
+    s.write(10 * BLOCK + 100, &fill(3, BLOCK as usize), 0).expect("write");
+    s.snapshot("s2", 0).expect("snapshot");
+    // Between s2 and s3: block 3 again, and block 40 (never written before).
+    s.write(3 * BLOCK, &fill(4, BLOCK as usize), 0).expect("write");
+    s.write(40 * BLOCK, &fill(5, BLOCK as usize), 0).expect("write");
+    s.snapshot("s3", 0).expect("snapshot");
+    s.write(50 * BLOCK, &fill(6, BLOCK as usize), 0).expect("write in the head, after every snapshot");
+    let delta = |base: Option<&str>, name: &str| blocks_of(&s.snapshot_delta(base, name, 0, SIZE).expect("delta"));
+    assert_eq!(delta(Some("s1"), "s2"), [3, 10, 11]);
+    assert_eq!(delta(Some("s2"), "s3"), [3, 40]);
+    assert_eq!(delta(Some("s1"), "s3"), [3, 10, 11, 40]);
+    assert_eq!(delta(Some("s3"), "s1"), [3, 10, 11, 40], "symmetric");
+    assert_eq!(delta(Some("s2"), "s2"), Vec::<u64>::new());
+    assert_eq!(delta(None, "s1"), (0..16).collect::<Vec<_>>());
+    let ranged = s.snapshot_delta(Some("s1"), "s3", 10 * BLOCK + 7, 30 * BLOCK).expect("delta");
+    assert_eq!(
+        ranged.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(),
+        [(10 * BLOCK + 7, 2 * BLOCK - 7), (40 * BLOCK, 7)]
+    );
+
+    // Folding the middle snapshot keeps the delta of the outer two exact, also after a reopen.
+    s.delete_snapshot("s2", 0).expect("delete");
+    assert_eq!(delta(Some("s1"), "s3"), [3, 10, 11, 40]);
+    drop(s);
+    let s = ReplicaStore::open(dir.path()).expect("reopen");
+    assert_eq!(blocks_of(&s.snapshot_delta(Some("s1"), "s3", 0, SIZE).expect("delta")), [3, 10, 11, 40]);
+
+    // Folding the base itself makes the delta unknowable: refused, never guessed.
+    s.delete_snapshot("s1", 0).expect("delete");
+    let gone = s.snapshot_delta(Some("s1"), "s3", 0, SIZE).map(|_| ()).map_err(|e| e.status());
+    assert_eq!(gone, Err(Status::NotFound));
+    let all = blocks_of(&s.snapshot_delta(None, "s3", 0, SIZE).expect("delta"));
+    assert_eq!(all, [(0..16).collect::<Vec<_>>(), vec![40]].concat(), "everything allocated in s3");
+    assert!(matches!(s.snapshot_delta(None, "s2", 0, SIZE), Err(e) if e.status() == Status::NotFound));
+    assert!(matches!(s.snapshot_delta(Some("s3"), "s3", SIZE, 1), Err(e) if e.status() == Status::OutOfRange));
 }

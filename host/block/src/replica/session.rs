@@ -127,7 +127,8 @@ pub(crate) fn classify(m: &Message) -> Option<bool> {
         | Message::ListExtents { .. }
         | Message::ReadExtent { .. }
         | Message::ReadSnapshot { .. }
-        | Message::ListSnapshotExtents { .. } => Some(false),
+        | Message::ListSnapshotExtents { .. }
+        | Message::ListSnapshotDelta { .. } => Some(false),
         Message::Hello { .. }
         | Message::HelloReply { .. }
         | Message::ReadReply { .. }
@@ -259,6 +260,9 @@ fn execute_admitted(replica: &Replica, request: Message, max_payload: usize) -> 
         Message::ReadSnapshot { name, offset, len } => read_reply(store.read_snapshot(&name, offset, len)),
         Message::ListSnapshotExtents { name, offset, len } => {
             extent_map(store.list_snapshot_extents(&name, offset, len), max_payload)
+        }
+        Message::ListSnapshotDelta { base, name, offset, len } => {
+            extent_map(store.snapshot_delta(base.as_deref(), &name, offset, len), max_payload)
         }
         // serve_requests only passes requests.
         other => {

@@ -552,6 +552,22 @@ async fn snapshot_messages_are_served_over_tcp() {
     assert!(extents.iter().all(|e| e.state == ExtentState::Allocated));
     let missing = c.call(Message::ListSnapshotExtents { name: "nope".into(), offset: 0, len: 1 }).await;
     assert_eq!(missing, Message::ExtentMap { status: Status::NotFound, extents: vec![] });
+    let delta = |base: Option<&str>, name: &str| Message::ListSnapshotDelta {
+        base: base.map(str::to_owned),
+        name: name.into(),
+        offset: 0,
+        len: SIZE,
+    };
+    let Message::ExtentMap { status: Status::Ok, extents } = c.call(delta(Some("s1"), "s2")).await else {
+        panic!("delta s1 -> s2")
+    };
+    assert_eq!(extents.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(), [(4096, 4096)], "only s2's write");
+    let Message::ExtentMap { status: Status::Ok, extents } = c.call(delta(None, "s2")).await else {
+        panic!("delta from nothing")
+    };
+    assert_eq!(extents.iter().map(|e| (e.offset, e.len)).collect::<Vec<_>>(), [(0, 8192)]);
+    let gone = c.call(delta(Some("nope"), "s2")).await;
+    assert_eq!(gone, Message::ExtentMap { status: Status::NotFound, extents: vec![] }, "an unknown base is no guess");
 
     let (_, _, header) = Client::hello(server.local_addr()).await;
     let names: Vec<_> = header.snapshots.iter().map(|s| s.name.as_str()).collect();

@@ -7,6 +7,7 @@
 
 mod authority;
 mod backend_check;
+mod backup_cli;
 mod block_cli;
 mod block_netns;
 mod bounds;
