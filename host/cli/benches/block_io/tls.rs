@@ -13,6 +13,7 @@ use wasmcsi_block::protocol::RecordInfo;
 use wasmcsi_block::replica::{NodeIdentity, ReplicaNode, ReplicaServer, ServerConfig};
 use wasmcsi_block::transport::Transport;
 use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeGrant};
+use wasmcsi_frontend::BlockDevice;
 use wasmcsi_trust::credentials::Credentials;
 use wasmcsi_trust::pki::{Authority, DEFAULT_CA_VALIDITY, DEFAULT_LEAF_VALIDITY, Validity};
 use wasmcsi_trust::{Grant, LiveCredentials, Role};
@@ -69,7 +70,8 @@ impl Pair {
                         }
                     }
                 };
-                server_rt.block_on(ReplicaServer::serve("127.0.0.1:0".parse().unwrap(), node, config)).unwrap()
+                let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+                server_rt.block_on(ReplicaServer::serve(any, node, config)).unwrap()
             })
             .collect();
         let replicas = servers.iter().map(|s| ReplicaEndpoint::Remote(s.local_addr())).collect();
