@@ -76,7 +76,7 @@ impl Pair {
             .collect();
         let replicas = servers.iter().map(|s| ReplicaEndpoint::Remote(s.local_addr())).collect();
         let engine_rt = runtime("engine");
-        let mut config = VolumeConfig::new(engine_config(id, size), replicas, &root.join(format!("{id}-state")));
+        let mut config = VolumeConfig::new(engine_config(id, size), replicas, root.join(format!("{id}-state")));
         if let Some(pki) = pki {
             let controller = pki.credentials(&Role::Controller, &format!("{id}-controller"));
             let now = SystemTime::now();
