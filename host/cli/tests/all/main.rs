@@ -26,4 +26,5 @@ mod replicated_metrics;
 mod replicated_netns;
 mod replicated_tls;
 mod serve_cli;
+mod tls_upgrade;
 mod support;

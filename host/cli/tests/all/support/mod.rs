@@ -7,6 +7,7 @@
 pub mod csi;
 pub mod direct;
 pub mod lan;
+pub mod cluster;
 pub mod process;
 pub mod replicated;
 
