@@ -77,7 +77,8 @@ pub async fn run_upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                         change.mode
                     );
                 }
-                let mode = tls.as_ref().map(|t| format!(", replica port now --tls-mode {}", t.mode)).unwrap_or_default();
+                let mode =
+                    tls.as_ref().map(|t| format!(", replica port now --tls-mode {}", t.mode)).unwrap_or_default();
                 println!(
                     "data path {pid} upgraded to {} in {:.3}s: {} volumes, longest I/O pause {:.1} ms (handover {}){mode}",
                     binary.display(),

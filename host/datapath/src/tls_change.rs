@@ -163,8 +163,7 @@ pub async fn check(datapath: &DataPath, next: &NextTls) -> Result<(), TlsChangeE
         for (volume, info) in &infos {
             let remote = info.members.iter().any(|(n, _)| *n != node);
             let grant = datapath.grant(volume).or_else(|| info.grant.clone());
-            let verified =
-                grant.is_some_and(|g| wasmcsi_trust::grant::verify(&g, &anchors, SystemTime::now()).is_ok());
+            let verified = grant.is_some_and(|g| wasmcsi_trust::grant::verify(&g, &anchors, SystemTime::now()).is_ok());
             if remote && !verified && next.authority.is_none() {
                 return Err(TlsChangeError::NoGrant(volume.clone()));
             }

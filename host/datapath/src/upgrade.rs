@@ -22,8 +22,8 @@ use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use wasmcsi_block::catalog::AttachInfo;
 
 use crate::attach::SuspendedVolume;
-use crate::tls_change::NextTls;
 use crate::handover::{HandedOwner, HandedVolume, HandoverReport, HandoverState, STATE_VERSION, StateError};
+use crate::tls_change::NextTls;
 use crate::{DataPath, DataPathError};
 
 /// How long the check of the new binary may take.

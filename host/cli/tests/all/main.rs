@@ -26,5 +26,5 @@ mod replicated_metrics;
 mod replicated_netns;
 mod replicated_tls;
 mod serve_cli;
-mod tls_upgrade;
 mod support;
+mod tls_upgrade;

@@ -34,8 +34,8 @@ use crate::support::cluster::{
     skip_reason, wait_condition,
 };
 use crate::support::csi::{
-    controller_unpublish as unpublish, mounts_under, publish_at, stage_and_publish, stats, unpublish_and_unstage,
-    unpublish_at,
+    Paths, controller_unpublish as unpublish, mounts_under, publish_at, stage_and_publish, stats,
+    unpublish_and_unstage, unpublish_at,
 };
 
 use support::direct::Aligned;

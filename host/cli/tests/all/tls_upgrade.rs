@@ -34,7 +34,8 @@ use wasmcsi_trust::pki::{Authority, DEFAULT_CA_VALIDITY, DEFAULT_LEAF_VALIDITY, 
 
 use crate::support;
 use crate::support::cluster::{
-    Cluster, Plugin, REPLICA_PORT, create, fio, fio_ok, fio_until, mount_cap, publish, runtime, skip_reason, wait_condition,
+    Cluster, Plugin, REPLICA_PORT, create, fio, fio_ok, fio_until, mount_cap, publish, runtime, skip_reason,
+    wait_condition,
 };
 use crate::support::csi::{controller_unpublish, mounts_under, stage_and_publish, unpublish_and_unstage};
 
@@ -154,7 +155,8 @@ fn a_volume_under_verified_io_moves_from_plaintext_to_required_tls_by_live_upgra
         // Credentials the operator puts on every node before the switch (cert-manager, say).
         let ca = Authority::generate(Validity::starting_now(DEFAULT_CA_VALIDITY)).unwrap();
         issue_all(&cluster, &ca);
-        let tls_dir = |name: &str| tls_dir(&cluster, name);
+        let base = tls_dir(&cluster, "");
+        let tls_dir = |name: &str| base.join(name);
         cluster.start_all().await;
         let pids: Vec<i32> = cluster.nodes.iter().map(|n| n.datapath_pid().expect("a data path of its own")).collect();
         let sockets: Vec<PathBuf> = cluster.nodes.iter().map(|n| n.home.join("datapath.sock")).collect();
@@ -190,7 +192,11 @@ fn a_volume_under_verified_io_moves_from_plaintext_to_required_tls_by_live_upgra
             let dir = tls_dir(&cluster.nodes[i].name);
             cluster.restart_with_tls(Some(i), flags("permissive", &dir, &["--authority", &authority])).await;
         }
-        upgraded(&sockets[0], &flags("permissive", &tls_dir("node-a"), &["--authority", &authority]), "node-a permissive");
+        upgraded(
+            &sockets[0],
+            &flags("permissive", &tls_dir("node-a"), &["--authority", &authority]),
+            "node-a permissive",
+        );
 
         // node-b's data path still speaks plaintext only: node-a's engine could not reach its
         // replica there in `required`. Refused, and node-a serves on in `permissive`.
@@ -202,10 +208,16 @@ fn a_volume_under_verified_io_moves_from_plaintext_to_required_tls_by_live_upgra
         let mode = DataPathClient::new(&sockets[0]).tls_mode().await.unwrap();
         assert_eq!(mode.as_deref(), Some("permissive"), "node-a serves on as it was");
 
-        upgraded(&sockets[1], &flags("permissive", &tls_dir("node-b"), &["--authority", &authority]), "node-b permissive");
+        upgraded(
+            &sockets[1],
+            &flags("permissive", &tls_dir("node-b"), &["--authority", &authority]),
+            "node-b permissive",
+        );
 
         // Step 2: every node speaks TLS; now `required` everywhere.
-        cluster.restart_with_tls(None, flags("required", &tls_dir("controller"), &["--authority-listen", &listen])).await;
+        cluster
+            .restart_with_tls(None, flags("required", &tls_dir("controller"), &["--authority-listen", &listen]))
+            .await;
         for i in 0..cluster.nodes.len() {
             let dir = tls_dir(&cluster.nodes[i].name);
             cluster.restart_with_tls(Some(i), flags("required", &dir, &["--authority", &authority])).await;

@@ -193,7 +193,11 @@ fn failed(e: DataPathError) -> Reply {
 }
 
 #[tracing::instrument(name = "datapath.request", skip_all, fields(op = request.name()))]
-async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<UpgradeRequest>>, request: Request) -> Reply {
+async fn answer(
+    datapath: &DataPath,
+    upgrades: Option<&mpsc::UnboundedSender<UpgradeRequest>>,
+    request: Request,
+) -> Reply {
     match request {
         Request::Hello => Reply {
             handover: Some(datapath.handover_report()),
