@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn the_next_image_gets_this_one_s_arguments_with_one_adopt() {
-        let argv = next_argv(Path::new("/new/wasmcsi"), Path::new("/state/handover.json")).unwrap();
+        let argv = next_argv(Path::new("/new/wasmcsi"), Path::new("/state/handover.json"), None).unwrap();
         assert_eq!(argv[0].to_str().unwrap(), "/new/wasmcsi");
         let adopts = argv.iter().filter(|a| a.to_str() == Ok("--adopt")).count();
         assert_eq!(adopts, 1);
