@@ -233,6 +233,11 @@ struct TrustArgs {
     /// nodes', and the controller's own (issued into --tls-dir when it has none).
     #[arg(long, value_parser = wasmcsi::pki_cmd::parse_validity, requires = "ca_dir")]
     certificate_validity: Option<Duration>,
+    /// Controller: how long the grants the authority endpoint signs are valid (e.g. 24h, the
+    /// default). A node renews a grant when half of its life is left, so a shorter life bounds
+    /// how long a replica that missed a republish accepts the old owner, at more renewals.
+    #[arg(long, value_parser = wasmcsi::pki_cmd::parse_validity, requires = "authority_listen")]
+    grant_validity: Option<Duration>,
     /// Controller: the node plugin's ServiceAccount (NAMESPACE:NAME). A node without a
     /// certificate proves itself with a projected token of it bound to a pod on that node,
     /// checked with the TokenReview API.
@@ -277,6 +282,7 @@ impl TrustArgs {
             ca_dir: self.ca_dir,
             ca_secret: self.ca_secret,
             certificate_validity: self.certificate_validity,
+            grant_validity: self.grant_validity,
             node_service_account: self.node_service_account,
             kube_api,
             authority: self.authority,

@@ -54,6 +54,8 @@ pub struct TrustOptions {
     pub ca_secret: Option<String>,
     /// How long the node certificates the CA issues are valid (default 24 h).
     pub certificate_validity: Option<Duration>,
+    /// How long the grants the authority endpoint signs are valid (default 24 h).
+    pub grant_validity: Option<Duration>,
     /// A controller issuing first certificates to nodes that prove themselves with a token: the
     /// node plugin's ServiceAccount, `NAMESPACE:NAME`.
     pub node_service_account: Option<String>,
@@ -154,6 +156,9 @@ pub async fn start(opts: &TrustOptions, mode: Mode, node_id: &str, registry: &Ar
             );
         }
         let mut service = AuthorityService::new(live.clone(), publications());
+        if let Some(life) = opts.grant_validity {
+            service = service.with_grant_life(life);
+        }
         if let Some(ca_dir) = &opts.ca_dir {
             let ca = Authority::load(ca_dir).with_context(|| format!("the built-in CA in {}", ca_dir.display()))?;
             service = service.with_issuer(issuer(opts, ca)?);

@@ -92,9 +92,15 @@ impl DataPathClient {
         Ok(self.call(Request::Hello).await?.pid)
     }
 
-    /// Asks the data path to hand its volumes to `binary`; the report before it starts.
-    pub async fn upgrade(&self, binary: &Path) -> Result<crate::handover::HandoverReport, EnginesError> {
-        let reply = self.call(Request::Upgrade { binary: binary.to_owned() }).await?;
+    /// Asks the data path to hand its volumes to `binary`, with the replica port's TLS
+    /// configuration changed as `tls` says (refused, with the reason, when that would cut an
+    /// attached volume off); the report before it starts.
+    pub async fn upgrade(
+        &self,
+        binary: &Path,
+        tls: Option<crate::wire::TlsChange>,
+    ) -> Result<crate::handover::HandoverReport, EnginesError> {
+        let reply = self.call(Request::Upgrade { binary: binary.to_owned(), tls }).await?;
         Ok(reply.handover.unwrap_or_default())
     }
 
@@ -102,6 +108,12 @@ impl DataPathClient {
     pub async fn report(&self) -> Result<(u32, crate::handover::HandoverReport), EnginesError> {
         let reply = self.call(Request::Hello).await?;
         Ok((reply.pid, reply.handover.unwrap_or_default()))
+    }
+
+    /// How the data path's replica port travels (`off`, `permissive`, `required`); `None` from
+    /// a data path of the version before it said.
+    pub async fn tls_mode(&self) -> Result<Option<String>, EnginesError> {
+        Ok(self.call(Request::Hello).await?.tls_mode)
     }
 
     /// Waits until a data path answers, at most `wait`.

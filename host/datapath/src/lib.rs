@@ -23,7 +23,8 @@
 //! plugin then reaches it through [`client::Engines`], the same handle either way.
 //!
 //! A data-path process hands its volumes to a new binary live ([`handover`]: what one process
-//! image hands the next; [`upgrade`]: the `execve` and the taking of the inherited fds): every
+//! image hands the next; [`upgrade`]: the `execve` and the taking of the inherited fds; with a
+//! new TLS configuration for the replica port when asked, checked first by [`tls_change`]): every
 //! volume is suspended ([`DataPath::suspend_all`]), the process image is replaced, and the new
 //! one adopts them ([`DataPath::adopt`]) with the FUSE connections, mounts and loop devices the
 //! kernel already has.
@@ -44,6 +45,7 @@ pub mod handover;
 pub mod process;
 pub mod rbd_fuse;
 pub mod socket;
+pub mod tls_change;
 pub mod upgrade;
 pub mod wire;
 
@@ -250,6 +252,20 @@ impl DataPath {
 
     pub fn identity(&self) -> &NodeIdentity {
         &self.config.identity
+    }
+
+    /// How the replica port and the engines' connections travel now.
+    pub fn tls_mode(&self) -> wasmcsi_trust::TlsMode {
+        self.config.transport.mode()
+    }
+
+    /// What each attached volume's engine was started with (its members and epoch), by volume
+    /// id.
+    pub fn attach_infos(&self) -> Vec<(String, AttachInfo)> {
+        let infos = self.volumes.infos.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out: Vec<(String, AttachInfo)> = infos.iter().map(|(id, i)| (id.clone(), i.clone())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Where the replica server listens (port 0 in the configuration: the one it got).

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::rbd_fuse::RbdFuseError;
 use crate::socket::{self, SocketError};
-use crate::upgrade::{self, Served, UpgradeError};
+use crate::upgrade::{self, Served, UpgradeError, UpgradeRequest};
 use crate::{DataPath, DataPathConfig, DataPathError};
 
 /// What a data-path process serves, and where.
@@ -80,8 +80,8 @@ pub struct DataPathProcess {
     state_dir: PathBuf,
     served: Served,
     /// Where the socket sends the binaries of `upgrade` requests, and where they are read.
-    upgrades: mpsc::UnboundedSender<PathBuf>,
-    upgrade_requests: mpsc::UnboundedReceiver<PathBuf>,
+    upgrades: mpsc::UnboundedSender<UpgradeRequest>,
+    upgrade_requests: mpsc::UnboundedReceiver<UpgradeRequest>,
 }
 
 impl DataPathProcess {
@@ -142,9 +142,9 @@ impl DataPathProcess {
             tokio::select! {
                 r = tokio::signal::ctrl_c() => break r.map_err(ProcessError::Signal)?,
                 _ = term.recv() => break,
-                Some(binary) = self.upgrade_requests.recv() => {
+                Some(request) = self.upgrade_requests.recv() => {
                     let state = self.state_dir.join("handover.json");
-                    upgrade::hand_over(&self.datapath, &binary, &state, &mut self.served, &self.upgrades).await;
+                    upgrade::hand_over(&self.datapath, &request, &state, &mut self.served, &self.upgrades).await;
                 }
             }
         }

@@ -23,6 +23,7 @@ use wasmcsi_block::catalog::AttachInfo;
 
 use crate::attach::SuspendedVolume;
 use crate::handover::{HandedOwner, HandedVolume, HandoverReport, HandoverState, STATE_VERSION, StateError};
+use crate::tls_change::NextTls;
 use crate::{DataPath, DataPathError};
 
 /// How long the check of the new binary may take.
@@ -92,18 +93,29 @@ fn set_cloexec(fd: BorrowedFd<'_>, on: bool) -> std::io::Result<()> {
 }
 
 /// The process's own arguments for the next image: `binary` as argv[0], any `--adopt FILE` of
-/// this image's replaced by `--adopt state`.
-fn next_argv(binary: &Path, state: &Path) -> Result<Vec<CString>, UpgradeError> {
+/// this image's replaced by `--adopt state`, the TLS flags replaced by `tls`'s when given.
+fn next_argv(binary: &Path, state: &Path, tls: Option<&NextTls>) -> Result<Vec<CString>, UpgradeError> {
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--adopt") {
         args.drain(i..(i + 2).min(args.len()));
     }
     args.retain(|a| !a.as_bytes().starts_with(b"--adopt="));
+    if let Some(tls) = tls {
+        crate::tls_change::apply(tls, &mut args);
+    }
     args.extend([OsString::from("--adopt"), state.as_os_str().to_owned()]);
     std::iter::once(binary.as_os_str().to_owned())
         .chain(args)
         .map(|a| CString::new(a.as_bytes()).map_err(|source| UpgradeError::Nul { what: "an argument", source }))
         .collect()
+}
+
+/// What the socket asks the process for: a live upgrade to `binary`, with the replica port's
+/// new TLS configuration when it changes (already checked, [`crate::tls_change::check`]).
+#[derive(Debug, Clone)]
+pub struct UpgradeRequest {
+    pub binary: PathBuf,
+    pub tls: Option<NextTls>,
 }
 
 /// What a running data path keeps to hand over: its socket's listener.
@@ -119,12 +131,13 @@ pub struct Served {
 /// listener again) and its report says why.
 pub async fn hand_over(
     datapath: &Arc<DataPath>,
-    binary: &Path,
+    request: &UpgradeRequest,
     state_path: &Path,
     served: &mut Served,
-    upgrades: &tokio::sync::mpsc::UnboundedSender<PathBuf>,
+    upgrades: &tokio::sync::mpsc::UnboundedSender<UpgradeRequest>,
 ) -> UpgradeError {
-    let error = match try_hand_over(datapath, binary, state_path, served).await {
+    let binary = &request.binary;
+    let error = match try_hand_over(datapath, binary, request.tls.as_ref(), state_path, served).await {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -149,6 +162,7 @@ pub async fn hand_over(
 async fn try_hand_over(
     datapath: &Arc<DataPath>,
     binary: &Path,
+    tls: Option<&NextTls>,
     state_path: &Path,
     served: &mut Served,
 ) -> Result<std::convert::Infallible, UpgradeError> {
@@ -188,7 +202,7 @@ async fn try_hand_over(
     };
     let exec = (|| -> Result<std::convert::Infallible, UpgradeError> {
         state.write(state_path)?;
-        let argv = next_argv(binary, state_path)?;
+        let argv = next_argv(binary, state_path, tls)?;
         let inherited: Vec<BorrowedFd<'_>> = suspended
             .iter()
             .map(|(_, s)| s.session.as_fd())
@@ -203,6 +217,7 @@ async fn try_hand_over(
             .map_err(UpgradeError::KeepOpen)?;
         tracing::info!(
             binary = %binary.display(),
+            tls_mode = %tls.map_or(datapath.tls_mode(), |t| t.mode),
             volumes = suspended.len(),
             suspended_in = ?started.elapsed(),
             "handing the volumes to the new binary"
@@ -309,7 +324,7 @@ mod tests {
 
     #[test]
     fn the_next_image_gets_this_one_s_arguments_with_one_adopt() {
-        let argv = next_argv(Path::new("/new/wasmcsi"), Path::new("/state/handover.json")).unwrap();
+        let argv = next_argv(Path::new("/new/wasmcsi"), Path::new("/state/handover.json"), None).unwrap();
         assert_eq!(argv[0].to_str().unwrap(), "/new/wasmcsi");
         let adopts = argv.iter().filter(|a| a.to_str() == Ok("--adopt")).count();
         assert_eq!(adopts, 1);

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wasmcsi_block::catalog::AttachInfo;
 use wasmcsi_block::catalog::engine_call::EngineStatus;
+use wasmcsi_trust::TlsMode;
 
 use crate::rbd_fuse::{RbdFuseSpec, RbdFuseView};
 
@@ -56,7 +57,15 @@ pub enum Request {
     List,
     /// Hand every volume to the wasmcsi binary at `binary` (a live upgrade): answered before
     /// it starts; `hello` shows the outcome ([`Reply::handover`]).
-    Upgrade { binary: PathBuf },
+    Upgrade {
+        binary: PathBuf,
+        /// A new TLS configuration for the replica port, taken by the new binary (checked first:
+        /// a change that would cut an attached volume's engine off its replicas is refused).
+        /// Absent: the same as now. A data path of the version before it ignores the field, so
+        /// the client checks the mode the upgraded data path reports ([`Reply::tls_mode`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tls: Option<TlsChange>,
+    },
     /// Start rbd-fuse for an RBD volume ([`crate::rbd_fuse`]); the running one when it is.
     /// Added without a version bump: a data path of the previous version refuses it as
     /// malformed, and everything else it answers as before.
@@ -92,6 +101,33 @@ impl Request {
             members: info.members.clone(),
             grant: info.grant.clone(),
         }
+    }
+}
+
+/// The replica port's TLS configuration a live upgrade moves to (`wasmcsi upgrade datapath
+/// --tls-mode … --tls-dir … --authority …`): the mode, and the credentials directory and
+/// authority endpoint where they change (absent: the ones the data path runs with now).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsChange {
+    #[serde(with = "tls_mode_name")]
+    pub mode: TlsMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+}
+
+/// A [`TlsMode`] on the wire: its flag value (`off`, `permissive`, `required`).
+mod tls_mode_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use wasmcsi_trust::TlsMode;
+
+    pub fn serialize<S: Serializer>(mode: &TlsMode, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(mode)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TlsMode, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -166,6 +202,10 @@ pub struct Reply {
     /// rbd-fuse attachments (`rbd-fuse-attach`: the one made; `rbd-fuse-list`: all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rbd_fuse: Vec<RbdFuseView>,
+    /// How the replica port travels now (`hello` answers it): `off`, `permissive` or
+    /// `required`. Absent from a data path of the version before live TLS changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_mode: Option<String>,
 }
 
 impl Reply {

@@ -28,3 +28,4 @@ mod replicated_netns;
 mod replicated_tls;
 mod serve_cli;
 mod support;
+mod tls_upgrade;

@@ -25,6 +25,7 @@ use wasmcsi_block::catalog::AttachInfo;
 
 pub use self::slots::SocketLimits;
 use self::slots::{Client, Refusal, Slots};
+use crate::upgrade::UpgradeRequest;
 use crate::wire::{self, ErrorKind, FrameError, Reply, Request, RequestFrame, WIRE_VERSION};
 use crate::{DataPath, DataPathError, view};
 
@@ -80,7 +81,7 @@ pub async fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, Socke
 pub fn serve_on(
     datapath: Arc<DataPath>,
     listener: std::os::unix::net::UnixListener,
-    upgrades: Option<mpsc::UnboundedSender<PathBuf>>,
+    upgrades: Option<mpsc::UnboundedSender<UpgradeRequest>>,
     limits: SocketLimits,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
@@ -145,7 +146,7 @@ async fn refuse(mut stream: UnixStream, why: String, timeout: std::time::Duratio
 /// stays `idle` (no whole request, or a reply not read) for longer than `idle`.
 async fn connection(
     datapath: &DataPath,
-    upgrades: Option<&mpsc::UnboundedSender<PathBuf>>,
+    upgrades: Option<&mpsc::UnboundedSender<UpgradeRequest>>,
     mut stream: UnixStream,
     idle: std::time::Duration,
 ) {
@@ -192,16 +193,42 @@ fn failed(e: DataPathError) -> Reply {
 }
 
 #[tracing::instrument(name = "datapath.request", skip_all, fields(op = request.name()))]
-async fn answer(datapath: &DataPath, upgrades: Option<&mpsc::UnboundedSender<PathBuf>>, request: Request) -> Reply {
+async fn answer(
+    datapath: &DataPath,
+    upgrades: Option<&mpsc::UnboundedSender<UpgradeRequest>>,
+    request: Request,
+) -> Reply {
     match request {
-        Request::Hello => Reply { handover: Some(datapath.handover_report()), ..Reply::ok() },
-        Request::Upgrade { binary } => {
+        Request::Hello => Reply {
+            handover: Some(datapath.handover_report()),
+            tls_mode: Some(datapath.tls_mode().to_string()),
+            ..Reply::ok()
+        },
+        Request::Upgrade { binary, tls } => {
             if !binary.is_absolute() {
                 return Reply::error(ErrorKind::Invalid, format!("{} is not an absolute path", binary.display()));
             }
-            match upgrades.map(|u| u.send(binary)) {
-                Some(Ok(())) => Reply { handover: Some(datapath.handover_report()), ..Reply::ok() },
-                _ => Reply::error(ErrorKind::Failed, "this data path does not upgrade live"),
+            let Some(upgrades) = upgrades else {
+                return Reply::error(ErrorKind::Failed, "this data path does not upgrade live");
+            };
+            let tls = match tls {
+                None => None,
+                Some(change) => {
+                    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+                    let next = crate::tls_change::resolve(&change, &args);
+                    if let Err(e) = crate::tls_change::check(datapath, &next).await {
+                        tracing::warn!(error = %e, mode = %next.mode, "refused a live upgrade's TLS change");
+                        return Reply::error(
+                            ErrorKind::Failed,
+                            format!("refused the change to --tls-mode {}: {e}", next.mode),
+                        );
+                    }
+                    Some(next)
+                }
+            };
+            match upgrades.send(UpgradeRequest { binary, tls }) {
+                Ok(()) => Reply { handover: Some(datapath.handover_report()), ..Reply::ok() },
+                Err(_) => Reply::error(ErrorKind::Failed, "this data path does not upgrade live"),
             }
         }
         Request::Attach { volume, size, epoch, members, grant } => {

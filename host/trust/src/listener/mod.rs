@@ -100,6 +100,9 @@ pub struct Stats {
     pub handshakes_over_budget: AtomicU64,
     /// The most bytes read from one peer before its handshake completed or failed.
     pub max_handshake_bytes: AtomicU64,
+    /// Plaintext connections being served now (plain and permissive listeners): who would be
+    /// cut off if this listener went to `required`.
+    pub plaintext_open: AtomicU64,
 }
 
 impl Stats {
@@ -109,6 +112,22 @@ impl Stats {
 
     fn read_before_handshake(&self, bytes: usize) {
         self.max_handshake_bytes.fetch_max(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts a plaintext connection in [`Stats::plaintext_open`] while it is held.
+struct PlaintextOpen(Arc<Stats>);
+
+impl PlaintextOpen {
+    fn new(stats: &Arc<Stats>) -> Self {
+        stats.plaintext_open.fetch_add(1, Ordering::Relaxed);
+        PlaintextOpen(stats.clone())
+    }
+}
+
+impl Drop for PlaintextOpen {
+    fn drop(&mut self) {
+        self.0.plaintext_open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -300,8 +319,14 @@ impl Listener {
         F: Future<Output = ()> + Send + 'static,
     {
         let handler = Arc::new(handler);
+        let stats = self.stats.clone();
         self.run(move |stream, peer, permit| {
-            tokio::spawn(handler(PlainConnection { stream, peer, permit }));
+            let open = PlaintextOpen::new(&stats);
+            let served = handler(PlainConnection { stream, peer, permit });
+            tokio::spawn(async move {
+                served.await;
+                drop(open);
+            });
         })
         .await
     }
@@ -336,7 +361,10 @@ impl Listener {
                             Err(error) => return tracing::debug!(%peer, %error, "connection refused"),
                         }
                     }
-                    Ok(Ok(1)) => Transport::Plain(tcp),
+                    Ok(Ok(1)) => {
+                        let _open = PlaintextOpen::new(&stats);
+                        return handler(PermissiveConnection { transport: Transport::Plain(tcp), peer, permit }).await;
+                    }
                     Ok(Ok(_)) => return,
                     Ok(Err(error)) => return tracing::debug!(%peer, %error, "connection failed before its first byte"),
                     Err(_) => {

@@ -210,3 +210,40 @@ async fn a_permissive_listener_tells_tls_from_plaintext_and_loses_no_byte() {
     tls.read_to_string(&mut answer).await.expect("a clean end");
     assert_eq!(answer, "tls:controller");
 }
+
+#[tokio::test]
+async fn a_permissive_listener_counts_the_plaintext_connections_it_serves_and_no_tls_one() {
+    let mut pki = Pki::new();
+    let node = Arc::new(pki.credentials(&Role::Node("n1".into())));
+    let listener = Listener::bind("127.0.0.1:0", Limits::default()).await.expect("bind");
+    let (addr, stats) = (listener.local_addr().expect("addr"), listener.stats());
+    // Each connection is held until its peer closes it.
+    tokio::spawn(listener.serve_permissive(node, |conn| async move {
+        let mut rest = Vec::new();
+        match conn.transport {
+            Transport::Plain(mut tcp) => drop(tcp.read_to_end(&mut rest).await),
+            Transport::Tls { mut stream, .. } => drop(stream.read_to_end(&mut rest).await),
+        }
+    }));
+    let open = || stats.plaintext_open.load(Ordering::Relaxed);
+    let settled = |want: u64| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while open() != want {
+            assert!(tokio::time::Instant::now() < deadline, "plaintext connections open: {}, not {want}", open());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+
+    let mut legacy = TcpStream::connect(addr).await.expect("connect");
+    legacy.write_all(b"W").await.expect("legacy frame");
+    settled(1).await;
+    let controller = pki.credentials(&Role::Controller);
+    let tls = dial(controller.client_config(ExpectedRole::Node("n1".into())).expect("config"), addr)
+        .await
+        .expect("handshake");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(open(), 1, "a TLS connection is not counted");
+    drop(legacy);
+    settled(0).await;
+    drop(tls);
+}

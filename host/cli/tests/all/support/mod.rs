@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports, reason = "each test or bench binary uses a part")]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support")]
 
+pub mod cluster;
 pub mod csi;
 pub mod direct;
 pub mod lan;
