@@ -45,9 +45,11 @@ const ATTACH_POLL: Duration = Duration::from_millis(5);
 pub struct AttachConfig {
     /// Every replica must have been created with this id.
     pub volume_id: String,
-    /// Where each replica is served, in the volume's replica order; at most one on this node
-    /// (preferred for reads, reached in-process when it is this process's own node).
+    /// Where each replica is served, in the volume's replica order (those on this node are
+    /// preferred for reads, reached in-process when it is this process's own node).
     pub replicas: Vec<ReplicaEndpoint>,
+    /// The disk of its server holding each replica, in replica order (missing: `default`).
+    pub disks: Vec<String>,
     /// Where the engine persists its state (revision, out-of-sync replicas, dirty maps); keep
     /// it across attaches of the volume on this node.
     pub state_dir: PathBuf,
@@ -86,6 +88,7 @@ impl AttachConfig {
             epoch: 0,
             transport: Transport::Plain,
             nodes: Vec::new(),
+            disks: Vec::new(),
             grant: None,
         }
     }
@@ -400,11 +403,12 @@ impl AttachedVolume {
         .await
     }
 
-    /// Moves replica `index` to a new, empty replica at `addr` (created there first); it is
-    /// fully rebuilt while I/O goes on.
-    pub async fn replace_replica(&self, index: usize, addr: SocketAddr) -> Result<(), AttachError> {
+    /// Moves replica `index` to a new, empty replica on the disk `disk` of the server at `addr`
+    /// (created there first); it is fully rebuilt while I/O goes on.
+    pub async fn replace_replica(&self, index: usize, addr: SocketAddr, disk: &str) -> Result<(), AttachError> {
+        let disk = disk.to_owned();
         self.blocking("replace replica", move |inner| {
-            inner.volume.replace_replica(index, addr).map_err(inner.io("replace replica"))
+            inner.volume.replace_replica(index, addr, &disk).map_err(inner.io("replace replica"))
         })
         .await
     }
@@ -582,6 +586,7 @@ async fn start_engine(
     let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
     driver.transport = config.transport.clone();
     driver.nodes = config.nodes.clone();
+    driver.disks = config.disks.clone();
     driver.grant = config.grant.clone();
     let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
         .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;

@@ -145,7 +145,7 @@ pub(crate) fn denied(request: &Message) -> Message {
             Message::HelloReply { status: Status::Denied, header: nothing_of(volume_id) }
         }
         Message::EngineCall { .. } => Message::EngineReply { status: Status::Denied, reply: Vec::new() },
-        Message::Describe { volume_id } => Message::Description {
+        Message::Describe { volume_id, .. } => Message::Description {
             status: Status::Denied,
             header: nothing_of(volume_id),
             record: RecordInfo::default(),
@@ -208,12 +208,12 @@ mod tests {
         let writes = [
             Message::CreateReplica { volume_id: "v".into(), size: 4096 },
             Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "v".into(), size: 4096 },
-            Message::DeleteReplica { volume_id: "v".into() },
-            Message::SetRecord { volume_id: "v".into(), version: 2, epoch: 2, data: vec![] },
+            Message::DeleteReplica { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
+            Message::SetRecord { volume_id: "v".into(), version: 2, epoch: 2, data: vec![], disk: crate::protocol::DEFAULT_DISK.into() },
             Message::EngineCall { volume_id: "v".into(), request: vec![] },
         ];
         let reads =
-            [Message::Identify, Message::NodeInfo, Message::ListDisks, Message::Describe { volume_id: "v".into() }];
+            [Message::Identify, Message::NodeInfo, Message::ListDisks, Message::Describe { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() }];
         for m in &writes {
             assert!(matches!(node("a").may_control(m), Err(Refusal::ControllerOnly { .. })), "{m:?}");
             assert!(Caller::Tls(Role::Controller).may_control(m).is_ok(), "{m:?}");
@@ -235,7 +235,7 @@ mod tests {
             EngineRequest::Snapshot { name: "s".into() },
             EngineRequest::DeleteSnapshot { name: "s".into() },
             EngineRequest::Expand { size: 1 << 30 },
-            EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr") },
+            EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr"), disk: "ssd".into() },
         ] {
             assert!(matches!(node("a").may_control(&call(&r)), Err(Refusal::ControllerOnly { .. })), "{r:?}");
         }
@@ -261,14 +261,14 @@ mod tests {
 
     #[test]
     fn each_refusal_is_the_refused_requests_own_reply() {
-        let hello = Message::Hello { volume_id: "v".into(), protocol_version: 1, revision: 0 };
+        let hello = Message::Hello { volume_id: "v".into(), protocol_version: 1, revision: 0, disk: crate::protocol::DEFAULT_DISK.into() };
         assert!(matches!(denied(&hello), Message::HelloReply { status: Status::Denied, .. }));
         let call = Message::EngineCall { volume_id: "v".into(), request: vec![] };
         assert!(matches!(denied(&call), Message::EngineReply { status: Status::Denied, .. }));
         for m in [
             Message::Grant { grant: vec![] },
             Message::Claim { epoch: 1 },
-            Message::DeleteReplica { volume_id: "v".into() },
+            Message::DeleteReplica { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
         ] {
             assert_eq!(denied(&m), Message::Reply { status: Status::Denied });
         }
