@@ -63,6 +63,26 @@ pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64, taken:
     Ok(chosen.name.clone())
 }
 
+/// Where the replicas of a new set of `size` bytes go: each placement's node and its named
+/// disk, or the node's disk with the most space that no other placement names or took.
+fn locate(d: &Discovery, placements: &[Placement], size: u64) -> Result<Vec<Location>> {
+    let mut members: Vec<Location> = Vec::with_capacity(placements.len());
+    // Named disks first, so a placement without a name never takes one another names.
+    let named = |node: &str| -> Vec<&str> {
+        placements.iter().filter(|p| p.node == node).filter_map(|p| p.disk.as_deref()).collect()
+    };
+    for p in placements {
+        let Some(n) = d.node(&p.node) else {
+            return Err(CatalogError::Unavailable(format!("node {} does not answer", p.node)));
+        };
+        let mut taken = named(&p.node);
+        taken.extend(members.iter().filter(|m| m.node == p.node).map(|m| m.disk.as_str()));
+        let disk = choose_disk(n, p.disk.as_deref(), size, &taken)?;
+        members.push(Location::new(&p.node, disk));
+    }
+    Ok(members)
+}
+
 impl Catalog {
     /// Creates a set on nodes, each replica on the disk of its node with the most space.
     pub async fn create(
@@ -130,7 +150,7 @@ impl Catalog {
                 return Err(CatalogError::Unavailable(format!("replica set {id} is being deleted; retry")));
             }
             None => {
-                let members = self.locate(&d, placements, size)?;
+                let members = locate(&d, placements, size)?;
                 let fill = match source {
                     None => None,
                     Some((volume, Some(snapshot))) => {
@@ -194,26 +214,6 @@ impl Catalog {
         self.view(&self.discover().await, id)
             .await?
             .ok_or_else(|| CatalogError::Unavailable(format!("replica set {id} vanished while it was created")))
-    }
-
-    /// Where the replicas of a new set of `size` bytes go: each placement's node and its named
-    /// disk, or the node's disk with the most space that no earlier placement took.
-    fn locate(&self, d: &Discovery, placements: &[Placement], size: u64) -> Result<Vec<Location>> {
-        let mut members: Vec<Location> = Vec::with_capacity(placements.len());
-        // Named disks first, so a placement without a name never takes one another names.
-        let named = |node: &str| -> Vec<&str> {
-            placements.iter().filter(|p| p.node == node).filter_map(|p| p.disk.as_deref()).collect()
-        };
-        for p in placements {
-            let Some(n) = d.node(&p.node) else {
-                return Err(CatalogError::Unavailable(format!("node {} does not answer", p.node)));
-            };
-            let mut taken = named(&p.node);
-            taken.extend(members.iter().filter(|m| m.node == p.node).map(|m| m.disk.as_str()));
-            let disk = choose_disk(n, p.disk.as_deref(), size, &taken)?;
-            members.push(Location::new(&p.node, disk));
-        }
-        Ok(members)
     }
 
     /// Starts the copy of `record.fill` into `id` in the background unless it runs or is done.
@@ -298,5 +298,59 @@ impl Catalog {
         record.fill = None;
         let next = Self::next(&info, &record, info.epoch)?;
         self.write_record(&d, id, &next, &record.members).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::DiskSummary;
+
+    fn node(disks: &[(&str, u64)]) -> NodeView {
+        NodeView {
+            name: "n1".into(),
+            addr: "127.0.0.1:9501".parse().expect("addr"),
+            labels: vec![],
+            capacity: 0,
+            available: 0,
+            replicas: vec![],
+            disks: disks
+                .iter()
+                .map(|(name, free)| DiskSummary {
+                    name: (*name).into(),
+                    capacity: 100,
+                    available: *free,
+                    volumes: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn replicas_of_one_set_on_one_node_go_to_distinct_disks_named_ones_first() {
+        let d = Discovery {
+            nodes: [("n1".to_string(), node(&[("default", 50), ("ssd", 80), ("hdd", 60)]))].into(),
+            unreachable: vec![],
+        };
+        let p = |disk: Option<&str>| Placement { node: "n1".into(), disk: disk.map(Into::into) };
+        // The unnamed one would take ssd (the roomiest), but the second names it.
+        let at = locate(&d, &[p(None), p(Some("ssd")), p(None)], 10).expect("three disks");
+        assert_eq!(at, [Location::new("n1", "hdd"), Location::new("n1", "ssd"), Location::new("n1", "default")]);
+        let e = locate(&d, &[p(None), p(None), p(None), p(None)], 10).expect_err("four on three disks");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(_)), "{e}");
+    }
+
+    #[test]
+    fn an_unnamed_placement_gets_the_roomiest_disk_no_other_replica_of_the_set_is_on() {
+        let n = node(&[("default", 50), ("ssd", 80), ("hdd", 60)]);
+        assert_eq!(choose_disk(&n, None, 10, &[]).expect("chosen"), "ssd");
+        assert_eq!(choose_disk(&n, None, 10, &["ssd"]).expect("chosen"), "hdd");
+        assert_eq!(choose_disk(&n, Some("default"), 10, &["default"]).expect("named wins"), "default");
+        let e = choose_disk(&n, None, 10, &["ssd", "hdd", "default"]).expect_err("every disk taken");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(m) if m.contains("no disk left")), "{e}");
+        let e = choose_disk(&n, None, 70, &["ssd"]).expect_err("too small");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(m) if m.contains("hdd")), "{e}");
+        let e = choose_disk(&n, Some("nvme"), 10, &[]).expect_err("no such disk");
+        assert!(matches!(&e, CatalogError::Invalid(m) if m.contains("nvme")), "{e}");
     }
 }

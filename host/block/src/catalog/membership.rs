@@ -144,3 +144,22 @@ impl Catalog {
         Ok(doomed.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_is_found_by_node_and_disk_and_by_node_alone_only_when_it_is_the_nodes_only_one() {
+        let record = VolumeRecord {
+            members: vec![Location::new("n1", "default"), Location::new("n1", "ssd"), Location::new("n2", "default")],
+            ..VolumeRecord::default()
+        };
+        assert_eq!(find_member(&record, "v", "n1", Some("ssd")).expect("found"), Some(1));
+        assert_eq!(find_member(&record, "v", "n1", Some("hdd")).expect("looked up"), None);
+        assert_eq!(find_member(&record, "v", "n2", None).expect("the only one"), Some(2));
+        assert_eq!(find_member(&record, "v", "n3", None).expect("looked up"), None);
+        let e = find_member(&record, "v", "n1", None).expect_err("two on n1");
+        assert!(matches!(&e, CatalogError::Invalid(m) if m.contains("2 replicas") && m.contains("name the disk")), "{e}");
+    }
+}

@@ -362,8 +362,8 @@ pub enum Message {
         grant: Vec<u8>,
     },
     /// Control: like `CreateReplica`, on the server's disk `disk` (`CreateReplica` means the disk
-    /// `default`). `NotFound` when the server has no such disk; `AlreadyExists` also when another
-    /// of its disks holds a replica of the volume (one replica of a volume per server).
+    /// `default`). `NotFound` when the server has no such disk. Replicas of the volume on its
+    /// other disks are other replicas of it.
     CreateReplicaOn {
         disk: String,
         volume_id: String,

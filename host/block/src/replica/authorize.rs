@@ -14,6 +14,14 @@
 //! An engine's status is read like a record (`Describe`): a node plugin's stats and plans ask its
 //! own data path's engine for it, and it changes nothing.
 //!
+//! A grant names the volume, the node whose engine may open sessions of it and an epoch, not a
+//! replica: it is what the controller's ControllerPublishVolume gave that node, and an engine
+//! needs a session on every replica of the volume, wherever it lives. So one grant opens the
+//! volume's replica on any disk of any server (a server with several replicas of the volume,
+//! one per disk, takes the same grant for each, and checks each replica's epoch on its own), and
+//! nothing else: the disk a `Hello` names only says which of the volume's replicas it opens,
+//! never another volume's, so naming the disk in the grant would add nothing it could refuse.
+//!
 //! A grant is verified against the CA bundle of the server's current credentials, at the time
 //! it arrives (`wasmcsi_trust::grant::verify`: the controller's signature and chain, validity
 //! ±30 s); the replica's epoch is compared when the session opens (`ReplicaNode::open_session`,
