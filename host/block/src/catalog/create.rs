@@ -43,16 +43,18 @@ pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64, taken:
         None if node.disks.is_empty() => {
             return Err(CatalogError::Unavailable(format!("node {} reports no disk", node.name)));
         }
-        None => node.disks.iter().filter(|d| !taken.contains(&d.name.as_str())).max_by_key(|d| d.available).ok_or_else(
-            || {
-                CatalogError::ResourceExhausted(format!(
-                    "node {} has no disk left for another replica of the volume (its disks: {}; each holds one \
+        None => {
+            node.disks.iter().filter(|d| !taken.contains(&d.name.as_str())).max_by_key(|d| d.available).ok_or_else(
+                || {
+                    CatalogError::ResourceExhausted(format!(
+                        "node {} has no disk left for another replica of the volume (its disks: {}; each holds one \
                      already)",
-                    node.name,
-                    names()
-                ))
-            },
-        )?,
+                        node.name,
+                        names()
+                    ))
+                },
+            )?
+        }
     };
     if chosen.available < size {
         return Err(CatalogError::ResourceExhausted(format!(
@@ -133,9 +135,11 @@ impl Catalog {
         let (info, record) = match Self::newest(&holders)? {
             Some((info, record)) if !record.deleting => {
                 let same = record.members.len() == placements.len()
-                    && record.members.iter().zip(placements).all(|(m, p)| {
-                        m.node == p.node && p.disk.as_deref().is_none_or(|disk| disk == m.disk)
-                    });
+                    && record
+                        .members
+                        .iter()
+                        .zip(placements)
+                        .all(|(m, p)| m.node == p.node && p.disk.as_deref().is_none_or(|disk| disk == m.disk));
                 if !same {
                     let members: Vec<String> = record.members.iter().map(ToString::to_string).collect();
                     return Err(CatalogError::AlreadyExists(format!("replica set {id} exists on {members:?}")));
@@ -178,7 +182,10 @@ impl Catalog {
                     }
                 }
                 let record = VolumeRecord {
-                    addresses: members.iter().filter_map(|m| d.node(&m.node).map(|n| (m.node.clone(), n.addr))).collect(),
+                    addresses: members
+                        .iter()
+                        .filter_map(|m| d.node(&m.node).map(|n| (m.node.clone(), n.addr)))
+                        .collect(),
                     members,
                     owner: None,
                     metadata,

@@ -160,6 +160,9 @@ mod tests {
         assert_eq!(find_member(&record, "v", "n2", None).expect("the only one"), Some(2));
         assert_eq!(find_member(&record, "v", "n3", None).expect("looked up"), None);
         let e = find_member(&record, "v", "n1", None).expect_err("two on n1");
-        assert!(matches!(&e, CatalogError::Invalid(m) if m.contains("2 replicas") && m.contains("name the disk")), "{e}");
+        assert!(
+            matches!(&e, CatalogError::Invalid(m) if m.contains("2 replicas") && m.contains("name the disk")),
+            "{e}"
+        );
     }
 }

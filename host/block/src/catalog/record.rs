@@ -47,7 +47,10 @@ impl<'de> Deserialize<'de> for Location {
         enum Stored {
             /// A record of the version before disks: the node only.
             Node(String),
-            Location { node: String, disk: String },
+            Location {
+                node: String,
+                disk: String,
+            },
         }
         Ok(match Stored::deserialize(d)? {
             Stored::Node(node) => Self::on_default(node),
@@ -164,8 +167,8 @@ mod tests {
         assert_eq!(read.members, [Location::on_default("n1"), Location::on_default("n2")]);
         assert_eq!((read.owner.as_deref(), read.created_ns), (Some("n2"), 5));
         // Both forms in one record (a record an old controller extended) read alike.
-        let mixed = VolumeRecord::decode(br#"{"members":["n1",{"node":"n1","disk":"ssd"}],"created_ns":1}"#)
-            .expect("mixed");
+        let mixed =
+            VolumeRecord::decode(br#"{"members":["n1",{"node":"n1","disk":"ssd"}],"created_ns":1}"#).expect("mixed");
         assert_eq!(mixed.members, [Location::on_default("n1"), Location::new("n1", "ssd")]);
         assert_eq!(mixed.member_index(&Location::new("n1", "ssd")), Some(1));
         assert_eq!(mixed.member_index(&Location::new("n1", "hdd")), None);

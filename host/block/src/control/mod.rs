@@ -32,8 +32,8 @@ mod replica_set;
 pub use replica_set::ReplicaSet;
 
 use crate::protocol::{
-    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION,
-    RecordInfo, ReplicaHeader, ReplicaSummary, Status, encode,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo,
+    ReplicaHeader, ReplicaSummary, Status, encode,
 };
 use crate::replica::NodeIdentity;
 use crate::transport::{self, ClientStream, DialError, Transport};

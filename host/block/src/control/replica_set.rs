@@ -286,4 +286,3 @@ async fn close_all(sessions: Vec<ReplicaSession>) -> Result<(), ControlError> {
     }
     result
 }
-

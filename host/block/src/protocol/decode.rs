@@ -8,10 +8,9 @@ use thiserror::Error;
 
 use super::encode::checksum;
 use super::{
-    DEFAULT_DISK,
-    DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN, MAX_LABELS,
-    MAX_NAME_LEN, MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN,
-    SnapshotInfo, Status,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN,
+    MAX_LABELS, MAX_NAME_LEN, MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary,
+    SPLIT_MIN, SnapshotInfo, Status,
 };
 
 /// Why bytes are not a frame. Every variant is fatal for the connection: after it the stream has
@@ -207,12 +206,7 @@ impl<'a> Reader<'a> {
 fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<Message, DecodeError> {
     let mut r = Reader { buf: payload, kind, origin };
     let m = match kind {
-        1 => Message::Hello {
-            volume_id: r.name()?,
-            protocol_version: r.u16()?,
-            revision: r.u64()?,
-            disk: r.disk()?,
-        },
+        1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()?, disk: r.disk()? },
         2 => Message::HelloReply { status: r.status()?, header: r.header()? },
         3 => Message::Read { offset: r.u64()?, len: r.u32()? },
         4 => Message::ReadReply { status: r.status()?, data: r.rest() },

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use super::{
-    DEFAULT_DISK,
-    DEFAULT_MAX_PAYLOAD, Frame, HEADER_LEN, MAGIC, MAX_LABELS, MAX_NAME_LEN, Message, PROTOCOL_VERSION, ReplicaHeader,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, Frame, HEADER_LEN, MAGIC, MAX_LABELS, MAX_NAME_LEN, Message, PROTOCOL_VERSION,
+    ReplicaHeader,
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -420,10 +420,8 @@ fn a_request_on_the_default_disk_is_the_bytes_of_the_version_before_disks_and_ot
 
 #[test]
 fn the_default_disk_spelled_out_is_malformed() {
-    let mut frame = encoded(&Frame {
-        request_id: 1,
-        message: Message::Describe { volume_id: "v".into(), disk: "xxxxxxx".into() },
-    });
+    let mut frame =
+        encoded(&Frame { request_id: 1, message: Message::Describe { volume_id: "v".into(), disk: "xxxxxxx".into() } });
     let at = frame.len() - DEFAULT_DISK.len();
     frame[at..].copy_from_slice(DEFAULT_DISK.as_bytes());
     // Re-seal the frame's checksum over the edited payload.

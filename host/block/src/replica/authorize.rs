@@ -217,11 +217,21 @@ mod tests {
             Message::CreateReplica { volume_id: "v".into(), size: 4096 },
             Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "v".into(), size: 4096 },
             Message::DeleteReplica { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
-            Message::SetRecord { volume_id: "v".into(), version: 2, epoch: 2, data: vec![], disk: crate::protocol::DEFAULT_DISK.into() },
+            Message::SetRecord {
+                volume_id: "v".into(),
+                version: 2,
+                epoch: 2,
+                data: vec![],
+                disk: crate::protocol::DEFAULT_DISK.into(),
+            },
             Message::EngineCall { volume_id: "v".into(), request: vec![] },
         ];
-        let reads =
-            [Message::Identify, Message::NodeInfo, Message::ListDisks, Message::Describe { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() }];
+        let reads = [
+            Message::Identify,
+            Message::NodeInfo,
+            Message::ListDisks,
+            Message::Describe { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
+        ];
         for m in &writes {
             assert!(matches!(node("a").may_control(m), Err(Refusal::ControllerOnly { .. })), "{m:?}");
             assert!(Caller::Tls(Role::Controller).may_control(m).is_ok(), "{m:?}");
@@ -269,7 +279,12 @@ mod tests {
 
     #[test]
     fn each_refusal_is_the_refused_requests_own_reply() {
-        let hello = Message::Hello { volume_id: "v".into(), protocol_version: 1, revision: 0, disk: crate::protocol::DEFAULT_DISK.into() };
+        let hello = Message::Hello {
+            volume_id: "v".into(),
+            protocol_version: 1,
+            revision: 0,
+            disk: crate::protocol::DEFAULT_DISK.into(),
+        };
         assert!(matches!(denied(&hello), Message::HelloReply { status: Status::Denied, .. }));
         let call = Message::EngineCall { volume_id: "v".into(), request: vec![] };
         assert!(matches!(denied(&call), Message::EngineReply { status: Status::Denied, .. }));

@@ -62,7 +62,11 @@ impl ReplicaDisks {
 
     /// The disk `name`; [`NodeError::NoSuchDisk`] when the server has none of that name.
     pub fn get(&self, name: &str) -> Result<&Arc<ReplicaNode>, NodeError> {
-        self.disks.iter().find(|(n, _)| n == name).map(|(_, node)| node).ok_or_else(|| NodeError::NoSuchDisk(name.into()))
+        self.disks
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, node)| node)
+            .ok_or_else(|| NodeError::NoSuchDisk(name.into()))
     }
 
     /// The disks' names, `default` first.

@@ -334,7 +334,8 @@ async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_t
     let states: Vec<MemberState> = f.members.iter().map(|m| m.state).collect();
     assert_eq!(states, [MemberState::Healthy, MemberState::Stale]);
     // But never two on one disk, nor more than a node has disks.
-    let e = catalog.create_on("vol-g", MIB, &[on("n0", Some("ssd")), on("n0", Some("ssd"))], None, BTreeMap::new()).await;
+    let e =
+        catalog.create_on("vol-g", MIB, &[on("n0", Some("ssd")), on("n0", Some("ssd"))], None, BTreeMap::new()).await;
     assert!(matches!(&e, Err(CatalogError::Invalid(_))), "{e:?}");
     let e = catalog.create_on("vol-h", MIB, &[on("n0", None), on("n0", None), on("n0", None)], None, BTreeMap::new());
     let e = e.await;

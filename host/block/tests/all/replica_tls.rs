@@ -195,7 +195,12 @@ impl Fixture {
     /// session marks the replica dirty).
     async fn first_block(&self) -> Vec<u8> {
         let mut c = self.client(&self.controller.clone()).await;
-        let hello = Message::Hello { volume_id: VOLUME.into(), protocol_version: PROTOCOL_VERSION, revision: 0, disk: wasmcsi_block::protocol::DEFAULT_DISK.into() };
+        let hello = Message::Hello {
+            volume_id: VOLUME.into(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: 0,
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        };
         assert!(matches!(c.call(hello).await, Message::HelloReply { status: Status::Ok, .. }));
         match c.call(Message::Read { offset: 0, len: 4096 }).await {
             Message::ReadReply { status: Status::Ok, data } => data,
@@ -205,7 +210,12 @@ impl Fixture {
 }
 
 fn hello() -> Message {
-    Message::Hello { volume_id: VOLUME.into(), protocol_version: PROTOCOL_VERSION, revision: 0, disk: wasmcsi_block::protocol::DEFAULT_DISK.into() }
+    Message::Hello {
+        volume_id: VOLUME.into(),
+        protocol_version: PROTOCOL_VERSION,
+        revision: 0,
+        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+    }
 }
 
 fn write() -> Message {
@@ -348,7 +358,11 @@ async fn a_node_reads_what_the_node_knows_and_makes_none_of_the_controllers_requ
         let mut c = f.node_client(NODE_A).await;
         let name = format!("{request:?}");
         // A second request behind it must not run either.
-        c.send_all(vec![request, Message::DeleteReplica { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() }]).await;
+        c.send_all(vec![
+            request,
+            Message::DeleteReplica { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
+        ])
+        .await;
         match c.recv().await {
             Some(Message::Reply { status: Status::Denied } | Message::EngineReply { status: Status::Denied, .. }) => {}
             other => panic!("{name}: {other:?}"),
@@ -360,7 +374,10 @@ async fn a_node_reads_what_the_node_knows_and_makes_none_of_the_controllers_requ
     let mut c = f.node_client(NODE_B).await;
     assert!(matches!(c.call(Message::Identify).await, Message::Identity { status: Status::Ok, .. }));
     assert!(matches!(c.call(Message::NodeInfo).await, Message::NodeInfoReply { status: Status::Ok, .. }));
-    match c.call(Message::Describe { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() }).await {
+    match c
+        .call(Message::Describe { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() })
+        .await
+    {
         Message::Description { status: Status::Ok, record, .. } => assert_eq!(record.epoch, EPOCH),
         other => panic!("{other:?}"),
     }

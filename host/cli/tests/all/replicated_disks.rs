@@ -52,9 +52,7 @@ fn roots(home: &Path) -> Vec<(String, PathBuf)> {
 fn holding(home: &Path) -> BTreeSet<String> {
     roots(home)
         .into_iter()
-        .filter(|(_, root)| {
-            std::fs::read_dir(root).into_iter().flatten().flatten().any(|e| e.path().is_dir())
-        })
+        .filter(|(_, root)| std::fs::read_dir(root).into_iter().flatten().flatten().any(|e| e.path().is_dir()))
         .map(|(name, _)| name)
         .collect()
 }
@@ -185,9 +183,7 @@ async fn flow() {
     unpublish_and_unstage(&mut node.clone(), &v, &p).await;
 
     controller_unpublish(&mut ctl, &v, "node-a").await;
-    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })
-        .await
-        .unwrap();
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }).await.unwrap();
     assert!(holding(&home).is_empty(), "every replica removed: {:?}", holding(&home));
     drop((ctl, node));
     a.shutdown().await.unwrap();

@@ -383,7 +383,8 @@ mod tests {
         let one_node = placed(&[at("n1", None), at("n1", Some("ssd-2")), at("n1", Some(DEFAULT_DISK))])
             .expect("several replicas on one node");
         assert_eq!(one_node.len(), 3);
-        let e = placed(&[at("n1", Some("ssd-2")), at("n2", None), at("n1", Some("ssd-2"))]).expect_err("one disk twice");
+        let e =
+            placed(&[at("n1", Some("ssd-2")), at("n2", None), at("n1", Some("ssd-2"))]).expect_err("one disk twice");
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("n1") && m.contains("ssd-2")), "{e:?}");
     }
 
