@@ -255,9 +255,18 @@ impl AttachedVolume {
         if n == 0 {
             return Err(invalid("a volume needs at least one replica".into()));
         }
-        let mut local = (0..n).filter(|i| config.replicas[*i].is_local());
-        if let (Some(first), Some(second)) = (local.next(), local.next()) {
-            return Err(invalid(format!("replicas {first} and {second} are both on this node; at most one may be")));
+        // Several replicas may live on one node (this one too), each on its own disk; two on
+        // one disk of one server would be one replica counted twice.
+        let disk = |i: usize| config.disks.get(i).map_or(wasmcsi_block::protocol::DEFAULT_DISK, String::as_str);
+        let known = |i: usize| config.replicas[i].addr().port() != 0;
+        for second in (1..n).filter(|j| known(*j)) {
+            let addr = config.replicas[second].addr();
+            if let Some(first) = (0..second).find(|i| config.replicas[*i].addr() == addr && disk(*i) == disk(second)) {
+                return Err(invalid(format!(
+                    "replicas {first} and {second} are both disk {} of {addr}: one replica counted twice",
+                    disk(second)
+                )));
+            }
         }
         let size = replica_size(&config).await?;
         let volume = start_engine(&config, size, Duration::ZERO).await?;
@@ -675,10 +684,13 @@ mod tests {
         assert!(matches!(AttachedVolume::start(none).await, Err(AttachError::Invalid { .. })));
         let (a, b): (SocketAddr, SocketAddr) =
             ("127.0.0.1:9".parse().expect("address"), "127.0.0.2:9".parse().expect("address"));
-        let endpoints = vec![ReplicaEndpoint::Local(a), ReplicaEndpoint::Remote(b), ReplicaEndpoint::Local(b)];
-        let two_local = AttachConfig::new("pvc-1", endpoints, &dir, &dir);
-        let err = AttachedVolume::start(two_local).await.expect_err("refused");
-        assert!(err.to_string().contains("replicas 0 and 2 are both on this node"), "{err}");
+        // Two replicas on one disk of one server: one replica counted twice. (Two on distinct
+        // disks of one server are two replicas; the disk of the third says which.)
+        let endpoints = vec![ReplicaEndpoint::Local(a), ReplicaEndpoint::Remote(b), ReplicaEndpoint::Remote(b)];
+        let mut twice = AttachConfig::new("pvc-1", endpoints, &dir, &dir);
+        twice.disks = vec!["default".into(), "ssd".into(), "ssd".into()];
+        let err = AttachedVolume::start(twice).await.expect_err("refused");
+        assert!(err.to_string().contains("replicas 1 and 2 are both disk ssd of 127.0.0.2:9"), "{err}");
     }
 
     #[tokio::test]
