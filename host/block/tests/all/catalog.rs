@@ -337,8 +337,8 @@ async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_t
     let e =
         catalog.create_on("vol-g", MIB, &[on("n0", Some("ssd")), on("n0", Some("ssd"))], None, BTreeMap::new()).await;
     assert!(matches!(&e, Err(CatalogError::Invalid(_))), "{e:?}");
-    let e = catalog.create_on("vol-h", MIB, &[on("n0", None), on("n0", None), on("n0", None)], None, BTreeMap::new());
-    let e = e.await;
+    let three = [on("n0", None), on("n0", None), on("n0", None)];
+    let e = catalog.create_on("vol-h", MIB, &three, None, BTreeMap::new()).await;
     assert!(matches!(&e, Err(CatalogError::ResourceExhausted(m)) if m.contains("n0")), "{e:?}");
     // Deleting removes the replicas on both disks.
     catalog.delete("vol-f").await.unwrap();

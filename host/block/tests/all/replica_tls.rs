@@ -310,7 +310,13 @@ async fn a_grant_of_an_older_epoch_opens_no_session_after_a_republish() {
     let old = f.grant(NODE_A, EPOCH);
     // The volume was published again (to whichever node): the controller raised the epoch.
     let mut controller = f.client(&f.controller.clone()).await;
-    let raise = Message::SetRecord { volume_id: VOLUME.into(), version: 2, epoch: EPOCH + 1, data: b"{}".to_vec() };
+    let raise = Message::SetRecord {
+        volume_id: VOLUME.into(),
+        version: 2,
+        epoch: EPOCH + 1,
+        data: b"{}".to_vec(),
+        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+    };
     assert_eq!(controller.call(raise).await, Message::Reply { status: Status::Ok });
     drop(controller);
 
@@ -351,7 +357,13 @@ async fn a_node_reads_what_the_node_knows_and_makes_none_of_the_controllers_requ
     let refused = [
         Message::CreateReplica { volume_id: "vol-new".into(), size: SIZE },
         Message::DeleteReplica { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
-        Message::SetRecord { volume_id: VOLUME.into(), version: 2, epoch: EPOCH + 5, data: b"{}".to_vec() },
+        Message::SetRecord {
+            volume_id: VOLUME.into(),
+            version: 2,
+            epoch: EPOCH + 5,
+            data: b"{}".to_vec(),
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        },
         Message::EngineCall { volume_id: VOLUME.into(), request: b"{}".to_vec() },
     ];
     for request in refused {
