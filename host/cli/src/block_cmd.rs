@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use wasmcsi_block::control::{self, ReplicaServerClient, ReplicaSet};
-use wasmcsi_block::replica::ReplicaServer;
+use wasmcsi_block::replica::{DEFAULT_DISK, ReplicaServer};
 use wasmcsi_block::volume::ReplicaEndpoint;
 use wasmcsi_datapath::attach::{AttachConfig, AttachError, AttachedVolume};
 
@@ -561,7 +561,8 @@ async fn set_status(a: &StatusArgs) -> anyhow::Result<()> {
             MemberState::Unreachable => "unreachable".to_owned(),
         };
         let since = m.down_since_ns.map(|ns| format!(", not healthy since {}", format_time(ns))).unwrap_or_default();
-        println!("  {}  {state}{since}", m.node);
+        // A replica is its node and disk: a node may hold several of the set.
+        println!("  {}/{}  {state}{since}", m.node, m.disk);
     }
     if let Some((done, total)) = view.filling {
         println!("filling from its source: {done}/{total} bytes");
@@ -674,7 +675,7 @@ async fn online_request(vol: &AttachedVolume, request: ctl::Request) -> ctl::Rep
             vol.expand(size).await.map(|size| ctl::Reply { size: Some(size), ..ctl::Reply::ok() })
         }
         ctl::Request::ReplaceReplica { index, addr } => {
-            vol.replace_replica(index, addr).await.map(|()| ctl::Reply::ok())
+            vol.replace_replica(index, addr, DEFAULT_DISK).await.map(|()| ctl::Reply::ok())
         }
         ctl::Request::Detach => return ctl::Reply::error("detach is handled by the attach loop"),
     };

@@ -150,6 +150,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
         replicas: scratch_replicas.then(|| ReplicaOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             root: scratch.path().join("replicas/check-node"),
+            disks: vec![],
             labels: vec![],
         }),
         reconcile_interval: None,

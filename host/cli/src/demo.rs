@@ -159,6 +159,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             replicas: Some(ReplicaOptions {
                 listen: "127.0.0.1:0".parse()?,
                 root: dir.join("replicas"),
+                disks: vec![],
                 labels: vec![],
             }),
             ..options(wasmcsi_csi::Mode::Node, NODE_ID, "csi.sock", "state")

@@ -61,8 +61,10 @@ pub struct PeerOptions {
 pub struct ReplicaOptions {
     /// Where the replica server listens; other nodes' engines connect here.
     pub listen: SocketAddr,
-    /// Every replica on this node, one directory each.
+    /// Every replica on this node, one directory each: its disk `default`.
     pub root: PathBuf,
+    /// More disks (replica roots) by name, as `--replica-root NAME=PATH` gives them.
+    pub disks: Vec<(String, PathBuf)>,
     /// The labels this node reports to backends (for replica selectors and spreading).
     pub labels: Vec<(String, String)>,
 }
@@ -328,7 +330,7 @@ async fn start_datapath(opts: &HostOptions, r: &ReplicaOptions, transport: Trans
     let config = DataPathConfig {
         identity: NodeIdentity { node: opts.node_id.clone(), labels: r.labels.clone() },
         replica_root: r.root.clone(),
-        replica_disks: Vec::new(),
+        replica_disks: r.disks.clone(),
         listen: r.listen,
         engine_root: opts.state_dir.join("engines"),
         runtime_root: opts.state_dir.join("run"),

@@ -347,6 +347,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replicas: args.replica_listen.map(|listen| wasmcsi::host::ReplicaOptions {
             listen,
             root: args.replica_root,
+            disks: Vec::new(),
             labels: args.node_labels,
         }),
         reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),

@@ -45,9 +45,11 @@ const ATTACH_POLL: Duration = Duration::from_millis(5);
 pub struct AttachConfig {
     /// Every replica must have been created with this id.
     pub volume_id: String,
-    /// Where each replica is served, in the volume's replica order; at most one on this node
-    /// (preferred for reads, reached in-process when it is this process's own node).
+    /// Where each replica is served, in the volume's replica order (those on this node are
+    /// preferred for reads, reached in-process when it is this process's own node).
     pub replicas: Vec<ReplicaEndpoint>,
+    /// The disk of its server holding each replica, in replica order (missing: `default`).
+    pub disks: Vec<String>,
     /// Where the engine persists its state (revision, out-of-sync replicas, dirty maps); keep
     /// it across attaches of the volume on this node.
     pub state_dir: PathBuf,
@@ -86,6 +88,7 @@ impl AttachConfig {
             epoch: 0,
             transport: Transport::Plain,
             nodes: Vec::new(),
+            disks: Vec::new(),
             grant: None,
         }
     }
@@ -252,9 +255,18 @@ impl AttachedVolume {
         if n == 0 {
             return Err(invalid("a volume needs at least one replica".into()));
         }
-        let mut local = (0..n).filter(|i| config.replicas[*i].is_local());
-        if let (Some(first), Some(second)) = (local.next(), local.next()) {
-            return Err(invalid(format!("replicas {first} and {second} are both on this node; at most one may be")));
+        // Several replicas may live on one node (this one too), each on its own disk; two on
+        // one disk of one server would be one replica counted twice.
+        let disk = |i: usize| config.disks.get(i).map_or(wasmcsi_block::protocol::DEFAULT_DISK, String::as_str);
+        let known = |i: usize| config.replicas[i].addr().port() != 0;
+        for second in (1..n).filter(|j| known(*j)) {
+            let addr = config.replicas[second].addr();
+            if let Some(first) = (0..second).find(|i| config.replicas[*i].addr() == addr && disk(*i) == disk(second)) {
+                return Err(invalid(format!(
+                    "replicas {first} and {second} are both disk {} of {addr}: one replica counted twice",
+                    disk(second)
+                )));
+            }
         }
         let size = replica_size(&config).await?;
         let volume = start_engine(&config, size, Duration::ZERO).await?;
@@ -400,11 +412,12 @@ impl AttachedVolume {
         .await
     }
 
-    /// Moves replica `index` to a new, empty replica at `addr` (created there first); it is
-    /// fully rebuilt while I/O goes on.
-    pub async fn replace_replica(&self, index: usize, addr: SocketAddr) -> Result<(), AttachError> {
+    /// Moves replica `index` to a new, empty replica on the disk `disk` of the server at `addr`
+    /// (created there first); it is fully rebuilt while I/O goes on.
+    pub async fn replace_replica(&self, index: usize, addr: SocketAddr, disk: &str) -> Result<(), AttachError> {
+        let disk = disk.to_owned();
         self.blocking("replace replica", move |inner| {
-            inner.volume.replace_replica(index, addr).map_err(inner.io("replace replica"))
+            inner.volume.replace_replica(index, addr, &disk).map_err(inner.io("replace replica"))
         })
         .await
     }
@@ -582,6 +595,7 @@ async fn start_engine(
     let mut driver = VolumeConfig::new(engine, config.replicas.clone(), &config.state_dir);
     driver.transport = config.transport.clone();
     driver.nodes = config.nodes.clone();
+    driver.disks = config.disks.clone();
     driver.grant = config.grant.clone();
     let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
         .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
@@ -670,10 +684,13 @@ mod tests {
         assert!(matches!(AttachedVolume::start(none).await, Err(AttachError::Invalid { .. })));
         let (a, b): (SocketAddr, SocketAddr) =
             ("127.0.0.1:9".parse().expect("address"), "127.0.0.2:9".parse().expect("address"));
-        let endpoints = vec![ReplicaEndpoint::Local(a), ReplicaEndpoint::Remote(b), ReplicaEndpoint::Local(b)];
-        let two_local = AttachConfig::new("pvc-1", endpoints, &dir, &dir);
-        let err = AttachedVolume::start(two_local).await.expect_err("refused");
-        assert!(err.to_string().contains("replicas 0 and 2 are both on this node"), "{err}");
+        // Two replicas on one disk of one server: one replica counted twice. (Two on distinct
+        // disks of one server are two replicas; the disk of the third says which.)
+        let endpoints = vec![ReplicaEndpoint::Local(a), ReplicaEndpoint::Remote(b), ReplicaEndpoint::Remote(b)];
+        let mut twice = AttachConfig::new("pvc-1", endpoints, &dir, &dir);
+        twice.disks = vec!["default".into(), "ssd".into(), "ssd".into()];
+        let err = AttachedVolume::start(twice).await.expect_err("refused");
+        assert!(err.to_string().contains("replicas 1 and 2 are both disk ssd of 127.0.0.2:9"), "{err}");
     }
 
     #[tokio::test]

@@ -52,6 +52,10 @@ pub struct HandedVolume {
     pub epoch: u64,
     /// Each member's node name and address, in the engine's replica order.
     pub members: Vec<(String, Option<SocketAddr>)>,
+    /// Each member's disk, in the same order; absent from a state an image before disks wrote
+    /// (every member then on its node's disk `default`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<String>,
     /// The grant the volume's engine presents (the current one, renewed since its attach
     /// perhaps); absent from a state an image before grants wrote, and the new image then asks
     /// its grant source.
@@ -143,6 +147,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 4,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                disks: vec!["default".into(), "ssd".into()],
                 grant: Some(b"WCSIGRT1 a grant".to_vec()),
                 session_fd: 9,
                 mount: "/run/fuse-v1.1.0".into(),

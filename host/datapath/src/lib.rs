@@ -350,18 +350,21 @@ impl DataPath {
         // A member no discovery ever found has no address: its slot never connects, the volume
         // serves degraded, and the control plane replaces it.
         let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
-        // The engine's own replica (the member named like this node) is served in-process.
+        // The engine's own replicas (members named like this node; one per disk) are served
+        // in-process, each by its disk.
         let replicas = info
             .members
             .iter()
-            .map(|(name, addr)| {
+            .enumerate()
+            .map(|(i, (name, addr))| {
                 let addr = addr.unwrap_or(unknown);
-                if *name == self.config.identity.node {
-                    // On whichever of this node's disks holds it.
-                    let node = self.disks.holding(id).1.clone();
-                    ReplicaEndpoint::InProcess(InProcessNode { addr, node })
-                } else {
-                    ReplicaEndpoint::Remote(addr)
+                match self.disks.get(info.disk(i)) {
+                    Ok(node) if *name == self.config.identity.node => {
+                        ReplicaEndpoint::InProcess(InProcessNode { addr, node: node.clone() })
+                    }
+                    // A disk this node does not have (any more): its server answers that the
+                    // replica is not found, and the control plane replaces it.
+                    _ => ReplicaEndpoint::Remote(addr),
                 }
             })
             .collect();
@@ -373,6 +376,7 @@ impl DataPath {
         config.attach_timeout = self.config.attach_timeout;
         config.transport = self.config.transport.clone();
         config.nodes = info.members.iter().map(|(name, _)| Some(name.clone())).collect();
+        config.disks = (0..info.members.len()).map(|i| info.disk(i).to_owned()).collect();
         let kept = match (self.config.transport.credentials(), self.config.transport.role()) {
             (Some(credentials), Some(Role::Node(_))) => {
                 let grant = Arc::new(VolumeGrant::new(info.grant.clone()));
@@ -742,7 +746,7 @@ async fn answer(volume: Arc<AttachedVolume>, request: EngineRequest) -> EngineRe
         EngineRequest::Snapshot { name } => done(volume.snapshot(&name).await),
         EngineRequest::DeleteSnapshot { name } => done(volume.delete_snapshot(&name).await),
         EngineRequest::Expand { size } => done(volume.expand(size).await.map(|_| ())),
-        EngineRequest::ReplaceReplica { index, addr } => done(volume.replace_replica(index, addr).await),
+        EngineRequest::ReplaceReplica { index, addr, disk } => done(volume.replace_replica(index, addr, &disk).await),
     }
 }
 

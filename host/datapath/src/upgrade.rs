@@ -180,6 +180,7 @@ async fn try_hand_over(
             size: s.size,
             epoch: info.epoch,
             members: info.members.clone(),
+            disks: info.disks.clone(),
             grant: info.grant.clone(),
             session_fd: s.session.as_raw_fd(),
             mount: s.mount.clone(),
@@ -284,7 +285,13 @@ pub fn take_over(path: &Path) -> Result<Inherited, UpgradeError> {
     for v in &state.volumes {
         let session = inherit(v.session_fd, "FUSE connection")?;
         volumes.push((
-            AttachInfo { size: v.size, epoch: v.epoch, members: v.members.clone(), grant: v.grant.clone() },
+            AttachInfo {
+                size: v.size,
+                epoch: v.epoch,
+                members: v.members.clone(),
+                disks: v.disks.clone(),
+                grant: v.grant.clone(),
+            },
             SuspendedVolume {
                 volume_id: v.volume.clone(),
                 size: v.size,

@@ -44,6 +44,10 @@ pub enum Request {
         epoch: u64,
         /// Each member's node name and address, in the engine's replica order.
         members: Vec<(String, Option<SocketAddr>)>,
+        /// Each member's disk, in the same order; absent from a plugin of the version before
+        /// disks (every member then on its node's disk `default`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        disks: Vec<String>,
         /// The volume's grant to this node as the controller signed it; absent from a plugin
         /// of the version before grants (the data path then asks its grant source).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +103,7 @@ impl Request {
             size: info.size,
             epoch: info.epoch,
             members: info.members.clone(),
+            disks: info.disks.clone(),
             grant: info.grant.clone(),
         }
     }
@@ -282,6 +287,7 @@ mod tests {
                 size: 1 << 30,
                 epoch: 7,
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
+                disks: vec!["default".into(), "ssd".into()],
                 grant: Some(b"WCSIGRT1 a grant".to_vec()),
             },
         };

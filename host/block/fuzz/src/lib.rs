@@ -33,7 +33,7 @@ pub fn fix_crcs(data: &mut [u8]) {
 pub fn write_seeds(dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let messages = vec![
-        Message::Hello { volume_id: "pvc-1".into(), protocol_version: PROTOCOL_VERSION, revision: 3 },
+        Message::Hello { volume_id: "pvc-1".into(), protocol_version: PROTOCOL_VERSION, revision: 3, disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
         Message::Read { offset: 4096, len: 4096 },
         Message::ReadReply { status: Status::Ok, data: vec![0xa5; 64] },
         Message::Write { offset: 8192, revision: 3, data: vec![0x5a; 64].into() },
@@ -54,7 +54,7 @@ pub fn write_seeds(dir: &Path) -> io::Result<()> {
         Message::Resize { size: 2 << 30, revision: 4 },
         Message::Reinitialize { revision: 5 },
         Message::CreateReplica { volume_id: "pvc-2".into(), size: 1 << 30 },
-        Message::DeleteReplica { volume_id: "pvc-2".into() },
+        Message::DeleteReplica { volume_id: "pvc-2".into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
         Message::NodeInfo,
         Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "pvc-3".into(), size: 1 << 30 },
         Message::ListDisks,

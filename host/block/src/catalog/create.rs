@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use super::{
-    Catalog, CatalogError, Discovery, Fill, FillSource, MemberState, NodeView, Result, SetView, VolumeRecord, lock,
-    now_ns,
+    Catalog, CatalogError, Discovery, Fill, FillSource, Location, MemberState, NodeView, Result, SetView, VolumeRecord,
+    lock, now_ns,
 };
 use crate::control::{ControlError, ReplicaSet};
 use crate::protocol::{RecordInfo, Status};
@@ -28,8 +28,9 @@ impl Placement {
 
 /// The disk of `node` a new replica of `size` bytes goes to: the one `disk` names (an error
 /// naming the node's disks when it has none of that name), else the one with the most space
-/// available.
-pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64) -> Result<String> {
+/// available among those not `taken` (the disks of the node that hold another replica of the
+/// volume).
+pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64, taken: &[&str]) -> Result<String> {
     let names = || node.disks.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ");
     let chosen = match disk {
         Some(name) => node.disks.iter().find(|d| d.name == name).ok_or_else(|| {
@@ -39,11 +40,21 @@ pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64) -> Res
                 names()
             ))
         })?,
-        None => node
-            .disks
-            .iter()
-            .max_by_key(|d| d.available)
-            .ok_or_else(|| CatalogError::Unavailable(format!("node {} reports no disk", node.name)))?,
+        None if node.disks.is_empty() => {
+            return Err(CatalogError::Unavailable(format!("node {} reports no disk", node.name)));
+        }
+        None => {
+            node.disks.iter().filter(|d| !taken.contains(&d.name.as_str())).max_by_key(|d| d.available).ok_or_else(
+                || {
+                    CatalogError::ResourceExhausted(format!(
+                        "node {} has no disk left for another replica of the volume (its disks: {}; each holds one \
+                     already)",
+                        node.name,
+                        names()
+                    ))
+                },
+            )?
+        }
     };
     if chosen.available < size {
         return Err(CatalogError::ResourceExhausted(format!(
@@ -52,6 +63,26 @@ pub(super) fn choose_disk(node: &NodeView, disk: Option<&str>, size: u64) -> Res
         )));
     }
     Ok(chosen.name.clone())
+}
+
+/// Where the replicas of a new set of `size` bytes go: each placement's node and its named
+/// disk, or the node's disk with the most space that no other placement names or took.
+fn locate(d: &Discovery, placements: &[Placement], size: u64) -> Result<Vec<Location>> {
+    let mut members: Vec<Location> = Vec::with_capacity(placements.len());
+    // Named disks first, so a placement without a name never takes one another names.
+    let named = |node: &str| -> Vec<&str> {
+        placements.iter().filter(|p| p.node == node).filter_map(|p| p.disk.as_deref()).collect()
+    };
+    for p in placements {
+        let Some(n) = d.node(&p.node) else {
+            return Err(CatalogError::Unavailable(format!("node {} does not answer", p.node)));
+        };
+        let mut taken = named(&p.node);
+        taken.extend(members.iter().filter(|m| m.node == p.node).map(|m| m.disk.as_str()));
+        let disk = choose_disk(n, p.disk.as_deref(), size, &taken)?;
+        members.push(Location::new(&p.node, disk));
+    }
+    Ok(members)
 }
 
 impl Catalog {
@@ -68,8 +99,9 @@ impl Catalog {
         self.create_on(id, size, &placements, source, metadata).await
     }
 
-    /// Creates a set (see the `block.create` contract in `wit/backend.wit`). A volume has at
-    /// most one replica per node: placements on distinct nodes.
+    /// Creates a set (see the `block.create` contract in `wit/backend.wit`). Several
+    /// placements may fall on one node, each on another of its disks; a placement that names no
+    /// disk gets the node's disk with the most space that no other placement of the set took.
     #[tracing::instrument(name = "catalog.create", skip(self, metadata), fields(source = ?source))]
     pub async fn create_on(
         &self,
@@ -82,32 +114,35 @@ impl Catalog {
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(CatalogError::Invalid(format!("size {size} is not a positive multiple of 4096")));
         }
-        let nodes: Vec<String> = placements.iter().map(|p| p.node.clone()).collect();
-        let distinct: BTreeSet<&String> = nodes.iter().collect();
-        if nodes.is_empty() || distinct.len() != nodes.len() {
-            return Err(CatalogError::Invalid(
-                "a replica set needs distinct nodes, at least one (this host keeps one replica of a volume per \
-                 node)"
-                    .into(),
-            ));
+        if placements.is_empty() {
+            return Err(CatalogError::Invalid("a replica set needs at least one replica".into()));
         }
-        let nodes = nodes.as_slice();
+        let named: Vec<(&str, &str)> =
+            placements.iter().filter_map(|p| p.disk.as_deref().map(|disk| (p.node.as_str(), disk))).collect();
+        if named.iter().collect::<BTreeSet<_>>().len() != named.len() {
+            return Err(CatalogError::Invalid("two placements on one disk of one node".into()));
+        }
         let d = self.discover().await;
-        for node in nodes {
-            if d.node(node).is_none() {
+        for p in placements {
+            if d.node(&p.node).is_none() {
                 return Err(CatalogError::Unavailable(format!(
-                    "node {node} is not among the granted replica nodes that answer"
+                    "node {} is not among the granted replica nodes that answer",
+                    p.node
                 )));
             }
         }
         let holders = self.holders(&d, id).await;
         let (info, record) = match Self::newest(&holders)? {
             Some((info, record)) if !record.deleting => {
-                if record.members != nodes {
-                    return Err(CatalogError::AlreadyExists(format!(
-                        "replica set {id} exists on nodes {:?}",
-                        record.members
-                    )));
+                let same = record.members.len() == placements.len()
+                    && record
+                        .members
+                        .iter()
+                        .zip(placements)
+                        .all(|(m, p)| m.node == p.node && p.disk.as_deref().is_none_or(|disk| disk == m.disk));
+                if !same {
+                    let members: Vec<String> = record.members.iter().map(ToString::to_string).collect();
+                    return Err(CatalogError::AlreadyExists(format!("replica set {id} exists on {members:?}")));
                 }
                 let have = holders.iter().map(|h| h.header.size).max().unwrap_or(size);
                 if have < size {
@@ -119,13 +154,7 @@ impl Catalog {
                 return Err(CatalogError::Unavailable(format!("replica set {id} is being deleted; retry")));
             }
             None => {
-                for p in placements {
-                    if let Some(n) = d.node(&p.node)
-                        && !holders.iter().any(|h| h.node == p.node)
-                    {
-                        choose_disk(n, p.disk.as_deref(), size)?;
-                    }
-                }
+                let members = locate(&d, placements, size)?;
                 let fill = match source {
                     None => None,
                     Some((volume, Some(snapshot))) => {
@@ -153,8 +182,11 @@ impl Catalog {
                     }
                 }
                 let record = VolumeRecord {
-                    members: nodes.to_vec(),
-                    addresses: nodes.iter().filter_map(|m| d.node(m).map(|n| (m.clone(), n.addr))).collect(),
+                    addresses: members
+                        .iter()
+                        .filter_map(|m| d.node(&m.node).map(|n| (m.node.clone(), n.addr)))
+                        .collect(),
+                    members,
                     owner: None,
                     metadata,
                     created_ns: now_ns(),
@@ -170,14 +202,13 @@ impl Catalog {
             }
         };
         // Every member gets its replica and the record (a retry completes what a crash left).
-        for p in placements {
-            let Some(n) = d.node(&p.node) else { continue };
+        for at in &record.members {
+            let Some(n) = d.node(&at.node) else { continue };
             let client = self.client(n.addr);
-            if !holders.iter().any(|h| h.node == p.node) {
-                let disk = choose_disk(n, p.disk.as_deref(), size)?;
-                client.create_replica_on(&disk, id, size).await?;
+            if !holders.iter().any(|h| h.at == *at) {
+                client.create_replica_on(&at.disk, id, size).await?;
             }
-            match client.set_record(id, &info).await {
+            match client.set_record_on(&at.disk, id, &info).await {
                 Ok(()) => {}
                 // A newer record is there already (a retry after an update): fine.
                 Err(ControlError::Refused { status: Status::StaleRevision, .. }) => {}
@@ -213,21 +244,20 @@ impl Catalog {
             .view(d, &fill.volume_id)
             .await?
             .ok_or_else(|| CatalogError::NotFound(format!("source volume {} is gone", fill.volume_id)))?;
-        let src_addr = src_view
+        let src = src_view
             .members
             .iter()
             .filter(|m| m.state == MemberState::Healthy)
-            .find_map(|m| d.node(&m.node).map(|n| n.addr))
+            .find_map(|m| d.node(&m.node).map(|n| (n.addr, m.disk.clone())))
             .ok_or_else(|| CatalogError::Unavailable(format!("no healthy replica of {} answers", fill.volume_id)))?;
-        let source = ReplicaSet::new(fill.volume_id.clone(), vec![src_addr], self.timeout)
-            .with_epoch(src_view.epoch)
-            .with_reach(self.reach.clone());
-        let targets: Vec<SocketAddr> = record.members.iter().filter_map(|m| d.node(m).map(|n| n.addr)).collect();
+        let source: ReplicaSet = self.replica_set(&fill.volume_id, vec![src]).with_epoch(src_view.epoch);
+        let targets: Vec<(SocketAddr, String)> =
+            record.members.iter().filter_map(|m| d.node(&m.node).map(|n| (n.addr, m.disk.clone()))).collect();
         if targets.len() != record.members.len() {
             lock(&self.fills).remove(id);
             return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its fill waits")));
         }
-        let target = ReplicaSet::new(id.to_owned(), targets, self.timeout).with_reach(self.reach.clone());
+        let target = self.replica_set(id, targets);
         let (catalog, id) = (self.clone(), id.to_owned());
         let span =
             tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);
@@ -275,5 +305,59 @@ impl Catalog {
         record.fill = None;
         let next = Self::next(&info, &record, info.epoch)?;
         self.write_record(&d, id, &next, &record.members).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::DiskSummary;
+
+    fn node(disks: &[(&str, u64)]) -> NodeView {
+        NodeView {
+            name: "n1".into(),
+            addr: "127.0.0.1:9501".parse().expect("addr"),
+            labels: vec![],
+            capacity: 0,
+            available: 0,
+            replicas: vec![],
+            disks: disks
+                .iter()
+                .map(|(name, free)| DiskSummary {
+                    name: (*name).into(),
+                    capacity: 100,
+                    available: *free,
+                    volumes: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn replicas_of_one_set_on_one_node_go_to_distinct_disks_named_ones_first() {
+        let d = Discovery {
+            nodes: [("n1".to_string(), node(&[("default", 50), ("ssd", 80), ("hdd", 60)]))].into(),
+            unreachable: vec![],
+        };
+        let p = |disk: Option<&str>| Placement { node: "n1".into(), disk: disk.map(Into::into) };
+        // The unnamed one would take ssd (the roomiest), but the second names it.
+        let at = locate(&d, &[p(None), p(Some("ssd")), p(None)], 10).expect("three disks");
+        assert_eq!(at, [Location::new("n1", "hdd"), Location::new("n1", "ssd"), Location::new("n1", "default")]);
+        let e = locate(&d, &[p(None), p(None), p(None), p(None)], 10).expect_err("four on three disks");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(_)), "{e}");
+    }
+
+    #[test]
+    fn an_unnamed_placement_gets_the_roomiest_disk_no_other_replica_of_the_set_is_on() {
+        let n = node(&[("default", 50), ("ssd", 80), ("hdd", 60)]);
+        assert_eq!(choose_disk(&n, None, 10, &[]).expect("chosen"), "ssd");
+        assert_eq!(choose_disk(&n, None, 10, &["ssd"]).expect("chosen"), "hdd");
+        assert_eq!(choose_disk(&n, Some("default"), 10, &["default"]).expect("named wins"), "default");
+        let e = choose_disk(&n, None, 10, &["ssd", "hdd", "default"]).expect_err("every disk taken");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(m) if m.contains("no disk left")), "{e}");
+        let e = choose_disk(&n, None, 70, &["ssd"]).expect_err("too small");
+        assert!(matches!(&e, CatalogError::ResourceExhausted(m) if m.contains("hdd")), "{e}");
+        let e = choose_disk(&n, Some("nvme"), 10, &[]).expect_err("no such disk");
+        assert!(matches!(&e, CatalogError::Invalid(m) if m.contains("nvme")), "{e}");
     }
 }

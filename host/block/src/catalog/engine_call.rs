@@ -19,11 +19,18 @@ pub enum EngineRequest {
     Expand {
         size: u64,
     },
-    /// The replica at `index` now lives on the (empty) replica server at `addr`.
+    /// The replica at `index` now lives on the (empty) replica on disk `disk` of the replica
+    /// server at `addr` (a controller of the version before disks names none: `default`).
     ReplaceReplica {
         index: usize,
         addr: std::net::SocketAddr,
+        #[serde(default = "default_disk")]
+        disk: String,
     },
+}
+
+fn default_disk() -> String {
+    crate::protocol::DEFAULT_DISK.to_owned()
 }
 
 /// The engine's answer.

@@ -5,6 +5,9 @@
 //! volume, its members, its snapshots and the node it is attached to; nothing is kept here but
 //! work in progress (clones being filled, when a detached replica was first seen down).
 //!
+//! A replica is named by its [`Location`], a node and one of its disks: a node may hold several
+//! replicas of one volume, each on another disk (a cluster with fewer nodes than replicas).
+//!
 //! Rules it keeps:
 //! - The newest record (highest version among the holders that answer) is the truth; updates
 //!   write version + 1 to every reachable member, the new member of a replacement first.
@@ -18,17 +21,19 @@
 //!   delete is finished when it answers again.
 //!
 //! This file holds the catalog's types, reading (discovery, views, listing), records, metadata,
-//! claims, deletion, expansion and how a change is routed (through the attached engine or
-//! offline); creating and filling a set is in `create`, snapshots in `snapshots`,
-//! replacement and the collection of leftovers in `membership`.
+//! deletion, expansion and how a change is routed (through the attached engine or
+//! offline); creating and filling a set is in `create`, publishing it to a node (claims, and
+//! what the node's engine needs) in `publish`, snapshots in `snapshots`, replacement and the
+//! collection of leftovers in `membership`.
 //!
-//! Not here: placement (the backend's policy chooses nodes) and the engine itself
+//! Not here: placement (the backend's policy chooses nodes and disks) and the engine itself
 //! ([`crate::engine`], driven by [`crate::volume`]).
 
 mod create;
 pub mod engine_call;
 mod membership;
 pub mod nodes;
+mod publish;
 pub mod record;
 mod snapshots;
 
@@ -44,7 +49,7 @@ use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 pub use create::Placement;
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
-pub use record::{FillSource, VolumeRecord};
+pub use record::{FillSource, Location, VolumeRecord};
 
 #[derive(Debug, Error)]
 pub enum CatalogError {
@@ -115,13 +120,19 @@ pub enum MemberState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     pub node: String,
-    /// The disk of the node holding the replica, when the node answered and holds it.
-    pub disk: Option<String>,
+    /// The disk of the node holding the replica (as the record names it).
+    pub disk: String,
     pub state: MemberState,
     /// When it was first seen not healthy (ns since the Unix epoch), as far as anyone knows.
     pub down_since_ns: Option<u64>,
     pub rebuilt: u64,
     pub rebuild_total: u64,
+}
+
+impl Member {
+    pub fn location(&self) -> Location {
+        Location::new(&self.node, &self.disk)
+    }
 }
 
 /// A replica set as found on the nodes.
@@ -140,8 +151,8 @@ pub struct SetView {
     pub snapshots: Vec<SnapshotInfo>,
     /// Bytes copied and to copy while the set is filled from its source.
     pub filling: Option<(u64, u64)>,
-    /// Nodes holding a replica of the id that are not members (left by a replacement).
-    pub leftovers: Vec<String>,
+    /// Replicas of the id that are not members (left by a replacement).
+    pub leftovers: Vec<Location>,
 }
 
 /// What a node needs to start the volume's engine.
@@ -152,16 +163,25 @@ pub struct AttachInfo {
     /// Each member's name and address: where it answers now, else where it last answered (engine
     /// replica order). `None` only for a member that never answered since the record existed.
     pub members: Vec<(String, Option<SocketAddr>)>,
+    /// Each member's disk, in the same order (missing: `default`).
+    pub disks: Vec<String>,
     /// The grant of the volume to this node the controller signed (`wasmcsi_trust::Grant`, as
     /// encoded), when the caller has one: ControllerPublishVolume's, or the current one a data
     /// path hands over. The replicas do not hold it: [`Catalog::attach_info`] leaves it empty.
     pub grant: Option<Vec<u8>>,
 }
 
-/// What a replica of the id on one node said.
+impl AttachInfo {
+    /// The disk of member `i`.
+    pub fn disk(&self, i: usize) -> &str {
+        self.disks.get(i).map_or(crate::protocol::DEFAULT_DISK, String::as_str)
+    }
+}
+
+/// What a replica of the id on one disk of a node said.
 #[derive(Debug, Clone)]
 struct Holder {
-    node: String,
+    at: Location,
     addr: SocketAddr,
     header: ReplicaHeader,
     record: RecordInfo,
@@ -183,8 +203,8 @@ pub struct Catalog {
     sources: Arc<NodeSources>,
     timeout: Duration,
     fills: Arc<Mutex<HashMap<String, Fill>>>,
-    /// (volume, node) → when the catalog first saw that member not healthy while detached.
-    down_since: Arc<Mutex<HashMap<(String, String), u64>>>,
+    /// (volume, replica) → when the catalog first saw that member not healthy while detached.
+    down_since: Arc<Mutex<HashMap<(String, Location), u64>>>,
     /// How the replica servers are reached (plaintext, or TLS with this process's credentials).
     reach: Reach,
 }
@@ -230,24 +250,35 @@ impl Catalog {
         ReplicaServerClient::over(addr, self.timeout, self.reach.clone())
     }
 
-    /// Every replica of `id` on the nodes that answered.
+    /// The replicas `replicas` (server, disk) of `id`, for offline operations.
+    fn replica_set(&self, id: &str, replicas: Vec<(SocketAddr, String)>) -> ReplicaSet {
+        let (addrs, disks) = replicas.into_iter().unzip();
+        ReplicaSet::new(id, addrs, self.timeout).with_disks(disks).with_reach(self.reach.clone())
+    }
+
+    /// Every replica of `id` on the nodes that answered, on every disk holding one.
     async fn holders(&self, d: &Discovery, id: &str) -> Vec<Holder> {
         let mut tasks = tokio::task::JoinSet::new();
-        for n in d.nodes.values().filter(|n| n.replicas.iter().any(|r| r.volume_id == id)) {
-            let (client, node, id) = (self.client(n.addr), n.name.clone(), id.to_owned());
-            tasks.spawn(async move { (node, client.addr, client.describe(&id).await) });
+        for n in d.nodes.values() {
+            for disk in n.disks.iter().filter(|disk| disk.volumes.iter().any(|v| v == id)) {
+                let (client, at, id) = (self.client(n.addr), Location::new(&n.name, &disk.name), id.to_owned());
+                tasks.spawn(async move {
+                    let described = client.describe_on(&at.disk, &id).await;
+                    (at, client.addr, described)
+                });
+            }
         }
         let mut out = Vec::new();
         while let Some(joined) = tasks.join_next().await {
             match joined {
-                Ok((node, addr, Ok((header, record)))) => out.push(Holder { node, addr, header, record }),
-                Ok((node, _, Err(e))) => {
-                    tracing::debug!(%node, volume = id, error = %e, "replica did not describe itself")
+                Ok((at, addr, Ok((header, record)))) => out.push(Holder { at, addr, header, record }),
+                Ok((at, _, Err(e))) => {
+                    tracing::debug!(replica = %at, volume = id, error = %e, "replica did not describe itself")
                 }
                 Err(e) => tracing::error!(error = %e, "describe task failed"),
             }
         }
-        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out.sort_by(|a, b| a.at.cmp(&b.at));
         out
     }
 
@@ -257,7 +288,7 @@ impl Catalog {
             return Ok(None);
         };
         let record = VolumeRecord::decode(&h.record.data)
-            .map_err(|e| CatalogError::Internal(format!("replica of {} on {}: {e}", h.header.volume_id, h.node)))?;
+            .map_err(|e| CatalogError::Internal(format!("replica of {} on {}: {e}", h.header.volume_id, h.at)))?;
         Ok(Some((h.record.clone(), record)))
     }
 
@@ -317,8 +348,7 @@ impl Catalog {
         record: VolumeRecord,
         engine: Option<EngineStatus>,
     ) -> SetView {
-        let of = |node: &str| holders.iter().find(|h| h.node == node);
-        let disk_of = |node: &str| d.node(node).and_then(|n| n.disk_of(id)).map(str::to_owned);
+        let of = |at: &Location| holders.iter().find(|h| h.at == *at);
         let newest_revision = record.members.iter().filter_map(|m| of(m)).map(|h| h.header.revision).max().unwrap_or(0);
         let current: Vec<&Holder> =
             record.members.iter().filter_map(|m| of(m)).filter(|h| h.header.revision == newest_revision).collect();
@@ -328,7 +358,8 @@ impl Catalog {
             .members
             .iter()
             .enumerate()
-            .map(|(i, node)| {
+            .map(|(i, at)| {
+                let node = &at.node;
                 if let Some(r) = engine.as_ref().and_then(|e| e.replicas.get(i)) {
                     let state = match r.state.as_str() {
                         "healthy" => MemberState::Healthy,
@@ -338,26 +369,26 @@ impl Catalog {
                     };
                     return Member {
                         node: node.clone(),
-                        disk: disk_of(node),
+                        disk: at.disk.clone(),
                         state,
                         down_since_ns: r.down_since_ns,
                         rebuilt: r.rebuilt,
                         rebuild_total: r.rebuild_total,
                     };
                 }
-                let state = match (d.node(node), of(node)) {
+                let state = match (d.node(node), of(at)) {
                     (None, _) => MemberState::Unreachable,
                     (Some(_), Some(h)) if h.header.revision == newest_revision => MemberState::Healthy,
                     (Some(_), _) => MemberState::Stale,
                 };
-                let key = (id.to_owned(), node.clone());
+                let key = (id.to_owned(), at.clone());
                 let down_since_ns = if state == MemberState::Healthy {
                     down.remove(&key);
                     None
                 } else {
                     Some(*down.entry(key).or_insert(now))
                 };
-                Member { node: node.clone(), disk: disk_of(node), state, down_since_ns, rebuilt: 0, rebuild_total: 0 }
+                Member { node: node.clone(), disk: at.disk.clone(), state, down_since_ns, rebuilt: 0, rebuild_total: 0 }
             })
             .collect();
         drop(down);
@@ -367,8 +398,7 @@ impl Catalog {
             let f = lock(&self.fills).get(id).cloned().unwrap_or_default();
             (f.done, f.total)
         });
-        let leftovers =
-            holders.iter().filter(|h| record.member_index(&h.node).is_none()).map(|h| h.node.clone()).collect();
+        let leftovers = holders.iter().filter(|h| record.member_index(&h.at).is_none()).map(|h| h.at.clone()).collect();
         SetView {
             id: id.to_owned(),
             size,
@@ -414,17 +444,17 @@ impl Catalog {
         d: &Discovery,
         id: &str,
         info: &RecordInfo,
-        targets: impl IntoIterator<Item = &String>,
+        targets: impl IntoIterator<Item = &Location>,
     ) -> Result<usize> {
         let mut written = 0;
         let mut last_error = None;
-        for node in targets {
-            let Some(n) = d.node(node) else { continue };
-            match self.client(n.addr).set_record(id, info).await {
+        for at in targets {
+            let Some(n) = d.node(&at.node) else { continue };
+            match self.client(n.addr).set_record_on(&at.disk, id, info).await {
                 Ok(()) => written += 1,
                 Err(ControlError::Refused { status: Status::StaleRevision, .. }) => {
                     return Err(CatalogError::Unavailable(format!(
-                        "the record of {id} changed meanwhile on {node}; retry"
+                        "the record of {id} changed meanwhile on {at}; retry"
                     )));
                 }
                 Err(ControlError::Refused { status: Status::NotFound, .. }) => {}
@@ -442,10 +472,11 @@ impl Catalog {
     /// discovery found them now (kept as they were for members it did not find).
     fn next_seen(d: &Discovery, info: &RecordInfo, record: &VolumeRecord, epoch: u64) -> Result<RecordInfo> {
         let mut record = record.clone();
-        record.addresses.retain(|node, _| record.members.contains(node));
-        for m in &record.members {
-            if let Some(n) = d.node(m) {
-                record.addresses.insert(m.clone(), n.addr);
+        let members = record.members.clone();
+        record.addresses.retain(|node, _| members.iter().any(|m| m.node == *node));
+        for m in &members {
+            if let Some(n) = d.node(&m.node) {
+                record.addresses.insert(m.node.clone(), n.addr);
             }
         }
         Self::next(info, &record, epoch)
@@ -484,93 +515,8 @@ impl Catalog {
         }
         let epoch = if raise { info.epoch + 1 } else { info.epoch };
         let next = Self::next(&info, &record, epoch)?;
-        let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
+        let targets: Vec<Location> = holders.iter().map(|h| h.at.clone()).collect();
         self.write_record(&d, id, &next, &targets).await.map(|_| ())
-    }
-
-    /// ControllerPublishVolume: `node` may attach the volume. The same node again is a retry;
-    /// another node while one holds it is `FailedPrecondition` naming it. Raises the epoch, so an
-    /// engine left over from before can write nothing. Returns the epoch the volume is published
-    /// to `node` at (the raised one, or the current one on a retry): what the node's grant names.
-    #[tracing::instrument(name = "catalog.claim", skip(self))]
-    pub async fn claim(&self, id: &str, node: &str) -> Result<u64> {
-        let d = self.discover().await;
-        let holders = self.holders(&d, id).await;
-        let Some((info, record)) = Self::newest(&holders)? else {
-            return Err(CatalogError::NotFound(format!("volume {id} not found")));
-        };
-        if record.deleting {
-            return Err(CatalogError::NotFound(format!("volume {id} is being deleted")));
-        }
-        if record.fill.is_some() {
-            return Err(CatalogError::FailedPrecondition(format!("volume {id} is still being filled from its source")));
-        }
-        match record.owner.as_deref() {
-            Some(owner) if owner == node => return Ok(info.epoch),
-            Some(owner) => {
-                return Err(CatalogError::FailedPrecondition(format!("volume {id} is attached to node {owner}")));
-            }
-            None => {}
-        }
-        let claimed = VolumeRecord { owner: Some(node.to_owned()), ..record };
-        let next = Self::next_seen(&d, &info, &claimed, info.epoch + 1)?;
-        let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
-        self.write_record(&d, id, &next, &targets).await.map(|_| next.epoch)
-    }
-
-    /// ControllerUnpublishVolume: `node` may no longer attach the volume (unknown volume or
-    /// another owner: nothing to do). Raises the epoch: an engine still running there (a node the
-    /// CO declared gone) is fenced by every replica that answers now, and by the others as soon
-    /// as the next engine claims them.
-    /// `node` `None` releases whichever node holds it (CSI's unpublish from every node).
-    #[tracing::instrument(name = "catalog.release", skip(self))]
-    pub async fn release(&self, id: &str, node: Option<&str>) -> Result<()> {
-        let d = self.discover().await;
-        let holders = self.holders(&d, id).await;
-        let Some((info, record)) = Self::newest(&holders)? else { return Ok(()) };
-        if record.owner.is_none() || node.is_some_and(|n| record.owner.as_deref() != Some(n)) {
-            return Ok(());
-        }
-        let released = VolumeRecord { owner: None, ..record };
-        let next = Self::next(&info, &released, info.epoch + 1)?;
-        let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
-        self.write_record(&d, id, &next, &targets).await.map(|_| ())
-    }
-
-    /// What `node` needs to run the volume's engine: refused unless the volume is published to
-    /// it and whole.
-    #[tracing::instrument(name = "catalog.attach_info", skip(self))]
-    pub async fn attach_info(&self, id: &str, node: &str) -> Result<AttachInfo> {
-        let d = self.discover().await;
-        let holders = self.holders(&d, id).await;
-        let Some((info, record)) = Self::newest(&holders)? else {
-            return Err(CatalogError::NotFound(format!("volume {id} not found on any replica node")));
-        };
-        if record.deleting {
-            return Err(CatalogError::NotFound(format!("volume {id} is being deleted")));
-        }
-        if record.fill.is_some() {
-            return Err(CatalogError::FailedPrecondition(format!("volume {id} is still being filled from its source")));
-        }
-        match record.owner.as_deref() {
-            Some(owner) if owner == node => {}
-            Some(owner) => {
-                return Err(CatalogError::FailedPrecondition(format!("volume {id} is attached to node {owner}")));
-            }
-            None => {
-                return Err(CatalogError::FailedPrecondition(format!(
-                    "volume {id} is not published to node {node} (ControllerPublishVolume first)"
-                )));
-            }
-        }
-        let size =
-            holders.iter().filter(|h| record.member_index(&h.node).is_some()).map(|h| h.header.size).max().unwrap_or(0);
-        let members = record
-            .members
-            .iter()
-            .map(|m| (m.clone(), d.node(m).map(|n| n.addr).or_else(|| record.addresses.get(m).copied())))
-            .collect();
-        Ok(AttachInfo { size, epoch: info.epoch, members, grant: None })
     }
 
     /// Deletes a set and its snapshots (see the module docs); absent succeeds.
@@ -591,7 +537,7 @@ impl Catalog {
                 }
                 let deleting = VolumeRecord { deleting: true, ..record.clone() };
                 let next = Self::next(&info, &deleting, info.epoch + 1)?;
-                let targets: Vec<String> = holders.iter().map(|h| h.node.clone()).collect();
+                let targets: Vec<Location> = holders.iter().map(|h| h.at.clone()).collect();
                 self.write_record(&d, id, &next, &targets).await?;
             }
             lock(&self.fills).remove(id);
@@ -599,7 +545,8 @@ impl Catalog {
             // A member whose node is not discovered at all is gone for good (the operator's
             // discovery no longer lists it); one that may be behind an address that did not
             // answer is retried.
-            let missing: Vec<&String> = record.members.iter().filter(|m| d.node(m).is_none()).collect();
+            let missing: Vec<String> =
+                record.members.iter().filter(|m| d.node(&m.node).is_none()).map(ToString::to_string).collect();
             if !missing.is_empty() && !d.unreachable.is_empty() {
                 return Err(CatalogError::Unavailable(format!(
                     "volume {id} deleted on the nodes that answer; members {missing:?} may be among the unreachable \
@@ -616,7 +563,7 @@ impl Catalog {
 
     async fn remove_replicas(&self, holders: &[Holder]) -> Result<()> {
         for h in holders {
-            self.client(h.addr).delete_replica(&h.header.volume_id).await?;
+            self.client(h.addr).delete_replica_on(&h.at.disk, &h.header.volume_id).await?;
         }
         Ok(())
     }
@@ -651,10 +598,12 @@ impl Catalog {
         }
         if size > view.size {
             for m in &view.members {
-                let free = d.node(&m.node).map(|n| n.available).unwrap_or(0);
+                let disk = d.node(&m.node).and_then(|n| n.disks.iter().find(|x| x.name == m.disk));
+                let free = disk.map_or(0, |x| x.available);
                 if free < size - view.size {
                     return Err(CatalogError::ResourceExhausted(format!(
-                        "node {} has {free} bytes free, growing {id} needs {}",
+                        "disk {} of node {} has {free} bytes free, growing {id} needs {}",
+                        m.disk,
                         m.node,
                         size - view.size
                     )));
@@ -689,22 +638,17 @@ impl Catalog {
         // Detached: the current replicas (reachable, at the newest revision) take the change.
         // If any member is not among them, they also move one revision ahead, so the others
         // stay behind and get it by a rebuild at the next attach, never the other way round.
-        let current: Vec<SocketAddr> = view
+        let current: Vec<(SocketAddr, String)> = view
             .members
             .iter()
             .filter(|m| m.state == MemberState::Healthy)
-            .filter_map(|m| d.node(&m.node).map(|n| n.addr))
+            .filter_map(|m| d.node(&m.node).map(|n| (n.addr, m.disk.clone())))
             .collect();
         if current.is_empty() {
             return Err(CatalogError::Unavailable(format!("no current replica of {} answers", view.id)));
         }
         let raise = (current.len() < view.members.len()).then_some(view.revision + 1);
-        Ok(Route::Offline(
-            ReplicaSet::new(view.id.clone(), current, self.timeout)
-                .with_epoch(view.epoch)
-                .with_reach(self.reach.clone()),
-            raise,
-        ))
+        Ok(Route::Offline(self.replica_set(&view.id, current).with_epoch(view.epoch), raise))
     }
 
     /// Runs an offline change on the current replicas, then moves them ahead if asked.

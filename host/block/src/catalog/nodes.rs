@@ -55,13 +55,6 @@ pub struct NodeView {
     pub disks: Vec<DiskSummary>,
 }
 
-impl NodeView {
-    /// The disk holding `volume_id`'s replica on this node, if any does.
-    pub fn disk_of(&self, volume_id: &str) -> Option<&str> {
-        self.disks.iter().find(|d| d.volumes.iter().any(|v| v == volume_id)).map(|d| d.name.as_str())
-    }
-}
-
 /// What one discovery found.
 #[derive(Debug, Default)]
 pub struct Discovery {

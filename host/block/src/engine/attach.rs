@@ -22,6 +22,7 @@ impl Engine {
             volume_id: self.cfg.volume_id.clone(),
             protocol_version: PROTOCOL_VERSION,
             revision: self.revision,
+            disk: self.replica_cfg[r].disk.clone(),
         };
         self.send(r, op, hello);
     }

@@ -391,8 +391,9 @@ impl Engine {
             Event::Tick => self.on_tick(),
             Event::ReplicaConnected(r) if r < self.replicas.len() => self.on_connected(r),
             Event::ReplicaDisconnected(r) if r < self.replicas.len() => self.fail(r, FailReason::Disconnected),
-            Event::ReplicaReplaced(r) if r < self.replicas.len() => {
+            Event::ReplicaReplaced(r, disk) if r < self.replicas.len() => {
                 self.fail(r, FailReason::Replaced);
+                self.replica_cfg[r].disk = disk;
                 self.missing.insert(r, full_map(self.size, self.cfg.region_size));
                 self.persist();
             }

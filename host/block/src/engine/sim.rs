@@ -292,7 +292,7 @@ impl World {
 
     /// Replica 0 is the engine's local one.
     fn replica_config() -> Vec<ReplicaConfig> {
-        (0..REPLICAS).map(|i| ReplicaConfig { local: i == 0 }).collect()
+        (0..REPLICAS).map(|i| ReplicaConfig { local: i == 0, disk: crate::protocol::DEFAULT_DISK.into() }).collect()
     }
 
     fn new(seed: u64) -> Self {

@@ -19,7 +19,7 @@ fn config() -> EngineConfig {
 
 /// One replica per entry of `locals`, local where it says so.
 fn replicas(locals: &[bool]) -> Vec<ReplicaConfig> {
-    locals.iter().map(|l| ReplicaConfig { local: *l }).collect()
+    locals.iter().map(|l| ReplicaConfig { local: *l, disk: crate::protocol::DEFAULT_DISK.into() }).collect()
 }
 
 fn header(revision: u64) -> ReplicaHeader {

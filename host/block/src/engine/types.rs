@@ -43,6 +43,9 @@ pub const MAX_UNMAP: u64 = 64 * 1024 * 1024;
 pub struct ReplicaConfig {
     /// On the engine's own node: preferred for reads (no network hop).
     pub local: bool,
+    /// The disk of its replica server holding it, named in `Hello` (a server may hold several
+    /// replicas of the volume, one per disk).
+    pub disk: String,
 }
 
 /// The engine's settings; the replicas it replicates to are given beside them
@@ -88,9 +91,10 @@ pub enum Event {
     /// A new connection to the replica is up; the engine starts the handshake on it.
     ReplicaConnected(ReplicaId),
     ReplicaDisconnected(ReplicaId),
-    /// The replica now lives elsewhere (a new, empty replica on another server): whatever the
-    /// old one held counts for nothing, and the new one gets a full rebuild.
-    ReplicaReplaced(ReplicaId),
+    /// The replica now lives elsewhere (a new, empty replica on another server, or another disk
+    /// of one, named here): whatever the old one held counts for nothing, and the new one gets a
+    /// full rebuild.
+    ReplicaReplaced(ReplicaId, String),
     /// A decoded frame from the replica's current connection.
     Received(ReplicaId, Frame),
     ClientRead {

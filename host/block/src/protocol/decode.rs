@@ -8,9 +8,9 @@ use thiserror::Error;
 
 use super::encode::checksum;
 use super::{
-    DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN, MAX_LABELS,
-    MAX_NAME_LEN, MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary, SPLIT_MIN,
-    SnapshotInfo, Status,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, ExtentState, Frame, HEADER_LEN, MAGIC, MAX_GRANT_LEN,
+    MAX_LABELS, MAX_NAME_LEN, MAX_RECORD_LEN, Message, PROTOCOL_VERSION, RecordInfo, ReplicaHeader, ReplicaSummary,
+    SPLIT_MIN, SnapshotInfo, Status,
 };
 
 /// Why bytes are not a frame. Every variant is fatal for the connection: after it the stream has
@@ -151,6 +151,18 @@ impl<'a> Reader<'a> {
         let raw = self.bytes(len)?;
         String::from_utf8(raw.to_vec()).map_err(|_| self.malformed("name is not UTF-8"))
     }
+    /// A disk name that ends a request: [`DEFAULT_DISK`] when the payload ends first (a peer of
+    /// the version before disks, or the default disk), which must not be spelled out.
+    fn disk(&mut self) -> Result<String, DecodeError> {
+        if self.buf.is_empty() {
+            return Ok(DEFAULT_DISK.to_owned());
+        }
+        let disk = self.name()?;
+        if disk == DEFAULT_DISK {
+            return Err(self.malformed("the default disk is named by leaving it out"));
+        }
+        Ok(disk)
+    }
     fn flag(&mut self) -> Result<bool, DecodeError> {
         match self.u8()? {
             0 => Ok(false),
@@ -194,7 +206,7 @@ impl<'a> Reader<'a> {
 fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<Message, DecodeError> {
     let mut r = Reader { buf: payload, kind, origin };
     let m = match kind {
-        1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()? },
+        1 => Message::Hello { volume_id: r.name()?, protocol_version: r.u16()?, revision: r.u64()?, disk: r.disk()? },
         2 => Message::HelloReply { status: r.status()?, header: r.header()? },
         3 => Message::Read { offset: r.u64()?, len: r.u32()? },
         4 => Message::ReadReply { status: r.status()?, data: r.rest() },
@@ -231,7 +243,7 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
         17 => Message::ReadSnapshot { name: r.name()?, offset: r.u64()?, len: r.u32()? },
         18 => Message::ListSnapshotExtents { name: r.name()?, offset: r.u64()?, len: r.u64()? },
         19 => Message::CreateReplica { volume_id: r.name()?, size: r.u64()? },
-        20 => Message::DeleteReplica { volume_id: r.name()? },
+        20 => Message::DeleteReplica { volume_id: r.name()?, disk: r.disk()? },
         21 => Message::NodeInfo,
         23 => Message::Reinitialize { revision: r.u64()? },
         22 => {
@@ -256,7 +268,7 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
             Message::NodeInfoReply { status, capacity, available, replicas }
         }
         24 => Message::Claim { epoch: r.u64()? },
-        25 => Message::Describe { volume_id: r.name()? },
+        25 => Message::Describe { volume_id: r.name()?, disk: r.disk()? },
         26 => {
             let status = r.status()?;
             let header = r.header()?;
@@ -266,8 +278,14 @@ fn decode_payload(kind: u16, payload: &[u8], origin: Option<&Bytes>) -> Result<M
             }
             Message::Description { status, header, record }
         }
-        27 => {
-            let m = Message::SetRecord { volume_id: r.name()?, version: r.u64()?, epoch: r.u64()?, data: r.rest() };
+        27 | 37 => {
+            let disk = if kind == 37 { r.name()? } else { DEFAULT_DISK.to_owned() };
+            if kind == 37 && disk == DEFAULT_DISK {
+                // One form for one request: the default disk is kind 27's.
+                return Err(r.malformed("kind 37 names the default disk"));
+            }
+            let m =
+                Message::SetRecord { volume_id: r.name()?, version: r.u64()?, epoch: r.u64()?, data: r.rest(), disk };
             if let Message::SetRecord { data, .. } = &m
                 && data.len() > MAX_RECORD_LEN
             {

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use super::{
-    DEFAULT_MAX_PAYLOAD, Frame, HEADER_LEN, MAGIC, MAX_LABELS, MAX_NAME_LEN, Message, PROTOCOL_VERSION, ReplicaHeader,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, Frame, HEADER_LEN, MAGIC, MAX_LABELS, MAX_NAME_LEN, Message, PROTOCOL_VERSION,
+    ReplicaHeader,
 };
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -150,12 +151,19 @@ fn put_header(out: &mut Vec<u8>, header: &ReplicaHeader) -> Result<(), EncodeErr
     Ok(())
 }
 
+/// A disk name that follows a request's fields: nothing for [`DEFAULT_DISK`] (the bytes of the
+/// version before disks).
+fn put_disk(out: &mut Vec<u8>, disk: &str) -> Result<(), EncodeError> {
+    if disk == DEFAULT_DISK { Ok(()) } else { put_name(out, disk) }
+}
+
 fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     match m {
-        Message::Hello { volume_id, protocol_version, revision } => {
+        Message::Hello { volume_id, protocol_version, revision, disk } => {
             put_name(out, volume_id)?;
             out.extend_from_slice(&protocol_version.to_le_bytes());
             out.extend_from_slice(&revision.to_le_bytes());
+            put_disk(out, disk)?;
         }
         Message::HelloReply { status, header } => {
             out.extend_from_slice(&(*status as u16).to_le_bytes());
@@ -228,7 +236,10 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             put_name(out, volume_id)?;
             out.extend_from_slice(&size.to_le_bytes());
         }
-        Message::DeleteReplica { volume_id } => put_name(out, volume_id)?,
+        Message::DeleteReplica { volume_id, disk } => {
+            put_name(out, volume_id)?;
+            put_disk(out, disk)?;
+        }
         Message::NodeInfo => {}
         Message::Reinitialize { revision } => out.extend_from_slice(&revision.to_le_bytes()),
         Message::NodeInfoReply { status, capacity, available, replicas } => {
@@ -247,7 +258,10 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             }
         }
         Message::Claim { epoch } => out.extend_from_slice(&epoch.to_le_bytes()),
-        Message::Describe { volume_id } => put_name(out, volume_id)?,
+        Message::Describe { volume_id, disk } => {
+            put_name(out, volume_id)?;
+            put_disk(out, disk)?;
+        }
         Message::Description { status, header, record } => {
             out.extend_from_slice(&(*status as u16).to_le_bytes());
             put_header(out, header)?;
@@ -255,7 +269,11 @@ fn encode_payload(m: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             out.extend_from_slice(&record.epoch.to_le_bytes());
             out.extend_from_slice(&record.data);
         }
-        Message::SetRecord { volume_id, version, epoch, data } => {
+        Message::SetRecord { volume_id, version, epoch, data, disk } => {
+            // Kind 37 (see `Message::kind`): the disk first.
+            if disk != DEFAULT_DISK {
+                put_name(out, disk)?;
+            }
             put_name(out, volume_id)?;
             out.extend_from_slice(&version.to_le_bytes());
             out.extend_from_slice(&epoch.to_le_bytes());

@@ -34,6 +34,11 @@ pub const HEADER_LEN: usize = 24;
 pub const DEFAULT_MAX_PAYLOAD: usize = 4 * 1024 * 1024 + 64;
 /// Longest volume id or snapshot name; names are identifiers, not data.
 pub const MAX_NAME_LEN: usize = 1024;
+/// The disk every replica server has (its `--replica-root`). A request that names a replica of
+/// a volume (`Hello`, `Describe`, `SetRecord`, `DeleteReplica`) carries the disk only when it
+/// is another one: the bytes a peer of the version before disks sends and reads are unchanged,
+/// and a request without a disk means this one.
+pub const DEFAULT_DISK: &str = "default";
 
 /// Result of one request, carried by every reply. Numbers are wire values and never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,11 +176,13 @@ pub struct Extent {
 /// reply carries the request id of the request it answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// First request on a connection.
+    /// First request on a connection: a session on the replica of `volume_id` on `disk`.
     Hello {
         volume_id: String,
         protocol_version: u16,
         revision: u64,
+        /// Encoded after `revision` only when not [`DEFAULT_DISK`].
+        disk: String,
     },
     HelloReply {
         status: Status,
@@ -282,6 +289,8 @@ pub enum Message {
     /// `Busy` while an engine has it open.
     DeleteReplica {
         volume_id: String,
+        /// Encoded after `volume_id` only when not [`DEFAULT_DISK`].
+        disk: String,
     },
     /// Control: what this server holds and how much space is left.
     NodeInfo,
@@ -304,6 +313,8 @@ pub enum Message {
     /// with record version 0).
     Describe {
         volume_id: String,
+        /// Encoded after `volume_id` only when not [`DEFAULT_DISK`].
+        disk: String,
     },
     Description {
         status: Status,
@@ -314,11 +325,15 @@ pub enum Message {
     /// and `epoch` is not older; the same version with the same epoch and data is `Ok` (a
     /// retry), anything else older or conflicting `StaleRevision`. Raising the epoch fences
     /// every session that claimed a lower one. `Invalid` above [`MAX_RECORD_LEN`].
+    /// On [`DEFAULT_DISK`] it is kind 27 as before disks; on another disk kind 37, the disk's
+    /// name before the volume's (the record's bytes run to the end of the payload, so nothing
+    /// can follow them).
     SetRecord {
         volume_id: String,
         version: u64,
         epoch: u64,
         data: Vec<u8>,
+        disk: String,
     },
     /// Control: who this server is; answered by `Identity`.
     Identify,
@@ -347,8 +362,8 @@ pub enum Message {
         grant: Vec<u8>,
     },
     /// Control: like `CreateReplica`, on the server's disk `disk` (`CreateReplica` means the disk
-    /// `default`). `NotFound` when the server has no such disk; `AlreadyExists` also when another
-    /// of its disks holds a replica of the volume (one replica of a volume per server).
+    /// `default`). `NotFound` when the server has no such disk. Replicas of the volume on its
+    /// other disks are other replicas of it.
     CreateReplicaOn {
         disk: String,
         volume_id: String,
@@ -402,6 +417,7 @@ impl Message {
             Self::Claim { .. } => 24,
             Self::Describe { .. } => 25,
             Self::Description { .. } => 26,
+            Self::SetRecord { disk, .. } if disk != DEFAULT_DISK => 37,
             Self::SetRecord { .. } => 27,
             Self::Identify => 28,
             Self::Identity { .. } => 29,

@@ -15,8 +15,15 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         (0..n).map(|_| rng.next() as u8).collect()
     };
     let status = |rng: &mut Rng| Status::from_wire(rng.below(12) as u16).unwrap_or(Status::Ok);
+    // Half on the default disk (the bytes of the version before disks), half on another.
+    let disk = |rng: &mut Rng| if rng.below(2) == 0 { DEFAULT_DISK.to_owned() } else { format!("d{}", name(rng)) };
     match rng.below(36) {
-        0 => Message::Hello { volume_id: name(rng), protocol_version: rng.next() as u16, revision: rng.next() },
+        0 => Message::Hello {
+            volume_id: name(rng),
+            protocol_version: rng.next() as u16,
+            revision: rng.next(),
+            disk: disk(rng),
+        },
         1 => Message::HelloReply {
             status: status(rng),
             header: ReplicaHeader {
@@ -55,11 +62,11 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
         16 => Message::ReadSnapshot { name: name(rng), offset: rng.next(), len: rng.next() as u32 },
         17 => Message::ListSnapshotExtents { name: name(rng), offset: rng.next(), len: rng.next() },
         18 => Message::CreateReplica { volume_id: name(rng), size: rng.next() },
-        19 => Message::DeleteReplica { volume_id: name(rng) },
+        19 => Message::DeleteReplica { volume_id: name(rng), disk: disk(rng) },
         20 => Message::NodeInfo,
         21 => Message::Reinitialize { revision: rng.next() },
         22 => Message::Claim { epoch: rng.next() },
-        23 => Message::Describe { volume_id: name(rng) },
+        23 => Message::Describe { volume_id: name(rng), disk: disk(rng) },
         24 => Message::Description {
             status: status(rng),
             header: ReplicaHeader {
@@ -73,7 +80,13 @@ pub(crate) fn random_message(rng: &mut Rng) -> Message {
             },
             record: RecordInfo { version: rng.next(), epoch: rng.next(), data: data(rng) },
         },
-        25 => Message::SetRecord { volume_id: name(rng), version: rng.next(), epoch: rng.next(), data: data(rng) },
+        25 => Message::SetRecord {
+            volume_id: name(rng),
+            version: rng.next(),
+            epoch: rng.next(),
+            data: data(rng),
+            disk: disk(rng),
+        },
         26 => Message::Identify,
         27 => Message::Identity {
             status: status(rng),
@@ -135,7 +148,7 @@ fn every_message_kind_round_trips() {
         let bytes = encoded(&frame);
         assert_eq!(decode(&bytes), Ok(Decoded::Frame(frame, bytes.len())));
     }
-    assert_eq!(kinds.len(), 36, "the generator covers every kind");
+    assert_eq!(kinds.len(), 37, "the generator covers every kind");
 }
 
 #[test]
@@ -376,4 +389,49 @@ fn a_grant_is_kind_32_its_refusal_status_11_and_an_oversized_grant_malformed() {
     assert_eq!(&denied[HEADER_LEN..], &[11, 0]);
     let too_long = encoded(&Frame { request_id: 1, message: Message::Grant { grant: vec![7; MAX_GRANT_LEN + 1] } });
     assert_eq!(decode(&too_long), Err(DecodeError::Malformed { kind: 32, what: "grant too long" }));
+}
+
+#[test]
+fn a_request_on_the_default_disk_is_the_bytes_of_the_version_before_disks_and_others_name_theirs() {
+    // Hello as a peer of the version before disks wrote it: volume, protocol version, revision.
+    let mut old = Vec::new();
+    old.extend_from_slice(&1u16.to_le_bytes());
+    old.push(b'v');
+    old.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    old.extend_from_slice(&7u64.to_le_bytes());
+    let hello = |disk: &str| Message::Hello {
+        volume_id: "v".into(),
+        protocol_version: PROTOCOL_VERSION,
+        revision: 7,
+        disk: disk.into(),
+    };
+    let bytes = encoded(&Frame { request_id: 1, message: hello(DEFAULT_DISK) });
+    assert_eq!(&bytes[HEADER_LEN..], &old[..], "no disk on the wire for the default one");
+    let on_ssd = encoded(&Frame { request_id: 1, message: hello("ssd") });
+    assert_eq!(&on_ssd[HEADER_LEN + old.len()..], &[3, 0, b's', b's', b'd']);
+    assert!(matches!(decode(&on_ssd), Ok(Decoded::Frame(f, _)) if f.message == hello("ssd")));
+    // A record on another disk is kind 37 (the record runs to the end); the default's stays 27.
+    let record = |disk: &str| Message::SetRecord {
+        volume_id: "v".into(),
+        version: 2,
+        epoch: 3,
+        data: b"{}".to_vec(),
+        disk: disk.into(),
+    };
+    assert_eq!(&encoded(&Frame { request_id: 1, message: record(DEFAULT_DISK) })[6..8], &[27, 0]);
+    let other = encoded(&Frame { request_id: 1, message: record("ssd") });
+    assert_eq!(&other[6..8], &[37, 0]);
+    assert!(matches!(decode(&other), Ok(Decoded::Frame(f, _)) if f.message == record("ssd")));
+}
+
+#[test]
+fn the_default_disk_spelled_out_is_malformed() {
+    let mut frame =
+        encoded(&Frame { request_id: 1, message: Message::Describe { volume_id: "v".into(), disk: "xxxxxxx".into() } });
+    let at = frame.len() - DEFAULT_DISK.len();
+    frame[at..].copy_from_slice(DEFAULT_DISK.as_bytes());
+    // Re-seal the frame's checksum over the edited payload.
+    let crc = checksum(&frame[..HEADER_LEN - 4], &frame[HEADER_LEN..]);
+    frame[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    assert!(matches!(decode(&frame), Err(DecodeError::Malformed { kind: 25, .. })), "{:?}", decode(&frame));
 }

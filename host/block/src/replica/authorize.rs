@@ -14,6 +14,14 @@
 //! An engine's status is read like a record (`Describe`): a node plugin's stats and plans ask its
 //! own data path's engine for it, and it changes nothing.
 //!
+//! A grant names the volume, the node whose engine may open sessions of it and an epoch, not a
+//! replica: it is what the controller's ControllerPublishVolume gave that node, and an engine
+//! needs a session on every replica of the volume, wherever it lives. So one grant opens the
+//! volume's replica on any disk of any server (a server with several replicas of the volume,
+//! one per disk, takes the same grant for each, and checks each replica's epoch on its own), and
+//! nothing else: the disk a `Hello` names only says which of the volume's replicas it opens,
+//! never another volume's, so naming the disk in the grant would add nothing it could refuse.
+//!
 //! A grant is verified against the CA bundle of the server's current credentials, at the time
 //! it arrives (`wasmcsi_trust::grant::verify`: the controller's signature and chain, validity
 //! ±30 s); the replica's epoch is compared when the session opens (`ReplicaNode::open_session`,
@@ -145,7 +153,7 @@ pub(crate) fn denied(request: &Message) -> Message {
             Message::HelloReply { status: Status::Denied, header: nothing_of(volume_id) }
         }
         Message::EngineCall { .. } => Message::EngineReply { status: Status::Denied, reply: Vec::new() },
-        Message::Describe { volume_id } => Message::Description {
+        Message::Describe { volume_id, .. } => Message::Description {
             status: Status::Denied,
             header: nothing_of(volume_id),
             record: RecordInfo::default(),
@@ -208,12 +216,22 @@ mod tests {
         let writes = [
             Message::CreateReplica { volume_id: "v".into(), size: 4096 },
             Message::CreateReplicaOn { disk: "ssd".into(), volume_id: "v".into(), size: 4096 },
-            Message::DeleteReplica { volume_id: "v".into() },
-            Message::SetRecord { volume_id: "v".into(), version: 2, epoch: 2, data: vec![] },
+            Message::DeleteReplica { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
+            Message::SetRecord {
+                volume_id: "v".into(),
+                version: 2,
+                epoch: 2,
+                data: vec![],
+                disk: crate::protocol::DEFAULT_DISK.into(),
+            },
             Message::EngineCall { volume_id: "v".into(), request: vec![] },
         ];
-        let reads =
-            [Message::Identify, Message::NodeInfo, Message::ListDisks, Message::Describe { volume_id: "v".into() }];
+        let reads = [
+            Message::Identify,
+            Message::NodeInfo,
+            Message::ListDisks,
+            Message::Describe { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
+        ];
         for m in &writes {
             assert!(matches!(node("a").may_control(m), Err(Refusal::ControllerOnly { .. })), "{m:?}");
             assert!(Caller::Tls(Role::Controller).may_control(m).is_ok(), "{m:?}");
@@ -235,7 +253,7 @@ mod tests {
             EngineRequest::Snapshot { name: "s".into() },
             EngineRequest::DeleteSnapshot { name: "s".into() },
             EngineRequest::Expand { size: 1 << 30 },
-            EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr") },
+            EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr"), disk: "ssd".into() },
         ] {
             assert!(matches!(node("a").may_control(&call(&r)), Err(Refusal::ControllerOnly { .. })), "{r:?}");
         }
@@ -261,7 +279,12 @@ mod tests {
 
     #[test]
     fn each_refusal_is_the_refused_requests_own_reply() {
-        let hello = Message::Hello { volume_id: "v".into(), protocol_version: 1, revision: 0 };
+        let hello = Message::Hello {
+            volume_id: "v".into(),
+            protocol_version: 1,
+            revision: 0,
+            disk: crate::protocol::DEFAULT_DISK.into(),
+        };
         assert!(matches!(denied(&hello), Message::HelloReply { status: Status::Denied, .. }));
         let call = Message::EngineCall { volume_id: "v".into(), request: vec![] };
         assert!(matches!(denied(&call), Message::EngineReply { status: Status::Denied, .. }));
@@ -270,7 +293,7 @@ mod tests {
         for m in [
             Message::Grant { grant: vec![] },
             Message::Claim { epoch: 1 },
-            Message::DeleteReplica { volume_id: "v".into() },
+            Message::DeleteReplica { volume_id: "v".into(), disk: crate::protocol::DEFAULT_DISK.into() },
         ] {
             assert_eq!(denied(&m), Message::Reply { status: Status::Denied });
         }

@@ -1,19 +1,16 @@
 //! `ReplicaDisks`: the disks of one replica server, each a [`ReplicaNode`] (a replica root) under
 //! a name. Every server has the disk [`DEFAULT_DISK`] (its `--replica-root`); a node with several
-//! disks serves more roots under names of their own. A volume has at most one replica per
-//! server, on whichever disk it was created: a request naming a volume (`Hello`, `Describe`,
-//! `SetRecord`, `DeleteReplica`) goes to the disk holding its replica; only a create names the
-//! disk (`CreateReplicaOn`). This module owns the names and that lookup, not the replicas (that
-//! is `node`).
+//! disks serves more roots under names of their own. A replica is named by its volume and its
+//! disk: a server may hold several replicas of one volume, each on another disk (a cluster with
+//! fewer nodes than a volume has replicas), and every request naming a replica (`Hello`,
+//! `Describe`, `SetRecord`, `DeleteReplica`, `CreateReplicaOn`) names the disk, `default` when
+//! it says none. This module owns the names and that lookup, not the replicas (that is `node`).
 
 use std::sync::Arc;
 
-use super::node::{NodeError, NodeReport, Replica, ReplicaNode};
+use super::node::{NodeError, NodeReport, ReplicaNode};
 use super::store::ReplicaStore;
-
-/// The disk every replica server has: its `--replica-root`, and what a replica created without
-/// naming a disk (`CreateReplica`) and a record member without one mean.
-pub const DEFAULT_DISK: &str = "default";
+pub use crate::protocol::DEFAULT_DISK;
 
 /// Longest disk name: a DNS label, so it fits every name it ends up in.
 const MAX_DISK_NAME: usize = 63;
@@ -42,8 +39,7 @@ pub struct ReplicaDisks {
 
 impl ReplicaDisks {
     /// A server's disks: `default`, and `more` under their names (distinct, not `default`, each
-    /// [`is_disk_name`]). A volume whose replica is found on two of them is refused: which one
-    /// is the replica could not be told.
+    /// [`is_disk_name`]).
     pub fn new(default: Arc<ReplicaNode>, more: Vec<(String, Arc<ReplicaNode>)>) -> Result<Self, NodeError> {
         let mut disks = vec![(DEFAULT_DISK.to_owned(), default)];
         for (name, node) in more {
@@ -52,17 +48,7 @@ impl ReplicaDisks {
             }
             disks.push((name, node));
         }
-        let this = Self { disks };
-        for (name, node) in &this.disks {
-            for volume_id in node.volume_ids() {
-                let holders: Vec<&str> =
-                    this.disks.iter().filter(|(_, n)| n.holds(&volume_id)).map(|(n, _)| n.as_str()).collect();
-                if holders.len() > 1 && holders[0] == name {
-                    return Err(NodeError::OnTwoDisks { volume_id, disks: holders.join(", ") });
-                }
-            }
-        }
-        Ok(this)
+        Ok(Self { disks })
     }
 
     /// One disk, `default`.
@@ -74,8 +60,13 @@ impl ReplicaDisks {
         &self.disks[0].1
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<ReplicaNode>> {
-        self.disks.iter().find(|(n, _)| n == name).map(|(_, node)| node)
+    /// The disk `name`; [`NodeError::NoSuchDisk`] when the server has none of that name.
+    pub fn get(&self, name: &str) -> Result<&Arc<ReplicaNode>, NodeError> {
+        self.disks
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, node)| node)
+            .ok_or_else(|| NodeError::NoSuchDisk(name.into()))
     }
 
     /// The disks' names, `default` first.
@@ -83,37 +74,16 @@ impl ReplicaDisks {
         self.disks.iter().map(|(n, _)| n.as_str())
     }
 
-    /// The disk holding `volume_id`'s replica (opening or not), with its name; `default` when
-    /// none does (where a request for it is answered `NotFound`).
-    pub fn holding(&self, volume_id: &str) -> (&str, &Arc<ReplicaNode>) {
-        self.disks
-            .iter()
-            .find(|(_, node)| node.holds(volume_id))
-            .map_or((DEFAULT_DISK, self.default_disk()), |(name, node)| (name.as_str(), node))
+    /// The store of `volume_id`'s replica on `disk`.
+    pub fn store(&self, disk: &str, volume_id: &str) -> Option<Arc<ReplicaStore>> {
+        self.get(disk).ok()?.store(volume_id)
     }
 
-    /// The replica of `volume_id`, on whichever disk, if it opens.
-    pub fn replica(&self, volume_id: &str) -> Option<Arc<Replica>> {
-        self.holding(volume_id).1.replica(volume_id)
-    }
-
-    /// The store of `volume_id`'s replica, on whichever disk.
-    pub fn store(&self, volume_id: &str) -> Option<Arc<ReplicaStore>> {
-        self.holding(volume_id).1.store(volume_id)
-    }
-
-    /// Creates an empty replica on `disk` (see [`ReplicaNode::create_replica`]).
-    /// [`NodeError::NoSuchDisk`] when the server has no such disk, [`NodeError::AlreadyExists`]
-    /// when another disk holds a replica of the volume (one replica per server).
+    /// Creates an empty replica on `disk` (see [`ReplicaNode::create_replica`]);
+    /// [`NodeError::NoSuchDisk`] when the server has no such disk. Replicas of the volume on
+    /// other disks are other replicas of it.
     pub fn create_replica(&self, disk: &str, volume_id: &str, size: u64) -> Result<Arc<ReplicaStore>, NodeError> {
-        let Some(node) = self.get(disk) else { return Err(NodeError::NoSuchDisk(disk.to_owned())) };
-        let (holder, held) = self.holding(volume_id);
-        if holder != disk && held.holds(volume_id) {
-            let size = held.store(volume_id).map_or(0, |s| s.header().size);
-            tracing::info!(replica.volume = volume_id, disk, holder, "replica exists on another disk");
-            return Err(NodeError::AlreadyExists { volume_id: volume_id.to_owned(), size });
-        }
-        node.create_replica(volume_id, size)
+        self.get(disk)?.create_replica(volume_id, size)
     }
 
     /// Every disk's capacity and replicas.
@@ -154,15 +124,12 @@ mod tests {
         .expect("disks");
         disks.create_replica("ssd", "v", 1 << 20).expect("create on ssd");
         assert!(dir.path().join("r1/v/header").exists(), "the replica lives under the ssd root");
-        assert_eq!(disks.holding("v").0, "ssd");
-        assert!(disks.replica("v").is_some());
-        // Idempotent on its disk; one replica per server: not a second one on another disk.
+        assert!(disks.store("ssd", "v").is_some());
+        assert!(disks.store(DEFAULT_DISK, "v").is_none(), "a replica is found on its own disk only");
+        // Idempotent on its disk.
         disks.create_replica("ssd", "v", 1 << 20).expect("retry");
-        let e = disks.create_replica("hdd", "v", 1 << 20).expect_err("second replica of v");
-        assert!(matches!(e, NodeError::AlreadyExists { .. }), "{e}");
         let e = disks.create_replica("nvme", "w", 1 << 20).expect_err("no such disk");
         assert!(matches!(e, NodeError::NoSuchDisk(_)), "{e}");
-        assert_eq!(disks.holding("w").0, DEFAULT_DISK, "absent: asked on default, which answers NotFound");
         let report = disks.report().expect("report");
         let names: Vec<&str> = report.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, [DEFAULT_DISK, "ssd", "hdd"]);
@@ -171,12 +138,24 @@ mod tests {
     }
 
     #[test]
-    fn a_volume_found_on_two_disks_is_refused_at_open() {
+    fn one_server_holds_replicas_of_one_volume_on_several_disks_each_its_own() {
         let dir = tempfile::tempdir().expect("tempdir");
-        open(dir.path(), "r0").create_replica("v", 1 << 20).expect("create");
-        open(dir.path(), "r1").create_replica("v", 1 << 20).expect("create");
-        let e = ReplicaDisks::new(open(dir.path(), "r0"), vec![("ssd".into(), open(dir.path(), "r1"))])
-            .expect_err("v on two disks");
-        assert!(matches!(e, NodeError::OnTwoDisks { .. }), "{e}");
+        open(dir.path(), "r1").create_replica("v", 1 << 20).expect("create on a disk before the server starts");
+        let disks = ReplicaDisks::new(
+            open(dir.path(), "r0"),
+            vec![("ssd".into(), open(dir.path(), "r1")), ("hdd".into(), open(dir.path(), "r2"))],
+        )
+        .expect("a volume on one disk of several opens");
+        disks.create_replica(DEFAULT_DISK, "v", 1 << 20).expect("a second replica of v, on default");
+        disks.create_replica("hdd", "v", 1 << 20).expect("a third, on hdd");
+        for name in [DEFAULT_DISK, "ssd", "hdd"] {
+            assert!(disks.store(name, "v").is_some(), "{name}");
+        }
+        // Each is its own: deleting one leaves the others.
+        disks.get("ssd").expect("ssd").delete_replica("v").expect("delete on ssd");
+        assert!(disks.store("ssd", "v").is_none());
+        assert!(disks.store(DEFAULT_DISK, "v").is_some() && disks.store("hdd", "v").is_some());
+        let held: usize = disks.report().expect("report").iter().map(|d| d.report.replicas.len()).sum();
+        assert_eq!(held, 2);
     }
 }

@@ -54,8 +54,6 @@ pub enum NodeError {
     InvalidDisk(String),
     #[error("this replica server has no disk {0:?}")]
     NoSuchDisk(String),
-    #[error("volume {volume_id:?} has a replica on more than one disk of this server ({disks}); remove all but one")]
-    OnTwoDisks { volume_id: String, disks: String },
     #[error("replica of volume {volume_id:?} is at epoch {epoch}, the session's grant only at {granted}")]
     StaleGrant { volume_id: String, granted: u64, epoch: u64 },
 }
@@ -67,7 +65,6 @@ impl NodeError {
             Self::Store { source, .. } => source.status(),
             Self::InvalidId(_) | Self::InvalidRecord(_) | Self::InvalidDisk(_) => Status::Invalid,
             Self::NoSuchDisk(_) => Status::NotFound,
-            Self::OnTwoDisks { .. } => Status::IoError,
             Self::StaleRecord(_) => Status::StaleRevision,
             Self::NotFound(_) => Status::NotFound,
             Self::AlreadyExists { .. } => Status::AlreadyExists,

@@ -454,9 +454,9 @@ async fn serve_connection(
             other => return finish(writer, other.map(|_| ()), conn).await,
         };
     }
-    let (request_id, volume_id, protocol_version) = match first.message {
-        Message::Hello { ref volume_id, protocol_version, .. } => {
-            (first.request_id, volume_id.clone(), protocol_version)
+    let (request_id, volume_id, protocol_version, disk) = match first.message {
+        Message::Hello { ref volume_id, protocol_version, ref disk, .. } => {
+            (first.request_id, volume_id.clone(), protocol_version, disk.clone())
         }
         Message::Grant { .. } => {
             let denied = conn.deny(first.request_id, &first.message, Refusal::LateGrant).await;
@@ -475,9 +475,13 @@ async fn serve_connection(
         Ok(epoch) => epoch,
         Err(why) => return finish(writer, Err(conn.deny(request_id, &first.message, why).await), conn).await,
     };
-    let node = shared.disks.holding(&volume_id).1.clone();
-    let opened =
-        tokio::task::spawn_blocking(move || session::open(&node, volume_id, protocol_version, grant_epoch)).await;
+    // A disk this server does not have holds no replica: `NotFound`, like a disk without it.
+    let node = shared.disks.get(&disk).cloned();
+    let opened = tokio::task::spawn_blocking(move || match node {
+        Ok(node) => session::open(&node, volume_id, protocol_version, grant_epoch),
+        Err(e) => session::refused(e.status(), volume_id),
+    })
+    .await;
     let (replica, status, header) = match opened {
         Ok(opened) => opened,
         Err(e) => {
@@ -487,7 +491,7 @@ async fn serve_connection(
         }
     };
     if status == Status::Denied {
-        let replica_epoch = replica_epoch(shared, &header.volume_id);
+        let replica_epoch = replica_epoch(shared, &disk, &header.volume_id);
         let why = Refusal::StaleEpoch { granted: grant_epoch.unwrap_or(0), replica: replica_epoch };
         authorize::log_refusal(peer, &conn.caller, &first.message, &why);
     }
@@ -563,8 +567,9 @@ fn verify_grant(conn: &Conn<'_>, grant: &[u8]) -> Result<Option<Granted>, Refusa
     conn.caller.accept_grant(grant, &anchors, SystemTime::now())
 }
 
-fn replica_epoch(shared: &Shared, volume_id: &str) -> u64 {
-    shared.disks.holding(volume_id).1.describe(volume_id).map(|(_, record)| record.epoch).unwrap_or(0)
+fn replica_epoch(shared: &Shared, disk: &str, volume_id: &str) -> u64 {
+    let described = shared.disks.get(disk).and_then(|node| node.describe(volume_id));
+    described.map(|(_, record)| record.epoch).unwrap_or(0)
 }
 
 /// Ends one engine session (see [`session::end`]) on the blocking pool: it may fsync.
@@ -642,7 +647,7 @@ async fn engine_call(shared: &Shared, volume_id: String, request: Vec<u8>) -> Me
 }
 
 /// Runs one control request against the node's disks and builds its reply. A request naming a
-/// volume goes to the disk holding its replica.
+/// replica goes to the disk it names.
 fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
     let reply = |r: Result<(), NodeError>, what: &str, volume_id: &str| {
         let status = match r {
@@ -702,13 +707,14 @@ fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
                 Message::DiskList { status: e.status(), disks: Vec::new() }
             }
         },
-        Message::DeleteReplica { volume_id } => {
+        Message::DeleteReplica { volume_id, disk } => {
             let _span = tracing::info_span!(
                 "replica.delete",
                 replica.volume = %volume_id,
+                replica.disk = %disk,
             )
             .entered();
-            reply(disks.holding(&volume_id).1.delete_replica(&volume_id), "delete", &volume_id)
+            reply(disks.get(&disk).and_then(|node| node.delete_replica(&volume_id)), "delete", &volume_id)
         }
         // Every disk's replicas, and their space summed: what the server holds, for a client
         // that does not know disks (and for finding a volume's holders).
@@ -724,7 +730,7 @@ fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
                 Message::NodeInfoReply { status: e.status(), capacity: 0, available: 0, replicas: Vec::new() }
             }
         },
-        Message::Describe { volume_id } => match disks.holding(&volume_id).1.describe(&volume_id) {
+        Message::Describe { volume_id, disk } => match disks.get(&disk).and_then(|node| node.describe(&volume_id)) {
             Ok((header, record)) => Message::Description { status: Status::Ok, header, record },
             Err(e) => {
                 if e.status() != Status::NotFound {
@@ -734,11 +740,12 @@ fn execute_control(disks: &ReplicaDisks, request: Message) -> Message {
                 Message::Description { status: e.status(), header, record: RecordInfo::default() }
             }
         },
-        Message::SetRecord { volume_id, version, epoch, data } => {
+        Message::SetRecord { volume_id, version, epoch, data, disk } => {
             let _span =
-                tracing::info_span!("replica.set_record", replica.volume = %volume_id, version, epoch).entered();
-            let node = disks.holding(&volume_id).1;
-            reply(node.set_record(&volume_id, RecordInfo { version, epoch, data }), "record update", &volume_id)
+                tracing::info_span!("replica.set_record", replica.volume = %volume_id, replica.disk = %disk, version, epoch)
+                    .entered();
+            let record = RecordInfo { version, epoch, data };
+            reply(disks.get(&disk).and_then(|node| node.set_record(&volume_id, record)), "record update", &volume_id)
         }
         _ => Message::Reply { status: Status::Invalid },
     }

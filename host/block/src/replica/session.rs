@@ -58,6 +58,12 @@ pub(crate) fn place(replica: &Replica, request: &Message) -> Placement {
     }
 }
 
+/// What a `Hello` refused with `status` is answered: no session, an empty header.
+pub(crate) fn refused(status: Status, volume_id: String) -> (Option<Arc<Replica>>, Status, ReplicaHeader) {
+    let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
+    (None, status, header)
+}
+
 /// Answers `Hello`: the replica for the session (with the session counted and the replica marked
 /// dirty), or why not. `granted`: the epoch of the grant the session is bound to (a node's
 /// session), refused `Denied` when the replica's epoch is newer.
@@ -68,10 +74,6 @@ pub(crate) fn open(
     protocol_version: u16,
     granted: Option<u64>,
 ) -> (Option<Arc<Replica>>, Status, ReplicaHeader) {
-    let refused = |status, volume_id| {
-        let header = ReplicaHeader { volume_id, size: 0, revision: 0, snapshots: Vec::new(), dirty: false };
-        (None, status, header)
-    };
     if protocol_version != PROTOCOL_VERSION {
         return refused(Status::UnsupportedVersion, volume_id);
     }

@@ -53,7 +53,7 @@ use super::request::{ReplyTx, Request, stopped, to_io_error};
 use super::state_file::{load_state, save_state};
 use super::{ReplicaEndpoint, VolumeConfig, VolumeError, VolumeStatus};
 use crate::engine::{Action, ClientId, ClientReply, Engine, Event, MAX_REPLICAS, Millis, ReplicaHealth, ReplicaId};
-use crate::protocol::{Frame, PayloadCrc};
+use crate::protocol::{DEFAULT_DISK, Frame, PayloadCrc};
 
 /// Most queued commands and events the driver handles before it sends what they produced.
 const MAX_DRAIN: usize = 256;
@@ -194,6 +194,8 @@ impl From<Conn> for Link {
 struct Slot {
     /// Where the replica is served; changes when it is replaced.
     endpoint: ReplicaEndpoint,
+    /// The disk of its server holding the replica; changes when it is replaced.
+    disk: String,
     /// Generation of the current connection attempt; events of older ones are ignored.
     generation: u64,
     /// Set while connected: the connection's write side, or the in-process link.
@@ -283,14 +285,15 @@ impl Driver {
         self.feed(event);
     }
 
-    /// Points replica `index` at a new (empty) replica on `addr`; the engine fully rebuilds it.
-    pub(super) fn replace_replica(&mut self, index: ReplicaId, addr: SocketAddr) -> io::Result<()> {
+    /// Points replica `index` at a new (empty) replica on `addr`'s disk `disk`; the engine
+    /// fully rebuilds it.
+    pub(super) fn replace_replica(&mut self, index: ReplicaId, addr: SocketAddr, disk: &str) -> io::Result<()> {
         let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         if index >= self.slots.len() {
             return Err(invalid(format!("replica {index} does not exist ({} replicas)", self.slots.len())));
         }
-        if self.slots.iter().enumerate().any(|(i, s)| i != index && s.endpoint.addr() == addr) {
-            return Err(invalid(format!("{addr} already holds another replica of this volume")));
+        if self.slots.iter().enumerate().any(|(i, s)| i != index && s.endpoint.addr() == addr && s.disk == disk) {
+            return Err(invalid(format!("disk {disk} of {addr} already holds another replica of this volume")));
         }
         if self.engine.is_healthy(index) && self.engine.healthy_count() == 1 {
             return Err(invalid(format!(
@@ -298,12 +301,20 @@ impl Driver {
             )));
         }
         let slot = &mut self.slots[index];
-        tracing::warn!(replica = index, old = %slot.endpoint.addr(), new = %addr, "replacing replica");
+        tracing::warn!(
+            replica = index,
+            old = %slot.endpoint.addr(),
+            old.disk = %slot.disk,
+            new = %addr,
+            new.disk = disk,
+            "replacing replica"
+        );
         if addr != slot.endpoint.addr() {
             slot.server = ExpectedRole::AnyNode;
         }
-        slot.endpoint = slot.endpoint.replaced_by(addr);
-        self.feed(Event::ReplicaReplaced(index));
+        slot.endpoint = slot.endpoint.replaced_by(addr, slot.disk == disk);
+        slot.disk = disk.to_owned();
+        self.feed(Event::ReplicaReplaced(index, disk.to_owned()));
         self.close(index);
         self.slots[index].backoff = self.cfg.backoff_min;
         self.spawn_connect(index, Duration::ZERO);
@@ -660,7 +671,9 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         .map_err(|source| VolumeError::State { path: cfg.state_dir.clone(), source })?;
     let persisted = load_state(&cfg.state_dir)?;
     let endpoints = std::mem::take(&mut cfg.replicas);
-    let replicas = endpoints.iter().map(ReplicaEndpoint::engine_config).collect();
+    let disks: Vec<String> =
+        (0..endpoints.len()).map(|i| cfg.disks.get(i).cloned().unwrap_or_else(|| DEFAULT_DISK.to_owned())).collect();
+    let replicas = endpoints.iter().zip(&disks).map(|(e, disk)| e.engine_config(disk)).collect();
     let engine = Engine::new(cfg.engine.clone(), replicas, persisted, 0);
     let size = Arc::new(AtomicU64::new(engine.size()));
     let (stop, stop_rx) = mpsc::unbounded_channel();
@@ -669,8 +682,10 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
     let nodes = std::mem::take(&mut cfg.nodes);
     let slots = endpoints
         .into_iter()
+        .zip(disks)
         .enumerate()
-        .map(|(i, endpoint)| Slot {
+        .map(|(i, (endpoint, disk))| Slot {
+            disk,
             server: match nodes.get(i) {
                 Some(Some(node)) => ExpectedRole::Node(node.clone()),
                 _ => ExpectedRole::AnyNode,

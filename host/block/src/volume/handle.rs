@@ -146,12 +146,12 @@ impl ReplicatedVolume {
         }
     }
 
-    /// Moves replica `index` to a new, empty replica served at `addr` (created there first, e.g.
-    /// with `control::ReplicaServerClient::create_replica`): the way to replace a replica whose node is
-    /// gone. The new replica is fully rebuilt while I/O continues; the volume must keep another
+    /// Moves replica `index` to a new, empty replica on the disk `disk` of the server at `addr`
+    /// (created there first, e.g. with `control::ReplicaServerClient::create_replica_on`): the
+    /// way to replace a replica whose node or disk is gone. The new replica is fully rebuilt while I/O continues; the volume must keep another
     /// healthy replica meanwhile.
-    pub fn replace_replica(&self, index: usize, addr: SocketAddr) -> io::Result<()> {
-        self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.replace_replica(index, addr) })
+    pub fn replace_replica(&self, index: usize, addr: SocketAddr, disk: &str) -> io::Result<()> {
+        self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.replace_replica(index, addr, disk) })
     }
 
     /// Number of replicas the volume is configured with.

@@ -84,16 +84,23 @@ impl ReplicaEndpoint {
         !matches!(self, Self::Remote(_))
     }
 
-    /// What the engine knows of it.
-    pub fn engine_config(&self) -> ReplicaConfig {
-        ReplicaConfig { local: self.is_local() }
+    /// What the engine knows of it, its replica on the server's disk `disk`.
+    pub fn engine_config(&self, disk: &str) -> ReplicaConfig {
+        ReplicaConfig { local: self.is_local(), disk: disk.to_owned() }
     }
 
-    /// Where this replica is served once it is replaced by a new one at `addr`: unchanged at the
-    /// same address, else a remote server (a replacement is created on another node). The
-    /// engine's read preference stays with the replica's index for the engine's life.
-    fn replaced_by(&self, addr: SocketAddr) -> Self {
-        if addr == self.addr() { self.clone() } else { Self::Remote(addr) }
+    /// Where this replica is served once it is replaced by a new one at `addr` (`same_disk`:
+    /// on the disk the old one was on): unchanged at the same address, else a remote server (a
+    /// replacement created on another node). An in-process replica moved to another disk of
+    /// this node is reached through this node's server, which finds a replica by its disk (an
+    /// in-process link holds one disk). The engine's read preference stays with the replica's
+    /// index for the engine's life.
+    fn replaced_by(&self, addr: SocketAddr, same_disk: bool) -> Self {
+        match self {
+            _ if addr != self.addr() => Self::Remote(addr),
+            Self::InProcess(_) if !same_disk => Self::Local(addr),
+            _ => self.clone(),
+        }
     }
 }
 
@@ -116,6 +123,9 @@ pub struct VolumeConfig {
     /// The node each replica's server must be over TLS, in replica order (`None`, or missing:
     /// any node of the cluster's CA).
     pub nodes: Vec<Option<String>>,
+    /// The disk of its server holding each replica, in replica order (missing: the disk
+    /// `default`): a server may hold several replicas of one volume, one per disk.
+    pub disks: Vec<String>,
     /// The volume's grant, presented first on every session when this engine runs with a
     /// node's credentials (a controller's need none).
     pub grant: Option<Arc<VolumeGrant>>,
@@ -134,6 +144,7 @@ impl VolumeConfig {
             backoff_max: Duration::from_secs(5),
             transport: Transport::Plain,
             nodes: Vec::new(),
+            disks: Vec::new(),
             grant: None,
         }
     }
@@ -191,14 +202,16 @@ mod tests {
             ("10.0.0.1:9501".parse().expect("address"), "10.0.0.2:9501".parse().expect("address"));
         assert_eq!((ReplicaEndpoint::Remote(a).addr(), ReplicaEndpoint::Remote(a).is_local()), (a, false));
         assert_eq!((ReplicaEndpoint::Local(b).addr(), ReplicaEndpoint::Local(b).is_local()), (b, true));
-        assert!(ReplicaEndpoint::Local(a).engine_config().local);
+        let config = ReplicaEndpoint::Local(a).engine_config("ssd");
+        assert!(config.local && config.disk == "ssd");
     }
 
     #[test]
     fn a_replaced_replica_is_remote_unless_it_stays_where_it_was() {
         let (a, b): (SocketAddr, SocketAddr) =
             ("10.0.0.1:9501".parse().expect("address"), "10.0.0.2:9501".parse().expect("address"));
-        assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(a), ReplicaEndpoint::Local(x) if x == a));
-        assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(b), ReplicaEndpoint::Remote(x) if x == b));
+        assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(a, true), ReplicaEndpoint::Local(x) if x == a));
+        assert!(matches!(ReplicaEndpoint::Local(a).replaced_by(b, true), ReplicaEndpoint::Remote(x) if x == b));
+        assert!(matches!(ReplicaEndpoint::Remote(b).replaced_by(b, false), ReplicaEndpoint::Remote(x) if x == b));
     }
 }

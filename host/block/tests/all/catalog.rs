@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmcsi_block::catalog::{Catalog, CatalogError, MemberState, NodeSources, Placement};
+use wasmcsi_block::catalog::{Catalog, CatalogError, Location, MemberState, NodeSources, Placement};
 use wasmcsi_block::control::{ControlError, ReplicaSession, ReplicaSet};
 use wasmcsi_block::protocol::Status;
 use wasmcsi_block::replica::{NodeIdentity, ReplicaDisks, ReplicaNode, ReplicaServer, ServerConfig};
@@ -54,6 +54,11 @@ async fn serve(root: &std::path::Path, i: usize, addr: &str) -> ReplicaServer {
     let node = Arc::new(ReplicaNode::open(root).unwrap());
     let identity = NodeIdentity { node: format!("n{i}"), labels: vec![("zone".into(), format!("z{}", i % 2))] };
     ReplicaServer::serve(addr, node, ServerConfig { identity, ..ServerConfig::plaintext() }).await.unwrap()
+}
+
+/// Replicas on the disk `default` of each node.
+fn on_default(v: &[&str]) -> Vec<Location> {
+    v.iter().map(|n| Location::on_default(*n)).collect()
 }
 
 fn names(v: &[&str]) -> Vec<String> {
@@ -107,7 +112,7 @@ async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
     // Another catalog (a controller restarted elsewhere) reads the same truth from the nodes.
     let fresh = c.catalog();
     let found = fresh.get("vol-a").await.unwrap().expect("found");
-    assert_eq!(found.record.members, names(&["n0", "n2"]));
+    assert_eq!(found.record.members, on_default(&["n0", "n2"]));
     assert_eq!(found.record.metadata["csi.name"], "pvc-ä");
     let again = fresh.create("vol-a", 4 * MIB, &names(&["n0", "n2"]), None, meta("csi.name", "pvc-ä")).await.unwrap();
     assert_eq!(again.version, found.version, "a retry changes nothing");
@@ -119,10 +124,9 @@ async fn a_created_set_is_found_by_a_fresh_catalog_and_a_retry_is_idempotent() {
         fresh.create("x", 4097, &names(&["n0"]), None, BTreeMap::new()).await,
         Err(CatalogError::Invalid(_))
     ));
-    assert!(matches!(
-        fresh.create("x", 4096, &names(&["n0", "n0"]), None, BTreeMap::new()).await,
-        Err(CatalogError::Invalid(_))
-    ));
+    // A second replica on a node of one disk has nowhere to go.
+    let twice = fresh.create("x", 4096, &names(&["n0", "n0"]), None, BTreeMap::new()).await;
+    assert!(matches!(&twice, Err(CatalogError::ResourceExhausted(m)) if m.contains("n0")), "{twice:?}");
     let unknown = fresh.create("x", 4096, &names(&["n9"]), None, BTreeMap::new()).await;
     assert!(matches!(unknown, Err(CatalogError::Unavailable(_))), "{unknown:?}");
     let listed: Vec<String> = fresh.list(None, 10).await.unwrap().into_iter().map(|v| v.id).collect();
@@ -186,7 +190,7 @@ async fn snapshots_expansion_and_replacement_of_a_detached_set() {
     assert_eq!(grown.size, 4 * MIB);
     assert!(matches!(cat.expand("vol-s", MIB).await, Err(CatalogError::OutOfRange(_))));
     let moved = cat.replace("vol-s", "n1", "n2").await.unwrap();
-    assert_eq!(moved.record.members, names(&["n0", "n2"]));
+    assert_eq!(moved.record.members, on_default(&["n0", "n2"]));
     let states: Vec<MemberState> = moved.members.iter().map(|m| m.state).collect();
     assert_eq!(states, vec![MemberState::Healthy, MemberState::Stale], "the new replica waits for its rebuild");
     assert!(moved.members[1].down_since_ns.is_some());
@@ -213,7 +217,7 @@ async fn a_node_down_during_a_replacement_keeps_a_leftover_that_is_collected_whe
     cat.replace("vol-l", "n1", "n2").await.unwrap();
     c.restart(1).await;
     let view = cat.get("vol-l").await.unwrap().unwrap();
-    assert_eq!(view.leftovers, names(&["n1"]));
+    assert_eq!(view.leftovers, on_default(&["n1"]));
     assert_eq!(cat.collect("vol-l").await.unwrap(), 1);
     assert!(cat.get("vol-l").await.unwrap().unwrap().leftovers.is_empty());
     // A delete while a member's node is down finishes when it answers again.
@@ -297,12 +301,13 @@ async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_t
     let v = v.unwrap();
     assert!(dirs[1].path().join("vol-d/header").exists(), "the replica lives under the ssd root");
     assert!(!dirs[0].path().join("vol-d").exists());
-    let disks: Vec<Option<&str>> = v.members.iter().map(|m| m.disk.as_deref()).collect();
-    assert_eq!(disks, [Some("ssd"), Some("default")]);
+    let disks: Vec<&str> = v.members.iter().map(|m| m.disk.as_str()).collect();
+    assert_eq!(disks, ["ssd", "default"]);
     assert!(v.members.iter().all(|m| m.state == MemberState::Healthy), "{:?}", v.members);
 
-    // An engine's session finds the replica on its disk.
-    let set = ReplicaSet::new("vol-d", vec![two.local_addr(), one.local_addr()], T);
+    // A session names the replica's disk.
+    let set = ReplicaSet::new("vol-d", vec![two.local_addr(), one.local_addr()], T)
+        .with_disks(vec!["ssd".into(), "default".into()]);
     let mut sessions = set.open().await.unwrap();
     for s in &mut sessions {
         s.write(0, vec![5; 4096]).await.unwrap();
@@ -315,8 +320,30 @@ async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_t
 
     let e = catalog.create_on("vol-e", MIB, &[on("n0", Some("nvme"))], None, BTreeMap::new()).await;
     assert!(matches!(&e, Err(CatalogError::Invalid(m)) if m.contains("nvme") && m.contains("default, ssd")), "{e:?}");
-    // Two replicas of one volume on one node are not kept by this host.
-    let e = catalog.create_on("vol-f", MIB, &[on("n0", Some("ssd")), on("n0", None)], None, BTreeMap::new()).await;
+    // Two replicas of one volume on one node, each on its own disk: the unnamed one gets the
+    // disk the other did not name.
+    let f = catalog.create_on("vol-f", MIB, &[on("n0", Some("ssd")), on("n0", None)], None, BTreeMap::new()).await;
+    let f = f.unwrap();
+    assert_eq!(f.record.members, [Location::new("n0", "ssd"), Location::new("n0", "default")]);
+    assert!(dirs[0].path().join("vol-f/header").exists() && dirs[1].path().join("vol-f/header").exists());
+    assert!(f.members.iter().all(|m| m.state == MemberState::Healthy), "{:?}", f.members);
+    // Each is its own replica: one written offline leaves the other behind (a revision ahead).
+    let ssd_only = ReplicaSet::new("vol-f", vec![two.local_addr()], T).with_disks(vec!["ssd".into()]);
+    ssd_only.set_revision(9).await.unwrap();
+    let f = catalog.get("vol-f").await.unwrap().unwrap();
+    let states: Vec<MemberState> = f.members.iter().map(|m| m.state).collect();
+    assert_eq!(states, [MemberState::Healthy, MemberState::Stale]);
+    // But never two on one disk, nor more than a node has disks.
+    let e =
+        catalog.create_on("vol-g", MIB, &[on("n0", Some("ssd")), on("n0", Some("ssd"))], None, BTreeMap::new()).await;
     assert!(matches!(&e, Err(CatalogError::Invalid(_))), "{e:?}");
-    assert!(catalog.get("vol-e").await.unwrap().is_none() && catalog.get("vol-f").await.unwrap().is_none());
+    let three = [on("n0", None), on("n0", None), on("n0", None)];
+    let e = catalog.create_on("vol-h", MIB, &three, None, BTreeMap::new()).await;
+    assert!(matches!(&e, Err(CatalogError::ResourceExhausted(m)) if m.contains("n0")), "{e:?}");
+    // Deleting removes the replicas on both disks.
+    catalog.delete("vol-f").await.unwrap();
+    assert!(!dirs[0].path().join("vol-f").exists() && !dirs[1].path().join("vol-f").exists());
+    for id in ["vol-e", "vol-f", "vol-g", "vol-h"] {
+        assert!(catalog.get(id).await.unwrap().is_none(), "{id}");
+    }
 }

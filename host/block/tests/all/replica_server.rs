@@ -42,7 +42,12 @@ impl Client {
 
     async fn hello_to(addr: SocketAddr, volume: &str) -> (Self, Status, ReplicaHeader) {
         let mut c = Self::connect(addr).await;
-        let hello = Message::Hello { volume_id: volume.into(), protocol_version: PROTOCOL_VERSION, revision: 0 };
+        let hello = Message::Hello {
+            volume_id: volume.into(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: 0,
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        };
         match c.call(hello).await {
             Message::HelloReply { status, header } => (c, status, header),
             other => panic!("expected HelloReply, got {other:?}"),
@@ -144,8 +149,14 @@ async fn hello_for_a_volume_the_node_does_not_hold_is_answered_not_found() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path()).await;
     let mut c = Client::connect(server.local_addr()).await;
-    let reply =
-        c.call(Message::Hello { volume_id: "other".into(), protocol_version: PROTOCOL_VERSION, revision: 0 }).await;
+    let reply = c
+        .call(Message::Hello {
+            volume_id: "other".into(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: 0,
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        })
+        .await;
     assert!(matches!(reply, Message::HelloReply { status: Status::NotFound, .. }), "{reply:?}");
     assert!(c.recv().await.is_none(), "the connection is closed after a refused hello");
     server.shutdown().await.unwrap();
@@ -453,8 +464,26 @@ async fn control_requests_create_list_and_delete_replicas_idempotently() {
     let mut ids: Vec<_> = replicas.iter().map(|r| (r.volume_id.as_str(), r.size, r.revision, r.dirty)).collect();
     ids.sort();
     assert_eq!(ids, [("ns/pvc 2", SIZE, 0, false), ("vol-1", SIZE, 0, false)]);
-    assert_eq!(status(c.call(Message::DeleteReplica { volume_id: "ns/pvc 2".into() }).await), Status::Ok);
-    assert_eq!(status(c.call(Message::DeleteReplica { volume_id: "ns/pvc 2".into() }).await), Status::NotFound);
+    assert_eq!(
+        status(
+            c.call(Message::DeleteReplica {
+                volume_id: "ns/pvc 2".into(),
+                disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
+            })
+            .await
+        ),
+        Status::Ok
+    );
+    assert_eq!(
+        status(
+            c.call(Message::DeleteReplica {
+                volume_id: "ns/pvc 2".into(),
+                disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
+            })
+            .await
+        ),
+        Status::NotFound
+    );
     // A data request on a control connection closes it.
     c.send(Message::Read { offset: 0, len: 1 }).await;
     assert!(c.recv().await.is_none());
@@ -468,11 +497,32 @@ async fn control_requests_create_list_and_delete_replicas_idempotently() {
     assert!(replicas[0].allocated >= 1 << 20 && replicas[0].dirty, "{replicas:?}");
 
     // Busy while an engine has it open; deletable once it left.
-    assert_eq!(status(control(addr, Message::DeleteReplica { volume_id: "vol-1".into() }).await), Status::Busy);
+    assert_eq!(
+        status(
+            control(
+                addr,
+                Message::DeleteReplica {
+                    volume_id: "vol-1".into(),
+                    disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
+                }
+            )
+            .await
+        ),
+        Status::Busy
+    );
     drop(e);
     let deleted = async {
         loop {
-            match status(control(addr, Message::DeleteReplica { volume_id: "vol-1".into() }).await) {
+            match status(
+                control(
+                    addr,
+                    Message::DeleteReplica {
+                        volume_id: "vol-1".into(),
+                        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+                    },
+                )
+                .await,
+            ) {
                 Status::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
                 other => return other,
             }

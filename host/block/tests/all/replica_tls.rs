@@ -195,7 +195,12 @@ impl Fixture {
     /// session marks the replica dirty).
     async fn first_block(&self) -> Vec<u8> {
         let mut c = self.client(&self.controller.clone()).await;
-        let hello = Message::Hello { volume_id: VOLUME.into(), protocol_version: PROTOCOL_VERSION, revision: 0 };
+        let hello = Message::Hello {
+            volume_id: VOLUME.into(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: 0,
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        };
         assert!(matches!(c.call(hello).await, Message::HelloReply { status: Status::Ok, .. }));
         match c.call(Message::Read { offset: 0, len: 4096 }).await {
             Message::ReadReply { status: Status::Ok, data } => data,
@@ -205,7 +210,12 @@ impl Fixture {
 }
 
 fn hello() -> Message {
-    Message::Hello { volume_id: VOLUME.into(), protocol_version: PROTOCOL_VERSION, revision: 0 }
+    Message::Hello {
+        volume_id: VOLUME.into(),
+        protocol_version: PROTOCOL_VERSION,
+        revision: 0,
+        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+    }
 }
 
 fn write() -> Message {
@@ -300,7 +310,13 @@ async fn a_grant_of_an_older_epoch_opens_no_session_after_a_republish() {
     let old = f.grant(NODE_A, EPOCH);
     // The volume was published again (to whichever node): the controller raised the epoch.
     let mut controller = f.client(&f.controller.clone()).await;
-    let raise = Message::SetRecord { volume_id: VOLUME.into(), version: 2, epoch: EPOCH + 1, data: b"{}".to_vec() };
+    let raise = Message::SetRecord {
+        volume_id: VOLUME.into(),
+        version: 2,
+        epoch: EPOCH + 1,
+        data: b"{}".to_vec(),
+        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+    };
     assert_eq!(controller.call(raise).await, Message::Reply { status: Status::Ok });
     drop(controller);
 
@@ -340,15 +356,25 @@ async fn a_node_reads_what_the_node_knows_and_makes_none_of_the_controllers_requ
     let mut f = Fixture::new().await;
     let refused = [
         Message::CreateReplica { volume_id: "vol-new".into(), size: SIZE },
-        Message::DeleteReplica { volume_id: VOLUME.into() },
-        Message::SetRecord { volume_id: VOLUME.into(), version: 2, epoch: EPOCH + 5, data: b"{}".to_vec() },
+        Message::DeleteReplica { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
+        Message::SetRecord {
+            volume_id: VOLUME.into(),
+            version: 2,
+            epoch: EPOCH + 5,
+            data: b"{}".to_vec(),
+            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+        },
         Message::EngineCall { volume_id: VOLUME.into(), request: b"{}".to_vec() },
     ];
     for request in refused {
         let mut c = f.node_client(NODE_A).await;
         let name = format!("{request:?}");
         // A second request behind it must not run either.
-        c.send_all(vec![request, Message::DeleteReplica { volume_id: VOLUME.into() }]).await;
+        c.send_all(vec![
+            request,
+            Message::DeleteReplica { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() },
+        ])
+        .await;
         match c.recv().await {
             Some(Message::Reply { status: Status::Denied } | Message::EngineReply { status: Status::Denied, .. }) => {}
             other => panic!("{name}: {other:?}"),
@@ -360,7 +386,10 @@ async fn a_node_reads_what_the_node_knows_and_makes_none_of_the_controllers_requ
     let mut c = f.node_client(NODE_B).await;
     assert!(matches!(c.call(Message::Identify).await, Message::Identity { status: Status::Ok, .. }));
     assert!(matches!(c.call(Message::NodeInfo).await, Message::NodeInfoReply { status: Status::Ok, .. }));
-    match c.call(Message::Describe { volume_id: VOLUME.into() }).await {
+    match c
+        .call(Message::Describe { volume_id: VOLUME.into(), disk: wasmcsi_block::protocol::DEFAULT_DISK.into() })
+        .await
+    {
         Message::Description { status: Status::Ok, record, .. } => assert_eq!(record.epoch, EPOCH),
         other => panic!("{other:?}"),
     }

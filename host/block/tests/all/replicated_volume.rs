@@ -636,9 +636,9 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
 
     cluster.stop_replica(1);
     assert!(vol.wait_for(Duration::from_secs(10), |s| s.healthy == 1), "{:?}", vol.status());
-    let refused = vol.replace_replica(0, cluster.addrs[1]);
+    let refused = vol.replace_replica(0, cluster.addrs[1], "default");
     assert!(refused.is_err(), "two replicas of one volume on one server");
-    let refused = vol.replace_replica(0, "127.0.0.1:9".parse().unwrap());
+    let refused = vol.replace_replica(0, "127.0.0.1:9".parse().unwrap(), "default");
     assert!(refused.is_err(), "replacing the only healthy replica would lose the volume");
 
     // The new node: an empty replica created through the control surface.
@@ -652,7 +652,7 @@ fn a_replaced_replica_is_fully_rebuilt_with_its_snapshots() {
                 .create_replica(VOLUME, SIZE),
         )
         .unwrap();
-    vol.replace_replica(1, new_addr).unwrap();
+    vol.replace_replica(1, new_addr, "default").unwrap();
     // Writes go on during the rebuild.
     let writer = {
         let vol = vol.clone();

@@ -23,7 +23,7 @@ use crate::support;
 use crate::support::csi::{
     Paths, clients, controller_publish, controller_unpublish, stage_and_publish, unpublish_and_unstage,
 };
-use crate::support::replicated::{BACKEND, Options, Sweep};
+use crate::support::replicated::{BACKEND, Options, Sweep, volume_status};
 
 const MIB: u64 = 1 << 20;
 
@@ -81,19 +81,6 @@ async fn scrape_until(addr: SocketAddr, what: &str, pred: impl Fn(&str) -> bool)
         assert!(Instant::now() < deadline, "{what}: never seen in /metrics:\n{text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// `wasmcsi volume status --volume-id SET --replica …` as an operator runs it.
-async fn volume_status(set: &str, replicas: &[SocketAddr]) -> String {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasmcsi"));
-    cmd.args(["volume", "status", "--volume-id", set]);
-    for r in replicas {
-        cmd.arg("--replica").arg(r.to_string());
-    }
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "volume status failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-    text
 }
 
 /// The demo's and the benchmark's replica node (`wasmcsi serve --mode node` as a child
@@ -210,7 +197,7 @@ async fn flow() {
     assert_eq!(value(&text, "wasmcsi_replicated_volume_replicas", &set), Some(2.0), "{text}");
     let status = volume_status(&set, &[a_addr, b_addr]).await;
     assert!(status.contains("attached to node-a") && status.contains("1/2 healthy (degraded)"), "{status}");
-    assert!(status.lines().any(|l| l.trim_start().starts_with("node-b  unreachable")), "{status}");
+    assert!(status.lines().any(|l| l.trim_start().starts_with("node-b/default  unreachable")), "{status}");
 
     // It comes back with its replica: a delta rebuild copies what it missed.
     let b = replica_node(&home_b, b_addr).await;

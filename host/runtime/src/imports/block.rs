@@ -8,10 +8,11 @@
 //! Disks. A replica server keeps its replicas in one or more replica roots, its disks
 //! (`default` always, more with `--replica-root NAME=PATH`): a node reports each with its space
 //! and a replica the disk holding it; a placement names one of its node's disks (any other is
-//! invalid-argument naming it) or none (the disk with the most space available). A volume has
-//! at most one replica per node on this host (the record's members, the catalog and the engine
-//! name a replica by its node): two placements on one node are resource-exhausted saying so, the
-//! answer of a cluster with too few nodes, which the provisioner retries and shows as an event.
+//! invalid-argument naming it) or none (the disk with the most space available that no other
+//! replica of the set is on). A replica is named by its node and disk: several placements may
+//! fall on one node, each on another disk (a cluster with fewer nodes than replicas; which
+//! spread to choose is the backend's policy), and two on one named disk of one node are
+//! invalid-argument. Each replica a set reports names its disk.
 //!
 //! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): I/O
 //! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots,
@@ -106,18 +107,18 @@ fn node_to_wit(n: &NodeView) -> NodeInfo {
     }
 }
 
-/// The catalog's placements of `placements`, once no two fall on one node (this host keeps one
-/// replica of a volume per node; which disks a node has is the catalog's to check).
+/// The catalog's placements of `placements`, once no two name one disk of one node (several on
+/// one node are fine, each on its own disk; which disks a node has, and which are left for the
+/// placements naming none, is the catalog's to check).
 fn placed(placements: &[Placement]) -> Result<Vec<catalog::Placement>, Error> {
     let mut out: Vec<catalog::Placement> = Vec::with_capacity(placements.len());
     for p in placements {
-        if out.iter().any(|o| o.node == p.node) {
-            return Err(Error::ResourceExhausted(format!(
-                "two placements on node {}: this host keeps one replica of a volume per node, so a set \
-                 of {} replicas needs {} nodes",
-                p.node,
-                placements.len(),
-                placements.len()
+        if let Some(disk) = &p.disk
+            && out.iter().any(|o| o.node == p.node && o.disk.as_ref() == Some(disk))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "two placements on disk {disk} of node {}: a disk holds one replica of a set",
+                p.node
             )));
         }
         out.push(catalog::Placement { node: p.node.clone(), disk: p.disk.clone() });
@@ -128,7 +129,7 @@ fn placed(placements: &[Placement]) -> Result<Vec<catalog::Placement>, Error> {
 fn member_to_wit(m: &Member) -> Replica {
     Replica {
         node: m.node.clone(),
-        disk: m.disk.clone(),
+        disk: Some(m.disk.clone()),
         state: match m.state {
             MemberState::Healthy => ReplicaState::Healthy,
             MemberState::Rebuilding => ReplicaState::Rebuilding,
@@ -284,7 +285,8 @@ impl Host for BlockCtxView<'_> {
     #[tracing::instrument(name = "import.block.replace", skip_all, fields(backend = %self.ctx.backend, %id, node = %replica.node, with = %with.node))]
     async fn replace(&mut self, id: String, replica: Placement, with: Placement) -> Result<ReplicaSet, Error> {
         block_call(self.catalog(), "replace", |c| async move {
-            c.replace_on(&id, &replica.node, &with.node, with.disk.as_deref()).await.map(|v| set_to_wit(&v))
+            let (from, to) = (replica.disk.as_deref(), with.disk.as_deref());
+            c.replace_on(&id, &replica.node, from, &with.node, to).await.map(|v| set_to_wit(&v))
         })
         .await
     }
@@ -374,11 +376,16 @@ mod tests {
     }
 
     #[test]
-    fn two_placements_on_one_node_are_refused_naming_it() {
+    fn placements_share_a_node_on_distinct_disks_and_two_on_one_named_disk_are_refused() {
         let placements = placed(&[at("n1", None), at("n2", Some("ssd-2"))]).expect("placed");
         assert_eq!(placements[1], catalog::Placement { node: "n2".into(), disk: Some("ssd-2".into()) });
-        let e = placed(&[at("n1", None), at("n1", Some("ssd-2"))]).expect_err("one replica per node");
-        assert!(matches!(&e, Error::ResourceExhausted(m) if m.contains("n1") && m.contains("2 nodes")), "{e:?}");
+        // One node, three disks: the catalog picks the unnamed one's disk among those left.
+        let one_node = placed(&[at("n1", None), at("n1", Some("ssd-2")), at("n1", Some(DEFAULT_DISK))])
+            .expect("several replicas on one node");
+        assert_eq!(one_node.len(), 3);
+        let e =
+            placed(&[at("n1", Some("ssd-2")), at("n2", None), at("n1", Some("ssd-2"))]).expect_err("one disk twice");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("n1") && m.contains("ssd-2")), "{e:?}");
     }
 
     /// What this host does not provide answers `unimplemented` saying so (after the grant

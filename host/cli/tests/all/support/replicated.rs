@@ -19,6 +19,10 @@ pub struct Options {
     pub labels: Vec<(String, String)>,
     /// This host's identity (credentials, TLS mode, authority endpoint); none: plaintext.
     pub trust: wasmcsi::trust::TrustOptions,
+    /// Disks of its replica server besides `default` (`replicas/`), by name.
+    pub disks: Vec<(String, PathBuf)>,
+    /// How often the controller reconciles volumes (heals them); none: never.
+    pub reconcile: Option<Duration>,
 }
 
 /// A host (`mode`, node id `node_id`) serving replicated-block from `home` (component, state,
@@ -45,8 +49,13 @@ pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_fil
             state_dir: home.join("state"),
             reload_interval: Duration::from_secs(3600),
             metrics_addr: options.metrics.then_some(loopback),
-            replicas: Some(ReplicaOptions { listen: loopback, root: home.join("replicas"), labels: options.labels }),
-            reconcile_interval: None,
+            replicas: Some(ReplicaOptions {
+                listen: loopback,
+                root: home.join("replicas"),
+                disks: options.disks,
+                labels: options.labels,
+            }),
+            reconcile_interval: options.reconcile,
         },
         wasmcsi::host::DataPathPlace::InProcess,
         wasmcsi::host::PeerOptions::default(),
@@ -56,6 +65,19 @@ pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_fil
     .unwrap_or_else(|e| panic!("host {node_id} did not start: {e:#}"));
     assert!(host.registry.get(BACKEND).is_some(), "the {BACKEND} component loads");
     host
+}
+
+/// `wasmcsi volume status --volume-id SET --replica …` as an operator runs it (the real binary).
+pub async fn volume_status(set: &str, replicas: &[SocketAddr]) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasmcsi"));
+    cmd.args(["volume", "status", "--volume-id", set]);
+    for r in replicas {
+        cmd.arg("--replica").arg(r.to_string());
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "volume status failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text
 }
 
 /// On a panic, takes down by force what the CSI calls left under its directory (the engines

@@ -15,9 +15,10 @@
 //! the server is who the caller expects. A request the server's authorization refuses fails
 //! with [`ControlError::Denied`], which callers map to PERMISSION_DENIED.
 //!
-//! Offline operations refuse a replica set whose members disagree (different revision, size or
-//! snapshot chain, or a replica left dirty by a crashed engine): changing such a set by hand
-//! could make a stale replica look current. Attaching the volume lets the engine rebuild first.
+//! Offline operations (on a [`ReplicaSet`], in `replica_set`) refuse a replica set whose
+//! members disagree (different revision, size or snapshot chain, or a replica left dirty by a
+//! crashed engine): changing such a set by hand could make a stale replica look current.
+//! Attaching the volume lets the engine rebuild first.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,9 +27,13 @@ use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmcsi_trust::ExpectedRole;
 
+mod replica_set;
+
+pub use replica_set::ReplicaSet;
+
 use crate::protocol::{
-    DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo,
-    ReplicaHeader, ReplicaSummary, SnapshotInfo, Status, encode,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, DiskSummary, Extent, Frame, FrameDecoder, Message, PROTOCOL_VERSION, RecordInfo,
+    ReplicaHeader, ReplicaSummary, Status, encode,
 };
 use crate::replica::NodeIdentity;
 use crate::transport::{self, ClientStream, DialError, Transport};
@@ -36,7 +41,7 @@ use crate::transport::{self, ClientStream, DialError, Transport};
 /// Bytes moved per request when copying a volume (clone): one frame each way.
 pub const COPY_CHUNK: u64 = 1 << 20;
 /// Bytes of the volume covered by one `ListSnapshotExtents` request, so the reply fits a frame.
-const EXTENT_WINDOW: u64 = 64 << 30;
+pub(crate) const EXTENT_WINDOW: u64 = 64 << 30;
 
 #[derive(Debug, Error)]
 pub enum ControlError {
@@ -231,7 +236,7 @@ impl ReplicaServerClient {
     /// Creates an empty replica on the server's disk `disk` (see `CreateReplicaOn`); the disk
     /// `default` is asked with `CreateReplica`, which every server understands.
     pub async fn create_replica_on(&self, disk: &str, volume_id: &str, size: u64) -> Result<(), ControlError> {
-        if disk == crate::replica::DEFAULT_DISK {
+        if disk == DEFAULT_DISK {
             return self.create_replica(volume_id, size).await;
         }
         let mut c = Conn::connect(self.addr, self.timeout, &self.reach).await?;
@@ -249,10 +254,18 @@ impl ReplicaServerClient {
         }
     }
 
-    /// Deletes a replica and its files; succeeds if it is already gone (a retry).
+    /// Deletes the replica on the disk `default` and its files; succeeds if it is already gone
+    /// (a retry).
     pub async fn delete_replica(&self, volume_id: &str) -> Result<(), ControlError> {
+        self.delete_replica_on(DEFAULT_DISK, volume_id).await
+    }
+
+    /// Deletes the replica of `volume_id` on the server's disk `disk`, like
+    /// [`Self::delete_replica`].
+    pub async fn delete_replica_on(&self, disk: &str, volume_id: &str) -> Result<(), ControlError> {
         let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
-        c.reply("DeleteReplica", Message::DeleteReplica { volume_id: volume_id.to_owned() }, &[Status::NotFound]).await
+        let message = Message::DeleteReplica { volume_id: volume_id.to_owned(), disk: disk.to_owned() };
+        c.reply("DeleteReplica", message, &[Status::NotFound]).await
     }
 
     pub async fn node_info(&self) -> Result<NodeInfo, ControlError> {
@@ -276,26 +289,37 @@ impl ReplicaServerClient {
         }
     }
 
-    /// The header and volume record of the replica of `volume_id` on this server, without
-    /// opening a session (the dirty flag and sessions stay as they are).
+    /// The header and volume record of the replica of `volume_id` on this server's disk
+    /// `default`, without opening a session (the dirty flag and sessions stay as they are).
     pub async fn describe(&self, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), ControlError> {
+        self.describe_on(DEFAULT_DISK, volume_id).await
+    }
+
+    /// Like [`Self::describe`], the replica on the server's disk `disk`.
+    pub async fn describe_on(&self, disk: &str, volume_id: &str) -> Result<(ReplicaHeader, RecordInfo), ControlError> {
         let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
-        match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned() }).await? {
+        match c.call("Describe", Message::Describe { volume_id: volume_id.to_owned(), disk: disk.to_owned() }).await? {
             Message::Description { status: Status::Ok, header, record } => Ok((header, record)),
             Message::Description { status, .. } => Err(ControlError::refused(self.addr, "Describe", status)),
             _ => Err(ControlError::Protocol { addr: self.addr, what: "Describe" }),
         }
     }
 
-    /// Replaces the record of the replica of `volume_id` if `record` is newer; refused with
-    /// `StaleRevision` when the replica holds a newer (or conflicting) one.
+    /// Replaces the record of the replica of `volume_id` on the disk `default` if `record` is
+    /// newer; refused with `StaleRevision` when the replica holds a newer (or conflicting) one.
     pub async fn set_record(&self, volume_id: &str, record: &RecordInfo) -> Result<(), ControlError> {
+        self.set_record_on(DEFAULT_DISK, volume_id, record).await
+    }
+
+    /// Like [`Self::set_record`], the replica on the server's disk `disk`.
+    pub async fn set_record_on(&self, disk: &str, volume_id: &str, record: &RecordInfo) -> Result<(), ControlError> {
         let mut c = Conn::once(self.addr, self.timeout, &self.reach).await?;
         let message = Message::SetRecord {
             volume_id: volume_id.to_owned(),
             version: record.version,
             epoch: record.epoch,
             data: record.data.clone(),
+            disk: disk.to_owned(),
         };
         c.reply("SetRecord", message, &[]).await
     }
@@ -345,8 +369,25 @@ impl ReplicaSession {
         epoch: u64,
         reach: &Reach,
     ) -> Result<Self, ControlError> {
+        Self::open_on(addr, DEFAULT_DISK, volume_id, timeout, epoch, reach).await
+    }
+
+    /// Like [`ReplicaSession::open_over`], on the replica on the server's disk `disk`.
+    pub async fn open_on(
+        addr: SocketAddr,
+        disk: &str,
+        volume_id: &str,
+        timeout: Duration,
+        epoch: u64,
+        reach: &Reach,
+    ) -> Result<Self, ControlError> {
         let mut conn = Conn::connect(addr, timeout, reach).await?;
-        let hello = Message::Hello { volume_id: volume_id.to_owned(), protocol_version: PROTOCOL_VERSION, revision: 0 };
+        let hello = Message::Hello {
+            volume_id: volume_id.to_owned(),
+            protocol_version: PROTOCOL_VERSION,
+            revision: 0,
+            disk: disk.to_owned(),
+        };
         let header = match conn.call("Hello", hello).await? {
             Message::HelloReply { status: Status::Ok, header } => header,
             Message::HelloReply { status, .. } => return Err(ControlError::refused(addr, "Hello", status)),
@@ -481,257 +522,6 @@ impl ReplicaSession {
             Err(_) => Err(ControlError::Timeout { addr, what: "close", timeout }),
         }
     }
-}
-
-/// The replicas of one volume, addressed by their servers, for operations while it is not
-/// attached.
-#[derive(Debug, Clone)]
-pub struct ReplicaSet {
-    pub volume_id: String,
-    pub nodes: Vec<SocketAddr>,
-    pub timeout: Duration,
-    /// Claimed by every session (see [`ReplicaSession::open_claimed`]); 0 for a set without a
-    /// record.
-    pub epoch: u64,
-    pub reach: Reach,
-}
-
-impl ReplicaSet {
-    pub fn new(volume_id: impl Into<String>, nodes: Vec<SocketAddr>, timeout: Duration) -> Self {
-        Self { volume_id: volume_id.into(), nodes, timeout, epoch: 0, reach: Reach::plaintext() }
-    }
-
-    /// The same set, reached as `reach` says.
-    pub fn with_reach(mut self, reach: Reach) -> Self {
-        self.reach = reach;
-        self
-    }
-
-    /// The same set, its sessions claiming `epoch`.
-    pub fn with_epoch(mut self, epoch: u64) -> Self {
-        self.epoch = epoch;
-        self
-    }
-
-    fn check(&self) -> Result<(), ControlError> {
-        if self.nodes.is_empty() {
-            return Err(ControlError::Invalid("a replica set needs at least one replica server".into()));
-        }
-        let mut seen = self.nodes.clone();
-        seen.sort_unstable();
-        seen.dedup();
-        if seen.len() != self.nodes.len() {
-            return Err(ControlError::Invalid("two replicas of one volume on the same server".into()));
-        }
-        Ok(())
-    }
-
-    /// Creates an empty replica on every node (idempotent per node; retry after a failure).
-    pub async fn create(&self, size: u64) -> Result<(), ControlError> {
-        self.check()?;
-        if size == 0 || !size.is_multiple_of(4096) {
-            return Err(ControlError::Invalid(format!("size {size} is not a positive multiple of 4096")));
-        }
-        for addr in &self.nodes {
-            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone())
-                .create_replica(&self.volume_id, size)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes the replica on every node; already deleted ones count as done.
-    pub async fn delete(&self) -> Result<(), ControlError> {
-        self.check()?;
-        for addr in &self.nodes {
-            ReplicaServerClient::over(*addr, self.timeout, self.reach.clone()).delete_replica(&self.volume_id).await?;
-        }
-        Ok(())
-    }
-
-    /// Opens every replica and checks that they agree (see the module docs).
-    pub async fn open(&self) -> Result<Vec<ReplicaSession>, ControlError> {
-        self.open_ignoring(None).await
-    }
-
-    /// Like [`Self::open`], but the chains may differ in snapshot `ignored`: what a retry of a
-    /// snapshot operation that reached only some replicas finds.
-    async fn open_ignoring(&self, ignored: Option<&str>) -> Result<Vec<ReplicaSession>, ControlError> {
-        self.check()?;
-        let mut sessions = Vec::with_capacity(self.nodes.len());
-        for addr in &self.nodes {
-            match ReplicaSession::open_over(*addr, &self.volume_id, self.timeout, self.epoch, &self.reach).await {
-                Ok(s) => sessions.push(s),
-                Err(e) => {
-                    // Sessions already open end cleanly rather than leaving replicas dirty.
-                    let _ = close_all(sessions).await;
-                    return Err(e);
-                }
-            }
-        }
-        let first = sessions[0].header().clone();
-        for s in &sessions {
-            let h = s.header();
-            let detail = if h.dirty {
-                Some(format!("{} was left dirty by an engine that did not detach cleanly", s.addr()))
-            } else if h.revision != first.revision {
-                Some(format!(
-                    "{} is at revision {}, {} at {}",
-                    s.addr(),
-                    h.revision,
-                    sessions[0].addr(),
-                    first.revision
-                ))
-            } else if h.size != first.size {
-                Some(format!("{} has {} bytes, {} has {}", s.addr(), h.size, sessions[0].addr(), first.size))
-            } else if names(&h.snapshots, ignored) != names(&first.snapshots, ignored) {
-                Some(format!("{} and {} hold different snapshots", s.addr(), sessions[0].addr()))
-            } else {
-                None
-            };
-            if let Some(detail) = detail {
-                for s in sessions {
-                    // Best effort: the error below is what matters.
-                    let _ = s.close().await;
-                }
-                return Err(ControlError::NotInSync { volume_id: self.volume_id.clone(), detail });
-            }
-        }
-        Ok(sessions)
-    }
-
-    /// The snapshot chain, oldest first, and the volume size.
-    pub async fn describe(&self) -> Result<(u64, Vec<SnapshotInfo>), ControlError> {
-        let sessions = self.open().await?;
-        let header = sessions[0].header().clone();
-        close_all(sessions).await?;
-        Ok((header.size, header.snapshots))
-    }
-
-    pub async fn snapshot(&self, name: &str) -> Result<(), ControlError> {
-        let mut sessions = self.open_ignoring(Some(name)).await?;
-        let mut result = Ok(());
-        for s in &mut sessions {
-            result = result.and(s.snapshot(name).await);
-        }
-        close_all(sessions).await.and(result)
-    }
-
-    pub async fn delete_snapshot(&self, name: &str) -> Result<(), ControlError> {
-        let mut sessions = self.open_ignoring(Some(name)).await?;
-        let mut result = Ok(());
-        for s in &mut sessions {
-            result = result.and(s.delete_snapshot(name).await);
-        }
-        close_all(sessions).await.and(result)
-    }
-
-    pub async fn revert(&self, name: &str) -> Result<(), ControlError> {
-        let mut sessions = self.open().await?;
-        if !sessions[0].header().snapshots.iter().any(|s| s.name == name) {
-            close_all(sessions).await?;
-            return Err(ControlError::Invalid(format!("volume {} has no snapshot {name:?}", self.volume_id)));
-        }
-        let mut result = Ok(());
-        for s in &mut sessions {
-            result = result.and(s.revert(name).await);
-        }
-        close_all(sessions).await.and(result)
-    }
-
-    /// Moves every replica to `revision` (it only grows): the others of the volume's members,
-    /// left out of a change made on these, are then behind and get it by a rebuild.
-    pub async fn set_revision(&self, revision: u64) -> Result<(), ControlError> {
-        let mut sessions = self.open().await?;
-        let mut result = Ok(());
-        for s in &mut sessions {
-            result = result.and(s.set_revision(revision).await);
-        }
-        close_all(sessions).await.and(result)
-    }
-
-    pub async fn expand(&self, size: u64) -> Result<(), ControlError> {
-        let mut sessions = self.open().await?;
-        let current = sessions[0].header().size;
-        if size < current || !size.is_multiple_of(4096) {
-            close_all(sessions).await?;
-            return Err(ControlError::Invalid(format!(
-                "new size {size} must be a multiple of 4096 and at least the current {current}"
-            )));
-        }
-        let mut result = Ok(());
-        for s in &mut sessions {
-            result = result.and(s.resize(size).await);
-        }
-        close_all(sessions).await.and(result)
-    }
-
-    /// Fills this (new, empty) replica set with `source`'s volume as of `snapshot`, copying only
-    /// the extents that hold data; `progress(done, total)` is called in bytes. The source may be
-    /// attached meanwhile: snapshots never change.
-    pub async fn clone_from(
-        &self,
-        source: &ReplicaSet,
-        snapshot: &str,
-        mut progress: impl FnMut(u64, u64),
-    ) -> Result<(), ControlError> {
-        self.check()?;
-        source.check()?;
-        let mut src =
-            ReplicaSession::open_over(source.nodes[0], &source.volume_id, source.timeout, source.epoch, &source.reach)
-                .await?;
-        let size = src.header().size;
-        if !src.header().snapshots.iter().any(|s| s.name == snapshot) {
-            let _ = src.close().await;
-            return Err(ControlError::Invalid(format!("volume {} has no snapshot {snapshot:?}", source.volume_id)));
-        }
-        let mut dst = self.open().await?;
-        if dst[0].header().size < size {
-            close_all(dst).await?;
-            let _ = src.close().await;
-            return Err(ControlError::Invalid(format!("the clone is smaller than its source's {size} bytes")));
-        }
-        let mut extents = Vec::new();
-        let mut at = 0;
-        while at < size {
-            let len = EXTENT_WINDOW.min(size - at);
-            extents.extend(src.snapshot_extents(snapshot, at, len).await?);
-            at += len;
-        }
-        let total: u64 = extents.iter().map(|e| e.len).sum();
-        let mut done = 0;
-        progress(0, total);
-        for e in extents {
-            let mut at = e.offset;
-            let end = e.offset + e.len;
-            while at < end {
-                // COPY_CHUNK fits u32.
-                let len = COPY_CHUNK.min(end - at) as u32;
-                let data = src.read_snapshot(snapshot, at, len).await?;
-                for d in &mut dst {
-                    d.write(at, data.clone()).await?;
-                }
-                at += u64::from(len);
-                done += u64::from(len);
-                progress(done, total);
-            }
-        }
-        close_all(dst).await?;
-        src.close().await
-    }
-}
-
-fn names<'a>(chain: &'a [SnapshotInfo], ignored: Option<&str>) -> Vec<&'a str> {
-    chain.iter().map(|s| s.name.as_str()).filter(|n| Some(*n) != ignored).collect()
-}
-
-/// Flushes and closes every session; the first error wins, but every session is closed.
-async fn close_all(sessions: Vec<ReplicaSession>) -> Result<(), ControlError> {
-    let mut result = Ok(());
-    for s in sessions {
-        result = result.and(s.close().await);
-    }
-    result
 }
 
 /// Every node's report, in order; a node that fails is reported as its error, so one dead node
