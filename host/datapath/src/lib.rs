@@ -725,6 +725,8 @@ pub fn engine_status(volume: &AttachedVolume) -> EngineStatus {
                     down_since_ns: since.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as u64),
                     rebuilt,
                     rebuild_total,
+                    server: s.placement.get(i).map(|(addr, _)| *addr),
+                    disk: s.placement.get(i).map(|(_, disk)| disk.clone()),
                 }
             })
             .collect(),

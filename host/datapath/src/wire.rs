@@ -160,6 +160,16 @@ impl VolumeView {
         self.status.replicas.iter().filter(|r| r.state == "healthy").count()
     }
 
+    /// When the replicas are on fewer replica servers (nodes) than there are replicas: how many
+    /// of each. `None` when each is on a node of its own, or the engine does not say where they
+    /// are (a data path of the version before it).
+    pub fn shared_nodes(&self) -> Option<(usize, usize)> {
+        let servers: Option<std::collections::BTreeSet<_>> = self.status.replicas.iter().map(|r| r.server).collect();
+        let servers = servers?.len();
+        let replicas = self.status.replicas.len();
+        (servers < replicas).then_some((replicas, servers))
+    }
+
     /// The replica being rebuilt, with bytes done and to do.
     pub fn rebuild(&self) -> Option<(usize, u64, u64)> {
         self.status
@@ -324,6 +334,8 @@ mod tests {
             down_since_ns: None,
             rebuilt,
             rebuild_total: total,
+            server: None,
+            disk: None,
         };
         let view = VolumeView {
             volume: "v".into(),
@@ -337,5 +349,32 @@ mod tests {
         };
         assert_eq!(view.healthy(), 1);
         assert_eq!(view.rebuild(), Some((1, 5, 10)));
+        assert_eq!(view.shared_nodes(), None, "no server named: nothing known");
+    }
+
+    #[test]
+    fn a_view_says_when_replicas_share_a_node() {
+        use wasmcsi_block::catalog::engine_call::EngineReplica;
+        let on = |server: &str, disk: &str| EngineReplica {
+            state: "healthy".into(),
+            server: Some(server.parse().expect("address")),
+            disk: Some(disk.into()),
+            ..EngineReplica::default()
+        };
+        let view = |replicas| VolumeView {
+            volume: "v".into(),
+            device: "/dev/loop9".into(),
+            pid: 1,
+            owner: String::new(),
+            status: EngineStatus { replicas, ..EngineStatus::default() },
+        };
+        let one_node = view(vec![on("10.0.0.1:9501", "default"), on("10.0.0.1:9501", "d1"), on("10.0.0.1:9501", "d2")]);
+        assert_eq!(one_node.shared_nodes(), Some((3, 1)));
+        let two_nodes =
+            view(vec![on("10.0.0.1:9501", "default"), on("10.0.0.2:9501", "default"), on("10.0.0.1:9501", "d1")]);
+        assert_eq!(two_nodes.shared_nodes(), Some((3, 2)));
+        let three =
+            view(vec![on("10.0.0.1:9501", "default"), on("10.0.0.2:9501", "default"), on("10.0.0.3:9501", "default")]);
+        assert_eq!(three.shared_nodes(), None);
     }
 }

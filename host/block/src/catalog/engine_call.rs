@@ -69,6 +69,12 @@ pub struct EngineReplica {
     pub rebuilt: u64,
     #[serde(default)]
     pub rebuild_total: u64,
+    /// Its replica server's address; absent from an engine of the version before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<std::net::SocketAddr>,
+    /// The disk of that server holding it; absent from an engine of the version before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
 }
 
 impl EngineReply {

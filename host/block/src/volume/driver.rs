@@ -425,6 +425,7 @@ impl Driver {
             rebuild,
             snapshots: self.engine.snapshots().to_vec(),
             fenced: self.engine.is_fenced(),
+            placement: self.slots.iter().map(|s| (s.endpoint.addr(), s.disk.clone())).collect(),
         };
         self.status.send_if_modified(|old| {
             let changed = *old != status;
@@ -454,6 +455,7 @@ impl Driver {
             snapshots,
             fenced,
             replicas,
+            placement,
         } = &*old;
         // No rebuild at the last publish (so `rebuild_since` is unset) nor now.
         rebuild.is_none()
@@ -470,6 +472,8 @@ impl Driver {
             && snapshots.as_slice() == e.snapshots()
             && replicas.len() == e.replica_health_iter().len()
             && replicas.iter().zip(e.replica_health_iter()).all(|((was, _), now)| *was == now)
+            && placement.len() == self.slots.len()
+            && placement.iter().zip(&self.slots).all(|((addr, disk), s)| *addr == s.endpoint.addr() && *disk == s.disk)
     }
 
     fn execute(&mut self, action: Action) {

@@ -190,6 +190,9 @@ pub struct VolumeStatus {
     /// Every replica's part and, for one that is not healthy, since when (wall clock): the
     /// control plane replaces a replica lost for too long.
     pub replicas: Vec<(ReplicaHealth, Option<SystemTime>)>,
+    /// Where each replica is, in replica order: its server's address and the disk of that
+    /// server holding it (several replicas on one server means less than node redundancy).
+    pub placement: Vec<(SocketAddr, String)>,
 }
 
 #[cfg(test)]

@@ -287,11 +287,13 @@ impl Attacher for ReplicatedAttacher {
         let state = self
             .load(call.volume.id)?
             .ok_or_else(|| CsiError::NotFound(format!("volume {} is not staged on this node", call.volume.id)))?;
+        let mut shared = None;
         let problem = match self.running(&state).await {
             // The volume is staged: the answer is a condition, not a failed call.
             Err(e) => Some(format!("the data path does not answer: {e}")),
             Ok(None) => Some("the engine of this volume no longer runs (its process restarted); restage it".to_owned()),
             Ok(Some(v)) => {
+                shared = v.shared_nodes().map(|(replicas, nodes)| (v.healthy(), replicas, nodes));
                 if v.status.fenced {
                     Some("another node was given this volume; this node's engine is fenced".into())
                 } else if v.healthy() < v.status.replicas.len() {
@@ -306,10 +308,10 @@ impl Attacher for ReplicatedAttacher {
                 }
             }
         };
-        if state.filesystem.is_none() {
+        let mut answer = if state.filesystem.is_none() {
             let device = state.device.clone();
             let size = blocking(move || loop_dev::size_bytes(&device).map_err(CsiError::Device)).await?;
-            return Ok(csi::NodeGetVolumeStatsResponse {
+            csi::NodeGetVolumeStatsResponse {
                 usage: vec![csi::VolumeUsage {
                     total: convert::bytes(size),
                     unit: Unit::Bytes as i32,
@@ -319,9 +321,14 @@ impl Attacher for ReplicatedAttacher {
                     abnormal: problem.is_some(),
                     message: problem.unwrap_or_else(|| "healthy".into()),
                 }),
-            });
+            }
+        } else {
+            usage::fs_stats(call.path.to_owned(), "the volume's device does not answer", problem, None).await?
+        };
+        if let (Some(condition), Some(shared)) = (answer.volume_condition.as_mut(), shared) {
+            note_shared_nodes(condition, shared);
         }
-        usage::fs_stats(call.path.to_owned(), "the volume's device does not answer", problem, None).await
+        Ok(answer)
     }
 
     async fn expand(&self, call: &Expand<'_>, _plan: &driver::BlockPlan) -> CsiResult<u64> {
@@ -352,6 +359,19 @@ impl Attacher for ReplicatedAttacher {
         blocking(move || fs.grow(&device, &staging, size)).await?;
         Ok(size)
     }
+}
+
+/// A volume whose replicas share a node (a cluster with fewer nodes than replicas, placed on
+/// distinct disks) is not abnormal, but it does not survive the loss of that node: the
+/// condition says so, on a healthy volume as on a degraded one. `shared`: (healthy replicas,
+/// replicas, nodes holding them).
+fn note_shared_nodes(condition: &mut csi::VolumeCondition, (healthy, replicas, nodes): (usize, usize, usize)) {
+    let note = format!("not node-redundant: {replicas} replicas on {nodes} node{}", if nodes == 1 { "" } else { "s" });
+    condition.message = if condition.abnormal {
+        format!("{}; {note}", condition.message)
+    } else {
+        format!("{healthy}/{replicas} replicas healthy; {note}")
+    };
 }
 
 fn rebuild_note(v: &VolumeView) -> String {
@@ -438,5 +458,22 @@ mod grant_tests {
         assert_eq!(publish_grant(&context).ok(), Some(Some(b"WCSIGRT1\0\xff".to_vec())));
         context.insert(GRANT_KEY.to_owned(), "not base64!".to_owned());
         assert!(matches!(publish_grant(&context), Err(CsiError::Invalid(_))));
+    }
+}
+
+#[cfg(test)]
+mod condition_tests {
+    use super::*;
+
+    #[test]
+    fn replicas_sharing_a_node_are_said_on_a_healthy_and_on_a_degraded_volume() {
+        let mut healthy = csi::VolumeCondition { abnormal: false, message: "healthy".into() };
+        note_shared_nodes(&mut healthy, (3, 3, 1));
+        assert_eq!(healthy.message, "3/3 replicas healthy; not node-redundant: 3 replicas on 1 node");
+        assert!(!healthy.abnormal, "redundancy short of nodes is not a fault of the volume");
+        let mut degraded = csi::VolumeCondition { abnormal: true, message: "degraded: 1/3 replicas healthy".into() };
+        note_shared_nodes(&mut degraded, (1, 3, 2));
+        assert_eq!(degraded.message, "degraded: 1/3 replicas healthy; not node-redundant: 3 replicas on 2 nodes");
+        assert!(degraded.abnormal);
     }
 }
