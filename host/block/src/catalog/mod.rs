@@ -349,9 +349,9 @@ impl Catalog {
         engine: Option<EngineStatus>,
     ) -> SetView {
         let of = |at: &Location| holders.iter().find(|h| h.at == *at);
-        let newest_revision = record.members.iter().filter_map(|m| of(m)).map(|h| h.header.revision).max().unwrap_or(0);
+        let newest_revision = record.members.iter().filter_map(&of).map(|h| h.header.revision).max().unwrap_or(0);
         let current: Vec<&Holder> =
-            record.members.iter().filter_map(|m| of(m)).filter(|h| h.header.revision == newest_revision).collect();
+            record.members.iter().filter_map(&of).filter(|h| h.header.revision == newest_revision).collect();
         let now = now_ns();
         let mut down = lock(&self.down_since);
         let members: Vec<Member> = record
