@@ -11,7 +11,9 @@
 //!   set it made, and nothing is kept but what the replicas hold (their record carries this
 //!   backend's metadata: the CSI name and the StorageClass policy).
 //! - A volume deleted while it has snapshots is hidden (metadata `deleted`), its replicas kept
-//!   until its last snapshot is deleted: CSI snapshots outlive their source.
+//!   until its last snapshot is deleted: CSI snapshots outlive their source. CreateVolume of
+//!   its name meanwhile is ABORTED (retried by the provisioner) saying so: the volume id is the
+//!   name's, free again with the last snapshot.
 //! - A clone is filled by the host in the background: CreateVolume answers ABORTED with the
 //!   progress until it is whole (the provisioner retries).
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
@@ -198,8 +200,18 @@ impl Backend for ReplicatedBlock {
         let id = policy::volume_id(&req.name);
         if let Some(set) = h.block().get(&id)? {
             let recorded = metadata_of(&set).get(policy::META_NAME).cloned().unwrap_or_default();
-            if recorded != req.name || is_deleted(&set) {
-                return Err(Error::AlreadyExists(format!("volume id {id} belongs to another (or a deleted) volume")));
+            if recorded != req.name {
+                return Err(Error::AlreadyExists(format!("volume id {id} belongs to another volume ({recorded:?})")));
+            }
+            if is_deleted(&set) {
+                // The id is the name's: it is free again once the snapshots holding the
+                // earlier volume's replicas are deleted. Until then the provisioner retries.
+                let held = h.block().list_snapshots(Some(&id))?.len();
+                return Err(Error::Aborted(format!(
+                    "an earlier volume named {} was deleted while {held} snapshot(s) of it exist; they keep its \
+                     replicas, and the name is free again once they are deleted",
+                    req.name
+                )));
             }
             let limit = req.capacity.limit_bytes;
             if set.size_bytes < size || (limit != 0 && set.size_bytes > limit) {

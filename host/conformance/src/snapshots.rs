@@ -276,3 +276,88 @@ impl Suite<'_> {
         }
     }
 }
+
+impl Suite<'_> {
+    /// A volume deleted while a snapshot of it exists (the spec lets snapshots outlive their
+    /// source): CreateVolume of its name again must not be refused for good. It makes a new
+    /// volume, or answers ABORTED (the CO retries) until the snapshot is deleted, then makes
+    /// one. ALREADY_EXISTS is final for a CO: the claim would never bind. A plugin that refuses
+    /// to delete a volume with snapshots (FAILED_PRECONDITION, as the spec allows) skips it.
+    pub(crate) async fn reused_name_check(&mut self) {
+        const REUSED: &str =
+            "CreateVolume of a name whose volume was deleted while a snapshot of it exists is not AlreadyExists";
+        let blocked = self.controller_gate(ControllerRpc::CreateDeleteSnapshot);
+        if !self.open(REUSED, &blocked) {
+            return;
+        }
+        let verdict = self.reused_name().await;
+        match verdict {
+            Ok(None) => self.judge(REUSED, Ok(())),
+            Ok(Some(skip)) => self.record(REUSED, crate::Outcome::Skip(skip)),
+            Err(e) => self.judge(REUSED, Err(e)),
+        }
+    }
+
+    fn delete_request(&self, volume_id: String) -> csi::DeleteVolumeRequest {
+        self.secreted(csi::DeleteVolumeRequest { volume_id, ..Default::default() })
+    }
+
+    /// The steps of [`Self::reused_name_check`]: `Ok(Some(why))` when it does not apply.
+    async fn reused_name(&mut self) -> Result<Option<String>, String> {
+        let name = self.name("reused");
+        let request = self.create_request(&name, self.profile.required_bytes);
+        let first = call(self.ctl().create_volume(request.clone()))
+            .await
+            .map_err(|s| format!("CreateVolume: {}", status(s)))?;
+        self.created.made(&made_volume(first.clone()));
+        let volume = first.volume.ok_or("CreateVolume answered no volume")?;
+        let snapshot = call(self.ctl().create_snapshot(self.secreted(csi::CreateSnapshotRequest {
+            source_volume_id: volume.volume_id.clone(),
+            name: self.name("reused-snap"),
+            ..Default::default()
+        })))
+        .await;
+        let snapshot = match snapshot {
+            Ok(r) => {
+                self.created.made(&made_snapshot(r.clone()));
+                r.snapshot.ok_or("CreateSnapshot answered no snapshot")?
+            }
+            Err(s) if s.code() == Code::Unimplemented => return Ok(Some(format!("not supported: {}", s.message()))),
+            Err(s) => return Err(format!("CreateSnapshot: {}", status(s))),
+        };
+        match call(self.ctl().delete_volume(self.delete_request(volume.volume_id.clone()))).await {
+            Ok(_) => {}
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                return Ok(Some(format!("the volume is not deleted while it has snapshots: {}", s.message())));
+            }
+            Err(s) => return Err(format!("DeleteVolume with a snapshot: {}", status(s))),
+        }
+        // While the snapshot exists: a new volume, or ABORTED.
+        match call(self.ctl().create_volume(request.clone())).await {
+            Ok(r) => {
+                self.created.made(&made_volume(r.clone()));
+                let id = r.volume.map(|v| v.volume_id).unwrap_or_default();
+                call(self.ctl().delete_volume(self.delete_request(id)))
+                    .await
+                    .map_err(|s| format!("DeleteVolume: {}", status(s)))?;
+            }
+            Err(s) if s.code() == Code::Aborted => {}
+            Err(s) => return Err(format!("CreateVolume while the snapshot exists: {}", status(s))),
+        }
+        call(self.ctl().delete_snapshot(
+            self.secreted(csi::DeleteSnapshotRequest { snapshot_id: snapshot.snapshot_id, ..Default::default() }),
+        ))
+        .await
+        .map_err(|s| format!("DeleteSnapshot: {}", status(s)))?;
+        // With the snapshot gone the name is free: it makes a volume.
+        let last = call(self.ctl().create_volume(request))
+            .await
+            .map_err(|s| format!("CreateVolume after the snapshot was deleted: {}", status(s)))?;
+        self.created.made(&made_volume(last.clone()));
+        let id = last.volume.map(|v| v.volume_id).unwrap_or_default();
+        call(self.ctl().delete_volume(self.delete_request(id)))
+            .await
+            .map_err(|s| format!("DeleteVolume: {}", status(s)))?;
+        Ok(None)
+    }
+}

@@ -246,5 +246,6 @@ impl Suite<'_> {
         self.clone_checks(&mut objects).await;
         self.list_volumes_checks(&objects).await;
         self.delete_checks(&objects).await;
+        self.reused_name_check().await;
     }
 }

@@ -288,9 +288,21 @@ async fn flow() {
             ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
         }
     }
+    // The snapshot keeps the deleted volume's replicas, and its name: a new volume of that name
+    // is retried (ABORTED, saying why), never refused for good (ALREADY_EXISTS).
+    let again = ctl.create_volume(req.clone()).await.unwrap_err();
+    assert_eq!(again.code(), Code::Aborted, "{again:?}");
+    assert!(again.message().contains("1 snapshot(s)") && again.message().contains(name), "{again:?}");
     ctl.delete_snapshot(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })
         .await
         .unwrap();
+    let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.entries.is_empty(), "nothing left: {listed:?}");
+    // With the last snapshot gone the name is free: the retry makes a new, empty volume.
+    let renewed = ctl.create_volume(req).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(renewed.volume_id, v.volume_id, "the name's id again");
+    assert!(renewed.content_source.is_none());
+    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: renewed.volume_id, ..Default::default() }).await.unwrap();
     let listed = ctl.list_volumes(csi::ListVolumesRequest::default()).await.unwrap().into_inner();
     assert!(listed.entries.is_empty(), "nothing left: {listed:?}");
 
