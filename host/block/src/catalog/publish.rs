@@ -29,6 +29,23 @@ impl Catalog {
             }
             None => {}
         }
+        // Only a node of the cluster may own the volume: an owner no node is would hold it until
+        // an unpublish, and every publish to the real node would be refused meanwhile. Every
+        // node that attaches replicated volumes runs a data path, whose replica server names
+        // its node; one that does not answer now may be that node, so that is a retry.
+        if d.node(node).is_none() {
+            return Err(if d.unreachable.is_empty() {
+                CatalogError::NotFound(format!(
+                    "node {node} is not a node of this cluster: none of the {} replica server(s) that answer is on it",
+                    d.nodes.len()
+                ))
+            } else {
+                CatalogError::Unavailable(format!(
+                    "node {node} is not among the replica servers that answer, and {} did not answer; retry",
+                    d.unreachable.len()
+                ))
+            });
+        }
         let claimed = VolumeRecord { owner: Some(node.to_owned()), ..record };
         let next = Self::next_seen(&d, &info, &claimed, info.epoch + 1)?;
         let targets: Vec<Location> = holders.iter().map(|h| h.at.clone()).collect();

@@ -138,6 +138,9 @@ async fn publishing_fences_a_session_that_claimed_the_older_epoch() {
     let c = Cluster::start(2).await;
     let cat = c.catalog();
     cat.create("vol-f", MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    // A node no replica server is on is no node of the cluster: it never becomes the owner.
+    let nowhere = cat.claim("vol-f", "n9").await;
+    assert!(matches!(&nowhere, Err(CatalogError::NotFound(m)) if m.contains("n9")), "{nowhere:?}");
     cat.claim("vol-f", "n0").await.unwrap();
     cat.claim("vol-f", "n0").await.expect("the same node again is a retry");
     let busy = cat.claim("vol-f", "n1").await;

@@ -220,6 +220,10 @@ async fn flow() {
 
     // node-b gets it: stage, publish, write.
     let pb = paths(dir.path(), "node-b", "pod-1");
+    // A node id no node of the cluster has: NOT_FOUND, and it does not become the owner.
+    let nowhere = publish_to(&mut ctl, &v, "node-x", &ext4()).await.unwrap_err();
+    assert_eq!(nowhere.code(), Code::NotFound, "{nowhere:?}");
+    assert!(nowhere.message().contains("node-x"), "{nowhere:?}");
     let ctx_b = publish_to(&mut ctl, &v, "node-b", &ext4()).await.unwrap();
     mount_on(&node_b, &v, &ctx_b, &pb, &ext4()).await;
     let payload: Vec<u8> = (0..3 * MIB).map(|i| (i * 7 % 251) as u8).collect();
