@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +79,12 @@ async fn snapshot_view(addr: SocketAddr, snapshot: &str) -> Vec<u8> {
     }
     s.close().await.unwrap();
     out
+}
+
+/// `wasmcsi volume restore BACKUP` of the volume from `target` into the file `to`; returns `to`.
+fn restore(target: &str, backup: &str, to: &Path) -> PathBuf {
+    wasmcsi(&["volume", "restore", backup, "--volume-id", VOLUME, "--target", target, "--to", to.to_str().unwrap()]);
+    to.to_owned()
 }
 
 async fn manifest(target: &Path, backup: &str) -> Manifest {
@@ -173,18 +179,7 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
     assert!(out.contains(&format!("read {} bytes", incr.stats.read_bytes)), "{out}");
 
     // The restore of the incremental is the volume as of s2, byte for byte.
-    let restored = work.path().join("restored-s2.img");
-    wasmcsi(&[
-        "volume",
-        "restore",
-        "s2",
-        "--volume-id",
-        VOLUME,
-        "--target",
-        target_s,
-        "--to",
-        restored.to_str().unwrap(),
-    ]);
+    let restored = restore(target_s, "s2", &work.path().join("restored-s2.img"));
     let bytes = std::fs::read(&restored).unwrap();
     let view = rt.block_on(snapshot_view(addrs[1], "s2"));
     assert!(view == model, "the replica's s2 is what was written");
@@ -207,18 +202,7 @@ fn an_incremental_backup_reads_only_changed_chunks_and_restores_byte_exact() {
     // Of the chunks that differ from s1's backup, those s2's backup stored are found on the
     // target: only the chunk written since s2 is new.
     assert_eq!(fallback.stats.uploaded_chunks, 1);
-    let restored = work.path().join("restored-s3.img");
-    wasmcsi(&[
-        "volume",
-        "restore",
-        "s3",
-        "--volume-id",
-        VOLUME,
-        "--target",
-        target_s,
-        "--to",
-        restored.to_str().unwrap(),
-    ]);
+    let restored = restore(target_s, "s3", &work.path().join("restored-s3.img"));
     assert!(std::fs::read(&restored).unwrap() == model, "restored s3 differs from what was written");
     assert!(rt.block_on(snapshot_view(addrs[0], "s3")) == model);
 }
