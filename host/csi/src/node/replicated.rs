@@ -366,11 +366,15 @@ impl Attacher for ReplicatedAttacher {
 /// condition says so, on a healthy volume as on a degraded one. `shared`: (healthy replicas,
 /// replicas, nodes holding them).
 fn note_shared_nodes(condition: &mut csi::VolumeCondition, (healthy, replicas, nodes): (usize, usize, usize)) {
-    let note = format!("not node-redundant: {replicas} replicas on {nodes} node{}", if nodes == 1 { "" } else { "s" });
+    // The words of the backend's condition (ControllerGetVolume), so both say it alike.
+    let note = format!(
+        "not node-redundant: {replicas} replicas on {nodes} node{} (distinct disks)",
+        if nodes == 1 { "" } else { "s" }
+    );
     condition.message = if condition.abnormal {
-        format!("{}; {note}", condition.message)
+        format!("{}, {note}", condition.message)
     } else {
-        format!("{healthy}/{replicas} replicas healthy; {note}")
+        format!("{healthy}/{replicas} replicas healthy, {note}")
     };
 }
 
@@ -469,11 +473,14 @@ mod condition_tests {
     fn replicas_sharing_a_node_are_said_on_a_healthy_and_on_a_degraded_volume() {
         let mut healthy = csi::VolumeCondition { abnormal: false, message: "healthy".into() };
         note_shared_nodes(&mut healthy, (3, 3, 1));
-        assert_eq!(healthy.message, "3/3 replicas healthy; not node-redundant: 3 replicas on 1 node");
+        assert_eq!(healthy.message, "3/3 replicas healthy, not node-redundant: 3 replicas on 1 node (distinct disks)");
         assert!(!healthy.abnormal, "redundancy short of nodes is not a fault of the volume");
         let mut degraded = csi::VolumeCondition { abnormal: true, message: "degraded: 1/3 replicas healthy".into() };
         note_shared_nodes(&mut degraded, (1, 3, 2));
-        assert_eq!(degraded.message, "degraded: 1/3 replicas healthy; not node-redundant: 3 replicas on 2 nodes");
+        assert_eq!(
+            degraded.message,
+            "degraded: 1/3 replicas healthy, not node-redundant: 3 replicas on 2 nodes (distinct disks)"
+        );
         assert!(degraded.abnormal);
     }
 }
