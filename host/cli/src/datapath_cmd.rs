@@ -236,6 +236,13 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         None => (None, None),
     };
     let transport = crate::trust::replica_transport(args.tls_mode, credentials.as_ref())?;
+    let grants: Option<Arc<dyn wasmcsi_trust::GrantSource>> = match (&args.authority, &credentials) {
+        (Some(url), Some(live)) => Some(Arc::new(wasmcsi_csi::authority_endpoint::AuthorityClient::new(
+            url,
+            wasmcsi_csi::authority_endpoint::client::ClientIdentity::Credentials(live.clone()),
+        )?)),
+        _ => None,
+    };
     let config = ProcessConfig {
         socket: args.socket.clone(),
         state_dir: args.state_dir.clone(),
@@ -253,16 +260,10 @@ pub async fn run(args: DataPathArgs) -> anyhow::Result<()> {
         },
         socket_limits: args.socket_limits.limits(),
         adopt: args.adopt.clone(),
+        grants,
     };
     let process = DataPathProcess::start(config).await?;
     let datapath = process.datapath();
-    if let (Some(url), Some(live)) = (&args.authority, &credentials) {
-        let client = wasmcsi_csi::authority_endpoint::AuthorityClient::new(
-            url,
-            wasmcsi_csi::authority_endpoint::client::ClientIdentity::Credentials(live.clone()),
-        )?;
-        datapath.serve_grants(Arc::new(client));
-    }
     let metrics = match args.metrics_addr {
         Some(addr) => Some(
             crate::metrics_http::serve(

@@ -25,7 +25,7 @@ use crate::upgrade::{self, Served, UpgradeError, UpgradeRequest};
 use crate::{DataPath, DataPathConfig, DataPathError};
 
 /// What a data-path process serves, and where.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ProcessConfig {
     /// The unix socket the node plugin reaches this data path on.
     pub socket: PathBuf,
@@ -38,6 +38,24 @@ pub struct ProcessConfig {
     /// The handover state the previous image of this process wrote (`--adopt`): take over its
     /// volumes with the fds it kept open.
     pub adopt: Option<PathBuf>,
+    /// Where attached volumes' grants come from (the controller's authority endpoint), given
+    /// before the handed-over volumes are adopted: an engine that now needs a grant it does not
+    /// hold (a switch to `required`) gets one at once instead of attaching without the replicas
+    /// that refuse it.
+    pub grants: Option<Arc<dyn wasmcsi_trust::GrantSource>>,
+}
+
+impl std::fmt::Debug for ProcessConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessConfig")
+            .field("socket", &self.socket)
+            .field("state_dir", &self.state_dir)
+            .field("datapath", &self.datapath)
+            .field("socket_limits", &self.socket_limits)
+            .field("adopt", &self.adopt)
+            .field("grants", &self.grants.is_some())
+            .finish()
+    }
 }
 
 /// Why a data-path process could not start, or did not stop cleanly.
@@ -89,7 +107,7 @@ impl DataPathProcess {
     /// rbd-fuse daemons it or a crashed process left), writes the pid file and serves the
     /// socket.
     pub async fn start(config: ProcessConfig) -> Result<Self, ProcessError> {
-        let ProcessConfig { socket, state_dir, datapath: config, socket_limits, adopt } = config;
+        let ProcessConfig { socket, state_dir, datapath: config, socket_limits, adopt, grants } = config;
         // Inherited fds are taken before anything else opens a file (see `upgrade::inherit`).
         let inherited = match &adopt {
             Some(state) => Some(upgrade::take_over(state).map_err(ProcessError::TakeOver)?),
@@ -102,6 +120,9 @@ impl DataPathProcess {
         let (root, listen) = (config.replica_root.clone(), config.listen);
         let started = DataPath::start_on(config, replica_listener).await;
         let datapath = Arc::new(started.map_err(|source| ProcessError::Start { root, listen, source })?);
+        if let Some(source) = grants {
+            datapath.serve_grants(source);
+        }
         // Before the socket answers: the daemons a previous image (or a crashed process) left are
         // adopted, so the plugin's first question about them finds them.
         crate::rbd_fuse::daemons::serve(&datapath, &state_dir)?;

@@ -70,6 +70,16 @@ fn upgraded(socket: &Path, tls: &[String], what: &str) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{what}: {text}");
     eprintln!("{what}: {}", text.trim());
+    // The new image's engines reach every replica at once: an engine that waited out its
+    // attach timeout (10 s) for a replica refusing it (no grant yet under `required`) paused
+    // the volume's I/O that long.
+    let pause = text
+        .split("longest I/O pause ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .map(|ms| ms.parse::<f64>().unwrap_or_else(|e| panic!("{what}: pause {ms:?}: {e}")))
+        .unwrap_or_else(|| panic!("{what}: no pause reported: {text}"));
+    assert!(pause < 5000.0, "{what}: the handover paused I/O {pause} ms: {text}");
     text
 }
 
