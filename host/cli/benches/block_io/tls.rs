@@ -113,6 +113,8 @@ impl Drop for Pair {
 /// One row per shape: (plaintext, TLS) runs; and the attach times.
 pub struct TlsRows {
     pub rows: Vec<(Runs, Runs)>,
+    /// Context switches per I/O of each run, (plaintext, TLS), per shape.
+    pub switches: Vec<(Vec<f64>, Vec<f64>)>,
     pub attach_plain: Vec<Duration>,
     pub attach_tls: Vec<Duration>,
 }
@@ -134,19 +136,37 @@ pub fn run(root: &Path, ws: u64, secs: f64, runs: usize) -> TlsRows {
         prefill(&Device(p.volume.as_ref()), ws);
         p.volume.flush().unwrap();
     }
+    let mut switches = Vec::new();
     let rows = SHAPES
         .iter()
         .map(|shape| {
             eprintln!("tls: {}", shape.name);
             let (mut off, mut on): (Vec<Res>, Vec<Res>) = (Vec::new(), Vec::new());
+            let (mut sw_off, mut sw_on) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                off.extend(run_job(&Device(plain.volume.as_ref()), shape, ws, secs, 1).0);
-                on.extend(run_job(&Device(tls.volume.as_ref()), shape, ws, secs, 1).0);
+                for (pair, res, sw) in [(&plain, &mut off, &mut sw_off), (&tls, &mut on, &mut sw_on)] {
+                    let before = context_switches();
+                    let got = run_job(&Device(pair.volume.as_ref()), shape, ws, secs, 1).0;
+                    let ios: f64 = got.iter().map(|r| r.iops * secs).sum();
+                    sw.push(context_switches().saturating_sub(before) as f64 / ios.max(1.0));
+                    res.extend(got);
+                }
             }
+            switches.push((sw_off, sw_on));
             (Runs(off), Runs(on))
         })
         .collect();
-    TlsRows { rows, attach_plain, attach_tls }
+    TlsRows { rows, switches, attach_plain, attach_tls }
+}
+
+/// Context switches (voluntary and not) of every thread of this process so far, those that
+/// ended included: the engine, the replica servers and the job's threads all run here, so a
+/// wakeup more per I/O in one transport shows as a difference of the two.
+fn context_switches() -> u64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| (u.voluntary_context_switches() + u.involuntary_context_switches()) as u64)
+        .unwrap_or(0)
 }
 
 /// The table, and the goals judged on medians.
@@ -158,13 +178,18 @@ pub fn print(t: &TlsRows) {
     println!();
     println!("TLS: the 2-replica engine over loopback TCP, plaintext vs mutual TLS, run alternately; medians");
     println!(
-        "{:<18} {:>12} {:>12} {:>7} {:>10} {:>10} {:>9} {:>9}",
-        "job", "plain IOPS", "TLS IOPS", "TLS/pl", "plain µs", "TLS µs", "cpu pl", "cpu TLS"
+        "{:<18} {:>12} {:>12} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "job", "plain IOPS", "TLS IOPS", "TLS/pl", "plain µs", "TLS µs", "cpu pl", "cpu TLS", "csw/IO pl", "csw/IO TLS"
     );
-    for (shape, (off, on)) in SHAPES.iter().zip(&t.rows) {
+    let median_of = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    for ((shape, (off, on)), (sw_off, sw_on)) in SHAPES.iter().zip(&t.rows).zip(&t.switches) {
         let (a, b) = (off.median(), on.median());
         println!(
-            "{:<18} {:>12.0} {:>12.0} {:>7.2} {:>10.1} {:>10.1} {:>9.1} {:>9.1}",
+            "{:<18} {:>12.0} {:>12.0} {:>7.2} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
             shape.name,
             a.iops,
             b.iops,
@@ -172,7 +197,9 @@ pub fn print(t: &TlsRows) {
             a.lat_us,
             b.lat_us,
             a.cpu_us,
-            b.cpu_us
+            b.cpu_us,
+            median_of(sw_off),
+            median_of(sw_on)
         );
     }
     let (pa, ta) = (median(t.attach_plain.clone()), median(t.attach_tls.clone()));
