@@ -100,12 +100,7 @@ impl Suite<'_> {
             }
         }
         for id in created.volumes.iter().rev() {
-            if let Err(s) =
-                call(self.ctl().delete_volume(
-                    self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
-                ))
-                .await
-            {
+            if let Err(s) = call(self.ctl().delete_volume(self.delete_request(id))).await {
                 problems.push(format!("DeleteVolume {id}: {}", status(s)));
             }
         }

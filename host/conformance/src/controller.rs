@@ -121,7 +121,7 @@ impl Suite<'_> {
             )
             .await;
 
-            let request = self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() });
+            let request = self.delete_request(&id);
             self.expect(
                 &format!("DeleteVolume of {label} is OK"),
                 None,
@@ -548,7 +548,7 @@ impl Suite<'_> {
             let mut calls = tokio::task::JoinSet::new();
             for _ in 0..PARALLEL {
                 let mut client = self.ctl();
-                let request = self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() });
+                let request = self.delete_request(id);
                 calls.spawn(async move { call(client.delete_volume(request)).await });
             }
             let mut problems = Vec::new();
@@ -573,11 +573,7 @@ impl Suite<'_> {
         if self.open(CLONES, &blocked) {
             let mut problems = Vec::new();
             for id in &objects.clones {
-                if let Err(s) = call(self.ctl().delete_volume(
-                    self.secreted(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }),
-                ))
-                .await
-                {
+                if let Err(s) = call(self.ctl().delete_volume(self.delete_request(id))).await {
                     problems.push(format!("{id}: {}", status(s)));
                 }
             }
@@ -588,10 +584,7 @@ impl Suite<'_> {
         if self.open(DELETE, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(self.ctl().delete_volume(
-                self.secreted(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
-            ))
-            .await;
+            let answer = call(self.ctl().delete_volume(self.delete_request(&v.volume_id))).await;
             let mut verdict = answer.map(|_| ()).map_err(status);
             if verdict.is_ok() {
                 verdict = match self.volume_exists(&v.volume_id).await {
@@ -605,10 +598,7 @@ impl Suite<'_> {
         if self.open(DELETE_AGAIN, &blocked)
             && let Some(v) = &objects.volume
         {
-            let answer = call(self.ctl().delete_volume(
-                self.secreted(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }),
-            ))
-            .await;
+            let answer = call(self.ctl().delete_volume(self.delete_request(&v.volume_id))).await;
             self.record(DELETE_AGAIN, expect_code(&answer, Code::Ok));
         }
     }

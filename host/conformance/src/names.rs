@@ -187,7 +187,7 @@ impl Suite<'_> {
 
     /// DeleteVolume of a volume a check made for itself; forgotten by the cleanup once gone.
     async fn delete_now(&mut self, id: &str) -> Result<(), String> {
-        let request = self.secreted(csi::DeleteVolumeRequest { volume_id: id.to_string(), ..Default::default() });
+        let request = self.delete_request(id);
         call(self.ctl().delete_volume(request)).await.map_err(|s| format!("DeleteVolume {id}: {}", status(s)))?;
         self.created.volumes.retain(|v| v != id);
         Ok(())

@@ -298,10 +298,6 @@ impl Suite<'_> {
         }
     }
 
-    fn delete_request(&self, volume_id: String) -> csi::DeleteVolumeRequest {
-        self.secreted(csi::DeleteVolumeRequest { volume_id, ..Default::default() })
-    }
-
     /// The steps of [`Self::reused_name_check`]: `Ok(Some(why))` when it does not apply.
     async fn reused_name(&mut self) -> Result<Option<String>, String> {
         let name = self.name("reused");
@@ -325,7 +321,7 @@ impl Suite<'_> {
             Err(s) if s.code() == Code::Unimplemented => return Ok(Some(format!("not supported: {}", s.message()))),
             Err(s) => return Err(format!("CreateSnapshot: {}", status(s))),
         };
-        match call(self.ctl().delete_volume(self.delete_request(volume.volume_id.clone()))).await {
+        match call(self.ctl().delete_volume(self.delete_request(&volume.volume_id))).await {
             Ok(_) => {}
             Err(s) if s.code() == Code::FailedPrecondition => {
                 return Ok(Some(format!("the volume is not deleted while it has snapshots: {}", s.message())));
@@ -337,7 +333,7 @@ impl Suite<'_> {
             Ok(r) => {
                 self.created.made(&made_volume(r.clone()));
                 let id = r.volume.map(|v| v.volume_id).unwrap_or_default();
-                call(self.ctl().delete_volume(self.delete_request(id)))
+                call(self.ctl().delete_volume(self.delete_request(&id)))
                     .await
                     .map_err(|s| format!("DeleteVolume: {}", status(s)))?;
             }
@@ -355,7 +351,7 @@ impl Suite<'_> {
             .map_err(|s| format!("CreateVolume after the snapshot was deleted: {}", status(s)))?;
         self.created.made(&made_volume(last.clone()));
         let id = last.volume.map(|v| v.volume_id).unwrap_or_default();
-        call(self.ctl().delete_volume(self.delete_request(id)))
+        call(self.ctl().delete_volume(self.delete_request(&id)))
             .await
             .map_err(|s| format!("DeleteVolume: {}", status(s)))?;
         Ok(None)

@@ -211,6 +211,11 @@ impl Suite<'_> {
         }
     }
 
+    /// DeleteVolume of `volume_id`, with the profile's secrets.
+    pub(crate) fn delete_request(&self, volume_id: &str) -> csi::DeleteVolumeRequest {
+        self.secreted(csi::DeleteVolumeRequest { volume_id: volume_id.to_owned(), ..Default::default() })
+    }
+
     /// The profile's secrets on a controller request that has none of its own (what the CO
     /// would pass from the StorageClass's provisioner/controller secret references).
     pub(crate) fn secreted<R: Secreted>(&self, mut request: R) -> R {
