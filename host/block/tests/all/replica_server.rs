@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wasmcsi_block::protocol::{
-    DEFAULT_MAX_PAYLOAD, ExtentState, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader, Status, encode,
+    DEFAULT_DISK, DEFAULT_MAX_PAYLOAD, ExtentState, Frame, FrameDecoder, Message, PROTOCOL_VERSION, ReplicaHeader,
+    Status, encode,
 };
 use wasmcsi_block::replica::{ReplicaNode, ReplicaServer, ReplicaStore, ServerConfig, StoreError};
 
@@ -46,7 +47,7 @@ impl Client {
             volume_id: volume.into(),
             protocol_version: PROTOCOL_VERSION,
             revision: 0,
-            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+            disk: DEFAULT_DISK.into(),
         };
         match c.call(hello).await {
             Message::HelloReply { status, header } => (c, status, header),
@@ -154,7 +155,7 @@ async fn hello_for_a_volume_the_node_does_not_hold_is_answered_not_found() {
             volume_id: "other".into(),
             protocol_version: PROTOCOL_VERSION,
             revision: 0,
-            disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
+            disk: DEFAULT_DISK.into(),
         })
         .await;
     assert!(matches!(reply, Message::HelloReply { status: Status::NotFound, .. }), "{reply:?}");
@@ -464,26 +465,9 @@ async fn control_requests_create_list_and_delete_replicas_idempotently() {
     let mut ids: Vec<_> = replicas.iter().map(|r| (r.volume_id.as_str(), r.size, r.revision, r.dirty)).collect();
     ids.sort();
     assert_eq!(ids, [("ns/pvc 2", SIZE, 0, false), ("vol-1", SIZE, 0, false)]);
-    assert_eq!(
-        status(
-            c.call(Message::DeleteReplica {
-                volume_id: "ns/pvc 2".into(),
-                disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
-            })
-            .await
-        ),
-        Status::Ok
-    );
-    assert_eq!(
-        status(
-            c.call(Message::DeleteReplica {
-                volume_id: "ns/pvc 2".into(),
-                disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
-            })
-            .await
-        ),
-        Status::NotFound
-    );
+    let delete = || Message::DeleteReplica { volume_id: "ns/pvc 2".into(), disk: DEFAULT_DISK.into() };
+    assert_eq!(status(c.call(delete()).await), Status::Ok);
+    assert_eq!(status(c.call(delete()).await), Status::NotFound, "deleted already");
     // A data request on a control connection closes it.
     c.send(Message::Read { offset: 0, len: 1 }).await;
     assert!(c.recv().await.is_none());
@@ -498,30 +482,14 @@ async fn control_requests_create_list_and_delete_replicas_idempotently() {
 
     // Busy while an engine has it open; deletable once it left.
     assert_eq!(
-        status(
-            control(
-                addr,
-                Message::DeleteReplica {
-                    volume_id: "vol-1".into(),
-                    disk: wasmcsi_block::protocol::DEFAULT_DISK.into()
-                }
-            )
-            .await
-        ),
+        status(control(addr, Message::DeleteReplica { volume_id: "vol-1".into(), disk: DEFAULT_DISK.into() }).await),
         Status::Busy
     );
     drop(e);
     let deleted = async {
         loop {
             match status(
-                control(
-                    addr,
-                    Message::DeleteReplica {
-                        volume_id: "vol-1".into(),
-                        disk: wasmcsi_block::protocol::DEFAULT_DISK.into(),
-                    },
-                )
-                .await,
+                control(addr, Message::DeleteReplica { volume_id: "vol-1".into(), disk: DEFAULT_DISK.into() }).await,
             ) {
                 Status::Busy => tokio::time::sleep(Duration::from_millis(10)).await,
                 other => return other,

@@ -97,16 +97,6 @@ fn wait_line(rx: &mpsc::Receiver<String>, timeout: Duration, pred: impl Fn(&str)
     }
 }
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    None
-}
-
 fn run_out(args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).output().unwrap();
     assert!(out.status.success(), "wasmcsi {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -169,7 +159,7 @@ fn replicated_volume_by_hand_create_attach_snapshot_expand_replace_detach_clone_
 
     let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let later: Vec<u8> = pattern.iter().map(|b| !b).collect();
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipping the attached part: {why}");
         return;
     }

@@ -566,11 +566,8 @@ fn stop_workload(stop: &AtomicBool, threads: Vec<std::thread::JoinHandle<()>>) {
 }
 
 fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
+    if let Some(why) = crate::support::needs_root_and_fuse() {
+        return Some(why);
     }
     if Command::new("ip").arg("-V").output().is_err() {
         return Some("ip (iproute2) missing; scripts/setup installs it".into());

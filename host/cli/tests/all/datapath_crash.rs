@@ -33,11 +33,8 @@ const NODE: &str = "node-a";
 const SIZE: i64 = 64 << 20;
 
 fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
+    if let Some(why) = crate::support::needs_root_and_fuse() {
+        return Some(why);
     }
     for tool in ["unshare", "mkfs.ext4", "losetup"] {
         if Command::new(tool).arg("--version").output().is_err() {

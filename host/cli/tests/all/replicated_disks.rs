@@ -31,16 +31,6 @@ const MIB: i64 = 1 << 20;
 /// spare for the replacement of a lost one.
 const DISKS: [&str; 3] = ["d1", "d2", "d3"];
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    None
-}
-
 /// Every disk of the node by name, and its root.
 fn roots(home: &Path) -> Vec<(String, PathBuf)> {
     let mut all = vec![("default".to_owned(), home.join("replicas"))];
@@ -81,7 +71,7 @@ async fn condition(node: &Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondit
 
 #[test]
 fn three_replicas_on_three_disks_of_one_node_bind_lose_a_disk_and_heal() {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipped: {why}");
         return;
     }

@@ -34,16 +34,6 @@ use crate::support::replicated::{BACKEND, Options};
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    None
-}
-
 fn ext4() -> csi::VolumeCapability {
     support::single_node_writer(Some("ext4"))
 }
@@ -151,7 +141,7 @@ async fn raw_block(ctl: &mut Controller, node: &Node, dir: &Path) -> csi::Volume
 
 #[test]
 fn replicated_volume_through_the_csi_socket_on_three_nodes() {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipped: {why}");
         return;
     }
@@ -320,7 +310,7 @@ async fn flow() {
 /// and the node reports the volume condition abnormal, saying it is degraded.
 #[test]
 fn a_lost_replica_node_shows_as_a_degraded_condition_while_writes_go_on() {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipped: {why}");
         return;
     }

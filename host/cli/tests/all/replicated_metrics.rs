@@ -27,16 +27,6 @@ use crate::support::replicated::{BACKEND, Options, Sweep, volume_status};
 
 const MIB: u64 = 1 << 20;
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    None
-}
-
 /// node-b: only a replica server (no CSI socket: nothing is staged there).
 async fn replica_node(home: &Path, listen: SocketAddr) -> DataPath {
     DataPath::start(DataPathConfig {
@@ -118,7 +108,7 @@ fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
 
 #[test]
 fn metrics_show_a_staged_volume_degraded_then_rebuilt() {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipped: {why}");
         return;
     }

@@ -478,14 +478,9 @@ fn three_volumes_under_verified_io_survive_ten_live_upgrades_of_the_data_path() 
             took.push(started.elapsed());
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(out.status.success(), "upgrade {n}: {text}{}", String::from_utf8_lossy(&out.stderr));
-            let pause: f64 = text
-                .split("longest I/O pause ")
-                .nth(1)
-                .and_then(|rest| rest.split(' ').next())
-                .and_then(|ms| ms.parse().ok())
-                .unwrap_or_else(|| panic!("no pause in {text:?}"));
+            let pause = support::cluster::upgrade_pause(&text);
             assert!(text.contains(&format!("(handover {})", n + 1)) && text.contains("3 volumes"), "{text}");
-            pauses.push(Duration::from_secs_f64(pause / 1000.0));
+            pauses.push(pause);
             assert_eq!(cluster.nodes[0].datapath_pid(), Some(datapath), "the data path keeps its pid");
             assert_eq!(std::fs::read_link(format!("/proc/{datapath}/exe")).unwrap(), *binary, "it runs the new binary");
             assert_eq!(mounts_under(&cluster.nodes[0].home), mounted_before, "nothing was unmounted or mounted");

@@ -30,16 +30,6 @@ use crate::support::replicated::{BACKEND, Options};
 const SIZE: i64 = 32 << 20;
 const BLOCK: usize = 4096;
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    None
-}
-
 /// Writes credentials of `role` issued by `ca` into `dir`.
 fn credentials(ca: &Authority, role: &Role, dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
@@ -54,7 +44,7 @@ fn pattern(b: u64, round: u64) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replicated_volume_serves_verified_io_with_every_replica_port_in_required_mode() {
-    if let Some(why) = skip_reason() {
+    if let Some(why) = crate::support::needs_root_and_fuse() {
         eprintln!("skipped: {why}");
         return;
     }

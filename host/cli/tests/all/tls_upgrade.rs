@@ -73,13 +73,8 @@ fn upgraded(socket: &Path, tls: &[String], what: &str) -> String {
     // The new image's engines reach every replica at once: an engine that waited out its
     // attach timeout (10 s) for a replica refusing it (no grant yet under `required`) paused
     // the volume's I/O that long.
-    let pause = text
-        .split("longest I/O pause ")
-        .nth(1)
-        .and_then(|rest| rest.split(" ms").next())
-        .map(|ms| ms.parse::<f64>().unwrap_or_else(|e| panic!("{what}: pause {ms:?}: {e}")))
-        .unwrap_or_else(|| panic!("{what}: no pause reported: {text}"));
-    assert!(pause < 5000.0, "{what}: the handover paused I/O {pause} ms: {text}");
+    let pause = support::cluster::upgrade_pause(&text);
+    assert!(pause < Duration::from_secs(5), "{what}: the handover paused I/O {pause:?}: {text}");
     text
 }
 

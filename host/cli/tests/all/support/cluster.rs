@@ -24,11 +24,8 @@ pub const BACKEND: &str = "replicated-block";
 pub const REPLICA_PORT: u16 = 9501;
 
 pub fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
+    if let Some(why) = crate::support::needs_root_and_fuse() {
+        return Some(why);
     }
     for tool in ["ip", "fio", "nsenter"] {
         if Command::new(tool).arg("--version").output().is_err() {
@@ -36,6 +33,18 @@ pub fn skip_reason() -> Option<String> {
         }
     }
     None
+}
+
+/// The longest I/O pause of a volume that `wasmcsi upgrade datapath` reported in `text` (its
+/// output: "… longest I/O pause 38.4 ms …").
+pub fn upgrade_pause(text: &str) -> Duration {
+    let ms: f64 = text
+        .split("longest I/O pause ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no pause reported in {text:?}"));
+    Duration::from_secs_f64(ms / 1000.0)
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -19,6 +19,18 @@ use std::time::Duration;
 use wasmcsi::host::{Host, HostOptions};
 use wasmcsi_ceph::{CLUSTER, Ceph};
 
+/// Why a test that mounts replicated volumes (FUSE, loop devices) cannot run here, if it cannot:
+/// it needs root and `/dev/fuse`. Tests needing more tools check them after this.
+pub fn needs_root_and_fuse() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing".into());
+    }
+    None
+}
+
 /// A host (controller + node, node id `node_id`) serving the ceph-rbd-shim component loaded
 /// from disk, granted `pool` of `ceph`'s cluster; component, state and socket under `dir`.
 pub async fn ceph_rbd_shim_host(ceph: &Ceph, pool: &str, dir: &Path, node_id: &str) -> Host {
