@@ -132,7 +132,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         reload_interval: Duration::from_secs(2),
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     };
     let controller = Host::start_with_trust(
         options(wasmcsi_csi::Mode::Controller, "demo-controller", "controller.sock", "controller-state"),
@@ -143,6 +143,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 nodes: [(NODE_ID.to_owned(), peer_addr.to_string())].into_iter().collect(),
                 services: vec![],
             },
+            // The node directory: the demo's one node (its replica nodes answer for themselves).
+            known_nodes: vec![NODE_ID.to_owned()],
         },
         TrustOptions {
             tls_mode: required,
@@ -165,7 +167,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..options(wasmcsi_csi::Mode::Node, NODE_ID, "csi.sock", "state")
         },
         DataPathPlace::InProcess,
-        PeerOptions { listen: Some(peer_addr), sources: Default::default() },
+        PeerOptions { listen: Some(peer_addr), ..Default::default() },
         TrustOptions {
             tls_mode: required,
             tls_dir: Some(pki.join(NODE_ID)),

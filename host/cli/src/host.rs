@@ -54,6 +54,9 @@ pub struct PeerOptions {
     /// A controller: forward node-local calls to these node plugins (over TLS: each must answer
     /// with its node's certificate).
     pub sources: wasmcsi_csi::peer::PeerSources,
+    /// A controller: the node ids of the cluster, as the operator names them (`--known-node`):
+    /// a complete source of the node directory (see `wasmcsi_csi::node_directory`).
+    pub known_nodes: Vec<String>,
 }
 
 /// A node's part of the replicated block data path.
@@ -137,6 +140,7 @@ impl Host {
         let tls_mode = trust.tls_mode;
         // What a data path this host starts is given: the same credentials and mode.
         let (trust_dir, authority) = (trust.tls_dir.clone(), trust.authority.clone());
+        let nodes = node_directory(&opts, &peer, trust.kube_api.clone())?;
         let trust = crate::trust::start(&trust, opts.mode, &opts.node_id, &registry).await?;
         // The catalog reaches replica servers with this process's credentials (a controller's:
         // everything; a node's: its read-only discovery) in the replica port's mode.
@@ -215,12 +219,19 @@ impl Host {
                 datapath: engines.clone(),
             }),
             node_local: wasmcsi_csi::plugin::NodeLocal { peers, pinned: peer_listener.is_some() },
+            nodes,
             // A controller signs the grants of the volumes it publishes (`wasmcsi.io/grant`).
             grant_signer: trust
                 .credentials
                 .clone()
                 .filter(|c| opts.mode.controller() && c.current().role() == &wasmcsi_trust::Role::Controller),
         });
+        if opts.mode.controller() && !driver.node_directory_is_authoritative() {
+            tracing::warn!(
+                "no complete source of node ids (Kubernetes CSINodes, --known-node, or a standalone host): \
+                 ControllerPublishVolume cannot tell a node that does not exist and lets it through"
+            );
+        }
         let mut listeners = trust.listeners.clone();
         if let Some((listener, _)) = &peer_listener {
             listeners.push(("peer", listener.stats()));
@@ -430,3 +441,25 @@ const KEEPER_INTERVAL: Duration = Duration::from_millis(500);
 
 /// A gRPC channel to a CSI socket (the conformance suite's: one way to open one).
 pub use wasmcsi_conformance::connect;
+
+/// The node directory's configured sources: the nodes named, and (a controller) the cluster's
+/// CSINode objects through the API server given, or the one of the pod this runs in.
+fn node_directory(
+    opts: &HostOptions,
+    peer: &PeerOptions,
+    kube_api: Option<wasmcsi_csi::authority_endpoint::token_review::KubeApi>,
+) -> anyhow::Result<wasmcsi_csi::node_directory::NodeDirectory> {
+    use wasmcsi_csi::authority_endpoint::token_review::KubeApi;
+    use wasmcsi_csi::node_directory::{CsiNodes, NodeDirectory};
+    let csi_nodes = match kube_api.or_else(KubeApi::in_cluster).filter(|_| opts.mode.controller()) {
+        Some(api) => {
+            let url = api.url.clone();
+            Some(
+                CsiNodes::new(api, &opts.driver_name)
+                    .with_context(|| format!("the node directory's Kubernetes API client ({url})"))?,
+            )
+        }
+        None => None,
+    };
+    Ok(NodeDirectory::new(peer.known_nodes.iter().cloned(), csi_nodes))
+}

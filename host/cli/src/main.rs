@@ -189,6 +189,13 @@ struct ServeArgs {
     /// Service), each asked which node it serves (repeatable).
     #[arg(long = "peer-service")]
     peer_services: Vec<String>,
+    /// Controller: a node id of the cluster (repeatable). With it, ControllerPublishVolume to a
+    /// node id that neither these, nor the cluster's CSINode objects (in a pod, or with
+    /// --kube-api), nor a node plugin or replica server that answers know is NOT_FOUND. A
+    /// controller with no such source (and not a standalone --mode all) lets every node id
+    /// through. See docs/operating.md, "Which nodes exist".
+    #[arg(long = "known-node")]
+    known_nodes: Vec<String>,
     /// Reach this node's data path (replica server and engines) at this unix socket instead of
     /// running it in this process: volumes then outlive this process (node mode). See
     /// `wasmcsi datapath`.
@@ -243,9 +250,10 @@ struct TrustArgs {
     /// checked with the TokenReview API.
     #[arg(long, requires = "ca_dir")]
     node_service_account: Option<String>,
-    /// Controller: the Kubernetes API server that reviews node tokens (https://HOST:PORT), with
-    /// --kube-api-ca and --kube-api-token. Default: the API server of the pod this runs in.
-    #[arg(long, requires_all = ["kube_api_ca", "kube_api_token", "node_service_account"])]
+    /// Controller: the Kubernetes API server (https://HOST:PORT) that reviews node tokens and
+    /// whose CSINode objects say which nodes exist, with --kube-api-ca and --kube-api-token.
+    /// Default: the API server of the pod this runs in.
+    #[arg(long, requires_all = ["kube_api_ca", "kube_api_token"])]
     kube_api: Option<String>,
     /// The API server's CA bundle (with --kube-api).
     #[arg(long, requires = "kube_api")]
@@ -358,6 +366,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             nodes: args.peers.into_iter().collect(),
             services: args.peer_services,
         },
+        known_nodes: args.known_nodes,
     };
     let place = match args.datapath_socket {
         Some(socket) => wasmcsi::host::DataPathPlace::Socket { socket, start: args.datapath_start },

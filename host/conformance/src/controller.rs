@@ -1,6 +1,7 @@
 //! The Controller service's volume calls: the `backend` parameter, unknown ids, CreateVolume
 //! (idempotent, under concurrent retries), GetCapacity, ControllerGetVolume,
-//! ControllerExpandVolume, ListVolumes (paging) and DeleteVolume.
+//! ControllerExpandVolume, ControllerPublishVolume to a node that does not exist, ListVolumes
+//! (paging) and DeleteVolume.
 use crate::{
     CALL_TIMEOUT, FOREIGN_ID, MAX_PAGES, NO_VOLUME, Objects, Outcome, PARALLEL, Suite, UNKNOWN_BACKEND, call,
     expect_code, made_snapshot, made_volume, path_str, status,
@@ -333,6 +334,33 @@ impl Suite<'_> {
             Some(got) => Err(format!("got {} with {} bytes", got.volume_id, got.capacity_bytes)),
             None => Err("the answer carries no volume".into()),
         });
+    }
+
+    /// ControllerPublishVolume to a node id no node has is NOT_FOUND (CSI: "a node corresponding
+    /// to the specified node_id does not exist"); it runs before the node flow, which publishes
+    /// the same volume to the real node, so a ghost made its owner fails that flow too.
+    pub(crate) async fn unknown_node_check(&mut self, volume: Option<&csi::Volume>) {
+        const NAME: &str = "ControllerPublishVolume to a node that does not exist is NotFound";
+        let blocked = Self::gates([
+            self.controller_gate(ControllerRpc::PublishUnpublishVolume),
+            volume.is_none().then(|| NO_VOLUME.to_string()),
+        ]);
+        let Some(v) = volume.filter(|_| blocked.is_none()) else {
+            self.open(NAME, &blocked);
+            return;
+        };
+        let ghost = format!("no-such-node-{}", self.run);
+        // Should it be published there anyway, the cleanup unpublishes it.
+        self.created.attached.push((v.volume_id.clone(), ghost.clone()));
+        let request = csi::ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: ghost,
+            volume_capability: Some(self.profile.capability.clone()),
+            readonly: false,
+            secrets: self.profile.secrets.clone(),
+            volume_context: v.volume_context.clone(),
+        };
+        self.expect(NAME, None, Code::NotFound, rpc!(self.ctl(), controller_publish_volume, request)).await;
     }
 
     /// Returns the capacity after expansion.

@@ -245,6 +245,7 @@ impl Suite<'_> {
         self.topology_checks().await;
         self.get_volume_check(objects.volume.as_ref()).await;
         objects.expanded = self.expand_checks(objects.volume.as_ref()).await;
+        self.unknown_node_check(objects.volume.as_ref()).await;
         objects.data_written = self.node_flow(&objects).await;
         objects.snapshot = self.snapshot_checks(&objects).await;
         self.snapshot_name_checks(objects.volume.as_ref()).await;

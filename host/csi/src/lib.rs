@@ -7,7 +7,8 @@
 //! no storage policy (that is the backends).
 //!
 //! Other crates see what they build a host from: the [`Plugin`] and its services
-//! (`controller`, `node`, `server`, `peer`, `authority_endpoint`), the reconciler, the metrics
+//! (`controller`, `node`, `server`, `peer`, `authority_endpoint`), the node directory
+//! (`node_directory`: which node ids exist), the reconciler, the metrics
 //! and the constants a CO or a conformance run speaks (`plugin`); the checks, conversions and
 //! guards are the crate's own.
 mod answer;
@@ -21,6 +22,7 @@ mod identity;
 mod ids;
 pub mod metrics;
 pub mod node;
+pub mod node_directory;
 pub mod peer;
 pub mod plugin;
 pub mod reconcile;

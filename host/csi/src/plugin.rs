@@ -57,6 +57,9 @@ pub struct Plugin {
     pub attachers: Attachers,
     /// Where node-local backends' calls run in a multi-node cluster (`topology`).
     pub node_local: NodeLocal,
+    /// Which node ids exist, as far as the sources this host was given tell
+    /// (`node_directory`): ControllerPublishVolume to any other is NOT_FOUND.
+    pub nodes: crate::node_directory::NodeDirectory,
     /// The controller's credentials, when it has them: ControllerPublishVolume signs the grant
     /// of each replicated volume for its node with them (`controller::grant`).
     pub grant_signer: Option<wasmcsi_trust::LiveCredentials>,

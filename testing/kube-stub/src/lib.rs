@@ -11,6 +11,10 @@
 //! the built-in CA's store uses them: a create of an existing name is 409 Conflict, an update
 //! naming another `resourceVersion` is 409 too, as the API server's optimistic concurrency is.
 //!
+//! And CSINodes (`GET /apis/storage.k8s.io/v1/csinodes[/NAME]`, the list in pages with `limit` and
+//! `continue`), as the controller's node directory reads them; [`KubeStub::set_down`] makes
+//! every call fail as an API server that cannot answer.
+//!
 //! Its certificate comes from a CA of its own ([`KubeStub::ca_pem`]), naming `127.0.0.1`.
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,9 +43,15 @@ struct Shared {
     bearer: String,
     tokens: Mutex<HashMap<String, Token>>,
     reviews: AtomicUsize,
-    /// Secrets and ConfigMaps by path (`/api/v1/namespaces/NS/KIND/NAME`).
+    /// Secrets and ConfigMaps by path (`/api/v1/namespaces/NS/KIND/NAME`), CSINodes by
+    /// `/apis/storage.k8s.io/v1/csinodes/NAME`.
     objects: Mutex<HashMap<String, serde_json::Value>>,
+    /// Every call answered 503.
+    down: std::sync::atomic::AtomicBool,
 }
+
+/// The cluster-scoped CSINode collection.
+const CSINODES: &str = "/apis/storage.k8s.io/v1/csinodes";
 
 /// A running stub; dropping it stops the server.
 pub struct KubeStub {
@@ -89,6 +99,7 @@ impl KubeStub {
             tokens: Mutex::default(),
             reviews: AtomicUsize::new(0),
             objects: Mutex::default(),
+            down: std::sync::atomic::AtomicBool::new(false),
         });
         let state = shared.clone();
         let task = tokio::spawn(async move {
@@ -133,6 +144,24 @@ impl KubeStub {
         self.shared.objects.lock().unwrap_or_else(PoisonError::into_inner).get(path).cloned()
     }
 
+    /// From now on the CSINode `name` (a Kubernetes node) lists `driver` with node id `node_id`,
+    /// as kubelet writes it when a node plugin registers.
+    pub fn add_csi_node(&self, name: &str, driver: &str, node_id: &str) {
+        let object = serde_json::json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "CSINode",
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {"drivers": [{"name": driver, "nodeID": node_id, "topologyKeys": ["topology.wasmcsi.io/node"]}]},
+        });
+        let mut objects = self.shared.objects.lock().unwrap_or_else(PoisonError::into_inner);
+        objects.insert(format!("{CSINODES}/{name}"), object);
+    }
+
+    /// From now on every call to the API server fails with 503 (`true`), or is answered again.
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.store(down, Ordering::SeqCst);
+    }
+
     /// TokenReviews answered so far (authenticated or not).
     pub fn reviews(&self) -> usize {
         self.shared.reviews.load(Ordering::SeqCst)
@@ -153,6 +182,16 @@ async fn answer(
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v == format!("Bearer {}", state.bearer));
+    if state.down.load(Ordering::SeqCst) {
+        return reply(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"kind": "Status", "reason": "ServiceUnavailable"}));
+    }
+    if req.method() == hyper::Method::GET && req.uri().path().starts_with(CSINODES) {
+        if !authorized {
+            return reply(StatusCode::UNAUTHORIZED, serde_json::json!({"kind": "Status", "reason": "Unauthorized"}));
+        }
+        let (status, body) = csi_nodes(&state, req.uri().path(), req.uri().query().unwrap_or_default());
+        return reply(status, body);
+    }
     if req.uri().path().starts_with("/api/v1/namespaces/") {
         if !authorized {
             return reply(StatusCode::UNAUTHORIZED, serde_json::json!({"kind": "Status", "reason": "Unauthorized"}));
@@ -249,4 +288,29 @@ fn store(state: &Shared, method: &hyper::Method, path: &str, body: &[u8]) -> (St
         }
         _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
     }
+}
+
+/// `GET csinodes/NAME`, or the list in pages as the API server gives it: `limit`, and an opaque
+/// `continue` token (here the index of the next object, in name order).
+fn csi_nodes(state: &Shared, path: &str, query: &str) -> (StatusCode, serde_json::Value) {
+    let objects = state.objects.lock().unwrap_or_else(PoisonError::into_inner);
+    if path != CSINODES {
+        return match objects.get(path) {
+            Some(object) => (StatusCode::OK, object.clone()),
+            None => (StatusCode::NOT_FOUND, serde_json::json!({"kind": "Status", "reason": "NotFound"})),
+        };
+    }
+    let param = |key: &str| {
+        query.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v.to_owned()))
+    };
+    let limit = param("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let from = param("continue").and_then(|c| c.parse::<usize>().ok()).unwrap_or(0);
+    let mut names: Vec<&String> = objects.keys().filter(|k| k.starts_with(&format!("{CSINODES}/"))).collect();
+    names.sort();
+    let items: Vec<serde_json::Value> = names.iter().skip(from).take(limit).map(|k| objects[*k].clone()).collect();
+    let next = if from.saturating_add(limit) < names.len() { (from + limit).to_string() } else { String::new() };
+    (
+        StatusCode::OK,
+        serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINodeList", "metadata": {"continue": next}, "items": items}),
+    )
 }

@@ -19,6 +19,7 @@ mod datapath_crash;
 mod hostile;
 mod hot_reload;
 mod nfs_flow_vm;
+mod node_directory;
 mod node_local;
 mod pki;
 mod rbd_flow;

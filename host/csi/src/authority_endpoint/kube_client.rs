@@ -79,7 +79,7 @@ impl KubeClient {
         &self.api.url
     }
 
-    pub(super) fn unavailable(&self, what: impl Into<String>) -> KubeError {
+    pub(crate) fn unavailable(&self, what: impl Into<String>) -> KubeError {
         KubeError::Unavailable { url: self.api.url.clone(), what: what.into() }
     }
 

@@ -3,7 +3,9 @@
 //! gives a replicated block volume to one node (the host's own mechanism: it raises the
 //! volume's epoch on its replicas, see `docs/replicated-block.md`); for every other attachment
 //! kind it checks the volume exists and answers with an empty publish context. A replicated
-//! volume's publish context carries the node's grant of it (`grant`).
+//! volume's publish context carries the node's grant of it (`grant`). Every publish first asks
+//! the node directory whether its node exists (`node_directory`): NOT_FOUND when it is certainly
+//! none, before any backend is asked.
 //! ControllerModifyVolume is not offered (no mutable parameters).
 //!
 //! Every call on a backend takes one path before its own work (`pipeline`): resolve the
@@ -410,6 +412,9 @@ impl ControllerService {
         let id = required(&req.volume_id, "volume_id")?;
         let node = required(&req.node_id, "node_id")?;
         let cap = convert::capability(req.volume_capability.as_ref().ok_or(CsiError::Missing("volume_capability"))?)?;
+        // Before any backend sees it: a node no node has is NOT_FOUND on every backend, and
+        // becomes nothing (an owner, a grant).
+        self.0.check_node(node).await?;
         let not_found = || CsiError::ObjectNotFound { kind: ObjectKind::Volume, id: id.to_string() };
         let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume)).guarded();
         self.on_object(&req, call, async |backend, oid| {

@@ -54,8 +54,16 @@ pub struct Peers {
     /// Plaintext (`--tls-mode off`), or this controller's credentials to dial with (TLS in
     /// `permissive` and `required` alike: the nodes are upgraded first).
     transport: Transport,
-    /// The last discovery: node name → address, and when it was made.
-    found: Mutex<Option<(Instant, BTreeMap<String, String>)>>,
+    /// The last discovery, and when it was made.
+    found: Mutex<Option<(Instant, Discovered)>>,
+}
+
+/// What one discovery found: node name → address, and what could not be asked.
+#[derive(Clone, Default)]
+struct Discovered {
+    nodes: BTreeMap<String, String>,
+    /// Each service or address that did not resolve or say who it is, and why.
+    failed: Vec<String>,
 }
 
 impl Peers {
@@ -65,29 +73,37 @@ impl Peers {
 
     /// Node name → address of every node plugin found, from the last discovery when fresh.
     async fn nodes(&self, fresh: bool) -> BTreeMap<String, String> {
+        self.discovered(fresh).await.nodes
+    }
+
+    /// The last discovery when fresh, else a new one.
+    async fn discovered(&self, fresh: bool) -> Discovered {
         let mut found = self.found.lock().await;
-        if let Some((at, nodes)) = found.as_ref()
+        if let Some((at, d)) = found.as_ref()
             && !fresh
             && at.elapsed() < DISCOVERY_TTL
         {
-            return nodes.clone();
+            return d.clone();
         }
-        let nodes = self.discover().await;
-        *found = Some((Instant::now(), nodes.clone()));
-        nodes
+        let d = self.discover().await;
+        *found = Some((Instant::now(), d.clone()));
+        d
     }
 
-    async fn discover(&self) -> BTreeMap<String, String> {
+    async fn discover(&self) -> Discovered {
         let mut nodes = self.sources.nodes.clone();
+        let mut failed = Vec::new();
         for service in &self.sources.services {
             let addrs = match tokio::time::timeout(IDENTIFY_TIMEOUT, tokio::net::lookup_host(service.clone())).await {
                 Ok(Ok(a)) => a.collect::<Vec<_>>(),
                 Ok(Err(e)) => {
                     tracing::warn!(%service, error = %e, "peer service does not resolve");
+                    failed.push(format!("{service} does not resolve: {e}"));
                     continue;
                 }
                 Err(_) => {
                     tracing::warn!(%service, "peer service did not resolve in time");
+                    failed.push(format!("{service} did not resolve in time"));
                     continue;
                 }
             };
@@ -99,11 +115,32 @@ impl Peers {
                     Ok(node) => {
                         nodes.entry(node).or_insert_with(|| addr.to_string());
                     }
-                    Err(e) => tracing::warn!(%addr, error = %e, "node plugin did not say who it is"),
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "node plugin did not say who it is");
+                        failed.push(format!("{addr}: {e}"));
+                    }
                 }
             }
         }
-        nodes
+        Discovered { nodes, failed }
+    }
+
+    /// Whether node `name` has a node plugin that answers (discovered again on a miss); when
+    /// not, whether every node plugin could be asked. The nodes given by address (`--peer`) are
+    /// known as given.
+    pub(crate) async fn lookup(&self, name: &str) -> crate::node_directory::Lookup {
+        use crate::node_directory::Lookup;
+        if self.discovered(false).await.nodes.contains_key(name) {
+            return Lookup::Known;
+        }
+        let d = self.discovered(true).await;
+        if d.nodes.contains_key(name) {
+            Lookup::Known
+        } else if d.failed.is_empty() {
+            Lookup::Unknown
+        } else {
+            Lookup::Unreachable(d.failed.join("; "))
+        }
     }
 
     /// Whether node `name` has a node plugin we can reach (discovered again on a miss).

@@ -93,6 +93,7 @@ pub fn service(tree: &Tree, store: &str, state: &str) -> NodeService {
         registry,
         inflight: Default::default(),
         node_local: Default::default(),
+        nodes: Default::default(),
         grant_signer: None,
         attachers: Attachers::new(NodeSetup {
             node_id: "node-1".into(),

@@ -121,6 +121,7 @@ fn controller(dir: &Path) -> ControllerService {
         registry,
         inflight: Default::default(),
         node_local: Default::default(),
+        nodes: Default::default(),
         grant_signer: None,
         attachers: Attachers::new(NodeSetup {
             node_id: "controller".into(),

@@ -94,6 +94,7 @@ fn node() -> TestNode {
         registry,
         inflight: Default::default(),
         node_local: Default::default(),
+        nodes: Default::default(),
         grant_signer: None,
         attachers: Attachers::new(NodeSetup {
             node_id: "node-1".into(),

@@ -132,6 +132,7 @@ fn node(f: &Fixture, id: &str) -> TestNode {
         registry: f.registry.clone(),
         inflight: Default::default(),
         node_local: Default::default(),
+        nodes: Default::default(),
         grant_signer: None,
         attachers: attachers(f, id, &state),
     };
@@ -472,6 +473,7 @@ fn node_with_state(f: &Fixture, other: &TestNode) -> NodeService {
         registry: f.registry.clone(),
         inflight: Default::default(),
         node_local: Default::default(),
+        nodes: Default::default(),
         grant_signer: None,
         attachers: attachers(f, &other.id, &other.state),
     }))
