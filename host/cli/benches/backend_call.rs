@@ -88,7 +88,7 @@ fn options(base: &Path, backends: &Path) -> HostOptions {
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     }
 }
 

@@ -116,7 +116,7 @@ async fn main() {
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .unwrap();

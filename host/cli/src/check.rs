@@ -153,7 +153,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<bool> {
             disks: vec![],
             labels: vec![],
         }),
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await?;
     let mut replica_servers = Vec::new();

@@ -37,9 +37,10 @@ pub struct HostOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// This node's replica server and engines (node mode); `None`: no replicated volumes here.
     pub replicas: Option<ReplicaOptions>,
-    /// How often the controller reconciles every self-healing backend's volumes (controller
-    /// mode); `None`: never.
-    pub reconcile_interval: Option<Duration>,
+    /// The controller's rounds (controller mode): how often it reconciles every self-healing
+    /// backend's volumes and tends clones being filled, and when a clone nobody asks for is
+    /// abandoned; `None`: no rounds.
+    pub reconcile: Option<wasmcsi_csi::reconcile::Rounds>,
 }
 
 /// This host's part in a multi-node cluster for node-local backends (see
@@ -198,8 +199,8 @@ impl Host {
             }
             _ => None,
         };
-        let reconciler = match (opts.reconcile_interval, opts.mode.controller()) {
-            (Some(every), true) => Some(tokio::spawn(wasmcsi_csi::reconcile::run(registry.clone(), every))),
+        let reconciler = match (opts.reconcile, opts.mode.controller()) {
+            (Some(rounds), true) => Some(tokio::spawn(wasmcsi_csi::reconcile::run(registry.clone(), rounds))),
             _ => None,
         };
 

@@ -169,6 +169,11 @@ struct ServeArgs {
     /// off.
     #[arg(long, default_value = "30s", value_parser = parse_interval)]
     reconcile_interval: Duration,
+    /// A clone being filled from a snapshot or volume (CreateVolume answers ABORTED until it is
+    /// whole) that no call names for this long is deleted with its fill, releasing its source:
+    /// the CO gave up on it. Checked at each reconcile round.
+    #[arg(long, default_value = "10m", value_parser = parse_interval)]
+    abandoned_clone_timeout: Duration,
     /// kubelet's directory as this process sees it (node mode). Checked at start: it must be
     /// on a shared mount (Bidirectional in a pod), or the volumes mounted beneath it would
     /// never reach kubelet and the pods; the plugin then refuses to start, saying so. Unset:
@@ -358,7 +363,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             disks: Vec::new(),
             labels: args.node_labels,
         }),
-        reconcile_interval: (!args.reconcile_interval.is_zero()).then_some(args.reconcile_interval),
+        reconcile: (!args.reconcile_interval.is_zero()).then_some(wasmcsi_csi::reconcile::Rounds {
+            interval: args.reconcile_interval,
+            abandoned_clone_after: args.abandoned_clone_timeout,
+        }),
     };
     let peer = wasmcsi::host::PeerOptions {
         listen: args.peer_listen,

@@ -183,7 +183,10 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v == format!("Bearer {}", state.bearer));
     if state.down.load(Ordering::SeqCst) {
-        return reply(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"kind": "Status", "reason": "ServiceUnavailable"}));
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"kind": "Status", "reason": "ServiceUnavailable"}),
+        );
     }
     if req.method() == hyper::Method::GET && req.uri().path().starts_with(CSINODES) {
         if !authorized {

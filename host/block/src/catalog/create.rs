@@ -224,7 +224,7 @@ impl Catalog {
     }
 
     /// Starts the copy of `record.fill` into `id` in the background unless it runs or is done.
-    async fn ensure_fill(&self, d: &Discovery, id: &str, record: &VolumeRecord) -> Result<()> {
+    pub(super) async fn ensure_fill(&self, d: &Discovery, id: &str, record: &VolumeRecord) -> Result<()> {
         let Some(fill) = record.fill.clone() else { return Ok(()) };
         {
             let mut fills = lock(&self.fills);
@@ -258,10 +258,11 @@ impl Catalog {
             return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its fill waits")));
         }
         let target = self.replica_set(id, targets);
+        let key = id.to_owned();
         let (catalog, id) = (self.clone(), id.to_owned());
         let span =
             tracing::info_span!("catalog.fill", volume = %id, source = %fill.volume_id, snapshot = %fill.snapshot);
-        tokio::spawn(tracing::Instrument::instrument(
+        let task = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let fills = catalog.fills.clone();
                 let progress = |done, total| {
@@ -290,6 +291,9 @@ impl Catalog {
             },
             span,
         ));
+        if let Some(f) = lock(&self.fills).get_mut(&key) {
+            f.task = Some(task.abort_handle());
+        }
         Ok(())
     }
 

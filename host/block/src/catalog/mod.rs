@@ -22,13 +22,15 @@
 //!
 //! This file holds the catalog's types, reading (discovery, views, listing), records, metadata,
 //! deletion, expansion and how a change is routed (through the attached engine or
-//! offline); creating and filling a set is in `create`, publishing it to a node (claims, and
+//! offline); creating and filling a set is in `create`, clones nobody asks for any more in
+//! `abandoned`, publishing it to a node (claims, and
 //! what the node's engine needs) in `publish`, snapshots in `snapshots`, replacement and the
 //! collection of leftovers in `membership`.
 //!
 //! Not here: placement (the backend's policy chooses nodes and disks) and the engine itself
 //! ([`crate::engine`], driven by [`crate::volume`]).
 
+mod abandoned;
 mod create;
 pub mod engine_call;
 mod membership;
@@ -46,6 +48,7 @@ use thiserror::Error;
 
 use crate::control::{ControlError, Reach, ReplicaServerClient, ReplicaSet};
 use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
+pub use abandoned::Tended;
 pub use create::Placement;
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
@@ -195,6 +198,8 @@ struct Fill {
     finished: bool,
     /// The last failure, reported once by `create`.
     error: Option<String>,
+    /// The copy's task: aborted when the clone is deleted before it is whole.
+    task: Option<tokio::task::AbortHandle>,
 }
 
 /// The catalog of one grant's replica nodes. Cheap to clone.
@@ -203,6 +208,8 @@ pub struct Catalog {
     sources: Arc<NodeSources>,
     timeout: Duration,
     fills: Arc<Mutex<HashMap<String, Fill>>>,
+    /// Clone being filled → when a call last named it (see `abandoned`).
+    asked: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// (volume, replica) → when the catalog first saw that member not healthy while detached.
     down_since: Arc<Mutex<HashMap<(String, Location), u64>>>,
     /// How the replica servers are reached (plaintext, or TLS with this process's credentials).
@@ -224,6 +231,7 @@ impl Catalog {
             sources: Arc::new(sources),
             timeout,
             fills: Arc::default(),
+            asked: Arc::default(),
             down_since: Arc::default(),
             reach: Reach::plaintext(),
         }
@@ -322,7 +330,12 @@ impl Catalog {
     #[tracing::instrument(name = "catalog.get", skip(self))]
     pub async fn get(&self, id: &str) -> Result<Option<SetView>> {
         let d = self.discover().await;
-        self.view(&d, id).await.map(|v| v.filter(|v| !v.record.deleting))
+        let view = self.view(&d, id).await?.filter(|v| !v.record.deleting);
+        if view.as_ref().is_some_and(|v| v.filling.is_some()) {
+            // A CreateVolume retried (or any call naming the clone): someone still wants it.
+            self.asked(id);
+        }
+        Ok(view)
     }
 
     async fn view(&self, d: &Discovery, id: &str) -> Result<Option<SetView>> {
@@ -540,7 +553,17 @@ impl Catalog {
                 let targets: Vec<Location> = holders.iter().map(|h| h.at.clone()).collect();
                 self.write_record(&d, id, &next, &targets).await?;
             }
-            lock(&self.fills).remove(id);
+            // A copy still running writes into replicas about to go: stop it first.
+            if let Some(task) = lock(&self.fills).remove(id).and_then(|f| f.task) {
+                task.abort();
+            }
+            // A clone of a volume copies from a snapshot made for it: it goes with the clone,
+            // before the replicas whose record says so (a failure here leaves the record
+            // `deleting` with its fill: the controller's rounds finish it, see `abandoned`).
+            if let Some(fill) = record.fill.as_ref().filter(|f| f.temporary) {
+                self.delete_snapshot_in(&d, &fill.volume_id, &fill.snapshot, Some(id)).await?;
+            }
+            lock(&self.asked).remove(id);
             self.remove_replicas(&holders).await?;
             // A member whose node is not discovered at all is gone for good (the operator's
             // discovery no longer lists it); one that may be behind an address that did not

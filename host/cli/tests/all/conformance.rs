@@ -85,7 +85,7 @@ impl Env {
             reload_interval: Duration::from_millis(200),
             metrics_addr: None,
             replicas: None,
-            reconcile_interval: None,
+            reconcile: None,
         }
     }
 

@@ -33,7 +33,7 @@ async fn start_host(dir: &Path, components: &[(&str, &[u8])], extra: &str) -> Ho
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .unwrap()

@@ -65,7 +65,7 @@ async fn start_host(dir: &Path, hostile_gets_dir: bool) -> Host {
         reload_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .unwrap()

@@ -132,7 +132,7 @@ async fn backends_are_added_and_swapped_without_a_restart_and_broken_files_are_r
         reload_interval: RELOAD_INTERVAL,
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .unwrap();
@@ -246,7 +246,7 @@ async fn a_changed_configuration_file_is_put_in_force_without_a_restart_and_a_ba
         reload_interval: RELOAD_INTERVAL,
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .unwrap();

@@ -5,6 +5,7 @@
 //! dependencies are linked once, not once per file. Run one area with
 //! `cargo test --release --workspace --locked --test all -- MODULE::`.
 
+mod abandoned_clone;
 mod authority;
 mod backend_check;
 mod backup_cli;

@@ -61,7 +61,7 @@ pub async fn host_with(backend: &str, wasm: &[u8], driver: &str, node_id: &str, 
         reload_interval: Duration::from_secs(3600),
         metrics_addr: None,
         replicas: None,
-        reconcile_interval: None,
+        reconcile: None,
     })
     .await
     .expect("host");

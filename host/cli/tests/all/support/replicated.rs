@@ -23,6 +23,8 @@ pub struct Options {
     pub disks: Vec<(String, PathBuf)>,
     /// How often the controller reconciles volumes (heals them); none: never.
     pub reconcile: Option<Duration>,
+    /// With `reconcile`: how long a clone being filled may go unasked for (default 10 min).
+    pub abandon_clones_after: Option<Duration>,
 }
 
 /// A host (`mode`, node id `node_id`) serving replicated-block from `home` (component, state,
@@ -55,7 +57,12 @@ pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_fil
                 disks: options.disks,
                 labels: options.labels,
             }),
-            reconcile_interval: options.reconcile,
+            reconcile: options.reconcile.map(|interval| wasmcsi_csi::reconcile::Rounds {
+                interval,
+                abandoned_clone_after: options
+                    .abandon_clones_after
+                    .unwrap_or(wasmcsi_csi::reconcile::DEFAULT_ABANDONED_CLONE_AFTER),
+            }),
         },
         wasmcsi::host::DataPathPlace::InProcess,
         wasmcsi::host::PeerOptions::default(),
