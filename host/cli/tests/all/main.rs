@@ -22,6 +22,7 @@ mod nfs_flow_vm;
 mod node_local;
 mod pki;
 mod rbd_flow;
+mod replicated_backup;
 mod replicated_disks;
 mod replicated_flow;
 mod replicated_metrics;
