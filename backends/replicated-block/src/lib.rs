@@ -16,6 +16,11 @@
 //!   name's, free again with the last snapshot.
 //! - A clone is filled by the host in the background: CreateVolume answers ABORTED with the
 //!   progress until it is whole (the provisioner retries).
+//! - Backups: a snapshot class `type: backup, target: NAME` makes CreateSnapshot an engine
+//!   snapshot (`csi-backup-HASH`) the host uploads to that target; the CSI snapshot is the backup
+//!   (`VOLUME.HASH.TARGET`), ready once uploaded, listed from the target, restored by
+//!   CreateVolume like a clone. The newest backup snapshot stays in the chain as the next
+//!   incremental's base.
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
 //!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk).
 #![deny(unsafe_code)]
@@ -25,6 +30,7 @@ pub mod policy;
 use std::collections::BTreeMap;
 
 use policy::{Candidate, Disk, Policy, ReplicaHealth, ReplicaView, Slot};
+use wasmcsi_backend_sdk::backup::{Backup as _, BackupInfo, BackupSource, BackupState};
 use wasmcsi_backend_sdk::block::{BlockSnapshot, BlockSource, NodeInfo, Placement, ReplicaSet, ReplicaState};
 use wasmcsi_backend_sdk::names::check_csi_name;
 use wasmcsi_backend_sdk::prelude::*;
@@ -155,6 +161,162 @@ fn snapshots(h: &impl Host, volume: Option<&str>) -> Result<Vec<Snapshot>, Error
     Ok(all)
 }
 
+/// The CSI snapshots of `volume` in its chain (not the bases of its backups).
+fn csi_snapshots_of(h: &impl Host, volume: &str) -> Result<Vec<BlockSnapshot>, Error> {
+    Ok(h.block()
+        .list_snapshots(Some(volume))?
+        .into_iter()
+        .filter(|s| s.name.starts_with(policy::SNAP_PREFIX))
+        .collect())
+}
+
+/// The CSI snapshot a backup is, while it uploads (not ready) and once complete; `None` for a
+/// failed one (the host forgets it: the next CreateSnapshot starts it again) or one not made by
+/// this backend.
+fn backup_snapshot_of(info: &BackupInfo) -> Option<Snapshot> {
+    let (volume, backup) = info.id.rsplit_once('/')?;
+    let ready = match info.state {
+        BackupState::Ready => true,
+        BackupState::InProgress => false,
+        BackupState::Failed => return None,
+    };
+    Some(Snapshot {
+        snapshot_id: policy::backup_snapshot_id(volume, backup, &info.target)?,
+        source_volume_id: volume.to_owned(),
+        size_bytes: info.size_bytes,
+        creation_time: info.created,
+        ready_to_use: ready,
+    })
+}
+
+/// Backup `backup` of `volume` on `target` as a CSI snapshot.
+fn backup_of(h: &impl Host, volume: &str, backup: &str, target: &str) -> Result<Option<Snapshot>, Error> {
+    if !h.backup().targets().iter().any(|t| t == target) {
+        return Ok(None);
+    }
+    Ok(h.backup().get(target, &format!("{volume}/{backup}"), &[])?.as_ref().and_then(backup_snapshot_of))
+}
+
+/// Every backup this backend made of `volume` (or of every volume) on every granted target.
+fn backups(h: &impl Host, volume: Option<&str>) -> Result<Vec<Snapshot>, Error> {
+    let mut out = Vec::new();
+    for target in h.backup().targets() {
+        let mut after: Option<String> = None;
+        loop {
+            let page = h.backup().list(&target, volume, after.as_deref(), 1000, &[])?;
+            out.extend(page.iter().filter_map(backup_snapshot_of));
+            match page.last() {
+                Some(last) if page.len() == 1000 => after = Some(last.id.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// CreateSnapshot of class `type: backup`: a crash-consistent snapshot through the engine,
+/// uploaded to `target` by the host (incremental against the volume's newest backup there).
+/// Not ready until the upload is complete; the CO asks again (CreateSnapshot, ListSnapshots)
+/// until it is. Once ready, the volume's older backup bases leave its chain: the newest is the
+/// base of the next incremental.
+fn backup_snapshot(
+    h: &impl Host,
+    name: &str,
+    source: &ReplicaSet,
+    target: &str,
+    secrets: &[SecretRef],
+) -> Result<Snapshot, Error> {
+    let granted = h.backup().targets();
+    if !granted.iter().any(|t| t == target) {
+        return Err(Error::InvalidArgument(format!(
+            "backup target {target:?} is not granted to this backend (granted: {granted:?})"
+        )));
+    }
+    let base = policy::backup_name(name);
+    let taken = match h.block().list_snapshots(Some(&source.id))?.into_iter().find(|s| s.name == base) {
+        Some(s) => s,
+        None => {
+            if let Some(other) =
+                h.block().list_snapshots(None)?.iter().find(|s| s.name == base && s.volume_id != source.id)
+            {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {name} exists of another volume ({})",
+                    other.volume_id
+                )));
+            }
+            h.block().snapshot(&source.id, &base)?
+        }
+    };
+    let labels = [Pair { key: "csi.name".into(), value: name.to_owned() }];
+    let info = h.backup().start(
+        target,
+        &base,
+        &BackupSource::BlockSnapshot((source.id.clone(), base.clone())),
+        &labels,
+        secrets,
+    )?;
+    if let (BackupState::Failed, why) = (&info.state, &info.error) {
+        return Err(Error::Unavailable(format!(
+            "the backup of {name} to {target} failed ({}); it starts again on the next call",
+            why.as_deref().unwrap_or("no reason given")
+        )));
+    }
+    if matches!(info.state, BackupState::Ready) {
+        drop_older_bases(h, &source.id, &taken)?;
+    }
+    let mut snapshot =
+        backup_snapshot_of(&info).ok_or_else(|| Error::Internal(format!("backup {} has no snapshot id", info.id)))?;
+    snapshot.creation_time = taken.created;
+    Ok(snapshot)
+}
+
+/// Deletes the backup bases of `volume` older than `newest`. A base whose backup still runs is
+/// younger (a backup reads the snapshot taken for it), so none is taken from under a backup.
+fn drop_older_bases(h: &impl Host, volume: &str, newest: &BlockSnapshot) -> Result<(), Error> {
+    let older = |s: &BlockSnapshot| {
+        s.name != newest.name
+            && s.name.starts_with(policy::BACKUP_PREFIX)
+            && (s.created.seconds, s.created.nanos) < (newest.created.seconds, newest.created.nanos)
+    };
+    for s in h.block().list_snapshots(Some(volume))?.iter().filter(|s| older(s)) {
+        h.block().delete_snapshot(volume, &s.name)?;
+    }
+    Ok(())
+}
+
+/// The source of a volume restored from backup `backup` of `volume` on `target` (snapshot id
+/// `sid`): it must be complete and fit `size`.
+fn restore_source(
+    h: &impl Host,
+    sid: &str,
+    volume: &str,
+    backup: &str,
+    target: &str,
+    size: u64,
+    secrets: &[SecretRef],
+) -> Result<BlockSource, Error> {
+    if !h.backup().targets().iter().any(|t| t == target) {
+        return Err(Error::NotFound(format!("snapshot {sid} not found: backup target {target} is not granted here")));
+    }
+    let id = format!("{volume}/{backup}");
+    let info =
+        h.backup().get(target, &id, secrets)?.ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+    match info.state {
+        BackupState::Ready => {}
+        BackupState::InProgress => {
+            return Err(Error::Aborted(format!("snapshot {sid} is still being uploaded; retry when it is ready")));
+        }
+        BackupState::Failed => return Err(Error::NotFound(format!("snapshot {sid} failed and is not restorable"))),
+    }
+    if info.size_bytes > size {
+        return Err(Error::OutOfRange(format!(
+            "snapshot {sid} holds {} bytes, more than the {size} requested",
+            info.size_bytes
+        )));
+    }
+    Ok(BlockSource::Backup((target.to_owned(), info.id)))
+}
+
 impl Backend for ReplicatedBlock {
     fn info() -> BackendInfo {
         BackendInfo {
@@ -190,11 +352,16 @@ impl Backend for ReplicatedBlock {
             .map_err(|e| Error::OutOfRange(e.0))?;
         let source = match &req.content_source {
             None => None,
-            Some(ContentSource::Snapshot(sid)) => {
-                let (volume, snapshot) = policy::parse_snapshot_id(sid)
-                    .ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
-                Some(BlockSource::Snapshot((volume, snapshot)))
-            }
+            Some(ContentSource::Snapshot(sid)) => match policy::parse_backup_snapshot_id(sid) {
+                Some((volume, backup, target)) => {
+                    Some(restore_source(h, sid, &volume, &backup, &target, size, &req.secrets)?)
+                }
+                None => {
+                    let (volume, snapshot) = policy::parse_snapshot_id(sid)
+                        .ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
+                    Some(BlockSource::Snapshot((volume, snapshot)))
+                }
+            },
             Some(ContentSource::Volume(vid)) => Some(BlockSource::Volume(live(h, vid)?.id)),
         };
         let id = policy::volume_id(&req.name);
@@ -206,7 +373,7 @@ impl Backend for ReplicatedBlock {
             if is_deleted(&set) {
                 // The id is the name's: it is free again once the snapshots holding the
                 // earlier volume's replicas are deleted. Until then the provisioner retries.
-                let held = h.block().list_snapshots(Some(&id))?.len();
+                let held = csi_snapshots_of(h, &id)?.len();
                 return Err(Error::Aborted(format!(
                     "an earlier volume named {} was deleted while {held} snapshot(s) of it exist; they keep its \
                      replicas, and the name is free again once they are deleted",
@@ -219,6 +386,14 @@ impl Backend for ReplicatedBlock {
                     "volume {} exists with {} bytes, outside the requested range",
                     req.name, set.size_bytes
                 )));
+            }
+            if set.filling.is_some() {
+                // `create` again, not `get`: the host resumes a fill no process of it runs (it
+                // restarted) and reports one that failed, naming why, on `create`.
+                let placements: Vec<Placement> =
+                    set.replicas.iter().map(|r| Placement { node: r.node.clone(), disk: r.disk.clone() }).collect();
+                let set = h.block().create(&id, set.size_bytes, &placements, source.as_ref(), &set.metadata)?;
+                return volume_of(&set, req.content_source);
             }
             return volume_of(&set, req.content_source);
         }
@@ -239,7 +414,7 @@ impl Backend for ReplicatedBlock {
             return Ok(());
         }
         let Some(set) = h.block().get(&id)? else { return Ok(()) };
-        if !h.block().list_snapshots(Some(&id))?.is_empty() {
+        if !csi_snapshots_of(h, &id)?.is_empty() {
             if !is_deleted(&set) {
                 let mut metadata = set.metadata.clone();
                 metadata.push(Pair { key: policy::META_DELETED.into(), value: "true".into() });
@@ -301,11 +476,16 @@ impl Backend for ReplicatedBlock {
         h: &impl Host,
         name: String,
         source_volume_id: String,
-        _: Vec<Pair>,
-        _: Vec<SecretRef>,
+        parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
     ) -> Result<Snapshot, Error> {
         check_csi_name("snapshot", &name)?;
+        let kind =
+            policy::parse_snapshot_parameters(&pairs_of(&parameters)).map_err(|e| Error::InvalidArgument(e.0))?;
         let source = live(h, &source_volume_id)?;
+        if let policy::SnapshotKind::Backup { target } = kind {
+            return backup_snapshot(h, &name, &source, &target, &secrets);
+        }
         let snap = policy::snapshot_name(&name);
         if let Some(other) = h.block().list_snapshots(None)?.iter().find(|s| s.name == snap && s.volume_id != source.id)
         {
@@ -318,12 +498,23 @@ impl Backend for ReplicatedBlock {
         snapshot_of(&taken).ok_or_else(|| Error::Internal(format!("snapshot {snap} has no id")))
     }
 
-    fn delete_snapshot(h: &impl Host, id: String, _: Vec<SecretRef>) -> Result<(), Error> {
+    fn delete_snapshot(h: &impl Host, id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        if let Some((volume, backup, target)) = policy::parse_backup_snapshot_id(&id) {
+            h.backup().delete(&target, &format!("{volume}/{backup}"), &secrets)?;
+            // Its engine snapshot too, when it is still the volume's base (the next backup
+            // then reads the volume whole, against the newest backup left).
+            if h.block().get(&volume)?.is_some()
+                && h.block().list_snapshots(Some(&volume))?.iter().any(|s| s.name == backup)
+            {
+                h.block().delete_snapshot(&volume, &backup)?;
+            }
+            return Ok(());
+        }
         let Some((volume, snap)) = policy::parse_snapshot_id(&id) else { return Ok(()) };
         let Some(set) = h.block().get(&volume)? else { return Ok(()) };
         h.block().delete_snapshot(&volume, &snap)?;
         // The last snapshot of a volume deleted earlier takes its replicas with it.
-        if is_deleted(&set) && h.block().list_snapshots(Some(&volume))?.is_empty() {
+        if is_deleted(&set) && csi_snapshots_of(h, &volume)?.is_empty() {
             h.block().delete(&volume)?;
         }
         Ok(())
@@ -337,16 +528,29 @@ impl Backend for ReplicatedBlock {
         starting_token: String,
     ) -> Result<SnapshotPage, Error> {
         let all = match (&snapshot_id, &source_volume_id) {
-            (Some(sid), _) => match policy::parse_snapshot_id(sid) {
-                Some((volume, _)) => {
+            (Some(sid), _) => match (policy::parse_snapshot_id(sid), policy::parse_backup_snapshot_id(sid)) {
+                (Some((volume, _)), _) => {
                     snapshots(h, Some(&volume))?.into_iter().filter(|s| &s.snapshot_id == sid).collect()
                 }
-                None => vec![],
+                (None, Some((volume, backup, target))) => {
+                    backup_of(h, &volume, &backup, &target)?.into_iter().collect()
+                }
+                (None, None) => vec![],
             },
-            (None, Some(vid)) if policy::is_volume_id(vid) => snapshots(h, Some(vid))?,
+            (None, Some(vid)) if policy::is_volume_id(vid) => {
+                let mut all = snapshots(h, Some(vid))?;
+                all.extend(backups(h, Some(vid))?);
+                all
+            }
             (None, Some(_)) => vec![],
-            (None, None) => snapshots(h, None)?,
+            (None, None) => {
+                let mut all = snapshots(h, None)?;
+                all.extend(backups(h, None)?);
+                all
+            }
         };
+        let mut all = all;
+        all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
         let all: Vec<Snapshot> =
             all.into_iter().filter(|s| source_volume_id.as_ref().is_none_or(|v| &s.source_volume_id == v)).collect();
         let (entries, next_token) = page(all, max_entries, &starting_token)?;
@@ -354,6 +558,10 @@ impl Backend for ReplicatedBlock {
     }
 
     fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
+        if let Some((volume, backup, target)) = policy::parse_backup_snapshot_id(&id) {
+            return backup_of(h, &volume, &backup, &target)?
+                .ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")));
+        }
         let (volume, _) =
             policy::parse_snapshot_id(&id).ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))?;
         snapshots(h, Some(&volume))?

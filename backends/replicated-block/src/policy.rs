@@ -42,6 +42,77 @@ pub const FILESYSTEMS: &[&str] = &["ext4", "xfs"];
 /// Snapshot names in the engine's chain: `csi-snap-HASH` (hash of the CSI snapshot name).
 pub const SNAP_PREFIX: &str = "csi-snap-";
 
+/// Engine snapshots backups are read from: `csi-backup-HASH` (hash of the CSI snapshot name).
+/// Not CSI snapshots (their CSI snapshot is the backup on its target, [`backup_snapshot_id`]):
+/// the newest one of a volume stays in its chain as the base of its next incremental backup.
+pub const BACKUP_PREFIX: &str = "csi-backup-";
+/// Longest backup target name a backup's snapshot id can carry (`VOLUME.HASH.TARGET` within
+/// [`MAX_ID`]).
+pub const MAX_TARGET: usize = MAX_ID - (57 + 1 + HASH_HEX + 1);
+
+/// The VolumeSnapshotClass parameters this backend takes.
+pub const SNAPSHOT_PARAMETERS: &[&str] = &["type", "target"];
+
+/// What a VolumeSnapshotClass asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A snapshot in the replicas' chain (`type: snapshot`, the default).
+    Local,
+    /// A snapshot uploaded to a backup target (`type: backup`, `target: NAME`).
+    Backup { target: String },
+}
+
+/// The snapshot class's parameters.
+pub fn parse_snapshot_parameters(params: &[(String, String)]) -> Result<SnapshotKind, Invalid> {
+    let (mut kind, mut target) = (None, None);
+    for (k, v) in params {
+        match k.as_str() {
+            "type" => kind = Some(v.trim().to_owned()),
+            "target" => target = Some(v.trim().to_owned()),
+            other if other.starts_with("csi.storage.k8s.io/") => {}
+            other => {
+                return Err(invalid(format!(
+                    "unknown snapshot parameter {other:?} (this backend takes {SNAPSHOT_PARAMETERS:?})"
+                )));
+            }
+        }
+    }
+    match (kind.as_deref(), target) {
+        (None | Some("snapshot"), None) => Ok(SnapshotKind::Local),
+        (None | Some("snapshot"), Some(_)) => Err(invalid("parameter target is for type: backup")),
+        (Some("backup"), Some(t)) if is_target_name(&t) => Ok(SnapshotKind::Backup { target: t }),
+        (Some("backup"), Some(t)) => {
+            Err(invalid(format!("target {t:?}: a backup target's name is 1 to {MAX_TARGET} of [a-z0-9-]")))
+        }
+        (Some("backup"), None) => Err(invalid("type: backup needs parameter target (a backup target's name)")),
+        (Some(other), _) => Err(invalid(format!("type {other:?} is not snapshot or backup"))),
+    }
+}
+
+fn is_target_name(t: &str) -> bool {
+    (1..=MAX_TARGET).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The engine snapshot (and backup name) of the CSI snapshot `csi_name` of class `type: backup`.
+pub fn backup_name(csi_name: &str) -> String {
+    format!("{BACKUP_PREFIX}{}", name_hash(csi_name))
+}
+
+/// `VOLUME.HASH.TARGET`: the snapshot id of backup `backup` (made by [`backup_name`]) on
+/// `target`. A target name has no `.`, so a local snapshot id (two parts) is never one.
+pub fn backup_snapshot_id(volume_id: &str, backup: &str, target: &str) -> Option<String> {
+    let hash = backup.strip_prefix(BACKUP_PREFIX)?;
+    (is_volume_id(volume_id) && is_target_name(target)).then(|| format!("{volume_id}.{hash}.{target}"))
+}
+
+/// The volume id, backup name and target a backup's snapshot id names.
+pub fn parse_backup_snapshot_id(id: &str) -> Option<(String, String, String)> {
+    let (local, target) = id.rsplit_once('.')?;
+    let (volume, snap) = parse_snapshot_id(local)?;
+    let hash = snap.strip_prefix(SNAP_PREFIX)?;
+    is_target_name(target).then(|| (volume, format!("{BACKUP_PREFIX}{hash}"), target.to_owned()))
+}
+
 /// Metadata keys kept with every replica set this backend makes.
 pub const META_NAME: &str = "csi.name";
 pub const META_REPLICAS: &str = "numberOfReplicas";
@@ -641,6 +712,48 @@ mod tests {
             assert!(!is_volume_id(bad) && parse_snapshot_id(bad).is_none(), "{bad}");
         }
         assert_eq!(snapshot_id("v-0123456789abcdef", "not-ours"), None);
+    }
+
+    #[test]
+    fn backup_snapshot_ids_round_trip_fit_the_id_limit_and_are_no_local_snapshot_ids() {
+        let long = "x".repeat(300);
+        for name in ["pvc-1", long.as_str()] {
+            let (id, b) = (volume_id(name), backup_name(&format!("snapshot-{name}")));
+            let target = "t".repeat(MAX_TARGET);
+            let sid = backup_snapshot_id(&id, &b, &target).expect("ours");
+            assert!(sid.len() <= MAX_ID, "{sid}");
+            assert_eq!(parse_backup_snapshot_id(&sid), Some((id.clone(), b.clone(), target.clone())));
+            assert_eq!(parse_snapshot_id(&sid), None, "a backup is no local snapshot");
+            assert_eq!(backup_snapshot_id(&id, &b, &format!("{target}t")), None, "too long a target");
+        }
+        let local = snapshot_id("v-0123456789abcdef", &snapshot_name("s")).expect("local");
+        assert_eq!(parse_backup_snapshot_id(&local), None);
+        for bad in ["v-0123456789abcdef.0123456789abcdef.", "v-0123456789abcdef.0123456789abcdef.UP", "x.t"] {
+            assert_eq!(parse_backup_snapshot_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn snapshot_classes_are_local_by_default_and_backups_name_a_target() {
+        let p = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+            kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        };
+        assert_eq!(parse_snapshot_parameters(&[]), Ok(SnapshotKind::Local));
+        assert_eq!(parse_snapshot_parameters(&p(&[("type", "snapshot")])), Ok(SnapshotKind::Local));
+        assert_eq!(
+            parse_snapshot_parameters(&p(&[("type", "backup"), ("target", "offsite"), ("csi.storage.k8s.io/x", "y")])),
+            Ok(SnapshotKind::Backup { target: "offsite".into() })
+        );
+        for (bad, says) in [
+            (p(&[("type", "backup")]), "needs parameter target"),
+            (p(&[("target", "offsite")]), "for type: backup"),
+            (p(&[("type", "copy")]), "\"copy\""),
+            (p(&[("type", "backup"), ("target", "Off")]), "\"Off\""),
+            (p(&[("colour", "red")]), "\"colour\""),
+        ] {
+            let e = parse_snapshot_parameters(&bad).expect_err("refused");
+            assert!(e.0.contains(says), "{bad:?}: {}", e.0);
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `wasmcsi volume backup|backups|restore`: a replicated volume's snapshot backed up by hand to a
 //! backup target (`wasmcsi_backup`), incrementally from the replicas' layer chain
-//! ([`crate::replica_backup`]), and a backup restored into a file or block device.
+//! ([`wasmcsi_runtime::backups::ReplicaSnapshot`]), and a backup restored into a file or block device.
 //!
 //! A target is named by a path: a directory is a filesystem target; a file is one target's TOML
 //! table (`kind = "filesystem"` with `path`, or `kind = "s3"` with `endpoint`, `bucket`, and
@@ -19,7 +19,7 @@ use wasmcsi_backup::{
 use wasmcsi_block::control::Reach;
 
 use crate::block_cmd::TimeoutArg;
-use crate::replica_backup::ReplicaSnapshot;
+use wasmcsi_runtime::backups::ReplicaSnapshot;
 
 #[derive(Args)]
 pub struct TargetPath {
@@ -98,8 +98,11 @@ pub async fn backup(a: BackupArgs) -> anyhow::Result<()> {
     let id = a.backup_id.clone().unwrap_or_else(|| a.snapshot.clone());
     let store = open_store(&a.target.target)?;
     let in_flight = a.in_flight.max(1);
+    // By hand, a replica is on its server's default disk.
+    let replicas: Vec<(SocketAddr, String)> =
+        a.replicas.iter().map(|r| (*r, wasmcsi_block::protocol::DEFAULT_DISK.to_owned())).collect();
     let source =
-        ReplicaSnapshot::open(&a.volume_id, &a.snapshot, &a.replicas, a.timeout.get(), Reach::plaintext(), in_flight)
+        ReplicaSnapshot::open(&a.volume_id, &a.snapshot, &replicas, a.timeout.get(), Reach::plaintext(), in_flight)
             .await?;
     let source = Arc::new(source);
     let replica = source.replica();

@@ -4,7 +4,7 @@
 //! the metrics endpoint, replica nodes as child processes (the demo's and the benchmark's), the
 //! built-in CA by hand (`wasmcsi pki`), a host's identity and authority endpoint (`trust`), and
 //! the descriptor limit every process raises at start (`descriptors`), and backups of replicated
-//! volumes by hand (`backup_cmd`, over the replica snapshot source `replica_backup`). `anyhow` lives here, at
+//! volumes by hand (`backup_cmd`, over the runtime's replica snapshot source). `anyhow` lives here, at
 //! the edge; the libraries below use typed errors.
 pub mod backend_dir;
 pub mod backup_cmd;
@@ -19,7 +19,6 @@ pub mod descriptors;
 pub mod host;
 pub mod metrics_http;
 pub mod pki_cmd;
-pub mod replica_backup;
 pub mod replica_process;
 pub mod scaffold;
 pub mod trust;

@@ -30,6 +30,10 @@ pub struct HostConfig {
     /// the controller's `rbd` capability and the node's rbd executor connect through these.
     #[serde(default)]
     pub clusters: BTreeMap<String, CephCluster>,
+    /// Backup targets by the name `backup` grants and VolumeSnapshotClasses use
+    /// (`[backup_targets.NAME]`: `kind = "s3"` or `"filesystem"`, see `wasmcsi_backup`).
+    #[serde(default)]
+    pub backup_targets: wasmcsi_backup::BackupTargets,
 }
 
 /// One Ceph cluster: where its monitors are. Credentials never live here: they come with each

@@ -25,6 +25,7 @@
 //! With the `native` feature (benchmarks and tests only), `native` links backends into the
 //! host instead of loading components; production builds carry none of it.
 pub mod backend;
+pub mod backups;
 pub mod bindings;
 pub mod cache;
 pub mod call_error;

@@ -82,6 +82,9 @@ pub struct Runtime {
     pub metrics: Arc<Metrics>,
     /// `dir` copies running in the background; kept here so they outlive a hot reload.
     copies: Arc<CopyJobs>,
+    /// Backups running, the configured targets and restores into new sets: one per host, so
+    /// a backup outlives a hot reload of the backend that started it.
+    pub backups: Arc<crate::backups::Backups>,
     /// Each backend's guest threads, by name: shared by its versions across hot reloads.
     executors: crate::executor::Executors,
     cache: CompileCache,
@@ -109,6 +112,7 @@ impl Runtime {
             cache: CompileCache::new(&engine, opts.cache_dir),
             _ticker: EpochTicker::start(engine.clone()),
             engine,
+            backups: Arc::new(crate::backups::Backups::new(opts.config.backup_targets.clone())),
             config: RwLock::new(Arc::new(opts.config)),
             metadata,
             metrics: Arc::new(Metrics::new()),
@@ -130,6 +134,7 @@ impl Runtime {
     /// Put `config` in force for every load from now on; backends already loaded keep theirs
     /// until they are loaded again (the registry does that on a configuration change).
     pub fn reconfigure(&self, config: HostConfig) -> Arc<HostConfig> {
+        self.backups.configure(config.backup_targets.clone());
         let config = Arc::new(config);
         match self.config.write() {
             Ok(mut c) => *c = config.clone(),
@@ -269,6 +274,13 @@ impl Runtime {
     ) -> Backend {
         let limits = config.limits_for(name);
         let grants = config.grants_for(name);
+        // One catalog for `block` and `backup`: a backup reads the sets `block` made.
+        let catalog = grants.block.clone().filter(|b| !b.is_empty()).map(|sources| {
+            let restorer: Arc<dyn wasmcsi_block::catalog::Restorer> = self.backups.clone();
+            wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())
+                .with_reach(self.block_reach())
+                .with_restorer(restorer)
+        });
         match self.metadata.kv_usage(name) {
             Ok(usage) => self.metrics.kv_usage(name, usage),
             Err(e) => tracing::warn!(backend = name, error = %e, "cannot read kv usage"),
@@ -309,13 +321,17 @@ impl Runtime {
                 },
                 block: BlockCtx {
                     backend: name.into(),
-                    catalog: grants.block.filter(|b| !b.is_empty()).map(|sources| {
-                        wasmcsi_block::catalog::Catalog::new(sources, limits.import_timeout())
-                            .with_reach(self.block_reach())
-                    }),
+                    catalog: catalog.clone(),
+                    import_timeout: limits.import_timeout(),
+                    backup_targets: grants.backup.clone(),
+                },
+                backup: BackupCtx {
+                    backend: name.into(),
+                    targets: grants.backup,
+                    catalog,
+                    backups: self.backups.clone(),
                     import_timeout: limits.import_timeout(),
                 },
-                backup: BackupCtx { backend: name.into(), targets: grants.backup },
             }),
             limits,
             cache_hit: false,

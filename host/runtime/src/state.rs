@@ -109,6 +109,6 @@ impl BlockView for CallState {
 
 impl BackupView for CallState {
     fn backup(&mut self) -> BackupCtxView<'_> {
-        BackupCtxView { ctx: &self.caps.backup }
+        BackupCtxView { ctx: &self.caps.backup, secrets: &self.secrets }
     }
 }

@@ -1,16 +1,64 @@
 //! Creating a replica set: checking the request, writing the record and empty replicas on every
-//! node, and for a clone (of a snapshot or of a volume) the fill that copies the source into the
-//! new replicas in the background and then clears `fill` in the record.
+//! node, and for a clone (of a snapshot or of a volume) or a restore (of a backup) the fill that
+//! copies the source into the new replicas in the background and then clears `fill` in the
+//! record.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::{
     Catalog, CatalogError, Discovery, Fill, FillSource, Location, MemberState, NodeView, Result, SetView, VolumeRecord,
     lock, now_ns,
 };
-use crate::control::{ControlError, ReplicaSet};
+use crate::control::{ControlError, Reach, ReplicaSet};
 use crate::protocol::{RecordInfo, Status};
+
+/// What a new set is filled from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Snapshot `snapshot` of set `volume`.
+    Snapshot { volume: String, snapshot: String },
+    /// The current content of set `volume` (snapshotted for the copy, the snapshot dropped after).
+    Volume(String),
+    /// Backup `backup` of volume `volume` on backup target `target`, written by the catalog's
+    /// [`Restorer`].
+    Backup { target: String, volume: String, backup: String },
+}
+
+/// The replicas a restore writes: every member of the new set, each `(server, disk)`, reached as
+/// the catalog reaches them.
+#[derive(Debug, Clone)]
+pub struct RestoreInto {
+    pub volume_id: String,
+    pub replicas: Vec<(SocketAddr, String)>,
+    /// Sessions claim this epoch (the set's: no engine holds a set while it is filled).
+    pub epoch: u64,
+    pub timeout: Duration,
+    pub reach: Reach,
+}
+
+/// How far a restore is: bytes done and to do.
+pub type RestoreProgress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Writes backups into new sets. The replication library holds no object-store client: the host
+/// that has one (the runtime, with the configured backup targets) gives the catalog its restorer.
+pub trait Restorer: Send + Sync {
+    /// Writes every byte of backup `backup` of `volume` on `target` into `into` (holes need no
+    /// write: the replicas are new), checking every chunk. Idempotent: a retry rewrites the same
+    /// bytes. The error says why, for the CO.
+    fn restore(
+        &self,
+        target: String,
+        volume: String,
+        backup: String,
+        into: RestoreInto,
+        progress: RestoreProgress,
+    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+}
 
 /// Where a new replica goes: a node, and one of its disks (`None`: the one with the most space
 /// available).
@@ -92,7 +140,7 @@ impl Catalog {
         id: &str,
         size: u64,
         nodes: &[String],
-        source: Option<(String, Option<String>)>,
+        source: Option<Origin>,
         metadata: BTreeMap<String, String>,
     ) -> Result<SetView> {
         let placements: Vec<Placement> = nodes.iter().map(Placement::on).collect();
@@ -108,7 +156,7 @@ impl Catalog {
         id: &str,
         size: u64,
         placements: &[Placement],
-        source: Option<(String, Option<String>)>,
+        source: Option<Origin>,
         metadata: BTreeMap<String, String>,
     ) -> Result<SetView> {
         if size == 0 || !size.is_multiple_of(4096) {
@@ -157,22 +205,31 @@ impl Catalog {
                 let members = locate(&d, placements, size)?;
                 let fill = match source {
                     None => None,
-                    Some((volume, Some(snapshot))) => {
+                    Some(Origin::Backup { target, volume, backup }) => {
+                        if self.restorer.is_none() {
+                            return Err(CatalogError::Invalid(
+                                "this host has no backup targets: it cannot restore a backup".into(),
+                            ));
+                        }
+                        Some(FillSource { volume_id: volume, snapshot: backup, temporary: false, target: Some(target) })
+                    }
+                    Some(Origin::Snapshot { volume, snapshot }) => {
                         let src = self.view(&d, &volume).await?;
                         if !src.as_ref().is_some_and(|v| v.snapshots.iter().any(|s| s.name == snapshot)) {
                             return Err(CatalogError::NotFound(format!(
                                 "volume {volume} has no snapshot {snapshot:?}"
                             )));
                         }
-                        Some(FillSource { volume_id: volume, snapshot, temporary: false })
+                        Some(FillSource { volume_id: volume, snapshot, temporary: false, target: None })
                     }
-                    Some((volume, None)) => {
+                    Some(Origin::Volume(volume)) => {
                         let snapshot = format!("clone-{id}");
                         self.snapshot_in(&d, &volume, &snapshot).await?;
-                        Some(FillSource { volume_id: volume, snapshot, temporary: true })
+                        Some(FillSource { volume_id: volume, snapshot, temporary: true, target: None })
                     }
                 };
-                if let Some(f) = &fill {
+                // A restore's size is the backend's to check against the backup's.
+                if let Some(f) = fill.as_ref().filter(|f| f.target.is_none()) {
                     let src = self.view(&d, &f.volume_id).await?;
                     if src.is_some_and(|v| v.size > size) {
                         return Err(CatalogError::OutOfRange(format!(
@@ -240,6 +297,9 @@ impl Catalog {
                 }
             }
         }
+        if let Some(target) = fill.target.clone() {
+            return self.start_restore(d, id, record, target, fill);
+        }
         let src_view = self
             .view(d, &fill.volume_id)
             .await?
@@ -275,19 +335,7 @@ impl Catalog {
                     Ok(()) => catalog.finish_fill(&id, &fill).await,
                     Err(e) => Err(CatalogError::from(e)),
                 };
-                let mut fills = lock(&catalog.fills);
-                match result {
-                    Ok(()) => {
-                        tracing::info!("clone filled");
-                        fills.remove(&id);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "filling a clone failed; the next create or get retries");
-                        if let Some(f) = fills.get_mut(&id) {
-                            f.error = Some(e.to_string());
-                        }
-                    }
-                }
+                catalog.fill_ended(&id, result, "clone filled");
             },
             span,
         ));
@@ -295,6 +343,87 @@ impl Catalog {
             f.task = Some(task.abort_handle());
         }
         Ok(())
+    }
+
+    /// Starts the restore of `fill` (a backup on `target`) into `id` through the catalog's
+    /// restorer, in the background; the caller has registered the fill.
+    fn start_restore(
+        &self,
+        d: &Discovery,
+        id: &str,
+        record: &VolumeRecord,
+        target: String,
+        fill: FillSource,
+    ) -> Result<()> {
+        let replicas: Vec<(SocketAddr, String)> =
+            record.members.iter().filter_map(|m| d.node(&m.node).map(|n| (n.addr, m.disk.clone()))).collect();
+        let restorer = match (&self.restorer, replicas.len() == record.members.len()) {
+            (Some(r), true) => Arc::clone(r),
+            (None, _) => {
+                lock(&self.fills).remove(id);
+                return Err(CatalogError::Unavailable(format!(
+                    "{id} is restored from a backup, and this host has no backup targets"
+                )));
+            }
+            (_, false) => {
+                lock(&self.fills).remove(id);
+                return Err(CatalogError::Unavailable(format!("a member of {id} does not answer; its restore waits")));
+            }
+        };
+        let into = RestoreInto {
+            volume_id: id.to_owned(),
+            replicas,
+            // A set being filled is never published, so it is still at its first epoch (as
+            // a clone's copy assumes).
+            epoch: 0,
+            timeout: self.timeout,
+            reach: self.reach.clone(),
+        };
+        let (catalog, id) = (self.clone(), id.to_owned());
+        let fills = self.fills.clone();
+        let progress_id = id.clone();
+        let progress: RestoreProgress = Arc::new(move |done, total| {
+            if let Some(f) = lock(&fills).get_mut(&progress_id) {
+                f.done = done;
+                f.total = total;
+            }
+        });
+        let span = tracing::info_span!("catalog.restore", volume = %id, %target, backup = %fill.snapshot);
+        let key = id.clone();
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let result =
+                    match restorer.restore(target, fill.volume_id.clone(), fill.snapshot.clone(), into, progress).await
+                    {
+                        Ok(()) => catalog.finish_fill(&id, &fill).await,
+                        Err(e) => Err(CatalogError::Unavailable(e)),
+                    };
+                catalog.fill_ended(&id, result, "restored from its backup");
+            },
+            span,
+        ));
+        if let Some(f) = lock(&self.fills).get_mut(&key) {
+            f.task = Some(task.abort_handle());
+        }
+        Ok(())
+    }
+
+    /// Records how a fill ended: gone from the fills when done, its error kept for the next
+    /// `create` otherwise.
+    fn fill_ended(&self, id: &str, result: Result<()>, done: &str) {
+        let mut fills = lock(&self.fills);
+        match result {
+            Ok(()) => {
+                tracing::info!("{done}");
+                fills.remove(id);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "filling a new set failed; the next create retries");
+                if let Some(f) = fills.get_mut(id) {
+                    f.error = Some(e.to_string());
+                }
+            }
+        }
     }
 
     /// The copy is whole: drop a temporary source snapshot, clear `fill` in the record.

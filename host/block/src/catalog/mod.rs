@@ -49,7 +49,7 @@ use thiserror::Error;
 use crate::control::{ControlError, Reach, ReplicaServerClient, ReplicaSet};
 use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 pub use abandoned::Tended;
-pub use create::Placement;
+pub use create::{Origin, Placement, RestoreInto, RestoreProgress, Restorer};
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
 pub use record::{FillSource, Location, VolumeRecord};
@@ -158,6 +158,9 @@ pub struct SetView {
     pub leftovers: Vec<Location>,
 }
 
+/// Where one replica answers: its server and the disk holding it there.
+pub type ReplicaAt = (SocketAddr, String);
+
 /// What a node needs to start the volume's engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttachInfo {
@@ -214,6 +217,8 @@ pub struct Catalog {
     down_since: Arc<Mutex<HashMap<(String, Location), u64>>>,
     /// How the replica servers are reached (plaintext, or TLS with this process's credentials).
     reach: Reach,
+    /// Writes backups into sets restored from them; `None`: this host has no backup targets.
+    restorer: Option<Arc<dyn Restorer>>,
 }
 
 fn now_ns() -> u64 {
@@ -234,7 +239,14 @@ impl Catalog {
             asked: Arc::default(),
             down_since: Arc::default(),
             reach: Reach::plaintext(),
+            restorer: None,
         }
+    }
+
+    /// The same catalog restoring backups through `restorer`.
+    pub fn with_restorer(mut self, restorer: Arc<dyn Restorer>) -> Self {
+        self.restorer = Some(restorer);
+        self
     }
 
     /// The same catalog reaching replica servers as `reach` says (TLS with this process's
@@ -246,6 +258,16 @@ impl Catalog {
 
     pub fn sources(&self) -> &NodeSources {
         &self.sources
+    }
+
+    /// How this catalog reaches the replica servers.
+    pub fn reach(&self) -> &Reach {
+        &self.reach
+    }
+
+    /// The bound of each request to a node.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Every node the grant names, as it answers now.
@@ -336,6 +358,21 @@ impl Catalog {
             self.asked(id);
         }
         Ok(view)
+    }
+
+    /// The set `id` (as [`Self::get`]) and where its healthy replicas answer now, each
+    /// `(server, disk)`: what reading one of its snapshots (a backup) needs.
+    #[tracing::instrument(name = "catalog.healthy_replicas", skip(self))]
+    pub async fn healthy_replicas(&self, id: &str) -> Result<Option<(SetView, Vec<ReplicaAt>)>> {
+        let d = self.discover().await;
+        let Some(view) = self.view(&d, id).await?.filter(|v| !v.record.deleting) else { return Ok(None) };
+        let replicas = view
+            .members
+            .iter()
+            .filter(|m| m.state == MemberState::Healthy)
+            .filter_map(|m| d.node(&m.node).map(|n| (n.addr, m.disk.clone())))
+            .collect();
+        Ok(Some((view, replicas)))
     }
 
     async fn view(&self, d: &Discovery, id: &str) -> Result<Option<SetView>> {
@@ -597,7 +634,7 @@ impl Catalog {
         let fills: Vec<String> = lock(&self.fills).keys().cloned().collect();
         for t in fills.iter().filter(|t| targets.contains(t.as_str())) {
             if let Ok(Some((_, r))) = Self::newest(&self.holders(d, t).await)
-                && r.fill.is_some_and(|f| f.volume_id == id)
+                && r.fill.is_some_and(|f| f.target.is_none() && f.volume_id == id)
             {
                 return true;
             }

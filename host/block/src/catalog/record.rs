@@ -86,14 +86,20 @@ pub struct VolumeRecord {
     pub deleting: bool,
 }
 
-/// Where a clone's data comes from.
+/// Where a new set's data comes from: a snapshot of another set (a clone), or a backup (a
+/// restore).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FillSource {
+    /// The source set, or for a restore the backed-up volume's id on the target.
     pub volume_id: String,
+    /// The source set's snapshot, or for a restore the backup's id.
     pub snapshot: String,
     /// The snapshot was taken for this copy (a clone of a volume) and is deleted after it.
     #[serde(default)]
     pub temporary: bool,
+    /// A restore: the backup target (as the host configuration names it) the backup is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +146,7 @@ mod tests {
             owner: Some("n1".into()),
             metadata: [("csi.name".to_string(), "pvc-ü".to_string())].into(),
             created_ns: 7,
-            fill: Some(FillSource { volume_id: "v".into(), snapshot: "s".into(), temporary: true }),
+            fill: Some(FillSource { volume_id: "v".into(), snapshot: "s".into(), temporary: true, target: None }),
             deleting: false,
         };
         assert_eq!(VolumeRecord::decode(&r.encode().expect("encode")).expect("decode"), r);

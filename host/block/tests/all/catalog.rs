@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmcsi_block::catalog::{Catalog, CatalogError, Location, MemberState, NodeSources, Placement};
+use wasmcsi_block::catalog::{Catalog, CatalogError, Location, MemberState, NodeSources, Origin, Placement};
 use wasmcsi_block::control::{ControlError, ReplicaSession, ReplicaSet};
 use wasmcsi_block::protocol::Status;
 use wasmcsi_block::replica::{NodeIdentity, ReplicaDisks, ReplicaNode, ReplicaServer, ServerConfig};
@@ -244,8 +244,10 @@ async fn a_clone_is_filled_in_the_background_and_reports_its_progress() {
         s.write(i * MIB, vec![i as u8 + 1; MIB as usize]).await.unwrap();
     }
     s.close().await.unwrap();
-    let first =
-        cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
+    let first = cat
+        .create("copy", 8 * MIB, &names(&["n1"]), Some(Origin::Volume("src".into())), BTreeMap::new())
+        .await
+        .unwrap();
     assert!(first.record.fill.is_some());
     assert!(
         matches!(cat.claim("copy", "n1").await, Err(CatalogError::FailedPrecondition(_))),
@@ -257,7 +259,10 @@ async fn a_clone_is_filled_in_the_background_and_reports_its_progress() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
-        view = cat.create("copy", 8 * MIB, &names(&["n1"]), Some(("src".into(), None)), BTreeMap::new()).await.unwrap();
+        view = cat
+            .create("copy", 8 * MIB, &names(&["n1"]), Some(Origin::Volume("src".into())), BTreeMap::new())
+            .await
+            .unwrap();
     }
     assert!(view.filling.is_none(), "filled: {view:?}");
     let src = cat.get("src").await.unwrap().unwrap();

@@ -24,6 +24,7 @@ mod node_directory;
 mod node_local;
 mod pki;
 mod rbd_flow;
+mod replicated_backup;
 mod replicated_disks;
 mod replicated_flow;
 mod replicated_metrics;

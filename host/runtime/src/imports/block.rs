@@ -14,16 +14,20 @@
 //! spread to choose is the backend's policy), and two on one named disk of one node are
 //! invalid-argument. Each replica a set reports names its disk.
 //!
+//! A set created from a backup (`block-source::backup`, on a target granted to the backend's
+//! `backup`) is filled by the catalog's restorer, the host's [`crate::backups::Backups`], like a
+//! clone: `filling` says how far it is.
+//!
 //! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): I/O
-//! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots,
-//! standby sets (`follow`, `activate`; no set is one) and restores from backups.
+//! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots and
+//! standby sets (`follow`, `activate`; no set is one).
 //!
 //! Its host functions see a [`BlockCtxView`]: the backend's [`BlockCtx`], nothing of the call.
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use wasmcsi_block::catalog::{self, Catalog, CatalogError, Member, MemberState, NodeView, SetView};
+use wasmcsi_block::catalog::{self, Catalog, CatalogError, Member, MemberState, NodeView, Origin, SetView};
 use wasmcsi_block::protocol::SnapshotInfo;
 use wasmtime::component::{HasData, LinkerInstance};
 
@@ -40,6 +44,8 @@ pub struct BlockCtx {
     pub catalog: Option<Catalog>,
     /// how long one import may take
     pub import_timeout: Duration,
+    /// the backup targets granted to the backend: what a set may be restored from
+    pub backup_targets: Vec<String>,
 }
 
 /// What `block` sees of a call.
@@ -238,11 +244,21 @@ impl Host for BlockCtxView<'_> {
         let placements = placed(&placements)?;
         let source = match source {
             None => None,
-            Some(BlockSource::Snapshot((volume, snapshot))) => Some((volume, Some(snapshot))),
-            Some(BlockSource::Volume(volume)) => Some((volume, None)),
-            Some(BlockSource::Backup(_)) => {
-                self.catalog()?;
-                return Err(not_provided("block create from a backup: restores from backups"));
+            Some(BlockSource::Snapshot((volume, snapshot))) => Some(Origin::Snapshot { volume, snapshot }),
+            Some(BlockSource::Volume(volume)) => Some(Origin::Volume(volume)),
+            Some(BlockSource::Backup((target, backup_id))) => {
+                // The host's backup id is `VOLUME/NAME` (see `imports::backup`); whether the
+                // backend may read that target is its `backup` grant.
+                if !self.ctx.backup_targets.contains(&target) {
+                    return Err(Error::PermissionDenied(format!(
+                        "backup target {target:?} is not granted to backend {}",
+                        self.ctx.backend
+                    )));
+                }
+                let Some((volume, backup)) = backup_id.rsplit_once('/') else {
+                    return Err(Error::InvalidArgument(format!("backup id {backup_id:?} is not VOLUME/NAME")));
+                };
+                Some(Origin::Backup { target, volume: volume.to_owned(), backup: backup.to_owned() })
             }
         };
         block_call(self.catalog(), "create", |c| async move {
@@ -362,7 +378,7 @@ mod tests {
     use wasmcsi_block::replica::DEFAULT_DISK;
 
     fn view(catalog: Option<Catalog>) -> BlockCtx {
-        BlockCtx { backend: "b".into(), catalog, import_timeout: Duration::from_millis(200) }
+        BlockCtx { backend: "b".into(), catalog, import_timeout: Duration::from_millis(200), backup_targets: vec![] }
     }
 
     fn granted() -> BlockCtx {
@@ -402,18 +418,6 @@ mod tests {
             ("snapshot-group", v.snapshot_group(vec!["a".into(), "b".into()], "s".into()).await.map(drop)),
             ("follow", v.follow("v".into(), "t".into(), "src".into()).await.map(drop)),
             ("activate", v.activate("v".into()).await.map(drop)),
-            (
-                "create from a backup",
-                v.create(
-                    "v".into(),
-                    4096,
-                    vec![at("n1", None)],
-                    Some(BlockSource::Backup(("t".into(), "b".into()))),
-                    vec![],
-                )
-                .await
-                .map(drop),
-            ),
         ];
         for (what, answer) in answers {
             match answer {
@@ -423,6 +427,10 @@ mod tests {
                 other => panic!("{what}: expected unimplemented, got {other:?}"),
             }
         }
+        // A restore reads only a target granted to the backend's `backup`.
+        let from_backup = Some(BlockSource::Backup(("t".into(), "v/b".into())));
+        let e = v.create("v".into(), 4096, vec![at("n1", None)], from_backup, vec![]).await.map(drop);
+        assert!(matches!(&e, Err(Error::PermissionDenied(m)) if m.contains("\"t\"")), "{e:?}");
         // Without a grant, permission-denied as for every other function.
         let ungranted = view(None);
         let mut v = BlockCtxView { ctx: &ungranted };

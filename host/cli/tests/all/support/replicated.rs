@@ -25,6 +25,8 @@ pub struct Options {
     pub reconcile: Option<Duration>,
     /// With `reconcile`: how long a clone being filled may go unasked for (default 10 min).
     pub abandon_clones_after: Option<Duration>,
+    /// A filesystem backup target named `local` at this path, granted to the backend.
+    pub backup_target: Option<PathBuf>,
 }
 
 /// A host (`mode`, node id `node_id`) serving replicated-block from `home` (component, state,
@@ -33,8 +35,15 @@ pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_fil
     let backends = home.join("backends");
     std::fs::create_dir_all(&backends).unwrap();
     std::fs::write(backends.join(format!("{BACKEND}.wasm")), wasmcsi_artifacts::REPLICATED_BLOCK).unwrap();
+    let backup = match &options.backup_target {
+        Some(path) => format!(
+            "[backup_targets.local]\nkind = \"filesystem\"\npath = {:?}\n[backends.{BACKEND}.grants]\nbackup = [\"local\"]\n",
+            path.display().to_string()
+        ),
+        None => String::new(),
+    };
     let config = format!(
-        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n\
+        "[runtime]\ncall_deadline_ms = 60000\nimport_timeout_ms = 30000\n{backup}\
          [backends.{BACKEND}.grants.block]\nnodes_file = {:?}\n",
         nodes_file.display().to_string()
     );

@@ -2,10 +2,10 @@
 //! snapshot comes from one replica's layer chain (`ListSnapshotDelta`, no data read), the bytes
 //! from the same replica (`ReadSnapshot`), a bounded number of requests at a time.
 //!
-//! Here, in the crate that depends on both `wasmcsi-block` and `wasmcsi-backup`, so neither
+//! Here, in the runtime, which depends on both `wasmcsi-block` and `wasmcsi-backup`, so neither
 //! library depends on the other: the replication library stays free of object-store clients, and
-//! the backup store of replica protocol types. It uses only their public APIs, so the CSI
-//! controller can take it over as it is when it starts backups.
+//! the backup store of replica protocol types. The `backup` import and `wasmcsi volume backup`
+//! both read through it.
 //!
 //! One replica serves the whole backup: every replica that holds the snapshot holds the same
 //! view of it (snapshots are taken on every member of the replica set, frozen, and checked
@@ -43,6 +43,8 @@ pub struct ReplicaSnapshot {
     snapshot: String,
     size: u64,
     addr: SocketAddr,
+    /// The disk of the replica on its server.
+    disk: String,
     timeout: Duration,
     reach: Reach,
     runtime: Handle,
@@ -64,28 +66,28 @@ impl std::fmt::Debug for ReplicaSnapshot {
 }
 
 impl ReplicaSnapshot {
-    /// Opens `snapshot` of `volume` on the best of `replicas` (see the module docs), with at most
+    /// Opens `snapshot` of `volume` on the best of `replicas`, each `(server, disk)` (see the module docs), with at most
     /// `reads_in_flight` requests to it at once. Must be called inside a tokio runtime, whose
     /// handle the blocking [`Source`] methods use.
     pub async fn open(
         volume: &str,
         snapshot: &str,
-        replicas: &[SocketAddr],
+        replicas: &[(SocketAddr, String)],
         timeout: Duration,
         reach: Reach,
         reads_in_flight: usize,
     ) -> Result<Self, ReplicaSourceError> {
-        let mut best: Option<ReplicaSession> = None;
+        let mut best: Option<(ReplicaSession, String)> = None;
         let mut problems = Vec::new();
-        for addr in replicas {
-            match ReplicaSession::open_over(*addr, volume, timeout, 0, &reach).await {
+        for (addr, disk) in replicas {
+            match ReplicaSession::open_on(*addr, disk, volume, timeout, 0, &reach).await {
                 Ok(s) if !s.header().snapshots.iter().any(|x| x.name == snapshot) => {
-                    problems.push(format!("{addr}: no such snapshot"));
+                    problems.push(format!("{addr} ({disk}): no such snapshot"));
                     close_quietly(s).await;
                 }
                 Ok(s) => {
-                    if best.as_ref().is_none_or(|b| s.header().revision > b.header().revision) {
-                        if let Some(old) = best.replace(s) {
+                    if best.as_ref().is_none_or(|(b, _)| s.header().revision > b.header().revision) {
+                        if let Some((old, _)) = best.replace((s, disk.clone())) {
                             close_quietly(old).await;
                         }
                     } else {
@@ -95,7 +97,7 @@ impl ReplicaSnapshot {
                 Err(e) => problems.push(e.to_string()),
             }
         }
-        let Some(mut first) = best else {
+        let Some((mut first, disk)) = best else {
             return Err(ReplicaSourceError::NoReplica {
                 volume: volume.to_owned(),
                 snapshot: snapshot.to_owned(),
@@ -124,6 +126,7 @@ impl ReplicaSnapshot {
             snapshot: snapshot.to_owned(),
             size,
             addr,
+            disk,
             timeout,
             reach,
             runtime: Handle::current(),
@@ -157,7 +160,7 @@ impl ReplicaSnapshot {
         let idle = self.sessions.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut session = match idle {
             Some(s) => s,
-            None => ReplicaSession::open_over(self.addr, &self.volume, self.timeout, 0, &self.reach).await?,
+            None => ReplicaSession::open_on(self.addr, &self.disk, &self.volume, self.timeout, 0, &self.reach).await?,
         };
         let result = op(&mut session).await;
         let answered = match &result {
