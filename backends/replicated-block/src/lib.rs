@@ -170,6 +170,28 @@ fn csi_snapshots_of(h: &impl Host, volume: &str) -> Result<Vec<BlockSnapshot>, E
         .collect())
 }
 
+/// Engine snapshot `engine` of set `volume`, for the CSI snapshot `name`: the existing one (a
+/// retry), else taken now; ALREADY_EXISTS when another volume has a snapshot of that name.
+fn take_snapshot(h: &impl Host, name: &str, volume: &str, engine: &str) -> Result<BlockSnapshot, Error> {
+    if let Some(s) = h.block().list_snapshots(Some(volume))?.into_iter().find(|s| s.name == engine) {
+        return Ok(s);
+    }
+    if let Some(other) = h.block().list_snapshots(None)?.iter().find(|s| s.name == engine && s.volume_id != volume) {
+        return Err(Error::AlreadyExists(format!("snapshot {name} exists of another volume ({})", other.volume_id)));
+    }
+    h.block().snapshot(volume, engine)
+}
+
+/// Whether backup target `target` is granted to this backend.
+fn granted(h: &impl Host, target: &str) -> bool {
+    h.backup().targets().iter().any(|t| t == target)
+}
+
+/// The host's id of backup `backup` of `volume` (see the `backup` import: `VOLUME/NAME`).
+fn host_backup_id(volume: &str, backup: &str) -> String {
+    format!("{volume}/{backup}")
+}
+
 /// The CSI snapshot a backup is, while it uploads (not ready) and once complete; `None` for a
 /// failed one (the host forgets it: the next CreateSnapshot starts it again) or one not made by
 /// this backend.
@@ -191,10 +213,10 @@ fn backup_snapshot_of(info: &BackupInfo) -> Option<Snapshot> {
 
 /// Backup `backup` of `volume` on `target` as a CSI snapshot.
 fn backup_of(h: &impl Host, volume: &str, backup: &str, target: &str) -> Result<Option<Snapshot>, Error> {
-    if !h.backup().targets().iter().any(|t| t == target) {
+    if !granted(h, target) {
         return Ok(None);
     }
-    Ok(h.backup().get(target, &format!("{volume}/{backup}"), &[])?.as_ref().and_then(backup_snapshot_of))
+    Ok(h.backup().get(target, &host_backup_id(volume, backup), &[])?.as_ref().and_then(backup_snapshot_of))
 }
 
 /// Every backup this backend made of `volume` (or of every volume) on every granted target.
@@ -226,27 +248,14 @@ fn backup_snapshot(
     target: &str,
     secrets: &[SecretRef],
 ) -> Result<Snapshot, Error> {
-    let granted = h.backup().targets();
-    if !granted.iter().any(|t| t == target) {
+    if !granted(h, target) {
         return Err(Error::InvalidArgument(format!(
-            "backup target {target:?} is not granted to this backend (granted: {granted:?})"
+            "backup target {target:?} is not granted to this backend (granted: {:?})",
+            h.backup().targets()
         )));
     }
     let base = policy::backup_name(name);
-    let taken = match h.block().list_snapshots(Some(&source.id))?.into_iter().find(|s| s.name == base) {
-        Some(s) => s,
-        None => {
-            if let Some(other) =
-                h.block().list_snapshots(None)?.iter().find(|s| s.name == base && s.volume_id != source.id)
-            {
-                return Err(Error::AlreadyExists(format!(
-                    "snapshot {name} exists of another volume ({})",
-                    other.volume_id
-                )));
-            }
-            h.block().snapshot(&source.id, &base)?
-        }
-    };
+    let taken = take_snapshot(h, name, &source.id, &base)?;
     let labels = [Pair { key: "csi.name".into(), value: name.to_owned() }];
     let info = h.backup().start(
         target,
@@ -295,10 +304,10 @@ fn restore_source(
     size: u64,
     secrets: &[SecretRef],
 ) -> Result<BlockSource, Error> {
-    if !h.backup().targets().iter().any(|t| t == target) {
+    if !granted(h, target) {
         return Err(Error::NotFound(format!("snapshot {sid} not found: backup target {target} is not granted here")));
     }
-    let id = format!("{volume}/{backup}");
+    let id = host_backup_id(volume, backup);
     let info =
         h.backup().get(target, &id, secrets)?.ok_or_else(|| Error::NotFound(format!("snapshot {sid} not found")))?;
     match info.state {
@@ -487,20 +496,13 @@ impl Backend for ReplicatedBlock {
             return backup_snapshot(h, &name, &source, &target, &secrets);
         }
         let snap = policy::snapshot_name(&name);
-        if let Some(other) = h.block().list_snapshots(None)?.iter().find(|s| s.name == snap && s.volume_id != source.id)
-        {
-            return Err(Error::AlreadyExists(format!(
-                "snapshot {name} exists of another volume ({})",
-                other.volume_id
-            )));
-        }
-        let taken = h.block().snapshot(&source.id, &snap)?;
+        let taken = take_snapshot(h, &name, &source.id, &snap)?;
         snapshot_of(&taken).ok_or_else(|| Error::Internal(format!("snapshot {snap} has no id")))
     }
 
     fn delete_snapshot(h: &impl Host, id: String, secrets: Vec<SecretRef>) -> Result<(), Error> {
         if let Some((volume, backup, target)) = policy::parse_backup_snapshot_id(&id) {
-            h.backup().delete(&target, &format!("{volume}/{backup}"), &secrets)?;
+            h.backup().delete(&target, &host_backup_id(&volume, &backup), &secrets)?;
             // Its engine snapshot too, when it is still the volume's base (the next backup
             // then reads the volume whole, against the newest backup left).
             if h.block().get(&volume)?.is_some()

@@ -100,7 +100,9 @@ async fn missing_root_and_full_target() {
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
-            let _ = nix::mount::umount(&self.0);
+            // Detached: an upload task of the failed backup may still hold a file open there
+            // for a moment, and a plain umount would then fail and leave the tmpfs behind.
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
         }
     }
     let _unmount = Unmount(mnt.clone());

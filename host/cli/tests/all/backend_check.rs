@@ -233,7 +233,7 @@ fn check_passes_the_nfs_component_against_ganesha() {
 /// calls, or an operator would have to grant (and the host to link) what it never uses.
 #[test]
 fn bundled_components_import_only_the_capabilities_they_call() {
-    use wasmcsi_runtime::capabilities::Capability::{Block, Dir, Kv, Log, Nfs, Rbd};
+    use wasmcsi_runtime::capabilities::Capability::{Backup, Block, Dir, Kv, Log, Nfs, Rbd};
     use wasmcsi_runtime::{Runtime, RuntimeOptions, config::HostConfig, wasm_engine::WasmEngineSettings};
     let d = tempfile::tempdir().unwrap();
     let runtime = Runtime::new(RuntimeOptions {
@@ -248,7 +248,8 @@ fn bundled_components_import_only_the_capabilities_they_call() {
         ("nfs", wasmcsi_artifacts::NFS, vec![Log, Kv, Nfs]),
         ("ceph-rbd-shim", wasmcsi_artifacts::CEPH_RBD_SHIM, vec![Log, Kv, Rbd]),
         ("hostile", wasmcsi_artifacts::HOSTILE, vec![Log, Kv, Dir]),
-        ("replicated-block", wasmcsi_artifacts::REPLICATED_BLOCK, vec![Log, Block]),
+        // `backup`: its snapshot classes may ask for backups (linked without a grant, reaching nothing).
+        ("replicated-block", wasmcsi_artifacts::REPLICATED_BLOCK, vec![Log, Block, Backup]),
     ] {
         let (imports, exports) = runtime.inspect(name, wasm).unwrap();
         assert_eq!(imports.capabilities, expected, "{name}");

@@ -20,7 +20,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
 use support::csi::at_once;
-use support::{from_snapshot, from_volume};
+use support::{from_snapshot, from_volume, pattern, write_durably};
 
 fn mount_xfs() -> csi::VolumeCapability {
     support::single_node_writer(Some("xfs"))
@@ -161,28 +161,6 @@ impl Flow {
         })
         .await;
     }
-}
-
-/// Pseudo-random bytes (xorshift), different for each seed.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// Writes `data` to `path` and makes it durable, as a database does before it acknowledges.
-fn write_durably(path: &Path, data: &[u8]) {
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(data).unwrap();
-    f.sync_all().unwrap();
-    nix::unistd::syncfs(&f).unwrap();
 }
 
 fn read(path: &Path) -> Vec<u8> {

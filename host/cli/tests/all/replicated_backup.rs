@@ -20,12 +20,12 @@ use tonic::Code;
 use wasmcsi::host::Host;
 use wasmcsi_proto::csi::v1 as csi;
 
-use crate::support;
 use crate::support::csi::{
     Controller, Node, Paths, clients, controller_publish, controller_unpublish, from_snapshot, mounts_under,
     stage_and_publish, unpublish_and_unstage,
 };
 use crate::support::replicated::{BACKEND, Options};
+use crate::support::{self, pattern};
 
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;
@@ -119,18 +119,9 @@ async fn unmount(ctl: &mut Controller, node: &Node, v: &csi::Volume, node_id: &s
     controller_unpublish(ctl, v, node_id).await;
 }
 
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
+/// Writes `data` to `path`, fsynced. Not `support::write_durably`: its `syncfs` commits ext4's
+/// journal and metadata across the filesystem, which the incremental backup's bound on what it
+/// reads would then count as the file's change.
 fn write_synced(path: &Path, data: &[u8]) {
     use std::io::Write;
     let mut f = std::fs::File::create(path).unwrap();
@@ -181,7 +172,7 @@ async fn flow() {
     // Point 1: one file; point 2: a second one.
     let src = paths(dir.path(), "node-a", "pod-src");
     mount(&mut ctl, &node_a, &v, "node-a", &src).await;
-    let (one, two) = (noise(12 << 20, 1), noise(1 << 20, 2));
+    let (one, two) = (pattern(1, 12 << 20), pattern(2, 1 << 20));
     write_synced(&src.target.join("one"), &one);
     let first = backed_up(&mut ctl, "snap-1", &v.volume_id).await;
     write_synced(&src.target.join("two"), &two);

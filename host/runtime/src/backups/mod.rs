@@ -37,6 +37,17 @@ use wasmcsi_block::catalog::{Catalog, RestoreInto, RestoreProgress, Restorer};
 pub use replica_sink::ReplicaSink;
 pub use replica_source::{ReplicaSnapshot, ReplicaSourceError};
 
+/// The host's id of backup `name` of `volume`, as the `backup` capability names it:
+/// `VOLUME/NAME` (a backup's name is unique per volume and target, not across volumes).
+pub fn backup_id(volume: &str, name: &str) -> String {
+    format!("{volume}/{name}")
+}
+
+/// `(volume, name)` of a [`backup_id`] (the name has no `/`, a volume id may).
+pub fn parse_backup_id(id: &str) -> Option<(&str, &str)> {
+    id.rsplit_once('/').filter(|(volume, name)| !volume.is_empty() && !name.is_empty())
+}
+
 /// Backups moving data at once in one host: each holds `uploads_in_flight` chunk buffers
 /// (~40 MiB at 8 × 2 MiB) and a replica's read bandwidth.
 pub const MAX_RUNNING: usize = 2;

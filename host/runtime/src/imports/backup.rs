@@ -24,7 +24,7 @@ use wasmcsi_block::catalog::Catalog;
 use wasmtime::component::{HasData, LinkerInstance};
 
 use super::not_provided;
-use crate::backups::{BackupState as State, BackupStatus, Backups, BackupsError};
+use crate::backups::{BackupState as State, BackupStatus, Backups, BackupsError, backup_id, parse_backup_id};
 use crate::bindings::types::{Error, Pair, SecretRef, Timestamp};
 use crate::bindings::wasmcsi::backend::backup::{self as wit, BackupInfo, BackupSource, BackupState, Host};
 
@@ -100,7 +100,7 @@ fn info(target: &str, b: BackupStatus) -> BackupInfo {
         State::Failed(why) => (BackupState::Failed, Some(why)),
     };
     BackupInfo {
-        id: format!("{}/{}", b.volume, b.backup),
+        id: backup_id(&b.volume, &b.backup),
         target: target.to_owned(),
         volume_id: b.volume,
         snapshot: b.snapshot,
@@ -114,12 +114,9 @@ fn info(target: &str, b: BackupStatus) -> BackupInfo {
     }
 }
 
-/// `(volume, name)` of a host id `VOLUME/NAME` (the name has no `/`, a volume id may).
+/// `(volume, name)` of a host id, or invalid-argument.
 fn parse_id(id: &str) -> Result<(&str, &str), Error> {
-    match id.rsplit_once('/') {
-        Some((volume, name)) if !volume.is_empty() && !name.is_empty() => Ok((volume, name)),
-        _ => Err(Error::InvalidArgument(format!("backup id {id:?} is not VOLUME/NAME"))),
-    }
+    parse_backup_id(id).ok_or_else(|| Error::InvalidArgument(format!("backup id {id:?} is not VOLUME/NAME")))
 }
 
 impl BackupCtxView<'_> {

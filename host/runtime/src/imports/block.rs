@@ -247,15 +247,14 @@ impl Host for BlockCtxView<'_> {
             Some(BlockSource::Snapshot((volume, snapshot))) => Some(Origin::Snapshot { volume, snapshot }),
             Some(BlockSource::Volume(volume)) => Some(Origin::Volume(volume)),
             Some(BlockSource::Backup((target, backup_id))) => {
-                // The host's backup id is `VOLUME/NAME` (see `imports::backup`); whether the
-                // backend may read that target is its `backup` grant.
+                // Whether the backend may read that target is its `backup` grant.
                 if !self.ctx.backup_targets.contains(&target) {
                     return Err(Error::PermissionDenied(format!(
                         "backup target {target:?} is not granted to backend {}",
                         self.ctx.backend
                     )));
                 }
-                let Some((volume, backup)) = backup_id.rsplit_once('/') else {
+                let Some((volume, backup)) = crate::backups::parse_backup_id(&backup_id) else {
                     return Err(Error::InvalidArgument(format!("backup id {backup_id:?} is not VOLUME/NAME")));
                 };
                 Some(Origin::Backup { target, volume: volume.to_owned(), backup: backup.to_owned() })

@@ -19,6 +19,29 @@ use std::time::Duration;
 use wasmcsi::host::{Host, HostOptions};
 use wasmcsi_ceph::{CLUSTER, Ceph};
 
+/// Pseudo-random bytes (xorshift), different for each seed.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Writes `data` to `path` and makes it durable, as a database does before it acknowledges.
+pub fn write_durably(path: &Path, data: &[u8]) {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+    nix::unistd::syncfs(&f).unwrap();
+}
+
 /// Why a test that mounts replicated volumes (FUSE, loop devices) cannot run here, if it cannot:
 /// it needs root and `/dev/fuse`. Tests needing more tools check them after this.
 pub fn needs_root_and_fuse() -> Option<String> {
