@@ -164,8 +164,20 @@ fn parse_device(field: &[u8]) -> Result<(u32, u32), &'static str> {
 }
 
 /// Options are split before unescaping: a comma inside a value is escaped as `\054`.
+/// Options are comma-separated, except that a comma inside double quotes belongs to the value:
+/// SELinux shows a context with MCS categories as `context="system_u:object_r:t:s0:c3,c7"`.
 fn split_options(field: &[u8]) -> Vec<String> {
-    field.split(|&b| b == b',').filter(|o| !o.is_empty()).map(unescape_string).collect()
+    let mut quoted = false;
+    field
+        .split(|&b| {
+            if b == b'"' {
+                quoted = !quoted;
+            }
+            b == b',' && !quoted
+        })
+        .filter(|o| !o.is_empty())
+        .map(unescape_string)
+        .collect()
 }
 
 fn unescape_path(field: &[u8]) -> PathBuf {
@@ -259,6 +271,16 @@ mod tests {
                 super_options: vec!["rw".into(), "errors=remount-ro".into()],
                 propagation: vec!["shared:1".into()],
             }
+        );
+    }
+
+    #[test]
+    fn a_quoted_selinux_context_is_one_option() {
+        let line = "42 32 7:0 / /mnt/a rw,relatime - ext4 /dev/loop0 rw,context=\"system_u:object_r:container_file_t:s0:c3,c7\",seclabel\n";
+        let entry = &parsed(line)[0];
+        assert_eq!(
+            entry.super_options,
+            ["rw", "context=\"system_u:object_r:container_file_t:s0:c3,c7\"", "seclabel"]
         );
     }
 

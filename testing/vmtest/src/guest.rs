@@ -1,6 +1,7 @@
 //! Helpers for test bodies running *inside* the VM (as root, on the VM's kernel): a kernel NFS
-//! server on the guest's loopback, an NBD device backed by a file, and running a command with
-//! its failure turned into an error that says what failed.
+//! server on the guest's loopback, an NBD device backed by a file, a minimal SELinux policy
+//! (in a guest booted with `security=selinux`), and running a command with its failure turned
+//! into an error that says what failed.
 //!
 //! The NFS userland (`rpc.nfsd`, `rpc.mountd`, `exportfs`, `mount.nfs`) is not installed on the
 //! host: `scripts/vm/fetch` unpacks Debian's nfs-kernel-server and nfs-common into the guest
@@ -182,4 +183,49 @@ impl Drop for NbdDevice {
         let device = self.device.to_string_lossy().into_owned();
         let _ = sh("qemu-nbd", &["--disconnect", &device]);
     }
+}
+
+/// The minimal policy `load_selinux_policy` compiles, without its MCS categories.
+const MINIMAL_POLICY: &str = include_str!("../selinux/minimal.cil");
+
+/// Loads a minimal SELinux policy (`selinux/minimal.cil` plus categories c0..c1023), permissive,
+/// into a guest booted with `security=selinux` ([`crate::Vm::kernel_arg`]): from then on the
+/// kernel labels files, and a label like kubelet's (`system_u:object_r:container_file_t:s0:c3,c7`)
+/// is valid. Compiled with the host's `secilc` (installed by `scripts/setup`).
+pub fn load_selinux_policy() -> Result<(), GuestError> {
+    let selinuxfs = Path::new("/sys/fs/selinux");
+    if !selinuxfs.join("load").exists() {
+        if !selinuxfs.exists() {
+            return Err(GuestError::Io {
+                what: "SELinux is not enabled in this guest (boot it with security=selinux)".into(),
+                source: io::Error::from(io::ErrorKind::NotFound),
+            });
+        }
+        sh("mount", &["-t", "selinuxfs", "selinuxfs", "/sys/fs/selinux"])?;
+    }
+    let mut cil = String::from(MINIMAL_POLICY);
+    for c in 0..1024 {
+        cil.push_str(&format!("(category c{c})\n"));
+    }
+    let order = (0..1024).map(|c| format!("c{c}")).collect::<Vec<_>>().join(" ");
+    cil.push_str(&format!("(categoryorder ({order}))\n"));
+    cil.push_str("(sensitivitycategory s0 (range c0 c1023))\n");
+    cil.push_str("(userlevel system_u (s0))\n");
+    cil.push_str("(userrange system_u ((s0) (s0 (range c0 c1023))))\n");
+    let dir = std::env::temp_dir().join(format!("wasmcsi-selinux-{}", std::process::id()));
+    fs::create_dir_all(&dir).map_err(io_error(format!("create {}", dir.display())))?;
+    let (source, binary) = (dir.join("policy.cil"), dir.join("policy.bin"));
+    fs::write(&source, cil).map_err(io_error(format!("write {}", source.display())))?;
+    let (source, binary_arg) = (source.to_string_lossy().into_owned(), binary.to_string_lossy().into_owned());
+    sh("secilc", &["-o", &binary_arg, "-f", "/dev/null", &source])?;
+    let policy = fs::read(&binary).map_err(io_error(format!("read {}", binary.display())))?;
+    fs::write(selinuxfs.join("load"), policy).map_err(io_error("load the SELinux policy (see dmesg)"))?;
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The SELinux label of `path` (its `security.selinux` attribute, not following a symlink).
+pub fn selinux_label(path: &Path) -> Result<String, GuestError> {
+    let out = sh("stat", &["-c", "%C", &path.to_string_lossy()])?;
+    Ok(out.trim().to_owned())
 }

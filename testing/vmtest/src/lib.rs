@@ -98,6 +98,7 @@ pub struct Vm {
     mem_mib: u32,
     scratch: String,
     env: Vec<(String, String)>,
+    kernel_args: Vec<String>,
 }
 
 impl Default for Vm {
@@ -109,7 +110,13 @@ impl Default for Vm {
 impl Vm {
     /// 300 s for boot and command together, 2 GiB of memory, a 2 GiB sparse ext4 `/scratch`.
     pub fn new() -> Self {
-        Self { timeout: Duration::from_secs(300), mem_mib: 2048, scratch: "2G".into(), env: Vec::new() }
+        Self {
+            timeout: Duration::from_secs(300),
+            mem_mib: 2048,
+            scratch: "2G".into(),
+            env: Vec::new(),
+            kernel_args: Vec::new(),
+        }
     }
 
     /// Hard limit for the whole VM, boot included; past it qemu is killed.
@@ -136,6 +143,13 @@ impl Vm {
         self
     }
 
+    /// A parameter for the guest kernel's command line, e.g. `security=selinux` (the Debian
+    /// kernel has SELinux built in, AppArmor chosen by default).
+    pub fn kernel_arg(mut self, arg: &str) -> Self {
+        self.kernel_args.push(arg.to_owned());
+        self
+    }
+
     /// Runs `program args` as root in a fresh VM, echoing its output through `print!`/`eprint!`
     /// (so libtest shows it for a failing test, or live with `--nocapture`), and keeps it.
     /// `Ok` whatever the command's exit status; `Err` when the VM could not run it.
@@ -155,6 +169,9 @@ impl Vm {
             .arg(&self.scratch)
             .arg("--status-file")
             .arg(&status_file);
+        if !self.kernel_args.is_empty() {
+            cmd.arg("--append").arg(self.kernel_args.join(" "));
+        }
         for (name, value) in self.env.iter().chain(passed_through().iter()) {
             cmd.arg("-e").arg(format!("{name}={value}"));
         }

@@ -1,6 +1,7 @@
 //! The bind attacher: directory volumes of hostpath-like backends. The plan names a directory
 //! under one of the backend's `dir` roots; NodeStage binds that directory onto the staging path,
-//! once the root is found granted to the backend on this node, and NodePublish binds the staging
+//! once the root is found granted to the backend on this node (labelling the tree with the CO's
+//! SELinux context first, as a bind mount cannot take one), and NodePublish binds the staging
 //! path onto the target. A directory has no filesystem of its own: its capacity is the plan's
 //! bookkeeping (expansion only records it) and its usage is the walked tree, abnormal above the
 //! capacity. The bind mounts themselves are `mounts`' work, shared with every kind.
@@ -8,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmcsi_proto::csi::v1 as csi;
+use wasmcsi_runtime::bindings::types;
 use wasmcsi_runtime::driver;
 
 use super::attacher::{
     Attacher, ConfigSource, Expand, Publish, Stage, Stats, Unstaged, blocking, ensure_bind, ensure_unmounted,
     mount_err, publish_staged,
 };
+use super::mount_options;
 use super::mounts::MountSystem;
 use super::usage;
 use crate::convert;
@@ -50,8 +53,19 @@ impl Attacher for BindAttacher {
 
     async fn stage(&self, call: &Stage<'_>, plan: &driver::BindPlan) -> CsiResult<()> {
         let source = self.source(&call.volume.backend.name, plan)?;
+        let label = match &call.capability.access_type {
+            types::AccessType::Mount(m) => mount_options::selinux_context(&m.mount_flags)?,
+            types::AccessType::Block => None,
+        };
         let (sys, staging) = (self.mounts.clone(), call.staging.to_owned());
-        blocking(move || ensure_bind(sys.as_ref(), &source, &staging, false)).await
+        blocking(move || {
+            // A bind mount takes no context=: the directory's own labels are what the pod sees.
+            if let Some(label) = &label {
+                mount_options::relabel_tree(&source, label)?;
+            }
+            ensure_bind(sys.as_ref(), &source, &staging, false)
+        })
+        .await
     }
 
     /// Whatever is mounted at the staging path is unmounted: this attacher is asked last, so

@@ -146,15 +146,13 @@ impl Filesystem {
 }
 
 /// Splits CSI mount flags into mount(2) flags and filesystem data (`discard`, `nouuid`, ...).
-/// Each entry may itself be comma-separated, as kubelet passes `mountOptions` through.
+/// Each entry may itself be comma-separated, as kubelet passes `mountOptions` through; an SELinux
+/// `context="…"` stays one option, quoted, as the kernel parses it (see [`super::mount_options`]).
 pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, String)> {
     let mut ms = MsFlags::empty();
-    let mut data: Vec<&str> = Vec::new();
-    for opt in flags.iter().flat_map(|f| f.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
-        if opt.contains(['\0', ' ', '\n']) {
-            return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
-        }
-        match opt {
+    let mut data: Vec<String> = Vec::new();
+    for opt in super::mount_options::split(flags)? {
+        match opt.as_str() {
             "ro" => ms |= MsFlags::MS_RDONLY,
             "rw" | "defaults" => {}
             "noatime" => ms |= MsFlags::MS_NOATIME,
@@ -171,7 +169,7 @@ pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, Str
             "bind" | "rbind" | "remount" | "loop" => {
                 return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
             }
-            other => data.push(other),
+            _ => data.push(opt),
         }
     }
     if read_only {
@@ -348,6 +346,10 @@ mod tests {
         assert_eq!((ms, data.as_str()), (MsFlags::MS_RDONLY, ""));
         assert!(mount_flags(&["bind".into()], false).is_err());
         assert!(mount_flags(&["a b".into()], false).is_err());
+        // kubelet's SELinux label: one data option, quotes and all, commas inside kept.
+        let label = "context=\"system_u:object_r:container_file_t:s0:c3,c7\"";
+        let (ms, data) = mount_flags(&[format!("nodev,{label}"), "discard".into()], false).expect("flags");
+        assert_eq!((ms, data), (MsFlags::MS_NODEV, format!("{label},discard")));
     }
 
     #[test]

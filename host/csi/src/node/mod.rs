@@ -13,6 +13,7 @@ pub mod attachers;
 pub mod bind;
 pub mod bounded;
 pub mod filesystem;
+pub mod mount_options;
 pub mod mounts;
 pub mod nfs;
 pub mod paths;

@@ -1,6 +1,6 @@
 //! The nfs attacher: NodeStage mounts `server:/share/path` on the staging path with the kernel
-//! NFS client and the StorageClass's mount options, once the export is found granted to the
-//! backend on this node; NodePublish then bind-mounts the staging path like any other volume.
+//! NFS client, the backend's mount options and then the CO's (a PV's `mountOptions`, kubelet's
+//! SELinux context), once the export is found granted to the backend on this node; NodePublish then bind-mounts the staging path like any other volume.
 //! Planning is pure (what is mounted where, what to do about it); the mount and unmount run
 //! `mount(8)` / umount2(2) under deadlines, because an NFS server that died can block either in
 //! the kernel for minutes: a mount that does not finish in time is killed and reported
@@ -16,6 +16,7 @@ use nix::errno::Errno;
 use nix::mount::MntFlags;
 use wasmcsi_proto::csi::v1 as csi;
 use wasmcsi_runtime::config::NfsGrant;
+use wasmcsi_runtime::bindings::types;
 use wasmcsi_runtime::driver;
 
 use super::attacher::{
@@ -23,6 +24,7 @@ use super::attacher::{
     publish_staged,
 };
 use super::bounded::bounded;
+use super::mount_options;
 use super::mounts::MountSystem;
 use super::usage;
 use crate::error::{CsiError, CsiResult};
@@ -75,7 +77,10 @@ impl Attacher for NfsAttacher {
         self.check_granted(backend, plan)?;
         let invalid = |e: String| CsiError::Internal(format!("backend {backend} planned {e}"));
         let source = source_spec(&plan.server, &plan.share, &plan.path).map_err(invalid)?;
-        let options = mount_options(&plan.mount_options, false).map_err(invalid)?;
+        let mut options = mount_options(&plan.mount_options, false).map_err(invalid)?;
+        for opt in co_options(call.capability)? {
+            options = if options.is_empty() { opt } else { format!("{options},{opt}") };
+        }
         let staging = call.staging.to_owned();
         blocking(move || {
             let mounts = mountinfo::read_current().map_err(mount_err)?;
@@ -183,6 +188,19 @@ pub fn mount_options(options: &[String], read_only: bool) -> Result<String, Stri
         out.push("ro");
     }
     Ok(out.join(","))
+}
+
+/// The CO's mount flags for a share, mounted after the backend's options (so a PV's
+/// `mountOptions` wins where both set one, as mount(8) takes the last): kubelet's SELinux
+/// `context="…"` among them, quoted as one option. Options that would make it another kind of
+/// mount are INVALID_ARGUMENT.
+pub fn co_options(capability: &driver::VolumeCapability) -> CsiResult<Vec<String>> {
+    let types::AccessType::Mount(m) = &capability.access_type else { return Ok(Vec::new()) };
+    let options = mount_options::split(&m.mount_flags)?;
+    if let Some(bad) = options.iter().find(|o| matches!(o.as_str(), "bind" | "rbind" | "remount" | "loop")) {
+        return Err(CsiError::Invalid(format!("mount flag {bad:?} is not allowed")));
+    }
+    Ok(options)
 }
 
 /// What is at `target` compared with the wanted NFS source.

@@ -14,3 +14,4 @@ mod node_grants;
 mod node_paths;
 mod node_single_writer;
 mod rbd_node;
+mod selinux_vm;
