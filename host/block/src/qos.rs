@@ -192,7 +192,7 @@ impl Throttle {
             Direction::Write => (&mut b.write_ops, &mut b.write_bytes),
         };
         let wait = ops.take(now, 1).max(volume.take(now, bytes));
-        (wait > 0).then(|| Duration::from_nanos(wait))
+        (wait > 0).then_some(Duration::from_nanos(wait))
     }
 }
 
