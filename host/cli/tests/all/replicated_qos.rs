@@ -195,7 +195,9 @@ async fn flow() {
     modify(&mut ctl, &v.volume_id, &[("writeIOPS", "0")]).await.unwrap();
     let lifted = measured(&device, Duration::from_secs(3)).await;
     eprintln!("lifted: {lifted:.0} writes/s");
-    assert!(lifted > 2.0 * limit as f64 && lifted > 0.5 * free, "unthrottled again: {lifted:.0} vs {free:.0} writes/s");
+    // Far above the limit; not compared with the first unthrottled rate, which the other
+    // builds and tests of a shared machine move by several times between two measurements.
+    assert!(lifted > 4.0 * limit as f64, "unthrottled again: {lifted:.0} writes/s, limit {limit}");
 
     detach(&mut ctl, &node, &v, &p).await;
     ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() }).await.unwrap();
