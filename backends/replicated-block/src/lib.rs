@@ -23,8 +23,13 @@
 //!   incremental's base.
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
 //!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk).
+//! - VolumeAttributesClass (`modify-volume`, and `mutable_parameters` at creation): the volume's
+//!   I/O limits, kept by the host with the set and enforced by its engine (`mutable`). Every
+//!   key is checked before anything changes; an unknown or immutable one is INVALID_ARGUMENT
+//!   naming it.
 #![deny(unsafe_code)]
 
+pub mod mutable;
 pub mod policy;
 
 use std::collections::BTreeMap;
@@ -99,6 +104,29 @@ fn live(h: &impl Host, id: &str) -> Result<ReplicaSet, Error> {
         Some(set) if !is_deleted(&set) => Ok(set),
         _ => Err(Error::NotFound(format!("volume {id} not found"))),
     }
+}
+
+/// The VolumeAttributesClass parameters, checked whole: INVALID_ARGUMENT naming the first key
+/// refused.
+fn parse_mutable(params: &[Pair]) -> Result<mutable::Modification, Error> {
+    mutable::parse(&pairs_of(params)).map_err(|e| Error::InvalidArgument(e.0))
+}
+
+/// Sets what `modification` changes of `set`'s limits (through the host, which applies them in
+/// the engine now or at the next attach). Asked again with the same values, the host changes
+/// nothing and tells a running engine again: a retry after a failure completes it.
+fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) -> Result<(), Error> {
+    if modification.is_empty() {
+        return Ok(());
+    }
+    let limits = modification.applied_to(set.limits);
+    h.block().set_limits(&set.id, &limits, set.rebuild_bytes_per_second)?;
+    let shown = format!(
+        "read {} IOPS {} B/s, write {} IOPS {} B/s",
+        limits.read_iops, limits.read_bytes_per_second, limits.write_iops, limits.write_bytes_per_second
+    );
+    h.log().info("I/O limits set", &[("volume", &set.id), ("limits", &shown)]);
+    Ok(())
 }
 
 /// Replicated volumes attach to one node at a time (one engine writes them).
@@ -346,6 +374,7 @@ impl Backend for ReplicatedBlock {
                 Feature::NodeExpansion,
                 Feature::GetSnapshot,
                 Feature::SelfHealing,
+                Feature::ModifyVolume,
             ],
             parameters: policy::PARAMETERS.iter().map(|p| (*p).to_owned()).collect(),
         }
@@ -354,6 +383,8 @@ impl Backend for ReplicatedBlock {
     fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
         check_csi_name("volume", &req.name)?;
         let policy = policy::parse_parameters(&pairs_of(&req.parameters)).map_err(|e| Error::InvalidArgument(e.0))?;
+        // Checked before anything is made: a class that cannot be applied creates nothing.
+        let modification = parse_mutable(&req.mutable_parameters)?;
         if let Some(why) = unsupported_mode(&req.capabilities) {
             return Err(Error::InvalidArgument(why));
         }
@@ -402,8 +433,10 @@ impl Backend for ReplicatedBlock {
                 let placements: Vec<Placement> =
                     set.replicas.iter().map(|r| Placement { node: r.node.clone(), disk: r.disk.clone() }).collect();
                 let set = h.block().create(&id, set.size_bytes, &placements, source.as_ref(), &set.metadata)?;
+                apply(h, &set, &modification)?;
                 return volume_of(&set, req.content_source);
             }
+            apply(h, &set, &modification)?;
             return volume_of(&set, req.content_source);
         }
         let nodes = candidates(&h.block().list_nodes()?);
@@ -415,6 +448,9 @@ impl Backend for ReplicatedBlock {
         let set = h.block().create(&id, size, &placements, source.as_ref(), &metadata)?;
         let shown: Vec<String> = placed.iter().map(ToString::to_string).collect();
         h.log().info("replica set created", &[("volume", &id), ("replicas", &shown.join(","))]);
+        // A failure here leaves the set without its limits; the provisioner's retry finds the
+        // set and applies them (above) before the volume is handed out.
+        apply(h, &set, &modification)?;
         volume_of(&set, req.content_source)
     }
 
@@ -449,6 +485,12 @@ impl Backend for ReplicatedBlock {
         // A filesystem grows on the node; a raw block device is the size of the volume.
         let node_expansion_required = !matches!(capability.map(|c| c.access_type), Some(AccessType::Block));
         Ok(Expansion { capacity_bytes: grown, node_expansion_required })
+    }
+
+    fn modify_volume(h: &impl Host, id: String, mutable_parameters: Vec<Pair>, _: Vec<SecretRef>) -> Result<(), Error> {
+        let set = live(h, &id)?;
+        let modification = parse_mutable(&mutable_parameters)?;
+        apply(h, &set, &modification)
     }
 
     fn get_volume(h: &impl Host, id: String) -> Result<VolumeStatus, Error> {
@@ -647,3 +689,6 @@ impl Backend for ReplicatedBlock {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,7 +9,7 @@
 //! files (snapshots, resize) and serves the protocol over TCP; the replicated volume
 //! ([`volume`]): the engine's driver task, its replica connections and state file, and the
 //! handle that exposes it as a synchronous `wasmcsi_frontend::BlockDevice` for the FUSE
-//! frontend, with unmap, online expansion and snapshots; and the control surface ([`control`],
+//! frontend, with unmap, online expansion, snapshots and I/O limits ([`qos`]); and the control surface ([`control`],
 //! [`catalog`]) that creates, deletes, reverts and clones replica sets and lists nodes.
 //!
 //! It does not attach volumes to the kernel nor keep the node's attached volumes: that is the
@@ -21,6 +21,7 @@ pub mod control;
 pub mod dirty_map;
 pub mod engine;
 pub mod protocol;
+pub mod qos;
 pub mod replica;
 pub mod transport;
 pub mod volume;

@@ -19,7 +19,8 @@
 //!
 //! One file per CSI service, as kubernetes-csi's `pkg/sanity` lays it out: `identity`
 //! (GetPluginInfo, Probe and the capabilities of every service), `controller` (volumes:
-//! create, get, expand, list, delete, unknown ids), `validation` (missing required fields, on
+//! create, get, expand, list, delete, unknown ids), `modify` (ControllerModifyVolume and
+//! mutable parameters), `validation` (missing required fields, on
 //! every RPC), `snapshots` (snapshots and clones), `node` (stage, publish, unpublish,
 //! unstage), `topology`, `names`, `single_writer`; `suite` holds the runner every check
 //! is judged by, `cleanup` what the suite made and how it is removed again.
@@ -92,6 +93,7 @@ secreted!(
     DeleteSnapshotRequest,
     GetSnapshotRequest,
     ControllerExpandVolumeRequest,
+    ControllerModifyVolumeRequest,
     ValidateVolumeCapabilitiesRequest
 );
 
@@ -166,6 +168,7 @@ macro_rules! rpc {
 mod cleanup;
 mod controller;
 mod identity;
+mod modify;
 mod names;
 mod node;
 mod single_writer;

@@ -244,6 +244,7 @@ impl Suite<'_> {
         self.get_capacity_check().await;
         self.topology_checks().await;
         self.get_volume_check(objects.volume.as_ref()).await;
+        self.modify_checks(objects.volume.as_ref()).await;
         objects.expanded = self.expand_checks(objects.volume.as_ref()).await;
         self.unknown_node_check(objects.volume.as_ref()).await;
         objects.data_written = self.node_flow(&objects).await;

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use wasmcsi_block::control::{self, ControlError};
 use wasmcsi_block::engine::EngineConfig;
 use wasmcsi_block::protocol::SnapshotInfo;
+use wasmcsi_block::qos::IoLimits;
 use wasmcsi_block::transport::Transport;
 use wasmcsi_block::volume::{ReplicaEndpoint, ReplicatedVolume, VolumeConfig, VolumeError, VolumeGrant, VolumeStatus};
 use wasmcsi_frontend::{Attached, BlockDevice, Frontend, FrontendError, FuseLoopFrontend};
@@ -68,6 +69,8 @@ pub struct AttachConfig {
     pub nodes: Vec<Option<String>>,
     /// The grant the engine presents when it runs as a node over TLS.
     pub grant: Option<Arc<VolumeGrant>>,
+    /// The I/O limits the engine applies from its first request (the record's).
+    pub limits: IoLimits,
 }
 
 impl AttachConfig {
@@ -90,6 +93,7 @@ impl AttachConfig {
             nodes: Vec::new(),
             disks: Vec::new(),
             grant: None,
+            limits: IoLimits::UNLIMITED,
         }
     }
 }
@@ -412,6 +416,16 @@ impl AttachedVolume {
         .await
     }
 
+    /// Applies `limits` to the volume's reads and writes from now on.
+    pub fn set_limits(&self, limits: IoLimits) {
+        self.inner.volume.set_limits(limits);
+    }
+
+    /// The I/O limits applied now.
+    pub fn limits(&self) -> IoLimits {
+        self.inner.volume.limits()
+    }
+
     /// Moves replica `index` to a new, empty replica on the disk `disk` of the server at `addr`
     /// (created there first); it is fully rebuilt while I/O goes on.
     pub async fn replace_replica(&self, index: usize, addr: SocketAddr, disk: &str) -> Result<(), AttachError> {
@@ -599,6 +613,8 @@ async fn start_engine(
     driver.grant = config.grant.clone();
     let volume = ReplicatedVolume::start(driver, &tokio::runtime::Handle::current())
         .map_err(|source| AttachError::Engine { volume_id: volume_id.clone(), source })?;
+    // Before the frontend exists: no request of the workload runs unlimited.
+    volume.set_limits(config.limits);
     let volume = Arc::new(volume);
 
     let deadline = Instant::now() + config.attach_timeout;

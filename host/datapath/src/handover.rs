@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use wasmcsi_block::qos::IoLimits;
 
 /// Bumped on any change an adopting binary of the previous version would misread.
 pub const STATE_VERSION: u32 = 1;
@@ -61,6 +62,10 @@ pub struct HandedVolume {
     /// its grant source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<Vec<u8>>,
+    /// The volume's I/O limits as its engine applies them; absent from a state an image before
+    /// limits wrote (none were applied then).
+    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+    pub limits: IoLimits,
     /// The FUSE connection's fd, inherited.
     pub session_fd: i32,
     pub mount: PathBuf,
@@ -149,6 +154,7 @@ mod tests {
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
                 disks: vec!["default".into(), "ssd".into()],
                 grant: Some(b"WCSIGRT1 a grant".to_vec()),
+                limits: IoLimits { write_iops: 100, ..IoLimits::UNLIMITED },
                 session_fd: 9,
                 mount: "/run/fuse-v1.1.0".into(),
                 device: "/dev/loop3".into(),

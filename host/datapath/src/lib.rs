@@ -377,6 +377,7 @@ impl DataPath {
         config.transport = self.config.transport.clone();
         config.nodes = info.members.iter().map(|(name, _)| Some(name.clone())).collect();
         config.disks = (0..info.members.len()).map(|i| info.disk(i).to_owned()).collect();
+        config.limits = info.limits;
         let kept = match (self.config.transport.credentials(), self.config.transport.role()) {
             (Some(credentials), Some(Role::Node(_))) => {
                 let grant = Arc::new(VolumeGrant::new(info.grant.clone()));
@@ -434,6 +435,8 @@ impl DataPath {
                     if let Some(current) = kept.get(id).and_then(|k| k.grant.current()) {
                         info.grant = Some(current.to_vec());
                     }
+                    // The limits as they are now (set since the attach, perhaps).
+                    info.limits = v.limits();
                     Some((id.clone(), info, v.clone()))
                 })
                 .collect()
@@ -749,6 +752,10 @@ async fn answer(volume: Arc<AttachedVolume>, request: EngineRequest) -> EngineRe
         EngineRequest::DeleteSnapshot { name } => done(volume.delete_snapshot(&name).await),
         EngineRequest::Expand { size } => done(volume.expand(size).await.map(|_| ())),
         EngineRequest::ReplaceReplica { index, addr, disk } => done(volume.replace_replica(index, addr, &disk).await),
+        EngineRequest::SetLimits { limits } => {
+            volume.set_limits(limits);
+            EngineReply::ok()
+        }
     }
 }
 

@@ -182,6 +182,7 @@ async fn try_hand_over(
             members: info.members.clone(),
             disks: info.disks.clone(),
             grant: info.grant.clone(),
+            limits: info.limits,
             session_fd: s.session.as_raw_fd(),
             mount: s.mount.clone(),
             device: s.device.clone(),
@@ -291,6 +292,7 @@ pub fn take_over(path: &Path) -> Result<Inherited, UpgradeError> {
                 members: v.members.clone(),
                 disks: v.disks.clone(),
                 grant: v.grant.clone(),
+                limits: v.limits,
             },
             SuspendedVolume {
                 volume_id: v.volume.clone(),

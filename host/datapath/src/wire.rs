@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wasmcsi_block::catalog::AttachInfo;
 use wasmcsi_block::catalog::engine_call::EngineStatus;
+use wasmcsi_block::qos::IoLimits;
 use wasmcsi_trust::TlsMode;
 
 use crate::rbd_fuse::{RbdFuseSpec, RbdFuseView};
@@ -52,6 +53,10 @@ pub enum Request {
         /// of the version before grants (the data path then asks its grant source).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         grant: Option<Vec<u8>>,
+        /// The volume's I/O limits (the record's); absent from a plugin of the version before
+        /// limits, and then none.
+        #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+        limits: IoLimits,
     },
     /// Stop the volume's engine (its device must not be mounted); absent succeeds.
     Detach { volume: String },
@@ -105,6 +110,7 @@ impl Request {
             members: info.members.clone(),
             disks: info.disks.clone(),
             grant: info.grant.clone(),
+            limits: info.limits,
         }
     }
 }
@@ -299,6 +305,7 @@ mod tests {
                 members: vec![("node-a".into(), Some("10.0.0.1:9501".parse().unwrap())), ("node-b".into(), None)],
                 disks: vec!["default".into(), "ssd".into()],
                 grant: Some(b"WCSIGRT1 a grant".to_vec()),
+                limits: IoLimits { read_bytes_per_second: 1 << 20, ..IoLimits::UNLIMITED },
             },
         };
         let mut buf = Vec::new();

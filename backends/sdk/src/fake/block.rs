@@ -7,9 +7,10 @@
 //!
 //! Like the wasmcsi host today, every node has one disk, [`FakeBlock::DISK`] (a placement names
 //! it or none; any other is invalid-argument naming it), and what the host does not provide
-//! answers as the host does (`unimplemented`, "… not provided by this host"): `set-limits`,
-//! `add-replica`, `remove-replica`, `snapshot-group`, `follow`, `activate` and filling from a
-//! backup. A backend's tests thus see what it would see on the host.
+//! answers as the host does (`unimplemented`, "… not provided by this host"): `add-replica`,
+//! `remove-replica`, `snapshot-group`, `follow`, `activate` and filling from a backup. A
+//! backend's tests thus see what it would see on the host. `set-limits` stores the limits in the
+//! set, as the host's record does.
 //!
 //! Written to be extended with the interface: one method per WIT function, state in plain maps.
 use super::{Clock, Journal};
@@ -362,9 +363,13 @@ impl Block for FakeBlock {
         all.sort_by_key(|s| (s.created.seconds, s.created.nanos));
         Ok(all)
     }
-    fn set_limits(&self, _: &str, _: &IoLimits, _: u64) -> Result<ReplicaSet, Error> {
+    fn set_limits(&self, id: &str, limits: &IoLimits, rebuild_bytes_per_second: u64) -> Result<ReplicaSet, Error> {
         self.journal.enter("set_limits")?;
-        Err(not_provided("block set-limits: I/O limits and rebuild bandwidth"))
+        let mut sets = self.sets.borrow_mut();
+        let s = sets.get_mut(id).ok_or_else(|| Error::NotFound(format!("replica set {id} not found")))?;
+        s.set.limits = *limits;
+        s.set.rebuild_bytes_per_second = rebuild_bytes_per_second;
+        Ok(s.set.clone())
     }
     fn add_replica(&self, _: &str, placement: &Placement) -> Result<ReplicaSet, Error> {
         self.journal.enter("add_replica")?;
@@ -473,8 +478,12 @@ mod tests {
         b.add_node("n1", 10 * B, &[]);
         b.create("v", B, &nodes(&["n1"]), None, &[]).expect("create");
         let backup = BlockSource::Backup(("t".into(), "b".into()));
+        let limits = IoLimits { write_iops: 7, ..IoLimits::UNLIMITED };
+        assert_eq!(b.set_limits("v", &limits, 3).expect("limits are provided").limits, limits);
+        let set = b.get("v").expect("get").expect("the set");
+        assert_eq!((set.limits, set.rebuild_bytes_per_second), (limits, 3));
+        assert!(matches!(b.set_limits("w", &limits, 0), Err(Error::NotFound(_))));
         let answers = [
-            b.set_limits("v", &IoLimits::UNLIMITED, 0).map(drop),
             b.add_replica("v", &Placement::on("n1")).map(drop),
             b.remove_replica("v", &Placement::on("n1")).map(drop),
             b.snapshot_group(&["v".into()], "g").map(drop),

@@ -248,7 +248,7 @@ impl Catalog {
                     metadata,
                     created_ns: now_ns(),
                     fill,
-                    deleting: false,
+                    ..VolumeRecord::default()
                 };
                 let info = RecordInfo {
                     version: 1,

@@ -27,6 +27,11 @@ pub enum EngineRequest {
         #[serde(default = "default_disk")]
         disk: String,
     },
+    /// Apply these I/O limits from now on (all 0: none). An engine of the version before
+    /// limits cannot parse it and answers an error: nothing changes there.
+    SetLimits {
+        limits: crate::qos::IoLimits,
+    },
 }
 
 fn default_disk() -> String {

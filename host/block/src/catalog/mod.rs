@@ -24,7 +24,7 @@
 //! deletion, expansion and how a change is routed (through the attached engine or
 //! offline); creating and filling a set is in `create`, clones nobody asks for any more in
 //! `abandoned`, publishing it to a node (claims, and
-//! what the node's engine needs) in `publish`, snapshots in `snapshots`, replacement and the
+//! what the node's engine needs) in `publish`, snapshots in `snapshots`, I/O limits in `limits`, replacement and the
 //! collection of leftovers in `membership`.
 //!
 //! Not here: placement (the backend's policy chooses nodes and disks) and the engine itself
@@ -33,6 +33,7 @@
 mod abandoned;
 mod create;
 pub mod engine_call;
+mod limits;
 mod membership;
 pub mod nodes;
 mod publish;
@@ -175,6 +176,8 @@ pub struct AttachInfo {
     /// encoded), when the caller has one: ControllerPublishVolume's, or the current one a data
     /// path hands over. The replicas do not hold it: [`Catalog::attach_info`] leaves it empty.
     pub grant: Option<Vec<u8>>,
+    /// The I/O limits the engine applies from its start (the record's).
+    pub limits: crate::qos::IoLimits,
 }
 
 impl AttachInfo {

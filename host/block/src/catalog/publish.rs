@@ -108,6 +108,6 @@ impl Catalog {
             })
             .collect();
         let disks = record.members.iter().map(|m| m.disk.clone()).collect();
-        Ok(AttachInfo { size, epoch: info.epoch, members, disks, grant: None })
+        Ok(AttachInfo { size, epoch: info.epoch, members, disks, grant: None, limits: record.limits })
     }
 }

@@ -1,7 +1,8 @@
 //! What the control plane keeps with every replica of a volume (the replica's opaque `record`,
 //! see `replica::record`): the members in the engine's replica order, each a replica's
 //! [`Location`] (a node and one of its disks), the node allowed to attach the volume, the
-//! backend's metadata, and the state of a clone still being filled or a delete in progress.
+//! backend's metadata, the volume's I/O limits, and the state of a clone still being filled or
+//! a delete in progress.
 //! JSON, so a future field is an addition, not a format change.
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::{DEFAULT_DISK, MAX_RECORD_LEN};
+use crate::qos::IoLimits;
 
 /// Where one replica of a volume lives: a node and one of its disks. A node may hold several
 /// replicas of one volume, each on another disk (a cluster with fewer nodes than replicas), so
@@ -59,6 +61,10 @@ impl<'de> Deserialize<'de> for Location {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// A volume's record, as every member holds it (the newest version wins).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
@@ -84,6 +90,12 @@ pub struct VolumeRecord {
     /// A delete started: the set no longer exists for anyone, its replicas are being removed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+    /// The volume's I/O limits, applied by every engine that attaches it (none: unlimited).
+    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+    pub limits: IoLimits,
+    /// Its rebuild bandwidth in bytes per second, as the backend set it (0: the node's default).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rebuild_bytes_per_second: u64,
 }
 
 /// Where a new set's data comes from: a snapshot of another set (a clone), or a backup (a
@@ -148,11 +160,17 @@ mod tests {
             created_ns: 7,
             fill: Some(FillSource { volume_id: "v".into(), snapshot: "s".into(), temporary: true, target: None }),
             deleting: false,
+            limits: IoLimits { write_iops: 100, ..IoLimits::UNLIMITED },
+            rebuild_bytes_per_second: 1 << 20,
         };
         assert_eq!(VolumeRecord::decode(&r.encode().expect("encode")).expect("decode"), r);
         let minimal = VolumeRecord::decode(br#"{"members":["a"],"created_ns":1}"#).expect("minimal");
         assert_eq!(minimal.owner, None);
         assert!(minimal.metadata.is_empty() && minimal.fill.is_none() && !minimal.deleting);
+        assert!(minimal.limits.is_unlimited() && minimal.rebuild_bytes_per_second == 0);
+        // An unlimited volume's record is the one a host before limits wrote.
+        let plain = VolumeRecord { members: vec![Location::on_default("a")], ..VolumeRecord::default() };
+        assert!(!String::from_utf8(plain.encode().expect("encode")).expect("utf-8").contains("limits"));
         assert!(VolumeRecord::decode(b"not json").is_err());
     }
 

@@ -253,6 +253,7 @@ mod tests {
             EngineRequest::Snapshot { name: "s".into() },
             EngineRequest::DeleteSnapshot { name: "s".into() },
             EngineRequest::Expand { size: 1 << 30 },
+            EngineRequest::SetLimits { limits: crate::qos::IoLimits { write_iops: 1, ..Default::default() } },
             EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr"), disk: "ssd".into() },
         ] {
             assert!(matches!(node("a").may_control(&call(&r)), Err(Refusal::ControllerOnly { .. })), "{r:?}");

@@ -4,6 +4,12 @@
 //! `submit_read`/`submit_write`, leaves the answer to a completion. The blocking calls must be
 //! made from plain threads (FUSE workers), never from inside the tokio runtime: `blocking_recv`
 //! panics there. It does not drive the engine itself (see `super::driver`).
+//!
+//! I/O limits ([`crate::qos`]): every read and write is admitted by the volume's [`Throttle`]
+//! before the engine sees it. One that must wait does so on a timer: a submitted one is handed
+//! to the driver by a task of the runtime after a `sleep` (the frontend's thread goes on to its
+//! next request), a blocking one sleeps its own thread. Without limits nothing waits and the
+//! admission is one atomic load.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +26,7 @@ use super::request::{ReplyTx, Request, stopped, unexpected};
 use super::{VolumeConfig, VolumeError, VolumeStatus};
 use crate::engine::{ClientReply, MAX_IO, MAX_UNMAP};
 use crate::protocol::SnapshotInfo;
+use crate::qos::{Direction, IoLimits, Throttle};
 
 /// Unmap pieces in flight at once for one discard: each locks up to [`MAX_UNMAP`] bytes.
 const DISCARD_WINDOW: usize = 4;
@@ -37,6 +44,10 @@ pub struct ReplicatedVolume {
     /// Stops the driver task when sent to or dropped.
     stop: mpsc::UnboundedSender<()>,
     status: watch::Receiver<VolumeStatus>,
+    /// The volume's I/O limits as its reads and writes are admitted.
+    throttle: Throttle,
+    /// Where a throttled request waits for its timer.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for ReplicatedVolume {
@@ -55,7 +66,41 @@ impl ReplicatedVolume {
     pub fn start(cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Self, VolumeError> {
         let replicas = cfg.replicas.len();
         let driver::Started { shared, size, stop, status } = driver::start(cfg, runtime)?;
-        Ok(Self { size, replicas, shared, stop, status })
+        Ok(Self { size, replicas, shared, stop, status, throttle: Throttle::default(), runtime: runtime.clone() })
+    }
+
+    /// Applies `limits` to the reads and writes admitted from now on (see [`crate::qos`]).
+    pub fn set_limits(&self, limits: IoLimits) {
+        if self.throttle.limits() != limits {
+            tracing::info!(%limits, "I/O limits set");
+        }
+        self.throttle.set(limits);
+    }
+
+    /// The I/O limits applied now.
+    pub fn limits(&self) -> IoLimits {
+        self.throttle.limits()
+    }
+
+    /// Blocks the calling (plain) thread until an I/O of `bytes` may start.
+    fn admit_blocking(&self, direction: Direction, bytes: u64) {
+        if let Some(wait) = self.throttle.admit(direction, bytes) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Hands `request` to the driver now, or after `wait` from a task of the runtime.
+    fn submit_after(&self, wait: Option<Duration>, request: Request, reply: ReplyTx) {
+        match wait {
+            None => self.shared.submit(request, reply),
+            Some(wait) => {
+                let shared = self.shared.clone();
+                self.runtime.spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    shared.submit(request, reply);
+                });
+            }
+        }
     }
 
     /// The driver's latest status.
@@ -185,6 +230,7 @@ impl BlockDevice for ReplicatedVolume {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
+        self.admit_blocking(Direction::Read, buf.len() as u64);
         let mut pending = Vec::new();
         for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
             let at = offset + i as u64 * MAX_IO;
@@ -201,6 +247,7 @@ impl BlockDevice for ReplicatedVolume {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
+        self.admit_blocking(Direction::Write, buf.len() as u64);
         let mut pending = Vec::new();
         for (i, chunk) in buf.chunks(MAX_IO as usize).enumerate() {
             let at = offset + i as u64 * MAX_IO;
@@ -218,8 +265,9 @@ impl BlockDevice for ReplicatedVolume {
             // Larger than the frontend ever sends (FUSE: 1 MiB); pieces need joining, so block.
             return done(self.write_at(data, offset));
         }
+        let wait = self.throttle.admit(Direction::Write, data.len() as u64);
         let data = Bytes::copy_from_slice(data);
-        self.shared.submit(Request::Write { offset, data }, ReplyTx::Written(done));
+        self.submit_after(wait, Request::Write { offset, data }, ReplyTx::Written(done));
     }
 
     fn submit_read(&self, offset: u64, len: usize, done: ReadDone) {
@@ -233,7 +281,8 @@ impl BlockDevice for ReplicatedVolume {
                 Err(e) => done(Err(e)),
             };
         }
-        self.shared.submit(Request::Read { offset, len: len as u64 }, ReplyTx::Read { len, done });
+        let wait = self.throttle.admit(Direction::Read, len as u64);
+        self.submit_after(wait, Request::Read { offset, len: len as u64 }, ReplyTx::Read { len, done });
     }
 
     fn unplug(&self) {

@@ -6,7 +6,10 @@
 //! volume's publish context carries the node's grant of it (`grant`). Every publish first asks
 //! the node directory whether its node exists (`node_directory`): NOT_FOUND when it is certainly
 //! none, before any backend is asked.
-//! ControllerModifyVolume is not offered (no mutable parameters).
+//! ControllerModifyVolume (a VolumeAttributesClass) goes to the volume's backend whole: the
+//! backend applies every key or none, and names the one it refuses. MODIFY_VOLUME is advertised
+//! while at least one backend declares `modify-volume`; a volume of a backend that does not is
+//! answered UNIMPLEMENTED.
 //!
 //! Every call on a backend takes one path before its own work (`pipeline`): resolve the
 //! backend and object, check the feature, route, guard, gate. A call on a node-local
@@ -454,6 +457,28 @@ impl ControllerService {
         .await
     }
 
+    /// ControllerModifyVolume: the mutable parameters go to the backend as they are (only it
+    /// knows its keys); it applies all of them or none, so a retry of the same parameters is
+    /// a no-op and an unknown key leaves the volume as it was.
+    async fn modify(&self, req: csi::ControllerModifyVolumeRequest) -> CsiResult<csi::ControllerModifyVolumeResponse> {
+        let id = required(&req.volume_id, "volume_id")?;
+        // REQUIRED by the spec: a modification that names nothing to change is malformed.
+        if req.mutable_parameters.is_empty() {
+            return Err(CsiError::Missing("mutable_parameters"));
+        }
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume))
+            .needs(Feature::ModifyVolume, "modifying volumes")
+            .exclusive(Side::Existing);
+        self.on_object(&req, call, async |backend, oid| {
+            let parameters = convert::pairs(&req.mutable_parameters);
+            backend.modify_volume(oid.local, parameters, convert::secrets(&req.secrets)).await?;
+            let keys: Vec<&String> = req.mutable_parameters.keys().collect();
+            tracing::info!(volume.id = %id, ?keys, "volume modified");
+            Ok(csi::ControllerModifyVolumeResponse {})
+        })
+        .await
+    }
+
     async fn get_volume(&self, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
         let id = required(&req.volume_id, "volume_id")?;
         let call =
@@ -475,7 +500,9 @@ impl ControllerService {
 }
 
 /// What the controller offers; per backend, a missing feature is answered UNIMPLEMENTED.
-pub fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
+/// MODIFY_VOLUME only when some backend can modify (`modifiable`): a CO that sees it sends
+/// `mutable_parameters` at creation too, which a plugin that cannot apply them must refuse.
+pub fn controller_capabilities(modifiable: bool) -> Vec<csi::ControllerServiceCapability> {
     use csi::controller_service_capability::{Rpc, Type, rpc::Type as R};
     [
         R::CreateDeleteVolume,
@@ -492,6 +519,7 @@ pub fn controller_capabilities() -> Vec<csi::ControllerServiceCapability> {
         R::SingleNodeMultiWriter,
     ]
     .into_iter()
+    .chain(modifiable.then_some(R::ModifyVolume))
     .map(|t| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })) })
     .collect()
 }
@@ -542,7 +570,8 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerGetCapabilitiesResponse> {
         self.0
             .observe("ControllerGetCapabilities", async {
-                Ok(csi::ControllerGetCapabilitiesResponse { capabilities: controller_capabilities() })
+                let modifiable = !self.capable(Feature::ModifyVolume).is_empty();
+                Ok(csi::ControllerGetCapabilitiesResponse { capabilities: controller_capabilities(modifiable) })
             })
             .await
     }
@@ -582,16 +611,12 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerGetVolumeResponse> {
         self.0.observe("ControllerGetVolume", self.get_volume(r.into_inner())).await
     }
-    #[tracing::instrument(name = "csi.controller_modify_volume", skip_all)]
+    #[tracing::instrument(name = "csi.controller_modify_volume", skip_all, fields(volume.id = %r.get_ref().volume_id))]
     async fn controller_modify_volume(
         &self,
-        _: tonic::Request<csi::ControllerModifyVolumeRequest>,
+        r: tonic::Request<csi::ControllerModifyVolumeRequest>,
     ) -> Reply<csi::ControllerModifyVolumeResponse> {
-        self.0
-            .observe("ControllerModifyVolume", async {
-                Err(CsiError::Unimplemented("MODIFY_VOLUME is not offered".into()))
-            })
-            .await
+        self.0.observe("ControllerModifyVolume", self.modify(r.into_inner())).await
     }
 }
 

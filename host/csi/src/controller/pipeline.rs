@@ -70,6 +70,7 @@ forwardable! {
     GetSnapshotRequest => GetSnapshotResponse, "GetSnapshot", get_snapshot;
     ControllerExpandVolumeRequest => ControllerExpandVolumeResponse, "ControllerExpandVolume", controller_expand_volume;
     ControllerGetVolumeRequest => ControllerGetVolumeResponse, "ControllerGetVolume", controller_get_volume;
+    ControllerModifyVolumeRequest => ControllerModifyVolumeResponse, "ControllerModifyVolume", controller_modify_volume;
 }
 
 /// What a call holds while it runs on this node.

@@ -178,7 +178,7 @@ async fn a_backend_answering_another_snapshot_is_refused() {
 #[test]
 fn get_snapshot_is_advertised() {
     use csi::controller_service_capability::{Type, rpc::Type as R};
-    let offered: Vec<i32> = controller_capabilities()
+    let offered: Vec<i32> = controller_capabilities(false)
         .into_iter()
         .filter_map(|c| match c.r#type {
             Some(Type::Rpc(rpc)) => Some(rpc.r#type),

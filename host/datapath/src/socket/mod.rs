@@ -231,11 +231,11 @@ async fn answer(
                 Err(_) => Reply::error(ErrorKind::Failed, "this data path does not upgrade live"),
             }
         }
-        Request::Attach { volume, size, epoch, members, disks, grant } => {
+        Request::Attach { volume, size, epoch, members, disks, grant, limits } => {
             if wasmcsi_block::replica::replica_dir_name(&volume).is_err() {
                 return Reply::error(ErrorKind::Invalid, format!("{volume:?} is not a volume id"));
             }
-            match datapath.attach(&volume, &AttachInfo { size, epoch, members, disks, grant }).await {
+            match datapath.attach(&volume, &AttachInfo { size, epoch, members, disks, grant, limits }).await {
                 Ok(attached) => Reply { volume: Some(view(&volume, &attached)), ..Reply::ok() },
                 Err(e) => failed(e),
             }

@@ -18,9 +18,14 @@
 //! `backup`) is filled by the catalog's restorer, the host's [`crate::backups::Backups`], like a
 //! clone: `filling` says how far it is.
 //!
-//! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): I/O
-//! limits (`set-limits`; a set reports none), adding and removing replicas, group snapshots and
-//! standby sets (`follow`, `activate`; no set is one).
+//! I/O limits (`set-limits`) are kept in the set's record on every replica and applied by its
+//! engine, now when it runs and at every attach (`wasmcsi_block::qos`); the rebuild bandwidth
+//! is kept and reported, and not yet applied by the engine (its rebuilds run at the node's
+//! pace).
+//!
+//! Not provided by this host yet (answered `unimplemented`, see [`super::not_provided`]): adding
+//! and removing replicas, group snapshots and standby sets (`follow`, `activate`; no set is
+//! one).
 //!
 //! Its host functions see a [`BlockCtxView`]: the backend's [`BlockCtx`], nothing of the call.
 use std::collections::BTreeMap;
@@ -29,6 +34,7 @@ use std::time::Duration;
 
 use wasmcsi_block::catalog::{self, Catalog, CatalogError, Member, MemberState, NodeView, Origin, SetView};
 use wasmcsi_block::protocol::SnapshotInfo;
+use wasmcsi_block::qos;
 use wasmtime::component::{HasData, LinkerInstance};
 
 use super::not_provided;
@@ -148,6 +154,24 @@ fn member_to_wit(m: &Member) -> Replica {
     }
 }
 
+fn limits_to_wit(l: &qos::IoLimits) -> IoLimits {
+    IoLimits {
+        read_iops: l.read_iops,
+        write_iops: l.write_iops,
+        read_bytes_per_second: l.read_bytes_per_second,
+        write_bytes_per_second: l.write_bytes_per_second,
+    }
+}
+
+fn limits_from_wit(l: &IoLimits) -> qos::IoLimits {
+    qos::IoLimits {
+        read_iops: l.read_iops,
+        write_iops: l.write_iops,
+        read_bytes_per_second: l.read_bytes_per_second,
+        write_bytes_per_second: l.write_bytes_per_second,
+    }
+}
+
 pub fn set_to_wit(v: &SetView) -> ReplicaSet {
     ReplicaSet {
         id: v.id.clone(),
@@ -157,9 +181,9 @@ pub fn set_to_wit(v: &SetView) -> ReplicaSet {
         metadata: pairs(&v.record.metadata),
         created: timestamp(v.record.created_ns),
         filling: v.filling,
-        // Neither limits nor standby sets are provided by this host: none is set.
-        limits: IoLimits { read_iops: 0, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 },
-        rebuild_bytes_per_second: 0,
+        limits: limits_to_wit(&v.record.limits),
+        rebuild_bytes_per_second: v.record.rebuild_bytes_per_second,
+        // Standby sets are not provided by this host: none is one.
         standby: None,
     }
 }
@@ -331,9 +355,17 @@ impl Host for BlockCtxView<'_> {
     }
 
     #[tracing::instrument(name = "import.block.set_limits", skip_all, fields(backend = %self.ctx.backend, %id))]
-    async fn set_limits(&mut self, id: String, _: IoLimits, _: u64) -> Result<ReplicaSet, Error> {
-        self.catalog()?;
-        Err(not_provided("block set-limits: I/O limits and rebuild bandwidth"))
+    async fn set_limits(
+        &mut self,
+        id: String,
+        limits: IoLimits,
+        rebuild_bytes_per_second: u64,
+    ) -> Result<ReplicaSet, Error> {
+        let limits = limits_from_wit(&limits);
+        block_call(self.catalog(), "set-limits", |c| async move {
+            c.set_limits(&id, limits, rebuild_bytes_per_second).await.map(|v| set_to_wit(&v))
+        })
+        .await
     }
 
     #[tracing::instrument(name = "import.block.add_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
@@ -409,9 +441,7 @@ mod tests {
     async fn what_this_host_does_not_provide_answers_unimplemented_saying_so() {
         let ctx = granted();
         let mut v = BlockCtxView { ctx: &ctx };
-        let limits = IoLimits { read_iops: 1, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 };
         let answers = [
-            ("set-limits", v.set_limits("v".into(), limits, 0).await.map(drop)),
             ("add-replica", v.add_replica("v".into(), at("n1", None)).await.map(drop)),
             ("remove-replica", v.remove_replica("v".into(), at("n1", None)).await.map(drop)),
             ("snapshot-group", v.snapshot_group(vec!["a".into(), "b".into()], "s".into()).await.map(drop)),
@@ -426,6 +456,10 @@ mod tests {
                 other => panic!("{what}: expected unimplemented, got {other:?}"),
             }
         }
+        // I/O limits are provided: a set no node holds is not found.
+        let limits = IoLimits { read_iops: 1, write_iops: 0, read_bytes_per_second: 0, write_bytes_per_second: 0 };
+        let e = v.set_limits("v".into(), limits, 0).await;
+        assert!(matches!(&e, Err(Error::NotFound(m)) if m.contains("v")), "{e:?}");
         // A restore reads only a target granted to the backend's `backup`.
         let from_backup = Some(BlockSource::Backup(("t".into(), "v/b".into())));
         let e = v.create("v".into(), 4096, vec![at("n1", None)], from_backup, vec![]).await.map(drop);
