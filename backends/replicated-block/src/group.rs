@@ -169,7 +169,7 @@ mod tests {
         let e = create(&h, "vgs-1", &sources[..2], &[]).unwrap_err();
         assert!(matches!(e, Error::AlreadyExists(_)), "{e:?}");
         // A list that is not the group's: FAILED_PRECONDITION, nothing deleted.
-        let e = delete(&h, &g.group_snapshot_id, &[lone.snapshot_id.clone()], &[]).unwrap_err();
+        let e = delete(&h, &g.group_snapshot_id, std::slice::from_ref(&lone.snapshot_id), &[]).unwrap_err();
         assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");
         let e = get(&h, &g.group_snapshot_id, &ids[..1]).unwrap_err();
         assert!(matches!(e, Error::FailedPrecondition(_)), "{e:?}");

@@ -32,6 +32,9 @@ pub struct GroupControllerService(pub Arc<Plugin>);
 
 type Reply<T> = Result<tonic::Response<T>, tonic::Status>;
 
+/// A group snapshot's backend, its parsed id and the local ids of the CO's `snapshot_ids`.
+type Group = (Arc<Backend>, ObjectId, Vec<String>);
+
 /// Whether any loaded backend offers group snapshots: the service is advertised only then.
 pub fn offered(plugin: &Plugin) -> bool {
     plugin.registry.all().iter().any(|b| b.has_feature(Feature::GroupSnapshots))
@@ -122,11 +125,7 @@ impl GroupControllerService {
 
     /// The group's backend and local id, with the local ids of `snapshot_ids` (each must be
     /// the same backend's, else FAILED_PRECONDITION: they cannot be the group's).
-    fn group_of(
-        &self,
-        group_id: &str,
-        snapshot_ids: &[String],
-    ) -> CsiResult<Option<(Arc<Backend>, ObjectId, Vec<String>)>> {
+    fn group_of(&self, group_id: &str, snapshot_ids: &[String]) -> CsiResult<Option<Group>> {
         let Some((backend, oid)) = self.0.backend_for_id(group_id)? else { return Ok(None) };
         let mut locals = Vec::with_capacity(snapshot_ids.len());
         for id in snapshot_ids {
