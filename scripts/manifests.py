@@ -43,6 +43,7 @@ SINCE = {
 # Kinds whose schema comes with a CRD, not with Kubernetes: checked for shape only.
 CRD_KINDS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
+    ("groupsnapshot.storage.k8s.io/v1beta2", "VolumeGroupSnapshotClass"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("cert-manager.io/v1", "Certificate"),

@@ -21,6 +21,8 @@
 //!   (`VOLUME.HASH.TARGET`), ready once uploaded, listed from the target, restored by
 //!   CreateVolume like a clone. The newest backup snapshot stays in the chain as the next
 //!   incremental's base.
+//! - Group snapshots (`group`): one crash-consistent point of several volumes through the
+//!   host's `snapshot-group`; every member an ordinary snapshot, the group's id `group-HASH`.
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
 //!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk).
 //! - VolumeAttributesClass (`modify-volume`, and `mutable_parameters` at creation): the volume's
@@ -29,6 +31,7 @@
 //!   naming it.
 #![deny(unsafe_code)]
 
+mod group;
 pub mod mutable;
 pub mod policy;
 
@@ -375,6 +378,7 @@ impl Backend for ReplicatedBlock {
                 Feature::GetSnapshot,
                 Feature::SelfHealing,
                 Feature::ModifyVolume,
+                Feature::GroupSnapshots,
             ],
             parameters: policy::PARAMETERS.iter().map(|p| (*p).to_owned()).collect(),
         }
@@ -612,6 +616,34 @@ impl Backend for ReplicatedBlock {
             .into_iter()
             .find(|s| s.snapshot_id == id)
             .ok_or_else(|| Error::NotFound(format!("snapshot {id} not found")))
+    }
+
+    fn create_group_snapshot(
+        h: &impl Host,
+        name: String,
+        source_volume_ids: Vec<String>,
+        parameters: Vec<Pair>,
+        _: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        group::create(h, &name, &source_volume_ids, &parameters)
+    }
+
+    fn delete_group_snapshot(
+        h: &impl Host,
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<(), Error> {
+        group::delete(h, &group_snapshot_id, &snapshot_ids, &secrets)
+    }
+
+    fn get_group_snapshot(
+        h: &impl Host,
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        _: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        group::get(h, &group_snapshot_id, &snapshot_ids)
     }
 
     fn get_capacity(

@@ -339,6 +339,29 @@ pub fn snapshot_id(volume_id: &str, snapshot: &str) -> Option<String> {
     Some(format!("{volume_id}.{hash}"))
 }
 
+/// Prefix of a group snapshot's id: `group-HASH`, the hash of its CSI name.
+pub const GROUP_PREFIX: &str = "group-";
+
+/// The engine snapshot name every member of the group snapshot `csi_name` has in its volume's
+/// chain: an ordinary snapshot name ([`SNAP_PREFIX`]), hashed from the name apart from the
+/// VolumeSnapshots', so a VolumeSnapshot and a VolumeGroupSnapshot of one name never meet.
+pub fn group_snapshot_name(csi_name: &str) -> String {
+    format!("{SNAP_PREFIX}{}", name_hash(&format!("group:{csi_name}")))
+}
+
+/// `group-HASH`: the id of the group whose members are named `snapshot` (see
+/// [`group_snapshot_name`]); each member's own id is [`snapshot_id`] of its volume.
+pub fn group_id(snapshot: &str) -> Option<String> {
+    Some(format!("{GROUP_PREFIX}{}", snapshot.strip_prefix(SNAP_PREFIX)?))
+}
+
+/// The engine snapshot name of a group id's members.
+pub fn parse_group_id(id: &str) -> Option<String> {
+    let hash = id.strip_prefix(GROUP_PREFIX)?;
+    (hash.len() == HASH_HEX && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| format!("{SNAP_PREFIX}{hash}"))
+}
+
 /// The volume id and engine snapshot name a snapshot id names.
 pub fn parse_snapshot_id(id: &str) -> Option<(String, String)> {
     let (volume, hash) = id.split_once('.')?;

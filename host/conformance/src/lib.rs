@@ -21,11 +21,13 @@
 //! (GetPluginInfo, Probe and the capabilities of every service), `controller` (volumes:
 //! create, get, expand, list, delete, unknown ids), `modify` (ControllerModifyVolume and
 //! mutable parameters), `validation` (missing required fields, on
-//! every RPC), `snapshots` (snapshots and clones), `node` (stage, publish, unpublish,
+//! every RPC), `snapshots` (snapshots and clones), `group_snapshots` (the GroupController: advertised exactly
+//! when offered; VolumeGroupSnapshots created, found and deleted), `node` (stage, publish, unpublish,
 //! unstage), `topology`, `names`, `single_writer`; `suite` holds the runner every check
 //! is judged by, `cleanup` what the suite made and how it is removed again.
 use anyhow::Context;
 use csi::controller_client::ControllerClient;
+use csi::group_controller_client::GroupControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::node_client::NodeClient;
 use std::collections::HashMap;
@@ -130,6 +132,7 @@ pub async fn run(socket: &Path, profile: &Profile) -> anyhow::Result<Report> {
         work,
         identity: IdentityClient::new(channel.clone()),
         controller: ControllerClient::new(channel.clone()),
+        group: GroupControllerClient::new(channel.clone()),
         node: NodeClient::new(channel),
         controller_caps: None,
         node_caps: None,
@@ -167,6 +170,7 @@ macro_rules! rpc {
 
 mod cleanup;
 mod controller;
+mod group_snapshots;
 mod identity;
 mod modify;
 mod names;

@@ -5,6 +5,7 @@
 use crate::{CALL_TIMEOUT, Check, Created, Outcome, Pending, Profile, Secreted};
 use csi::controller_client::ControllerClient;
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
+use csi::group_controller_client::GroupControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::node_client::NodeClient;
 use csi::node_service_capability::rpc::Type as NodeRpc;
@@ -52,6 +53,7 @@ pub(crate) struct Suite<'p> {
     pub(crate) identity: IdentityClient<Channel>,
     pub(crate) controller: ControllerClient<Channel>,
     pub(crate) node: NodeClient<Channel>,
+    pub(crate) group: GroupControllerClient<Channel>,
     /// `None`: the capabilities are unknown (the call failed), so nothing is skipped for them.
     pub(crate) controller_caps: Option<HashSet<i32>>,
     /// `None`: the node service is not served.
@@ -250,6 +252,7 @@ impl Suite<'_> {
         objects.data_written = self.node_flow(&objects).await;
         objects.snapshot = self.snapshot_checks(&objects).await;
         self.snapshot_name_checks(objects.volume.as_ref()).await;
+        self.group_snapshot_checks(objects.volume.as_ref()).await;
         self.clone_checks(&mut objects).await;
         self.list_volumes_checks(&objects).await;
         self.delete_checks(&objects).await;

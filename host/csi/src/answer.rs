@@ -232,6 +232,51 @@ pub fn snapshot(backend: &Backend, op: &'static str, s: &driver::Snapshot) -> Cs
     )
 }
 
+/// A group snapshot as the CO gets it: every member a snapshot of this backend naming the
+/// group, one per source when `sources` (local ids) are known, ready only when every member is.
+pub fn group_snapshot(
+    backend: &Backend,
+    op: &'static str,
+    g: &driver::GroupSnapshot,
+    sources: Option<&[String]>,
+) -> CsiResult<csi::VolumeGroupSnapshot> {
+    checked(backend, op, local("group snapshot", &g.group_snapshot_id))?;
+    let group_id = ObjectId::new(&backend.name, &g.group_snapshot_id).to_string();
+    let mut snapshots = Vec::with_capacity(g.snapshots.len());
+    for s in &g.snapshots {
+        let mut member = snapshot(backend, op, s)?;
+        member.group_snapshot_id = group_id.clone();
+        snapshots.push(member);
+    }
+    checked(
+        backend,
+        op,
+        (|| {
+            if g.snapshots.is_empty() {
+                return Err("a group snapshot with no snapshot".to_string());
+            }
+            if let Some(sources) = sources {
+                let mut of: Vec<&str> = g.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect();
+                let mut asked: Vec<&str> = sources.iter().map(String::as_str).collect();
+                of.sort_unstable();
+                asked.sort_unstable();
+                if of != asked {
+                    return Err(format!("snapshots of {of:?} when asked for {asked:?}"));
+                }
+            }
+            if g.ready_to_use && g.snapshots.iter().any(|s| !s.ready_to_use) {
+                return Err("ready to use while one of its snapshots is not".to_string());
+            }
+            Ok(csi::VolumeGroupSnapshot {
+                group_snapshot_id: group_id.clone(),
+                snapshots: snapshots.clone(),
+                creation_time: Some(timestamp(&g.creation_time)?),
+                ready_to_use: g.ready_to_use,
+            })
+        })(),
+    )
+}
+
 /// A page's entries and next token, for a page of at most `max` entries.
 pub fn page<T>(backend: &Backend, op: &'static str, entries: &[T], token: &str, max: u32) -> CsiResult<()> {
     checked(

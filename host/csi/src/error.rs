@@ -120,6 +120,7 @@ pub enum ObjectKind {
     SourceVolume,
     /// the snapshot or volume a new volume is asked to start from
     ContentSource,
+    GroupSnapshot,
 }
 
 impl std::fmt::Display for ObjectKind {
@@ -129,6 +130,7 @@ impl std::fmt::Display for ObjectKind {
             Self::Snapshot => "snapshot",
             Self::SourceVolume => "source volume",
             Self::ContentSource => "content source",
+            Self::GroupSnapshot => "group snapshot",
         })
     }
 }

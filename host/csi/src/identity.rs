@@ -53,6 +53,9 @@ impl Identity for IdentityService {
                     r#type: volume_expansion::Type::Online as i32,
                 })),
             });
+            if crate::group_controller::offered(&self.0) {
+                capabilities.push(service(service::Type::GroupControllerService));
+            }
         }
         self.0.observe("GetPluginCapabilities", async { Ok(csi::GetPluginCapabilitiesResponse { capabilities }) }).await
     }

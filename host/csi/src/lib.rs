@@ -17,6 +17,7 @@ pub mod authority_endpoint;
 pub mod controller;
 mod convert;
 mod error;
+mod group_controller;
 mod guard;
 mod identity;
 mod ids;

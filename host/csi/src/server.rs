@@ -1,6 +1,7 @@
 //! Serving the CSI services on a unix socket, as kubelet and the sidecars expect.
 use crate::authority::AuthorityFix;
 use crate::controller::ControllerService;
+use crate::group_controller::GroupControllerService;
 use crate::identity::IdentityService;
 use crate::node::NodeService;
 use crate::plugin::Plugin;
@@ -8,7 +9,8 @@ use futures::TryStreamExt as _;
 use std::path::Path;
 use std::sync::Arc;
 use wasmcsi_proto::csi::v1::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
 };
 
 /// Errors binding the socket.
@@ -77,6 +79,10 @@ pub async fn serve(
     let router = tonic::transport::Server::builder().add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
         .add_optional_service(mode.controller().then(|| ControllerServer::new(ControllerService(driver.clone()))))
+        // Served with the controller, advertised only while a backend offers group snapshots.
+        .add_optional_service(
+            mode.controller().then(|| GroupControllerServer::new(GroupControllerService(driver.clone()))),
+        )
         .add_optional_service(mode.node().then(|| NodeServer::new(NodeService(driver))));
     router.serve_with_incoming_shutdown(incoming, shutdown).await?;
     Ok(())

@@ -393,6 +393,21 @@ impl AttachedVolume {
         self.blocking("snapshot", move |inner| inner.volume.snapshot(&name).map_err(inner.io("snapshot"))).await
     }
 
+    /// A group snapshot's part on this volume: holds its writes for `holder` and takes snapshot
+    /// `name` on every replica; the hold ends at [`Self::release_hold`] or after `deadline`.
+    pub async fn hold_snapshot(&self, holder: &str, name: &str, deadline: Duration) -> Result<(), AttachError> {
+        let (holder, name) = (holder.to_owned(), name.to_owned());
+        self.blocking("hold and snapshot", move |inner| {
+            inner.volume.hold_snapshot(&holder, &name, deadline).map_err(inner.io("hold and snapshot"))
+        })
+        .await
+    }
+
+    /// Ends `holder`'s hold; how long it held (`None`: it held none, e.g. its deadline passed).
+    pub fn release_hold(&self, holder: &str) -> Option<Duration> {
+        self.inner.volume.release_hold(holder)
+    }
+
     /// Deletes a snapshot on every replica; a name that does not exist succeeds.
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), AttachError> {
         let name = name.to_owned();

@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use wasmcsi_block::catalog::AttachInfo;
-use wasmcsi_block::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus};
+use wasmcsi_block::catalog::engine_call::{EngineReplica, EngineReply, EngineRequest, EngineStatus, MAX_HOLD_MS};
 use wasmcsi_block::engine::ReplicaHealth;
 use wasmcsi_block::protocol::Status;
 use wasmcsi_block::replica::{
@@ -755,6 +755,20 @@ async fn answer(volume: Arc<AttachedVolume>, request: EngineRequest) -> EngineRe
         EngineRequest::SetLimits { limits } => {
             volume.set_limits(limits);
             EngineReply::ok()
+        }
+        EngineRequest::HoldSnapshot { holder, name, hold_ms } => {
+            let deadline = Duration::from_millis(hold_ms.min(MAX_HOLD_MS));
+            match volume.hold_snapshot(&holder, &name, deadline).await {
+                // Held by another group snapshot: this one is retried once that one let go.
+                Err(AttachError::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => {
+                    EngineReply::retry(source)
+                }
+                r => done(r),
+            }
+        }
+        EngineRequest::ReleaseHold { holder } => {
+            let held = volume.release_hold(&holder);
+            EngineReply { held_us: held.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)), ..EngineReply::ok() }
         }
     }
 }

@@ -381,9 +381,17 @@ impl Block for FakeBlock {
         placed_node(replica)?;
         Err(not_provided("block remove-replica: removing replicas"))
     }
-    fn snapshot_group(&self, _: &[String], _: &str) -> Result<Vec<BlockSnapshot>, Error> {
+    /// Every set's snapshot, or none: the sets are checked before any is taken.
+    fn snapshot_group(&self, ids: &[String], name: &str) -> Result<Vec<BlockSnapshot>, Error> {
         self.journal.enter("snapshot_group")?;
-        Err(not_provided("block snapshot-group: group snapshots"))
+        let mut seen = std::collections::BTreeSet::new();
+        if ids.is_empty() || !ids.iter().all(|id| seen.insert(id)) {
+            return Err(Error::InvalidArgument("a group names some sets, each once".into()));
+        }
+        if let Some(missing) = ids.iter().find(|id| !self.sets.borrow().contains_key(id.as_str())) {
+            return Err(Error::NotFound(format!("replica set {missing} not found")));
+        }
+        ids.iter().map(|id| self.snapshot(id, name)).collect()
     }
     fn follow(&self, _: &str, _: &str, _: &str) -> Result<ReplicaSet, Error> {
         self.journal.enter("follow")?;
@@ -486,7 +494,6 @@ mod tests {
         let answers = [
             b.add_replica("v", &Placement::on("n1")).map(drop),
             b.remove_replica("v", &Placement::on("n1")).map(drop),
-            b.snapshot_group(&["v".into()], "g").map(drop),
             b.follow("v", "t", "src").map(drop),
             b.activate("v").map(drop),
             b.create("w", B, &nodes(&["n1"]), Some(&backup), &[]).map(drop),

@@ -32,11 +32,27 @@ pub enum EngineRequest {
     SetLimits {
         limits: crate::qos::IoLimits,
     },
+    /// A group snapshot's first phase: hold the volume's writes for `holder` (at most
+    /// `hold_ms`, then the engine lets go by itself) and take snapshot `name` on every replica
+    /// while held. An engine of the version before group snapshots does not know it (its answer
+    /// is an error naming a malformed request).
+    HoldSnapshot {
+        holder: String,
+        name: String,
+        hold_ms: u64,
+    },
+    /// A group snapshot's last phase: let go of `holder`'s hold (none: success).
+    ReleaseHold {
+        holder: String,
+    },
 }
 
 fn default_disk() -> String {
     crate::protocol::DEFAULT_DISK.to_owned()
 }
+
+/// The longest a group snapshot may hold a volume's writes: the engine lets go by itself then.
+pub const MAX_HOLD_MS: u64 = 30_000;
 
 /// The engine's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +65,9 @@ pub struct EngineReply {
     pub retry: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<EngineStatus>,
+    /// How long a hold held the volume's writes, in µs (`ReleaseHold` of a hold it still had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_us: Option<u64>,
 }
 
 /// An attached volume as its engine sees it.

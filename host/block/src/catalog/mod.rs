@@ -24,7 +24,8 @@
 //! deletion, expansion and how a change is routed (through the attached engine or
 //! offline); creating and filling a set is in `create`, clones nobody asks for any more in
 //! `abandoned`, publishing it to a node (claims, and
-//! what the node's engine needs) in `publish`, snapshots in `snapshots`, I/O limits in `limits`, replacement and the
+//! what the node's engine needs) in `publish`, snapshots in `snapshots`, snapshots of several
+//! sets at one point in `group`, I/O limits in `limits`, replacement and the
 //! collection of leftovers in `membership`.
 //!
 //! Not here: placement (the backend's policy chooses nodes and disks) and the engine itself
@@ -33,6 +34,7 @@
 mod abandoned;
 mod create;
 pub mod engine_call;
+mod group;
 mod limits;
 mod membership;
 pub mod nodes;
@@ -52,6 +54,7 @@ use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 pub use abandoned::Tended;
 pub use create::{Origin, Placement, RestoreInto, RestoreProgress, Restorer};
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
+pub use group::{GroupSnapshot, MAX_GROUP};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
 pub use record::{FillSource, Location, VolumeRecord};
 

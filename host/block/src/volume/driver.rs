@@ -48,6 +48,7 @@ use wasmcsi_trust::ExpectedRole;
 
 use super::connection::{Conn, Dial, Outbox, connection};
 use super::event::ConnEvent;
+use super::hold::Hold;
 use super::local::{LocalJob, LocalLink, Taken};
 use super::request::{ReplyTx, Request, stopped, to_io_error};
 use super::state_file::{load_state, save_state};
@@ -70,6 +71,8 @@ pub(super) struct Shared {
     /// A plugged pass left frames in an outbox (set under the driver's lock after it did):
     /// `unplug` has something to send.
     held: AtomicBool,
+    /// A group snapshot's pause (see `super::hold`): checked as requests are fed.
+    pub(super) hold: Hold,
 }
 
 enum Queued {
@@ -88,6 +91,17 @@ impl Shared {
     pub(super) fn submit(&self, request: Request, reply: ReplyTx) {
         lock(&self.queued).push(Queued::Request(request, reply));
         self.drive_if_free();
+    }
+
+    /// Feeds what a hold parked, in its order (see `super::hold`).
+    pub(super) fn resubmit(&self, parked: Vec<(Request, ReplyTx)>) {
+        lock(&self.queued).extend(parked.into_iter().map(|(request, reply)| Queued::Request(request, reply)));
+        self.drive_if_free();
+    }
+
+    /// The runtime the driver runs on.
+    pub(super) fn runtime(&self) -> tokio::runtime::Handle {
+        self.with_driver(|d| d.runtime.clone())
     }
 
     /// Runs `f` on the driver, then as [`Self::drive`].
@@ -137,7 +151,11 @@ impl Shared {
             wasmcsi_frontend::is_plugged() && !batch.iter().any(|q| matches!(q, Queued::Request(_, ReplyTx::Wait(_))));
         for queued in batch.drain(..) {
             match queued {
-                Queued::Request(request, reply) => d.on_request(request, reply),
+                Queued::Request(request, reply) => {
+                    if let Some((request, reply)) = self.hold.admit(request, reply) {
+                        d.on_request(request, reply);
+                    }
+                }
                 Queued::Answer(event) => d.on_conn_event(event),
             }
         }
@@ -728,8 +746,12 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
         actions: Vec::new(),
         poisoned: None,
     };
-    let shared =
-        Arc::new(Shared { driver: Mutex::new(driver), queued: Mutex::new(Vec::new()), held: AtomicBool::new(false) });
+    let shared = Arc::new(Shared {
+        driver: Mutex::new(driver),
+        queued: Mutex::new(Vec::new()),
+        held: AtomicBool::new(false),
+        hold: Hold::new(),
+    });
     runtime.spawn(run(shared.clone(), stop_rx, event_rx).instrument(span));
     Ok(Started { shared, size, stop, status })
 }

@@ -191,6 +191,41 @@ impl ReplicatedVolume {
         }
     }
 
+    /// Holds the volume's writes for `holder` (a group snapshot), then takes snapshot `name` on
+    /// every replica: it holds exactly the writes fed to the engine before the hold. Writes,
+    /// unmaps and flushes then wait until [`Self::release_hold`] or, at the latest, until
+    /// `deadline` has passed (the volume never stays paused for a holder that went away). The
+    /// same holder again: its hold continues and the snapshot is the existing one. A snapshot
+    /// that fails ends the hold. Errors: `WouldBlock` when another holder holds the volume, and
+    /// those of [`Self::snapshot`].
+    pub fn hold_snapshot(&self, holder: &str, name: &str, deadline: Duration) -> io::Result<()> {
+        let generation = self.shared.hold.hold(holder).map_err(|other| {
+            io::Error::new(io::ErrorKind::WouldBlock, format!("the volume is held by group snapshot {:?}", other.0))
+        })?;
+        let shared = Arc::downgrade(&self.shared);
+        let owner = holder.to_owned();
+        self.shared.runtime().spawn(async move {
+            tokio::time::sleep(deadline).await;
+            if let Some(shared) = shared.upgrade()
+                && let Some(released) = shared.hold.release(&owner, Some(generation))
+            {
+                tracing::warn!(holder = %owner, held_ms = released.held_for.as_millis(), "hold deadline passed; writes resume");
+                shared.resubmit(released.parked);
+            }
+        });
+        self.snapshot(name).inspect_err(|_| {
+            self.release_hold(holder);
+        })
+    }
+
+    /// Ends `holder`'s hold: the writes it parked go on. Returns how long it held, `None` when
+    /// `holder` does not hold the volume (its deadline ended it, or it never held it).
+    pub fn release_hold(&self, holder: &str) -> Option<Duration> {
+        let released = self.shared.hold.release(holder, None)?;
+        self.shared.resubmit(released.parked);
+        Some(released.held_for)
+    }
+
     /// Moves replica `index` to a new, empty replica on the disk `disk` of the server at `addr`
     /// (created there first, e.g. with `control::ReplicaServerClient::create_replica_on`): the
     /// way to replace a replica whose node or disk is gone. The new replica is fully rebuilt while I/O continues; the volume must keep another

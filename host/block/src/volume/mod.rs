@@ -20,6 +20,8 @@
 //!   ([`ReplicaEndpoint::InProcess`]), under the same session rules as the server's.
 //! - `event`: what those two report to the driver (`ConnEvent`), in a module of its own so
 //!   that they do not import the driver.
+//! - `hold`: a group snapshot's pause: writes wait outside the engine while a holder holds the
+//!   volume, until it lets go or the hold's deadline passes.
 //! - `state_file`: the engine's persisted state (`Persist`), crash-safe on disk ([`STATE_FILE`]).
 //!
 //! It does not own the replication rules (the engine), the replicas' storage ([`crate::replica`])
@@ -42,6 +44,7 @@ mod driver;
 mod event;
 mod grant;
 mod handle;
+mod hold;
 mod local;
 mod request;
 mod state_file;

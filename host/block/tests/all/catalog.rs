@@ -355,3 +355,42 @@ async fn a_node_with_two_disks_places_a_replica_on_the_named_one_and_serves_it_t
         assert!(catalog.get(id).await.unwrap().is_none(), "{id}");
     }
 }
+
+#[tokio::test]
+async fn a_group_snapshot_of_detached_sets_is_all_or_nothing_and_a_retry_finds_it() {
+    let c = Cluster::start(2).await;
+    let cat = c.catalog();
+    let ids = names(&["g-a", "g-b", "g-c"]);
+    for id in &ids {
+        cat.create(id, 2 * MIB, &names(&["n0", "n1"]), None, BTreeMap::new()).await.unwrap();
+    }
+    let group = cat.snapshot_group(&ids, "grp").await.unwrap();
+    let taken: Vec<&str> =
+        group.snapshots.iter().map(|(id, s, _)| (s.name == "grp").then_some(id.as_str()).unwrap()).collect();
+    assert_eq!(taken, ["g-a", "g-b", "g-c"], "one snapshot per set, in the order asked");
+    assert!(group.held.is_none(), "no set is attached: nothing held");
+    let again = cat.snapshot_group(&ids, "grp").await.unwrap();
+    assert_eq!(
+        again.snapshots.iter().map(|(_, s, _)| s.clone()).collect::<Vec<_>>(),
+        group.snapshots.iter().map(|(_, s, _)| s.clone()).collect::<Vec<_>>(),
+        "the same name and sets again: the same snapshots"
+    );
+
+    // A missing set: nothing taken of the others.
+    let with_missing = names(&["g-a", "g-none", "g-c"]);
+    assert!(matches!(cat.snapshot_group(&with_missing, "grp2").await, Err(CatalogError::NotFound(_))));
+    // A snapshot left alone by an attempt that could not clean up is taken anew with the others.
+    cat.snapshot("g-b", "grp3").await.unwrap();
+    let redone = cat.snapshot_group(&ids, "grp3").await.unwrap();
+    assert_eq!(redone.snapshots.len(), 3);
+    for id in &ids {
+        let snaps: Vec<String> =
+            cat.list_snapshots(Some(id)).await.unwrap().into_iter().map(|(_, s, _)| s.name).collect();
+        assert_eq!(snaps, ["grp", "grp3"], "{id}: no grp2 anywhere");
+    }
+    assert!(matches!(cat.snapshot_group(&names(&["g-a", "g-a"]), "x").await, Err(CatalogError::Invalid(_))));
+    assert!(matches!(cat.snapshot_group(&[], "x").await, Err(CatalogError::Invalid(_))));
+    for id in &ids {
+        cat.delete(id).await.unwrap();
+    }
+}

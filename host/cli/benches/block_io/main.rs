@@ -44,7 +44,8 @@
 //! (default: a temporary directory under /var/tmp, on disk, not tmpfs), `BLOCK_BENCH_FUSE_THREADS`
 //! (the frontend's default unless set), `BLOCK_BENCH_CREATES` (CreateVolume/DeleteVolume
 //! samples, 50), `BLOCK_BENCH_HEAL_MIB` (the kill -9 volume, 1024), `BLOCK_BENCH_RUNS` (3),
-//! `BLOCK_BENCH_ONLY` (a comma-separated subset of raw, engine, fuse, node, csi, tls, rebuild). The FUSE rows and the CSI
+//! `BLOCK_BENCH_ONLY` (a comma-separated subset of raw, engine, fuse, node, csi, tls, rebuild, group;
+//! `group`: a group snapshot's pause for 3 and 10 volumes, `BLOCK_BENCH_GROUPS` rounds, default 30). The FUSE rows and the CSI
 //! part need root and /dev/fuse and are skipped otherwise. Everything is torn down by drop
 //! guards, on panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "benchmark harness")]
@@ -66,6 +67,7 @@ use wasmcsi_block::volume::{InProcessNode, ReplicaEndpoint, ReplicatedVolume, Vo
 use wasmcsi_frontend::{BlockDevice, FileDevice, Frontend, FuseLoopFrontend};
 
 mod csi;
+mod group;
 mod tls;
 // The CSI calls the flow tests make, once (`tests/all/support/csi.rs`).
 #[path = "../../tests/all/support/mod.rs"]
@@ -609,7 +611,7 @@ impl Goal {
 }
 
 /// Which parts of the run `BLOCK_BENCH_ONLY` (a comma-separated list of raw, engine, fuse, node, tls,
-/// csi, rebuild; all when unset) asks for.
+/// csi, rebuild, group; all when unset) asks for.
 fn wants(part: &str) -> bool {
     std::env::var("BLOCK_BENCH_ONLY").map_or(true, |only| only.split(',').any(|p| p.trim() == part))
 }
@@ -732,6 +734,10 @@ fn main() {
 
     // The engine over mutual TLS against the same engine in plaintext (see `tls.rs`).
     let tls_rows = wants("tls").then(|| tls::run(root, ws, secs, runs));
+
+    // A group snapshot's pause, for groups of 3 and 10 volumes under writers (see `group.rs`).
+    let mut groups = (skip_fuse.is_none() && wants("group"))
+        .then(|| group::run(root, &[3, 10], knob("BLOCK_BENCH_GROUPS", 30).max(1) as usize));
 
     let rb = wants("rebuild").then(|| {
         eprintln!("rebuilds: {} MiB volume", rebuild_size / MIB);
@@ -961,6 +967,9 @@ fn main() {
             h.rebuilt as f64 / MIB as f64,
             h.rebuild.as_secs_f64()
         );
+    }
+    if let Some(rows) = &mut groups {
+        group::print(rows);
     }
     if let Some(why) = skip_fuse {
         println!("(c), (d), (e), (c'), (e') and the CSI part skipped: {why}");

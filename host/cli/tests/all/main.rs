@@ -17,6 +17,7 @@ mod conformance;
 mod controller_faults;
 mod datapath_bounds;
 mod datapath_crash;
+mod group_snapshots;
 mod hostile;
 mod hot_reload;
 mod nfs_flow_vm;
