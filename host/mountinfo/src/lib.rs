@@ -278,10 +278,7 @@ mod tests {
     fn a_quoted_selinux_context_is_one_option() {
         let line = "42 32 7:0 / /mnt/a rw,relatime - ext4 /dev/loop0 rw,context=\"system_u:object_r:container_file_t:s0:c3,c7\",seclabel\n";
         let entry = &parsed(line)[0];
-        assert_eq!(
-            entry.super_options,
-            ["rw", "context=\"system_u:object_r:container_file_t:s0:c3,c7\"", "seclabel"]
-        );
+        assert_eq!(entry.super_options, ["rw", "context=\"system_u:object_r:container_file_t:s0:c3,c7\"", "seclabel"]);
     }
 
     #[test]

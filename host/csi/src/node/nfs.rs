@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
 use wasmcsi_proto::csi::v1 as csi;
-use wasmcsi_runtime::config::NfsGrant;
 use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::config::NfsGrant;
 use wasmcsi_runtime::driver;
 
 use super::attacher::{

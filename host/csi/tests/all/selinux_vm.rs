@@ -19,7 +19,10 @@ const LABEL: &str = "system_u:object_r:container_file_t:s0:c3,c7";
 
 fn capability(flags: &[String]) -> driver::VolumeCapability {
     driver::VolumeCapability {
-        access_type: types::AccessType::Mount(types::MountVolume { fs_type: String::new(), mount_flags: flags.to_vec() }),
+        access_type: types::AccessType::Mount(types::MountVolume {
+            fs_type: String::new(),
+            mount_flags: flags.to_vec(),
+        }),
         access_mode: types::AccessMode::SingleNodeWriter,
     }
 }
