@@ -81,8 +81,7 @@ async fn grants_follow_the_catalog_s_owner_and_epoch_through_a_republish() {
         Options::default(),
     )
     .await;
-    let addrs: Vec<String> = [&a, &b].iter().map(|h| h.datapath.as_ref().unwrap().local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b]);
 
     let (mut ctl, _) = clients(&a.socket).await;
     let params: HashMap<String, String> =
@@ -185,8 +184,7 @@ async fn controller_publish_returns_the_node_s_grant_at_the_epoch_it_claimed() {
         Options::default(),
     )
     .await;
-    let addrs: Vec<String> = [&a, &b].iter().map(|h| h.datapath.as_ref().unwrap().local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b]);
 
     let (mut ctl, _) = clients(&a.socket).await;
     let params: HashMap<String, String> =

@@ -314,9 +314,7 @@ async fn replicated_block_passes_the_conformance_suite() {
         Default::default(),
     )
     .await;
-    let addrs: Vec<String> =
-        [&a, &b].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    crate::support::replicated::list_replica_nodes(&nodes_file, &[&a, &b]);
 
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode as AccessModeKind};
     let profile = Profile {

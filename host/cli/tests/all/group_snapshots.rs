@@ -67,9 +67,7 @@ async fn three_nodes(dir: &Path) -> [Host; 3] {
     let a = start("node-a", wasmcsi_csi::Mode::All).await;
     let b = start("node-b", wasmcsi_csi::Mode::Node).await;
     let c = start("node-c", wasmcsi_csi::Mode::Node).await;
-    let addrs: Vec<String> =
-        [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b, &c]);
     [a, b, c]
 }
 

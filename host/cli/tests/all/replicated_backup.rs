@@ -148,9 +148,7 @@ async fn flow() {
     std::fs::write(&nodes_file, "").unwrap();
     let a = start(dir.path(), "node-a", wasmcsi_csi::Mode::All, &nodes_file, &target).await;
     let b = start(dir.path(), "node-b", wasmcsi_csi::Mode::Node, &nodes_file, &target).await;
-    let addrs: Vec<String> =
-        [&a, &b].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b]);
     let (mut ctl, node_a) = clients(&a.socket).await;
     let (_, node_b) = clients(&b.socket).await;
 

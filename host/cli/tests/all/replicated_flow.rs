@@ -51,9 +51,7 @@ async fn three_nodes(dir: &Path) -> [Host; 3] {
     let a = start_node(dir, "node-a", wasmcsi_csi::Mode::All, &nodes_file).await;
     let b = start_node(dir, "node-b", wasmcsi_csi::Mode::Node, &nodes_file).await;
     let c = start_node(dir, "node-c", wasmcsi_csi::Mode::Node, &nodes_file).await;
-    let addrs: Vec<String> =
-        [&a, &b, &c].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b, &c]);
     [a, b, c]
 }
 

@@ -128,9 +128,7 @@ async fn flow() {
     };
     let a = start("node-a", wasmcsi_csi::Mode::All).await;
     let b = start("node-b", wasmcsi_csi::Mode::Node).await;
-    let addrs: Vec<String> =
-        [&a, &b].iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &[&a, &b]);
     let (mut ctl, node) = clients(&a.socket).await;
 
     // Offered: this host's one backend declares `modify-volume`.

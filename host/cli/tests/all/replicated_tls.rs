@@ -95,8 +95,7 @@ async fn a_replicated_volume_serves_verified_io_with_every_replica_port_in_requi
             .await,
         );
     }
-    let addrs: Vec<String> = nodes.iter().map(|h| h.datapath.as_ref().unwrap().local_addr().to_string()).collect();
-    std::fs::write(&nodes_file, addrs.join("\n") + "\n").unwrap();
+    support::replicated::list_replica_nodes(&nodes_file, &nodes.iter().collect::<Vec<_>>());
 
     let (mut ctl, _) = clients(&controller.socket).await;
     let (_, mut node_a) = clients(&nodes[0].socket).await;

@@ -29,6 +29,14 @@ pub struct Options {
     pub backup_target: Option<PathBuf>,
 }
 
+/// Lists the replica servers of `hosts` in `nodes_file`, one address per line, as the grants of
+/// every host started with that file read it.
+pub fn list_replica_nodes(nodes_file: &Path, hosts: &[&Host]) {
+    let addrs: Vec<String> =
+        hosts.iter().map(|h| h.datapath.as_ref().expect("data path").local_addr().to_string()).collect();
+    std::fs::write(nodes_file, addrs.join("\n") + "\n").unwrap();
+}
+
 /// A host (`mode`, node id `node_id`) serving replicated-block from `home` (component, state,
 /// replicas, socket), granted the replica nodes listed in `nodes_file`.
 pub async fn host(home: &Path, node_id: &str, mode: wasmcsi_csi::Mode, nodes_file: &Path, options: Options) -> Host {
