@@ -151,7 +151,7 @@ impl Filesystem {
 pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, String)> {
     let mut ms = MsFlags::empty();
     let mut data: Vec<String> = Vec::new();
-    for opt in super::mount_options::split(flags)? {
+    for opt in super::mount_options::for_mount(flags)? {
         match opt.as_str() {
             "ro" => ms |= MsFlags::MS_RDONLY,
             "rw" | "defaults" => {}
@@ -165,10 +165,6 @@ pub fn mount_flags(flags: &[String], read_only: bool) -> CsiResult<(MsFlags, Str
             "noexec" => ms |= MsFlags::MS_NOEXEC,
             "sync" => ms |= MsFlags::MS_SYNCHRONOUS,
             "dirsync" => ms |= MsFlags::MS_DIRSYNC,
-            // Options that mean something only to mount(8) or to other layers.
-            "bind" | "rbind" | "remount" | "loop" => {
-                return Err(CsiError::Invalid(format!("mount flag {opt:?} is not allowed")));
-            }
             _ => data.push(opt),
         }
     }

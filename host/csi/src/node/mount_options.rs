@@ -58,6 +58,17 @@ pub fn split(flags: &[String]) -> CsiResult<Vec<String>> {
     Ok(out)
 }
 
+/// [`split`], for a mount the node makes with them: an option that means something only to
+/// mount(8) or to other layers (`bind`, `rbind`, `remount`, `loop`) could only turn it into
+/// another kind of mount, and is INVALID_ARGUMENT.
+pub fn for_mount(flags: &[String]) -> CsiResult<Vec<String>> {
+    let options = split(flags)?;
+    if let Some(bad) = options.iter().find(|o| matches!(o.as_str(), "bind" | "rbind" | "remount" | "loop")) {
+        return Err(CsiError::Invalid(format!("mount flag {bad:?} is not allowed")));
+    }
+    Ok(options)
+}
+
 fn take(current: &mut String) -> Option<String> {
     let opt = std::mem::take(current);
     let opt = opt.trim();
@@ -148,6 +159,9 @@ mod tests {
             let e = split(&strings(&[bad])).expect_err(bad);
             assert!(matches!(&e, CsiError::Invalid(m) if m.contains(&format!("{bad:?}"))), "{bad}: {e:?}");
         }
+        assert_eq!(split(&strings(&["noatime,remount"])).expect("split").len(), 2);
+        let e = for_mount(&strings(&["noatime,remount"])).expect_err("remount");
+        assert!(matches!(&e, CsiError::Invalid(m) if m.contains("\"remount\"")), "{e:?}");
         let two = strings(&["context=\"u:r:t:s0:c1\"", "context=u:r:t:s0:c2"]);
         assert!(matches!(selinux_context(&two), Err(CsiError::Invalid(_))));
         assert_eq!(selinux_context(&strings(&["ro", "noatime"])).expect("none"), None);

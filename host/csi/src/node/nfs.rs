@@ -193,14 +193,10 @@ pub fn mount_options(options: &[String], read_only: bool) -> Result<String, Stri
 /// The CO's mount flags for a share, mounted after the backend's options (so a PV's
 /// `mountOptions` wins where both set one, as mount(8) takes the last): kubelet's SELinux
 /// `context="…"` among them, quoted as one option. Options that would make it another kind of
-/// mount are INVALID_ARGUMENT.
+/// mount are INVALID_ARGUMENT ([`mount_options::for_mount`]).
 pub fn co_options(capability: &driver::VolumeCapability) -> CsiResult<Vec<String>> {
     let types::AccessType::Mount(m) = &capability.access_type else { return Ok(Vec::new()) };
-    let options = mount_options::split(&m.mount_flags)?;
-    if let Some(bad) = options.iter().find(|o| matches!(o.as_str(), "bind" | "rbind" | "remount" | "loop")) {
-        return Err(CsiError::Invalid(format!("mount flag {bad:?} is not allowed")));
-    }
-    Ok(options)
+    mount_options::for_mount(&m.mount_flags)
 }
 
 /// What is at `target` compared with the wanted NFS source.
