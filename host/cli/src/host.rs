@@ -293,15 +293,16 @@ impl Host {
     /// Stop serving and wait for the server to finish.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.stop.take().map(|s| s.send(()));
+        self.watcher.abort();
+        // Aborted, then awaited: what their futures hold (the registry, a data path's client)
+        // is dropped before the data path below stops, not whenever the runtime gets to it.
         if let Some(p) = self.peer_server.take() {
             p.abort();
+            let _ = p.await;
         }
-        self.watcher.abort();
-        if let Some(r) = self.reconciler.take() {
-            r.abort();
-        }
-        if let Some(k) = self.keeper.take() {
-            k.abort();
+        for task in [self.reconciler.take(), self.keeper.take()].into_iter().flatten() {
+            task.abort();
+            let _ = task.await;
         }
         if let Some(served) = self.served.take() {
             served.await.context("CSI server task")??;

@@ -502,7 +502,7 @@ impl Inner {
         // counts: the volume was given to another node, whose engine the replicas follow. Its
         // teardown is complete, so detaching it succeeds; kubelet must be able to unstage it.
         let fenced = self.volume.status().fenced;
-        self.volume.shutdown();
+        self.shut_down_engine();
         tracing::debug!(device = %self.device.display(), "volume detached");
         match flushed {
             Err(e) if fenced => {
@@ -554,15 +554,24 @@ impl Inner {
             // The next engine resyncs what was in flight, as after a crash: still no I/O error.
             tracing::warn!(error = %e, "the flush before a handover failed");
         }
+        self.shut_down_engine();
+        Ok(suspended)
+    }
+
+    /// Stops the engine and waits (at most [`STOP_WAIT`]) until its driver let go of its
+    /// replica links. Its sessions must end (cleanly: the flush was the last request) before
+    /// the next engine says hello, or a replica still counting this one shows itself dirty to
+    /// the next and costs a resync; and an in-process link holds the node's replica root, which
+    /// a data path started after this one's shutdown must be able to open.
+    fn shut_down_engine(&self) {
         self.volume.shutdown();
-        // Its sessions must end (cleanly: the flush was the last request) before the next
-        // engine says hello, or a replica still counting this one shows itself dirty to the
-        // next and costs a resync: wait until the driver let go of its connections.
         let deadline = Instant::now() + STOP_WAIT;
         while !self.volume.is_stopped() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        Ok(suspended)
+        if !self.volume.is_stopped() {
+            tracing::warn!(wait = ?STOP_WAIT, "the stopped engine still holds its replica links");
+        }
     }
 }
 
