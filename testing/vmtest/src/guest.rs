@@ -221,7 +221,27 @@ pub fn load_selinux_policy() -> Result<(), GuestError> {
     let policy = fs::read(&binary).map_err(io_error(format!("read {}", binary.display())))?;
     fs::write(selinuxfs.join("load"), policy).map_err(io_error("load the SELinux policy (see dmesg)"))?;
     let _ = fs::remove_dir_all(&dir);
-    Ok(())
+    selinux_config()
+}
+
+/// Gives the guest the `/etc/selinux/config` of an SELinux host: without it libselinux says
+/// SELinux is disabled (`is_selinux_enabled` wants the file as well as selinuxfs), and
+/// util-linux mount(8) then drops every SELinux mount option. The guest's root is the host's,
+/// read-only, so the directory gets a tmpfs of its own.
+fn selinux_config() -> Result<(), GuestError> {
+    let etc = Path::new("/etc/selinux");
+    if etc.join("config").exists() {
+        return Ok(());
+    }
+    if !etc.is_dir() {
+        return Err(GuestError::Io {
+            what: "/etc/selinux is missing on the host whose root the guest boots (scripts/setup installs it)".into(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        });
+    }
+    sh("mount", &["-t", "tmpfs", "-o", "size=1m,mode=0755", "selinux-config", "/etc/selinux"])?;
+    fs::write(etc.join("config"), "SELINUX=permissive\nSELINUXTYPE=minimal\n")
+        .map_err(io_error("write /etc/selinux/config"))
 }
 
 /// The SELinux label of `path` (its `security.selinux` attribute, not following a symlink).

@@ -1,5 +1,5 @@
 //! SELinux labels from the CO's `context=` mount flag (kubelet adds it when the CSIDriver says
-//! `seLinuxMount: true`) on the filesystems the node mounts itself and on directory volumes, against a kernel that
+//! `seLinuxMount: true`) on every kind of filesystem volume the node makes, against a kernel that
 //! enforces labels. This machine's kernel has no SELinux: the body runs in the kernel-VM tier
 //! (`testing/vmtest`), booted with `security=selinux` and a minimal permissive policy, so what
 //! is checked is the label the kernel gives the volume's files, not access decisions.
@@ -8,12 +8,24 @@
 use std::path::Path;
 
 use wasmcsi_csi::node::filesystem::{Filesystem, unmount_all};
-use wasmcsi_csi::node::mount_options;
+use wasmcsi_csi::node::{mount_options, nfs};
 use wasmcsi_mountinfo as mountinfo;
-use wasmcsi_vmtest::guest::{load_selinux_policy, selinux_label, sh};
+use wasmcsi_runtime::bindings::types;
+use wasmcsi_runtime::driver;
+use wasmcsi_vmtest::guest::{KernelNfsServer, load_selinux_policy, selinux_label, sh};
 
 /// kubelet's label for a pod: MCS categories, so a comma inside the quoted value.
 const LABEL: &str = "system_u:object_r:container_file_t:s0:c3,c7";
+
+fn capability(flags: &[String]) -> driver::VolumeCapability {
+    driver::VolumeCapability {
+        access_type: types::AccessType::Mount(types::MountVolume {
+            fs_type: String::new(),
+            mount_flags: flags.to_vec(),
+        }),
+        access_mode: types::AccessMode::SingleNodeWriter,
+    }
+}
 
 fn labels_under(dir: &Path) -> Vec<(String, String)> {
     let out = sh("find", &[&dir.to_string_lossy(), "-xdev", "-printf", "%p %Z\n"]).expect("find");
@@ -21,7 +33,7 @@ fn labels_under(dir: &Path) -> Vec<(String, String)> {
 }
 
 #[test]
-fn a_co_selinux_context_labels_block_filesystems_and_directory_volumes() {
+fn a_co_selinux_context_labels_block_filesystems_nfs_shares_and_directory_volumes() {
     let vm = wasmcsi_vmtest::Vm::new().kernel_arg("security=selinux");
     let Some(guest) = wasmcsi_vmtest::enter!(vm) else { return };
     load_selinux_policy().expect("minimal SELinux policy");
@@ -49,11 +61,24 @@ fn a_co_selinux_context_labels_block_filesystems_and_directory_volumes() {
     unmount_all(staging, None).expect("unmount");
     sh("losetup", &["-d", &device.to_string_lossy()]).expect("detach");
 
-    // Not an NFS share: util-linux's mount(8), which mounts shares, drops every SELinux option
-    // when libselinux finds no /etc/selinux/config (this guest has none, and neither has the
-    // plugin's image), so a share mounted through it is not labelled; seen here with the same
-    // label (the file showed unlabeled_t). Until NFS mounts without mount(8) the CSIDriver keeps
-    // `seLinuxMount: false` (docs/operating.md, "SELinux").
+    // An NFS share: the CO's flags follow the backend's options to mount(8), the quoted context
+    // as one option. mount(8) passes SELinux options on only where libselinux sees an SELinux
+    // host: selinuxfs mounted and an /etc/selinux/config (load_selinux_policy gives this guest
+    // both, as an SELinux node has them; the node plugin's pod mounts the node's).
+    let export = guest.scratch().join("export");
+    let server = KernelNfsServer::start(&export, 2).expect("kernel NFS server");
+    std::fs::create_dir_all(export.join("pvc-1")).expect("volume directory");
+    std::fs::write(export.join("pvc-1/old"), "x").expect("a file from before");
+    let mut options = nfs::mount_options(&["nfsvers=4.2".into(), "soft".into()], false).expect("options");
+    for opt in nfs::co_options(&capability(&flags)).expect("the CO's options") {
+        options = format!("{options},{opt}");
+    }
+    let share = Path::new("/mnt/selinux/nfs");
+    nfs::mount_nfs(&server.source("pvc-1"), share, &options, nfs::NFS_DEADLINE).expect("mount the share");
+    let on_share = selinux_label(&share.join("old"));
+    nfs::unmount_bounded(share, nfs::NFS_DEADLINE).expect("unmount the share");
+    drop(server);
+    assert_eq!(on_share.expect("label on the share"), LABEL, "mount options {options}");
 
     // A directory volume (bind-mounted, which takes no context): its tree is relabelled, the
     // root last; a second stage finds it done.
