@@ -24,11 +24,14 @@
 //! - Group snapshots (`group`): one crash-consistent point of several volumes through the
 //!   host's `snapshot-group`; every member an ordinary snapshot, the group's id `group-HASH`.
 //! - Self-healing: the host calls `reconcile-volume`; a replica whose node has been unreachable
-//!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk).
+//!   for longer than the volume's `staleReplicaTimeout` moves to another eligible node (or disk);
+//!   a replica on a node the volume's `replicaNodeSelector` no longer matches moves to one it
+//!   matches, one at a time while every replica is healthy.
 //! - VolumeAttributesClass (`modify-volume`, and `mutable_parameters` at creation): the volume's
-//!   I/O limits, kept by the host with the set and enforced by its engine (`mutable`). Every
-//!   key is checked before anything changes; an unknown or immutable one is INVALID_ARGUMENT
-//!   naming it.
+//!   I/O limits, kept by the host with the set and enforced by its engine, and its selector and
+//!   stale timeout, kept in the set's metadata (`mutable`). Every key is checked before anything
+//!   changes; an unknown or immutable one, or a selector the nodes cannot satisfy, is
+//!   INVALID_ARGUMENT naming it.
 #![deny(unsafe_code)]
 
 mod group;
@@ -115,20 +118,79 @@ fn parse_mutable(params: &[Pair]) -> Result<mutable::Modification, Error> {
     mutable::parse(&pairs_of(params)).map_err(|e| Error::InvalidArgument(e.0))
 }
 
-/// Sets what `modification` changes of `set`'s limits (through the host, which applies them in
-/// the engine now or at the next attach). Asked again with the same values, the host changes
-/// nothing and tells a running engine again: a retry after a failure completes it.
+/// Sets what `modification` changes of `set`: its limits (through the host, which applies them
+/// in the engine now or at the next attach) and the placement keys kept in its metadata (the
+/// healing rounds move replicas a new selector excludes). A selector the nodes cannot satisfy
+/// is refused before anything changes. Asked again with the same values, nothing changes and a
+/// running engine is told its limits again: a retry after a failure completes it.
 fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) -> Result<(), Error> {
     if modification.is_empty() {
         return Ok(());
     }
-    let limits = modification.applied_to(set.limits);
-    h.block().set_limits(&set.id, &limits, set.rebuild_bytes_per_second)?;
-    let shown = format!(
-        "read {} IOPS {} B/s, write {} IOPS {} B/s",
-        limits.read_iops, limits.read_bytes_per_second, limits.write_iops, limits.write_bytes_per_second
-    );
-    h.log().info("I/O limits set", &[("volume", &set.id), ("limits", &shown)]);
+    let mut metadata = metadata_of(set);
+    let current = policy::policy_from_metadata(&metadata);
+    let wanted = modification.applied_to_policy(&current);
+    if wanted.selector != current.selector {
+        let nodes = candidates(&h.block().list_nodes()?);
+        let slots: Vec<Slot> = views(set).into_iter().map(|r| r.slot).collect();
+        let moving = policy::off_selector(&slots, &nodes, &wanted);
+        if !moving.is_empty() {
+            policy::place(&nodes, &wanted, set.size_bytes, moving.len(), &slots).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "{}: {} to move off the nodes it excludes: {}",
+                    mutable::SELECTOR,
+                    moving.len(),
+                    e.0
+                ))
+            })?;
+        }
+    }
+    if modification.sets_limits() {
+        let limits = modification.applied_to(set.limits);
+        h.block().set_limits(&set.id, &limits, set.rebuild_bytes_per_second)?;
+        let shown = format!(
+            "read {} IOPS {} B/s, write {} IOPS {} B/s",
+            limits.read_iops, limits.read_bytes_per_second, limits.write_iops, limits.write_bytes_per_second
+        );
+        h.log().info("I/O limits set", &[("volume", &set.id), ("limits", &shown)]);
+    }
+    if wanted != current {
+        policy::update_policy_metadata(&mut metadata, &wanted);
+        let pairs: Vec<Pair> = metadata.into_iter().map(|(key, value)| Pair { key, value }).collect();
+        h.block().set_metadata(&set.id, &pairs)?;
+        let stale = format!("{}s", wanted.stale_timeout.as_secs());
+        let selector = modification.selector.as_ref().map(|_| "changed").unwrap_or("kept");
+        h.log().info(
+            "placement policy set",
+            &[("volume", &set.id), ("staleReplicaTimeout", &stale), ("replicaNodeSelector", selector)],
+        );
+    }
+    Ok(())
+}
+
+/// Moves one replica whose node the volume's selector excludes (a VolumeAttributesClass changed
+/// it) to a node it matches, when every replica is healthy: the host replaces it with an empty
+/// one that the engine rebuilds from the others while the volume serves I/O (attached), or the
+/// next attach rebuilds (detached). One per round, so the set is never short of more than one
+/// whole replica; a hidden (deleted) volume's replicas stay where they are.
+fn move_off_selector(h: &impl Host, set: &ReplicaSet, policy: &Policy) -> Result<(), Error> {
+    if policy.selector.is_empty() || is_deleted(set) {
+        return Ok(());
+    }
+    let nodes = candidates(&h.block().list_nodes()?);
+    match policy::next_move(&views(set), &nodes, policy, set.size_bytes) {
+        Ok(Some((from, to))) => {
+            h.block().replace(&set.id, &placement(&from), &placement(&to))?;
+            h.log().info(
+                "replica moved to a node matching replicaNodeSelector",
+                &[("volume", &set.id), ("from", &from.to_string()), ("to", &to.to_string())],
+            );
+        }
+        Ok(None) => {}
+        Err(e) => {
+            h.log().warn("a replica off replicaNodeSelector cannot move yet", &[("volume", &set.id), ("why", &e.0)])
+        }
+    }
     Ok(())
 }
 
@@ -386,9 +448,11 @@ impl Backend for ReplicatedBlock {
 
     fn create_volume(h: &impl Host, req: CreateVolumeRequest) -> Result<Volume, Error> {
         check_csi_name("volume", &req.name)?;
-        let policy = policy::parse_parameters(&pairs_of(&req.parameters)).map_err(|e| Error::InvalidArgument(e.0))?;
+        let class = policy::parse_parameters(&pairs_of(&req.parameters)).map_err(|e| Error::InvalidArgument(e.0))?;
         // Checked before anything is made: a class that cannot be applied creates nothing.
         let modification = parse_mutable(&req.mutable_parameters)?;
+        // A VolumeAttributesClass's placement keys win over the StorageClass's.
+        let policy = modification.applied_to_policy(&class);
         if let Some(why) = unsupported_mode(&req.capabilities) {
             return Err(Error::InvalidArgument(why));
         }
@@ -694,7 +758,7 @@ impl Backend for ReplicatedBlock {
         let now = u64::try_from(now.seconds).unwrap_or(0);
         let overdue = policy::overdue(&views(&set), &policy, now);
         if overdue.is_empty() {
-            return Ok(());
+            return move_off_selector(h, &set, &policy);
         }
         let nodes = candidates(&h.block().list_nodes()?);
         for lost in overdue {

@@ -1,13 +1,17 @@
 //! The VolumeAttributesClass parameters of this backend (CSI `mutable_parameters`, at
 //! CreateVolume and ControllerModifyVolume): the volume's I/O limits, which its engine
-//! enforces. Each key given sets its limit; a key not given leaves its limit as it is (the spec:
-//! no change from the absence of a key); `0` lifts it. Every key is checked before anything
-//! changes, and the first one refused is named.
+//! enforces, and the two placement keys that need no replica added or removed:
+//! `replicaNodeSelector` (replicas on nodes that no longer match are moved, one at a time, by
+//! the healing rounds) and `staleReplicaTimeout`. Each key given sets its value; a key not given
+//! leaves it as it is (the spec: no change from the absence of a key); `0` lifts a limit. Every
+//! key is checked before anything changes, and the first one refused is named.
 //!
-//! The placement parameters of a StorageClass (`numberOfReplicas`, `replicaNodeSelector`, ...)
-//! are refused here: the host cannot add or remove a replica of an existing set yet.
+//! `numberOfReplicas`, `replicaSpreadKey` and `fsType` are refused here: the host cannot add or
+//! remove a replica of an existing set yet, and a filesystem is made once.
 
-use crate::policy::Invalid;
+use std::time::Duration;
+
+use crate::policy::{self, Invalid, Policy};
 use wasmcsi_backend_sdk::types::IoLimits;
 
 /// Read operations per second (0: unlimited).
@@ -18,23 +22,36 @@ pub const WRITE_IOPS: &str = "writeIOPS";
 pub const READ_BPS: &str = "readBytesPerSecond";
 /// Bytes written per second (0: unlimited); a plain number or a quantity.
 pub const WRITE_BPS: &str = "writeBytesPerSecond";
+/// The labels every replica's node must carry, as in the StorageClass; empty: any node.
+pub const SELECTOR: &str = "replicaNodeSelector";
+/// How long a replica's node may be unreachable before the replica is replaced.
+pub const STALE_TIMEOUT: &str = "staleReplicaTimeout";
 
 /// The keys this backend takes.
-pub const MUTABLE_PARAMETERS: &[&str] = &[READ_IOPS, WRITE_IOPS, READ_BPS, WRITE_BPS];
+pub const MUTABLE_PARAMETERS: &[&str] = &[READ_IOPS, WRITE_IOPS, READ_BPS, WRITE_BPS, SELECTOR, STALE_TIMEOUT];
 
-/// What a set of mutable parameters changes: each limit given, `None` where it stays.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a set of mutable parameters changes: each value given, `None` where it stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Modification {
     pub read_iops: Option<u64>,
     pub write_iops: Option<u64>,
     pub read_bytes_per_second: Option<u64>,
     pub write_bytes_per_second: Option<u64>,
+    pub selector: Option<Vec<(String, Option<String>)>>,
+    pub stale_timeout: Option<Duration>,
 }
 
 impl Modification {
     /// Whether it changes anything.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// Whether it sets an I/O limit.
+    pub fn sets_limits(&self) -> bool {
+        [self.read_iops, self.write_iops, self.read_bytes_per_second, self.write_bytes_per_second]
+            .iter()
+            .any(Option::is_some)
     }
 
     /// `current` with what this sets.
@@ -45,6 +62,18 @@ impl Modification {
             read_bytes_per_second: self.read_bytes_per_second.unwrap_or(current.read_bytes_per_second),
             write_bytes_per_second: self.write_bytes_per_second.unwrap_or(current.write_bytes_per_second),
         }
+    }
+
+    /// `policy` with the placement keys this sets.
+    pub fn applied_to_policy(&self, policy: &Policy) -> Policy {
+        let mut p = policy.clone();
+        if let Some(selector) = &self.selector {
+            p.selector = selector.clone();
+        }
+        if let Some(timeout) = self.stale_timeout {
+            p.stale_timeout = timeout;
+        }
+        p
     }
 }
 
@@ -57,7 +86,15 @@ pub fn parse(params: &[(String, String)]) -> Result<Modification, Invalid> {
             WRITE_IOPS => &mut m.write_iops,
             READ_BPS => &mut m.read_bytes_per_second,
             WRITE_BPS => &mut m.write_bytes_per_second,
-            "numberOfReplicas" | "replicaNodeSelector" | "replicaSpreadKey" | "staleReplicaTimeout" | "fsType" => {
+            SELECTOR => {
+                m.selector = Some(policy::parse_selector(value)?);
+                continue;
+            }
+            STALE_TIMEOUT => {
+                m.stale_timeout = Some(policy::parse_duration(value)?);
+                continue;
+            }
+            "numberOfReplicas" | "replicaSpreadKey" | "fsType" => {
                 return Err(Invalid(format!(
                     "mutable parameter {key:?} cannot be changed on an existing volume (this backend modifies \
                      {MUTABLE_PARAMETERS:?}); set it in the StorageClass"

@@ -193,8 +193,8 @@ pub fn parse_parameters(params: &[(String, String)]) -> Result<Policy, Invalid> 
     Ok(p)
 }
 
-/// `key=value,key2,key3=value` (every label must match).
-fn parse_selector(s: &str) -> Result<Vec<(String, Option<String>)>, Invalid> {
+/// `key=value,key2,key3=value` (every label must match); empty: any node.
+pub fn parse_selector(s: &str) -> Result<Vec<(String, Option<String>)>, Invalid> {
     let mut out = Vec::new();
     for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         let (k, v) = match term.split_once('=') {
@@ -247,23 +247,39 @@ pub fn parse_duration(v: &str) -> Result<Duration, Invalid> {
     Ok(d)
 }
 
+/// A selector as the StorageClass writes it (`key=value,key2`).
+fn selector_text(selector: &[(String, Option<String>)]) -> String {
+    let terms: Vec<String> =
+        selector.iter().map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}={v}"))).collect();
+    terms.join(",")
+}
+
 /// The policy as kept in a set's metadata, and back.
 pub fn policy_metadata(name: &str, p: &Policy) -> Vec<(String, String)> {
-    let selector: Vec<String> =
-        p.selector.iter().map(|(k, v)| v.as_ref().map_or_else(|| k.clone(), |v| format!("{k}={v}"))).collect();
     let mut m = vec![
         (META_NAME.to_owned(), name.to_owned()),
         (META_REPLICAS.to_owned(), p.replicas.to_string()),
         (META_STALE.to_owned(), p.stale_timeout.as_secs().to_string()),
         (META_FS.to_owned(), p.fs_type.clone()),
     ];
-    if !selector.is_empty() {
-        m.push((META_SELECTOR.to_owned(), selector.join(",")));
+    if !p.selector.is_empty() {
+        m.push((META_SELECTOR.to_owned(), selector_text(&p.selector)));
     }
     if let Some(k) = &p.spread_key {
         m.push((META_SPREAD.to_owned(), k.clone()));
     }
     m
+}
+
+/// Writes the keys a VolumeAttributesClass may change (selector, stale timeout) of `p` into a
+/// set's metadata `m`, keeping every other key.
+pub fn update_policy_metadata(m: &mut BTreeMap<String, String>, p: &Policy) {
+    m.insert(META_STALE.to_owned(), p.stale_timeout.as_secs().to_string());
+    if p.selector.is_empty() {
+        m.remove(META_SELECTOR);
+    } else {
+        m.insert(META_SELECTOR.to_owned(), selector_text(&p.selector));
+    }
 }
 
 /// Reads back what [`policy_metadata`] stored; a missing or damaged key takes its default, so
@@ -596,6 +612,37 @@ pub fn condition(replicas: &[ReplicaView], wanted: u32) -> (bool, String) {
     let abnormal = healthy < wanted as usize;
     let message = if abnormal { format!("degraded: {}", parts.join(", ")) } else { parts.join(", ") };
     (abnormal, message)
+}
+
+/// The replicas to move because their node no longer matches the policy's selector (a
+/// VolumeAttributesClass changed it), in the set's order. Only replicas on nodes the host lists
+/// count: one whose node is gone is `overdue`'s, not this.
+pub fn off_selector(replicas: &[Slot], nodes: &[Candidate], policy: &Policy) -> Vec<Slot> {
+    replicas
+        .iter()
+        .filter(|r| nodes.iter().any(|n| n.name == r.node && !n.matches(&policy.selector)))
+        .cloned()
+        .collect()
+}
+
+/// The next replica to move to a node matching the selector, and where: one at a time, and only
+/// while every replica is healthy (a move rebuilds the new replica from the others; the next
+/// waits until that rebuild is done, so the set never has two replicas being filled). `None`:
+/// nothing to move, or not now.
+pub fn next_move(
+    replicas: &[ReplicaView],
+    nodes: &[Candidate],
+    policy: &Policy,
+    size: u64,
+) -> Result<Option<(Slot, Slot)>, Invalid> {
+    if replicas.iter().any(|r| r.state != ReplicaHealth::Healthy) {
+        return Ok(None);
+    }
+    let slots: Vec<Slot> = replicas.iter().map(|r| r.slot.clone()).collect();
+    let Some(from) = off_selector(&slots, nodes, policy).into_iter().next() else { return Ok(None) };
+    // The whole set stays taken: the new replica lands where none is, the moved one included.
+    let to = place(nodes, policy, size, 1, &slots)?.into_iter().next();
+    Ok(to.map(|to| (from, to)))
 }
 
 /// Replicas whose node has been unreachable for longer than the policy waits, at `now`

@@ -87,3 +87,111 @@ fn modify_refuses_an_unknown_or_immutable_key_before_changing_anything() {
     let e = ReplicatedBlock::modify_volume(&h, "rb-nope".into(), pairs([("readIOPS", "1")]), vec![]).expect_err("none");
     assert!(matches!(e, Error::NotFound(_)), "{e:?}");
 }
+
+/// Nodes in two zones, two each.
+fn zoned() -> FakeHost {
+    let h = FakeHost::new();
+    h.block
+        .add_node("a", 10 << 30, &[("zone", "x")])
+        .add_node("b", 10 << 30, &[("zone", "x")])
+        .add_node("c", 10 << 30, &[("zone", "y")])
+        .add_node("d", 10 << 30, &[("zone", "y")]);
+    h
+}
+
+fn nodes_of(h: &FakeHost, id: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = h.block.replica_set(id).unwrap().set.replicas.iter().map(|r| r.node.clone()).collect();
+    nodes.sort();
+    nodes
+}
+
+fn meta(h: &FakeHost, id: &str, key: &str) -> Option<String> {
+    h.block.replica_set(id).unwrap().set.metadata.iter().find(|p| p.key == key).map(|p| p.value.clone())
+}
+
+fn in_zone(name: &str, zone: &str) -> CreateVolumeRequest {
+    let mut r = request(name, &[]);
+    r.parameters.extend(pairs([("replicaNodeSelector", format!("zone={zone}").as_str())]));
+    r
+}
+
+const NOW: Timestamp = Timestamp { seconds: 1_900_000_000, nanos: 0 };
+
+#[test]
+fn a_new_selector_moves_the_replicas_one_at_a_time_while_the_set_is_whole() {
+    let h = zoned();
+    let id = ReplicatedBlock::create_volume(&h, in_zone("pvc-1", "x")).unwrap().volume_id;
+    assert_eq!(nodes_of(&h, &id), ["a", "b"]);
+    ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("replicaNodeSelector", "zone=y")]), vec![]).unwrap();
+    assert_eq!(meta(&h, &id, policy::META_SELECTOR).as_deref(), Some("zone=y"));
+    assert_eq!(h.block.journal.calls("replace"), 0, "the modify itself moves nothing");
+
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 1, "one replica per round");
+    let moved = nodes_of(&h, &id);
+    let new = moved.iter().find(|n| *n == "c" || *n == "d").expect("one in zone y").clone();
+    // The new replica is being filled: the next one waits.
+    h.block.set_state(&id, &new, ReplicaState::Rebuilding, None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 1, "no second move while one rebuilds");
+    h.block.set_state(&id, &new, ReplicaState::Healthy, None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(nodes_of(&h, &id), ["c", "d"]);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 2, "nothing left to move");
+}
+
+#[test]
+fn a_selector_no_nodes_satisfy_is_refused_naming_it_with_nothing_changed() {
+    let h = zoned();
+    let id = ReplicatedBlock::create_volume(&h, in_zone("pvc-1", "x")).unwrap().volume_id;
+    let before = h.block.replica_set(&id).unwrap();
+    for selector in ["zone=z", "zone=y,disk=ssd"] {
+        let e = ReplicatedBlock::modify_volume(
+            &h,
+            id.clone(),
+            pairs([("readIOPS", "9"), ("replicaNodeSelector", selector)]),
+            vec![],
+        )
+        .expect_err(selector);
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("replicaNodeSelector")), "{selector}: {e:?}");
+    }
+    let e = ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("replicaNodeSelector", "zone=x,=x")]), vec![]);
+    assert!(matches!(&e, Err(Error::InvalidArgument(m)) if m.contains("replicaNodeSelector")), "not a label: {e:?}");
+    assert_eq!(h.block.replica_set(&id).unwrap(), before, "neither limits nor metadata changed");
+    assert_eq!(h.block.journal.calls("set_limits"), 0);
+    // An empty selector: any node; nothing to move.
+    ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("replicaNodeSelector", "")]), vec![]).unwrap();
+    assert_eq!(meta(&h, &id, policy::META_SELECTOR), None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 0);
+}
+
+#[test]
+fn a_new_stale_timeout_decides_when_a_lost_replica_is_replaced() {
+    let h = zoned();
+    let id = ReplicatedBlock::create_volume(&h, request("pvc-1", &[])).unwrap().volume_id;
+    let lost = nodes_of(&h, &id)[0].clone();
+    let since = Timestamp { seconds: NOW.seconds - 100, nanos: 0 };
+    h.block.set_state(&id, &lost, ReplicaState::Unreachable, Some(since));
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 0, "100 s is within the class's timeout");
+    ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("staleReplicaTimeout", "90s")]), vec![]).unwrap();
+    assert_eq!(meta(&h, &id, policy::META_STALE).as_deref(), Some("90"));
+    assert_eq!(meta(&h, &id, policy::META_NAME).as_deref(), Some("pvc-1"), "other keys kept");
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("replace"), 1, "past the new timeout: replaced");
+    assert!(!nodes_of(&h, &id).contains(&lost));
+    let e = ReplicatedBlock::modify_volume(&h, id, pairs([("staleReplicaTimeout", "soon")]), vec![]).expect_err("bad");
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("staleReplicaTimeout")), "{e:?}");
+}
+
+#[test]
+fn a_class_selector_at_creation_places_the_replicas() {
+    let h = zoned();
+    let mut r = in_zone("pvc-1", "x");
+    r.mutable_parameters = pairs([("replicaNodeSelector", "zone=y")]);
+    let id = ReplicatedBlock::create_volume(&h, r).unwrap().volume_id;
+    assert_eq!(nodes_of(&h, &id), ["c", "d"], "the VolumeAttributesClass wins over the StorageClass");
+    assert_eq!(meta(&h, &id, policy::META_SELECTOR).as_deref(), Some("zone=y"));
+}

@@ -30,6 +30,7 @@ mod replicated_disks;
 mod replicated_flow;
 mod replicated_metrics;
 mod replicated_netns;
+mod replicated_placement;
 mod replicated_qos;
 mod replicated_tls;
 mod serve_cli;
