@@ -1,7 +1,8 @@
 //! ControllerModifyVolume and CreateVolume's `mutable_parameters` (VolumeAttributesClass, CSI
 //! v1.12): a controller that does not offer MODIFY_VOLUME answers UNIMPLEMENTED; one that does
 //! answers for the profile's backend either UNIMPLEMENTED (the backend cannot modify: another
-//! backend of the host can) or by the spec: a missing id or an empty map is INVALID_ARGUMENT,
+//! backend of the driver can; wasmcsi answers INVALID_ARGUMENT naming the key instead) or by
+//! the spec: a missing id or an empty map is INVALID_ARGUMENT,
 //! an unknown volume NOT_FOUND, an unknown key INVALID_ARGUMENT naming it — at creation too,
 //! where nothing may be made then.
 use crate::{NO_VOLUME, Outcome, Suite, call, made_volume, status};

@@ -8,8 +8,8 @@
 //! none, before any backend is asked.
 //! ControllerModifyVolume (a VolumeAttributesClass) goes to the volume's backend whole: the
 //! backend applies every key or none, and names the one it refuses. MODIFY_VOLUME is advertised
-//! while at least one backend declares `modify-volume`; a volume of a backend that does not is
-//! answered UNIMPLEMENTED.
+//! while at least one backend declares `modify-volume`; for a volume of a backend that does not,
+//! every key is one it does not take: INVALID_ARGUMENT naming it (as at CreateVolume).
 //!
 //! Every call on a backend takes one path before its own work (`pipeline`): resolve the
 //! backend and object, check the feature, route, guard, gate. A call on a node-local
@@ -461,15 +461,29 @@ impl ControllerService {
     /// knows its keys); it applies all of them or none, so a retry of the same parameters is
     /// a no-op and an unknown key leaves the volume as it was.
     async fn modify(&self, req: csi::ControllerModifyVolumeRequest) -> CsiResult<csi::ControllerModifyVolumeResponse> {
+        if self.capable(Feature::ModifyVolume).is_empty() {
+            return Err(CsiError::Unimplemented(
+                "ControllerModifyVolume: no backend of this plugin modifies volumes (MODIFY_VOLUME is not offered)"
+                    .into(),
+            ));
+        }
         let id = required(&req.volume_id, "volume_id")?;
         // REQUIRED by the spec: a modification that names nothing to change is malformed.
         if req.mutable_parameters.is_empty() {
             return Err(CsiError::Missing("mutable_parameters"));
         }
-        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume))
-            .needs(Feature::ModifyVolume, "modifying volumes")
-            .exclusive(Side::Existing);
+        let call = OnObject::new(id, Unknown::NotFound(ObjectKind::Volume)).exclusive(Side::Existing);
         self.on_object(&req, call, async |backend, oid| {
+            // Not UNIMPLEMENTED: the plugin offers MODIFY_VOLUME (another backend modifies), and
+            // what this volume's backend cannot apply is a parameter it does not take, which
+            // the resizer reports as infeasible instead of retrying it for ever.
+            if !backend.has_feature(driver::Feature::ModifyVolume) {
+                let key = req.mutable_parameters.keys().min().map(String::as_str).unwrap_or_default();
+                return Err(CsiError::Invalid(format!(
+                    "mutable parameter {key:?}: backend {} takes none (it does not modify volumes)",
+                    backend.name
+                )));
+            }
             let parameters = convert::pairs(&req.mutable_parameters);
             backend.modify_volume(oid.local, parameters, convert::secrets(&req.secrets)).await?;
             let keys: Vec<&String> = req.mutable_parameters.keys().collect();
