@@ -112,7 +112,7 @@ fn live(h: &impl Host, id: &str) -> Result<ReplicaSet, Error> {
 /// The VolumeAttributesClass parameters, checked whole: INVALID_ARGUMENT naming the first key
 /// refused.
 fn parse_mutable(params: &[Pair]) -> Result<mutable::Modification, Error> {
-    mutable::parse(&pairs_of(params)).map_err(|e| Error::InvalidArgument(e.0))
+    mutable::parse(&pairs_of(params))
 }
 
 /// Sets what `modification` changes of `set`'s limits (through the host, which applies them in
