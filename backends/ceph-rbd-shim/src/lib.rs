@@ -22,6 +22,13 @@
 //!   another source is refused without scanning every image (see [`create_snapshot`]).
 //! - kv `pools/CLUSTER.POOL`: the pools volumes were created in, so ListVolumes and an
 //!   unfiltered ListSnapshots know where to look (the capability does not list its grants).
+//! - QoS (VolumeAttributesClass: `modify-volume`, and `mutable_parameters` at creation): librbd's
+//!   per-image limits, kept in the image's own metadata (`conf_rbd_qos_*`, as ceph-csi sets
+//!   them), so the current limits are read from the image and nothing is kept elsewhere. The
+//!   keys are the shared `wasmcsi_backend_sdk::io_limits` ones; a key not given stays, `0`
+//!   lifts a limit; a StorageClass parameter or an unknown key is invalid-argument naming it,
+//!   checked before anything changes. A clone inherits its source's limits (librbd copies image
+//!   metadata) unless its own mutable parameters set them.
 //!
 //! Volume ids are `CLUSTER.POOL.IMAGE` (see [`policy::encode_volume_id`]); the host prefixes
 //! `BACKEND:`. What this crate does not do: map, mkfs or mount (the node executes the `rbd`
@@ -31,8 +38,9 @@ pub mod policy;
 mod tests;
 
 use policy::{Invalid, Params, Target};
+use wasmcsi_backend_sdk::io_limits::{self, Modification};
 use wasmcsi_backend_sdk::prelude::*;
-use wasmcsi_backend_sdk::rbd::{ImageInfo, ImageSnapshot};
+use wasmcsi_backend_sdk::rbd::{ImageInfo, ImageSnapshot, qos_limits};
 use wasmcsi_backend_sdk::targets::KnownTargets;
 
 /// The backend.
@@ -47,6 +55,26 @@ fn bad(e: Invalid) -> Error {
 }
 fn params(pairs: &[Pair]) -> Result<Params, Error> {
     Params::parse(pairs.iter().map(|p| (p.key.as_str(), p.value.as_str()))).map_err(bad)
+}
+/// The VolumeAttributesClass parameters, checked whole before anything changes: the
+/// StorageClass's own parameters cannot change on an existing image.
+fn parse_mutable(pairs: &[Pair]) -> Result<Modification, Error> {
+    io_limits::parse(pairs.iter().map(|p| (p.key.as_str(), p.value.as_str())), policy::PARAMETERS)
+}
+/// Sets what `m` changes of an image's librbd QoS limits; the others stay as its metadata has
+/// them. The same limits again rewrite the same keys: a retry completes an interrupted attempt.
+fn apply_limits(h: &impl Host, t: &Target, image: &str, info: &ImageInfo, m: &Modification, s: &[SecretRef]) -> Result<(), Error> {
+    if m.is_empty() {
+        return Ok(());
+    }
+    let limits = m.applied_to(qos_limits(&info.metadata));
+    h.rbd().set_qos(&t.pool(s), image, &limits)?;
+    let shown = format!(
+        "read {} IOPS {} B/s, write {} IOPS {} B/s",
+        limits.read_iops, limits.read_bytes_per_second, limits.write_iops, limits.write_bytes_per_second
+    );
+    h.log().info("qos limits set", &[("volume", &policy::encode_volume_id(t, image)), ("limits", &shown)]);
+    Ok(())
 }
 fn meta<'a>(info: &'a ImageInfo, key: &str) -> Option<&'a str> {
     info.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
@@ -190,6 +218,8 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
         return Err(Error::InvalidArgument("volume name is empty".into()));
     }
     let p = params(&req.parameters)?;
+    // Checked before anything is made: a class that cannot be applied creates nothing.
+    let limits = parse_mutable(&req.mutable_parameters)?;
     check_caps(&req.capabilities).map_err(bad)?;
     let s = req.secrets.as_slice();
     require_credentials(s)?;
@@ -250,6 +280,7 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
             drop_temp_snapshot(h, &src.target, &src.image, &src.snap, s)?;
         }
     }
+    apply_limits(h, t, &image, &info, &limits, s)?;
     h.log().info("volume ready", &[("volume", &id), ("bytes", &size_now.to_string())]);
     Ok(volume(t, &image, size_now))
 }
@@ -413,6 +444,15 @@ fn expand_volume(h: &impl Host, id: &str, cap: &CapacityRange, capability: Optio
     // A raw block device is the whole image already; a filesystem must be grown on the node.
     let block = capability.is_some_and(|c| matches!(c.access_type, AccessType::Block));
     Ok(Expansion { capacity_bytes: now, node_expansion_required: !block })
+}
+
+/// ControllerModifyVolume: a missing volume is not-found before its keys are judged.
+fn modify_volume(h: &impl Host, id: &str, pairs: &[Pair], s: &[SecretRef]) -> Result<(), Error> {
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    require_credentials(s)?;
+    let (info, _) = live(h, &t, &image, s)?.ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    let m = parse_mutable(pairs)?;
+    apply_limits(h, &t, &image, &info, &m, s)
 }
 
 fn get_volume(h: &impl Host, id: &str) -> Result<VolumeStatus, Error> {
@@ -652,6 +692,7 @@ impl Backend for CephRbd {
                 SingleNodeMultiWriter,
                 NodeExpansion,
                 GetSnapshot,
+                ModifyVolume,
             ],
         }
     }
@@ -672,6 +713,9 @@ impl Backend for CephRbd {
     }
     fn get_volume(h: &impl Host, id: String) -> Result<VolumeStatus, Error> {
         get_volume(h, &id)
+    }
+    fn modify_volume(h: &impl Host, id: String, mutable_parameters: Vec<Pair>, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        modify_volume(h, &id, &mutable_parameters, &secrets)
     }
     fn list_volumes(h: &impl Host, max: u32, token: String) -> Result<VolumePage, Error> {
         list_volumes(h, max, &token)

@@ -253,3 +253,48 @@ fn expand_list_validate_and_attach() {
     let cap = CephRbd::get_capacity(&h, vec![], pairs([("clusterID", "ceph"), ("pool", "rbd")]), None).unwrap();
     assert_eq!((cap.available_bytes, cap.minimum_volume_bytes), ((100 - 6 - 4) << 20, policy::SIZE_UNIT));
 }
+
+#[test]
+fn qos_limits_are_set_at_creation_modified_by_key_and_lifted_with_0() {
+    use wasmcsi_backend_sdk::rbd::QOS_KEYS;
+    let (h, t) = host();
+    let qos = |name: &str| {
+        let meta = h.rbd.image(&t, &image(name)).unwrap().metadata;
+        QOS_KEYS.iter().map(|k| meta.get(*k).cloned()).collect::<Vec<_>>()
+    };
+    let mut req = request("pvc-1", 1 << 20, &[], None);
+    req.mutable_parameters = pairs([("writeIOPS", "100"), ("readBytesPerSecond", "1Mi")]);
+    let v = create(&h, req.clone()).unwrap();
+    assert_eq!(qos("pvc-1"), [None, Some("100".into()), Some("1048576".into()), None]);
+    assert_eq!(create(&h, req).unwrap(), v, "a retry");
+    let plain = create(&h, request("pvc-2", 1 << 20, &[], None)).unwrap();
+    assert_eq!(qos("pvc-2"), [None, None, None, None]);
+    assert_eq!(h.rbd.journal.calls("set_qos"), 2, "no limits, no call");
+
+    let modify = |id: &str, kv: &[(&str, &str)]| CephRbd::modify_volume(&h, id.into(), pairs(kv.iter().copied()), creds());
+    modify(&v.volume_id, &[("readIOPS", "50"), ("writeIOPS", "0")]).unwrap();
+    assert_eq!(qos("pvc-1"), [Some("50".into()), None, Some("1048576".into()), None], "a key not given stays");
+    modify(&plain.volume_id, &[("writeBytesPerSecond", "20M")]).unwrap();
+    assert_eq!(qos("pvc-2"), [None, None, None, Some("20000000".into())]);
+
+    // Refused by name, nothing changed: an unknown key, a StorageClass parameter.
+    let calls = h.rbd.journal.calls("set_qos");
+    for (key, why) in [("colour", "unknown"), ("pool", "StorageClass"), ("imageFeatures", "StorageClass")] {
+        let e = modify(&v.volume_id, &[("readIOPS", "7"), (key, "x")]).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(&format!("{key:?}")) && m.contains(why)), "{e:?}");
+    }
+    assert!(matches!(modify(&v.volume_id, &[("readIOPS", "many")]), Err(Error::InvalidArgument(m)) if m.contains("readIOPS")));
+    assert_eq!(h.rbd.journal.calls("set_qos"), calls);
+    assert_eq!(qos("pvc-1"), [Some("50".into()), None, Some("1048576".into()), None]);
+    // A missing volume is not-found whatever its keys; no credentials, no change.
+    assert!(matches!(modify(&id("nope"), &[("colour", "x")]), Err(Error::NotFound(_))));
+    assert!(matches!(modify("junk", &[("readIOPS", "1")]), Err(Error::NotFound(_))));
+    let anonymous = CephRbd::modify_volume(&h, v.volume_id.clone(), pairs([("readIOPS", "1")]), vec![]);
+    assert!(matches!(anonymous, Err(Error::InvalidArgument(m)) if m.contains("userID")));
+
+    // At creation an unknown key makes nothing.
+    let mut bad = request("pvc-3", 1 << 20, &[], None);
+    bad.mutable_parameters = pairs([("colour", "red")]);
+    assert!(matches!(create(&h, bad), Err(Error::InvalidArgument(m)) if m.contains("colour")));
+    assert!(h.rbd.image(&t, &image("pvc-3")).is_none());
+}

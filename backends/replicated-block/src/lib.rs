@@ -115,7 +115,7 @@ fn live(h: &impl Host, id: &str) -> Result<ReplicaSet, Error> {
 /// The VolumeAttributesClass parameters, checked whole: INVALID_ARGUMENT naming the first key
 /// refused.
 fn parse_mutable(params: &[Pair]) -> Result<mutable::Modification, Error> {
-    mutable::parse(&pairs_of(params)).map_err(|e| Error::InvalidArgument(e.0))
+    mutable::parse(&pairs_of(params))
 }
 
 /// Sets what `modification` changes of `set`: its limits (through the host, which applies them
@@ -145,8 +145,8 @@ fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) 
             })?;
         }
     }
-    if modification.sets_limits() {
-        let limits = modification.applied_to(set.limits);
+    if !modification.limits.is_empty() {
+        let limits = modification.limits.applied_to(set.limits);
         h.block().set_limits(&set.id, &limits, set.rebuild_bytes_per_second)?;
         let shown = format!(
             "read {} IOPS {} B/s, write {} IOPS {} B/s",

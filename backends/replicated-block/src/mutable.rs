@@ -1,42 +1,37 @@
 //! The VolumeAttributesClass parameters of this backend (CSI `mutable_parameters`, at
 //! CreateVolume and ControllerModifyVolume): the volume's I/O limits, which its engine
-//! enforces, and the two placement keys that need no replica added or removed:
-//! `replicaNodeSelector` (replicas on nodes that no longer match are moved, one at a time, by
-//! the healing rounds) and `staleReplicaTimeout`. Each key given sets its value; a key not given
-//! leaves it as it is (the spec: no change from the absence of a key); `0` lifts a limit. Every
-//! key is checked before anything changes, and the first one refused is named.
+//! enforces, with the keys and parsing every backend shares (`wasmcsi_backend_sdk::io_limits`),
+//! and the two placement keys that need no replica added or removed: `replicaNodeSelector`
+//! (replicas on nodes that no longer match are moved, one at a time, by the healing rounds) and
+//! `staleReplicaTimeout`. Each key given sets its value; a key not given leaves it as it is (the
+//! spec: no change from the absence of a key); `0` lifts a limit. Every key is checked before
+//! anything changes, and a key refused is named.
 //!
 //! `numberOfReplicas`, `replicaSpreadKey` and `fsType` are refused here: the host cannot add or
 //! remove a replica of an existing set yet, and a filesystem is made once.
 
 use std::time::Duration;
 
-use crate::policy::{self, Invalid, Policy};
-use wasmcsi_backend_sdk::types::IoLimits;
+use crate::policy::{self, Policy};
+use wasmcsi_backend_sdk::io_limits::{self, KEYS as LIMIT_KEYS};
+use wasmcsi_backend_sdk::types::Error;
 
-/// Read operations per second (0: unlimited).
-pub const READ_IOPS: &str = "readIOPS";
-/// Write operations per second (0: unlimited).
-pub const WRITE_IOPS: &str = "writeIOPS";
-/// Bytes read per second (0: unlimited); a plain number or a quantity (`100Mi`, `1G`).
-pub const READ_BPS: &str = "readBytesPerSecond";
-/// Bytes written per second (0: unlimited); a plain number or a quantity.
-pub const WRITE_BPS: &str = "writeBytesPerSecond";
 /// The labels every replica's node must carry, as in the StorageClass; empty: any node.
 pub const SELECTOR: &str = "replicaNodeSelector";
 /// How long a replica's node may be unreachable before the replica is replaced.
 pub const STALE_TIMEOUT: &str = "staleReplicaTimeout";
 
 /// The keys this backend takes.
-pub const MUTABLE_PARAMETERS: &[&str] = &[READ_IOPS, WRITE_IOPS, READ_BPS, WRITE_BPS, SELECTOR, STALE_TIMEOUT];
+pub const MUTABLE_PARAMETERS: &[&str] =
+    &[io_limits::READ_IOPS, io_limits::WRITE_IOPS, io_limits::READ_BPS, io_limits::WRITE_BPS, SELECTOR, STALE_TIMEOUT];
+
+/// StorageClass parameters a VolumeAttributesClass cannot change.
+const IMMUTABLE: &[&str] = &["numberOfReplicas", "replicaSpreadKey", "fsType"];
 
 /// What a set of mutable parameters changes: each value given, `None` where it stays.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Modification {
-    pub read_iops: Option<u64>,
-    pub write_iops: Option<u64>,
-    pub read_bytes_per_second: Option<u64>,
-    pub write_bytes_per_second: Option<u64>,
+    pub limits: io_limits::Modification,
     pub selector: Option<Vec<(String, Option<String>)>>,
     pub stale_timeout: Option<Duration>,
 }
@@ -45,23 +40,6 @@ impl Modification {
     /// Whether it changes anything.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
-    }
-
-    /// Whether it sets an I/O limit.
-    pub fn sets_limits(&self) -> bool {
-        [self.read_iops, self.write_iops, self.read_bytes_per_second, self.write_bytes_per_second]
-            .iter()
-            .any(Option::is_some)
-    }
-
-    /// `current` with what this sets.
-    pub fn applied_to(&self, current: IoLimits) -> IoLimits {
-        IoLimits {
-            read_iops: self.read_iops.unwrap_or(current.read_iops),
-            write_iops: self.write_iops.unwrap_or(current.write_iops),
-            read_bytes_per_second: self.read_bytes_per_second.unwrap_or(current.read_bytes_per_second),
-            write_bytes_per_second: self.write_bytes_per_second.unwrap_or(current.write_bytes_per_second),
-        }
     }
 
     /// `policy` with the placement keys this sets.
@@ -77,109 +55,64 @@ impl Modification {
     }
 }
 
-/// Parses mutable parameters; the first key refused is named, and nothing is to change then.
-pub fn parse(params: &[(String, String)]) -> Result<Modification, Invalid> {
+/// Parses mutable parameters; invalid-argument naming a key refused, and nothing is to change
+/// then.
+pub fn parse(params: &[(String, String)]) -> Result<Modification, Error> {
+    let invalid = |e: policy::Invalid| Error::InvalidArgument(e.0);
     let mut m = Modification::default();
+    let mut limits = Vec::new();
     for (key, value) in params {
-        let slot = match key.as_str() {
-            READ_IOPS => &mut m.read_iops,
-            WRITE_IOPS => &mut m.write_iops,
-            READ_BPS => &mut m.read_bytes_per_second,
-            WRITE_BPS => &mut m.write_bytes_per_second,
-            SELECTOR => {
-                m.selector = Some(policy::parse_selector(value)?);
-                continue;
-            }
-            STALE_TIMEOUT => {
-                m.stale_timeout = Some(policy::parse_duration(value)?);
-                continue;
-            }
-            "numberOfReplicas" | "replicaSpreadKey" | "fsType" => {
-                return Err(Invalid(format!(
+        match key.as_str() {
+            SELECTOR => m.selector = Some(policy::parse_selector(value).map_err(invalid)?),
+            STALE_TIMEOUT => m.stale_timeout = Some(policy::parse_duration(value).map_err(invalid)?),
+            k if LIMIT_KEYS.contains(&k) => limits.push((key.as_str(), value.as_str())),
+            k if IMMUTABLE.contains(&k) => {
+                return Err(Error::InvalidArgument(format!(
                     "mutable parameter {key:?} cannot be changed on an existing volume (this backend modifies \
                      {MUTABLE_PARAMETERS:?}); set it in the StorageClass"
                 )));
             }
             other => {
-                return Err(Invalid(format!(
+                return Err(Error::InvalidArgument(format!(
                     "unknown mutable parameter {other:?} (this backend takes {MUTABLE_PARAMETERS:?})"
                 )));
             }
-        };
-        let quantity = key == READ_BPS || key == WRITE_BPS;
-        *slot = Some(number(key, value, quantity)?);
+        }
     }
+    m.limits = io_limits::parse(limits, &[])?;
     Ok(m)
-}
-
-/// A non-negative whole number, or with `quantity` a Kubernetes-style quantity with a binary
-/// (`Ki`, `Mi`, `Gi`, `Ti`) or decimal (`k`, `M`, `G`, `T`) suffix.
-fn number(key: &str, value: &str, quantity: bool) -> Result<u64, Invalid> {
-    let v = value.trim();
-    let refuse = || {
-        let form = if quantity { "a whole number of bytes, or a quantity like 100Mi" } else { "a whole number" };
-        Invalid(format!("mutable parameter {key:?}: {value:?} is not {form} (0: unlimited)"))
-    };
-    let suffixes: [(&str, u64); 8] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ];
-    let (digits, unit) = match suffixes.iter().find(|(s, _)| quantity && v.ends_with(s)) {
-        Some((s, unit)) => (&v[..v.len() - s.len()], *unit),
-        None => (v, 1),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(refuse());
-    }
-    digits.parse::<u64>().ok().and_then(|n| n.checked_mul(unit)).ok_or_else(refuse)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasmcsi_backend_sdk::io_limits::WRITE_IOPS;
 
     fn p(kv: &[(&str, &str)]) -> Vec<(String, String)> {
         kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
     #[test]
-    fn each_key_sets_its_limit_and_the_others_stay() {
-        let m = parse(&p(&[(WRITE_IOPS, "500"), (READ_BPS, "100Mi")])).expect("valid");
-        let current = IoLimits { read_iops: 7, write_iops: 1, read_bytes_per_second: 1, write_bytes_per_second: 9 };
-        assert_eq!(
-            m.applied_to(current),
-            IoLimits { read_iops: 7, write_iops: 500, read_bytes_per_second: 100 << 20, write_bytes_per_second: 9 }
-        );
-        let lift = parse(&p(&[(WRITE_IOPS, "0")])).expect("0 lifts");
-        assert_eq!(lift.applied_to(current).write_iops, 0);
-        assert!(parse(&[]).expect("nothing").is_empty());
+    fn placement_keys_that_need_a_replica_added_are_refused_as_immutable_by_name() {
+        let Err(Error::InvalidArgument(e)) = parse(&p(&[("numberOfReplicas", "2")])) else { panic!("accepted") };
+        assert!(e.contains("\"numberOfReplicas\"") && e.contains("StorageClass"), "{e:?}");
+        let Err(Error::InvalidArgument(e)) = parse(&p(&[(WRITE_IOPS, "5"), ("colour", "red")])) else {
+            panic!("accepted")
+        };
+        assert!(e.contains("\"colour\"") && e.contains(WRITE_IOPS) && e.contains(SELECTOR), "{e:?}");
+        assert_eq!(parse(&p(&[(WRITE_IOPS, "5")])).map(|m| m.limits.write_iops), Ok(Some(5)));
     }
 
     #[test]
-    fn quantities_take_binary_and_decimal_suffixes_for_bytes_only() {
-        let bytes = |v: &str| parse(&p(&[(WRITE_BPS, v)])).map(|m| m.write_bytes_per_second);
-        assert_eq!(bytes("1Gi"), Ok(Some(1 << 30)));
-        assert_eq!(bytes("20M"), Ok(Some(20_000_000)));
-        assert_eq!(bytes(" 4096 "), Ok(Some(4096)));
-        for bad in ["", "-1", "1.5Mi", "Mi", "10Xi", "99999999999Ti"] {
-            let e = bytes(bad).expect_err(bad);
-            assert!(e.0.contains(WRITE_BPS) && e.0.contains("quantity"), "{bad}: {e:?}");
+    fn the_selector_and_the_stale_timeout_parse_as_in_the_storage_class() {
+        let m = parse(&p(&[(SELECTOR, "zone=a, ssd"), (STALE_TIMEOUT, "90s"), (WRITE_IOPS, "0")])).expect("valid");
+        assert_eq!(m.selector, Some(vec![("zone".into(), Some("a".into())), ("ssd".into(), None)]));
+        assert_eq!(m.stale_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(m.limits.write_iops, Some(0));
+        assert_eq!(parse(&p(&[(SELECTOR, "")])).expect("empty: any node").selector, Some(vec![]));
+        for (key, value) in [(SELECTOR, "=a"), (STALE_TIMEOUT, "soon"), (STALE_TIMEOUT, "1s")] {
+            let Err(Error::InvalidArgument(e)) = parse(&p(&[(key, value)])) else { panic!("{key}={value} accepted") };
+            assert!(e.contains(key), "{key}={value}: {e:?}");
         }
-        let e = parse(&p(&[(READ_IOPS, "1k")])).expect_err("operations are plain numbers");
-        assert!(e.0.contains(READ_IOPS), "{e:?}");
-    }
-
-    #[test]
-    fn an_unknown_or_immutable_key_is_refused_by_name() {
-        let e = parse(&p(&[(WRITE_IOPS, "5"), ("colour", "red")])).expect_err("unknown");
-        assert!(e.0.contains("\"colour\"") && e.0.contains(WRITE_IOPS), "{e:?}");
-        let e = parse(&p(&[("numberOfReplicas", "2")])).expect_err("not mutable here");
-        assert!(e.0.contains("\"numberOfReplicas\"") && e.0.contains("StorageClass"), "{e:?}");
     }
 }

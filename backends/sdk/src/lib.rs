@@ -6,7 +6,8 @@
 //! [`dir`], [`nfs`], [`rbd`], [`block`], [`backup`]), and the policy helpers every backend needs
 //! once:
 //! [`page`], [`capacity`], [`names`] (CSI names → safe local ids), [`targets`] (where volumes
-//! were made, in kv) and [`meta`] (metadata files). On wasm32 the host is the component's
+//! were made, in kv), [`meta`] (metadata files) and [`io_limits`] (the VolumeAttributesClass
+//! keys of I/O limits). On wasm32 the host is the component's
 //! imports ([`Imports`]); natively the `fake` feature gives [`fake::FakeHost`], so a backend's
 //! policy unit-tests in milliseconds, and `wasmcsi-runtime`'s `native` feature runs a backend
 //! linked into the host for the sandbox-cost benchmark.
@@ -32,6 +33,7 @@ pub mod dir;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod host;
+pub mod io_limits;
 pub mod kv;
 pub mod log;
 pub mod meta;

@@ -32,6 +32,27 @@ impl Target {
     }
 }
 
+/// The image metadata keys of the read/write IOPS and bandwidth limits, as librbd reads them
+/// (and ceph-csi and the host's `set-qos` set them), in [`IoLimits`] field order.
+pub const QOS_KEYS: [&str; 4] = [
+    "conf_rbd_qos_read_iops_limit",
+    "conf_rbd_qos_write_iops_limit",
+    "conf_rbd_qos_read_bps_limit",
+    "conf_rbd_qos_write_bps_limit",
+];
+
+/// The QoS limits an image's metadata sets ([`QOS_KEYS`]); 0 where a key is absent. A value
+/// that is no whole number (set by hand) counts as absent: librbd ignores it too.
+pub fn qos_limits(metadata: &[(String, String)]) -> IoLimits {
+    let get = |key: &str| metadata.iter().find(|(k, _)| k == key).and_then(|(_, v)| v.trim().parse().ok()).unwrap_or(0);
+    IoLimits {
+        read_iops: get(QOS_KEYS[0]),
+        write_iops: get(QOS_KEYS[1]),
+        read_bytes_per_second: get(QOS_KEYS[2]),
+        write_bytes_per_second: get(QOS_KEYS[3]),
+    }
+}
+
 /// The `rbd` capability: one method per WIT function, same errors (see `wit/backend.wit`).
 pub trait Rbd {
     /// Create an image with features and metadata. Errors: already-exists, permission-denied.

@@ -14,14 +14,7 @@ use std::collections::BTreeMap;
 
 const TOTAL_BYTES: u64 = 100 << 30;
 
-/// The image metadata keys of the read/write IOPS and bandwidth limits, as librbd reads them
-/// (and ceph-csi and the host set them).
-pub const QOS_KEYS: [&str; 4] = [
-    "conf_rbd_qos_read_iops_limit",
-    "conf_rbd_qos_write_iops_limit",
-    "conf_rbd_qos_read_bps_limit",
-    "conf_rbd_qos_write_bps_limit",
-];
+use crate::rbd::QOS_KEYS;
 
 fn not_provided(what: &str) -> Error {
     Error::Unimplemented(format!("{what}: not provided by this host"))

@@ -484,6 +484,87 @@ async fn clones_deeper_than_max_clone_depth_are_flattened() {
     assert!(env.images().is_empty());
 }
 
+/// The image's QoS metadata as the `rbd` CLI lists it (`conf_rbd_qos_*` keys only).
+fn qos_meta(env: &Env, image: &str) -> std::collections::BTreeMap<String, String> {
+    let out = env.ceph.rbd(&["image-meta", "list", &format!("{}/{image}", env.pool), "--format", "json"]).unwrap();
+    let all: std::collections::BTreeMap<String, String> =
+        if out.trim().is_empty() { Default::default() } else { serde_json::from_str(&out).unwrap() };
+    all.into_iter().filter(|(k, _)| k.starts_with("conf_rbd_qos_")).collect()
+}
+
+/// `rbd bench` (a librbd client, which applies the image's own configuration when it opens it)
+/// writing `ops` 4 KiB blocks: how long it took.
+fn bench_writes(env: &Env, image: &str, ops: u64) -> Duration {
+    let total = (ops * 4096).to_string();
+    let spec = format!("{}/{image}", env.pool);
+    let t = Instant::now();
+    let args = ["bench", "--io-type", "write", "--io-size", "4096", "--io-threads", "4", "--io-total", &total, &spec];
+    env.ceph.rbd(&args).unwrap();
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_limits_are_set_at_creation_modified_by_key_lifted_and_enforced_by_librbd() {
+    let Some(env) = setup("shim-qos", "").await else { return };
+    let (b, s) = (&env.backend, &env.secrets);
+    let kv = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    };
+    let mut req = env.request("q-1", 8 * MIB, env.params(&[]), None);
+    req.mutable_parameters = pairs(&[("writeIOPS", "25"), ("readBytesPerSecond", "10Mi")]);
+    let v = b.create_volume(req.clone(), s.clone()).await.unwrap();
+    let img = image_of(&v.volume_id);
+    assert_eq!(
+        qos_meta(&env, &img),
+        kv(&[("conf_rbd_qos_read_bps_limit", "10485760"), ("conf_rbd_qos_write_iops_limit", "25")])
+    );
+    assert_eq!(b.create_volume(req, s.clone()).await.unwrap().volume_id, v.volume_id, "a retry");
+
+    // librbd enforces it: 100 writes at 25 IOPS take seconds (the first second's burst aside).
+    let limited = bench_writes(&env, &img, 100);
+    eprintln!("rbd bench: 100 x 4 KiB writes at writeIOPS=25 took {limited:?}");
+    assert!(limited >= Duration::from_secs(2), "{limited:?}");
+
+    // Modify: a key given changes, the others stay, 0 lifts.
+    let modify = |kv: &[(&str, &str)]| b.modify_volume(v.volume_id.clone(), pairs(kv), s.clone());
+    let t = Instant::now();
+    modify(&[("readIOPS", "500"), ("writeIOPS", "0"), ("writeBytesPerSecond", "1G")]).await.unwrap();
+    eprintln!("ControllerModifyVolume through the runtime: {:?}", t.elapsed());
+    assert_eq!(
+        qos_meta(&env, &img),
+        kv(&[
+            ("conf_rbd_qos_read_bps_limit", "10485760"),
+            ("conf_rbd_qos_read_iops_limit", "500"),
+            ("conf_rbd_qos_write_bps_limit", "1000000000")
+        ])
+    );
+    modify(&[("readIOPS", "500"), ("writeIOPS", "0"), ("writeBytesPerSecond", "1G")]).await.expect("the same again");
+    let free = bench_writes(&env, &img, 100);
+    eprintln!("rbd bench: 100 x 4 KiB writes with writeIOPS lifted took {free:?}");
+    assert!(free < limited, "{free:?} vs {limited:?}");
+
+    // Refused by name with nothing changed: an unknown key, a StorageClass parameter, a bad value.
+    let before = qos_meta(&env, &img);
+    for (pairs_, name) in [
+        (&[("readIOPS", "1"), ("colour", "red")][..], "colour"),
+        (&[("pool", "elsewhere")][..], "pool"),
+        (&[("writeIOPS", "-3")][..], "writeIOPS"),
+    ] {
+        let e = wit(modify(pairs_).await);
+        assert!(matches!(&e, WitError::InvalidArgument(m) if m.contains(&format!("{name:?}"))), "{e:?}");
+    }
+    assert_eq!(qos_meta(&env, &img), before);
+    let missing = format!("{CLUSTER}.{}.csi-vol-0000000000000000", env.pool);
+    let e = wit(b.modify_volume(missing, pairs(&[("readIOPS", "1")]), s.clone()).await);
+    assert!(matches!(e, WitError::NotFound(_)), "{e:?}");
+
+    // Lifting every limit leaves no QoS key at all.
+    modify(&[("readIOPS", "0"), ("readBytesPerSecond", "0"), ("writeBytesPerSecond", "0")]).await.unwrap();
+    assert!(qos_meta(&env, &img).is_empty(), "{:?}", qos_meta(&env, &img));
+    b.delete_volume(v.volume_id, s.clone()).await.unwrap();
+    assert!(env.images().is_empty(), "{:?}", env.images());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_parameters_ungranted_pools_and_bad_secrets_are_refused_without_creating_anything() {
     let Some(env) = setup("shim-refuse", "").await else { return };
