@@ -478,6 +478,11 @@ impl ControllerService {
             // what this volume's backend cannot apply is a parameter it does not take, which
             // the resizer reports as infeasible instead of retrying it for ever.
             if !backend.has_feature(driver::Feature::ModifyVolume) {
+                // The spec's order: an unknown volume is NOT_FOUND before its parameters are
+                // judged (a backend without GetVolume cannot tell; its answer is about the keys).
+                if backend.has_feature(Feature::GetVolume) {
+                    backend.get_volume(oid.local.clone()).await?;
+                }
                 let key = req.mutable_parameters.keys().min().map(String::as_str).unwrap_or_default();
                 return Err(CsiError::Invalid(format!(
                     "mutable parameter {key:?}: backend {} takes none (it does not modify volumes)",
