@@ -2,7 +2,9 @@
 //! by the backend that owns every source volume through its `create-`, `delete-` and
 //! `get-group-snapshot` exports. Offered only while a loaded backend declares the
 //! `group-snapshots` feature (GroupControllerGetCapabilities, and Identity's
-//! GROUP_CONTROLLER_SERVICE); a backend without it answers UNIMPLEMENTED.
+//! GROUP_CONTROLLER_SERVICE). A group of a backend without it: a missing source NOT_FOUND, else
+//! INVALID_ARGUMENT (the service is offered; those volumes cannot be in a group); delete and
+//! get of such a backend's id answer UNIMPLEMENTED.
 //!
 //! A group's sources must all be volumes of one backend (INVALID_ARGUMENT otherwise: one
 //! backend's storage cannot hold a consistent point with another's). A group snapshot runs on
@@ -103,7 +105,20 @@ impl GroupControllerService {
             return Err(CsiError::Invalid(format!("source volume {twice} is named twice")));
         }
         let (backend, sources) = self.owner_of(&req.source_volume_ids, ObjectKind::SourceVolume).await?;
-        need(&backend)?;
+        if !backend.has_feature(Feature::GroupSnapshots) {
+            // The service is offered (another backend takes group snapshots): a missing source
+            // is NOT_FOUND as the spec orders it, an existing one an argument this backend
+            // cannot take, not an unimplemented call.
+            if backend.has_feature(Feature::GetVolume) {
+                for local in &sources {
+                    backend.get_volume(local.clone()).await?;
+                }
+            }
+            return Err(CsiError::Invalid(format!(
+                "backend {} takes no group snapshots: its volumes cannot be in one",
+                backend.name
+            )));
+        }
         let _guard = self.0.inflight.try_start(format!("create-group-snapshot/{name}"))?;
         let _pass = self
             .0
