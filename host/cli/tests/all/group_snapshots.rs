@@ -130,12 +130,7 @@ fn records_in(device: &Path, v: u64) -> u64 {
 
 #[test]
 fn a_group_snapshot_of_volumes_on_two_nodes_is_crash_consistent() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

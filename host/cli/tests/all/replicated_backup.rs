@@ -32,12 +32,7 @@ const SIZE: i64 = 64 * MIB;
 
 #[test]
 fn a_replicated_volume_backed_up_incrementally_and_restored_through_the_csi_socket() {
-    if let Some(why) = support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 fn ext4() -> csi::VolumeCapability {

@@ -71,12 +71,7 @@ async fn condition(node: &Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondit
 
 #[test]
 fn three_replicas_on_three_disks_of_one_node_bind_lose_a_disk_and_heal() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

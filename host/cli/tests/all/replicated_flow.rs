@@ -139,12 +139,7 @@ async fn raw_block(ctl: &mut Controller, node: &Node, dir: &Path) -> csi::Volume
 
 #[test]
 fn replicated_volume_through_the_csi_socket_on_three_nodes() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

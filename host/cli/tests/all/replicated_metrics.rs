@@ -108,12 +108,7 @@ fn a_replica_node_process_killed_and_restarted_serves_its_replicas_again() {
 
 #[test]
 fn metrics_show_a_staged_volume_degraded_then_rebuilt() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

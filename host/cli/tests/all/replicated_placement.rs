@@ -50,12 +50,7 @@ fn healthy_on(status: &str) -> Vec<String> {
 
 #[test]
 fn a_new_replica_node_selector_moves_a_mounted_volume_s_replica_and_keeps_its_data() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

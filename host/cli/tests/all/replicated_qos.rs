@@ -109,12 +109,7 @@ async fn detach(ctl: &mut Controller, node: &Node, v: &csi::Volume, p: &Paths) {
 
 #[test]
 fn a_write_iops_limit_set_through_the_csi_socket_holds_and_lifts() {
-    if let Some(why) = crate::support::needs_root_and_fuse() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    rt.block_on(flow());
+    support::run_with_fuse(flow());
 }
 
 async fn flow() {

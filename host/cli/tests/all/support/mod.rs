@@ -54,6 +54,18 @@ pub fn needs_root_and_fuse() -> Option<String> {
     None
 }
 
+/// Runs `flow` as a test that mounts replicated volumes does (on a runtime of four workers:
+/// hosts, engines and the test's own I/O at once), or says why it is skipped
+/// ([`needs_root_and_fuse`]).
+pub fn run_with_fuse(flow: impl std::future::Future<Output = ()>) {
+    if let Some(why) = needs_root_and_fuse() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(flow);
+}
+
 /// A host (controller + node, node id `node_id`) serving the ceph-rbd-shim component loaded
 /// from disk, granted `pool` of `ceph`'s cluster; component, state and socket under `dir`.
 pub async fn ceph_rbd_shim_host(ceph: &Ceph, pool: &str, dir: &Path, node_id: &str) -> Host {
