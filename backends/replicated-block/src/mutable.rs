@@ -66,17 +66,7 @@ pub fn parse(params: &[(String, String)]) -> Result<Modification, Error> {
             SELECTOR => m.selector = Some(policy::parse_selector(value).map_err(invalid)?),
             STALE_TIMEOUT => m.stale_timeout = Some(policy::parse_duration(value).map_err(invalid)?),
             k if LIMIT_KEYS.contains(&k) => limits.push((key.as_str(), value.as_str())),
-            k if IMMUTABLE.contains(&k) => {
-                return Err(Error::InvalidArgument(format!(
-                    "mutable parameter {key:?} cannot be changed on an existing volume (this backend modifies \
-                     {MUTABLE_PARAMETERS:?}); set it in the StorageClass"
-                )));
-            }
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown mutable parameter {other:?} (this backend takes {MUTABLE_PARAMETERS:?})"
-                )));
-            }
+            other => return Err(io_limits::refused(other, MUTABLE_PARAMETERS, IMMUTABLE)),
         }
     }
     m.limits = io_limits::parse(limits, &[])?;

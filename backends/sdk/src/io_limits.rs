@@ -57,22 +57,26 @@ pub fn parse<'a>(
             WRITE_IOPS => &mut m.write_iops,
             READ_BPS => &mut m.read_bytes_per_second,
             WRITE_BPS => &mut m.write_bytes_per_second,
-            k if immutable.contains(&k) => {
-                return Err(Error::InvalidArgument(format!(
-                    "mutable parameter {key:?} cannot be changed on an existing volume (this backend modifies \
-                     {KEYS:?}); set it in the StorageClass"
-                )));
-            }
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown mutable parameter {other:?} (this backend takes {KEYS:?})"
-                )));
-            }
+            other => return Err(refused(other, KEYS, immutable)),
         };
         let quantity = key == READ_BPS || key == WRITE_BPS;
         *slot = Some(number(key, value, quantity)?);
     }
     Ok(m)
+}
+
+/// Why a mutable parameter `key` that a backend does not take is refused (invalid-argument
+/// naming it): one of its StorageClass parameters (`immutable`), or unknown. `takes` lists what
+/// the backend does take.
+pub fn refused(key: &str, takes: &[&str], immutable: &[&str]) -> Error {
+    if immutable.contains(&key) {
+        Error::InvalidArgument(format!(
+            "mutable parameter {key:?} cannot be changed on an existing volume (this backend modifies {takes:?}); \
+             set it in the StorageClass"
+        ))
+    } else {
+        Error::InvalidArgument(format!("unknown mutable parameter {key:?} (this backend takes {takes:?})"))
+    }
 }
 
 /// A non-negative whole number, or with `quantity` a Kubernetes-style quantity with a binary
