@@ -174,7 +174,9 @@ fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) 
 /// next attach rebuilds (detached). One per round, so the set is never short of more than one
 /// whole replica; a hidden (deleted) volume's replicas stay where they are.
 fn move_off_selector(h: &impl Host, set: &ReplicaSet, policy: &Policy) -> Result<(), Error> {
-    if policy.selector.is_empty() || is_deleted(set) {
+    // Before listing the nodes (a round trip to each): no move starts while one rebuilds.
+    let whole = set.replicas.iter().all(|r| r.state == ReplicaState::Healthy);
+    if policy.selector.is_empty() || is_deleted(set) || !whole {
         return Ok(());
     }
     let nodes = candidates(&h.block().list_nodes()?);
