@@ -130,6 +130,15 @@ fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) 
     let mut metadata = metadata_of(set);
     let current = policy::policy_from_metadata(&metadata);
     let wanted = modification.applied_to_policy(&current);
+    let grow = (wanted.replicas as usize).saturating_sub(set.replicas.len());
+    if grow > 0 {
+        // Refused now rather than found infeasible by every later healing round.
+        let nodes = candidates(&h.block().list_nodes()?);
+        let slots: Vec<Slot> = views(set).into_iter().map(|r| r.slot).collect();
+        policy::place(&nodes, &wanted, set.size_bytes, grow, &slots).map_err(|e| {
+            Error::InvalidArgument(format!("{} {}: {grow} more to place: {}", mutable::REPLICAS, wanted.replicas, e.0))
+        })?;
+    }
     if wanted.selector != current.selector {
         let nodes = candidates(&h.block().list_nodes()?);
         let slots: Vec<Slot> = views(set).into_iter().map(|r| r.slot).collect();
@@ -160,12 +169,52 @@ fn apply(h: &impl Host, set: &ReplicaSet, modification: &mutable::Modification) 
         h.block().set_metadata(&set.id, &pairs)?;
         let stale = format!("{}s", wanted.stale_timeout.as_secs());
         let selector = modification.selector.as_ref().map(|_| "changed").unwrap_or("kept");
+        let replicas = wanted.replicas.to_string();
         h.log().info(
             "placement policy set",
-            &[("volume", &set.id), ("staleReplicaTimeout", &stale), ("replicaNodeSelector", selector)],
+            &[
+                ("volume", &set.id),
+                ("numberOfReplicas", &replicas),
+                ("staleReplicaTimeout", &stale),
+                ("replicaNodeSelector", selector),
+            ],
         );
+        // The first step now (the healing rounds take the rest, one replica at a time).
+        if wanted.replicas != current.replicas {
+            change_count(h, &set.id, &wanted)?;
+        }
     }
     Ok(())
+}
+
+/// Adds or removes one replica toward the policy's `numberOfReplicas` when every replica is
+/// healthy (see [`policy::next_count_change`]); returns whether it changed the set. A hidden
+/// (deleted) volume's set stays as it is.
+fn change_count(h: &impl Host, id: &str, policy: &Policy) -> Result<bool, Error> {
+    let Some(set) = h.block().get(id)? else { return Err(Error::NotFound(format!("volume {id} not found"))) };
+    let whole = set.replicas.iter().all(|r| r.state == ReplicaState::Healthy);
+    if set.replicas.len() == policy.replicas as usize || is_deleted(&set) || !whole {
+        return Ok(false);
+    }
+    let nodes = candidates(&h.block().list_nodes()?);
+    let change = policy::next_count_change(&views(&set), &nodes, policy, set.size_bytes, set.attached_to.as_deref());
+    match change {
+        Ok(Some(policy::CountChange::Grow(to))) => {
+            h.block().add_replica(id, &placement(&to))?;
+            h.log().info("replica added for numberOfReplicas", &[("volume", id), ("at", &to.to_string())]);
+            Ok(true)
+        }
+        Ok(Some(policy::CountChange::Shrink(from))) => {
+            h.block().remove_replica(id, &placement(&from))?;
+            h.log().info("replica removed for numberOfReplicas", &[("volume", id), ("from", &from.to_string())]);
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+        Err(e) => {
+            h.log().warn("a replica for numberOfReplicas cannot be placed yet", &[("volume", id), ("why", &e.0)]);
+            Ok(false)
+        }
+    }
 }
 
 /// Moves one replica whose node the volume's selector excludes (a VolumeAttributesClass changed
@@ -760,6 +809,10 @@ impl Backend for ReplicatedBlock {
         let now = u64::try_from(now.seconds).unwrap_or(0);
         let overdue = policy::overdue(&views(&set), &policy, now);
         if overdue.is_empty() {
+            // One change per round: each waits until the set is whole again.
+            if change_count(h, &id, &policy)? {
+                return Ok(());
+            }
             return move_off_selector(h, &set, &policy);
         }
         let nodes = candidates(&h.block().list_nodes()?);

@@ -1,14 +1,15 @@
 //! The VolumeAttributesClass parameters of this backend (CSI `mutable_parameters`, at
 //! CreateVolume and ControllerModifyVolume): the volume's I/O limits, which its engine
 //! enforces, with the keys and parsing every backend shares (`wasmcsi_backend_sdk::io_limits`),
-//! and the two placement keys that need no replica added or removed: `replicaNodeSelector`
-//! (replicas on nodes that no longer match are moved, one at a time, by the healing rounds) and
-//! `staleReplicaTimeout`. Each key given sets its value; a key not given leaves it as it is (the
-//! spec: no change from the absence of a key); `0` lifts a limit. Every key is checked before
-//! anything changes, and a key refused is named.
+//! and the placement keys: `numberOfReplicas` (replicas added or removed one at a time while
+//! the volume serves I/O: a new one is rebuilt from the others, one is removed only once the
+//! rest are healthy), `replicaNodeSelector` (replicas on nodes that no longer match are moved,
+//! one at a time, by the healing rounds) and `staleReplicaTimeout`. Each key given sets its
+//! value; a key not given leaves it as it is (the spec: no change from the absence of a key);
+//! `0` lifts a limit. Every key is checked before anything changes, and a key refused is named.
 //!
-//! `numberOfReplicas`, `replicaSpreadKey` and `fsType` are refused here: the host cannot add or
-//! remove a replica of an existing set yet, and a filesystem is made once.
+//! `replicaSpreadKey` and `fsType` are refused here: the spread is decided at placement, and a
+//! filesystem is made once.
 
 use std::time::Duration;
 
@@ -20,18 +21,28 @@ use wasmcsi_backend_sdk::types::Error;
 pub const SELECTOR: &str = "replicaNodeSelector";
 /// How long a replica's node may be unreachable before the replica is replaced.
 pub const STALE_TIMEOUT: &str = "staleReplicaTimeout";
+/// How many replicas the set keeps.
+pub const REPLICAS: &str = "numberOfReplicas";
 
 /// The keys this backend takes.
-pub const MUTABLE_PARAMETERS: &[&str] =
-    &[io_limits::READ_IOPS, io_limits::WRITE_IOPS, io_limits::READ_BPS, io_limits::WRITE_BPS, SELECTOR, STALE_TIMEOUT];
+pub const MUTABLE_PARAMETERS: &[&str] = &[
+    io_limits::READ_IOPS,
+    io_limits::WRITE_IOPS,
+    io_limits::READ_BPS,
+    io_limits::WRITE_BPS,
+    REPLICAS,
+    SELECTOR,
+    STALE_TIMEOUT,
+];
 
 /// StorageClass parameters a VolumeAttributesClass cannot change.
-const IMMUTABLE: &[&str] = &["numberOfReplicas", "replicaSpreadKey", "fsType"];
+const IMMUTABLE: &[&str] = &["replicaSpreadKey", "fsType"];
 
 /// What a set of mutable parameters changes: each value given, `None` where it stays.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Modification {
     pub limits: io_limits::Modification,
+    pub replicas: Option<u32>,
     pub selector: Option<Vec<(String, Option<String>)>>,
     pub stale_timeout: Option<Duration>,
 }
@@ -45,6 +56,9 @@ impl Modification {
     /// `policy` with the placement keys this sets.
     pub fn applied_to_policy(&self, policy: &Policy) -> Policy {
         let mut p = policy.clone();
+        if let Some(n) = self.replicas {
+            p.replicas = n;
+        }
         if let Some(selector) = &self.selector {
             p.selector = selector.clone();
         }
@@ -63,6 +77,7 @@ pub fn parse(params: &[(String, String)]) -> Result<Modification, Error> {
     let mut limits = Vec::new();
     for (key, value) in params {
         match key.as_str() {
+            REPLICAS => m.replicas = Some(policy::parse_replicas(value).map_err(invalid)?),
             SELECTOR => m.selector = Some(policy::parse_selector(value).map_err(invalid)?),
             STALE_TIMEOUT => m.stale_timeout = Some(policy::parse_duration(value).map_err(invalid)?),
             k if LIMIT_KEYS.contains(&k) => limits.push((key.as_str(), value.as_str())),
@@ -83,9 +98,14 @@ mod tests {
     }
 
     #[test]
-    fn placement_keys_that_need_a_replica_added_are_refused_as_immutable_by_name() {
-        let Err(Error::InvalidArgument(e)) = parse(&p(&[("numberOfReplicas", "2")])) else { panic!("accepted") };
-        assert!(e.contains("\"numberOfReplicas\"") && e.contains("StorageClass"), "{e:?}");
+    fn keys_decided_once_are_refused_as_immutable_by_name_and_the_replica_count_is_checked() {
+        let Err(Error::InvalidArgument(e)) = parse(&p(&[("replicaSpreadKey", "zone")])) else { panic!("accepted") };
+        assert!(e.contains("\"replicaSpreadKey\"") && e.contains("StorageClass"), "{e:?}");
+        assert_eq!(parse(&p(&[(REPLICAS, "3")])).map(|m| m.replicas), Ok(Some(3)));
+        for bad in ["0", "17", "two"] {
+            let Err(Error::InvalidArgument(e)) = parse(&p(&[(REPLICAS, bad)])) else { panic!("{bad} accepted") };
+            assert!(e.contains(REPLICAS), "{bad}: {e:?}");
+        }
         let Err(Error::InvalidArgument(e)) = parse(&p(&[(WRITE_IOPS, "5"), ("colour", "red")])) else {
             panic!("accepted")
         };

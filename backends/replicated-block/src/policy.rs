@@ -153,6 +153,15 @@ impl Default for Policy {
     }
 }
 
+/// A `numberOfReplicas` value: 1 to [`MAX_REPLICAS`].
+pub fn parse_replicas(v: &str) -> Result<u32, Invalid> {
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_REPLICAS).contains(n))
+        .ok_or_else(|| invalid(format!("numberOfReplicas {v:?} is not a number from 1 to {MAX_REPLICAS}")))
+}
+
 /// Checks every StorageClass parameter before anything is created; unknown ones are refused
 /// (a typo must not silently give three replicas instead of two). The host's and Kubernetes'
 /// own keys (`csi.storage.k8s.io/*`) pass.
@@ -160,12 +169,7 @@ pub fn parse_parameters(params: &[(String, String)]) -> Result<Policy, Invalid> 
     let mut p = Policy::default();
     for (k, v) in params {
         match k.as_str() {
-            "numberOfReplicas" => {
-                p.replicas =
-                    v.trim().parse::<u32>().ok().filter(|n| (1..=MAX_REPLICAS).contains(n)).ok_or_else(|| {
-                        invalid(format!("numberOfReplicas {v:?} is not a number from 1 to {MAX_REPLICAS}"))
-                    })?;
-            }
+            "numberOfReplicas" => p.replicas = parse_replicas(v)?,
             "replicaNodeSelector" => p.selector = parse_selector(v)?,
             "replicaSpreadKey" => {
                 let key = v.trim();
@@ -271,9 +275,10 @@ pub fn policy_metadata(name: &str, p: &Policy) -> Vec<(String, String)> {
     m
 }
 
-/// Writes the keys a VolumeAttributesClass may change (selector, stale timeout) of `p` into a
-/// set's metadata `m`, keeping every other key.
+/// Writes the keys a VolumeAttributesClass may change (replica count, selector, stale timeout)
+/// of `p` into a set's metadata `m`, keeping every other key.
 pub fn update_policy_metadata(m: &mut BTreeMap<String, String>, p: &Policy) {
+    m.insert(META_REPLICAS.to_owned(), p.replicas.to_string());
     m.insert(META_STALE.to_owned(), p.stale_timeout.as_secs().to_string());
     if p.selector.is_empty() {
         m.remove(META_SELECTOR);
@@ -643,6 +648,43 @@ pub fn next_move(
     // The whole set stays taken: the new replica lands where none is, the moved one included.
     let to = place(nodes, policy, size, 1, &slots)?.into_iter().next();
     Ok(to.map(|to| (from, to)))
+}
+
+/// What the set's replica count needs next, one replica at a time and only while every
+/// replica is healthy (an added one is rebuilt from the others; one is removed only once the
+/// rest are whole): `Grow(place)` for a new replica, `Shrink(replica)` for one to remove, `None`
+/// when the count is the policy's, or not now. The one removed is, in this order, one on a node
+/// the selector excludes, one sharing its node with another (it adds no node redundancy), one
+/// not on `attached` (the engine's node reads its own replica without a network hop); the
+/// last of the set's order among those.
+pub fn next_count_change(
+    replicas: &[ReplicaView],
+    nodes: &[Candidate],
+    policy: &Policy,
+    size: u64,
+    attached: Option<&str>,
+) -> Result<Option<CountChange>, Invalid> {
+    let wanted = policy.replicas as usize;
+    if replicas.len() == wanted || replicas.iter().any(|r| r.state != ReplicaHealth::Healthy) {
+        return Ok(None);
+    }
+    let slots: Vec<Slot> = replicas.iter().map(|r| r.slot.clone()).collect();
+    if replicas.len() < wanted {
+        return Ok(place(nodes, policy, size, 1, &slots)?.into_iter().next().map(CountChange::Grow));
+    }
+    let excluded = off_selector(&slots, nodes, policy);
+    let shares = |s: &Slot| slots.iter().filter(|o| o.node == s.node).count() > 1;
+    let remote = |s: &Slot| attached != Some(s.node.as_str());
+    // `max_by_key` keeps the last of equals: the set's last replica among the best.
+    let victim = slots.iter().max_by_key(|s| (excluded.contains(s), shares(s), remote(s))).cloned();
+    Ok(victim.map(CountChange::Shrink))
+}
+
+/// See [`next_count_change`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CountChange {
+    Grow(Slot),
+    Shrink(Slot),
 }
 
 /// Replicas whose node has been unreachable for longer than the policy waits, at `now`

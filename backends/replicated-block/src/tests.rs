@@ -77,10 +77,12 @@ fn modify_refuses_an_unknown_or_immutable_key_before_changing_anything() {
     let h = host();
     let id = ReplicatedBlock::create_volume(&h, request("pvc-1", &[])).unwrap().volume_id;
     let before = h.block.journal.calls("set_limits");
-    for (key, value) in [("colour", "red"), ("numberOfReplicas", "3"), ("writeIOPS", "fast")] {
+    for (key, value) in
+        [("colour", "red"), ("replicaSpreadKey", "zone"), ("numberOfReplicas", "0"), ("writeIOPS", "fast")]
+    {
         let e = ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("readIOPS", "9"), (key, value)]), vec![])
             .expect_err(key);
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(&format!("{key:?}"))), "{key}: {e:?}");
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(key)), "{key}: {e:?}");
     }
     assert_eq!(h.block.journal.calls("set_limits"), before, "nothing was set");
     assert_eq!(h.block.replica_set(&id).unwrap().set.limits, IoLimits::UNLIMITED);
@@ -194,4 +196,77 @@ fn a_class_selector_at_creation_places_the_replicas() {
     let id = ReplicatedBlock::create_volume(&h, r).unwrap().volume_id;
     assert_eq!(nodes_of(&h, &id), ["c", "d"], "the VolumeAttributesClass wins over the StorageClass");
     assert_eq!(meta(&h, &id, policy::META_SELECTOR).as_deref(), Some("zone=y"));
+}
+
+#[test]
+fn a_new_replica_count_adds_or_removes_one_replica_at_a_time_while_the_set_is_whole() {
+    let h = zoned();
+    let id = ReplicatedBlock::create_volume(&h, request("pvc-1", &[])).unwrap().volume_id;
+    let two = nodes_of(&h, &id);
+    assert_eq!(two.len(), 2);
+    ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("numberOfReplicas", "4")]), vec![]).unwrap();
+    assert_eq!(meta(&h, &id, policy::META_REPLICAS).as_deref(), Some("4"));
+    assert_eq!(h.block.journal.calls("add_replica"), 1, "the modify takes the first step");
+    let three = nodes_of(&h, &id);
+    let new = three.iter().find(|n| !two.contains(n)).expect("a replica on a new node").clone();
+    // The new replica is being rebuilt: the next one waits.
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("add_replica"), 1, "no second replica while one rebuilds");
+    let status = ReplicatedBlock::get_volume(&h, id.clone()).unwrap();
+    assert!(status.condition.as_ref().is_some_and(|c| c.abnormal && c.message.contains("2/4")), "{status:?}");
+    h.block.set_state(&id, &new, ReplicaState::Healthy, None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("add_replica"), 2);
+    assert_eq!(nodes_of(&h, &id), ["a", "b", "c", "d"], "distinct nodes while there are any");
+    for n in ["a", "b", "c", "d"] {
+        h.block.set_state(&id, n, ReplicaState::Healthy, None);
+    }
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("add_replica"), 2, "four: nothing more");
+
+    // Down to two: one per round, and only while every replica is healthy.
+    ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("numberOfReplicas", "2")]), vec![]).unwrap();
+    assert_eq!(nodes_of(&h, &id).len(), 3, "the modify removes the first");
+    let left = nodes_of(&h, &id);
+    h.block.set_state(&id, &left[0], ReplicaState::Stale, None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(nodes_of(&h, &id).len(), 3, "no removal while a replica is behind");
+    h.block.set_state(&id, &left[0], ReplicaState::Healthy, None);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(nodes_of(&h, &id).len(), 2);
+    ReplicatedBlock::reconcile_volume(&h, id.clone(), NOW).unwrap();
+    assert_eq!(h.block.journal.calls("remove_replica"), 2, "two: nothing more");
+    let status = ReplicatedBlock::get_volume(&h, id).unwrap();
+    assert!(status.condition.is_some_and(|c| !c.abnormal), "two of two healthy");
+}
+
+#[test]
+fn more_replicas_than_the_nodes_can_place_are_refused_naming_the_key_with_nothing_changed() {
+    let h = host();
+    let id = ReplicatedBlock::create_volume(&h, request("pvc-1", &[])).unwrap().volume_id;
+    let before = h.block.replica_set(&id).unwrap();
+    let e = ReplicatedBlock::modify_volume(&h, id.clone(), pairs([("numberOfReplicas", "3")]), vec![])
+        .expect_err("two nodes");
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("numberOfReplicas")), "{e:?}");
+    assert_eq!(h.block.replica_set(&id).unwrap(), before);
+}
+
+#[test]
+fn the_replica_removed_is_one_off_the_selector_before_one_on_the_attached_node() {
+    let slot = |n: &str| policy::Slot::new(n, None);
+    let view = |n: &str| policy::ReplicaView {
+        slot: slot(n),
+        state: policy::ReplicaHealth::Healthy,
+        down_since: None,
+        rebuilt: 0,
+        rebuild_total: 0,
+    };
+    let nodes = candidates(&zoned().block().list_nodes().unwrap());
+    let mut p = policy::Policy { replicas: 2, ..policy::Policy::default() };
+    let set = [view("a"), view("c"), view("d")];
+    let next = |p: &policy::Policy, attached| policy::next_count_change(&set, &nodes, p, 1 << 20, attached).unwrap();
+    assert_eq!(next(&p, Some("d")), Some(policy::CountChange::Shrink(slot("c"))), "not the attached node's own");
+    assert_eq!(next(&p, None), Some(policy::CountChange::Shrink(slot("d"))), "the set's last");
+    p.selector = vec![("zone".into(), Some("y".into()))];
+    assert_eq!(next(&p, Some("d")), Some(policy::CountChange::Shrink(slot("a"))), "off the selector first");
 }

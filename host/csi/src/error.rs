@@ -173,6 +173,7 @@ impl CsiError {
                     B::OutOfRange(_) => Code::OutOfRange,
                     B::ResourceExhausted(_) => Code::ResourceExhausted,
                     B::Unavailable(_) => Code::Unavailable,
+                    B::Aborted(_) => Code::Aborted,
                     B::NotGranted(_) => Code::FailedPrecondition,
                     B::Denied(_) => Code::PermissionDenied,
                     B::Internal(_) => Code::Internal,

@@ -451,6 +451,26 @@ impl AttachedVolume {
         .await
     }
 
+    /// Adds a new, empty replica on disk `disk` of the server at `addr` (the node `node`, created
+    /// there first) as the set's last; it is fully rebuilt while I/O goes on. Returns its index.
+    pub async fn add_replica(&self, addr: SocketAddr, disk: &str, node: &str) -> Result<usize, AttachError> {
+        let (disk, node) = (disk.to_owned(), node.to_owned());
+        self.blocking("add replica", move |inner| {
+            inner.volume.add_replica(addr, &disk, Some(&node)).map_err(inner.io("add replica"))
+        })
+        .await
+    }
+
+    /// Removes the set's replica on disk `disk` of the server at `addr`: the engine stops using
+    /// it at once (the caller deletes it). None there: success. Refused for the last healthy one.
+    pub async fn remove_replica(&self, addr: SocketAddr, disk: &str) -> Result<(), AttachError> {
+        let disk = disk.to_owned();
+        self.blocking("remove replica", move |inner| {
+            inner.volume.remove_replica(addr, &disk).map_err(inner.io("remove replica"))
+        })
+        .await
+    }
+
     /// Detaches in the only safe order: the loop device (refused with [`AttachError::InUse`],
     /// leaving everything attached, while a filesystem on it is mounted), then the FUSE server;
     /// then the engine flushes what was written to every replica's disk, so their dirty flags

@@ -101,9 +101,10 @@ pub struct DataPathConfig {
 #[derive(Default)]
 struct Volumes {
     map: Mutex<HashMap<String, Arc<AttachedVolume>>>,
-    /// What each attached volume's engine was started with: what a handover passes on (with
-    /// the grant as it is then, see `kept`).
-    infos: Mutex<HashMap<String, AttachInfo>>,
+    /// What each attached volume's engine was started with, and its members as they changed
+    /// since: what a handover passes on (with the grant as it is then, see `kept`). Shared with
+    /// the engine calls that change the members.
+    infos: Arc<Mutex<HashMap<String, AttachInfo>>>,
     /// Each attached volume's grant and the task keeping it fresh (TLS as a node only).
     kept: Mutex<HashMap<String, Kept>>,
 }
@@ -736,6 +737,38 @@ pub fn engine_status(volume: &AttachedVolume) -> EngineStatus {
     }
 }
 
+/// Keeps an attached volume's members as its engine has them after `request` succeeded, so a
+/// handover starts the next engine with the same set (the record's order: added at the end, a
+/// removed one gone).
+fn follow_members(info: &mut AttachInfo, request: &EngineRequest) {
+    let disks = |info: &mut AttachInfo| {
+        let n = info.members.len();
+        let mut disks: Vec<String> = (0..n).map(|i| info.disk(i).to_owned()).collect();
+        std::mem::swap(&mut info.disks, &mut disks);
+    };
+    match request {
+        EngineRequest::AddReplica { addr, disk, node } => {
+            if info.members.iter().enumerate().any(|(i, (_, a))| *a == Some(*addr) && info.disk(i) == disk) {
+                return;
+            }
+            disks(info);
+            info.members.push((node.clone(), Some(*addr)));
+            info.disks.push(disk.clone());
+        }
+        EngineRequest::RemoveReplica { addr, disk } => {
+            let Some(i) =
+                info.members.iter().enumerate().position(|(i, (_, a))| *a == Some(*addr) && info.disk(i) == disk)
+            else {
+                return;
+            };
+            disks(info);
+            info.members.remove(i);
+            info.disks.remove(i);
+        }
+        _ => {}
+    }
+}
+
 /// Answers one engine request.
 async fn answer(volume: Arc<AttachedVolume>, request: EngineRequest) -> EngineReply {
     let done = |r: Result<(), AttachError>| match r {
@@ -752,6 +785,14 @@ async fn answer(volume: Arc<AttachedVolume>, request: EngineRequest) -> EngineRe
         EngineRequest::DeleteSnapshot { name } => done(volume.delete_snapshot(&name).await),
         EngineRequest::Expand { size } => done(volume.expand(size).await.map(|_| ())),
         EngineRequest::ReplaceReplica { index, addr, disk } => done(volume.replace_replica(index, addr, &disk).await),
+        EngineRequest::AddReplica { addr, disk, node } => match volume.add_replica(addr, &disk, &node).await {
+            // Still attaching: asked again shortly.
+            Err(AttachError::Io { source, .. }) if source.kind() == std::io::ErrorKind::WouldBlock => {
+                EngineReply::retry(source)
+            }
+            r => done(r.map(drop)),
+        },
+        EngineRequest::RemoveReplica { addr, disk } => done(volume.remove_replica(addr, &disk).await),
         EngineRequest::SetLimits { limits } => {
             volume.set_limits(limits);
             EngineReply::ok()
@@ -780,12 +821,19 @@ impl EngineCalls for Volumes {
         request: Vec<u8>,
     ) -> Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, Status>> + Send>> {
         let volume = self.get(&volume_id);
+        let infos = self.infos.clone();
         Box::pin(async move {
             let Some(volume) = volume else { return Err(Status::NotFound) };
             let reply = match serde_json::from_slice::<EngineRequest>(&request) {
                 Ok(request) => {
                     let span = tracing::info_span!("datapath.engine_call", volume.id = %volume_id, ?request);
-                    tracing::Instrument::instrument(answer(volume, request), span).await
+                    let reply = tracing::Instrument::instrument(answer(volume, request.clone()), span).await;
+                    if reply.ok
+                        && let Some(info) = infos.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&volume_id)
+                    {
+                        follow_members(info, &request);
+                    }
+                    reply
                 }
                 Err(e) => EngineReply::error(format!("malformed engine request: {e}")),
             };

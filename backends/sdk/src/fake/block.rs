@@ -371,15 +371,42 @@ impl Block for FakeBlock {
         s.set.rebuild_bytes_per_second = rebuild_bytes_per_second;
         Ok(s.set.clone())
     }
-    fn add_replica(&self, _: &str, placement: &Placement) -> Result<ReplicaSet, Error> {
+    /// The new replica is `Rebuilding` (a test makes it healthy, as a finished rebuild would).
+    fn add_replica(&self, id: &str, placement: &Placement) -> Result<ReplicaSet, Error> {
         self.journal.enter("add_replica")?;
-        placed_node(placement)?;
-        Err(not_provided("block add-replica: adding replicas"))
+        let node = placed_node(placement)?;
+        self.granted(node)?;
+        let (size, held) = match self.sets.borrow().get(id) {
+            Some(s) => (s.set.size_bytes, s.set.replicas.iter().any(|r| r.node == node)),
+            None => return Err(Error::NotFound(format!("replica set {id} not found"))),
+        };
+        if !held {
+            self.need_room(&[node.to_owned()], size)?;
+        }
+        let mut sets = self.sets.borrow_mut();
+        let s = sets.get_mut(id).ok_or_else(|| Error::NotFound(format!("replica set {id} not found")))?;
+        if !held {
+            s.set.replicas.push(Replica { state: ReplicaState::Rebuilding, ..healthy(node) });
+        }
+        Ok(s.set.clone())
     }
-    fn remove_replica(&self, _: &str, replica: &Placement) -> Result<ReplicaSet, Error> {
+    /// As the host: only once every other replica is healthy, never the last one.
+    fn remove_replica(&self, id: &str, replica: &Placement) -> Result<ReplicaSet, Error> {
         self.journal.enter("remove_replica")?;
-        placed_node(replica)?;
-        Err(not_provided("block remove-replica: removing replicas"))
+        let node = placed_node(replica)?;
+        let mut sets = self.sets.borrow_mut();
+        let s = sets.get_mut(id).ok_or_else(|| Error::NotFound(format!("replica set {id} not found")))?;
+        let Some(i) = s.set.replicas.iter().position(|r| r.node == node) else { return Ok(s.set.clone()) };
+        if s.set.replicas.len() == 1 {
+            return Err(Error::FailedPrecondition(format!("the replica on {node} is the only one of {id}")));
+        }
+        if let Some(other) =
+            s.set.replicas.iter().enumerate().find(|(j, r)| *j != i && r.state != ReplicaState::Healthy)
+        {
+            return Err(Error::Aborted(format!("the replica on {} of {id} is not healthy yet", other.1.node)));
+        }
+        s.set.replicas.remove(i);
+        Ok(s.set.clone())
     }
     /// Every set's snapshot, or none: the sets are checked before any is taken.
     fn snapshot_group(&self, ids: &[String], name: &str) -> Result<Vec<BlockSnapshot>, Error> {
@@ -491,9 +518,19 @@ mod tests {
         let set = b.get("v").expect("get").expect("the set");
         assert_eq!((set.limits, set.rebuild_bytes_per_second), (limits, 3));
         assert!(matches!(b.set_limits("w", &limits, 0), Err(Error::NotFound(_))));
+        // Adding and removing replicas, as the host: idempotent, the last one kept.
+        b.add_node("n2", 10 * B, &[]);
+        assert_eq!(b.add_replica("v", &Placement::on("n1")).expect("held: a retry").replicas.len(), 1);
+        let grown = b.add_replica("v", &Placement::on("n2")).expect("added");
+        assert_eq!(grown.replicas[1].state, ReplicaState::Rebuilding);
+        let e = b.remove_replica("v", &Placement::on("n1")).expect_err("n2 is rebuilding");
+        assert!(matches!(&e, Error::Aborted(m) if m.contains("n2")), "{e:?}");
+        b.set_state("v", "n2", ReplicaState::Healthy, None);
+        assert_eq!(b.remove_replica("v", &Placement::on("n1")).expect("removed").replicas.len(), 1);
+        assert_eq!(b.remove_replica("v", &Placement::on("n1")).expect("absent").replicas.len(), 1);
+        let e = b.remove_replica("v", &Placement::on("n2")).expect_err("the last one");
+        assert!(matches!(&e, Error::FailedPrecondition(_)), "{e:?}");
         let answers = [
-            b.add_replica("v", &Placement::on("n1")).map(drop),
-            b.remove_replica("v", &Placement::on("n1")).map(drop),
             b.follow("v", "t", "src").map(drop),
             b.activate("v").map(drop),
             b.create("w", B, &nodes(&["n1"]), Some(&backup), &[]).map(drop),

@@ -27,6 +27,22 @@ pub enum EngineRequest {
         #[serde(default = "default_disk")]
         disk: String,
     },
+    /// Add a new (empty) replica on disk `disk` of the replica server at `addr` (the node `node`,
+    /// which the engine requires over TLS) as the set's last; the engine rebuilds it while I/O
+    /// goes on. The same place again: success. An engine of the version before it answers an
+    /// error: nothing changes there.
+    AddReplica {
+        addr: std::net::SocketAddr,
+        disk: String,
+        node: String,
+    },
+    /// Remove the set's replica on disk `disk` of the replica server at `addr`: the engine stops
+    /// using it at once; the control plane deletes it afterwards. None there: success (named by
+    /// place, not index, so a retry cannot remove another). Refused for the last healthy one.
+    RemoveReplica {
+        addr: std::net::SocketAddr,
+        disk: String,
+    },
     /// Apply these I/O limits from now on (all 0: none). An engine of the version before
     /// limits cannot parse it and answers an error: nothing changes there.
     SetLimits {

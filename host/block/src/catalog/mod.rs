@@ -75,6 +75,9 @@ pub enum CatalogError {
     /// A node did not answer, or the operation must wait (a rebuild, an engine starting).
     #[error("{0}")]
     Unavailable(String),
+    /// The set must change first (another replica finish its rebuild): retried later.
+    #[error("{0}")]
+    Aborted(String),
     /// The node is not one of the grant's nodes.
     #[error("{0}")]
     NotGranted(String),

@@ -6,6 +6,10 @@ use super::*;
 
 impl Engine {
     pub(super) fn on_connected(&mut self, r: ReplicaId) {
+        if self.replicas[r] == ReplicaState::Retired {
+            // The driver raced the removal; the connection is closed with the slot.
+            return;
+        }
         if self.fenced {
             // The driver raced the fence; this engine never talks to a replica again.
             self.actions.push(Action::ReplicaFailed { replica: r, reason: FailReason::Fenced });
@@ -98,7 +102,7 @@ impl Engine {
         self.known[r] = Known { size: header.size, chain: header.snapshots.clone() };
         if !self.attached {
             self.replicas[r] = ReplicaState::Attached(header);
-            if self.replicas.iter().all(|s| matches!(s, ReplicaState::Attached(_))) {
+            if self.replicas.iter().all(|s| matches!(s, ReplicaState::Attached(_) | ReplicaState::Retired)) {
                 self.finish_attach();
             }
             return;
@@ -113,9 +117,13 @@ impl Engine {
             return;
         }
         // Every replica that is not healthy while serving is out of sync; one the engine has no
-        // record of needs everything copied, whatever its header says.
+        // record of needs everything copied, whatever its header says, and so does a new one.
         let full = full_map(self.size, self.cfg.region_size);
-        self.missing.entry(r).or_insert(full);
+        if self.never_a_member(&header) {
+            self.missing.insert(r, full);
+        } else {
+            self.missing.entry(r).or_insert(full);
+        }
         self.replicas[r] = ReplicaState::Stale;
     }
 
@@ -144,10 +152,18 @@ impl Engine {
         let names = |c: &[SnapshotInfo]| c.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
         let full = full_map(self.size, self.cfg.region_size);
         for r in 0..self.replicas.len() {
+            if self.replicas[r] == ReplicaState::Retired {
+                continue;
+            }
             let ReplicaState::Attached(h) = self.replicas[r].clone() else {
                 self.missing.entry(r).or_insert_with(|| full.clone());
                 continue;
             };
+            if h.revision < newest && h.revision == 0 {
+                // Created empty since a set it joins was last current (added, or replacing a
+                // replica while detached): a map kept for its index was about what it replaced.
+                self.missing.insert(r, full.clone());
+            }
             if h.size > self.size {
                 self.fail(r, FailReason::SizeAhead { replica: h.size, engine: self.size });
                 self.missing.entry(r).or_insert_with(|| full.clone());
@@ -165,7 +181,7 @@ impl Engine {
             self.missing.entry(r).or_insert(lacks);
         }
         self.resync_after_unclean_end(&attached);
-        if self.replicas.iter().any(|s| *s != ReplicaState::Healthy) {
+        if self.replicas.iter().any(|s| !matches!(s, ReplicaState::Healthy | ReplicaState::Retired)) {
             self.bump_revision();
         }
         // Into this epoch's range (see EPOCH_REVISION_BITS) before the first write, also when
@@ -229,6 +245,9 @@ impl Engine {
             "previous session ended uncleanly: resyncing from one replica"
         );
         for r in (0..self.replicas.len()).filter(|r| *r != source) {
+            if self.replicas[r] == ReplicaState::Retired {
+                continue;
+            }
             if self.replicas[r] == ReplicaState::Healthy {
                 self.replicas[r] = ReplicaState::Stale;
             }
@@ -265,10 +284,10 @@ impl Engine {
     }
 
     pub(super) fn fail(&mut self, r: ReplicaId, reason: FailReason) {
-        let prev = std::mem::replace(&mut self.replicas[r], ReplicaState::Down);
-        if prev == ReplicaState::Down {
+        if matches!(self.replicas[r], ReplicaState::Down | ReplicaState::Retired) {
             return;
         }
+        let prev = std::mem::replace(&mut self.replicas[r], ReplicaState::Down);
         self.actions.push(Action::ReplicaFailed { replica: r, reason });
         if matches!(prev, ReplicaState::Healthy | ReplicaState::Rebuilding) {
             self.mark_unsettled(r);
@@ -309,5 +328,43 @@ impl Engine {
                 Some(Op::Rebuild(_)) | None => {}
             }
         }
+    }
+}
+
+impl Engine {
+    /// A replica created empty, never a complete member of any set (its revision was never
+    /// set), while the set has been: it holds nothing, whatever a map kept for its index says.
+    fn never_a_member(&self, header: &ReplicaHeader) -> bool {
+        header.revision == 0 && self.revision > 0
+    }
+
+    /// See [`Event::ReplicaAdded`]: the new replica lacks everything, persisted before it
+    /// connects, so a crash before its rebuild ends cannot count it as current.
+    pub(super) fn add_replica(&mut self, config: ReplicaConfig) {
+        if self.replicas.len() >= MAX_REPLICAS || self.fenced {
+            // The driver checks both first; never alias a replica onto another's bit.
+            return;
+        }
+        let r = self.replicas.len();
+        tracing::info!(volume = %self.cfg.volume_id, replica = r, disk = %config.disk, "replica added");
+        self.replicas.push(ReplicaState::Down);
+        self.known.push(Known::default());
+        self.replica_cfg.push(config);
+        self.missing.insert(r, full_map(self.size, self.cfg.region_size));
+        self.persist();
+    }
+
+    /// See [`Event::ReplicaRemoved`]. Failing it first resolves what it had in flight like any
+    /// casualty (and bumps the revision when it was healthy, so its copy is recognisably old).
+    pub(super) fn remove_replica(&mut self, r: ReplicaId) {
+        if self.replicas[r] == ReplicaState::Retired {
+            return;
+        }
+        tracing::info!(volume = %self.cfg.volume_id, replica = r, "replica removed");
+        self.fail(r, FailReason::Removed);
+        self.replicas[r] = ReplicaState::Retired;
+        self.missing.remove(&r);
+        self.known[r] = Known::default();
+        self.persist();
     }
 }

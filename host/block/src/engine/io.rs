@@ -17,7 +17,7 @@ impl Engine {
         let healthy_acked = acked.intersection(self.healthy());
         let ok = !healthy_acked.is_empty();
         // Snapshot operations must reach every configured replica, or the chains diverge.
-        let everyone = ok && healthy_acked.len() == self.replicas.len();
+        let everyone = ok && healthy_acked.len() == self.configured();
         let result = match kind {
             Fanout::Write { offset, len, data } => {
                 if ok {
@@ -103,7 +103,7 @@ impl Engine {
         IoError::Degraded {
             volume_id: self.cfg.volume_id.clone(),
             healthy: self.healthy_count(),
-            configured: self.replicas.len(),
+            configured: self.configured(),
             what,
         }
     }
@@ -270,7 +270,7 @@ impl Engine {
                     let reply = if taking { ClientReply::SnapshotTaken } else { ClientReply::SnapshotDeleted };
                     return self.reply(client, Ok(reply));
                 }
-                if self.healthy_count() < self.replicas.len() {
+                if self.healthy_count() < self.configured() {
                     self.unlock(id);
                     let what = if taking { "a snapshot" } else { "deleting a snapshot" };
                     return self.reply(client, Err(self.degraded_error(what)));

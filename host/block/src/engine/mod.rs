@@ -114,6 +114,9 @@ enum ReplicaState {
     /// counted for acknowledgment.
     Rebuilding,
     Healthy,
+    /// Removed from the set while the engine runs ([`Event::ReplicaRemoved`]): never
+    /// connected, read, written or counted again. Its index stays, so the others keep theirs.
+    Retired,
 }
 
 type OpId = u64;
@@ -189,11 +192,34 @@ struct Known {
     chain: Vec<SnapshotInfo>,
 }
 
+/// The persisted maps (keyed by the persisting engine's indices, whose replicas `members` names)
+/// keyed by this engine's indices: a map follows its replica's identity, and the map of a
+/// replica that is no member any more is dropped. A state without identities (written before
+/// membership could change while attached), or replicas without one, keep the indices.
+fn rekey_by_identity(
+    missing: BTreeMap<ReplicaId, DirtyMap>,
+    members: &[String],
+    replicas: &[ReplicaConfig],
+) -> BTreeMap<ReplicaId, DirtyMap> {
+    if members.is_empty() || replicas.iter().any(|c| c.identity.is_empty()) {
+        return missing;
+    }
+    missing
+        .into_iter()
+        .filter_map(|(r, map)| {
+            let who = members.get(r).filter(|who| !who.is_empty())?;
+            let now = replicas.iter().position(|c| c.identity == *who)?;
+            Some((now, map))
+        })
+        .collect()
+}
+
 /// One volume's replication state machine. See the module docs for the rules it keeps.
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
-    /// One per replica, in replica order; their number never changes.
+    /// One per replica, in replica order; replicas are added at the end and a removed one
+    /// stays as [`ReplicaState::Retired`], so an index names one replica for the engine's life.
     replica_cfg: Vec<ReplicaConfig>,
     now: Millis,
     revision: u64,
@@ -260,8 +286,7 @@ impl Engine {
         let (revision, size, missing, prior_intent) = match persisted {
             Some(p) => {
                 let size = if p.size == 0 { cfg.size } else { p.size };
-                let missing = p
-                    .missing
+                let missing = rekey_by_identity(p.missing, &p.members, &replicas)
                     .into_iter()
                     .map(|(r, m)| {
                         // A map of another geometry says nothing reliable: that replica gets a
@@ -338,12 +363,27 @@ impl Engine {
 
     /// [`Self::replica_health`] without allocating, for comparing with a status already sent.
     pub fn replica_health_iter(&self) -> impl ExactSizeIterator<Item = ReplicaHealth> + '_ {
-        self.replicas.iter().map(|s| match s {
-            ReplicaState::Healthy => ReplicaHealth::Healthy,
-            ReplicaState::Seeding | ReplicaState::Rebuilding => ReplicaHealth::Rebuilding,
-            ReplicaState::Stale | ReplicaState::Attached(_) => ReplicaHealth::Stale,
-            ReplicaState::Down | ReplicaState::Handshaking => ReplicaHealth::Down,
-        })
+        (0..self.replicas.len()).map(|r| self.health(r))
+    }
+
+    /// One replica's part (a retired one shows as down).
+    pub fn health(&self, replica: ReplicaId) -> ReplicaHealth {
+        match self.replicas.get(replica) {
+            Some(ReplicaState::Healthy) => ReplicaHealth::Healthy,
+            Some(ReplicaState::Seeding | ReplicaState::Rebuilding) => ReplicaHealth::Rebuilding,
+            Some(ReplicaState::Stale | ReplicaState::Attached(_)) => ReplicaHealth::Stale,
+            Some(ReplicaState::Down | ReplicaState::Handshaking | ReplicaState::Retired) | None => ReplicaHealth::Down,
+        }
+    }
+
+    /// True for a replica removed from the set (see [`Event::ReplicaRemoved`]).
+    pub fn is_retired(&self, replica: ReplicaId) -> bool {
+        self.replicas.get(replica) == Some(&ReplicaState::Retired)
+    }
+
+    /// The replicas of the set: every one but the retired ones.
+    pub fn configured(&self) -> usize {
+        self.replicas.iter().filter(|s| **s != ReplicaState::Retired).count()
     }
 
     pub fn is_healthy(&self, replica: ReplicaId) -> bool {
@@ -391,13 +431,16 @@ impl Engine {
             Event::Tick => self.on_tick(),
             Event::ReplicaConnected(r) if r < self.replicas.len() => self.on_connected(r),
             Event::ReplicaDisconnected(r) if r < self.replicas.len() => self.fail(r, FailReason::Disconnected),
-            Event::ReplicaReplaced(r, disk) if r < self.replicas.len() => {
+            Event::ReplicaReplaced(r, disk, identity) if r < self.replicas.len() && !self.is_retired(r) => {
                 self.fail(r, FailReason::Replaced);
                 self.replica_cfg[r].disk = disk;
+                self.replica_cfg[r].identity = identity;
                 self.missing.insert(r, full_map(self.size, self.cfg.region_size));
                 self.persist();
             }
             Event::Received(r, frame) if r < self.replicas.len() => self.on_frame(r, frame),
+            Event::ReplicaAdded(config) => self.add_replica(config),
+            Event::ReplicaRemoved(r) if r < self.replicas.len() => self.remove_replica(r),
             Event::ClientRead { client, offset, len } => {
                 if self.check_range(client, offset, len, MAX_IO) {
                     self.enqueue(Op::Read { client, offset, len });
@@ -492,11 +535,17 @@ impl Engine {
         // Before attaching has acted on the previous session's intent map, it must survive
         // another crash unchanged.
         let intent = if self.attached { Some(self.intent.clone()) } else { self.prior_intent.clone() };
+        // Who each index is, so a later engine with another membership (a replica added or
+        // removed meanwhile shifts the indices) finds each map's replica.
+        let members = (0..self.replicas.len())
+            .map(|r| if self.is_retired(r) { String::new() } else { self.replica_cfg[r].identity.clone() })
+            .collect();
         self.actions.push(Action::Persist(PersistedState {
             revision: self.revision,
             size: self.size,
             missing: self.missing.clone(),
             intent,
+            members,
         }));
     }
 

@@ -292,7 +292,13 @@ impl World {
 
     /// Replica 0 is the engine's local one.
     fn replica_config() -> Vec<ReplicaConfig> {
-        (0..REPLICAS).map(|i| ReplicaConfig { local: i == 0, disk: crate::protocol::DEFAULT_DISK.into() }).collect()
+        (0..REPLICAS)
+            .map(|i| ReplicaConfig {
+                local: i == 0,
+                disk: crate::protocol::DEFAULT_DISK.into(),
+                identity: String::new(),
+            })
+            .collect()
     }
 
     fn new(seed: u64) -> Self {

@@ -19,7 +19,10 @@ fn config() -> EngineConfig {
 
 /// One replica per entry of `locals`, local where it says so.
 fn replicas(locals: &[bool]) -> Vec<ReplicaConfig> {
-    locals.iter().map(|l| ReplicaConfig { local: *l, disk: crate::protocol::DEFAULT_DISK.into() }).collect()
+    locals
+        .iter()
+        .map(|l| ReplicaConfig { local: *l, disk: crate::protocol::DEFAULT_DISK.into(), identity: String::new() })
+        .collect()
 }
 
 fn header(revision: u64) -> ReplicaHeader {
@@ -373,4 +376,124 @@ fn revisions_of_a_newer_epoch_are_above_any_an_older_epoch_counted() {
         next.handle(0, Event::Received(r, ok(claim)));
     }
     assert!(!next.is_healthy(0) && next.is_healthy(1) && next.is_healthy(2), "the cut-off replica is behind");
+}
+
+fn named(names: &[&str]) -> Vec<ReplicaConfig> {
+    names
+        .iter()
+        .map(|n| ReplicaConfig { local: false, disk: crate::protocol::DEFAULT_DISK.into(), identity: (*n).into() })
+        .collect()
+}
+
+fn persisted_of(actions: &[Action]) -> Option<PersistedState> {
+    actions.iter().rev().find_map(|a| if let Action::Persist(p) = a { Some(p.clone()) } else { None })
+}
+
+#[test]
+fn a_replica_added_while_attached_lacks_everything_persisted_first_and_becomes_a_rebuild_target() {
+    let (mut e, _) = attached(&[false, false], &[3, 3]);
+    let added = ReplicaConfig { local: false, disk: "ssd".into(), identity: "c/ssd".into() };
+    let out = e.handle(1, Event::ReplicaAdded(added));
+    assert_eq!(e.configured(), 3);
+    let state = persisted_of(&out).expect("persisted before it connects");
+    assert_eq!(state.missing.get(&2).map(|m| m.count()), Some(SIZE.div_ceil(64 * 1024)), "it lacks every region");
+    assert_eq!(state.members[2], "c/ssd");
+    // It connects and says hello with an empty header: stale, never read from.
+    let hello = sends(&e.handle(2, Event::ReplicaConnected(2)));
+    assert!(matches!(&hello[0].1.message, Message::Hello { disk, .. } if disk == "ssd"));
+    let reply = Message::HelloReply { status: Status::Ok, header: header(0) };
+    let out = e.handle(3, Event::Received(2, Frame { request_id: hello[0].1.request_id, message: reply }));
+    assert_eq!(e.health(2), ReplicaHealth::Rebuilding, "rebuilt at once: {out:?}");
+    assert!(out.iter().any(|a| matches!(a, Action::RebuildStarted { replica: 2, .. })), "{out:?}");
+    for c in 0..4 {
+        let reads = sends(&e.handle(4, Event::ClientRead { client: c, offset: c * 100, len: 10 }));
+        assert!(reads.iter().all(|(r, _)| *r != 2), "never read from while rebuilt");
+    }
+    // Snapshots need the whole set: the new one counts.
+    let snap = e.handle(5, Event::ClientSnapshot { client: 9, name: "s".into(), created_ns: 1 });
+    assert!(
+        snap.iter()
+            .any(|a| matches!(a, Action::Reply { client: 9, result: Err(IoError::Degraded { configured: 3, .. }) })),
+        "{snap:?}"
+    );
+}
+
+#[test]
+fn a_removed_replica_is_never_written_counted_or_reconnected_and_leaves_the_persisted_members() {
+    let mut e = Engine::new(config(), named(&["a/default", "b/default", "c/default"]), None, 0);
+    let mut out = Vec::new();
+    for r in 0..3 {
+        let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
+        let reply = Message::HelloReply { status: Status::Ok, header: header(3) };
+        out = e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply }));
+    }
+    for (r, f) in sends(&out) {
+        e.handle(0, Event::Received(r, ok(f.request_id)));
+    }
+    let out = e.handle(1, Event::ReplicaRemoved(1));
+    assert!(out.iter().any(|a| matches!(a, Action::ReplicaFailed { replica: 1, reason: FailReason::Removed })));
+    assert!(e.is_retired(1) && e.configured() == 2 && e.healthy_count() == 2);
+    let state = persisted_of(&out).expect("persisted");
+    assert_eq!(state.members, ["a/default", "", "c/default"], "a retired index names no one");
+    assert!(!state.missing.contains_key(&1));
+    assert!(e.revision() > 3, "a healthy replica left: the others move on without it");
+    // The revision reaches the two that are left, then writes go to them only.
+    for (r, f) in sends(&out) {
+        assert_ne!(r, 1);
+        e.handle(2, Event::Received(r, ok(f.request_id)));
+    }
+    let writes = sends(&e.handle(3, Event::ClientWrite { client: 5, offset: 0, data: vec![1; 512].into() }));
+    assert_eq!(writes.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![0, 2]);
+    // A late connection of the removed one is ignored; a snapshot needs only the two.
+    assert!(sends(&e.handle(4, Event::ReplicaConnected(1))).is_empty());
+    for (r, f) in &writes {
+        e.handle(5, Event::Received(*r, ok(f.request_id)));
+    }
+    let snap = sends(&e.handle(6, Event::ClientSnapshot { client: 9, name: "s".into(), created_ns: 1 }));
+    assert_eq!(snap.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![0, 2]);
+}
+
+#[test]
+fn a_persisted_map_follows_its_replica_to_a_new_index_and_a_removed_ones_is_dropped() {
+    let mut lacks = DirtyMap::new(SIZE, 64 * 1024).expect("map");
+    lacks.mark(0, 1);
+    let persisted = PersistedState {
+        revision: 5,
+        size: SIZE,
+        missing: BTreeMap::from([(0, full_map(SIZE, 64 * 1024)), (2, lacks.clone())]),
+        intent: None,
+        members: vec!["a/default".into(), "b/default".into(), "c/default".into()],
+    };
+    // `a` was removed, a new `d` added: c's map moves from index 2 to 1; a's goes with it.
+    let e = Engine::new(config(), named(&["b/default", "c/default", "d/default"]), Some(persisted.clone()), 0);
+    assert!(e.missing(0).is_none(), "b was in sync");
+    assert_eq!(e.missing(1), Some(&lacks));
+    assert!(e.missing(2).is_none(), "d: decided by its header (an empty one lacks everything)");
+    // A state file without identities keeps the indices.
+    let old = PersistedState { members: vec![], ..persisted };
+    let e = Engine::new(config(), named(&["b/default", "c/default", "d/default"]), Some(old), 0);
+    assert_eq!(e.missing(2), Some(&lacks));
+}
+
+#[test]
+fn an_empty_replica_where_a_map_was_kept_for_its_index_is_rebuilt_in_full() {
+    // Index 1 lacked one region when this node last ran the volume; it was replaced (detached)
+    // by an empty replica since: the map said nothing about the new one.
+    let mut lacks = DirtyMap::new(SIZE, 64 * 1024).expect("map");
+    lacks.mark(0, 1);
+    let persisted = PersistedState {
+        revision: 7,
+        size: SIZE,
+        missing: BTreeMap::from([(1, lacks)]),
+        intent: None,
+        members: vec![],
+    };
+    let mut e = Engine::new(config(), replicas(&[false, false]), Some(persisted), 0);
+    for (r, rev) in [(0, 8), (1, 0)] {
+        let hello = sends(&e.handle(0, Event::ReplicaConnected(r)));
+        let reply = Message::HelloReply { status: Status::Ok, header: header(rev) };
+        e.handle(0, Event::Received(r, Frame { request_id: hello[0].1.request_id, message: reply }));
+    }
+    assert!(e.is_attached());
+    assert_eq!(e.missing(1).map(|m| m.count()), Some(SIZE.div_ceil(64 * 1024)), "everything, not the kept map");
 }

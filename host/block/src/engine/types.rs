@@ -39,13 +39,17 @@ pub const MAX_UNMAP: u64 = 64 * 1024 * 1024;
 
 /// What the engine knows of one replica besides its index: the rest of where it is (its
 /// address, how it is reached) is the driver's (`crate::volume::ReplicaEndpoint`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaConfig {
     /// On the engine's own node: preferred for reads (no network hop).
     pub local: bool,
     /// The disk of its replica server holding it, named in `Hello` (a server may hold several
     /// replicas of the volume, one per disk).
     pub disk: String,
+    /// Who the replica is across engines (its node and disk), kept in the persisted state so a
+    /// later engine finds each replica's map after the membership changed; empty: unknown (the
+    /// maps keep their indices).
+    pub identity: String,
 }
 
 /// The engine's settings; the replicas it replicates to are given beside them
@@ -82,6 +86,9 @@ pub struct PersistedState {
     /// replicas that otherwise agree. `None` when unknown (a state written before intent maps
     /// existed): an unclean end then resyncs everything.
     pub intent: Option<DirtyMap>,
+    /// Each index's [`ReplicaConfig::identity`] when persisted (empty for a retired one);
+    /// empty when unknown (a state file of a version before it).
+    pub members: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,8 +100,14 @@ pub enum Event {
     ReplicaDisconnected(ReplicaId),
     /// The replica now lives elsewhere (a new, empty replica on another server, or another disk
     /// of one, named here): whatever the old one held counts for nothing, and the new one gets a
-    /// full rebuild.
-    ReplicaReplaced(ReplicaId, String),
+    /// full rebuild. Its disk and its identity (see [`ReplicaConfig`]) follow.
+    ReplicaReplaced(ReplicaId, String, String),
+    /// A new, empty replica joins the set at the next index (the driver connects it): it is
+    /// fully rebuilt while I/O goes on. Only while attached.
+    ReplicaAdded(ReplicaConfig),
+    /// The replica leaves the set: dropped like a failed one, never reconnected or counted
+    /// again (its index stays, retired). The driver refuses removing the last healthy one.
+    ReplicaRemoved(ReplicaId),
     /// A decoded frame from the replica's current connection.
     Received(ReplicaId, Frame),
     ClientRead {
@@ -186,6 +199,8 @@ pub enum FailReason {
     Protocol(&'static str),
     #[error("replaced by a new replica")]
     Replaced,
+    #[error("removed from the replica set")]
+    Removed,
     #[error("the engine is fenced: another engine was given the volume")]
     Fenced,
 }

@@ -255,6 +255,12 @@ mod tests {
             EngineRequest::Expand { size: 1 << 30 },
             EngineRequest::SetLimits { limits: crate::qos::IoLimits { write_iops: 1, ..Default::default() } },
             EngineRequest::ReplaceReplica { index: 0, addr: "127.0.0.1:9".parse().expect("addr"), disk: "ssd".into() },
+            EngineRequest::AddReplica {
+                addr: "127.0.0.1:9".parse().expect("addr"),
+                disk: "ssd".into(),
+                node: "c".into(),
+            },
+            EngineRequest::RemoveReplica { addr: "127.0.0.1:9".parse().expect("addr"), disk: "ssd".into() },
             EngineRequest::HoldSnapshot { holder: "g".into(), name: "s".into(), hold_ms: 1 },
             EngineRequest::ReleaseHold { holder: "g".into() },
         ] {

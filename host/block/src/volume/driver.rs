@@ -303,14 +303,31 @@ impl Driver {
         self.feed(event);
     }
 
+    /// Number of replicas in the set (retired slots are none).
+    pub(super) fn configured(&self) -> usize {
+        self.engine.configured()
+    }
+
+    /// The slot of the set's `index`th replica, retired slots skipped: the control plane
+    /// numbers replicas in its record's member order, where a removed one is gone.
+    fn slot_of(&self, index: usize) -> Option<ReplicaId> {
+        self.live().nth(index)
+    }
+
+    /// The slots of the set's replicas (every one but the retired), in order.
+    fn live(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        (0..self.slots.len()).filter(|r| !self.engine.is_retired(*r))
+    }
+
     /// Points replica `index` at a new (empty) replica on `addr`'s disk `disk`; the engine
     /// fully rebuilds it.
-    pub(super) fn replace_replica(&mut self, index: ReplicaId, addr: SocketAddr, disk: &str) -> io::Result<()> {
+    pub(super) fn replace_replica(&mut self, index: usize, addr: SocketAddr, disk: &str) -> io::Result<()> {
         let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-        if index >= self.slots.len() {
-            return Err(invalid(format!("replica {index} does not exist ({} replicas)", self.slots.len())));
-        }
-        if self.slots.iter().enumerate().any(|(i, s)| i != index && s.endpoint.addr() == addr && s.disk == disk) {
+        let configured = self.engine.configured();
+        let Some(index) = self.slot_of(index) else {
+            return Err(invalid(format!("replica {index} does not exist ({configured} replicas)")));
+        };
+        if self.live().any(|i| i != index && self.slots[i].endpoint.addr() == addr && self.slots[i].disk == disk) {
             return Err(invalid(format!("disk {disk} of {addr} already holds another replica of this volume")));
         }
         if self.engine.is_healthy(index) && self.engine.healthy_count() == 1 {
@@ -332,10 +349,77 @@ impl Driver {
         }
         slot.endpoint = slot.endpoint.replaced_by(addr, slot.disk == disk);
         slot.disk = disk.to_owned();
-        self.feed(Event::ReplicaReplaced(index, disk.to_owned()));
+        let node = match &slot.server {
+            ExpectedRole::Node(node) => Some(node.as_str()),
+            _ => None,
+        };
+        let who = super::identity(addr, node, disk);
+        self.feed(Event::ReplicaReplaced(index, disk.to_owned(), who));
         self.close(index);
         self.slots[index].backoff = self.cfg.backoff_min;
         self.spawn_connect(index, Duration::ZERO);
+        Ok(())
+    }
+
+    /// Adds a new, empty replica on disk `disk` of the replica server at `addr` (of the node
+    /// `node`, when named) as the set's last; the engine fully rebuilds it while I/O goes on.
+    /// The same place again: success. Returns the new replica's index in the set.
+    pub(super) fn add_replica(&mut self, addr: SocketAddr, disk: &str, node: Option<&str>) -> io::Result<usize> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        if let Some(i) = self.live().position(|r| self.slots[r].endpoint.addr() == addr && self.slots[r].disk == disk) {
+            return Ok(i);
+        }
+        if self.engine.is_fenced() || self.stopped {
+            return Err(stopped());
+        }
+        // Attaching decides who is current from the members it started with; one added in the
+        // middle would only make it wait for the attach timeout.
+        if !self.engine.is_attached() {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the volume is still attaching; add the replica later",
+            ));
+        }
+        if self.slots.len() >= MAX_REPLICAS {
+            return Err(invalid(format!("a volume's engine holds at most {MAX_REPLICAS} replicas over its life")));
+        }
+        let endpoint = ReplicaEndpoint::Remote(addr);
+        let config = endpoint.engine_config(disk, node);
+        tracing::warn!(new = %addr, new.disk = disk, "adding replica");
+        self.slots.push(Slot {
+            endpoint,
+            disk: disk.to_owned(),
+            generation: 0,
+            link: None,
+            out: Outbox::default(),
+            local_out: Vec::new(),
+            task: None,
+            backoff: self.cfg.backoff_min,
+            server: node.map_or(ExpectedRole::AnyNode, |n| ExpectedRole::Node(n.to_owned())),
+        });
+        self.feed(Event::ReplicaAdded(config));
+        self.spawn_connect(self.slots.len() - 1, Duration::ZERO);
+        Ok(self.engine.configured() - 1)
+    }
+
+    /// Removes the set's replica on disk `disk` of the server at `addr`: the engine stops using
+    /// it at once (what it had in flight is resolved like a failure) and never reconnects it.
+    /// None there: success. Refused for the last healthy replica; the caller deletes the
+    /// replica itself afterwards.
+    pub(super) fn remove_replica(&mut self, addr: SocketAddr, disk: &str) -> io::Result<()> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        let Some(r) = self.live().find(|r| self.slots[*r].endpoint.addr() == addr && self.slots[*r].disk == disk)
+        else {
+            return Ok(());
+        };
+        if self.engine.is_healthy(r) && self.engine.healthy_count() == 1 {
+            return Err(invalid(format!(
+                "the replica on disk {disk} of {addr} is the only healthy one; removing it would lose the volume"
+            )));
+        }
+        tracing::warn!(replica = r, addr = %self.slots[r].endpoint.addr(), disk = %self.slots[r].disk, "removing replica");
+        self.feed(Event::ReplicaRemoved(r));
+        self.close(r);
         Ok(())
     }
 
@@ -421,6 +505,8 @@ impl Driver {
                 _ => *since = since.or_else(|| Some(SystemTime::now())),
             }
         }
+        // The set as the control plane numbers it: retired slots are no replicas any more.
+        let live: Vec<ReplicaId> = self.live().collect();
         let rebuild = self.engine.rebuild_status();
         match (rebuild.is_some(), self.rebuild_since) {
             (true, None) => self.rebuild_since = Some(Instant::now()),
@@ -431,7 +517,7 @@ impl Driver {
             _ => {}
         }
         let status = VolumeStatus {
-            replicas: health.into_iter().zip(self.down_since.iter().copied()).collect(),
+            replicas: live.iter().map(|r| (health[*r], self.down_since[*r])).collect(),
             attached: self.engine.is_attached(),
             revision: self.engine.revision(),
             healthy: self.engine.healthy_count(),
@@ -443,7 +529,7 @@ impl Driver {
             rebuild,
             snapshots: self.engine.snapshots().to_vec(),
             fenced: self.engine.is_fenced(),
-            placement: self.slots.iter().map(|s| (s.endpoint.addr(), s.disk.clone())).collect(),
+            placement: live.iter().map(|r| (self.slots[*r].endpoint.addr(), self.slots[*r].disk.clone())).collect(),
         };
         self.status.send_if_modified(|old| {
             let changed = *old != status;
@@ -488,10 +574,13 @@ impl Driver {
             && *size == e.size()
             && *fenced == e.is_fenced()
             && snapshots.as_slice() == e.snapshots()
-            && replicas.len() == e.replica_health_iter().len()
-            && replicas.iter().zip(e.replica_health_iter()).all(|((was, _), now)| *was == now)
-            && placement.len() == self.slots.len()
-            && placement.iter().zip(&self.slots).all(|((addr, disk), s)| *addr == s.endpoint.addr() && *disk == s.disk)
+            && replicas.len() == e.configured()
+            && replicas.iter().zip(self.live()).all(|((was, _), r)| *was == e.health(r))
+            && placement.len() == e.configured()
+            && placement
+                .iter()
+                .zip(self.live())
+                .all(|((addr, disk), r)| *addr == self.slots[r].endpoint.addr() && *disk == self.slots[r].disk)
     }
 
     fn execute(&mut self, action: Action) {
@@ -625,7 +714,7 @@ impl Driver {
     }
 
     fn reconnect_later(&mut self, replica: ReplicaId) {
-        if self.engine.is_fenced() {
+        if self.engine.is_fenced() || self.engine.is_retired(replica) {
             // Nothing a replica says can change that: stay disconnected.
             return;
         }
@@ -695,7 +784,12 @@ pub(super) fn start(mut cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> 
     let endpoints = std::mem::take(&mut cfg.replicas);
     let disks: Vec<String> =
         (0..endpoints.len()).map(|i| cfg.disks.get(i).cloned().unwrap_or_else(|| DEFAULT_DISK.to_owned())).collect();
-    let replicas = endpoints.iter().zip(&disks).map(|(e, disk)| e.engine_config(disk)).collect();
+    let replicas = endpoints
+        .iter()
+        .zip(&disks)
+        .enumerate()
+        .map(|(i, (e, disk))| e.engine_config(disk, cfg.nodes.get(i).and_then(|n| n.as_deref())))
+        .collect();
     let engine = Engine::new(cfg.engine.clone(), replicas, persisted, 0);
     let size = Arc::new(AtomicU64::new(engine.size()));
     let (stop, stop_rx) = mpsc::unbounded_channel();

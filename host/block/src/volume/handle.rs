@@ -39,7 +39,6 @@ const DISCARD_WINDOW: usize = 4;
 /// driver (outstanding requests fail); call [`ReplicatedVolume::flush`] first to keep writes.
 pub struct ReplicatedVolume {
     size: Arc<AtomicU64>,
-    replicas: usize,
     shared: Arc<Shared>,
     /// Stops the driver task when sent to or dropped.
     stop: mpsc::UnboundedSender<()>,
@@ -54,7 +53,6 @@ impl std::fmt::Debug for ReplicatedVolume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicatedVolume")
             .field("size", &self.size)
-            .field("replicas", &self.replicas)
             .field("status", &*self.status.borrow())
             .finish_non_exhaustive()
     }
@@ -64,9 +62,8 @@ impl ReplicatedVolume {
     /// Loads the persisted engine state from `cfg.state_dir` and starts the driver on `runtime`;
     /// it connects to every replica and attaches in the background (see [`Self::wait_for`]).
     pub fn start(cfg: VolumeConfig, runtime: &tokio::runtime::Handle) -> Result<Self, VolumeError> {
-        let replicas = cfg.replicas.len();
         let driver::Started { shared, size, stop, status } = driver::start(cfg, runtime)?;
-        Ok(Self { size, replicas, shared, stop, status, throttle: Throttle::default(), runtime: runtime.clone() })
+        Ok(Self { size, shared, stop, status, throttle: Throttle::default(), runtime: runtime.clone() })
     }
 
     /// Applies `limits` to the reads and writes admitted from now on (see [`crate::qos`]).
@@ -234,9 +231,22 @@ impl ReplicatedVolume {
         self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.replace_replica(index, addr, disk) })
     }
 
-    /// Number of replicas the volume is configured with.
+    /// Adds a new, empty replica on disk `disk` of the replica server at `addr` (created there
+    /// first; `node`: the node it must be, over TLS) as the set's last: it is fully rebuilt
+    /// while I/O continues. The same place again: success. Returns its index in the set.
+    pub fn add_replica(&self, addr: SocketAddr, disk: &str, node: Option<&str>) -> io::Result<usize> {
+        self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.add_replica(addr, disk, node) })
+    }
+
+    /// Removes the set's replica on disk `disk` of the server at `addr` (the engine stops using
+    /// it at once; the caller deletes it). None there: success. Refused for the last healthy one.
+    pub fn remove_replica(&self, addr: SocketAddr, disk: &str) -> io::Result<()> {
+        self.shared.with_driver(|d| if d.stopped { Err(stopped()) } else { d.remove_replica(addr, disk) })
+    }
+
+    /// Number of replicas in the volume's set now (it changes with added and removed ones).
     pub fn replica_count(&self) -> usize {
-        self.replicas
+        self.shared.with_driver(|d| d.configured())
     }
 
     /// The volume's snapshots, oldest first, as the engine last knew them.

@@ -87,9 +87,10 @@ impl ReplicaEndpoint {
         !matches!(self, Self::Remote(_))
     }
 
-    /// What the engine knows of it, its replica on the server's disk `disk`.
-    pub fn engine_config(&self, disk: &str) -> ReplicaConfig {
-        ReplicaConfig { local: self.is_local(), disk: disk.to_owned() }
+    /// What the engine knows of it, its replica on the server's disk `disk` of the node `node`
+    /// (`None`: unnamed, known by its address).
+    pub fn engine_config(&self, disk: &str, node: Option<&str>) -> ReplicaConfig {
+        ReplicaConfig { local: self.is_local(), disk: disk.to_owned(), identity: identity(self.addr(), node, disk) }
     }
 
     /// Where this replica is served once it is replaced by a new one at `addr` (`same_disk`:
@@ -104,6 +105,15 @@ impl ReplicaEndpoint {
             Self::InProcess(_) if !same_disk => Self::Local(addr),
             _ => self.clone(),
         }
+    }
+}
+
+/// Who a replica is across engines (see [`ReplicaConfig::identity`]): its node's name and its
+/// disk, or its server's address when the node is not named (a volume driven by hand).
+pub(crate) fn identity(addr: SocketAddr, node: Option<&str>, disk: &str) -> String {
+    match node {
+        Some(node) => format!("{node}/{disk}"),
+        None => format!("{addr}/{disk}"),
     }
 }
 
@@ -208,8 +218,10 @@ mod tests {
             ("10.0.0.1:9501".parse().expect("address"), "10.0.0.2:9501".parse().expect("address"));
         assert_eq!((ReplicaEndpoint::Remote(a).addr(), ReplicaEndpoint::Remote(a).is_local()), (a, false));
         assert_eq!((ReplicaEndpoint::Local(b).addr(), ReplicaEndpoint::Local(b).is_local()), (b, true));
-        let config = ReplicaEndpoint::Local(a).engine_config("ssd");
-        assert!(config.local && config.disk == "ssd");
+        let config = ReplicaEndpoint::Local(a).engine_config("ssd", Some("node-a"));
+        assert!(config.local && config.disk == "ssd" && config.identity == "node-a/ssd");
+        let unnamed = ReplicaEndpoint::Remote(b).engine_config("default", None);
+        assert_eq!(unnamed.identity, "10.0.0.2:9501/default", "known by its address");
     }
 
     #[test]

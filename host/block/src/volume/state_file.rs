@@ -14,9 +14,10 @@ use crate::engine::PersistedState;
 /// Name of the engine's state file inside [`VolumeConfig::state_dir`].
 pub const STATE_FILE: &str = "engine-state";
 const STATE_MAGIC: [u8; 4] = *b"WCSE";
-/// Version 2: the volume size and one map per out-of-sync replica. Version 1 (one shared map and
-/// a delta/full flag per replica) is still read.
-const STATE_VERSION: u32 = 3;
+/// Version 4: who each replica index is (see [`PersistedState::members`]). Version 3 (an
+/// intent map), 2 (the volume size and one map per out-of-sync replica) and 1 (one shared map
+/// and a delta/full flag per replica) are still read.
+const STATE_VERSION: u32 = 4;
 
 /// Reads the state file in `dir`; `None` when there is none (a fresh volume).
 pub fn load_state(dir: &Path) -> Result<Option<PersistedState>, VolumeError> {
@@ -41,9 +42,10 @@ pub fn save_state(dir: &Path, state: &PersistedState) -> io::Result<()> {
 }
 
 /// magic, version, revision, size, entry count, (replica u64, map length u64, map bytes)*,
-/// intent flag u8 (1: an intent map follows), [intent map length u64, map bytes], then a CRC32
-/// of everything before it; little-endian. Versions 1 and 2 are still read (without an intent
-/// map, which makes the next unclean attach resync everything).
+/// intent flag u8 (1: an intent map follows), [intent map length u64, map bytes], member count
+/// u64, (identity length u64, UTF-8 bytes)*, then a CRC32 of everything before it;
+/// little-endian. Versions 1 and 2 are still read (without an intent map, which makes the next
+/// unclean attach resync everything), and 3 (without members: the maps keep their indices).
 pub(super) fn encode_state(s: &PersistedState) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&STATE_MAGIC);
@@ -65,6 +67,11 @@ pub(super) fn encode_state(s: &PersistedState) -> Vec<u8> {
             out.extend_from_slice(&bytes);
         }
         None => out.push(0),
+    }
+    out.extend_from_slice(&(s.members.len() as u64).to_le_bytes());
+    for who in &s.members {
+        out.extend_from_slice(&(who.len() as u64).to_le_bytes());
+        out.extend_from_slice(who.as_bytes());
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -90,6 +97,7 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
     let revision = u64_at(take(8)?);
     let mut missing = BTreeMap::new();
     let mut intent = None;
+    let mut members = Vec::new();
     let size = match version {
         1 => {
             let entries = u64_at(take(8)?);
@@ -110,7 +118,7 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
             // Version 1 did not record the size; the engine falls back to the configured one.
             0
         }
-        2 | 3 => {
+        2..=4 => {
             let size = u64_at(take(8)?);
             let entries = u64_at(take(8)?);
             for _ in 0..entries {
@@ -119,9 +127,17 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
                 let map = DirtyMap::from_bytes(take(len)?).map_err(|e| format!("map of replica {r}: {e}"))?;
                 missing.insert(r, map);
             }
-            if version == 3 && take(1)?[0] != 0 {
+            if version >= 3 && take(1)?[0] != 0 {
                 let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "intent map length overflows")?;
                 intent = Some(DirtyMap::from_bytes(take(len)?).map_err(|e| format!("intent map: {e}"))?);
+            }
+            if version >= 4 {
+                let count = u64_at(take(8)?);
+                for _ in 0..count {
+                    let len = usize::try_from(u64_at(take(8)?)).map_err(|_| "member length overflows")?;
+                    let who = std::str::from_utf8(take(len)?).map_err(|_| "member identity is not UTF-8")?;
+                    members.push(who.to_owned());
+                }
             }
             size
         }
@@ -130,7 +146,7 @@ pub(super) fn decode_state(bytes: &[u8]) -> Result<PersistedState, String> {
     if !rest.is_empty() {
         return Err("trailing bytes".into());
     }
-    Ok(PersistedState { revision, size, missing, intent })
+    Ok(PersistedState { revision, size, missing, intent, members })
 }
 
 #[cfg(test)]
@@ -147,10 +163,11 @@ mod tests {
         let mut intent = DirtyMap::new(1 << 24, 1 << 20).expect("map");
         intent.mark(5 << 20, 1);
         let missing = BTreeMap::from([(1, dirty), (2, full)]);
-        let state = PersistedState { revision: 7, size: 1 << 24, missing, intent: Some(intent) };
+        let members = vec!["node-a/default".to_owned(), String::new(), "node-b/ssd".to_owned()];
+        let state = PersistedState { revision: 7, size: 1 << 24, missing, intent: Some(intent), members };
         save_state(dir.path(), &state).expect("save");
         assert_eq!(load_state(dir.path()).expect("load"), Some(state.clone()));
-        let unknown = PersistedState { intent: None, ..state.clone() };
+        let unknown = PersistedState { intent: None, members: Vec::new(), ..state.clone() };
         assert_eq!(decode_state(&encode_state(&unknown)), Ok(unknown));
         let path = dir.path().join(STATE_FILE);
         let mut bytes = std::fs::read(&path).expect("read");
@@ -177,7 +194,13 @@ mod tests {
         v2.extend_from_slice(&bytes);
         let crc = crc32fast::hash(&v2);
         v2.extend_from_slice(&crc.to_le_bytes());
-        let want = PersistedState { revision: 9, size: 1 << 24, missing: BTreeMap::from([(1, map)]), intent: None };
+        let want = PersistedState {
+            revision: 9,
+            size: 1 << 24,
+            missing: BTreeMap::from([(1, map)]),
+            intent: None,
+            members: Vec::new(),
+        };
         assert_eq!(decode_state(&v2), Ok(want));
     }
 }

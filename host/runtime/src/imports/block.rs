@@ -95,6 +95,7 @@ pub fn to_wit(e: CatalogError) -> Error {
         CatalogError::OutOfRange(m) => Error::OutOfRange(m),
         CatalogError::ResourceExhausted(m) => Error::ResourceExhausted(m),
         CatalogError::Unavailable(m) => Error::Unavailable(m),
+        CatalogError::Aborted(m) => Error::Aborted(m),
         CatalogError::NotGranted(m) | CatalogError::Denied(m) => Error::PermissionDenied(m),
         CatalogError::Internal(m) => Error::Internal(m),
     }
@@ -372,16 +373,20 @@ impl Host for BlockCtxView<'_> {
         .await
     }
 
-    #[tracing::instrument(name = "import.block.add_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
-    async fn add_replica(&mut self, id: String, _placement: Placement) -> Result<ReplicaSet, Error> {
-        self.catalog()?;
-        Err(not_provided("block add-replica: adding replicas"))
+    #[tracing::instrument(name = "import.block.add_replica", skip_all, fields(backend = %self.ctx.backend, %id, node = %placement.node))]
+    async fn add_replica(&mut self, id: String, placement: Placement) -> Result<ReplicaSet, Error> {
+        block_call(self.catalog(), "add-replica", |c| async move {
+            c.add_replica_on(&id, &placement.node, placement.disk.as_deref()).await.map(|v| set_to_wit(&v))
+        })
+        .await
     }
 
-    #[tracing::instrument(name = "import.block.remove_replica", skip_all, fields(backend = %self.ctx.backend, %id))]
-    async fn remove_replica(&mut self, id: String, _replica: Placement) -> Result<ReplicaSet, Error> {
-        self.catalog()?;
-        Err(not_provided("block remove-replica: removing replicas"))
+    #[tracing::instrument(name = "import.block.remove_replica", skip_all, fields(backend = %self.ctx.backend, %id, node = %replica.node))]
+    async fn remove_replica(&mut self, id: String, replica: Placement) -> Result<ReplicaSet, Error> {
+        block_call(self.catalog(), "remove-replica", |c| async move {
+            c.remove_replica_on(&id, &replica.node, replica.disk.as_deref()).await.map(|v| set_to_wit(&v))
+        })
+        .await
     }
 
     #[tracing::instrument(name = "import.block.snapshot_group", skip_all, fields(backend = %self.ctx.backend, %name))]
@@ -451,8 +456,6 @@ mod tests {
         let ctx = granted();
         let mut v = BlockCtxView { ctx: &ctx };
         let answers = [
-            ("add-replica", v.add_replica("v".into(), at("n1", None)).await.map(drop)),
-            ("remove-replica", v.remove_replica("v".into(), at("n1", None)).await.map(drop)),
             ("follow", v.follow("v".into(), "t".into(), "src".into()).await.map(drop)),
             ("activate", v.activate("v".into()).await.map(drop)),
         ];
