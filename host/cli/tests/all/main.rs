@@ -31,6 +31,7 @@ mod replicated_flow;
 mod replicated_metrics;
 mod replicated_netns;
 mod replicated_placement;
+mod replicated_replicas;
 mod replicated_qos;
 mod replicated_tls;
 mod serve_cli;
