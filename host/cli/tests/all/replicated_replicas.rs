@@ -146,8 +146,8 @@ async fn flow() {
     assert!(three.contains(&format!("attached to {owner}")), "grown while attached: {three}");
 
     ctl.controller_modify_volume(modify("2")).await.unwrap();
-    let left = until(&set, &replicas, "a replica's removal", |s| healthy_on(s).len() == 2 && s.contains("2/2 healthy"))
-        .await;
+    let left =
+        until(&set, &replicas, "a replica's removal", |s| healthy_on(s).len() == 2 && s.contains("2/2 healthy")).await;
     let kept = healthy_on(&left);
     if two.contains(&owner) {
         assert!(kept.contains(&owner), "the attached node keeps its own replica: {left}");
