@@ -119,7 +119,7 @@ impl Engine {
         // Every replica that is not healthy while serving is out of sync; one the engine has no
         // record of needs everything copied, whatever its header says, and so does a new one.
         let full = full_map(self.size, self.cfg.region_size);
-        if self.never_a_member(&header) {
+        if self.never_a_member_at(header.revision, self.revision) {
             self.missing.insert(r, full);
         } else {
             self.missing.entry(r).or_insert(full);
@@ -159,7 +159,7 @@ impl Engine {
                 self.missing.entry(r).or_insert_with(|| full.clone());
                 continue;
             };
-            if h.revision < newest && h.revision == 0 {
+            if self.never_a_member_at(h.revision, newest) {
                 // Created empty since a set it joins was last current (added, or replacing a
                 // replica while detached): a map kept for its index was about what it replaced.
                 self.missing.insert(r, full.clone());
@@ -332,10 +332,13 @@ impl Engine {
 }
 
 impl Engine {
-    /// A replica created empty, never a complete member of any set (its revision was never
-    /// set), while the set has been: it holds nothing, whatever a map kept for its index says.
-    fn never_a_member(&self, header: &ReplicaHeader) -> bool {
-        header.revision == 0 && self.revision > 0
+    /// A replica created empty, never a complete member (its revision was never set), of a set
+    /// that has been current (`newest` > 0): it holds nothing, whatever a map kept for its index
+    /// says. Only with an epoch: every engine with one raises its members into the epoch's range
+    /// (see `finish_attach`), so 0 is never a member's; without one (a volume driven by hand) 0
+    /// is the first revision every member starts at.
+    fn never_a_member_at(&self, revision: u64, newest: u64) -> bool {
+        revision == 0 && newest > 0 && self.cfg.epoch > 0
     }
 
     /// See [`Event::ReplicaAdded`]: the new replica lacks everything, persisted before it
