@@ -54,6 +54,9 @@ use crate::protocol::{RecordInfo, ReplicaHeader, SnapshotInfo, Status};
 pub use abandoned::Tended;
 pub use create::{Origin, Placement, RestoreInto, RestoreProgress, Restorer};
 use engine_call::{EngineReply, EngineRequest, EngineStatus};
+
+/// How long a delete waits for a replica still open to be let go of (see `remove_replicas`).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 pub use group::{GroupSnapshot, MAX_GROUP};
 pub use nodes::{Discovery, NodeSources, NodeView, discover};
 pub use record::{FillSource, Location, VolumeRecord};
@@ -630,9 +633,20 @@ impl Catalog {
         Ok(())
     }
 
+    /// Deletes every holder's replica. A replica still open is waited for a little (at most
+    /// [`RELEASE_WAIT`]): a copy into it that `delete` just aborted closes its sessions as its
+    /// task is dropped, which the server sees a moment later.
     async fn remove_replicas(&self, holders: &[Holder]) -> Result<()> {
         for h in holders {
-            self.client(h.addr).delete_replica_on(&h.at.disk, &h.header.volume_id).await?;
+            let deadline = std::time::Instant::now() + RELEASE_WAIT;
+            loop {
+                match self.client(h.addr).delete_replica_on(&h.at.disk, &h.header.volume_id).await {
+                    Err(ControlError::Refused { status: Status::Busy, .. }) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    done => break done?,
+                }
+            }
         }
         Ok(())
     }
