@@ -12,7 +12,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use crate::support::csi::{
     Node, Paths, clients, controller_publish, controller_unpublish, mounts_under, stage_and_publish, stats,
     unpublish_and_unstage,
 };
-use crate::support::replicated::{BACKEND, Options, Sweep, volume_status};
+use crate::support::replicated::{BACKEND, Options, Sweep, addr, volume_status};
 
 const MIB: i64 = 1 << 20;
 /// The disks of the node besides `default` (`replicas/`): three replicas on four disks leave a
@@ -59,10 +58,6 @@ async fn start(home: &Path, nodes_file: &Path) -> Host {
     let addr = host.datapath.as_ref().expect("data path").local_addr();
     std::fs::write(nodes_file, format!("{addr}\n")).unwrap();
     host
-}
-
-fn addr(host: &Host) -> SocketAddr {
-    host.datapath.as_ref().expect("data path").local_addr()
 }
 
 async fn condition(node: &Node, v: &csi::Volume, p: &Paths) -> csi::VolumeCondition {

@@ -14,7 +14,6 @@
 //! Skipped (saying why) when not root or without /dev/fuse.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
-use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +28,7 @@ use crate::support::csi::{
     Controller, Node, Paths, clients, controller_publish, controller_unpublish, mounts_under, publish_at,
     stage_request, unpublish_and_unstage,
 };
-use crate::support::replicated::{BACKEND, Options, Sweep};
+use crate::support::replicated::{BACKEND, Options, Sweep, map};
 
 const MIB: i64 = 1 << 20;
 const SIZE: i64 = 64 * MIB;
@@ -39,10 +38,6 @@ const BLOCK: usize = 4096;
 
 fn raw() -> csi::VolumeCapability {
     support::single_node_writer(None)
-}
-
-fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
-    kv.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
 }
 
 /// Direct 4 KiB writes to `device` from [`WRITERS`] threads for `span`, each in its own

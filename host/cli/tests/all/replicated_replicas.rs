@@ -13,14 +13,12 @@
 //! Skipped (saying why) when not root, without /dev/fuse or without fio.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
-use wasmcsi::host::Host;
 use wasmcsi_proto::csi::v1 as csi;
 
 use crate::support;
@@ -29,27 +27,9 @@ use crate::support::csi::{
     Paths, clients, controller_publish, controller_unpublish, mounts_under, stage_and_publish, stats,
     unpublish_and_unstage,
 };
-use crate::support::replicated::{BACKEND, Options, Sweep, volume_status};
+use crate::support::replicated::{BACKEND, Options, Sweep, addr, healthy_on, map, volume_status};
 
 const MIB: i64 = 1 << 20;
-
-fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
-    kv.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
-}
-
-fn addr(host: &Host) -> SocketAddr {
-    host.datapath.as_ref().expect("data path").local_addr()
-}
-
-/// The nodes `status` (`wasmcsi volume status`) lists a healthy replica on.
-fn healthy_on(status: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = status
-        .lines()
-        .filter_map(|l| l.trim_start().split_once("/default  healthy").map(|(node, _)| node.to_owned()))
-        .collect();
-    nodes.sort();
-    nodes
-}
 
 #[test]
 fn number_of_replicas_goes_two_three_two_on_a_mounted_volume_under_fio_verify() {

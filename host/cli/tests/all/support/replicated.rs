@@ -139,3 +139,23 @@ impl Drop for Sweep {
         mounts.iter().filter(|(_, fuse)| *fuse).for_each(|(p, _)| unmount(p));
     }
 }
+
+/// Its replica server's address (where `volume_status` and the replica-nodes file reach it).
+pub fn addr(host: &Host) -> SocketAddr {
+    host.datapath.as_ref().expect("data path").local_addr()
+}
+
+/// Parameters from pairs.
+pub fn map(kv: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    kv.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+}
+
+/// The nodes `status` (`wasmcsi volume status`) lists a healthy replica on, sorted.
+pub fn healthy_on(status: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = status
+        .lines()
+        .filter_map(|l| l.trim_start().split_once("/default  healthy").map(|(node, _)| node.to_owned()))
+        .collect();
+    nodes.sort();
+    nodes
+}
