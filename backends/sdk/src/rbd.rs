@@ -99,7 +99,9 @@ pub trait Rbd {
     fn stats(&self, pool: &RbdPool) -> Result<PoolStats, Error>;
     /// Set the image's librbd QoS limits (0 removes one).
     fn set_qos(&self, pool: &RbdPool, image: &str, limits: &IoLimits) -> Result<(), Error>;
-    /// One crash-consistent snapshot `snap` of every image in `images` (an RBD group snapshot).
+    /// One crash-consistent snapshot `snap` of every image in `images`: ordinary snapshots taken
+    /// while the host holds every image's exclusive lock (each needs `exclusive-lock`); `group`
+    /// labels the host's logs. The same again: the same snapshots.
     fn group_snapshot(
         &self,
         pool: &RbdPool,
@@ -107,7 +109,7 @@ pub trait Rbd {
         images: &[String],
         snap: &str,
     ) -> Result<Vec<ImageSnapshot>, Error>;
-    /// Remove a group snapshot; absent succeeds.
+    /// Remove `snap` from every image of the pool that has it; none has it: success.
     fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error>;
 }
 

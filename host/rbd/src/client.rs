@@ -8,10 +8,12 @@
 use crate::conn::{Ioctx, Pool};
 use crate::error::Target;
 use crate::fence::{FENCE_LOCK, Fence, FenceHolder, describe, header_oid};
+use crate::group::{GroupSnapshot, check_images};
 use crate::image::{Image, features_from_names};
 use crate::names::{check, check_metadata};
 use crate::{ImageInfo, ImageSnapshot, ImageSpec, PoolStats, QosLimits, RbdConfig, RbdCredentials, RbdError};
 use std::sync::Arc;
+use std::time::Instant;
 
 struct Inner {
     config: RbdConfig,
@@ -394,6 +396,44 @@ impl RbdPool {
         Ok(PoolStats { total_bytes: stored.saturating_add(avail), available_bytes: avail })
     }
 
+    /// One crash-consistent snapshot `snap` of every image in `images` (all in this pool), as
+    /// ordinary snapshots, taken while this host holds every image's exclusive lock (see
+    /// [`crate::group`]); each image needs the `exclusive-lock` feature. `group` only labels
+    /// the logs: no RBD group object is made. The same snapshot on every image already: returned
+    /// as it is, nothing locked. The locks must all be held within half the op timeout, else
+    /// they are given up and the call is Unavailable; they are released on every path.
+    #[tracing::instrument(name = "rbd.group_snapshot", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, %group, %snap, images = images.len()))]
+    pub async fn group_snapshot(&self, group: &str, images: &[String], snap: &str) -> Result<GroupSnapshot, RbdError> {
+        check_images(images)?;
+        images.iter().try_for_each(|i| check("image", i))?;
+        check("snapshot", snap)?;
+        let (images, s) = (images.to_vec(), snap.to_owned());
+        let lock_budget = self.inner.pool.op_timeout / 2;
+        let taken = self
+            .run(format!("group snapshot {group} ({snap}) in {}", self.pool), None, move |t, io, _| {
+                crate::group::take(t, io, &images, &s, Instant::now() + lock_budget)
+            })
+            .await?;
+        match taken.pause {
+            Some(p) => tracing::info!(pause_ms = p.as_secs_f64() * 1e3, "group snapshot taken; writes were held"),
+            None => tracing::info!("group snapshot existed already"),
+        }
+        Ok(taken)
+    }
+
+    /// Remove `snap` from every image of this pool that has it (the snapshots of a group
+    /// snapshot); none has it: success. FailedPrecondition, removing nothing, while clones hang
+    /// off any of them. Returns the images it was removed from.
+    #[tracing::instrument(name = "rbd.group_snapshot_remove", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, %group, %snap))]
+    pub async fn group_snapshot_remove(&self, group: &str, snap: &str) -> Result<Vec<String>, RbdError> {
+        check("snapshot", snap)?;
+        let s = snap.to_owned();
+        self.run(format!("group snapshot remove {group} ({snap}) in {}", self.pool), None, move |t, io, _| {
+            crate::group::remove(t, io, &s)
+        })
+        .await
+    }
+
     /// Take the node fence of `image` for `node` (see [`crate::fence`]). FailedPrecondition,
     /// naming the holder, when another node holds it; NotFound when the image does not exist.
     #[tracing::instrument(name = "rbd.fence_acquire", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, image = %image, node = %node))]
@@ -471,6 +511,17 @@ impl RbdPool {
         let i = image.to_owned();
         self.run(format!("read {}/{image}", self.pool), None, move |t, io, _| {
             io.open_read_only(t, &i, None)?.read(t, offset, len)
+        })
+        .await
+    }
+
+    /// Read `len` bytes at `offset` of the snapshot `image@snap` (tests and diagnostics).
+    pub async fn read_snapshot(&self, image: &str, snap: &str, offset: u64, len: usize) -> Result<Vec<u8>, RbdError> {
+        check("image", image)?;
+        check("snapshot", snap)?;
+        let (i, s) = (image.to_owned(), snap.to_owned());
+        self.run(format!("read {}/{image}@{snap}", self.pool), None, move |t, io, _| {
+            io.open_read_only(t, &i, Some(&s))?.read(t, offset, len)
         })
         .await
     }

@@ -32,6 +32,10 @@ pub enum RbdError {
     /// [resource-exhausted] the pool or cluster is full, or a quota is hit.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// [aborted] another client keeps what the call needs (an image's exclusive lock, which it
+    /// refuses to hand over); retrying later may succeed.
+    #[error("{0}")]
+    Aborted(String),
     /// [internal] anything else: an unexpected errno, a broken invariant.
     #[error("{0}")]
     Internal(String),
@@ -49,6 +53,7 @@ impl RbdError {
             Self::PermissionDenied(_) => "permission-denied",
             Self::Unavailable { .. } => "unavailable",
             Self::ResourceExhausted(_) => "resource-exhausted",
+            Self::Aborted(_) => "aborted",
             Self::Internal(_) => "internal",
         }
     }

@@ -57,6 +57,11 @@ pub const RBD_IMAGE_OPTION_FORMAT: c_int = 0;
 pub const RBD_IMAGE_OPTION_FEATURES: c_int = 1;
 pub const RBD_IMAGE_OPTION_DATA_POOL: c_int = 10;
 
+/// `rbd_lock_mode_t`: the only mode `rbd_lock_acquire` takes in 16.2.
+pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+/// `RBD_FEATURE_EXCLUSIVE_LOCK` (`rbd/features.h`).
+pub const RBD_FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+
 #[link(name = "rados")]
 unsafe extern "C" {
     pub fn rados_create2(cluster: *mut rados_t, clustername: *const c_char, name: *const c_char, flags: u64) -> c_int;
@@ -189,6 +194,12 @@ unsafe extern "C" {
     pub fn rbd_snap_unprotect(image: rbd_image_t, snap_name: *const c_char) -> c_int;
     pub fn rbd_snap_is_protected(image: rbd_image_t, snap_name: *const c_char, is_protected: *mut c_int) -> c_int;
     pub fn rbd_snap_get_timestamp(image: rbd_image_t, snap_id: u64, timestamp: *mut timespec) -> c_int;
+
+    /// Managed exclusive lock: librbd asks the current owner to release it, then keeps it
+    /// (its policy turns to "standard": requests of other clients are refused) until released.
+    pub fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
+    pub fn rbd_lock_release(image: rbd_image_t) -> c_int;
+    pub fn rbd_is_exclusive_lock_owner(image: rbd_image_t, is_owner: *mut c_int) -> c_int;
 
     pub fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
     pub fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;

@@ -13,6 +13,7 @@ const ENOENT: c_int = nix::errno::Errno::ENOENT as c_int;
 const EBUSY: c_int = nix::errno::Errno::EBUSY as c_int;
 const ENOTEMPTY: c_int = nix::errno::Errno::ENOTEMPTY as c_int;
 const EINVAL: c_int = nix::errno::Errno::EINVAL as c_int;
+const EROFS: c_int = nix::errno::Errno::EROFS as c_int;
 
 /// An open image; closed on drop.
 pub(crate) struct Image {
@@ -490,6 +491,45 @@ impl Image {
             features: features_to_names(self.features(t)?),
             parent: self.parent(t)?,
             metadata: self.metadata(t)?,
+        })
+    }
+
+    /// Whether the image has the `exclusive-lock` feature (what [`Self::lock_acquire`] needs).
+    pub fn has_exclusive_lock(&self, t: &Target) -> Result<bool, RbdError> {
+        Ok(self.features(t)? & ffi::RBD_FEATURE_EXCLUSIVE_LOCK != 0)
+    }
+
+    /// Take the image's exclusive lock and keep it: librbd asks the owner to hand it over (a
+    /// client with librbd's default policy does, once its in-flight writes are done) and, until
+    /// [`Self::lock_release`] or close, refuses it to every other client. Blocks until the
+    /// owner answered. Aborted when the owner will not release it (another client holding it
+    /// this way, `rbd map --exclusive`); FailedPrecondition without the feature.
+    pub fn lock_acquire(&self, t: &Target, name: &str) -> Result<(), RbdError> {
+        // SAFETY: open image; a plain enum value.
+        match unsafe { ffi::rbd_lock_acquire(self.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE) } {
+            r if r == -EROFS => {
+                Err(RbdError::Aborted(format!("image {name}: another client keeps its exclusive lock; retry later")))
+            }
+            r if r == -EINVAL => {
+                Err(RbdError::FailedPrecondition(format!("image {name} lacks the exclusive-lock feature")))
+            }
+            r => check(t, r, || format!("acquiring the exclusive lock of image {name}")),
+        }
+    }
+
+    /// Give the exclusive lock back (clients waiting for it take it over). Not held: fine.
+    pub fn lock_release(&self, t: &Target, name: &str) -> Result<(), RbdError> {
+        let mut owner = 0;
+        // SAFETY: open image, out-pointer to a local.
+        check(t, unsafe { ffi::rbd_is_exclusive_lock_owner(self.handle, &mut owner) }, || {
+            format!("lock owner of image {name}")
+        })?;
+        if owner == 0 {
+            return Ok(());
+        }
+        // SAFETY: open image whose lock this handle owns.
+        check(t, unsafe { ffi::rbd_lock_release(self.handle) }, || {
+            format!("releasing the exclusive lock of image {name}")
         })
     }
 

@@ -8,7 +8,8 @@
 //! any traffic); name checks; a pooled connection per (cluster, user); a deadline on every
 //! call, so an unreachable or frozen cluster is an [`RbdError::Unavailable`] naming its monitors,
 //! never a hang; and the operations of the WIT interface with idempotent semantics where CSI
-//! needs them (remove of an absent image succeeds, protect of a protected snapshot succeeds).
+//! needs them (remove of an absent image succeeds, protect of a protected snapshot succeeds);
+//! crash-consistent snapshots of several images under their exclusive locks ([`group`]).
 //!
 //! What it does not own: wasmtime (the runtime maps [`RbdError`] onto the WIT `error` and resolves
 //! secret handles to [`RbdCredentials`] before calling here), the loop device / mkfs / mount over
@@ -22,6 +23,7 @@ pub mod fence;
 mod ffi;
 pub mod fuse_attach;
 pub mod fuse_daemons;
+pub mod group;
 mod image;
 pub mod krbd;
 mod names;
@@ -30,6 +32,7 @@ mod qos;
 pub use client::{RbdClient, RbdPool};
 pub use error::RbdError;
 pub use fence::{FENCE_LOCK, Fence, FenceHolder};
+pub use group::GroupSnapshot;
 pub use names::MAX_NAME;
 pub use qos::QosLimits;
 

@@ -5,7 +5,9 @@
 //! snapshot; flattening detaches it; a protected snapshot without clones is removed (the host
 //! unprotects it first). Clones do not require a protected snapshot (clone v2). Secret handles
 //! are accepted and ignored. `set-qos` writes the image metadata keys the host writes
-//! ([`QOS_KEYS`]); group snapshots answer as the host does: not provided.
+//! ([`QOS_KEYS`]). A group snapshot is one ordinary snapshot per image, all with one timestamp,
+//! as the host takes them (images need `exclusive-lock`; an interrupted attempt is taken again);
+//! removing one removes `snap` from every image of the pool that has it.
 use super::{Clock, Journal};
 use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdPool, Target};
 use crate::types::{Error, IoLimits};
@@ -15,10 +17,6 @@ use std::collections::BTreeMap;
 const TOTAL_BYTES: u64 = 100 << 30;
 
 use crate::rbd::QOS_KEYS;
-
-fn not_provided(what: &str) -> Error {
-    Error::Unimplemented(format!("{what}: not provided by this host"))
-}
 
 /// One image as the fake holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -326,13 +324,93 @@ impl Rbd for FakeRbd {
             Ok(())
         })
     }
-    fn group_snapshot(&self, pool: &RbdPool, _: &str, _: &[String], _: &str) -> Result<Vec<ImageSnapshot>, Error> {
+    fn group_snapshot(
+        &self,
+        pool: &RbdPool,
+        _: &str,
+        images: &[String],
+        snap: &str,
+    ) -> Result<Vec<ImageSnapshot>, Error> {
         let t = &Target::of(pool);
-        self.with("group_snapshot", t, |_| Err(not_provided("rbd group-snapshot: RBD group snapshots")))
+        let now = self.clock.now();
+        self.with("group_snapshot", t, |pools| {
+            if images.is_empty() {
+                return Err(Error::InvalidArgument("a group snapshot needs at least one image".into()));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(twice) = images.iter().find(|i| !seen.insert(i.as_str())) {
+                return Err(Error::InvalidArgument(format!("image {twice} is named twice in the group")));
+            }
+            let mut lacking = vec![];
+            for name in images {
+                if !image(pools, t, name)?.features.iter().any(|f| f == "exclusive-lock") {
+                    lacking.push(name.as_str());
+                }
+            }
+            if !lacking.is_empty() {
+                return Err(Error::FailedPrecondition(format!(
+                    "images without the exclusive-lock feature cannot be snapshotted at one point: {}",
+                    lacking.join(", ")
+                )));
+            }
+            let has = |pools: &mut BTreeMap<Target, Pool>, name: &str| -> Result<bool, Error> {
+                Ok(image(pools, t, name)?.snapshots.iter().any(|s| s.name == snap))
+            };
+            let existing = images.iter().map(|n| has(pools, n)).collect::<Result<Vec<_>, _>>()?;
+            if !existing.iter().all(|e| *e) {
+                // an interrupted attempt: its snapshots are not of one point; taken again
+                for (name, _) in images.iter().zip(&existing).filter(|(_, e)| **e) {
+                    let children = children_of(pools, t, name, snap);
+                    if !children.is_empty() {
+                        return Err(Error::FailedPrecondition(format!(
+                            "snapshot {name}@{snap} has clones: {}",
+                            children.join(", ")
+                        )));
+                    }
+                    image(pools, t, name)?.snapshots.retain(|s| s.name != snap);
+                }
+                for name in images {
+                    let i = image(pools, t, name)?;
+                    let size_bytes = i.size_bytes;
+                    i.snapshots.push(ImageSnapshot {
+                        name: snap.to_owned(),
+                        size_bytes,
+                        protected: false,
+                        created: now,
+                    });
+                }
+            }
+            images
+                .iter()
+                .map(|n| {
+                    let found = image(pools, t, n)?.snapshots.iter().find(|s| s.name == snap).cloned();
+                    found.ok_or_else(|| Error::Internal(format!("snapshot {n}@{snap} missing")))
+                })
+                .collect()
+        })
     }
-    fn group_snapshot_remove(&self, pool: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
+    fn group_snapshot_remove(&self, pool: &RbdPool, _: &str, snap: &str) -> Result<(), Error> {
         let t = &Target::of(pool);
-        self.with("group_snapshot_remove", t, |_| Err(not_provided("rbd group-snapshot-remove: RBD group snapshots")))
+        self.with("group_snapshot_remove", t, |pools| {
+            let names: Vec<String> = pools
+                .get(t)
+                .map(|p| p.images.iter().filter(|(_, i)| i.snapshots.iter().any(|s| s.name == snap)))
+                .into_iter()
+                .flatten()
+                .map(|(n, _)| n.clone())
+                .collect();
+            let cloned: Vec<String> = names.iter().flat_map(|n| children_of(pools, t, n, snap)).collect();
+            if !cloned.is_empty() {
+                return Err(Error::FailedPrecondition(format!(
+                    "clones hang off the group snapshot: {}",
+                    cloned.join(", ")
+                )));
+            }
+            for n in &names {
+                image(pools, t, n)?.snapshots.retain(|s| s.name != snap);
+            }
+            Ok(())
+        })
     }
 }
 
@@ -370,7 +448,7 @@ mod tests {
     }
 
     #[test]
-    fn qos_limits_are_image_metadata_and_group_snapshots_are_not_provided() {
+    fn qos_limits_are_image_metadata() {
         let r = FakeRbd::default();
         let p = &r.add_pool("c", "p").pool(&[]);
         r.create(p, "img", 10, &[], None, &[]).expect("create");
@@ -384,7 +462,34 @@ mod tests {
         r.set_qos(p, "img", &IoLimits::UNLIMITED).expect("lift");
         assert!(r.image(&Target::of(p), "img").expect("image").metadata.is_empty());
         assert!(matches!(r.set_qos(p, "nope", &limits), Err(Error::NotFound(_))));
-        let e = r.group_snapshot(p, "g", &["img".into()], "s").expect_err("not provided");
-        assert!(matches!(&e, Error::Unimplemented(m) if m.ends_with("not provided by this host")), "{e:?}");
+    }
+
+    #[test]
+    fn group_snapshots_are_one_snapshot_per_image_and_a_partial_one_is_taken_again() {
+        let r = FakeRbd::default();
+        let p = &r.add_pool("c", "p").pool(&[]);
+        let locked = ["exclusive-lock".to_owned(), "layering".to_owned()];
+        for n in ["a", "b"] {
+            r.create(p, n, 10, &locked, None, &[]).expect("create");
+        }
+        r.create(p, "plain", 10, &[], None, &[]).expect("create");
+        let ab = ["a".to_owned(), "b".to_owned()];
+        let e = r.group_snapshot(p, "g", &["a".into(), "plain".into()], "s").expect_err("no lock feature");
+        assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("plain")), "{e:?}");
+        assert!(matches!(r.group_snapshot(p, "g", &[], "s"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(r.group_snapshot(p, "g", &["a".into(), "a".into()], "s"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(r.group_snapshot(p, "g", &["a".into(), "nope".into()], "s"), Err(Error::NotFound(_))));
+        r.snapshot_create(p, "a", "s").expect("a partial attempt");
+        let taken = r.group_snapshot(p, "g", &ab, "s").expect("group");
+        assert_eq!(taken.len(), 2);
+        assert_eq!(taken[0].created, taken[1].created, "one point");
+        assert_eq!(r.group_snapshot(p, "g", &ab, "s").expect("again"), taken);
+        r.clone_image(p, "b", "s", "p", "child", &[]).expect("clone");
+        assert!(matches!(r.group_snapshot_remove(p, "g", "s"), Err(Error::FailedPrecondition(_))));
+        assert_eq!(r.snapshot_list(p, "a").expect("list").len(), 1, "nothing removed");
+        r.flatten(p, "child").expect("flatten");
+        r.group_snapshot_remove(p, "g", "s").expect("remove");
+        r.group_snapshot_remove(p, "g", "s").expect("absent");
+        assert!(r.snapshot_list(p, "a").expect("list").is_empty() && r.snapshot_list(p, "b").expect("list").is_empty());
     }
 }
