@@ -30,9 +30,15 @@
 //!   checked before anything changes. A clone inherits its source's limits (librbd copies image
 //!   metadata) unless its own mutable parameters set them.
 //!
+//! - Group snapshots ([`group`]): the host snapshots every source image while it holds all
+//!   their exclusive locks (so images need `exclusive-lock`, a default feature); each member is
+//!   an ordinary CSI snapshot `csi-snap-HASH`, the group's id `CLUSTER.POOL.group-HASH`, its
+//!   sources recorded in kv `groups/HASH`. Every source must be in one cluster and pool.
+//!
 //! Volume ids are `CLUSTER.POOL.IMAGE` (see [`policy::encode_volume_id`]); the host prefixes
 //! `BACKEND:`. What this crate does not do: map, mkfs or mount (the node executes the `rbd`
 //! attach plan with the NodeStage secrets), or see any key.
+mod group;
 pub mod policy;
 #[cfg(test)]
 mod tests;
@@ -693,6 +699,7 @@ impl Backend for CephRbd {
                 NodeExpansion,
                 GetSnapshot,
                 ModifyVolume,
+                GroupSnapshots,
             ],
         }
     }
@@ -743,6 +750,26 @@ impl Backend for CephRbd {
     }
     fn attach_plan(_: &impl Host, id: String, _: Vec<Pair>, cap: VolumeCapability, secrets: Vec<SecretRef>) -> Result<Attachment, Error> {
         attach_plan(&id, &cap, &secrets)
+    }
+    fn create_group_snapshot(
+        h: &impl Host,
+        name: String,
+        source_volume_ids: Vec<String>,
+        parameters: Vec<Pair>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        group::create(h, &name, &source_volume_ids, &parameters, &secrets)
+    }
+    fn delete_group_snapshot(h: &impl Host, group_snapshot_id: String, snapshot_ids: Vec<String>, secrets: Vec<SecretRef>) -> Result<(), Error> {
+        group::delete(h, &group_snapshot_id, &snapshot_ids, &secrets)
+    }
+    fn get_group_snapshot(
+        h: &impl Host,
+        group_snapshot_id: String,
+        snapshot_ids: Vec<String>,
+        secrets: Vec<SecretRef>,
+    ) -> Result<GroupSnapshot, Error> {
+        group::get(h, &group_snapshot_id, &snapshot_ids, &secrets)
     }
     fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
         let page = Self::list_snapshots(h, Some(id.clone()), None, 1, String::new())?;

@@ -25,8 +25,9 @@ pub const SIZE_UNIT: u64 = 1 << 20;
 pub const SIZING: Sizing = Sizing { default_bytes: DEFAULT_BYTES, unit_bytes: SIZE_UNIT };
 /// Default `imageNamePrefix` (ceph-csi's).
 pub const DEFAULT_PREFIX: &str = "csi-vol-";
-/// Default `imageFeatures`.
-pub const DEFAULT_FEATURES: &[&str] = &["layering"];
+/// Default `imageFeatures`: clones need `layering`; group snapshots need `exclusive-lock` (the
+/// host holds every image's lock while it takes them).
+pub const DEFAULT_FEATURES: &[&str] = &["exclusive-lock", "layering"];
 /// Default `maxCloneDepth`: ceph-csi's `rbdHardMaxCloneDepth` default.
 pub const DEFAULT_MAX_CLONE_DEPTH: u32 = 8;
 /// Upper bound of `maxCloneDepth` (a long parent chain makes every read walk it).
@@ -89,7 +90,7 @@ fn parse_features(v: &str) -> Result<Vec<String>, Invalid> {
         }
     }
     if out.is_empty() {
-        return Err(invalid("parameter imageFeatures: empty (leave it out for the default, layering)"));
+        return Err(invalid("parameter imageFeatures: empty (leave it out for the default, layering,exclusive-lock)"));
     }
     for f in &out {
         let needs = FEATURES.iter().find(|(n, _)| n == f).map(|(_, d)| *d).unwrap_or(&[]);
@@ -222,6 +223,28 @@ pub fn decode_snapshot_id(id: &str) -> Option<(String, Target, String, String)> 
     Some((vol.to_owned(), t, image, snap_name(hash)))
 }
 
+/// Marks the group id's last part: `CLUSTER.POOL.group-HASH`.
+pub const GROUP_PREFIX: &str = "group-";
+
+/// The hash of the group snapshot named `csi_name`: its members are the RBD snapshots
+/// `csi-snap-HASH` ([`snap_name`]), ordinary CSI snapshots, hashed apart from VolumeSnapshot
+/// names so a VolumeSnapshot and a VolumeGroupSnapshot of one name never meet.
+pub fn group_hash(csi_name: &str) -> String {
+    name_hash(&format!("group:{csi_name}"))
+}
+
+/// A group snapshot id: where its members live (every member is in one pool) and their hash.
+pub fn encode_group_id(t: &Target, hash: &str) -> String {
+    format!("{}.{}.{GROUP_PREFIX}{hash}", t.cluster, t.pool)
+}
+
+/// A group snapshot id back into (target, hash); `None` for anything this backend does not make.
+pub fn decode_group_id(id: &str) -> Option<(Target, String)> {
+    let (t, last) = decode_volume_id(id)?;
+    let hash = last.strip_prefix(GROUP_PREFIX)?;
+    (hash.len() == HASH_HEX && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then(|| (t, hash.to_owned()))
+}
+
 /// Whether an RBD image can serve an access mode for an access type. A filesystem on an RBD
 /// image is single-node (two kernels mounting ext4/xfs read-write corrupt it): multi-node
 /// writers are refused for `mount`; a raw block device may be shared (the application, e.g. a
@@ -260,7 +283,8 @@ mod tests {
     fn parameters_parse_with_defaults_and_ignore_the_cos_own_keys() {
         let p = parse(&[("clusterID", "ceph-a"), ("pool", "rbd"), ("csi.storage.k8s.io/fstype", "ext4")]).expect("valid");
         assert_eq!(p.target, Target { cluster: "ceph-a".into(), pool: "rbd".into() });
-        assert_eq!((p.features.as_slice(), p.prefix.as_str(), p.max_clone_depth), (&["layering".to_owned()][..], "csi-vol-", 8));
+        assert_eq!(p.features, ["exclusive-lock", "layering"], "group snapshots need the lock");
+        assert_eq!((p.prefix.as_str(), p.max_clone_depth), ("csi-vol-", 8));
         assert_eq!(p.data_pool, None);
         let p = parse(&[
             ("clusterID", "c"),
@@ -325,12 +349,22 @@ mod tests {
         let hash = name_hash("snapshot-1");
         let sid = encode_snapshot_id(&id, &hash);
         assert!(sid.len() <= MAX_ID_BYTES);
-        assert_eq!(decode_snapshot_id(&sid), Some((id.clone(), t, image, format!("csi-snap-{hash}"))));
+        assert_eq!(decode_snapshot_id(&sid), Some((id.clone(), t.clone(), image, format!("csi-snap-{hash}"))));
         for bad in ["", "a.b", "a.b.c.d", "A.p.i", "c.p.", "c.p.a@b", "../x"] {
             assert_eq!(decode_volume_id(bad), None, "{bad}");
         }
         assert_eq!(decode_snapshot_id(&id), None, "a volume id is no snapshot id");
         assert_eq!(decode_snapshot_id(&format!("{id}.XYZ")), None);
+        // A group id fits (its last part is no longer than the shortest image name) and says
+        // where its members live.
+        let ghash = group_hash("vgs-1");
+        assert_ne!(ghash, name_hash("vgs-1"), "apart from a VolumeSnapshot of the same name");
+        let gid = encode_group_id(&t, &ghash);
+        assert!(gid.len() <= MAX_VOLUME_ID + 1 + HASH_HEX, "{}", gid.len());
+        assert_eq!(decode_group_id(&gid), Some((t.clone(), ghash.clone())));
+        for bad in [id.as_str(), "c.p.group-XYZ", "c.p.group-", sid.as_str()] {
+            assert_eq!(decode_group_id(bad), None, "{bad}");
+        }
     }
 
     #[test]

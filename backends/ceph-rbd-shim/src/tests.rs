@@ -65,7 +65,7 @@ fn create_names_the_image_after_the_request_and_a_retry_finds_it() {
     let img = h.rbd.image(&t, &image("pvc-1")).unwrap();
     assert_eq!(img.metadata.get(policy::META_NAME).map(String::as_str), Some("pvc-1"));
     assert_eq!(img.metadata.get(policy::META_OWNER).map(String::as_str), Some(policy::OWNER));
-    assert_eq!(img.features, ["layering"]);
+    assert_eq!(img.features, ["exclusive-lock", "layering"], "group snapshots need the lock");
     assert_eq!(h.kv.entries().keys().collect::<Vec<_>>(), ["pools/ceph.rbd"]);
 
     assert_eq!(create(&h, request("pvc-1", 5 << 20, &[], None)).unwrap(), v, "a retry");
@@ -297,4 +297,97 @@ fn qos_limits_are_set_at_creation_modified_by_key_and_lifted_with_0() {
     bad.mutable_parameters = pairs([("colour", "red")]);
     assert!(matches!(create(&h, bad), Err(Error::InvalidArgument(m)) if m.contains("colour")));
     assert!(h.rbd.image(&t, &image("pvc-3")).is_none());
+}
+
+fn group(h: &FakeHost, name: &str, sources: &[&str]) -> Result<GroupSnapshot, Error> {
+    let sources = sources.iter().map(|s| (*s).to_owned()).collect();
+    CephRbd::create_group_snapshot(h, name.into(), sources, pairs([("clusterID", "ceph")]), creds())
+}
+
+#[test]
+fn a_group_snapshot_is_one_ordinary_snapshot_per_volume_found_again_by_its_id() {
+    let (h, t) = host();
+    let ids: Vec<String> = ["pvc-a", "pvc-b", "pvc-c"].iter().map(|n| create(&h, request(n, 4 << 20, &[], None)).unwrap().volume_id).collect();
+    let sources: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let g = group(&h, "vgs-1", &sources).unwrap();
+    let hash = policy::group_hash("vgs-1");
+    assert_eq!(g.group_snapshot_id, format!("ceph.rbd.group-{hash}"));
+    assert!(g.ready_to_use);
+    assert_eq!(g.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect::<Vec<_>>(), sources, "in the order asked");
+    assert_eq!(g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect::<Vec<_>>(), ids.iter().map(|v| format!("{v}.{hash}")).collect::<Vec<_>>());
+    for n in ["pvc-a", "pvc-b", "pvc-c"] {
+        let snaps = h.rbd.image(&t, &image(n)).unwrap().snapshots;
+        assert_eq!(snaps.iter().map(|s| s.name.clone()).collect::<Vec<_>>(), [format!("csi-snap-{hash}")]);
+    }
+    assert_eq!(h.rbd.journal.calls("group_snapshot"), 1);
+    assert_eq!(group(&h, "vgs-1", &sources).unwrap(), g, "a retry: the same group");
+    let member_ids: Vec<String> = g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
+    let get = |list: &[String]| CephRbd::get_group_snapshot(&h, g.group_snapshot_id.clone(), list.to_vec(), creds());
+    let mut got = get(&member_ids).unwrap();
+    got.snapshots.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+    let mut want = g.clone();
+    want.snapshots.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+    assert_eq!(got, want);
+    assert!(matches!(get(&member_ids[..1]), Err(Error::FailedPrecondition(_))), "a list that is not the group's");
+    assert!(matches!(CephRbd::get_group_snapshot(&h, "ceph.rbd.group-0000000000000000".into(), vec![], creds()), Err(Error::NotFound(_))));
+
+    // The same name with other sources; a VolumeSnapshot of the same name is apart.
+    let e = group(&h, "vgs-1", &sources[..2]).unwrap_err();
+    assert!(matches!(&e, Error::AlreadyExists(m) if m.contains("vgs-1")), "{e:?}");
+    snapshot(&h, "vgs-1", &ids[0]).unwrap();
+
+    // Members are ordinary snapshots: a volume restores from one, ListSnapshots shows them.
+    let restored = create(&h, request("pvc-r", 0, &[], Some(ContentSource::Snapshot(member_ids[1].clone())))).unwrap();
+    assert_eq!(restored.capacity_bytes, 4 << 20);
+    let listed = CephRbd::list_snapshots(&h, Some(member_ids[2].clone()), None, 0, String::new()).unwrap();
+    assert_eq!(listed.entries.len(), 1);
+
+    // A deleted source keeps its image for the member; deleting the group flattens the
+    // restore, removes every member and finishes the deferred deletion.
+    CephRbd::delete_volume(&h, ids[2].clone(), creds()).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-c")).is_some());
+    assert!(matches!(
+        CephRbd::delete_group_snapshot(&h, g.group_snapshot_id.clone(), member_ids[..2].to_vec(), creds()),
+        Err(Error::FailedPrecondition(_))
+    ));
+    CephRbd::delete_group_snapshot(&h, g.group_snapshot_id.clone(), member_ids.clone(), creds()).unwrap();
+    CephRbd::delete_group_snapshot(&h, g.group_snapshot_id.clone(), member_ids.clone(), creds()).expect("absent: done");
+    assert!(h.rbd.image(&t, &image("pvc-c")).is_none(), "the deferred deletion finished");
+    assert_eq!(h.rbd.image(&t, &image("pvc-r")).unwrap().parent, None, "flattened first");
+    assert_eq!(h.rbd.image(&t, &image("pvc-b")).unwrap().snapshots, vec![]);
+    assert_eq!(h.rbd.image(&t, &image("pvc-a")).unwrap().snapshots.len(), 1, "the VolumeSnapshot stays");
+    assert!(matches!(CephRbd::get_group_snapshot(&h, g.group_snapshot_id.clone(), vec![], creds()), Err(Error::NotFound(_))));
+    CephRbd::delete_group_snapshot(&h, "not-a-group".into(), vec![], creds()).expect("not ours: nothing to delete");
+    // the name is free again
+    group(&h, "vgs-1", &sources[..2]).unwrap();
+}
+
+#[test]
+fn a_group_snapshot_is_refused_before_anything_is_taken() {
+    let (h, _) = host();
+    h.rbd.add_pool("ceph", "other");
+    let ids: Vec<String> = [("pvc-a", &[][..]), ("pvc-b", &[]), ("pvc-o", &[("pool", "other")]), ("pvc-p", &[("imageFeatures", "layering")])]
+        .iter()
+        .map(|(n, extra)| create(&h, request(n, 1 << 20, extra, None)).unwrap().volume_id)
+        .collect();
+    let [a, b, elsewhere, plain] = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str(), ids[3].as_str()];
+    let missing = id("missing");
+    let e = group(&h, "g", &[a, elsewhere]).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(elsewhere) && m.contains(a)), "{e:?}");
+    let e = group(&h, "g", &[a, "other-cluster.rbd.csi-vol-0000000000000000"]).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(matches!(group(&h, "g", &[]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(group(&h, "g", &[a, a]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(group(&h, "", &[a]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(group(&h, "g", &[a, missing.as_str()]), Err(Error::NotFound(_))));
+    assert!(matches!(group(&h, "g", &[a, "junk"]), Err(Error::NotFound(_))));
+    let bad = CephRbd::create_group_snapshot(&h, "g".into(), vec![a.into()], pairs([("colour", "red")]), creds());
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))));
+    let anonymous = CephRbd::create_group_snapshot(&h, "g".into(), vec![a.into()], vec![], vec![]);
+    assert!(matches!(anonymous, Err(Error::InvalidArgument(m)) if m.contains("userID")));
+    // An image without exclusive-lock: the host's answer names it.
+    let e = group(&h, "g", &[a, plain]).unwrap_err();
+    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains(&image("pvc-p"))), "{e:?}");
+    assert_eq!(h.rbd.journal.calls("group_snapshot"), 1, "only the last reached the host");
+    group(&h, "g", &[b, a]).unwrap();
 }

@@ -127,7 +127,8 @@ fn ls_reports_loaded_and_rejected_backends_with_their_contract_version() {
 /// The ceph-rbd-shim component against a real Ceph cluster (1 mon, 1 mgr, 2 memstore OSDs in a
 /// private namespace; `wasmcsi_ceph`), with a cephx user limited to the test's pool
 /// passed as ceph-csi's `userID`/`userKey` secrets through `--secret`. The node checks need
-/// krbd or rbd-nbd (or the rbd-fuse executor); here the controller part of the suite.
+/// krbd or rbd-nbd (or the rbd-fuse executor); here the controller part of the suite, the group
+/// snapshot flow included.
 #[test]
 fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
     let Some(ceph) = wasmcsi_ceph::Ceph::shared() else { return };
@@ -173,6 +174,16 @@ fn check_passes_the_ceph_rbd_shim_component_against_ceph() {
     assert!(out.contains("wasmcsi:backend/rbd"), "{out}");
     assert!(out.contains("grants needed: rbd"), "{out}");
     assert!(out.lines().any(|l| l.contains(" 0 failed")), "{out}");
+    // The group snapshot flow ran (the host takes them at one point under the images' locks).
+    for check in [
+        "PASS CreateVolumeGroupSnapshot snapshots every source, each snapshot naming the group",
+        "PASS CreateVolumeGroupSnapshot repeated returns the same group snapshot",
+        "PASS GetVolumeGroupSnapshot returns the group snapshot",
+        "PASS DeleteVolumeGroupSnapshot deletes it, and again succeeds",
+        "PASS GetVolumeGroupSnapshot of a deleted group snapshot is NotFound",
+    ] {
+        assert!(out.contains(check), "no {check:?} in\n{out}");
+    }
     assert!(!out.contains(&key) && !err.contains(&key), "the key was printed");
     // What the suite created it deleted.
     let left = ceph.rbd(&["ls", pool]).unwrap();

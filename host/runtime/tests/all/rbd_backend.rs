@@ -721,3 +721,164 @@ async fn a_0_2_backend_drives_rbd_through_the_current_host() {
     assert!(env.images().is_empty());
     env.no_key_in_logs();
 }
+
+/// VolumeGroupSnapshots through the backend: three volumes, one writer writing one numbered
+/// sequence round-robin over them through its own librbd client (`n` to volume `n % 3`, block
+/// `n / 3`; `n + 1` only once `n` was acknowledged), group snapshots taken meanwhile, and every
+/// group restored member by member through CreateVolume: each must hold exactly the writes
+/// `0..k` of the sequence for some `k`. Writes refused while the host holds the locks are
+/// retried (never acknowledged, so the order stays) and counted. Then a retry, delete, and the
+/// refusals (another pool or cluster, an image without exclusive-lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_snapshots_are_one_point_of_a_dependent_writer_and_restore_through_create_volume() {
+    let Some(env) = setup("shim-group", "").await else { return };
+    let b = &env.backend;
+    let s = &env.secrets;
+    let mut ids = Vec::new();
+    for n in ["vol-a", "vol-b", "vol-c"] {
+        ids.push(b.create_volume(env.request(n, 4 * MIB, env.params(&[]), None), s.clone()).await.unwrap().volume_id);
+    }
+    let images: Vec<String> = ids.iter().map(|v| image_of(v)).collect();
+
+    const BLOCK: u64 = 4096;
+    const MAGIC: &[u8; 8] = b"wasmcsi!";
+    // The writer: another librbd client (its own connection), as a node would be.
+    let writer_pool =
+        RbdClient::new(env.ceph.config(&[&env.pool])).pool(CLUSTER, &env.pool, &env.ceph.admin()).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, images) = (stop.clone(), images.clone());
+        tokio::spawn(async move {
+            let (mut n, mut failed) = (0u64, Vec::<String>::new());
+            'writes: while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut buf = vec![0u8; BLOCK as usize];
+                buf[..8].copy_from_slice(MAGIC);
+                buf[8..16].copy_from_slice(&n.to_le_bytes());
+                while let Err(e) = writer_pool.write(&images[(n % 3) as usize], (n / 3) * BLOCK, &buf).await {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break 'writes;
+                    }
+                    failed.push(format!("write {n}: {e}"));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                n += 1;
+            }
+            (n, failed)
+        })
+    };
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sources = ids.clone();
+    let mut groups = Vec::new();
+    let mut lat = Vec::new();
+    for k in 0..5 {
+        let t = Instant::now();
+        let g = b.create_group_snapshot(format!("vgs-{k}"), sources.clone(), vec![], s.clone()).await.unwrap();
+        lat.push(t.elapsed());
+        assert!(g.ready_to_use && g.snapshots.len() == 3, "{g:?}");
+        assert_eq!(g.snapshots.iter().map(|x| x.source_volume_id.clone()).collect::<Vec<_>>(), sources);
+        groups.push(g);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (written, failed) = writer.await.unwrap();
+    let logged = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
+    let mut pauses: Vec<f64> = logged
+        .lines()
+        .filter(|l| l.contains("group snapshot taken; writes were held") && l.contains("shim-group"))
+        .filter_map(|l| l.split("pause_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .collect();
+    pauses.sort_by(f64::total_cmp);
+    eprintln!(
+        "CreateVolumeGroupSnapshot of 3 volumes p50 {:?}; writes held (ms) {pauses:?}, median {:?}; \
+         {written} writes, {} refused attempts retried: {:?}",
+        p50(lat),
+        pauses.get(pauses.len() / 2),
+        failed.len(),
+        failed.iter().take(3).collect::<Vec<_>>()
+    );
+    assert_eq!(pauses.len(), 5, "one pause logged per group snapshot");
+
+    // Restore every member through CreateVolume and read the records back.
+    let mut prefixes = Vec::new();
+    for (k, g) in groups.iter().enumerate() {
+        let mut seen = Vec::new();
+        for (i, member) in g.snapshots.iter().enumerate() {
+            let source = Some(ContentSource::Snapshot(member.snapshot_id.clone()));
+            let r = b
+                .create_volume(env.request(&format!("restore-{k}-{i}"), 0, env.params(&[]), source), s.clone())
+                .await
+                .unwrap();
+            let blocks = written.div_ceil(3) + 1;
+            let data = env.admin.read(&image_of(&r.volume_id), 0, (blocks * BLOCK) as usize).await.unwrap();
+            for (j, block) in data.chunks(BLOCK as usize).enumerate() {
+                if &block[..8] != MAGIC {
+                    continue;
+                }
+                let n = u64::from_le_bytes(block[8..16].try_into().unwrap());
+                assert_eq!(n, j as u64 * 3 + i as u64, "record {n} in the wrong place (volume {i} block {j})");
+                seen.push(n);
+            }
+            b.delete_volume(r.volume_id, s.clone()).await.unwrap();
+        }
+        seen.sort_unstable();
+        let len = seen.len() as u64;
+        assert_eq!(seen, (0..len).collect::<Vec<_>>(), "group snapshot {k} is not a prefix of the writes");
+        prefixes.push(len);
+    }
+    eprintln!("writes held by the 5 group snapshots: {prefixes:?} (of {written})");
+    assert!(prefixes.windows(2).all(|w| w[0] <= w[1]) && prefixes[4] > prefixes[0], "{prefixes:?}");
+
+    // A retry is the same group; Get finds it by id; a member is an ordinary snapshot.
+    let again = b.create_group_snapshot("vgs-0".into(), sources.clone(), vec![], s.clone()).await.unwrap();
+    let ids_of = |g: &wasmcsi_runtime::driver::GroupSnapshot| {
+        (g.group_snapshot_id.clone(), g.snapshots.iter().map(|x| x.snapshot_id.clone()).collect::<Vec<_>>())
+    };
+    assert_eq!(ids_of(&again), ids_of(&groups[0]));
+    assert_eq!(
+        (again.creation_time.seconds, again.creation_time.nanos),
+        (groups[0].creation_time.seconds, groups[0].creation_time.nanos)
+    );
+    let member_ids: Vec<String> = groups[0].snapshots.iter().map(|x| x.snapshot_id.clone()).collect();
+    let got = b.get_group_snapshot(groups[0].group_snapshot_id.clone(), member_ids.clone(), s.clone()).await.unwrap();
+    assert_eq!(got.snapshots.len(), 3);
+    let listed = b.list_snapshots(Some(member_ids[0].clone()), None, 0, String::new()).await.unwrap();
+    assert_eq!(listed.entries.len(), 1);
+    let e = wit(b.create_group_snapshot("vgs-0".into(), sources[..2].to_vec(), vec![], s.clone()).await);
+    assert!(matches!(e, WitError::AlreadyExists(_)), "{e:?}");
+
+    // Delete removes every member's RBD snapshot.
+    for g in &groups {
+        b.delete_group_snapshot(g.group_snapshot_id.clone(), vec![], s.clone()).await.unwrap();
+    }
+    b.delete_group_snapshot(groups[0].group_snapshot_id.clone(), vec![], s.clone()).await.unwrap();
+    for i in &images {
+        assert_eq!(env.admin.snapshot_list(i).await.unwrap(), vec![], "{i}");
+    }
+    assert!(matches!(
+        wit(b.get_group_snapshot(groups[0].group_snapshot_id.clone(), vec![], s.clone()).await),
+        WitError::NotFound(_)
+    ));
+
+    // Refused: a volume of another pool or cluster (one lock holder takes them all), an image
+    // without exclusive-lock (named).
+    for other in [format!("{CLUSTER}.elsewhere.{}", images[0]), format!("other-cluster.{}.{}", env.pool, images[0])] {
+        let e =
+            wit(b.create_group_snapshot("vgs-x".into(), vec![ids[1].clone(), other.clone()], vec![], s.clone()).await);
+        assert!(matches!(&e, WitError::InvalidArgument(m) if m.contains(&other)), "{e:?}");
+    }
+    let plain = b
+        .create_volume(env.request("vol-plain", 4 * MIB, env.params(&[("imageFeatures", "layering")]), None), s.clone())
+        .await
+        .unwrap()
+        .volume_id;
+    let e = wit(b.create_group_snapshot("vgs-x".into(), vec![ids[0].clone(), plain.clone()], vec![], s.clone()).await);
+    assert!(matches!(&e, WitError::FailedPrecondition(m) if m.contains(&image_of(&plain))), "{e:?}");
+    assert_eq!(env.admin.snapshot_list(&images[0]).await.unwrap(), vec![], "nothing taken");
+
+    for id in ids.into_iter().chain([plain]) {
+        b.delete_volume(id, s.clone()).await.unwrap();
+    }
+    assert_eq!(env.images(), Vec::<String>::new());
+    env.no_key_in_logs();
+}
