@@ -1,15 +1,18 @@
-//! VolumeGroupSnapshots: the host's `rbd.group-snapshot` snapshots every source image while it
-//! holds all their exclusive locks, so the snapshots are one crash-consistent point, and each
-//! is an ordinary CSI snapshot of this backend: the RBD snapshot `csi-snap-HASH` of its image
-//! (HASH: [`policy::group_hash`] of the group's CSI name), whose id `VOLUME_ID.HASH` restores
-//! through CreateVolume and goes with DeleteSnapshot like any other.
+//! VolumeGroupSnapshots: the host's `rbd.group-snapshot` takes an RBD group snapshot of every
+//! source image (librbd's: other clients' writes wait while it is taken, so the parts are one
+//! crash-consistent point). Each part is a CSI snapshot of this backend: the image's snapshot
+//! `csi-group-HASH@csi-snap-HASH` ([`policy::member_snap_name`]; HASH: [`policy::group_hash`] of
+//! the group's CSI name), whose id `VOLUME_ID.HASH` restores through CreateVolume (by a full
+//! copy: Ceph 16.2 cannot clone a group snapshot's part) and goes with DeleteSnapshot on its own
+//! (so members need no `group_snapshot_id` outside the group calls: CSI asks for it only of
+//! snapshots that cannot be deleted alone).
 //!
 //! Where the truth lives: the group id `CLUSTER.POOL.group-HASH` names the one pool every member
-//! is in (one librbd connection locks them all) and the snapshot name; Get and Delete find the
-//! members there, by that snapshot on this backend's images. kv `groups/HASH` records the
-//! sources a group name was taken of, so the same name with other sources is already-exists
-//! without a scan (as `snapshots/HASH` does for snapshots; without the record a reused name is
-//! not refused, see docs/ceph-rbd-shim.md).
+//! is in (an RBD group snapshot is of one pool) and the hash; the RBD group `csi-group-HASH`
+//! records the group snapshot; Get and Delete find the members by that snapshot name on this
+//! backend's images. kv `groups/HASH` records the sources a group name was taken of, so the
+//! same name with other sources is already-exists without a scan (as `snapshots/HASH` does for
+//! snapshots; without the record a reused name is not refused, see docs/ceph-rbd-shim.md).
 use std::collections::BTreeSet;
 
 use wasmcsi_backend_sdk::names::check_csi_name;
@@ -24,8 +27,8 @@ fn group_key(hash: &str) -> String {
 }
 
 /// The members: (volume id, its snapshot) for every image of this backend in `t` that has
-/// `snap`, volume ids in order. A deleted volume's image kept for its snapshots counts too.
-fn members(h: &impl Host, t: &Target, snap: &str, s: &[SecretRef]) -> Result<Vec<(String, ImageSnapshot)>, Error> {
+/// the part `member`, volume ids in order. A deleted volume's image kept for its snapshots counts too.
+fn members(h: &impl Host, t: &Target, member: &str, s: &[SecretRef]) -> Result<Vec<(String, ImageSnapshot)>, Error> {
     let mut found = Vec::new();
     for image in h.rbd().find_by_metadata(&t.pool(s), policy::META_OWNER, policy::OWNER)? {
         let snaps = match h.rbd().snapshot_list(&t.pool(s), &image) {
@@ -33,7 +36,7 @@ fn members(h: &impl Host, t: &Target, snap: &str, s: &[SecretRef]) -> Result<Vec
             Err(Error::NotFound(_)) => continue,
             Err(e) => return Err(e),
         };
-        if let Some(x) = snaps.into_iter().find(|x| x.name == snap) {
+        if let Some(x) = snaps.into_iter().find(|x| x.name == member) {
             found.push((policy::encode_volume_id(t, &image), x));
         }
     }
@@ -73,7 +76,7 @@ fn check_members(id: &str, hash: &str, members: &[(String, ImageSnapshot)], snap
     if let Some(missing) = ids.iter().find(|m| !given.contains(m.as_str())) {
         return Err(Error::FailedPrecondition(format!("snapshot {missing} of group snapshot {id} is not in snapshot_ids")));
     }
-    let ours = |sid: &str| policy::decode_snapshot_id(sid).is_some_and(|(_, _, _, snap)| snap == policy::snap_name(hash));
+    let ours = |sid: &str| policy::decode_snapshot_id(sid).is_some_and(|(_, _, _, snap)| policy::csi_hash(&snap) == Some(hash));
     if let Some(other) = snapshot_ids.iter().find(|sid| !ours(sid)) {
         return Err(Error::FailedPrecondition(format!("snapshot {other} is not of group snapshot {id}")));
     }
@@ -96,7 +99,7 @@ fn sources_of(name: &str, sources: &[String]) -> Result<(Target, Vec<String>), E
     let t = decoded[0].0.clone();
     if let Some(i) = decoded.iter().position(|(x, _)| *x != t) {
         return Err(Error::InvalidArgument(format!(
-            "group snapshot {name}: every volume must be in one cluster and pool (one lock holder takes them all); \
+            "group snapshot {name}: every volume must be in one cluster and pool (an RBD group snapshot is of one pool); \
              {} is in {}/{}, {} in {}/{}",
             sources[0], t.cluster, t.pool, sources[i], decoded[i].0.cluster, decoded[i].0.pool
         )));
@@ -113,11 +116,11 @@ fn claim_name(h: &impl Host, name: &str, hash: &str, sources: &BTreeSet<&str>, s
     if let Some(prev) = h.kv().get(&key)? {
         let prev = String::from_utf8_lossy(&prev).into_owned();
         if prev != mine {
-            let snap = policy::snap_name(hash);
+            let member = policy::member_snap_name(hash);
             for vid in prev.split(',') {
                 let Some((pt, image)) = policy::decode_volume_id(vid) else { continue };
                 let taken = match h.rbd().snapshot_list(&pt.pool(s), &image) {
-                    Ok(v) => v.iter().any(|x| x.name == snap),
+                    Ok(v) => v.iter().any(|x| x.name == member),
                     Err(Error::NotFound(_) | Error::PermissionDenied(_)) => false,
                     Err(e) => return Err(e),
                 };
@@ -141,7 +144,7 @@ pub(crate) fn create(h: &impl Host, name: &str, sources: &[String], parameters: 
     let hash = policy::group_hash(name);
     let asked: BTreeSet<&str> = sources.iter().map(String::as_str).collect();
     claim_name(h, name, &hash, &asked, s)?;
-    let taken = h.rbd().group_snapshot(&t.pool(s), name, &images, &policy::snap_name(&hash))?;
+    let taken = h.rbd().group_snapshot(&t.pool(s), &policy::group_name(&hash), &images, &policy::snap_name(&hash))?;
     remember_pool(h, &t)?;
     let id = policy::encode_group_id(&t, &hash);
     let members: Vec<(String, ImageSnapshot)> = sources.iter().cloned().zip(taken).collect();
@@ -151,7 +154,7 @@ pub(crate) fn create(h: &impl Host, name: &str, sources: &[String], parameters: 
 
 pub(crate) fn get(h: &impl Host, id: &str, snapshot_ids: &[String], s: &[SecretRef]) -> Result<GroupSnapshot, Error> {
     let (t, hash) = policy::decode_group_id(id).ok_or_else(|| Error::NotFound(format!("group snapshot {id} not found")))?;
-    let found = members(h, &t, &policy::snap_name(&hash), s)?;
+    let found = members(h, &t, &policy::member_snap_name(&hash), s)?;
     check_members(id, &hash, &found, snapshot_ids)?;
     group_of(id, &hash, &found)
 }
@@ -159,13 +162,14 @@ pub(crate) fn get(h: &impl Host, id: &str, snapshot_ids: &[String], s: &[SecretR
 pub(crate) fn delete(h: &impl Host, id: &str, snapshot_ids: &[String], s: &[SecretRef]) -> Result<(), Error> {
     let Some((t, hash)) = policy::decode_group_id(id) else { return Ok(()) };
     require_credentials(s)?;
-    let found = members(h, &t, &policy::snap_name(&hash), s)?;
+    let found = members(h, &t, &policy::member_snap_name(&hash), s)?;
     check_members(id, &hash, &found, snapshot_ids)?;
     for (vid, _) in &found {
-        // As DeleteSnapshot: restores of it are flattened first; a volume deleted earlier goes
-        // with its last snapshot.
+        // As DeleteSnapshot: a volume deleted earlier goes with its last snapshot.
         delete_snapshot(h, &policy::encode_snapshot_id(vid, &hash), s)?;
     }
+    // Then the RBD group that recorded it (its parts are gone already).
+    h.rbd().group_snapshot_remove(&t.pool(s), &policy::group_name(&hash), &policy::snap_name(&hash))?;
     h.kv().delete(&group_key(&hash))?;
     if !found.is_empty() {
         h.log().info("group snapshot deleted", &[("group", id)]);

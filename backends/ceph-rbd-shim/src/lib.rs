@@ -30,10 +30,13 @@
 //!   checked before anything changes. A clone inherits its source's limits (librbd copies image
 //!   metadata) unless its own mutable parameters set them.
 //!
-//! - Group snapshots ([`group`]): the host snapshots every source image while it holds all
-//!   their exclusive locks (so images need `exclusive-lock`, a default feature); each member is
-//!   an ordinary CSI snapshot `csi-snap-HASH`, the group's id `CLUSTER.POOL.group-HASH`, its
-//!   sources recorded in kv `groups/HASH`. Every source must be in one cluster and pool.
+//! - Group snapshots ([`group`]): an RBD group snapshot of every source image (the group
+//!   `csi-group-HASH` records it); each image's part `csi-group-HASH@csi-snap-HASH` is a CSI
+//!   snapshot `VOLUME_ID.HASH`, deleted alone or with the group, restored by a full copy the
+//!   host runs in the background (CreateVolume answers UNAVAILABLE with the progress until it is
+//!   done; the copy records its source in `csi.wasmcsi.io/copy-of`). The group's id is
+//!   `CLUSTER.POOL.group-HASH`, its sources recorded in kv `groups/HASH`. Every source must be
+//!   in one cluster and pool.
 //!
 //! Volume ids are `CLUSTER.POOL.IMAGE` (see [`policy::encode_volume_id`]); the host prefixes
 //! `BACKEND:`. What this crate does not do: map, mkfs or mount (the node executes the `rbd`
@@ -176,6 +179,9 @@ struct Source {
     depth: u32,
     /// the name the source image records (inherited by its clones)
     lineage: Option<String>,
+    /// restored by a full copy, not a clone: a group snapshot's part (Ceph 16.2 clones only
+    /// ordinary snapshots)
+    copy: bool,
 }
 
 impl Source {
@@ -206,16 +212,21 @@ fn resolve_source(h: &impl Host, p: &Params, name: &str, src: &ContentSource, s:
         Err(e) => return Err(e),
     };
     // A snapshot of a deleted volume stays usable; a deleted volume is no source.
-    let size = if temporary {
+    let (size, snap) = if temporary {
         if is_deleted(&snaps) {
             return Err(gone());
         }
-        info.size_bytes
+        (info.size_bytes, snap)
     } else {
-        snaps.iter().find(|x| x.name == snap).ok_or_else(gone)?.size_bytes
+        // The id names the hash; the snapshot is an ordinary one or a group snapshot's part.
+        let hash = policy::csi_hash(&snap);
+        let found = snaps.into_iter().find(|x| policy::csi_hash(&x.name) == hash).ok_or_else(gone)?;
+        (found.size_bytes, found.name)
     };
+    let copy = snap.contains('@');
     let depth = depth(h, &target, &info, s)?;
-    Ok(Source { target, image, snap, temporary, size, depth, lineage: meta(&info, policy::META_NAME).map(str::to_owned) })
+    let lineage = meta(&info, policy::META_NAME).map(str::to_owned);
+    Ok(Source { target, image, snap, temporary, size, depth, lineage, copy })
 }
 
 /// The driver, over any [`Host`]: the [`Backend`] methods below call these.
@@ -244,6 +255,9 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     let t = &p.target;
     let image = policy::image_name(&p.prefix, &req.name);
     let id = policy::encode_volume_id(t, &image);
+    if let Some(src) = source.as_ref().filter(|src| src.copy) {
+        return restore_by_copy(h, &p, req, src, &image, size, &limits);
+    }
 
     // Read state: does an earlier attempt's image exist, and is it this request's?
     let mut existing = h.rbd().info(&t.pool(s), &image)?;
@@ -291,6 +305,49 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     Ok(volume(t, &image, size_now))
 }
 
+/// CreateVolume from a group snapshot's part: a full copy the host runs in the background.
+/// Each attempt asks how far it is (the first starts it): UNAVAILABLE with the progress until
+/// it is done, which the CO retries; then the volume is judged and finished as a clone is.
+fn restore_by_copy(
+    h: &impl Host,
+    p: &Params,
+    req: &CreateVolumeRequest,
+    src: &Source,
+    image: &str,
+    size: u64,
+    limits: &Modification,
+) -> Result<Volume, Error> {
+    let (t, s) = (&p.target, req.secrets.as_slice());
+    remember_pool(h, t)?;
+    let metadata = [
+        (policy::META_NAME.to_owned(), req.name.clone()),
+        (policy::META_OWNER.to_owned(), policy::OWNER.to_owned()),
+        (policy::META_COPY_OF.to_owned(), src.parent()),
+    ];
+    let progress = h.rbd().snapshot_copy(&src.target.pool(s), &src.image, &src.snap, &t.pool, image, &p.features, &metadata)?;
+    if !progress.done {
+        return Err(Error::Unavailable(format!(
+            "volume {} is being restored from {}: {} of {} bytes copied; retry",
+            req.name,
+            src.parent(),
+            progress.bytes,
+            src.size
+        )));
+    }
+    let info = h.rbd().info(&t.pool(s), image)?.ok_or_else(|| Error::Aborted(format!("image {image} of volume {} vanished; retry", req.name)))?;
+    check_same_request(&req.name, image, &info, Some(src), size, req.capacity.limit_bytes)?;
+    let size_now = if info.size_bytes < size {
+        h.rbd().resize(&t.pool(s), image, size)?;
+        size
+    } else {
+        info.size_bytes
+    };
+    apply_limits(h, t, image, &info, limits, s)?;
+    let id = policy::encode_volume_id(t, image);
+    h.log().info("volume restored by copy", &[("volume", &id), ("from", &src.parent()), ("bytes", &size_now.to_string())]);
+    Ok(volume(t, image, size_now))
+}
+
 /// Clone `src` into `image` (protecting the snapshot first: clone v1 clusters need it, v2
 /// ones accept it), then grow it to `size` if the request asks for more than the source.
 fn clone_into(h: &impl Host, p: &Params, src: &Source, image: &str, s: &[SecretRef]) -> Result<(), Error> {
@@ -316,6 +373,10 @@ fn check_same_request(name: &str, image: &str, info: &ImageInfo, source: Option<
     let recorded = meta(info, policy::META_NAME);
     let ours = match source {
         None => info.parent.is_none() && recorded == Some(name),
+        // A copy records its request's name and what it was copied from.
+        Some(src) if src.copy => {
+            info.parent.is_none() && recorded == Some(name) && meta(info, policy::META_COPY_OF) == Some(src.parent().as_str())
+        }
         Some(src) => match &info.parent {
             Some(parent) => *parent == src.parent(),
             // Flattened: the inherited name tells the lineage (see the crate docs).
@@ -373,7 +434,7 @@ fn flatten_children(h: &impl Host, t: &Target, image: &str, snap: &str, s: &[Sec
 fn finalize(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> Result<(), Error> {
     let Some(info) = h.rbd().info(&t.pool(s), image)? else { return Ok(()) };
     for snap in h.rbd().snapshot_list(&t.pool(s), image)? {
-        if snap.name.starts_with(policy::SNAP_PREFIX) {
+        if policy::csi_hash(&snap.name).is_some() {
             return Err(Error::FailedPrecondition(format!("image {image} still has snapshot {}", snap.name)));
         }
         if !(snap.name.starts_with(policy::TEMP_PREFIX) || snap.name == policy::DELETED_MARKER) {
@@ -405,7 +466,7 @@ fn finish_deferred(h: &impl Host, t: &Target, image: &str, s: &[SecretRef]) -> R
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
     };
-    if is_deleted(&snaps) && !snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
+    if is_deleted(&snaps) && !snaps.iter().any(|x| policy::csi_hash(&x.name).is_some()) {
         finalize(h, t, image, s)?;
     }
     Ok(())
@@ -419,7 +480,7 @@ fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> 
         return Ok(());
     }
     let snaps = h.rbd().snapshot_list(&t.pool(s), &image)?;
-    if snaps.iter().any(|x| x.name.starts_with(policy::SNAP_PREFIX)) {
+    if snaps.iter().any(|x| policy::csi_hash(&x.name).is_some()) {
         // CSI snapshots are independent objects: the volume goes, its data stays for them.
         if !is_deleted(&snaps) {
             match h.rbd().snapshot_create(&t.pool(s), &image, policy::DELETED_MARKER) {
@@ -486,7 +547,7 @@ fn list_volumes(h: &impl Host, max: u32, token: &str) -> Result<VolumePage, Erro
 }
 
 fn snapshot_of(volume_id: &str, snap: &ImageSnapshot) -> Option<Snapshot> {
-    let hash = snap.name.strip_prefix(policy::SNAP_PREFIX)?;
+    let hash = policy::csi_hash(&snap.name)?;
     Some(Snapshot {
         snapshot_id: policy::encode_snapshot_id(volume_id, hash),
         source_volume_id: volume_id.into(),
@@ -589,10 +650,14 @@ fn delete_snapshot(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error
         Err(Error::NotFound(_)) => return Ok(()),
         Err(e) => return Err(e),
     };
-    if snaps.iter().any(|x| x.name == snap) {
-        // Volumes restored from the snapshot keep their data: they are flattened first.
-        flatten_children(h, &t, &image, &snap, s)?;
-        match h.rbd().snapshot_remove(&t.pool(s), &image, &snap) {
+    let hash = policy::csi_hash(&snap);
+    if let Some(found) = snaps.iter().find(|x| policy::csi_hash(&x.name) == hash) {
+        // Volumes restored from the snapshot keep their data: clones are flattened first (a
+        // group snapshot's part has none: it is restored by copy).
+        if !found.name.contains('@') {
+            flatten_children(h, &t, &image, &found.name, s)?;
+        }
+        match h.rbd().snapshot_remove(&t.pool(s), &image, &found.name) {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -617,7 +682,8 @@ fn list_snapshots(h: &impl Host, snap: Option<&str>, vol: Option<&str>, max: u32
     let mut all: Vec<Snapshot> = vec![];
     if let Some(sid) = snap {
         if let Some((vid, t, image, name)) = policy::decode_snapshot_id(sid) {
-            all.extend(snaps_of(&t, &image)?.iter().filter(|x| x.name == name).filter_map(|x| snapshot_of(&vid, x)));
+            let hash = policy::csi_hash(&name);
+            all.extend(snaps_of(&t, &image)?.iter().filter(|x| policy::csi_hash(&x.name) == hash).filter_map(|x| snapshot_of(&vid, x)));
         }
     } else if let Some(vid) = vol {
         if let Some((t, image)) = policy::decode_volume_id(vid) {

@@ -25,9 +25,8 @@ pub const SIZE_UNIT: u64 = 1 << 20;
 pub const SIZING: Sizing = Sizing { default_bytes: DEFAULT_BYTES, unit_bytes: SIZE_UNIT };
 /// Default `imageNamePrefix` (ceph-csi's).
 pub const DEFAULT_PREFIX: &str = "csi-vol-";
-/// Default `imageFeatures`: clones need `layering`; group snapshots need `exclusive-lock` (the
-/// host holds every image's lock while it takes them).
-pub const DEFAULT_FEATURES: &[&str] = &["exclusive-lock", "layering"];
+/// Default `imageFeatures`.
+pub const DEFAULT_FEATURES: &[&str] = &["layering"];
 /// Default `maxCloneDepth`: ceph-csi's `rbdHardMaxCloneDepth` default.
 pub const DEFAULT_MAX_CLONE_DEPTH: u32 = 8;
 /// Upper bound of `maxCloneDepth` (a long parent chain makes every read walk it).
@@ -39,6 +38,9 @@ pub const MAX_PREFIX: usize = 32;
 pub const META_NAME: &str = "csi.wasmcsi.io/name";
 /// Every image this backend made (clones inherit it): ListVolumes finds them by it.
 pub const META_OWNER: &str = "csi.wasmcsi.io/owner";
+/// Image metadata of a volume restored by copy: the snapshot it was copied from
+/// (`pool/image@snap`), so a request of the same name from another source is told apart.
+pub const META_COPY_OF: &str = "csi.wasmcsi.io/copy-of";
 pub const OWNER: &str = "wasmcsi-ceph-rbd-shim";
 
 /// RBD snapshot names: a CSI snapshot, a temporary snapshot a clone-from-volume hangs off, and
@@ -90,7 +92,7 @@ fn parse_features(v: &str) -> Result<Vec<String>, Invalid> {
         }
     }
     if out.is_empty() {
-        return Err(invalid("parameter imageFeatures: empty (leave it out for the default, layering,exclusive-lock)"));
+        return Err(invalid("parameter imageFeatures: empty (leave it out for the default, layering)"));
     }
     for f in &out {
         let needs = FEATURES.iter().find(|(n, _)| n == f).map(|(_, d)| *d).unwrap_or(&[]);
@@ -226,11 +228,38 @@ pub fn decode_snapshot_id(id: &str) -> Option<(String, Target, String, String)> 
 /// Marks the group id's last part: `CLUSTER.POOL.group-HASH`.
 pub const GROUP_PREFIX: &str = "group-";
 
-/// The hash of the group snapshot named `csi_name`: its members are the RBD snapshots
-/// `csi-snap-HASH` ([`snap_name`]), ordinary CSI snapshots, hashed apart from VolumeSnapshot
-/// names so a VolumeSnapshot and a VolumeGroupSnapshot of one name never meet.
+/// The hash of the group snapshot named `csi_name`, hashed apart from VolumeSnapshot names so a
+/// VolumeSnapshot and a VolumeGroupSnapshot of one name never meet. Its members' ids are
+/// `VOLUME_ID.HASH` like any snapshot's; each is the image's part of the RBD group snapshot
+/// [`member_snap_name`].
 pub fn group_hash(csi_name: &str) -> String {
     name_hash(&format!("group:{csi_name}"))
+}
+
+/// The RBD group recording the group snapshot of `hash` (one group per group snapshot).
+pub fn group_name(hash: &str) -> String {
+    format!("{GROUP_NAME_PREFIX}{hash}")
+}
+
+/// Marks the RBD groups of this backend.
+pub const GROUP_NAME_PREFIX: &str = "csi-group-";
+
+/// An image's part of the group snapshot of `hash`, as the host names it: `GROUP@SNAP`.
+pub fn member_snap_name(hash: &str) -> String {
+    format!("{}@{}", group_name(hash), snap_name(hash))
+}
+
+/// The hash of a CSI snapshot's RBD snapshot (an ordinary `csi-snap-HASH` or a group member
+/// `csi-group-HASH@csi-snap-HASH`); `None` for any other snapshot.
+pub fn csi_hash(rbd_snap: &str) -> Option<&str> {
+    let hash = match rbd_snap.split_once('@') {
+        Some((group, snap)) => {
+            let hash = snap.strip_prefix(SNAP_PREFIX)?;
+            (group.strip_prefix(GROUP_NAME_PREFIX)? == hash).then_some(hash)?
+        }
+        None => rbd_snap.strip_prefix(SNAP_PREFIX)?,
+    };
+    (hash.len() == HASH_HEX).then_some(hash)
 }
 
 /// A group snapshot id: where its members live (every member is in one pool) and their hash.
@@ -283,7 +312,7 @@ mod tests {
     fn parameters_parse_with_defaults_and_ignore_the_cos_own_keys() {
         let p = parse(&[("clusterID", "ceph-a"), ("pool", "rbd"), ("csi.storage.k8s.io/fstype", "ext4")]).expect("valid");
         assert_eq!(p.target, Target { cluster: "ceph-a".into(), pool: "rbd".into() });
-        assert_eq!(p.features, ["exclusive-lock", "layering"], "group snapshots need the lock");
+        assert_eq!(p.features, ["layering"]);
         assert_eq!((p.prefix.as_str(), p.max_clone_depth), ("csi-vol-", 8));
         assert_eq!(p.data_pool, None);
         let p = parse(&[
@@ -364,6 +393,13 @@ mod tests {
         assert_eq!(decode_group_id(&gid), Some((t.clone(), ghash.clone())));
         for bad in [id.as_str(), "c.p.group-XYZ", "c.p.group-", sid.as_str()] {
             assert_eq!(decode_group_id(bad), None, "{bad}");
+        }
+        // Both kinds of CSI snapshot lead back to their hash; nothing else does.
+        assert_eq!(csi_hash(&snap_name(&hash)), Some(hash.as_str()));
+        assert_eq!(csi_hash(&member_snap_name(&ghash)), Some(ghash.as_str()));
+        let mixed = format!("{}@{}", group_name(&ghash), snap_name(&hash));
+        for other in [DELETED_MARKER, "csi-tmp-0123456789abcdef", mixed.as_str(), "csi-snap-short", "x@y"] {
+            assert_eq!(csi_hash(other), None, "{other}");
         }
     }
 

@@ -65,7 +65,7 @@ fn create_names_the_image_after_the_request_and_a_retry_finds_it() {
     let img = h.rbd.image(&t, &image("pvc-1")).unwrap();
     assert_eq!(img.metadata.get(policy::META_NAME).map(String::as_str), Some("pvc-1"));
     assert_eq!(img.metadata.get(policy::META_OWNER).map(String::as_str), Some(policy::OWNER));
-    assert_eq!(img.features, ["exclusive-lock", "layering"], "group snapshots need the lock");
+    assert_eq!(img.features, ["layering"]);
     assert_eq!(h.kv.entries().keys().collect::<Vec<_>>(), ["pools/ceph.rbd"]);
 
     assert_eq!(create(&h, request("pvc-1", 5 << 20, &[], None)).unwrap(), v, "a retry");
@@ -305,7 +305,7 @@ fn group(h: &FakeHost, name: &str, sources: &[&str]) -> Result<GroupSnapshot, Er
 }
 
 #[test]
-fn a_group_snapshot_is_one_ordinary_snapshot_per_volume_found_again_by_its_id() {
+fn a_group_snapshot_is_one_rbd_group_snapshot_its_parts_found_again_by_id_restored_by_copy() {
     let (h, t) = host();
     let ids: Vec<String> = ["pvc-a", "pvc-b", "pvc-c"].iter().map(|n| create(&h, request(n, 4 << 20, &[], None)).unwrap().volume_id).collect();
     let sources: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -317,7 +317,7 @@ fn a_group_snapshot_is_one_ordinary_snapshot_per_volume_found_again_by_its_id() 
     assert_eq!(g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect::<Vec<_>>(), ids.iter().map(|v| format!("{v}.{hash}")).collect::<Vec<_>>());
     for n in ["pvc-a", "pvc-b", "pvc-c"] {
         let snaps = h.rbd.image(&t, &image(n)).unwrap().snapshots;
-        assert_eq!(snaps.iter().map(|s| s.name.clone()).collect::<Vec<_>>(), [format!("csi-snap-{hash}")]);
+        assert_eq!(snaps.iter().map(|s| s.name.clone()).collect::<Vec<_>>(), [format!("csi-group-{hash}@csi-snap-{hash}")]);
     }
     assert_eq!(h.rbd.journal.calls("group_snapshot"), 1);
     assert_eq!(group(&h, "vgs-1", &sources).unwrap(), g, "a retry: the same group");
@@ -336,14 +336,25 @@ fn a_group_snapshot_is_one_ordinary_snapshot_per_volume_found_again_by_its_id() 
     assert!(matches!(&e, Error::AlreadyExists(m) if m.contains("vgs-1")), "{e:?}");
     snapshot(&h, "vgs-1", &ids[0]).unwrap();
 
-    // Members are ordinary snapshots: a volume restores from one, ListSnapshots shows them.
-    let restored = create(&h, request("pvc-r", 0, &[], Some(ContentSource::Snapshot(member_ids[1].clone())))).unwrap();
+    // A volume restores from a member by copy: UNAVAILABLE with the progress until the host's
+    // copy is done, then the volume; the copy records its source. ListSnapshots shows members.
+    let from = Some(ContentSource::Snapshot(member_ids[1].clone()));
+    let e = create(&h, request("pvc-r", 0, &[], from.clone())).unwrap_err();
+    assert!(matches!(&e, Error::Unavailable(m) if m.contains("copied; retry")), "{e:?}");
+    let restored = create(&h, request("pvc-r", 0, &[], from.clone())).unwrap();
     assert_eq!(restored.capacity_bytes, 4 << 20);
+    let copy = h.rbd.image(&t, &image("pvc-r")).unwrap();
+    assert_eq!((copy.parent, copy.metadata.get(policy::META_NAME).map(String::as_str)), (None, Some("pvc-r")));
+    assert!(copy.metadata.get(policy::META_COPY_OF).is_some_and(|v| v.ends_with(&format!("csi-group-{hash}@csi-snap-{hash}"))));
+    assert_eq!(create(&h, request("pvc-r", 0, &[], from)).unwrap(), restored, "a retry");
+    let other = Some(ContentSource::Snapshot(member_ids[0].clone()));
+    assert!(matches!(create(&h, request("pvc-r", 0, &[], other)), Err(Error::AlreadyExists(_))), "same name, other source");
+    assert_eq!(h.rbd.journal.calls("clone_image"), 0, "never cloned");
     let listed = CephRbd::list_snapshots(&h, Some(member_ids[2].clone()), None, 0, String::new()).unwrap();
     assert_eq!(listed.entries.len(), 1);
 
-    // A deleted source keeps its image for the member; deleting the group flattens the
-    // restore, removes every member and finishes the deferred deletion.
+    // A deleted source keeps its image for the member; deleting the group removes every member
+    // and the RBD group, and finishes the deferred deletion.
     CephRbd::delete_volume(&h, ids[2].clone(), creds()).unwrap();
     assert!(h.rbd.image(&t, &image("pvc-c")).is_some());
     assert!(matches!(
@@ -353,7 +364,6 @@ fn a_group_snapshot_is_one_ordinary_snapshot_per_volume_found_again_by_its_id() 
     CephRbd::delete_group_snapshot(&h, g.group_snapshot_id.clone(), member_ids.clone(), creds()).unwrap();
     CephRbd::delete_group_snapshot(&h, g.group_snapshot_id.clone(), member_ids.clone(), creds()).expect("absent: done");
     assert!(h.rbd.image(&t, &image("pvc-c")).is_none(), "the deferred deletion finished");
-    assert_eq!(h.rbd.image(&t, &image("pvc-r")).unwrap().parent, None, "flattened first");
     assert_eq!(h.rbd.image(&t, &image("pvc-b")).unwrap().snapshots, vec![]);
     assert_eq!(h.rbd.image(&t, &image("pvc-a")).unwrap().snapshots.len(), 1, "the VolumeSnapshot stays");
     assert!(matches!(CephRbd::get_group_snapshot(&h, g.group_snapshot_id.clone(), vec![], creds()), Err(Error::NotFound(_))));
@@ -385,9 +395,13 @@ fn a_group_snapshot_is_refused_before_anything_is_taken() {
     assert!(matches!(bad, Err(Error::InvalidArgument(_))));
     let anonymous = CephRbd::create_group_snapshot(&h, "g".into(), vec![a.into()], vec![], vec![]);
     assert!(matches!(anonymous, Err(Error::InvalidArgument(m)) if m.contains("userID")));
-    // An image without exclusive-lock: the host's answer names it.
-    let e = group(&h, "g", &[a, plain]).unwrap_err();
-    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains(&image("pvc-p"))), "{e:?}");
-    assert_eq!(h.rbd.journal.calls("group_snapshot"), 1, "only the last reached the host");
-    group(&h, "g", &[b, a]).unwrap();
+    assert_eq!(h.rbd.journal.calls("group_snapshot"), 0, "nothing reached the host");
+    // Any image can be in a group snapshot (no feature needed), in any number of them.
+    group(&h, "g", &[b, a, plain]).unwrap();
+    group(&h, "g2", &[a, plain]).unwrap();
+    // A member goes on its own too; the group then has the others.
+    let g2 = policy::group_hash("g2");
+    CephRbd::delete_snapshot(&h, format!("{a}.{g2}"), creds()).unwrap();
+    let left = CephRbd::get_group_snapshot(&h, format!("ceph.rbd.group-{g2}"), vec![], creds()).unwrap();
+    assert_eq!(left.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect::<Vec<_>>(), [plain]);
 }

@@ -231,6 +231,18 @@ impl Rbd for Ungranted {
     fn group_snapshot_remove(&self, _: &RbdPool, _: &str, _: &str) -> Result<(), Error> {
         denied("rbd")
     }
+    fn snapshot_copy(
+        &self,
+        _: &RbdPool,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: &[String],
+        _: &[(String, String)],
+    ) -> Result<crate::rbd::CopyProgress, Error> {
+        denied("rbd")
+    }
 }
 
 impl Block for Ungranted {

@@ -5,7 +5,7 @@
 use crate::types::{Error, IoLimits, SecretRef};
 use crate::wit::wasmcsi::backend::rbd as wit;
 
-pub use wit::{ImageInfo, ImageSnapshot, PoolStats, RbdPool};
+pub use wit::{CopyProgress, ImageInfo, ImageSnapshot, PoolStats, RbdPool};
 
 /// Where images live: a configured cluster (ceph-csi's `clusterID`) and one of its pools. What a
 /// backend keeps in its ids and state; [`Target::pool`] adds the credentials of one call.
@@ -99,9 +99,9 @@ pub trait Rbd {
     fn stats(&self, pool: &RbdPool) -> Result<PoolStats, Error>;
     /// Set the image's librbd QoS limits (0 removes one).
     fn set_qos(&self, pool: &RbdPool, image: &str, limits: &IoLimits) -> Result<(), Error>;
-    /// One crash-consistent snapshot `snap` of every image in `images`: ordinary snapshots taken
-    /// while the host holds every image's exclusive lock (each needs `exclusive-lock`); `group`
-    /// labels the host's logs. The same again: the same snapshots.
+    /// One crash-consistent snapshot of every image in `images`: the RBD group snapshot
+    /// `group@snap`, each image's part named `GROUP@SNAP` (listed and removable like any
+    /// snapshot, restored by [`Rbd::snapshot_copy`]). The same again: the same parts.
     fn group_snapshot(
         &self,
         pool: &RbdPool,
@@ -109,8 +109,21 @@ pub trait Rbd {
         images: &[String],
         snap: &str,
     ) -> Result<Vec<ImageSnapshot>, Error>;
-    /// Remove `snap` from every image of the pool that has it; none has it: success.
+    /// Remove the group snapshot `group@snap` and its group; absent: success.
     fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error>;
+    /// Restore `image@snap` (or `GROUP@SNAP`) by a full copy into a new image, in the host's
+    /// background: ask again until [`CopyProgress::done`].
+    #[allow(clippy::too_many_arguments, reason = "the WIT function's parameters")]
+    fn snapshot_copy(
+        &self,
+        pool: &RbdPool,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        metadata: &[(String, String)],
+    ) -> Result<CopyProgress, Error>;
 }
 
 /// The component's `rbd` import.
@@ -187,5 +200,17 @@ impl Rbd for RbdImport {
     }
     fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error> {
         wit::group_snapshot_remove(pool, group, snap)
+    }
+    fn snapshot_copy(
+        &self,
+        pool: &RbdPool,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        metadata: &[(String, String)],
+    ) -> Result<CopyProgress, Error> {
+        wit::snapshot_copy(pool, image, snap, child_pool, child, features, metadata)
     }
 }

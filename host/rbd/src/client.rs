@@ -8,17 +8,21 @@
 use crate::conn::{Ioctx, Pool};
 use crate::error::Target;
 use crate::fence::{FENCE_LOCK, Fence, FenceHolder, describe, header_oid};
+use crate::copy::{Copies, CopyProgress, INCOMPLETE, Plan};
 use crate::group::{GroupSnapshot, check_images};
 use crate::image::{Image, features_from_names};
-use crate::names::{check, check_metadata};
+use crate::names::{SnapRef, check, check_metadata};
 use crate::{ImageInfo, ImageSnapshot, ImageSpec, PoolStats, QosLimits, RbdConfig, RbdCredentials, RbdError};
 use std::sync::Arc;
-use std::time::Instant;
 
 struct Inner {
     config: RbdConfig,
     pool: Pool,
+    copies: Copies,
 }
+
+/// How long [`RbdPool::snapshot_copy`] waits for a copy it started before answering progress.
+const COPY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `rbd` capability of one backend. Cheap to clone; clones share connections.
 #[derive(Clone)]
@@ -35,7 +39,7 @@ impl std::fmt::Debug for RbdClient {
 impl RbdClient {
     pub fn new(config: RbdConfig) -> Self {
         let pool = Pool::new(config.max_in_flight, config.connect_timeout, config.op_timeout);
-        Self { inner: Arc::new(Inner { config, pool }) }
+        Self { inner: Arc::new(Inner { config, pool, copies: Copies::default() }) }
     }
 
     pub fn config(&self) -> &RbdConfig {
@@ -266,7 +270,8 @@ impl RbdPool {
         let s = snap.to_owned();
         self.with_image(format!("snapshot-create {}/{image}@{snap}", self.pool), image, move |t, img| {
             img.snap_create(t, &s)?;
-            img.snap_list(t)?
+            // Ordinary snapshots only: no group pool matches -1.
+            img.snap_list(t, -1)?
                 .into_iter()
                 .find(|x| x.name == s)
                 .ok_or_else(|| RbdError::Internal(format!("snapshot {s} missing right after its creation")))
@@ -277,14 +282,23 @@ impl RbdPool {
     /// Remove a snapshot; an absent snapshot succeeds (the image must exist). FailedPrecondition
     /// while clones of it exist (librbd would move it to the trash instead: a snapshot the
     /// caller believes gone would still pin data). A protected snapshot without children is
-    /// unprotected and removed.
+    /// unprotected and removed. `GROUP@SNAP` removes the image's part of that group snapshot
+    /// (of a group in this pool) on its own: the group snapshot keeps its other images' parts.
     #[tracing::instrument(name = "rbd.snapshot_remove", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, image = %image, snap = %snap))]
     pub async fn snapshot_remove(&self, image: &str, snap: &str) -> Result<(), RbdError> {
         check("image", image)?;
-        check("snapshot", snap)?;
+        let member = matches!(SnapRef::parse(snap)?, SnapRef::Group { .. });
         let (i, s) = (image.to_owned(), snap.to_owned());
         self.run(format!("snapshot-remove {}/{image}@{snap}", self.pool), None, move |t, io, _| {
             let img = io.open(t, &i)?;
+            if member {
+                // A group member has no clones: Ceph 16.2 clones ordinary snapshots only.
+                let r = SnapRef::parse(&s)?;
+                return match img.snap_find(t, &r, io.pool_id())? {
+                    Some((id, _)) => img.snap_remove_by_id(t, id, &s),
+                    None => Ok(()),
+                };
+            }
             match io.open_read_only(t, &i, Some(&s)) {
                 Ok(at_snap) => {
                     let children = at_snap.children(t)?;
@@ -321,7 +335,7 @@ impl RbdPool {
         check("image", image)?;
         let i = image.to_owned();
         self.run(format!("snapshot-list {}/{image}", self.pool), None, move |t, io, _| {
-            io.open_read_only(t, &i, None)?.snap_list(t)
+            io.open_read_only(t, &i, None)?.snap_list(t, io.pool_id())
         })
         .await
     }
@@ -396,22 +410,21 @@ impl RbdPool {
         Ok(PoolStats { total_bytes: stored.saturating_add(avail), available_bytes: avail })
     }
 
-    /// One crash-consistent snapshot `snap` of every image in `images` (all in this pool), as
-    /// ordinary snapshots, taken while this host holds every image's exclusive lock (see
-    /// [`crate::group`]); each image needs the `exclusive-lock` feature. `group` only labels
-    /// the logs: no RBD group object is made. The same snapshot on every image already: returned
-    /// as it is, nothing locked. The locks must all be held within half the op timeout, else
-    /// they are given up and the call is Unavailable; they are released on every path.
+    /// One crash-consistent snapshot of every image in `images` (all in this pool): the RBD
+    /// group snapshot `group@snap`, its group a record of that snapshot only (see
+    /// [`crate::group`]). Each image's part is named `GROUP@SNAP`. The same request again: its
+    /// members as they are; the same `group@snap` with other images: AlreadyExists. The time
+    /// librbd held writes is logged.
     #[tracing::instrument(name = "rbd.group_snapshot", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, %group, %snap, images = images.len()))]
     pub async fn group_snapshot(&self, group: &str, images: &[String], snap: &str) -> Result<GroupSnapshot, RbdError> {
         check_images(images)?;
         images.iter().try_for_each(|i| check("image", i))?;
-        check("snapshot", snap)?;
-        let (images, s) = (images.to_vec(), snap.to_owned());
-        let lock_budget = self.inner.pool.op_timeout / 2;
+        check("group", group)?;
+        check("group snapshot", snap)?;
+        let (images, g, s) = (images.to_vec(), group.to_owned(), snap.to_owned());
         let taken = self
-            .run(format!("group snapshot {group} ({snap}) in {}", self.pool), None, move |t, io, _| {
-                crate::group::take(t, io, &images, &s, Instant::now() + lock_budget)
+            .run(format!("group snapshot {group}@{snap} in {}", self.pool), None, move |t, io, _| {
+                crate::group::take(t, io, &g, &images, &s)
             })
             .await?;
         match taken.pause {
@@ -421,17 +434,101 @@ impl RbdPool {
         Ok(taken)
     }
 
-    /// Remove `snap` from every image of this pool that has it (the snapshots of a group
-    /// snapshot); none has it: success. FailedPrecondition, removing nothing, while clones hang
-    /// off any of them. Returns the images it was removed from.
+    /// Remove the group snapshot `group@snap` (each image's part still there) and its group
+    /// once empty; absent: success.
     #[tracing::instrument(name = "rbd.group_snapshot_remove", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, %group, %snap))]
-    pub async fn group_snapshot_remove(&self, group: &str, snap: &str) -> Result<Vec<String>, RbdError> {
-        check("snapshot", snap)?;
-        let s = snap.to_owned();
-        self.run(format!("group snapshot remove {group} ({snap}) in {}", self.pool), None, move |t, io, _| {
-            crate::group::remove(t, io, &s)
+    pub async fn group_snapshot_remove(&self, group: &str, snap: &str) -> Result<(), RbdError> {
+        check("group", group)?;
+        check("group snapshot", snap)?;
+        let (g, s) = (group.to_owned(), snap.to_owned());
+        self.run(format!("group snapshot remove {group}@{snap} in {}", self.pool), None, move |t, io, _| {
+            crate::group::remove(t, io, &g, &s)
         })
         .await
+    }
+
+    /// Copy `image@snap` (an ordinary snapshot, or `GROUP@SNAP`: the image's part of a group
+    /// snapshot) into a new image `child_pool/child` (granted, same cluster) with `features`
+    /// and `metadata`, in the background (see [`crate::copy`]): the first call creates the
+    /// image and starts the copy, every call answers how far it is. Done once complete (and
+    /// then again, idempotently, while the image exists without the incomplete marker).
+    #[tracing::instrument(name = "rbd.snapshot_copy", skip_all, fields(cluster = %self.target.cluster, pool = %self.pool, %image, %snap, %child_pool, %child))]
+    pub async fn snapshot_copy(
+        &self,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        metadata: &[(String, String)],
+    ) -> Result<CopyProgress, RbdError> {
+        check("image", image)?;
+        check("image", child)?;
+        SnapRef::parse(snap)?;
+        self.granted(child_pool)?;
+        metadata.iter().try_for_each(|(k, v)| check_metadata(k, v))?;
+        if metadata.iter().any(|(k, _)| k == INCOMPLETE) {
+            return Err(RbdError::InvalidArgument(format!("metadata key {INCOMPLETE} is the host's")));
+        }
+        let bits = features_from_names(features)?;
+        let key = format!("{}/{child_pool}/{child}", self.target.cluster);
+        if let Some(status) = self.inner.copies.status(&key) {
+            return status;
+        }
+        let (i, s, c, md) = (image.to_owned(), snap.to_owned(), child.to_owned(), metadata.to_vec());
+        let prepared = self
+            .run(format!("restore {}/{image}@{snap} into {child_pool}/{child}", self.pool), Some(child_pool.to_owned()), move |t, io, other| {
+                let dest = other.unwrap_or(io);
+                match dest.open_read_only(t, &c, None) {
+                    Ok(existing) => {
+                        if existing.metadata_get(t, INCOMPLETE)?.is_none() {
+                            return Ok(None);
+                        }
+                        drop(existing);
+                        // What a dead process left half-copied: start again.
+                        tracing::info!(image = %c, "an interrupted restore by copy starts again");
+                        dest.remove(t, &c)?;
+                    }
+                    Err(RbdError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                let r = SnapRef::parse(&s)?;
+                let (id, size) = io
+                    .open_read_only(t, &i, None)?
+                    .snap_find(t, &r, io.pool_id())?
+                    .ok_or_else(|| RbdError::NotFound(format!("snapshot {i}@{s} not found")))?;
+                dest.create(t, &c, size, bits, None)?;
+                let made = dest.open(t, &c).and_then(|img| img.metadata_set(t, INCOMPLETE, "1"));
+                if let Err(e) = made {
+                    let _ = dest.remove(t, &c);
+                    return Err(e);
+                }
+                Ok(Some((id, size, md)))
+            })
+            .await?;
+        let Some((snap_id, size, metadata)) = prepared else { return Ok(CopyProgress::Done) };
+        let job = self.inner.copies.start(&self.target, &key, size)?;
+        let conn = self.inner.pool.connection(&self.target, &self.creds).await?;
+        let plan = Plan {
+            src_pool: self.pool.clone(),
+            src: image.to_owned(),
+            snap_id,
+            dest_pool: child_pool.to_owned(),
+            dest: child.to_owned(),
+            metadata,
+        };
+        crate::copy::spawn(self.target.clone(), conn, plan, job)?;
+        // A small image is done at once: answer that rather than a retry's worth of waiting.
+        let until = std::time::Instant::now() + COPY_WAIT;
+        loop {
+            match self.inner.copies.status(&key) {
+                Some(Ok(CopyProgress::Copying { .. })) if std::time::Instant::now() < until => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Some(status) => return status,
+                None => return Ok(CopyProgress::Done),
+            }
+        }
     }
 
     /// Take the node fence of `image` for `node` (see [`crate::fence`]). FailedPrecondition,
@@ -516,12 +613,18 @@ impl RbdPool {
     }
 
     /// Read `len` bytes at `offset` of the snapshot `image@snap` (tests and diagnostics).
+    /// `snap` as [`Self::snapshot_copy`] takes it.
     pub async fn read_snapshot(&self, image: &str, snap: &str, offset: u64, len: usize) -> Result<Vec<u8>, RbdError> {
         check("image", image)?;
-        check("snapshot", snap)?;
+        SnapRef::parse(snap)?;
         let (i, s) = (image.to_owned(), snap.to_owned());
         self.run(format!("read {}/{image}@{snap}", self.pool), None, move |t, io, _| {
-            io.open_read_only(t, &i, Some(&s))?.read(t, offset, len)
+            let img = io.open_read_only(t, &i, None)?;
+            let (id, _) = img
+                .snap_find(t, &SnapRef::parse(&s)?, io.pool_id())?
+                .ok_or_else(|| RbdError::NotFound(format!("snapshot {i}@{s} not found")))?;
+            img.snap_set_by_id(t, id)?;
+            img.read(t, offset, len)
         })
         .await
     }

@@ -196,6 +196,12 @@ impl Ioctx {
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
+
+    /// The pool's id (what librbd names a group's pool by).
+    pub fn pool_id(&self) -> i64 {
+        // SAFETY: a live ioctx.
+        unsafe { ffi::rados_ioctx_get_id(self.handle) }
+    }
 }
 
 impl Drop for Ioctx {

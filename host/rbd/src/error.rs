@@ -2,7 +2,7 @@
 //! (named in brackets), so the runtime's mapping is a total `match` with no judgement left.
 use nix::errno::Errno;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum RbdError {
     /// [invalid-argument] a bad pool, image or snapshot name, an unknown feature, an empty
     /// metadata key.
@@ -32,10 +32,6 @@ pub enum RbdError {
     /// [resource-exhausted] the pool or cluster is full, or a quota is hit.
     #[error("{0}")]
     ResourceExhausted(String),
-    /// [aborted] another client keeps what the call needs (an image's exclusive lock, which it
-    /// refuses to hand over); retrying later may succeed.
-    #[error("{0}")]
-    Aborted(String),
     /// [internal] anything else: an unexpected errno, a broken invariant.
     #[error("{0}")]
     Internal(String),
@@ -53,7 +49,6 @@ impl RbdError {
             Self::PermissionDenied(_) => "permission-denied",
             Self::Unavailable { .. } => "unavailable",
             Self::ResourceExhausted(_) => "resource-exhausted",
-            Self::Aborted(_) => "aborted",
             Self::Internal(_) => "internal",
         }
     }

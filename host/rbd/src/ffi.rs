@@ -57,10 +57,37 @@ pub const RBD_IMAGE_OPTION_FORMAT: c_int = 0;
 pub const RBD_IMAGE_OPTION_FEATURES: c_int = 1;
 pub const RBD_IMAGE_OPTION_DATA_POOL: c_int = 10;
 
-/// `rbd_lock_mode_t`: the only mode `rbd_lock_acquire` takes in 16.2.
-pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
-/// `RBD_FEATURE_EXCLUSIVE_LOCK` (`rbd/features.h`).
-pub const RBD_FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+/// `rbd_snap_namespace_type_t`: ordinary snapshots, and an image's part of a group snapshot.
+pub const RBD_SNAP_NAMESPACE_TYPE_USER: c_int = 0;
+pub const RBD_SNAP_NAMESPACE_TYPE_GROUP: c_int = 1;
+/// `rbd_group_snap_state_t`: every image's snapshot was taken.
+pub const RBD_GROUP_SNAP_STATE_COMPLETE: c_int = 1;
+
+#[repr(C)]
+pub struct rbd_snap_group_namespace_t {
+    pub group_pool: i64,
+    pub group_name: *mut c_char,
+    pub group_snap_name: *mut c_char,
+}
+
+#[repr(C)]
+pub struct rbd_group_info_t {
+    pub name: *mut c_char,
+    pub pool: i64,
+}
+
+#[repr(C)]
+pub struct rbd_group_image_info_t {
+    pub name: *mut c_char,
+    pub pool: i64,
+    pub state: c_int,
+}
+
+#[repr(C)]
+pub struct rbd_group_snap_info_t {
+    pub name: *mut c_char,
+    pub state: c_int,
+}
 
 #[link(name = "rados")]
 unsafe extern "C" {
@@ -70,6 +97,7 @@ unsafe extern "C" {
     pub fn rados_shutdown(cluster: rados_t);
     pub fn rados_ioctx_create(cluster: rados_t, pool_name: *const c_char, ioctx: *mut rados_ioctx_t) -> c_int;
     pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+    pub fn rados_ioctx_get_id(io: rados_ioctx_t) -> i64;
     pub fn rados_mon_command(
         cluster: rados_t,
         cmd: *mut *const c_char,
@@ -195,11 +223,57 @@ unsafe extern "C" {
     pub fn rbd_snap_is_protected(image: rbd_image_t, snap_name: *const c_char, is_protected: *mut c_int) -> c_int;
     pub fn rbd_snap_get_timestamp(image: rbd_image_t, snap_id: u64, timestamp: *mut timespec) -> c_int;
 
-    /// Managed exclusive lock: librbd asks the current owner to release it, then keeps it
-    /// (its policy turns to "standard": requests of other clients are refused) until released.
-    pub fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
-    pub fn rbd_lock_release(image: rbd_image_t) -> c_int;
-    pub fn rbd_is_exclusive_lock_owner(image: rbd_image_t, is_owner: *mut c_int) -> c_int;
+    pub fn rbd_snap_get_namespace_type(image: rbd_image_t, snap_id: u64, namespace_type: *mut c_int) -> c_int;
+    pub fn rbd_snap_get_group_namespace(
+        image: rbd_image_t,
+        snap_id: u64,
+        group_snap: *mut rbd_snap_group_namespace_t,
+        group_snap_size: usize,
+    ) -> c_int;
+    pub fn rbd_snap_group_namespace_cleanup(group_snap: *mut rbd_snap_group_namespace_t, size: usize) -> c_int;
+    pub fn rbd_snap_set_by_id(image: rbd_image_t, snap_id: u64) -> c_int;
+    pub fn rbd_snap_remove_by_id(image: rbd_image_t, snap_id: u64) -> c_int;
+    pub fn rbd_copy_with_progress2(
+        src: rbd_image_t,
+        dest: rbd_image_t,
+        cb: librbd_progress_fn_t,
+        cbdata: *mut c_void,
+    ) -> c_int;
+
+    pub fn rbd_get_group(image: rbd_image_t, group_info: *mut rbd_group_info_t, size: usize) -> c_int;
+    pub fn rbd_group_info_cleanup(group_info: *mut rbd_group_info_t, size: usize) -> c_int;
+    pub fn rbd_group_create(io: rados_ioctx_t, name: *const c_char) -> c_int;
+    pub fn rbd_group_remove(io: rados_ioctx_t, name: *const c_char) -> c_int;
+    pub fn rbd_group_image_add(
+        group_p: rados_ioctx_t,
+        group_name: *const c_char,
+        image_p: rados_ioctx_t,
+        image_name: *const c_char,
+    ) -> c_int;
+    pub fn rbd_group_image_remove(
+        group_p: rados_ioctx_t,
+        group_name: *const c_char,
+        image_p: rados_ioctx_t,
+        image_name: *const c_char,
+    ) -> c_int;
+    pub fn rbd_group_image_list(
+        group_p: rados_ioctx_t,
+        group_name: *const c_char,
+        images: *mut rbd_group_image_info_t,
+        info_size: usize,
+        num_entries: *mut usize,
+    ) -> c_int;
+    pub fn rbd_group_image_list_cleanup(images: *mut rbd_group_image_info_t, info_size: usize, num: usize) -> c_int;
+    pub fn rbd_group_snap_create(group_p: rados_ioctx_t, group_name: *const c_char, snap_name: *const c_char) -> c_int;
+    pub fn rbd_group_snap_remove(group_p: rados_ioctx_t, group_name: *const c_char, snap_name: *const c_char) -> c_int;
+    pub fn rbd_group_snap_list(
+        group_p: rados_ioctx_t,
+        group_name: *const c_char,
+        snaps: *mut rbd_group_snap_info_t,
+        info_size: usize,
+        num_entries: *mut usize,
+    ) -> c_int;
+    pub fn rbd_group_snap_list_cleanup(snaps: *mut rbd_group_snap_info_t, info_size: usize, num: usize) -> c_int;
 
     pub fn rbd_read(image: rbd_image_t, ofs: u64, len: usize, buf: *mut c_char) -> isize;
     pub fn rbd_write(image: rbd_image_t, ofs: u64, len: usize, buf: *const c_char) -> isize;

@@ -1,42 +1,52 @@
-//! Crash-consistent snapshots of several images at one point (WIT `rbd.group-snapshot`), as
-//! ordinary snapshots that CreateVolume can clone.
+//! Crash-consistent snapshots of several images at one point (WIT `rbd.group-snapshot`): RBD
+//! group snapshots, librbd's own.
 //!
-//! Why not librbd's groups: on Ceph 16.2 a group snapshot's image snapshots live in the group
-//! namespace, and only `rbd_clone4` (Ceph 19) clones from a snapshot by id; restoring a member
-//! would be a full copy. So the host takes the point itself, with the mechanism librbd's own
-//! group snapshot uses: writes of an image need its exclusive lock, so while this host holds the
-//! lock of every image no other client's write to any of them can complete, and one snapshot per
-//! image taken then is one point of all of them. In order:
+//! librbd takes a group snapshot by asking every image's lock owner for its exclusive lock,
+//! blocking writes on all of them, snapshotting each, then letting writes go: another client's
+//! write meanwhile *waits* (it is not refused, as it is while a client keeps the lock with
+//! `rbd_lock_acquire`, which an earlier design here used: rbd-fuse writers got EIO). Each image's
+//! part is a snapshot in librbd's group namespace; this host shows it to guests as
+//! `GROUP@SNAP` ([`crate::names::SnapRef`]).
+//!
+//! An image can be in one RBD group only, and a guest wants many group snapshots of overlapping
+//! sets of images. So the group is a record of one group snapshot, not a standing set: its images
+//! are added, the snapshot taken, and the images taken out again at once. A member snapshot
+//! outlives its image's membership (librbd keeps it; `rbd_group_snap_remove` still removes
+//! it), and can be removed on its own by id. In order:
 //!
 //! ```text
-//!   open every image (sorted by name: two group snapshots lock in the same order)
-//!   all have `snap` already?  ── yes ──> the same group again: return them, nothing locked
-//!   some have it?             ── yes ──> an interrupted attempt, not one point: remove them
-//!   lock image 1 … image n    (each owner hands its lock over after its in-flight writes)
-//!   snapshot image 1 … image n
-//!   release every lock        (also on every error and on the deadline)
+//!   the group has `snap`, complete?  ── yes ──> the same request again: its members, as they are
+//!   the group has `snap`, incomplete ── remove it (an interrupted attempt), take it again:
+//!   create the group (exists: fine); images in it that are not asked for: out
+//!   each image: in another group of this pool → out of that one (its snapshots stay), then in
+//!   rbd_group_snap_create                  (writes wait for the whole of it: the pause, logged)
+//!   every image out of the group
 //! ```
 //!
-//! The writes are held from the first lock to the last release: that pause is measured and
-//! logged. What a writer sees meanwhile is librbd's: its lock request is refused, so a write
-//! that needs the lock during the pause fails with EROFS (a client that already waits for the
-//! lock, or asks only after the release, just waits). The set of snapshots is a prefix of every
-//! writer's acknowledged writes: a write acknowledged before another was issued is in every
-//! snapshot that has the later one.
-use crate::conn::Ioctx;
+//! Restoring a member: Ceph 16.2 clones only ordinary snapshots (`rbd_clone4`, which clones
+//! any snapshot by id, is Ceph 19), so a member is restored by a full copy ([`crate::copy`]).
+#![allow(unsafe_code, reason = "calls librbd's group API (FFI)")]
+
+use crate::conn::{Ioctx, cstring};
 use crate::error::Target;
-use crate::image::Image;
-use crate::{ImageSnapshot, RbdError};
+use crate::names::SnapRef;
+use crate::{ImageSnapshot, RbdError, ffi};
 use std::collections::BTreeSet;
+use std::ffi::{CStr, c_int};
 use std::time::{Duration, Instant};
+
+const ENOENT: c_int = nix::errno::Errno::ENOENT as c_int;
+const EEXIST: c_int = nix::errno::Errno::EEXIST as c_int;
+const ERANGE: c_int = nix::errno::Errno::ERANGE as c_int;
+const ENOTEMPTY: c_int = nix::errno::Errno::ENOTEMPTY as c_int;
 
 /// What [`crate::RbdPool::group_snapshot`] took.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupSnapshot {
-    /// Each image's snapshot, in the order the images were asked for.
+    /// Each image's part (named `GROUP@SNAP`), in the order the images were asked for.
     pub snapshots: Vec<ImageSnapshot>,
-    /// How long other clients' writes were held (first lock taken to last lock released);
-    /// `None` when every snapshot existed already and nothing was locked.
+    /// How long `rbd_group_snap_create` held other clients' writes (at most); `None` when the
+    /// group snapshot existed already.
     pub pause: Option<Duration>,
 }
 
@@ -52,170 +62,190 @@ pub(crate) fn check_images(images: &[String]) -> Result<(), RbdError> {
     Ok(())
 }
 
-/// An exclusive lock this host holds; released on drop (close would release it too, but an
-/// explicit release is when the pause ends).
-struct Held<'a> {
-    t: &'a Target,
-    name: &'a str,
-    image: &'a Image,
+fn owned(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: librbd's NUL-terminated strings, alive until its cleanup call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.image.lock_release(self.t, self.name) {
-            // The close that follows releases it as well.
-            tracing::warn!(image = %self.name, error = %e, "releasing an exclusive lock failed");
+fn check(t: &Target, ret: c_int, what: impl FnOnce() -> String) -> Result<(), RbdError> {
+    if ret < 0 { Err(t.errno(ret, &what())) } else { Ok(()) }
+}
+
+/// The group's snapshots as (name, complete); `None` when the group does not exist.
+fn snaps(t: &Target, io: &Ioctx, group: &str) -> Result<Option<Vec<(String, bool)>>, RbdError> {
+    let g = cstring(group, "group")?;
+    let size_of = std::mem::size_of::<ffi::rbd_group_snap_info_t>();
+    let mut cap = 8usize;
+    loop {
+        let mut infos: Vec<ffi::rbd_group_snap_info_t> = Vec::with_capacity(cap);
+        let mut n = cap;
+        // SAFETY: room for `n` entries of the size given.
+        let ret = unsafe { ffi::rbd_group_snap_list(io.handle, g.as_ptr(), infos.as_mut_ptr(), size_of, &mut n) };
+        if ret == -ENOENT {
+            return Ok(None);
         }
+        if ret == -ERANGE {
+            cap = n.max(cap * 2);
+            continue;
+        }
+        check(t, ret, || format!("snapshots of group {group}"))?;
+        let n = n.min(cap);
+        // SAFETY: librbd filled `n` entries.
+        unsafe { infos.set_len(n) };
+        let out = infos.iter().map(|i| (owned(i.name), i.state == ffi::RBD_GROUP_SNAP_STATE_COMPLETE)).collect();
+        // SAFETY: frees what librbd allocated for those entries, once.
+        unsafe { ffi::rbd_group_snap_list_cleanup(infos.as_mut_ptr(), size_of, n) };
+        return Ok(Some(out));
     }
 }
 
-fn has_snap(t: &Target, image: &Image, snap: &str) -> Result<bool, RbdError> {
-    Ok(image.snap_list(t)?.iter().any(|s| s.name == snap))
-}
-
-/// Remove `name@snap` unless clones hang off it.
-fn remove_unless_cloned(t: &Target, io: &Ioctx, name: &str, image: &Image, snap: &str) -> Result<(), RbdError> {
-    let children = match io.open_read_only(t, name, Some(snap)) {
-        Ok(at) => at.children(t)?,
-        Err(RbdError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !children.is_empty() {
-        return Err(RbdError::FailedPrecondition(format!(
-            "snapshot {name}@{snap} has clones: {}",
-            children.join(", ")
-        )));
+/// The images in the group (of this pool).
+fn images_of(t: &Target, io: &Ioctx, group: &str) -> Result<Vec<String>, RbdError> {
+    let g = cstring(group, "group")?;
+    let size_of = std::mem::size_of::<ffi::rbd_group_image_info_t>();
+    let mut cap = 16usize;
+    loop {
+        let mut infos: Vec<ffi::rbd_group_image_info_t> = Vec::with_capacity(cap);
+        let mut n = cap;
+        // SAFETY: room for `n` entries of the size given.
+        let ret = unsafe { ffi::rbd_group_image_list(io.handle, g.as_ptr(), infos.as_mut_ptr(), size_of, &mut n) };
+        if ret == -ENOENT {
+            return Ok(vec![]);
+        }
+        if ret == -ERANGE {
+            cap = n.max(cap * 2);
+            continue;
+        }
+        check(t, ret, || format!("images of group {group}"))?;
+        let n = n.min(cap);
+        // SAFETY: librbd filled `n` entries.
+        unsafe { infos.set_len(n) };
+        let pool = io.pool_id();
+        let out = infos.iter().filter(|i| i.pool == pool).map(|i| owned(i.name)).collect();
+        // SAFETY: frees what librbd allocated for those entries, once.
+        unsafe { ffi::rbd_group_image_list_cleanup(infos.as_mut_ptr(), size_of, n) };
+        return Ok(out);
     }
-    image.snap_remove(t, snap)
 }
 
-/// Take `snap` of every image in `images` at one point (see the module docs). Runs on a worker
-/// thread; the locks are given up when `lock_deadline` passes before all are held.
-pub(crate) fn take(
-    t: &Target,
-    io: &Ioctx,
-    images: &[String],
-    snap: &str,
-    lock_deadline: Instant,
-) -> Result<GroupSnapshot, RbdError> {
-    check_images(images)?;
-    let mut sorted: Vec<&str> = images.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    let opened: Vec<(&str, Image)> =
-        sorted.iter().map(|n| Ok((*n, io.open(t, n)?))).collect::<Result<_, RbdError>>()?;
-    let lacking: Vec<&str> = opened
+fn image_add(t: &Target, io: &Ioctx, group: &str, image: &str) -> Result<(), RbdError> {
+    let (g, i) = (cstring(group, "group")?, cstring(image, "image")?);
+    // SAFETY: live ioctx (group and image in the same pool), C strings.
+    match unsafe { ffi::rbd_group_image_add(io.handle, g.as_ptr(), io.handle, i.as_ptr()) } {
+        r if r == -EEXIST => Ok(()),
+        r => check(t, r, || format!("adding image {image} to group {group}")),
+    }
+}
+
+fn image_remove(t: &Target, io: &Ioctx, group: &str, image: &str) -> Result<(), RbdError> {
+    let (g, i) = (cstring(group, "group")?, cstring(image, "image")?);
+    // SAFETY: as above.
+    match unsafe { ffi::rbd_group_image_remove(io.handle, g.as_ptr(), io.handle, i.as_ptr()) } {
+        r if r == -ENOENT => Ok(()),
+        r => check(t, r, || format!("taking image {image} out of group {group}")),
+    }
+}
+
+/// Each image's part of `group@snap`, in `images` order; NotFound naming an image without one.
+fn members(t: &Target, io: &Ioctx, group: &str, snap: &str, images: &[String]) -> Result<Vec<ImageSnapshot>, RbdError> {
+    let name = format!("{group}@{snap}");
+    let r = SnapRef::Group { group, snap };
+    images
         .iter()
-        .map(|(n, i)| Ok((!i.has_exclusive_lock(t)?).then_some(*n)))
-        .collect::<Result<Vec<_>, RbdError>>()?
-        .into_iter()
-        .flatten()
-        .collect();
-    if !lacking.is_empty() {
-        return Err(RbdError::FailedPrecondition(format!(
-            "images without the exclusive-lock feature cannot be snapshotted at one point: {}",
-            lacking.join(", ")
-        )));
-    }
-    let existing: Vec<bool> = opened.iter().map(|(_, i)| has_snap(t, i, snap)).collect::<Result<_, _>>()?;
-    let pause = if existing.iter().all(|e| *e) {
-        None
-    } else {
-        // Snapshots of an interrupted attempt were not taken at one point with the others.
-        for ((n, i), _) in opened.iter().zip(&existing).filter(|(_, e)| **e) {
-            remove_unless_cloned(t, io, n, i, snap)?;
-            tracing::info!(image = %n, snap, "removed the snapshot of an interrupted group snapshot");
-        }
-        Some(locked_snapshots(t, &opened, snap, lock_deadline)?)
-    };
-    let snapshots =
-        images
-            .iter()
-            .map(|name| {
-                let (_, image) = opened
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .ok_or_else(|| RbdError::Internal(format!("image {name} of the group was not opened")))?;
-                image.snap_list(t)?.into_iter().find(|s| s.name == snap).ok_or_else(|| {
-                    RbdError::Internal(format!("snapshot {name}@{snap} missing right after its creation"))
-                })
-            })
-            .collect::<Result<_, RbdError>>()?;
-    Ok(GroupSnapshot { snapshots, pause })
+        .map(|i| {
+            io.open_read_only(t, i, None)?
+                .snap_list(t, io.pool_id())?
+                .into_iter()
+                .find(|s| s.name == name)
+                .ok_or_else(|| RbdError::NotFound(format!("image {i} has no part in group snapshot {name} ({r:?})")))
+        })
+        .collect()
 }
 
-/// Lock every image (in `opened`'s order), snapshot each, release: returns the pause. Any
-/// failure removes the snapshots made so far and releases every lock before it returns.
-fn locked_snapshots(t: &Target, opened: &[(&str, Image)], snap: &str, deadline: Instant) -> Result<Duration, RbdError> {
-    let mut held: Vec<Held<'_>> = Vec::with_capacity(opened.len());
-    let mut first: Option<Instant> = None;
-    for (name, image) in opened {
-        image.lock_acquire(t, name)?;
-        first.get_or_insert_with(Instant::now);
-        held.push(Held { t, name, image });
-        if Instant::now() > deadline {
-            drop(held);
-            return Err(t.unavailable(format!(
-                "the exclusive locks of the group's images were not all held by the deadline (stuck at {name}); \
-                 released them, no snapshot taken"
-            )));
-        }
-    }
-    let mut made: Vec<&Held<'_>> = Vec::with_capacity(held.len());
-    for h in &held {
-        if let Err(e) = h.image.snap_create(t, snap) {
-            for m in &made {
-                if let Err(undo) = m.image.snap_remove(t, snap) {
-                    tracing::warn!(image = %m.name, snap, error = %undo, "could not remove a snapshot of a failed group snapshot");
-                }
+/// Take `group@snap` of `images` (checked by the caller) as the module docs say.
+pub(crate) fn take(t: &Target, io: &Ioctx, group: &str, images: &[String], snap: &str) -> Result<GroupSnapshot, RbdError> {
+    match snaps(t, io, group)?.unwrap_or_default().into_iter().find(|(n, _)| n == snap) {
+        Some((_, true)) => {
+            // The same request again; its images must be the ones asked for.
+            let found = members(t, io, group, snap, images).map_err(|e| match e {
+                RbdError::NotFound(m) => RbdError::AlreadyExists(format!("group snapshot {group}@{snap} exists with other images: {m}")),
+                e => e,
+            })?;
+            for i in images_of(t, io, group)? {
+                image_remove(t, io, group, &i)?;
             }
-            return Err(e);
+            return Ok(GroupSnapshot { snapshots: found, pause: None });
         }
-        made.push(h);
+        Some((_, false)) => {
+            tracing::info!(%group, %snap, "an interrupted group snapshot is taken again");
+            remove_snap(t, io, group, snap)?;
+        }
+        None => {}
     }
-    drop(made);
-    drop(held);
-    let pause = first.map(|f| f.elapsed()).unwrap_or_default();
-    Ok(pause)
+    let g = cstring(group, "group")?;
+    // SAFETY: live ioctx, C string.
+    match unsafe { ffi::rbd_group_create(io.handle, g.as_ptr()) } {
+        r if r == -EEXIST => {}
+        r => check(t, r, || format!("creating group {group}"))?,
+    }
+    for left in images_of(t, io, group)? {
+        if !images.contains(&left) {
+            image_remove(t, io, group, &left)?;
+        }
+    }
+    let pool = io.pool_id();
+    for i in images {
+        let img = io.open_read_only(t, i, None)?;
+        match img.group(t)? {
+            Some((p, other)) if p == pool && other != group => {
+                // Left there by an interrupted group snapshot: membership holds no data, and
+                // the other group's snapshots stay as they are.
+                tracing::info!(image = %i, %other, "image taken out of another group first");
+                image_remove(t, io, &other, i)?;
+            }
+            Some((p, other)) if p != pool => {
+                return Err(RbdError::FailedPrecondition(format!("image {i} is in group {other} of another pool")));
+            }
+            _ => {}
+        }
+        image_add(t, io, group, i)?;
+    }
+    let s = cstring(snap, "group snapshot")?;
+    let started = Instant::now();
+    // SAFETY: live ioctx, C strings.
+    let ret = unsafe { ffi::rbd_group_snap_create(io.handle, g.as_ptr(), s.as_ptr()) };
+    let pause = started.elapsed();
+    check(t, ret, || format!("taking group snapshot {group}@{snap}"))?;
+    for i in images {
+        image_remove(t, io, group, i)?;
+    }
+    Ok(GroupSnapshot { snapshots: members(t, io, group, snap, images)?, pause: Some(pause) })
 }
 
-/// Remove `snap` from every image of the pool that has it (see [`crate::RbdPool::group_snapshot_remove`]).
-pub(crate) fn remove(t: &Target, io: &Ioctx, snap: &str) -> Result<Vec<String>, RbdError> {
-    let mut having: Vec<(String, Image)> = Vec::new();
-    for name in io.list(t)? {
-        let image = match io.open(t, &name) {
-            Ok(i) => i,
-            Err(RbdError::NotFound(_)) => continue,
-            Err(e) => return Err(e),
-        };
-        if has_snap(t, &image, snap)? {
-            having.push((name, image));
-        }
+fn remove_snap(t: &Target, io: &Ioctx, group: &str, snap: &str) -> Result<(), RbdError> {
+    let (g, s) = (cstring(group, "group")?, cstring(snap, "group snapshot")?);
+    // SAFETY: live ioctx, C strings.
+    match unsafe { ffi::rbd_group_snap_remove(io.handle, g.as_ptr(), s.as_ptr()) } {
+        r if r == -ENOENT => Ok(()),
+        r => check(t, r, || format!("removing group snapshot {group}@{snap}")),
     }
-    // Refused whole, before anything goes: no half-removed group.
-    let mut cloned = Vec::new();
-    for (name, _) in &having {
-        if let Ok(at) = io.open_read_only(t, name, Some(snap)) {
-            cloned.extend(at.children(t)?.into_iter().map(|c| format!("{c} (of {name}@{snap})")));
-        }
-    }
-    if !cloned.is_empty() {
-        return Err(RbdError::FailedPrecondition(format!("clones hang off the group snapshot: {}", cloned.join(", "))));
-    }
-    for (name, image) in &having {
-        remove_unless_cloned(t, io, name, image, snap)?;
-    }
-    Ok(having.into_iter().map(|(n, _)| n).collect())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_group_names_some_images_each_once() {
-        assert!(matches!(check_images(&[]), Err(RbdError::InvalidArgument(_))));
-        let twice = ["a".to_owned(), "b".to_owned(), "a".to_owned()];
-        assert!(matches!(check_images(&twice), Err(RbdError::InvalidArgument(m)) if m.contains("image a")));
-        assert!(check_images(&["b".to_owned(), "a".to_owned()]).is_ok());
+/// Remove `group@snap` (every image's part still there) and the group once it records no
+/// snapshot and holds no image. Absent: fine.
+pub(crate) fn remove(t: &Target, io: &Ioctx, group: &str, snap: &str) -> Result<(), RbdError> {
+    remove_snap(t, io, group, snap)?;
+    let left = snaps(t, io, group)?;
+    if left.is_some_and(|s| s.is_empty()) && images_of(t, io, group)?.is_empty() {
+        let g = cstring(group, "group")?;
+        // SAFETY: live ioctx, C string.
+        match unsafe { ffi::rbd_group_remove(io.handle, g.as_ptr()) } {
+            r if r == -ENOENT || r == -ENOTEMPTY => {}
+            r => check(t, r, || format!("removing group {group}"))?,
+        }
     }
+    Ok(())
 }

@@ -5,6 +5,7 @@
 
 use crate::conn::{Ioctx, cstring};
 use crate::error::Target;
+use crate::names::SnapRef;
 use crate::{ImageInfo, ImageSnapshot, RbdError, Timestamp, ffi};
 use std::ffi::{CStr, CString, c_char, c_int};
 
@@ -13,7 +14,34 @@ const ENOENT: c_int = nix::errno::Errno::ENOENT as c_int;
 const EBUSY: c_int = nix::errno::Errno::EBUSY as c_int;
 const ENOTEMPTY: c_int = nix::errno::Errno::ENOTEMPTY as c_int;
 const EINVAL: c_int = nix::errno::Errno::EINVAL as c_int;
-const EROFS: c_int = nix::errno::Errno::EROFS as c_int;
+
+/// What a snapshot is: an ordinary one, or an image's part of an RBD group snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SnapKind {
+    User(String),
+    Group { pool: i64, group: String, snap: String },
+}
+
+/// One snapshot of an image as librbd lists it.
+#[derive(Clone, Debug)]
+pub(crate) struct SnapEntry {
+    pub id: u64,
+    pub size: u64,
+    pub kind: SnapKind,
+}
+
+impl SnapEntry {
+    /// Whether this is the snapshot `r` names, a group member only of a group in `group_pool`.
+    pub fn is(&self, r: &SnapRef<'_>, group_pool: i64) -> bool {
+        match (&self.kind, r) {
+            (SnapKind::User(n), SnapRef::User(m)) => n == m,
+            (SnapKind::Group { pool, group, snap }, SnapRef::Group { group: g, snap: s }) => {
+                *pool == group_pool && group == g && snap == s
+            }
+            _ => false,
+        }
+    }
+}
 
 /// An open image; closed on drop.
 pub(crate) struct Image {
@@ -445,7 +473,8 @@ impl Image {
         }
     }
 
-    pub fn snap_list(&self, t: &Target) -> Result<Vec<ImageSnapshot>, RbdError> {
+    /// Every snapshot of the image with its id and namespace (librbd lists all namespaces).
+    pub fn snap_entries(&self, t: &Target) -> Result<Vec<SnapEntry>, RbdError> {
         let mut cap: c_int = 16;
         let raw = loop {
             let mut infos: Vec<ffi::rbd_snap_info_t> = Vec::with_capacity(cap as usize + 1);
@@ -466,22 +495,103 @@ impl Image {
             unsafe { ffi::rbd_snap_list_end(infos.as_mut_ptr()) };
             break raw;
         };
-        raw.into_iter()
-            .map(|(id, size, name)| {
-                let c = CString::new(name.as_str()).unwrap_or_default();
-                let mut protected = 0;
-                // SAFETY: open image, C string, out-pointers to locals.
-                check(t, unsafe { ffi::rbd_snap_is_protected(self.handle, c.as_ptr(), &mut protected) }, || {
-                    format!("snapshot {name}")
-                })?;
-                let mut ts = ffi::timespec::default();
-                check(t, unsafe { ffi::rbd_snap_get_timestamp(self.handle, id, &mut ts) }, || {
-                    format!("timestamp of snapshot {name}")
-                })?;
-                let created = Timestamp { seconds: ts.tv_sec, nanos: u32::try_from(ts.tv_nsec).unwrap_or(0) };
-                Ok(ImageSnapshot { name, size_bytes: size, protected: protected != 0, created })
-            })
-            .collect()
+        let mut out = Vec::with_capacity(raw.len());
+        for (id, size, name) in raw {
+            let mut ns: c_int = -1;
+            // SAFETY: open image, out-pointer to a local.
+            check(t, unsafe { ffi::rbd_snap_get_namespace_type(self.handle, id, &mut ns) }, || {
+                format!("namespace of snapshot {id}")
+            })?;
+            let kind = match ns {
+                ffi::RBD_SNAP_NAMESPACE_TYPE_USER => SnapKind::User(name),
+                ffi::RBD_SNAP_NAMESPACE_TYPE_GROUP => {
+                    let mut g = ffi::rbd_snap_group_namespace_t {
+                        group_pool: -1,
+                        group_name: std::ptr::null_mut(),
+                        group_snap_name: std::ptr::null_mut(),
+                    };
+                    let size_of = std::mem::size_of::<ffi::rbd_snap_group_namespace_t>();
+                    // SAFETY: open image, out-pointer to a local of the size given.
+                    let ret = unsafe { ffi::rbd_snap_get_group_namespace(self.handle, id, &mut g, size_of) };
+                    check(t, ret, || format!("group of snapshot {id}"))?;
+                    let kind =
+                        SnapKind::Group { pool: g.group_pool, group: owned(g.group_name), snap: owned(g.group_snap_name) };
+                    // SAFETY: filled by librbd above, freed once.
+                    unsafe { ffi::rbd_snap_group_namespace_cleanup(&mut g, size_of) };
+                    kind
+                }
+                // Trash (a snapshot removed while clones still read it) and mirror snapshots
+                // are librbd's own, never a guest's.
+                _ => continue,
+            };
+            out.push(SnapEntry { id, size, kind });
+        }
+        Ok(out)
+    }
+
+    /// The snapshot `snap` names ([`SnapRef`]): its id and size; `None` when absent. A group
+    /// member counts only when its group lives in `group_pool` (the pool of the call).
+    pub fn snap_find(&self, t: &Target, snap: &SnapRef<'_>, group_pool: i64) -> Result<Option<(u64, u64)>, RbdError> {
+        Ok(self.snap_entries(t)?.into_iter().find(|e| e.is(snap, group_pool)).map(|e| (e.id, e.size)))
+    }
+
+    /// The snapshots a guest sees: ordinary ones by name, an image's part of a group snapshot
+    /// as `GROUP@SNAP` (never an ordinary name: `@` is refused in those) when its group lives in
+    /// `group_pool`.
+    pub fn snap_list(&self, t: &Target, group_pool: i64) -> Result<Vec<ImageSnapshot>, RbdError> {
+        let mut out = Vec::new();
+        for e in self.snap_entries(t)? {
+            let (name, protected) = match &e.kind {
+                SnapKind::User(name) => {
+                    let c = CString::new(name.as_str()).unwrap_or_default();
+                    let mut protected = 0;
+                    // SAFETY: open image, C string, out-pointer to a local.
+                    check(t, unsafe { ffi::rbd_snap_is_protected(self.handle, c.as_ptr(), &mut protected) }, || {
+                        format!("snapshot {name}")
+                    })?;
+                    (name.clone(), protected != 0)
+                }
+                SnapKind::Group { pool, group, snap } if *pool == group_pool => (format!("{group}@{snap}"), false),
+                SnapKind::Group { .. } => continue,
+            };
+            let mut ts = ffi::timespec::default();
+            // SAFETY: open image, out-pointer to a local.
+            check(t, unsafe { ffi::rbd_snap_get_timestamp(self.handle, e.id, &mut ts) }, || {
+                format!("timestamp of snapshot {name}")
+            })?;
+            let created = Timestamp { seconds: ts.tv_sec, nanos: u32::try_from(ts.tv_nsec).unwrap_or(0) };
+            out.push(ImageSnapshot { name, size_bytes: e.size, protected, created });
+        }
+        Ok(out)
+    }
+
+    /// Remove the snapshot with id `id` (any namespace: a group member goes on its own, the
+    /// group snapshot keeps the others); absent is fine.
+    pub fn snap_remove_by_id(&self, t: &Target, id: u64, name: &str) -> Result<(), RbdError> {
+        // SAFETY: open image.
+        match unsafe { ffi::rbd_snap_remove_by_id(self.handle, id) } {
+            r if r == -ENOENT => Ok(()),
+            r if r == -EBUSY => Err(RbdError::FailedPrecondition(format!("snapshot {name} is in use"))),
+            r => check(t, r, || format!("removing snapshot {name}")),
+        }
+    }
+
+    /// Read from the snapshot with id `id` from now on (any namespace).
+    pub fn snap_set_by_id(&self, t: &Target, id: u64) -> Result<(), RbdError> {
+        // SAFETY: open image.
+        check(t, unsafe { ffi::rbd_snap_set_by_id(self.handle, id) }, || format!("opening snapshot {id}"))
+    }
+
+    /// The RBD group the image is in, as (group pool id, name); `None` when in none.
+    pub fn group(&self, t: &Target) -> Result<Option<(i64, String)>, RbdError> {
+        let mut g = ffi::rbd_group_info_t { name: std::ptr::null_mut(), pool: -1 };
+        let size_of = std::mem::size_of::<ffi::rbd_group_info_t>();
+        // SAFETY: open image, out-pointer to a local of the size given.
+        check(t, unsafe { ffi::rbd_get_group(self.handle, &mut g, size_of) }, || "group of the image".into())?;
+        let out = (g.pool >= 0).then(|| (g.pool, owned(g.name)));
+        // SAFETY: filled by librbd above, freed once.
+        unsafe { ffi::rbd_group_info_cleanup(&mut g, size_of) };
+        Ok(out.filter(|(_, n)| !n.is_empty()))
     }
 
     pub fn info(&self, t: &Target, name: &str) -> Result<ImageInfo, RbdError> {
@@ -491,45 +601,6 @@ impl Image {
             features: features_to_names(self.features(t)?),
             parent: self.parent(t)?,
             metadata: self.metadata(t)?,
-        })
-    }
-
-    /// Whether the image has the `exclusive-lock` feature (what [`Self::lock_acquire`] needs).
-    pub fn has_exclusive_lock(&self, t: &Target) -> Result<bool, RbdError> {
-        Ok(self.features(t)? & ffi::RBD_FEATURE_EXCLUSIVE_LOCK != 0)
-    }
-
-    /// Take the image's exclusive lock and keep it: librbd asks the owner to hand it over (a
-    /// client with librbd's default policy does, once its in-flight writes are done) and, until
-    /// [`Self::lock_release`] or close, refuses it to every other client. Blocks until the
-    /// owner answered. Aborted when the owner will not release it (another client holding it
-    /// this way, `rbd map --exclusive`); FailedPrecondition without the feature.
-    pub fn lock_acquire(&self, t: &Target, name: &str) -> Result<(), RbdError> {
-        // SAFETY: open image; a plain enum value.
-        match unsafe { ffi::rbd_lock_acquire(self.handle, ffi::RBD_LOCK_MODE_EXCLUSIVE) } {
-            r if r == -EROFS => {
-                Err(RbdError::Aborted(format!("image {name}: another client keeps its exclusive lock; retry later")))
-            }
-            r if r == -EINVAL => {
-                Err(RbdError::FailedPrecondition(format!("image {name} lacks the exclusive-lock feature")))
-            }
-            r => check(t, r, || format!("acquiring the exclusive lock of image {name}")),
-        }
-    }
-
-    /// Give the exclusive lock back (clients waiting for it take it over). Not held: fine.
-    pub fn lock_release(&self, t: &Target, name: &str) -> Result<(), RbdError> {
-        let mut owner = 0;
-        // SAFETY: open image, out-pointer to a local.
-        check(t, unsafe { ffi::rbd_is_exclusive_lock_owner(self.handle, &mut owner) }, || {
-            format!("lock owner of image {name}")
-        })?;
-        if owner == 0 {
-            return Ok(());
-        }
-        // SAFETY: open image whose lock this handle owns.
-        check(t, unsafe { ffi::rbd_lock_release(self.handle) }, || {
-            format!("releasing the exclusive lock of image {name}")
         })
     }
 

@@ -9,7 +9,8 @@
 //! call, so an unreachable or frozen cluster is an [`RbdError::Unavailable`] naming its monitors,
 //! never a hang; and the operations of the WIT interface with idempotent semantics where CSI
 //! needs them (remove of an absent image succeeds, protect of a protected snapshot succeeds);
-//! crash-consistent snapshots of several images under their exclusive locks ([`group`]).
+//! crash-consistent snapshots of several images (RBD group snapshots, [`group`]) and restores
+//! of a snapshot by a copy in the background ([`copy`]).
 //!
 //! What it does not own: wasmtime (the runtime maps [`RbdError`] onto the WIT `error` and resolves
 //! secret handles to [`RbdCredentials`] before calling here), the loop device / mkfs / mount over
@@ -18,6 +19,7 @@
 
 mod client;
 mod conn;
+pub mod copy;
 mod error;
 pub mod fence;
 mod ffi;
@@ -32,6 +34,7 @@ mod qos;
 pub use client::{RbdClient, RbdPool};
 pub use error::RbdError;
 pub use fence::{FENCE_LOCK, Fence, FenceHolder};
+pub use copy::CopyProgress;
 pub use group::GroupSnapshot;
 pub use names::MAX_NAME;
 pub use qos::QosLimits;

@@ -26,6 +26,31 @@ pub fn check(kind: &str, name: &str) -> Result<(), RbdError> {
     Ok(())
 }
 
+/// A snapshot as a guest names it: an ordinary snapshot by its name, or an image's part of the
+/// RBD group snapshot `SNAP` of the group `GROUP` (in the pool of the call) as `GROUP@SNAP`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapRef<'a> {
+    User(&'a str),
+    Group { group: &'a str, snap: &'a str },
+}
+
+impl<'a> SnapRef<'a> {
+    /// Parsed and checked (each part as [`check`] wants it).
+    pub fn parse(name: &'a str) -> Result<Self, RbdError> {
+        match name.split_once('@') {
+            Some((group, snap)) => {
+                check("group", group)?;
+                check("group snapshot", snap)?;
+                Ok(Self::Group { group, snap })
+            }
+            None => {
+                check("snapshot", name)?;
+                Ok(Self::User(name))
+            }
+        }
+    }
+}
+
 /// A metadata key: non-empty, no NUL/control characters, bounded; values only must not
 /// contain NUL (librbd takes C strings).
 pub fn check_metadata(key: &str, value: &str) -> Result<(), RbdError> {
@@ -52,6 +77,11 @@ mod tests {
         let long = "x".repeat(MAX_NAME + 1);
         for bad in ["", "a/b", "a@b", "a\0b", "a\nb", ".", "..", long.as_str()] {
             assert!(matches!(check("image", bad), Err(RbdError::InvalidArgument(_))), "{bad:?}");
+        }
+        assert_eq!(SnapRef::parse("s").expect("user"), SnapRef::User("s"));
+        assert_eq!(SnapRef::parse("g@s").expect("group"), SnapRef::Group { group: "g", snap: "s" });
+        for bad in ["g@", "@s", "g@s@t", "a/b@s", ""] {
+            assert!(SnapRef::parse(bad).is_err(), "{bad:?}");
         }
         assert!(check_metadata("k", "").is_ok());
         assert!(check_metadata("", "v").is_err());

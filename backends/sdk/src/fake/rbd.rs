@@ -5,11 +5,13 @@
 //! snapshot; flattening detaches it; a protected snapshot without clones is removed (the host
 //! unprotects it first). Clones do not require a protected snapshot (clone v2). Secret handles
 //! are accepted and ignored. `set-qos` writes the image metadata keys the host writes
-//! ([`QOS_KEYS`]). A group snapshot is one ordinary snapshot per image, all with one timestamp,
-//! as the host takes them (images need `exclusive-lock`; an interrupted attempt is taken again);
-//! removing one removes `snap` from every image of the pool that has it.
+//! ([`QOS_KEYS`]). A group snapshot `group@snap` is one snapshot `GROUP@SNAP` per image, all with
+//! one timestamp, recorded with its images (the same request again returns them; other images:
+//! already-exists); such a snapshot is removed on its own like any other, but cannot be cloned
+//! (not-found, as Ceph 16.2 answers), only copied. `snapshot-copy` makes the image at once and
+//! answers `copying` the first time, `done` after, as a host's background copy would.
 use super::{Clock, Journal};
-use crate::rbd::{ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdPool, Target};
+use crate::rbd::{CopyProgress, ImageInfo, ImageSnapshot, PoolStats, Rbd, RbdPool, Target};
 use crate::types::{Error, IoLimits};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -35,11 +37,15 @@ pub struct FakeImage {
 struct Pool {
     images: BTreeMap<String, FakeImage>,
     total_bytes: Option<u64>,
+    /// group snapshots `(group, snap)` and the images they were taken of
+    groups: BTreeMap<(String, String), Vec<String>>,
 }
 
 #[derive(Debug, Default)]
 pub struct FakeRbd {
     pools: RefCell<BTreeMap<Target, Pool>>,
+    /// copies started and not yet answered `done`: (cluster, pool, image)
+    copying: RefCell<std::collections::BTreeSet<(String, String, String)>>,
     clock: Clock,
     pub journal: Journal,
 }
@@ -266,7 +272,8 @@ impl Rbd for FakeRbd {
             let s = parent
                 .snapshots
                 .iter()
-                .find(|s| s.name == snap)
+                // A group snapshot's part is not found by name (Ceph 16.2 clones user snapshots).
+                .find(|s| s.name == snap && !snap.contains('@'))
                 .ok_or_else(|| Error::NotFound(format!("snapshot {name}@{snap} does not exist")))?;
             let clone = FakeImage {
                 size_bytes: s.size_bytes,
@@ -327,12 +334,13 @@ impl Rbd for FakeRbd {
     fn group_snapshot(
         &self,
         pool: &RbdPool,
-        _: &str,
+        group: &str,
         images: &[String],
         snap: &str,
     ) -> Result<Vec<ImageSnapshot>, Error> {
         let t = &Target::of(pool);
         let now = self.clock.now();
+        let member = format!("{group}@{snap}");
         self.with("group_snapshot", t, |pools| {
             if images.is_empty() {
                 return Err(Error::InvalidArgument("a group snapshot needs at least one image".into()));
@@ -341,75 +349,87 @@ impl Rbd for FakeRbd {
             if let Some(twice) = images.iter().find(|i| !seen.insert(i.as_str())) {
                 return Err(Error::InvalidArgument(format!("image {twice} is named twice in the group")));
             }
-            let mut lacking = vec![];
             for name in images {
-                if !image(pools, t, name)?.features.iter().any(|f| f == "exclusive-lock") {
-                    lacking.push(name.as_str());
+                image(pools, t, name)?;
+            }
+            let key = (group.to_owned(), snap.to_owned());
+            let recorded = pools.get(t).and_then(|p| p.groups.get(&key)).cloned();
+            match recorded {
+                Some(was) if was != images => {
+                    return Err(Error::AlreadyExists(format!("group snapshot {member} exists with other images")));
                 }
-            }
-            if !lacking.is_empty() {
-                return Err(Error::FailedPrecondition(format!(
-                    "images without the exclusive-lock feature cannot be snapshotted at one point: {}",
-                    lacking.join(", ")
-                )));
-            }
-            let has = |pools: &mut BTreeMap<Target, Pool>, name: &str| -> Result<bool, Error> {
-                Ok(image(pools, t, name)?.snapshots.iter().any(|s| s.name == snap))
-            };
-            let existing = images.iter().map(|n| has(pools, n)).collect::<Result<Vec<_>, _>>()?;
-            if !existing.iter().all(|e| *e) {
-                // an interrupted attempt: its snapshots are not of one point; taken again
-                for (name, _) in images.iter().zip(&existing).filter(|(_, e)| **e) {
-                    let children = children_of(pools, t, name, snap);
-                    if !children.is_empty() {
-                        return Err(Error::FailedPrecondition(format!(
-                            "snapshot {name}@{snap} has clones: {}",
-                            children.join(", ")
-                        )));
+                Some(_) => {}
+                None => {
+                    for name in images {
+                        let i = image(pools, t, name)?;
+                        let size_bytes = i.size_bytes;
+                        i.snapshots.push(ImageSnapshot { name: member.clone(), size_bytes, protected: false, created: now });
                     }
-                    image(pools, t, name)?.snapshots.retain(|s| s.name != snap);
-                }
-                for name in images {
-                    let i = image(pools, t, name)?;
-                    let size_bytes = i.size_bytes;
-                    i.snapshots.push(ImageSnapshot {
-                        name: snap.to_owned(),
-                        size_bytes,
-                        protected: false,
-                        created: now,
-                    });
+                    pools.get_mut(t).ok_or_else(|| not_granted(t))?.groups.insert(key, images.to_vec());
                 }
             }
             images
                 .iter()
                 .map(|n| {
-                    let found = image(pools, t, n)?.snapshots.iter().find(|s| s.name == snap).cloned();
-                    found.ok_or_else(|| Error::Internal(format!("snapshot {n}@{snap} missing")))
+                    let found = image(pools, t, n)?.snapshots.iter().find(|s| s.name == member).cloned();
+                    found.ok_or_else(|| Error::AlreadyExists(format!("image {n} has no part in group snapshot {member}")))
                 })
                 .collect()
         })
     }
-    fn group_snapshot_remove(&self, pool: &RbdPool, _: &str, snap: &str) -> Result<(), Error> {
+    fn group_snapshot_remove(&self, pool: &RbdPool, group: &str, snap: &str) -> Result<(), Error> {
         let t = &Target::of(pool);
+        let member = format!("{group}@{snap}");
         self.with("group_snapshot_remove", t, |pools| {
-            let names: Vec<String> = pools
-                .get(t)
-                .map(|p| p.images.iter().filter(|(_, i)| i.snapshots.iter().any(|s| s.name == snap)))
-                .into_iter()
-                .flatten()
-                .map(|(n, _)| n.clone())
-                .collect();
-            let cloned: Vec<String> = names.iter().flat_map(|n| children_of(pools, t, n, snap)).collect();
-            if !cloned.is_empty() {
-                return Err(Error::FailedPrecondition(format!(
-                    "clones hang off the group snapshot: {}",
-                    cloned.join(", ")
-                )));
-            }
-            for n in &names {
-                image(pools, t, n)?.snapshots.retain(|s| s.name != snap);
+            let p = pools.get_mut(t).ok_or_else(|| not_granted(t))?;
+            p.groups.remove(&(group.to_owned(), snap.to_owned()));
+            for i in p.images.values_mut() {
+                i.snapshots.retain(|s| s.name != member);
             }
             Ok(())
+        })
+    }
+    fn snapshot_copy(
+        &self,
+        pool: &RbdPool,
+        name: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+        features: &[String],
+        metadata: &[(String, String)],
+    ) -> Result<CopyProgress, Error> {
+        let t = &Target::of(pool);
+        let key = (t.cluster.clone(), child_pool.to_owned(), child.to_owned());
+        self.with("snapshot_copy", t, |pools| {
+            let ct = Target::new(t.cluster.clone(), child_pool);
+            if !pools.contains_key(&ct) {
+                return Err(not_granted(&ct));
+            }
+            if pools.get(&ct).is_some_and(|p| p.images.contains_key(child)) {
+                // Started by an earlier call (answered done now), or complete.
+                self.copying.borrow_mut().remove(&key);
+                return Ok(CopyProgress { done: true, bytes: 0 });
+            }
+            let source = image(pools, t, name)?;
+            let s = source
+                .snapshots
+                .iter()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| Error::NotFound(format!("snapshot {name}@{snap} does not exist")))?;
+            let mut meta = source.metadata.clone();
+            meta.extend(metadata.iter().cloned());
+            let copy = FakeImage {
+                size_bytes: s.size_bytes,
+                features: features.to_vec(),
+                data_pool: None,
+                metadata: meta,
+                parent: None,
+                snapshots: vec![],
+            };
+            pools.get_mut(&ct).ok_or_else(|| not_granted(&ct))?.images.insert(child.to_owned(), copy);
+            self.copying.borrow_mut().insert(key.clone());
+            Ok(CopyProgress { done: false, bytes: 0 })
         })
     }
 }
@@ -465,31 +485,37 @@ mod tests {
     }
 
     #[test]
-    fn group_snapshots_are_one_snapshot_per_image_and_a_partial_one_is_taken_again() {
+    fn group_snapshots_are_one_part_per_image_removed_alone_or_together_and_copied_not_cloned() {
         let r = FakeRbd::default();
         let p = &r.add_pool("c", "p").pool(&[]);
-        let locked = ["exclusive-lock".to_owned(), "layering".to_owned()];
-        for n in ["a", "b"] {
-            r.create(p, n, 10, &locked, None, &[]).expect("create");
+        for n in ["a", "b", "c"] {
+            r.create(p, n, 10, &[], None, &[("k".into(), n.into())]).expect("create");
         }
-        r.create(p, "plain", 10, &[], None, &[]).expect("create");
         let ab = ["a".to_owned(), "b".to_owned()];
-        let e = r.group_snapshot(p, "g", &["a".into(), "plain".into()], "s").expect_err("no lock feature");
-        assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("plain")), "{e:?}");
         assert!(matches!(r.group_snapshot(p, "g", &[], "s"), Err(Error::InvalidArgument(_))));
         assert!(matches!(r.group_snapshot(p, "g", &["a".into(), "a".into()], "s"), Err(Error::InvalidArgument(_))));
         assert!(matches!(r.group_snapshot(p, "g", &["a".into(), "nope".into()], "s"), Err(Error::NotFound(_))));
-        r.snapshot_create(p, "a", "s").expect("a partial attempt");
         let taken = r.group_snapshot(p, "g", &ab, "s").expect("group");
-        assert_eq!(taken.len(), 2);
+        assert_eq!(taken.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(), ["g@s", "g@s"]);
         assert_eq!(taken[0].created, taken[1].created, "one point");
         assert_eq!(r.group_snapshot(p, "g", &ab, "s").expect("again"), taken);
-        r.clone_image(p, "b", "s", "p", "child", &[]).expect("clone");
-        assert!(matches!(r.group_snapshot_remove(p, "g", "s"), Err(Error::FailedPrecondition(_))));
-        assert_eq!(r.snapshot_list(p, "a").expect("list").len(), 1, "nothing removed");
-        r.flatten(p, "child").expect("flatten");
+        assert!(matches!(r.group_snapshot(p, "g", &["a".into(), "c".into()], "s"), Err(Error::AlreadyExists(_))));
+        // An image is in any number of group snapshots.
+        r.group_snapshot(p, "h", &["a".into(), "c".into()], "s").expect("another group");
+        assert_eq!(r.snapshot_list(p, "a").expect("list").len(), 2);
+        // Not clonable; copied in the background (copying, then done), metadata overlaid.
+        assert!(matches!(r.clone_image(p, "a", "g@s", "p", "x", &[]), Err(Error::NotFound(_))));
+        let md = [("k".to_owned(), "x".to_owned())];
+        assert_eq!(r.snapshot_copy(p, "a", "g@s", "p", "x", &[], &md), Ok(CopyProgress { done: false, bytes: 0 }));
+        assert_eq!(r.snapshot_copy(p, "a", "g@s", "p", "x", &[], &md), Ok(CopyProgress { done: true, bytes: 0 }));
+        let x = r.image(&Target::of(p), "x").expect("copied");
+        assert_eq!((x.parent, x.metadata.get("k").map(String::as_str)), (None, Some("x")));
+        // A part goes on its own; the group snapshot removes the rest.
+        r.snapshot_remove(p, "a", "g@s").expect("alone");
+        assert_eq!(r.snapshot_list(p, "b").expect("list").len(), 1);
         r.group_snapshot_remove(p, "g", "s").expect("remove");
         r.group_snapshot_remove(p, "g", "s").expect("absent");
-        assert!(r.snapshot_list(p, "a").expect("list").is_empty() && r.snapshot_list(p, "b").expect("list").is_empty());
+        assert!(r.snapshot_list(p, "b").expect("list").is_empty());
+        assert_eq!(r.snapshot_list(p, "a").expect("list").len(), 1, "h@s stays");
     }
 }

@@ -148,6 +148,7 @@ record! {
     b::BlockSnapshot, sb::BlockSnapshot { name, volume_id, size_bytes, created };
     r::ImageInfo, sr::ImageInfo { name, size_bytes, features, parent, metadata };
     r::ImageSnapshot, sr::ImageSnapshot { name, size_bytes, protected, created };
+    r::CopyProgress, sr::CopyProgress { done, bytes };
     r::PoolStats, sr::PoolStats { total_bytes, available_bytes };
     r::RbdPool, sr::RbdPool { cluster, pool, secrets };
     k::RbdSnapshot, sk::RbdSnapshot { cluster, pool, image, snapshot };

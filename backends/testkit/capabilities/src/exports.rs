@@ -310,6 +310,19 @@ impl rbd::Guest for Provider {
     fn group_snapshot_remove(pool: rbd::RbdPool, group: String, snap: String) -> Result<(), Error> {
         with(|s| answer(s.fakes.rbd.group_snapshot_remove(&granted(pool, s), &group, &snap)))
     }
+    fn snapshot_copy(
+        pool: rbd::RbdPool,
+        image: String,
+        snap: String,
+        child_pool: String,
+        child: String,
+        features: Vec<String>,
+        metadata: Vec<(String, String)>,
+    ) -> Result<rbd::CopyProgress, Error> {
+        with(|s| {
+            answer(s.fakes.rbd.snapshot_copy(&granted(pool, s), &image, &snap, &child_pool, &child, &features, &metadata))
+        })
+    }
 }
 
 impl backup::Guest for Provider {

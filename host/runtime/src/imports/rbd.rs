@@ -24,10 +24,10 @@
 //! QoS. `set-qos` writes librbd's per-image QoS configuration as ceph-csi does (see
 //! `wasmcsi_rbd::QosLimits`).
 //!
-//! Group snapshots. `group-snapshot` takes ordinary snapshots of every image while the host holds
-//! all their exclusive locks (`wasmcsi_rbd::group`: why not librbd's group namespace on Ceph
-//! 16.2, and what writers see); the pause it held writes for is logged by the client. `group`
-//! labels the logs only: no RBD group object is made or read.
+//! Group snapshots. `group-snapshot` takes an RBD group snapshot (`wasmcsi_rbd::group`: the group
+//! records that one snapshot, images join it only while it is taken); the pause it held writes
+//! for is logged by the client. Its parts are restored by `snapshot-copy`, a copy the host runs
+//! in the background past the call's deadline (`wasmcsi_rbd::copy`).
 //!
 //! Its host functions see an [`RbdCtxView`]: the backend's [`RbdCtx`] and the call's secrets.
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use wasmcsi_rbd::{ImageSpec, QosLimits, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
+use wasmcsi_rbd::{CopyProgress, ImageSpec, QosLimits, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
 use wasmtime::component::{HasData, LinkerInstance};
 
 use crate::bindings::types::{Error, IoLimits, SecretRef, Timestamp};
@@ -155,7 +155,6 @@ pub fn to_wit(e: RbdError) -> Error {
         RbdError::PermissionDenied(_) => Error::PermissionDenied(msg),
         RbdError::Unavailable { .. } => Error::Unavailable(msg),
         RbdError::ResourceExhausted(_) => Error::ResourceExhausted(msg),
-        RbdError::Aborted(_) => Error::Aborted(msg),
         RbdError::Internal(_) => Error::Internal(msg),
     }
 }
@@ -447,8 +446,29 @@ impl Host for RbdCtxView<'_> {
     #[tracing::instrument(name = "import.rbd.group_snapshot_remove", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %group, %snap))]
     async fn group_snapshot_remove(&mut self, pool: RbdPoolRef, group: String, snap: String) -> Result<(), Error> {
         let p = prepare!(self, pool, Access::Write);
-        rbd_call(p, "group-snapshot-remove", |p| async move { p.group_snapshot_remove(&group, &snap).await.map(drop) })
-            .await
+        rbd_call(p, "group-snapshot-remove", |p| async move { p.group_snapshot_remove(&group, &snap).await }).await
+    }
+
+    #[tracing::instrument(name = "import.rbd.snapshot_copy", skip_all, fields(backend = %self.ctx.backend, cluster = %pool.cluster, pool = %pool.pool, %image, %snap, %child_pool, %child))]
+    async fn snapshot_copy(
+        &mut self,
+        pool: RbdPoolRef,
+        image: String,
+        snap: String,
+        child_pool: String,
+        child: String,
+        features: Vec<String>,
+        metadata: Vec<(String, String)>,
+    ) -> Result<wit::CopyProgress, Error> {
+        let p = prepare!(self, pool, Access::Write);
+        let progress = rbd_call(p, "snapshot-copy", |p| async move {
+            p.snapshot_copy(&image, &snap, &child_pool, &child, &features, &metadata).await
+        })
+        .await?;
+        Ok(match progress {
+            CopyProgress::Done => wit::CopyProgress { done: true, bytes: 0 },
+            CopyProgress::Copying { copied, .. } => wit::CopyProgress { done: false, bytes: copied },
+        })
     }
 }
 
@@ -610,7 +630,6 @@ mod tests {
             (RbdError::PermissionDenied("x".into()), "permission-denied"),
             (RbdError::Unavailable { cluster: "c".into(), monitors: "m".into(), reason: "r".into() }, "unavailable"),
             (RbdError::ResourceExhausted("x".into()), "resource-exhausted"),
-            (RbdError::Aborted("x".into()), "aborted"),
             (RbdError::Internal("x".into()), "internal"),
         ];
         for (e, case) in cases {
