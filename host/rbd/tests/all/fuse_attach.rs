@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use wasmcsi_ceph::{CLUSTER, Ceph};
 use wasmcsi_frontend::mkfs::{self, FsType};
 use wasmcsi_mountinfo as mountinfo;
+use wasmcsi_rbd::CopyProgress;
 use wasmcsi_rbd::fuse_attach::{FuseAttachRequest, attach};
 use wasmcsi_rbd::{ImageSpec, RbdClient};
 
@@ -89,13 +90,14 @@ async fn attach_write_read_back_through_librbd_and_detach_cleanly() {
     assert_eq!(std::fs::read_dir(runtime.path()).expect("ls").count(), 0, "no mount point left");
 }
 
-/// The group snapshot of [`wasmcsi_rbd::RbdPool::group_snapshot`] against rbd-fuse clients (the
-/// node's attach here), each holding its image open and its exclusive lock: one writer writes
-/// one numbered sequence round-robin over three images (`n` to image `n % 3`, block `n / 3`),
-/// issuing `n + 1` only once `n` was acknowledged (written and fdatasync'd). Every group
-/// snapshot must hold exactly the writes `0..k` for some `k`: never a later write without an
-/// earlier one. Writes that fail while the host holds the locks are retried (not acknowledged,
-/// so the order stays) and counted; the pauses are measured.
+/// The group snapshot of [`wasmcsi_rbd::RbdPool::group_snapshot`] (librbd's RBD group snapshot)
+/// against rbd-fuse clients (the node's attach here), each holding its image open and its
+/// exclusive lock: one writer writes one numbered sequence round-robin over three images (`n`
+/// to image `n % 3`, block `n / 3`), issuing `n + 1` only once `n` was acknowledged (written
+/// and fdatasync'd). Every group snapshot must hold exactly the writes `0..k` for some `k`:
+/// never a later write without an earlier one. No write may fail (librbd makes writers wait
+/// while it takes the snapshot); the pauses are measured. Then each part restored by copy, one
+/// removed alone, an image left in another group, and removal with the group.
 #[tokio::test]
 async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_clients() {
     let Some(ceph) = Ceph::shared() else { return };
@@ -103,18 +105,16 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     let admin = ceph.admin();
     let client = RbdClient::new(ceph.config(&["group"]));
     let p = client.pool(CLUSTER, "group", &admin).expect("granted");
-    let locked = ImageSpec {
+    // exclusive-lock: what rbd-fuse writers hold while writing (the default features).
+    let spec = ImageSpec {
         size_bytes: SIZE,
         features: vec!["layering".into(), "exclusive-lock".into()],
         ..Default::default()
     };
     let images: Vec<String> = ["g-c", "g-a", "g-b"].map(String::from).to_vec();
     for i in &images {
-        p.create(i, &locked).await.expect("create");
+        p.create(i, &spec).await.expect("create");
     }
-    p.create("g-plain", &ImageSpec { size_bytes: SIZE, features: vec!["layering".into()], ..Default::default() })
-        .await
-        .expect("create");
 
     let runtime = tempfile::tempdir().expect("runtime dir");
     let mut attached = Vec::new();
@@ -168,21 +168,18 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
         })
     };
 
-    // Refused before anything is locked: an image without exclusive-lock, one named twice.
-    let mut with_plain = images.clone();
-    with_plain.push("g-plain".into());
-    let e = p.group_snapshot("g", &with_plain, "refused").await.expect_err("no exclusive-lock");
-    assert!(matches!(&e, wasmcsi_rbd::RbdError::FailedPrecondition(m) if m.contains("g-plain")), "{e:?}");
+    // Refused before any traffic: an image named twice, a name with `@`.
+    assert!(matches!(p.group_snapshot("g@x", &images, "s").await, Err(wasmcsi_rbd::RbdError::InvalidArgument(_))));
     let twice = vec![images[0].clone(), images[0].clone()];
     assert!(matches!(p.group_snapshot("g", &twice, "refused").await, Err(wasmcsi_rbd::RbdError::InvalidArgument(_))));
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut pauses = Vec::new();
     for k in 0..5 {
-        let snap = format!("gs-{k}");
-        let taken = p.group_snapshot("g", &images, &snap).await.expect("group snapshot");
-        assert_eq!(taken.snapshots.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [snap.as_str(); 3]);
-        pauses.push(taken.pause.expect("locked"));
+        let (group, member) = (format!("g{k}"), format!("g{k}@s"));
+        let taken = p.group_snapshot(&group, &images, "s").await.expect("group snapshot");
+        assert_eq!(taken.snapshots.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), [member.as_str(); 3]);
+        pauses.push(taken.pause.expect("taken"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -190,15 +187,16 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     let mut sorted = pauses.clone();
     sorted.sort();
     eprintln!(
-        "group snapshot of 3 rbd-fuse images: pauses {pauses:?}, median {:?}; {written} writes, {} failed attempts: {:?}",
+        "RBD group snapshot of 3 rbd-fuse images: pauses {pauses:?}, median {:?}; {written} writes, {} failed attempts: {:?}",
         sorted[sorted.len() / 2],
         failed.len(),
         failed.iter().take(5).collect::<Vec<_>>()
     );
 
+    assert!(failed.is_empty(), "writers wait for a group snapshot, they do not fail: {failed:?}");
     let mut prefixes = Vec::new();
     for k in 0..5 {
-        let snap = format!("gs-{k}");
+        let snap = format!("g{k}@s");
         let mut seen = Vec::new();
         for (i, image) in images.iter().enumerate() {
             let blocks = written.div_ceil(3) + 1;
@@ -220,23 +218,65 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     eprintln!("prefixes held by the 5 group snapshots: {prefixes:?}");
     assert!(prefixes.windows(2).all(|w| w[0] <= w[1]) && prefixes[4] > prefixes[0], "{prefixes:?}");
 
-    // The same again: the same snapshots, nothing locked.
-    let again = p.group_snapshot("g", &images, "gs-4").await.expect("again");
+    // The same again: the same parts, nothing taken.
+    let again = p.group_snapshot("g4", &images, "s").await.expect("again");
     assert_eq!(again.pause, None);
-    // An interrupted attempt (one image has the snapshot): taken again on all, at one point.
-    p.snapshot_create(&images[1], "gs-partial").await.expect("partial");
-    let redone = p.group_snapshot("g", &images, "gs-partial").await.expect("redone");
-    assert!(redone.pause.is_some());
-    // Removed from every image that has it; then absent succeeds.
-    for k in 0..5 {
-        let removed = p.group_snapshot_remove("g", &format!("gs-{k}")).await.expect("remove");
-        assert_eq!(removed.len(), 3);
+    // With an image it was not taken of: that image has no part in it.
+    p.create("g-extra", &ImageSpec { size_bytes: 1 << 20, ..Default::default() }).await.expect("create");
+    let mut more = images.clone();
+    more.push("g-extra".into());
+    let e = p.group_snapshot("g4", &more, "s").await.expect_err("other images");
+    assert!(matches!(&e, wasmcsi_rbd::RbdError::AlreadyExists(m) if m.contains("g-extra")), "{e:?}");
+    assert_eq!(ceph.rbd(&["group", "image", "list", "group/g4"]).expect("ls").trim(), "", "nothing left in the group");
+    p.remove("g-extra").await.expect("remove");
+
+    // Restored by copy, byte for byte what the part holds (the copy in the background; a
+    // retry answers progress, then done); the copy carries the metadata given.
+    let len = (written.div_ceil(3) + 1) * BLOCK;
+    let md = vec![("k".to_owned(), "restored".to_owned())];
+    let mut progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
+    while progress != CopyProgress::Done {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
     }
-    p.group_snapshot_remove("g", "gs-partial").await.expect("remove");
-    assert!(p.group_snapshot_remove("g", "gs-0").await.expect("absent").is_empty());
+    let copied = p.read("g-copy", 0, len as usize).await.expect("read copy");
+    assert_eq!(copied, p.read_snapshot(&images[1], "g2@s", 0, len as usize).await.expect("read part"));
+    let info = p.info("g-copy").await.expect("info").expect("exists");
+    assert!(info.metadata.contains(&md[0]) && info.parent.is_none(), "{info:?}");
+    assert!(!info.metadata.iter().any(|(k, _)| k == wasmcsi_rbd::copy::INCOMPLETE));
+    assert_eq!(p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("again"), CopyProgress::Done);
+    // A copy a dead process left (the marker still on): removed and copied again.
+    ceph.rbd(&["image-meta", "set", "group/g-copy", wasmcsi_rbd::copy::INCOMPLETE, "1"]).expect("mark");
+    ceph.rbd(&["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K", "group/g-copy"]).expect("scribble");
+    let mut progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
+    while progress != CopyProgress::Done {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
+    }
+    assert_eq!(p.read("g-copy", 0, len as usize).await.expect("read copy"), copied, "copied afresh");
+    let e = p.snapshot_copy(&images[1], "g9@s", "group", "g-none", &[], &md).await.expect_err("no such part");
+    assert!(matches!(e, wasmcsi_rbd::RbdError::NotFound(_)), "{e:?}");
+    p.remove("g-copy").await.expect("remove copy");
+
+    // A part removed alone: the group snapshot keeps the others.
+    p.snapshot_remove(&images[0], "g0@s").await.expect("remove a part");
+    let names = |v: Vec<wasmcsi_rbd::ImageSnapshot>| v.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert!(!names(p.snapshot_list(&images[0]).await.expect("list")).contains(&"g0@s".to_owned()));
+    assert!(names(p.snapshot_list(&images[1]).await.expect("list")).contains(&"g0@s".to_owned()));
+    // An image left in another group (an interrupted attempt, or by hand) is taken out of it.
+    ceph.rbd(&["group", "create", "group/stray"]).expect("group");
+    ceph.rbd(&["group", "image", "add", "group/stray", &format!("group/{}", images[2])]).expect("add");
+    p.group_snapshot("g5", &images, "s").await.expect("taken out of the stray group first");
+    assert_eq!(ceph.rbd(&["group", "image", "list", "group/stray"]).expect("ls").trim(), "");
+    // Removed with the group, which goes too; absent succeeds.
+    for k in 0..6 {
+        p.group_snapshot_remove(&format!("g{k}"), "s").await.expect("remove");
+    }
+    p.group_snapshot_remove("g0", "s").await.expect("absent");
     for i in &images {
         assert!(p.snapshot_list(i).await.expect("list").is_empty());
     }
+    assert_eq!(ceph.rbd(&["group", "list", "group"]).expect("groups").trim(), "stray");
     for mut a in attached {
         a.detach().expect("detach");
     }
