@@ -255,6 +255,7 @@ fn create_volume(h: &impl Host, req: &CreateVolumeRequest) -> Result<Volume, Err
     let t = &p.target;
     let image = policy::image_name(&p.prefix, &req.name);
     let id = policy::encode_volume_id(t, &image);
+    sweep_abandoned(h, t, s)?;
     if let Some(src) = source.as_ref().filter(|src| src.copy) {
         return restore_by_copy(h, &p, req, src, &image, size, &limits);
     }
@@ -319,6 +320,10 @@ fn restore_by_copy(
 ) -> Result<Volume, Error> {
     let (t, s) = (&p.target, req.secrets.as_slice());
     remember_pool(h, t)?;
+    // Asked again: an abandoned restore is told by no attempt for a while (see
+    // [`reconcile_volume`]).
+    let restoring = restore_key(&policy::encode_volume_id(t, image));
+    h.kv().set(&restoring, ASKED)?;
     let metadata = [
         (policy::META_NAME.to_owned(), req.name.clone()),
         (policy::META_OWNER.to_owned(), policy::OWNER.to_owned()),
@@ -344,8 +349,69 @@ fn restore_by_copy(
     };
     apply_limits(h, t, image, &info, limits, s)?;
     let id = policy::encode_volume_id(t, image);
+    h.kv().delete(&restoring)?;
     h.log().info("volume restored by copy", &[("volume", &id), ("from", &src.parent()), ("bytes", &size_now.to_string())]);
     Ok(volume(t, image, size_now))
+}
+
+/// kv `restores/VOLUME_ID`: a restore by copy the CO has not been answered for yet. CreateVolume
+/// writes [`ASKED`] on every attempt and deletes it once it returns the volume; the reconcile
+/// rounds turn `ASKED` into `SEEN_PREFIX` + the host's time, and [`ABANDONED`] once no attempt
+/// came for [`policy::ABANDONED_RESTORE_SECS`] (the CO gave up: its claim was deleted while the
+/// copy ran, and it never got the id to delete). An abandoned restore is deleted by the next
+/// CreateVolume or DeleteVolume in its pool ([`sweep_abandoned`]): removing an image needs the
+/// credentials a CSI call carries, which a round has not.
+fn restore_key(volume_id: &str) -> String {
+    format!("restores/{volume_id}")
+}
+const ASKED: &[u8] = b"asked";
+const SEEN_PREFIX: &str = "seen:";
+const ABANDONED: &[u8] = b"abandoned";
+
+/// Delete the abandoned restores of pool `t` (see [`restore_key`]) with this call's
+/// credentials; one still held open by its copy waits for a later call.
+fn sweep_abandoned(h: &impl Host, t: &Target, s: &[SecretRef]) -> Result<(), Error> {
+    let prefix = restore_key(&format!("{}.{}.", t.cluster, t.pool));
+    for key in h.kv().keys(&prefix)? {
+        if h.kv().get(&key)?.as_deref() != Some(ABANDONED) {
+            continue;
+        }
+        let Some((kt, image)) = key.strip_prefix("restores/").and_then(policy::decode_volume_id) else { continue };
+        match finalize(h, &kt, &image, s) {
+            Ok(()) => {
+                h.kv().delete(&key)?;
+                h.log().warn("abandoned restore deleted (no CreateVolume asked for it)", &[("image", &image)]);
+            }
+            Err(Error::FailedPrecondition(m)) => h.log().info("abandoned restore not deleted yet", &[("image", &image), ("why", &m)]),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The reconcile round's part for ceph-rbd-shim: abandoned restores by copy (see
+/// [`restore_key`]); nothing else to heal (Ceph heals its own data), and no cluster traffic for a
+/// volume without a restore record.
+fn reconcile_volume(h: &impl Host, id: &str, now: Timestamp) -> Result<(), Error> {
+    let (t, image) = policy::decode_volume_id(id).ok_or_else(|| Error::NotFound(format!("volume {id} not found")))?;
+    let key = restore_key(id);
+    let Some(state) = h.kv().get(&key)? else { return Ok(()) };
+    if state == ABANDONED {
+        return Ok(());
+    }
+    let state = String::from_utf8_lossy(&state).into_owned();
+    let since = state.strip_prefix(SEEN_PREFIX).and_then(|v| v.parse::<i64>().ok());
+    match since {
+        None => h.kv().set(&key, format!("{SEEN_PREFIX}{}", now.seconds).as_bytes()),
+        Some(since) if now.seconds.saturating_sub(since) < policy::ABANDONED_RESTORE_SECS => Ok(()),
+        Some(_) => {
+            h.log().warn(
+                "restore abandoned: no CreateVolume asked for it; deleted by the next call in its pool",
+                &[("volume", id), ("image", &image), ("pool", &t.pool)],
+            );
+            h.kv().set(&key, ABANDONED)
+        }
+    }
 }
 
 /// Clone `src` into `image` (protecting the snapshot first: clone v1 clusters need it, v2
@@ -374,9 +440,7 @@ fn check_same_request(name: &str, image: &str, info: &ImageInfo, source: Option<
     let ours = match source {
         None => info.parent.is_none() && recorded == Some(name),
         // A copy records its request's name and what it was copied from.
-        Some(src) if src.copy => {
-            info.parent.is_none() && recorded == Some(name) && meta(info, policy::META_COPY_OF) == Some(src.parent().as_str())
-        }
+        Some(src) if src.copy => info.parent.is_none() && recorded == Some(name) && meta(info, policy::META_COPY_OF) == Some(src.parent().as_str()),
         Some(src) => match &info.parent {
             Some(parent) => *parent == src.parent(),
             // Flattened: the inherited name tells the lineage (see the crate docs).
@@ -476,6 +540,9 @@ fn delete_volume(h: &impl Host, id: &str, s: &[SecretRef]) -> Result<(), Error> 
     // An id this backend cannot have made names no volume: deleting it succeeds.
     let Some((t, image)) = policy::decode_volume_id(id) else { return Ok(()) };
     require_credentials(s)?;
+    sweep_abandoned(h, &t, s)?;
+    // A restore by copy deleted before its CreateVolume was answered: its record goes too.
+    h.kv().delete(&restore_key(id))?;
     if h.rbd().info(&t.pool(s), &image)?.is_none() {
         return Ok(());
     }
@@ -766,6 +833,7 @@ impl Backend for CephRbd {
                 GetSnapshot,
                 ModifyVolume,
                 GroupSnapshots,
+                SelfHealing,
             ],
         }
     }
@@ -836,6 +904,9 @@ impl Backend for CephRbd {
         secrets: Vec<SecretRef>,
     ) -> Result<GroupSnapshot, Error> {
         group::get(h, &group_snapshot_id, &snapshot_ids, &secrets)
+    }
+    fn reconcile_volume(h: &impl Host, volume_id: String, now: Timestamp) -> Result<(), Error> {
+        reconcile_volume(h, &volume_id, now)
     }
     fn get_snapshot(h: &impl Host, id: String) -> Result<Snapshot, Error> {
         let page = Self::list_snapshots(h, Some(id.clone()), None, 1, String::new())?;

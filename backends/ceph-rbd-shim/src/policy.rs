@@ -41,6 +41,10 @@ pub const META_OWNER: &str = "csi.wasmcsi.io/owner";
 /// Image metadata of a volume restored by copy: the snapshot it was copied from
 /// (`pool/image@snap`), so a request of the same name from another source is told apart.
 pub const META_COPY_OF: &str = "csi.wasmcsi.io/copy-of";
+/// A restore by copy no CreateVolume asked for this long is abandoned and deleted: twice the
+/// external-provisioner's longest retry backoff (5 min), as replicated-block's
+/// `--abandoned-clone-timeout` defaults to.
+pub const ABANDONED_RESTORE_SECS: i64 = 600;
 pub const OWNER: &str = "wasmcsi-ceph-rbd-shim";
 
 /// RBD snapshot names: a CSI snapshot, a temporary snapshot a clone-from-volume hangs off, and

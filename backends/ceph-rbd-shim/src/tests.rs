@@ -405,3 +405,50 @@ fn a_group_snapshot_is_refused_before_anything_is_taken() {
     let left = CephRbd::get_group_snapshot(&h, format!("ceph.rbd.group-{g2}"), vec![], creds()).unwrap();
     assert_eq!(left.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect::<Vec<_>>(), [plain]);
 }
+
+/// A restore by copy the CO gave up on (its claim deleted while the copy ran: it never got the
+/// id) is found by the reconcile rounds once no CreateVolume asked for it for
+/// `ABANDONED_RESTORE_SECS`, and deleted by the next call in its pool that carries credentials.
+/// One the CO was answered for, or comes back for, is left alone.
+#[test]
+fn an_abandoned_restore_by_copy_is_deleted_and_an_answered_one_kept() {
+    let (h, t) = host();
+    let src = create(&h, request("pvc-src", 4 << 20, &[], None)).unwrap().volume_id;
+    let g = group(&h, "vgs", &[src.as_str()]).unwrap();
+    let from = || Some(ContentSource::Snapshot(g.snapshots[0].snapshot_id.clone()));
+    let at = |seconds| Timestamp { seconds, nanos: 0 };
+    let reconcile = |id: &str, now| CephRbd::reconcile_volume(&h, id.into(), at(now));
+
+    // Answered: its record goes with the answer; the rounds leave it alone.
+    assert!(matches!(create(&h, request("pvc-kept", 0, &[], from())), Err(Error::Unavailable(_))));
+    let kept = create(&h, request("pvc-kept", 0, &[], from())).unwrap().volume_id;
+    for now in [1_000, 2_000, 3_000] {
+        reconcile(&kept, now).unwrap();
+    }
+    assert!(h.kv.entries().keys().all(|k| !k.starts_with("restores/")), "{:?}", h.kv.entries());
+
+    // Abandoned after its first attempt.
+    assert!(matches!(create(&h, request("pvc-gone", 0, &[], from())), Err(Error::Unavailable(_))));
+    let gone = id("pvc-gone");
+    assert!(h.rbd.image(&t, &image("pvc-gone")).is_some(), "the copy's image exists");
+    reconcile(&gone, 1_000).unwrap();
+    reconcile(&gone, 1_000 + policy::ABANDONED_RESTORE_SECS - 1).unwrap();
+    create(&h, request("pvc-other", 1 << 20, &[], None)).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-gone")).is_some(), "not abandoned yet");
+    // A CreateVolume attempt in between starts the clock again.
+    let back = create(&h, request("pvc-gone", 0, &[], from())).unwrap();
+    reconcile(&gone, 5_000).unwrap();
+    reconcile(&gone, 5_000 + policy::ABANDONED_RESTORE_SECS).unwrap();
+    assert!(h.kv.entries().keys().all(|k| !k.starts_with("restores/")), "answered: no record");
+    CephRbd::delete_volume(&h, back.volume_id, creds()).unwrap();
+
+    assert!(matches!(create(&h, request("pvc-gone2", 0, &[], from())), Err(Error::Unavailable(_))));
+    let gone2 = id("pvc-gone2");
+    reconcile(&gone2, 1_000).unwrap();
+    reconcile(&gone2, 1_000 + policy::ABANDONED_RESTORE_SECS).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-gone2")).is_some(), "a round has no credentials to delete it");
+    CephRbd::delete_volume(&h, id("pvc-nothing"), creds()).unwrap();
+    assert!(h.rbd.image(&t, &image("pvc-gone2")).is_none(), "the next call in the pool deleted it");
+    assert!(h.kv.entries().keys().all(|k| !k.starts_with("restores/")));
+    assert!(matches!(reconcile("junk", 1), Err(Error::NotFound(_))));
+}

@@ -6,9 +6,9 @@
 //! the pooled connection, so the next call starts a fresh session rather than reusing one
 //! stuck on a dead monitor.
 use crate::conn::{Ioctx, Pool};
+use crate::copy::{Copies, CopyProgress, INCOMPLETE, Plan};
 use crate::error::Target;
 use crate::fence::{FENCE_LOCK, Fence, FenceHolder, describe, header_oid};
-use crate::copy::{Copies, CopyProgress, INCOMPLETE, Plan};
 use crate::group::{GroupSnapshot, check_images};
 use crate::image::{Image, features_from_names};
 use crate::names::{SnapRef, check, check_metadata};
@@ -477,34 +477,43 @@ impl RbdPool {
         }
         let (i, s, c, md) = (image.to_owned(), snap.to_owned(), child.to_owned(), metadata.to_vec());
         let prepared = self
-            .run(format!("restore {}/{image}@{snap} into {child_pool}/{child}", self.pool), Some(child_pool.to_owned()), move |t, io, other| {
-                let dest = other.unwrap_or(io);
-                match dest.open_read_only(t, &c, None) {
-                    Ok(existing) => {
-                        if existing.metadata_get(t, INCOMPLETE)?.is_none() {
-                            return Ok(None);
+            .run(
+                format!("restore {}/{image}@{snap} into {child_pool}/{child}", self.pool),
+                Some(child_pool.to_owned()),
+                move |t, io, other| {
+                    let dest = other.unwrap_or(io);
+                    match dest.open_read_only(t, &c, None) {
+                        Ok(existing) => {
+                            if existing.metadata_get(t, INCOMPLETE)?.is_none() {
+                                return Ok(None);
+                            }
+                            drop(existing);
+                            // What a dead process left half-copied: start again.
+                            tracing::info!(image = %c, "an interrupted restore by copy starts again");
+                            dest.remove(t, &c)?;
                         }
-                        drop(existing);
-                        // What a dead process left half-copied: start again.
-                        tracing::info!(image = %c, "an interrupted restore by copy starts again");
-                        dest.remove(t, &c)?;
+                        Err(RbdError::NotFound(_)) => {}
+                        Err(e) => return Err(e),
                     }
-                    Err(RbdError::NotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
-                let r = SnapRef::parse(&s)?;
-                let (id, size) = io
-                    .open_read_only(t, &i, None)?
-                    .snap_find(t, &r, io.pool_id())?
-                    .ok_or_else(|| RbdError::NotFound(format!("snapshot {i}@{s} not found")))?;
-                dest.create(t, &c, size, bits, None)?;
-                let made = dest.open(t, &c).and_then(|img| img.metadata_set(t, INCOMPLETE, "1"));
-                if let Err(e) = made {
-                    let _ = dest.remove(t, &c);
-                    return Err(e);
-                }
-                Ok(Some((id, size, md)))
-            })
+                    let r = SnapRef::parse(&s)?;
+                    let (id, size) = io
+                        .open_read_only(t, &i, None)?
+                        .snap_find(t, &r, io.pool_id())?
+                        .ok_or_else(|| RbdError::NotFound(format!("snapshot {i}@{s} not found")))?;
+                    dest.create(t, &c, size, bits, None)?;
+                    // The caller's metadata from the start (what it lists and judges the image by
+                    // while it fills), and again after the copy, which copies the source's over it.
+                    let made = dest.open(t, &c).and_then(|img| {
+                        img.metadata_set(t, INCOMPLETE, "1")?;
+                        md.iter().try_for_each(|(k, v)| img.metadata_set(t, k, v))
+                    });
+                    if let Err(e) = made {
+                        let _ = dest.remove(t, &c);
+                        return Err(e);
+                    }
+                    Ok(Some((id, size, md)))
+                },
+            )
             .await?;
         let Some((snap_id, size, metadata)) = prepared else { return Ok(CopyProgress::Done) };
         let job = self.inner.copies.start(&self.target, &key, size)?;

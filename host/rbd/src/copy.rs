@@ -121,7 +121,9 @@ fn copy(t: &Target, conn: &Arc<Connection>, plan: &Plan, job: &Job) -> Result<()
         ffi::rbd_copy_with_progress2(src.handle(), dest.handle(), Some(progress), job as *const Job as *mut c_void)
     };
     if ret < 0 {
-        return Err(t.errno(ret, &format!("copying {}/{} into {}/{}", plan.src_pool, plan.src, plan.dest_pool, plan.dest)));
+        return Err(
+            t.errno(ret, &format!("copying {}/{} into {}/{}", plan.src_pool, plan.src, plan.dest_pool, plan.dest))
+        );
     }
     for (k, v) in &plan.metadata {
         dest.metadata_set(t, k, v)?;

@@ -166,12 +166,20 @@ fn members(t: &Target, io: &Ioctx, group: &str, snap: &str, images: &[String]) -
 }
 
 /// Take `group@snap` of `images` (checked by the caller) as the module docs say.
-pub(crate) fn take(t: &Target, io: &Ioctx, group: &str, images: &[String], snap: &str) -> Result<GroupSnapshot, RbdError> {
+pub(crate) fn take(
+    t: &Target,
+    io: &Ioctx,
+    group: &str,
+    images: &[String],
+    snap: &str,
+) -> Result<GroupSnapshot, RbdError> {
     match snaps(t, io, group)?.unwrap_or_default().into_iter().find(|(n, _)| n == snap) {
         Some((_, true)) => {
             // The same request again; its images must be the ones asked for.
             let found = members(t, io, group, snap, images).map_err(|e| match e {
-                RbdError::NotFound(m) => RbdError::AlreadyExists(format!("group snapshot {group}@{snap} exists with other images: {m}")),
+                RbdError::NotFound(m) => {
+                    RbdError::AlreadyExists(format!("group snapshot {group}@{snap} exists with other images: {m}"))
+                }
                 e => e,
             })?;
             for i in images_of(t, io, group)? {

@@ -514,8 +514,11 @@ impl Image {
                     // SAFETY: open image, out-pointer to a local of the size given.
                     let ret = unsafe { ffi::rbd_snap_get_group_namespace(self.handle, id, &mut g, size_of) };
                     check(t, ret, || format!("group of snapshot {id}"))?;
-                    let kind =
-                        SnapKind::Group { pool: g.group_pool, group: owned(g.group_name), snap: owned(g.group_snap_name) };
+                    let kind = SnapKind::Group {
+                        pool: g.group_pool,
+                        group: owned(g.group_name),
+                        snap: owned(g.group_snap_name),
+                    };
                     // SAFETY: filled by librbd above, freed once.
                     unsafe { ffi::rbd_snap_group_namespace_cleanup(&mut g, size_of) };
                     kind

@@ -32,9 +32,9 @@ mod names;
 mod qos;
 
 pub use client::{RbdClient, RbdPool};
+pub use copy::CopyProgress;
 pub use error::RbdError;
 pub use fence::{FENCE_LOCK, Fence, FenceHolder};
-pub use copy::CopyProgress;
 pub use group::GroupSnapshot;
 pub use names::MAX_NAME;
 pub use qos::QosLimits;

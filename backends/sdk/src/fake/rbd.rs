@@ -363,7 +363,12 @@ impl Rbd for FakeRbd {
                     for name in images {
                         let i = image(pools, t, name)?;
                         let size_bytes = i.size_bytes;
-                        i.snapshots.push(ImageSnapshot { name: member.clone(), size_bytes, protected: false, created: now });
+                        i.snapshots.push(ImageSnapshot {
+                            name: member.clone(),
+                            size_bytes,
+                            protected: false,
+                            created: now,
+                        });
                     }
                     pools.get_mut(t).ok_or_else(|| not_granted(t))?.groups.insert(key, images.to_vec());
                 }
@@ -372,7 +377,9 @@ impl Rbd for FakeRbd {
                 .iter()
                 .map(|n| {
                     let found = image(pools, t, n)?.snapshots.iter().find(|s| s.name == member).cloned();
-                    found.ok_or_else(|| Error::AlreadyExists(format!("image {n} has no part in group snapshot {member}")))
+                    found.ok_or_else(|| {
+                        Error::AlreadyExists(format!("image {n} has no part in group snapshot {member}"))
+                    })
                 })
                 .collect()
         })

@@ -320,7 +320,15 @@ impl rbd::Guest for Provider {
         metadata: Vec<(String, String)>,
     ) -> Result<rbd::CopyProgress, Error> {
         with(|s| {
-            answer(s.fakes.rbd.snapshot_copy(&granted(pool, s), &image, &snap, &child_pool, &child, &features, &metadata))
+            answer(s.fakes.rbd.snapshot_copy(
+                &granted(pool, s),
+                &image,
+                &snap,
+                &child_pool,
+                &child,
+                &features,
+                &metadata,
+            ))
         })
     }
 }

@@ -244,10 +244,14 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     let info = p.info("g-copy").await.expect("info").expect("exists");
     assert!(info.metadata.contains(&md[0]) && info.parent.is_none(), "{info:?}");
     assert!(!info.metadata.iter().any(|(k, _)| k == wasmcsi_rbd::copy::INCOMPLETE));
-    assert_eq!(p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("again"), CopyProgress::Done);
+    assert_eq!(
+        p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("again"),
+        CopyProgress::Done
+    );
     // A copy a dead process left (the marker still on): removed and copied again.
     ceph.rbd(&["image-meta", "set", "group/g-copy", wasmcsi_rbd::copy::INCOMPLETE, "1"]).expect("mark");
-    ceph.rbd(&["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K", "group/g-copy"]).expect("scribble");
+    ceph.rbd(&["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K", "group/g-copy"])
+        .expect("scribble");
     let mut progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
     while progress != CopyProgress::Done {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -35,7 +35,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use wasmcsi_rbd::{CopyProgress, ImageSpec, QosLimits, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool};
+use wasmcsi_rbd::{
+    CopyProgress, ImageSpec, QosLimits, RbdClient, RbdCluster, RbdConfig, RbdCredentials, RbdError, RbdPool,
+};
 use wasmtime::component::{HasData, LinkerInstance};
 
 use crate::bindings::types::{Error, IoLimits, SecretRef, Timestamp};

@@ -837,7 +837,9 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_and_restore_through
         assert_eq!(seen, (0..len).collect::<Vec<_>>(), "group snapshot {k} is not a prefix of the writes");
         prefixes.push(len);
     }
-    eprintln!("writes held by the 5 group snapshots: {prefixes:?} (of {written}); {retries} CreateVolume retries while copying");
+    eprintln!(
+        "writes held by the 5 group snapshots: {prefixes:?} (of {written}); {retries} CreateVolume retries while copying"
+    );
     assert!(prefixes.windows(2).all(|w| w[0] <= w[1]) && prefixes[4] > prefixes[0], "{prefixes:?}");
 
     // A retry is the same group; Get finds it by id; a member is an ordinary snapshot.
