@@ -110,11 +110,11 @@ impl RegistryClient {
     /// The manifest `source` names (a digest or a tag), with its digest as computed from its
     /// bytes. A digest-pinned source whose bytes hash otherwise is a [`OciError::DigestMismatch`].
     pub async fn manifest(&self, source: &Source) -> Result<(Vec<u8>, String), OciError> {
-        Ok(self.manifest_if_any(source).await?.ok_or_else(|| OciError::Registry {
+        self.manifest_if_any(source).await?.ok_or_else(|| OciError::Registry {
             operation: "manifest pull",
             reference: source.to_string(),
             message: "no such manifest".into(),
-        })?)
+        })
     }
 
     /// As [`Self::manifest`], `None` when the registry has no such manifest (an unsigned

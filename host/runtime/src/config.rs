@@ -429,7 +429,8 @@ mod tests {
         assert_eq!(cfg.public_keys_for("a"), [PathBuf::from("/k/all.pub")]);
         assert_eq!(cfg.public_keys_for("b"), [PathBuf::from("/k/b.pub")]);
         assert_eq!(cfg.oci.max_layer_bytes(), 64 << 20);
-        let tag = HostConfig::parse("[backends.b]\nsource = \"oci://r/b:v1\"\n", Path::new("t")).unwrap_err();
+        let tag = HostConfig::parse("[backends.b]\nsource = \"oci://r/b:v1\"\n", Path::new("t"))
+            .expect_err("a tag without allow_tag");
         assert!(tag.to_string().contains("allow_tag"), "{tag}");
         for bad in ["source = \"https://r/b:v1\"", "allow_tag = true", "source = \"oci://r/b@sha256:00\""] {
             assert!(HostConfig::parse(&format!("[backends.b]\n{bad}\n"), Path::new("t")).is_err(), "{bad}");

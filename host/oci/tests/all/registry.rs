@@ -248,3 +248,24 @@ async fn a_registry_that_stops_answering_is_bounded_by_the_request_timeout() {
     assert!(e.to_string().contains("within 1000 ms") || e.to_string().contains("timed out"), "{e}");
     assert_eq!(cached(&cache), Vec::<PathBuf>::new());
 }
+
+/// A registry that answers 500 (its storage fails: the layer's data cannot be opened) is refused
+/// at once, naming the status, with nothing cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_answering_500_is_refused_at_once_naming_the_status() {
+    let Some(reg) = registry() else { return };
+    let c = client(&reg);
+    let pinned = wasmcsi_oci::push(&c, &target(&reg, "broken-storage"), component(), &annotations()).await.unwrap();
+    let data = reg.blob_data(&wasmcsi_oci::sha256_digest(component()));
+    std::fs::remove_file(&data).unwrap();
+    // A symlink to itself: every open fails with ELOOP, which the storage driver reports as an
+    // internal error.
+    std::os::unix::fs::symlink(&data, &data).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ArtifactCache::new(dir.path());
+    let started = Instant::now();
+    let e = wasmcsi_oci::fetch(&c, &pinned, &cache, &FetchPolicy::default()).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+    assert!(matches!(e, OciError::Registry { .. }) && e.to_string().contains("500"), "{e}\n{}", reg.log());
+    assert_eq!(cached(&cache), Vec::<PathBuf>::new());
+}

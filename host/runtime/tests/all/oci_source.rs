@@ -2,6 +2,7 @@
 //! basic auth): the registry pulls, verifies and loads them through the same scan as the
 //! backends directory, rolls a changed source out, and keeps the serving version through a
 //! source that cannot be pulled or verified.
+#![allow(clippy::unwrap_used, reason = "tests")]
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
