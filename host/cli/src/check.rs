@@ -50,7 +50,7 @@ fn parse_secret(s: &str) -> Result<(String, String), String> {
 /// The backend name of `file`: its stem, with cargo's `_` read as the `-` it stands for
 /// (`cargo build` writes the component of crate `my-store` as `my_store.wasm`; the host loads it
 /// as `my-store.wasm`).
-fn backend_name(file: &Path) -> anyhow::Result<String> {
+pub(crate) fn backend_name(file: &Path) -> anyhow::Result<String> {
     let stem = file.file_stem().and_then(|s| s.to_str()).context("the file needs a NAME.wasm name")?;
     let name = stem.replace('_', "-");
     anyhow::ensure!(

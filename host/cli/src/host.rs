@@ -138,6 +138,8 @@ impl Host {
         })
         .with_context(|| format!("starting the runtime with state in {}", opts.state_dir.display()))?;
         let registry = Registry::new(runtime.clone(), opts.backends_dir.clone(), opts.config_file.clone());
+        // Backends named by an OCI `source`, pulled and verified into the state directory.
+        registry.set_artifact_cache(opts.state_dir.join("artifacts"));
         let tls_mode = trust.tls_mode;
         // What a data path this host starts is given: the same credentials and mode.
         let (trust_dir, authority) = (trust.tls_dir.clone(), trust.authority.clone());

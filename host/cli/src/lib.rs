@@ -18,6 +18,7 @@ pub mod demo;
 pub mod descriptors;
 pub mod host;
 pub mod metrics_http;
+pub mod oci_cmd;
 pub mod pki_cmd;
 pub mod replica_process;
 pub mod scaffold;

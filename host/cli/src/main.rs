@@ -112,6 +112,19 @@ enum BackendCommand {
     /// controller checks, which `wasmtime run --dir ROOT::/ FILE-test.wasm` runs, printing the
     /// PASS/FAIL report and exiting non-zero when a check fails.
     Compose(wasmcsi::compose::ComposeArgs),
+    /// Push a component to an OCI registry as a Wasm artifact (CNCF layout; its info() and
+    /// contract in annotations) and print the digest to pin in `[backends.NAME] source`.
+    ///
+    /// Example:  wasmcsi backend push nfs.wasm oci://registry.example/backends/nfs:1.2.0
+    Push(wasmcsi::oci_cmd::PushArgs),
+    /// Pull a backend from an OCI registry, verified as the host pulls it (digests, the Wasm
+    /// layout, size, signatures with --public-key), into a file.
+    Pull(wasmcsi::oci_cmd::PullArgs),
+    /// Sign an artifact's digest with a key, cosign-compatibly (`cosign verify --key` accepts
+    /// it; the host verifies it with `public_keys`).
+    Sign(wasmcsi::oci_cmd::SignArgs),
+    /// Make an ECDSA P-256 key pair for `backend sign` and `public_keys`.
+    Keygen(wasmcsi::oci_cmd::KeygenArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -429,6 +442,10 @@ fn main() -> std::process::ExitCode {
             Command::Backend(BackendCommand::Export(args)) => wasmcsi::backend_dir::export(args).map(|()| true),
             Command::Backend(BackendCommand::New(args)) => wasmcsi::scaffold::run(args).map(|()| true),
             Command::Backend(BackendCommand::Compose(args)) => wasmcsi::compose::run(args).map(|()| true),
+            Command::Backend(BackendCommand::Push(args)) => wasmcsi::oci_cmd::push(args).await.map(|()| true),
+            Command::Backend(BackendCommand::Pull(args)) => wasmcsi::oci_cmd::pull(args).await.map(|()| true),
+            Command::Backend(BackendCommand::Sign(args)) => wasmcsi::oci_cmd::sign(args).await.map(|()| true),
+            Command::Backend(BackendCommand::Keygen(args)) => wasmcsi::oci_cmd::keygen(args).map(|()| true),
             Command::Demo(args) => wasmcsi::demo::run(args).await.map(|()| true),
             Command::Datapath(args) => wasmcsi::datapath_cmd::run(args).await.map(|()| true),
             Command::Upgrade(UpgradeCommand::Datapath(args)) => {

@@ -34,6 +34,59 @@ pub struct HostConfig {
     /// (`[backup_targets.NAME]`: `kind = "s3"` or `"filesystem"`, see `wasmcsi_backup`).
     #[serde(default)]
     pub backup_targets: wasmcsi_backup::BackupTargets,
+    /// How backends named by an OCI `source` are pulled and verified (`[oci]`).
+    #[serde(default)]
+    pub oci: OciSettings,
+}
+
+/// Registries, for every backend with a `source` (`wasmcsi_oci`). Credentials never live here:
+/// they are in the docker config file named (a mounted `dockerconfigjson` Secret).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OciSettings {
+    /// PEM CA certificates trusted beside the system's (a private registry's CA).
+    pub ca_file: Option<PathBuf>,
+    /// A docker `config.json` with registry credentials (a mounted `kubernetes.io/dockerconfigjson`
+    /// Secret's `.dockerconfigjson`); none: anonymous pulls.
+    pub docker_config: Option<PathBuf>,
+    /// The largest component pulled; a larger layer is refused before its first byte.
+    pub max_layer_mib: u64,
+    /// Bound of each registry request, and of the silence between two chunks of a layer.
+    pub request_timeout_ms: u64,
+    /// After a pull or a verification failed, how long before the same source is tried again
+    /// (the previous version serves meanwhile).
+    pub retry_interval_ms: u64,
+    /// Public keys (PEM, ECDSA P-256, as `cosign generate-key-pair` or `wasmcsi backend keygen`
+    /// write them) of which one must have signed every pulled backend; a backend's own
+    /// `public_keys` replaces this list. Empty: signatures are not required.
+    pub public_keys: Vec<PathBuf>,
+}
+
+impl Default for OciSettings {
+    fn default() -> Self {
+        Self {
+            ca_file: None,
+            docker_config: None,
+            // A component is a few MiB (the bundled ones 0.2–3 MiB); 64 leaves room and still
+            // bounds what a hostile registry can make a pod write.
+            max_layer_mib: 64,
+            request_timeout_ms: 30_000,
+            retry_interval_ms: 30_000,
+            public_keys: Vec::new(),
+        }
+    }
+}
+
+impl OciSettings {
+    pub fn max_layer_bytes(&self) -> u64 {
+        self.max_layer_mib.saturating_mul(1 << 20)
+    }
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    pub fn retry_interval(&self) -> Duration {
+        Duration::from_millis(self.retry_interval_ms)
+    }
 }
 
 /// One Ceph cluster: where its monitors are. Credentials never live here: they come with each
@@ -122,6 +175,17 @@ pub struct BackendConfig {
     pub transfer_limit_mib: Option<u64>,
     #[serde(default)]
     pub grants: Grants,
+    /// Where the component comes from instead of `NAME.wasm` in the backends directory:
+    /// `oci://REGISTRY/REPO@sha256:HEX`, pulled into the state directory's artifact cache and
+    /// verified (see `[oci]`). A changed source rolls the new version out; one that cannot be
+    /// pulled or verified leaves the previous version serving.
+    pub source: Option<String>,
+    /// Take a `source` naming a tag (`oci://REGISTRY/REPO:TAG`): it is resolved to a digest
+    /// (logged) when the configuration is put in force. Off: a tag is refused.
+    #[serde(default)]
+    pub allow_tag: bool,
+    /// The keys one of which must have signed this backend, replacing `[oci] public_keys`.
+    pub public_keys: Option<Vec<PathBuf>>,
 }
 
 /// What a backend may import beyond `log`, `kv` and deny-by-default WASI.
@@ -211,6 +275,16 @@ impl HostConfig {
                     return Err(invalid(format!("backup target {target:?} is granted twice")));
                 }
             }
+            if let Some(text) = &b.source {
+                let source = wasmcsi_oci::Source::parse(text).map_err(|e| invalid(format!("source: {e}")))?;
+                if source.digest.is_none() && !b.allow_tag {
+                    return Err(invalid(format!(
+                        "source {text} names a tag: pin a digest (@sha256:…) or set allow_tag = true"
+                    )));
+                }
+            } else if b.allow_tag || b.public_keys.is_some() {
+                return Err(invalid("allow_tag and public_keys go with a source".into()));
+            }
             for g in b.grants.rbd.iter().flatten() {
                 if !self.clusters.contains_key(&g.cluster) {
                     return Err(invalid(format!(
@@ -219,6 +293,13 @@ impl HostConfig {
                     )));
                 }
             }
+        }
+        let oci = &self.oci;
+        if oci.max_layer_mib == 0 || oci.request_timeout_ms == 0 || oci.retry_interval_ms == 0 {
+            return Err(ConfigError::Invalid {
+                backend: "oci".into(),
+                message: "max_layer_mib, request_timeout_ms and retry_interval_ms must be > 0".into(),
+            });
         }
         for (name, c) in &self.clusters {
             let invalid = |message: String| ConfigError::Invalid { backend: format!("clusters.{name}"), message };
@@ -262,6 +343,14 @@ impl HostConfig {
             kv_quota_bytes: b.kv_quota_bytes.unwrap_or(base.kv_quota_bytes),
             kv_quota_keys: b.kv_quota_keys.unwrap_or(base.kv_quota_keys),
             transfer_limit_mib: b.transfer_limit_mib.unwrap_or(base.transfer_limit_mib),
+        }
+    }
+
+    /// The keys a pulled backend must be signed by: its own list, else `[oci] public_keys`.
+    pub fn public_keys_for(&self, backend: &str) -> &[PathBuf] {
+        match self.backends.get(backend).and_then(|b| b.public_keys.as_deref()) {
+            Some(keys) => keys,
+            None => &self.oci.public_keys,
         }
     }
 
@@ -324,6 +413,29 @@ mod tests {
         assert_eq!(cfg.limits_for("nfs").transfer_limit_bytes(), 2 << 20);
         assert_eq!(cfg.limits_for("other").transfer_limit_bytes(), 16 << 20);
         assert!(HostConfig::parse("[runtime]\ntransfer_limit_mib = 0\n", Path::new("t")).is_err());
+    }
+
+    #[test]
+    fn oci_sources_need_a_digest_unless_a_tag_is_allowed_and_keys_go_per_backend_or_for_all() {
+        let d = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let cfg = HostConfig::parse(
+            &format!(
+                "[oci]\npublic_keys = [\"/k/all.pub\"]\n[backends.a]\nsource = \"oci://r:5000/a@{d}\"\n\
+                 [backends.b]\nsource = \"oci://r/b:v1\"\nallow_tag = true\npublic_keys = [\"/k/b.pub\"]\n"
+            ),
+            Path::new("t"),
+        )
+        .expect("valid config");
+        assert_eq!(cfg.public_keys_for("a"), [PathBuf::from("/k/all.pub")]);
+        assert_eq!(cfg.public_keys_for("b"), [PathBuf::from("/k/b.pub")]);
+        assert_eq!(cfg.oci.max_layer_bytes(), 64 << 20);
+        let tag = HostConfig::parse("[backends.b]\nsource = \"oci://r/b:v1\"\n", Path::new("t"))
+            .expect_err("a tag without allow_tag");
+        assert!(tag.to_string().contains("allow_tag"), "{tag}");
+        for bad in ["source = \"https://r/b:v1\"", "allow_tag = true", "source = \"oci://r/b@sha256:00\""] {
+            assert!(HostConfig::parse(&format!("[backends.b]\n{bad}\n"), Path::new("t")).is_err(), "{bad}");
+        }
+        assert!(HostConfig::parse("[oci]\nrequest_timeout_ms = 0\n", Path::new("t")).is_err());
     }
 
     /// `nfs = []` grants the capability with no server in it (the backend loads, reaching

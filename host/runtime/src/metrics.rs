@@ -37,6 +37,26 @@ pub struct BackendLabels {
     pub backend: String,
 }
 
+/// The labels of `wasmcsi_backend_info`: which build of each backend serves on this pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendInfoLabels {
+    pub backend: String,
+    /// `sha256:HEX`: the artifact's manifest digest for a backend with an OCI source, the
+    /// component file's own digest for one from the backends directory
+    pub digest: String,
+    /// the configured `oci://` source, or the component file
+    pub source: String,
+    /// the contract version it was built against, e.g. `wasmcsi:backend@0.2.0`
+    pub contract: String,
+}
+
+/// The labels of `wasmcsi_backend_source_failing`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub backend: String,
+    pub source: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     pub method: String,
@@ -67,6 +87,10 @@ pub struct Metrics {
     pub rpcs: Family<RpcLabels, Counter>,
     pub kv_bytes: Family<BackendLabels, Gauge<u64, AtomicU64>>,
     pub kv_keys: Family<BackendLabels, Gauge<u64, AtomicU64>>,
+    /// 1 per serving backend build (rebuilt after every scan)
+    pub backend_info: Family<BackendInfoLabels, Gauge>,
+    /// 1 per configured OCI source whose last pull or verification failed
+    pub source_failing: Family<SourceLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -92,6 +116,8 @@ impl Metrics {
             rpcs: Family::default(),
             kv_bytes: Family::default(),
             kv_keys: Family::default(),
+            backend_info: Family::default(),
+            source_failing: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register("backend_calls", "Backend calls", m.calls.clone());
@@ -119,6 +145,16 @@ impl Metrics {
                 m.kv_bytes.clone(),
             );
             r.register("backend_kv_keys", "Keys in the backend's kv namespace", m.kv_keys.clone());
+            r.register(
+                "backend_info",
+                "The backend build serving: its digest, where it came from and its contract (1 per backend)",
+                m.backend_info.clone(),
+            );
+            r.register(
+                "backend_source_failing",
+                "Configured OCI sources whose last pull or verification failed (the previous version serves)",
+                m.source_failing.clone(),
+            );
         }
         m
     }

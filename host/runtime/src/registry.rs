@@ -21,6 +21,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Mutex;
 
+mod sources;
+pub use sources::SourceStatus;
+
 /// How long a backend whose file went away stays expected back.
 pub const REPLACING: Duration = Duration::from_secs(60);
 
@@ -63,6 +66,8 @@ pub struct Registry {
     loading: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Names whose file went away, and when.
     departed: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Backends named by an OCI `source` (`registry/sources.rs`).
+    sources: sources::Sources,
 }
 
 impl Registry {
@@ -83,6 +88,7 @@ impl Registry {
             scanned: std::sync::atomic::AtomicBool::new(false),
             loading: Default::default(),
             departed: Default::default(),
+            sources: Default::default(),
         })
     }
 
@@ -141,11 +147,18 @@ impl Registry {
         let mut seen = self.seen.lock().await;
         report.config = self.reread_config(&mut seen);
         let reconfigured = report.config == Some(ConfigChange::Applied);
+        self.scan_sources(&mut report, reconfigured).await;
         let Some(dir) = &self.dir else {
+            self.publish_info();
             self.scanned.store(true, std::sync::atomic::Ordering::Release);
             return report;
         };
-        let files = wasm_files(dir);
+        let config = self.runtime.config();
+        // A backend with a configured source is that source's, whatever file has its name.
+        let files: Vec<_> = wasm_files(dir)
+            .into_iter()
+            .filter(|(n, _, _)| config.backends.get(n).is_none_or(|b| b.source.is_none()))
+            .collect();
         for (name, path, stamp) in &files {
             // Under a new configuration every file is looked at again, a rejected one too (it
             // may be granted now).
@@ -177,7 +190,9 @@ impl Registry {
         let present: Vec<&String> = files.iter().map(|(n, _, _)| n).collect();
         for name in self.names() {
             let from_dir = self.get(&name).and_then(|b| b.path.clone()).is_some_and(|p| p.starts_with(dir));
-            if from_dir && !present.contains(&&name) && self.remove(&name) {
+            // A file replaced by a source keeps serving until the source's version loads.
+            let sourced = config.backends.get(&name).is_some_and(|b| b.source.is_some());
+            if from_dir && !sourced && !present.contains(&&name) && self.remove(&name) {
                 if let Ok(mut d) = self.departed.lock() {
                     d.insert(name.clone(), std::time::Instant::now());
                 }
@@ -186,6 +201,7 @@ impl Registry {
             }
         }
         seen.retain(|p, _| files.iter().any(|(_, fp, _)| fp == p) || Some(p) == self.config_file.as_ref());
+        self.publish_info();
         self.scanned.store(true, std::sync::atomic::Ordering::Release);
         report
     }

@@ -23,6 +23,7 @@ mod hot_reload;
 mod nfs_flow_vm;
 mod node_directory;
 mod node_local;
+mod oci_cli;
 mod pki;
 mod rbd_flow;
 mod replicated_backup;

@@ -9,5 +9,6 @@
 mod compat;
 mod dir_hardening;
 mod nfs_backend;
+mod oci_source;
 mod rbd_backend;
 mod sandbox;
