@@ -268,7 +268,9 @@ mod tests {
     /// Every family the host exports, each with one sample: prometheus-client writes nothing,
     /// not even `# TYPE`, for a family without one.
     fn exported() -> String {
-        use wasmcsi_runtime::metrics::{BackendLabels, CallLabels, ErrorLabels, Metrics};
+        use wasmcsi_runtime::metrics::{
+            BackendInfoLabels, BackendLabels, CallLabels, ErrorLabels, Metrics, SourceLabels,
+        };
         let m = Metrics::new();
         let call = CallLabels { backend: "b".into(), op: "create".into() };
         let backend = BackendLabels { backend: "b".into() };
@@ -288,6 +290,16 @@ mod tests {
         for gauge in [&m.memory_peak, &m.kv_bytes, &m.kv_keys] {
             gauge.get_or_create(&backend).set(1);
         }
+        // Which build serves, and a source that cannot be pulled (the rollout panel and alerts).
+        let source = "oci://registry.example/b@sha256:00";
+        let info = BackendInfoLabels {
+            backend: "b".into(),
+            digest: "sha256:00".into(),
+            source: source.into(),
+            contract: "wasmcsi:backend@0.3.0".into(),
+        };
+        m.backend_info.get_or_create(&info).set(1);
+        m.source_failing.get_or_create(&SourceLabels { backend: "b".into(), source: source.into() }).set(1);
         m.rpc("Probe", "OK");
         wasmcsi_csi::metrics::global().observe("Probe", "OK", 0.001);
         let mut out = super::exposition(&m, None, &Default::default());
