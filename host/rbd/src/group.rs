@@ -29,7 +29,6 @@
 
 use crate::conn::{Ioctx, cstring};
 use crate::error::Target;
-use crate::names::SnapRef;
 use crate::{ImageSnapshot, RbdError, ffi};
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_int};
@@ -152,7 +151,6 @@ fn image_remove(t: &Target, io: &Ioctx, group: &str, image: &str) -> Result<(), 
 /// Each image's part of `group@snap`, in `images` order; NotFound naming an image without one.
 fn members(t: &Target, io: &Ioctx, group: &str, snap: &str, images: &[String]) -> Result<Vec<ImageSnapshot>, RbdError> {
     let name = format!("{group}@{snap}");
-    let r = SnapRef::Group { group, snap };
     images
         .iter()
         .map(|i| {
@@ -160,7 +158,7 @@ fn members(t: &Target, io: &Ioctx, group: &str, snap: &str, images: &[String]) -
                 .snap_list(t, io.pool_id())?
                 .into_iter()
                 .find(|s| s.name == name)
-                .ok_or_else(|| RbdError::NotFound(format!("image {i} has no part in group snapshot {name} ({r:?})")))
+                .ok_or_else(|| RbdError::NotFound(format!("image {i} has no part in group snapshot {name}")))
         })
         .collect()
 }

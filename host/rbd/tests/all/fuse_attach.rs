@@ -90,6 +90,16 @@ async fn attach_write_read_back_through_librbd_and_detach_cleanly() {
     assert_eq!(std::fs::read_dir(runtime.path()).expect("ls").count(), 0, "no mount point left");
 }
 
+/// Ask for the copy of `image@snap` into `child` (same pool) until it is done: a bounded retry,
+/// as the CO's, never a wait on the machine's speed.
+async fn copy_until_done(p: &wasmcsi_rbd::RbdPool, image: &str, snap: &str, child: &str, md: &[(String, String)]) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while p.snapshot_copy(image, snap, p.name(), child, &[], md).await.expect("copy") != CopyProgress::Done {
+        assert!(Instant::now() < deadline, "the copy of {image}@{snap} into {child} did not finish within 120 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The group snapshot of [`wasmcsi_rbd::RbdPool::group_snapshot`] (librbd's RBD group snapshot)
 /// against rbd-fuse clients (the node's attach here), each holding its image open and its
 /// exclusive lock: one writer writes one numbered sequence round-robin over three images (`n`
@@ -234,11 +244,7 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     // retry answers progress, then done); the copy carries the metadata given.
     let len = (written.div_ceil(3) + 1) * BLOCK;
     let md = vec![("k".to_owned(), "restored".to_owned())];
-    let mut progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
-    while progress != CopyProgress::Done {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
-    }
+    copy_until_done(&p, &images[1], "g2@s", "g-copy", &md).await;
     let copied = p.read("g-copy", 0, len as usize).await.expect("read copy");
     assert_eq!(copied, p.read_snapshot(&images[1], "g2@s", 0, len as usize).await.expect("read part"));
     let info = p.info("g-copy").await.expect("info").expect("exists");
@@ -252,11 +258,7 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_across_rbd_fuse_cli
     ceph.rbd(&["image-meta", "set", "group/g-copy", wasmcsi_rbd::copy::INCOMPLETE, "1"]).expect("mark");
     ceph.rbd(&["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K", "group/g-copy"])
         .expect("scribble");
-    let mut progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
-    while progress != CopyProgress::Done {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        progress = p.snapshot_copy(&images[1], "g2@s", "group", "g-copy", &[], &md).await.expect("copy");
-    }
+    copy_until_done(&p, &images[1], "g2@s", "g-copy", &md).await;
     assert_eq!(p.read("g-copy", 0, len as usize).await.expect("read copy"), copied, "copied afresh");
     let e = p.snapshot_copy(&images[1], "g9@s", "group", "g-none", &[], &md).await.expect_err("no such part");
     assert!(matches!(e, wasmcsi_rbd::RbdError::NotFound(_)), "{e:?}");

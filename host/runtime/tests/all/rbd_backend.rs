@@ -808,11 +808,13 @@ async fn group_snapshots_are_one_point_of_a_dependent_writer_and_restore_through
         for (i, member) in g.snapshots.iter().enumerate() {
             let source = Some(ContentSource::Snapshot(member.snapshot_id.clone()));
             let req = || env.request(&format!("restore-{k}-{i}"), 0, env.params(&[]), source.clone());
+            let deadline = Instant::now() + Duration::from_secs(120);
             let r = loop {
                 match b.create_volume(req(), s.clone()).await {
                     Ok(v) => break v,
                     Err(e) => match wit(Err::<(), _>(e)) {
                         WitError::Unavailable(m) if m.contains("copied; retry") => {
+                            assert!(Instant::now() < deadline, "restore-{k}-{i} still copying after 120 s: {m}");
                             retries += 1;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
